@@ -1,0 +1,300 @@
+//! ONNX tensors and types to kiln's: `TensorProto` → [`Tensor`] (inline or external data),
+//! element types, value-info shapes.
+
+use super::proto::{data_type as dt, DimValue, TensorProto, TypeProto, TypeValue};
+use crate::error::{FrontendError, Result};
+use kiln_ir::{DType, Dim, Element, Tensor, TensorType};
+use std::collections::HashMap;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+
+/// Largest single dimension accepted from a model; anything above is a corrupt or hostile file.
+pub const MAX_DIM: i64 = 1 << 40;
+/// Largest tensor (in elements) a model may declare.
+pub const MAX_ELEMENTS: u128 = 1 << 36;
+
+/// kiln's dtype for an ONNX `TensorProto.DataType`, or a message naming the unsupported type.
+pub fn dtype_from_onnx(code: i32) -> Result<DType, String> {
+    Ok(match code {
+        dt::FLOAT => DType::F32,
+        dt::UINT8 => DType::U8,
+        dt::INT8 => DType::I8,
+        dt::UINT16 => DType::U16,
+        dt::INT16 => DType::I16,
+        dt::INT32 => DType::I32,
+        dt::INT64 => DType::I64,
+        dt::BOOL => DType::Bool,
+        dt::FLOAT16 => DType::F16,
+        dt::DOUBLE => DType::F64,
+        dt::UINT32 => DType::U32,
+        dt::UINT64 => DType::U64,
+        dt::BFLOAT16 => DType::BF16,
+        dt::UNDEFINED => return Err("data type is undefined".into()),
+        dt::STRING => return Err("string tensors are not supported".into()),
+        dt::COMPLEX64 | dt::COMPLEX128 => return Err("complex tensors are not supported".into()),
+        17..=20 | 24 => return Err(format!("float8 data type {code} is not supported")),
+        21 | 22 | 25 | 26 => return Err(format!("sub-byte integer data type {code} is not supported")),
+        23 | 27 | 28 => return Err(format!("4/6-bit float data type {code} is not supported")),
+        _ => return Err(format!("unknown data type {code}")),
+    })
+}
+
+pub fn dtype_to_onnx(d: DType) -> i32 {
+    match d {
+        DType::F32 => dt::FLOAT,
+        DType::U8 => dt::UINT8,
+        DType::I8 => dt::INT8,
+        DType::U16 => dt::UINT16,
+        DType::I16 => dt::INT16,
+        DType::I32 => dt::INT32,
+        DType::I64 => dt::INT64,
+        DType::Bool => dt::BOOL,
+        DType::F16 => dt::FLOAT16,
+        DType::F64 => dt::DOUBLE,
+        DType::U32 => dt::UINT32,
+        DType::U64 => dt::UINT64,
+        DType::BF16 => dt::BFLOAT16,
+    }
+}
+
+/// Validates declared dims: none negative, none absurd, total size bounded.
+pub fn checked_dims(dims: &[i64]) -> Result<Vec<usize>, String> {
+    let mut total: u128 = 1;
+    for &d in dims {
+        if d < 0 {
+            return Err(format!("negative dimension {d} in shape {dims:?}"));
+        }
+        if d > MAX_DIM {
+            return Err(format!("dimension {d} in shape {dims:?} is absurdly large"));
+        }
+        total = total.saturating_mul(d as u128);
+    }
+    if total > MAX_ELEMENTS {
+        return Err(format!(
+            "shape {dims:?} has {total} elements, more than kiln accepts"
+        ));
+    }
+    Ok(dims.iter().map(|&d| d as usize).collect())
+}
+
+/// Where external tensor data lives: the model's folder, with each data file mapped once.
+pub struct ExternalData {
+    base_dir: PathBuf,
+    files: HashMap<PathBuf, Arc<memmap2::Mmap>>,
+}
+
+impl ExternalData {
+    pub fn new(base_dir: PathBuf) -> ExternalData {
+        ExternalData {
+            base_dir,
+            files: HashMap::new(),
+        }
+    }
+
+    fn bytes(&mut self, name: &str, t: &TensorProto) -> Result<(Arc<memmap2::Mmap>, usize, Option<usize>)> {
+        let err = |msg: String| FrontendError::Tensor {
+            name: name.to_string(),
+            msg,
+        };
+        let mut location = None;
+        let mut offset = 0usize;
+        let mut length = None;
+        for kv in &t.external_data {
+            match kv.key.as_str() {
+                "location" => location = Some(kv.value.clone()),
+                "offset" => {
+                    offset = kv
+                        .value
+                        .parse()
+                        .map_err(|_| err(format!("bad external offset '{}'", kv.value)))?
+                }
+                "length" => {
+                    length = Some(
+                        kv.value
+                            .parse()
+                            .map_err(|_| err(format!("bad external length '{}'", kv.value)))?,
+                    )
+                }
+                _ => {}
+            }
+        }
+        let location = location.ok_or_else(|| err("external data without a location".into()))?;
+        let rel = Path::new(&location);
+        // Like onnxruntime, only files inside the model's folder may be read.
+        if rel.is_absolute()
+            || rel
+                .components()
+                .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
+        {
+            return Err(err(format!(
+                "external data location '{location}' must be a relative path inside the model's folder"
+            )));
+        }
+        let path = self.base_dir.join(rel);
+        let map = match self.files.get(&path) {
+            Some(m) => m.clone(),
+            None => {
+                let file = std::fs::File::open(&path)
+                    .map_err(|e| err(format!("cannot open external data {}: {e}", path.display())))?;
+                // SAFETY: the map is read-only and kiln does not modify the file; a file changed
+                // by another process while kiln reads it can give wrong weights, never UB in safe code
+                // beyond what reading a changing file gives.
+                let map = unsafe { memmap2::Mmap::map(&file) }
+                    .map_err(|e| err(format!("cannot map external data {}: {e}", path.display())))?;
+                let map = Arc::new(map);
+                self.files.insert(path.clone(), map.clone());
+                map
+            }
+        };
+        Ok((map, offset, length))
+    }
+}
+
+/// Converts a `TensorProto` (inline typed fields, `raw_data`, or external data) to a tensor.
+pub fn tensor_from_proto(t: &TensorProto, ext: Option<&mut ExternalData>) -> Result<Tensor> {
+    let name = if t.name.is_empty() { "<unnamed>" } else { &t.name };
+    let err = |msg: String| FrontendError::Tensor {
+        name: name.to_string(),
+        msg,
+    };
+    let dtype = dtype_from_onnx(t.data_type).map_err(err)?;
+    let shape = checked_dims(&t.dims).map_err(err)?;
+    let n: usize = shape.iter().product();
+    let mismatch = |got: usize| {
+        err(format!(
+            "holds {got} elements but its shape {:?} needs {n}",
+            t.dims
+        ))
+    };
+
+    if t.data_location == 1 {
+        let ext = ext.ok_or_else(|| err("refers to external data, which is not available here".into()))?;
+        let (map, offset, length) = ext.bytes(name, t)?;
+        let want = n * dtype.size_bytes();
+        let len = length.unwrap_or(want);
+        if len != want {
+            return Err(err(format!(
+                "external data length {len} does not match its shape (needs {want} bytes)"
+            )));
+        }
+        let end = offset
+            .checked_add(len)
+            .filter(|&e| e <= map.len())
+            .ok_or_else(|| {
+                err(format!(
+                    "external data [{offset}, {offset}+{len}) lies outside the {}-byte file",
+                    map.len()
+                ))
+            })?;
+        return Tensor::from_le_bytes(dtype, shape, &map[offset..end]).map_err(|e| err(e.to_string()));
+    }
+    if !t.raw_data.is_empty() || n == 0 {
+        let want = n * dtype.size_bytes();
+        if t.raw_data.len() != want && !(n == 0 && t.raw_data.is_empty()) {
+            return Err(err(format!(
+                "raw_data has {} bytes but its shape {:?} of {dtype} needs {want}",
+                t.raw_data.len(),
+                t.dims
+            )));
+        }
+        return Tensor::from_le_bytes(dtype, shape, &t.raw_data).map_err(|e| err(e.to_string()));
+    }
+    fn typed<T: Element, S: Copy>(shape: Vec<usize>, src: &[S], f: impl Fn(S) -> T) -> Tensor {
+        Tensor::from_vec(shape, src.iter().map(|&x| f(x)).collect())
+    }
+    let check = |len: usize| if len == n { Ok(()) } else { Err(mismatch(len)) };
+    let tensor = match dtype {
+        DType::F32 => {
+            check(t.float_data.len())?;
+            typed(shape, &t.float_data, |x| x)
+        }
+        DType::F64 => {
+            check(t.double_data.len())?;
+            typed(shape, &t.double_data, |x| x)
+        }
+        DType::I64 => {
+            check(t.int64_data.len())?;
+            typed(shape, &t.int64_data, |x| x)
+        }
+        DType::U32 | DType::U64 => {
+            check(t.uint64_data.len())?;
+            let v = typed(shape, &t.uint64_data, |x| x);
+            if dtype == DType::U32 {
+                v.cast(DType::U32)
+            } else {
+                v
+            }
+        }
+        // int32_data carries every narrower type; f16/bf16 as their bit patterns.
+        DType::F16 => {
+            check(t.int32_data.len())?;
+            typed(shape, &t.int32_data, |x| half::f16::from_bits(x as u16))
+        }
+        DType::BF16 => {
+            check(t.int32_data.len())?;
+            typed(shape, &t.int32_data, |x| half::bf16::from_bits(x as u16))
+        }
+        DType::Bool | DType::U8 | DType::I8 | DType::U16 | DType::I16 | DType::I32 => {
+            check(t.int32_data.len())?;
+            typed(shape, &t.int32_data, |x| x).cast(dtype)
+        }
+    };
+    Ok(tensor)
+}
+
+/// Builds a `TensorProto` with `raw_data` (used to write test inputs and reduced models).
+pub fn tensor_to_proto(name: &str, t: &Tensor) -> TensorProto {
+    TensorProto {
+        dims: t.shape().iter().map(|&d| d as i64).collect(),
+        data_type: dtype_to_onnx(t.dtype()),
+        name: name.to_string(),
+        raw_data: t.to_le_bytes().into(),
+        ..Default::default()
+    }
+}
+
+/// The tensor type in a value-info, with unknown dims as `?`. `None` when the type is absent;
+/// an error for non-tensor types.
+pub fn tensor_type_from_proto(name: &str, tp: Option<&TypeProto>) -> Result<Option<TensorType>> {
+    let err = |msg: String| FrontendError::Model(format!("value '{name}': {msg}"));
+    let Some(tp) = tp else { return Ok(None) };
+    let tt = match &tp.value {
+        Some(TypeValue::TensorType(tt)) => tt,
+        Some(TypeValue::SequenceType(_)) => return Err(err("sequence types are not supported".into())),
+        Some(TypeValue::MapType(_)) => return Err(err("map types are not supported".into())),
+        Some(TypeValue::OptionalType(_)) => return Err(err("optional types are not supported".into())),
+        Some(TypeValue::SparseTensorType(_)) => return Err(err("sparse tensors are not supported".into())),
+        Some(TypeValue::OpaqueType(_)) => return Err(err("opaque types are not supported".into())),
+        None => return Ok(None),
+    };
+    let dtype = dtype_from_onnx(tt.elem_type).map_err(err)?;
+    let Some(shape) = &tt.shape else {
+        return Err(err(
+            "its rank is unknown; kiln needs at least the rank of every input".into(),
+        ));
+    };
+    let mut dims = Vec::with_capacity(shape.dim.len());
+    for d in &shape.dim {
+        dims.push(match &d.value {
+            Some(DimValue::DimValue(v)) => {
+                if *v < 0 {
+                    return Err(err(format!("negative dimension {v}")));
+                }
+                if *v > MAX_DIM {
+                    return Err(err(format!("dimension {v} is absurdly large")));
+                }
+                Dim::Fixed(*v as usize)
+            }
+            Some(DimValue::DimParam(p)) if !p.is_empty() => Dim::Sym(p.clone()),
+            _ => Dim::unknown(),
+        });
+    }
+    let ty = TensorType::new(dtype, dims);
+    if let Some(fixed) = ty.fixed_shape() {
+        let total = fixed.iter().fold(1u128, |a, &d| a.saturating_mul(d as u128));
+        if total > MAX_ELEMENTS {
+            return Err(err(format!("shape {ty} has more elements than kiln accepts")));
+        }
+    }
+    Ok(Some(ty))
+}

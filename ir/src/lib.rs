@@ -1,0 +1,26 @@
+//! kiln's intermediate representation.
+//!
+//! A [`Graph`] is an arena of [`Node`]s in topological order; each node applies one [`Op`] to
+//! values of earlier nodes and has typed outputs ([`TensorType`]: [`DType`], shape of [`Dim`]s,
+//! [`Layout`]). Types are inferred when a node is added. [`eval`] is the reference interpreter.
+//! This crate knows nothing of ONNX or LLVM.
+
+mod dtype;
+mod error;
+pub mod eval;
+mod graph;
+pub mod op;
+pub mod ops;
+mod print;
+pub mod tensor;
+mod types;
+mod verify;
+
+pub use dtype::DType;
+pub use error::{IrError, OpError};
+pub use graph::{ConstId, Graph, GraphOutput, Node, NodeId, NodeOutput, ValueId, KNOWN_VALUE_MAX_ELEMENTS};
+pub use op::*;
+pub use print::op_label;
+pub use tensor::{Element, Tensor, TensorData};
+pub use types::{Dim, Layout, TensorType};
+pub use verify::verify;

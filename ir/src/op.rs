@@ -1,0 +1,803 @@
+//! The operator set.
+//!
+//! `Op` is a closed enum: adding an operator is a compile error everywhere it must be handled
+//! (type inference, evaluation, printing, later the backends). Semantics follow the newest ONNX
+//! opset; the frontend rewrites older forms (attributes that became inputs, changed defaults)
+//! into this one form. Inputs are positional and may be absent (`None`) where ONNX allows an
+//! optional input; each variant documents its inputs and outputs.
+
+use crate::{ConstId, DType, Graph, Tensor};
+
+/// Element-wise functions of one tensor. Output shape = input shape.
+#[derive(Clone, PartialEq, Debug)]
+pub enum Unary {
+    Abs,
+    Neg,
+    Floor,
+    Ceil,
+    /// Round half to even.
+    Round,
+    Reciprocal,
+    Sign,
+    Sqrt,
+    Exp,
+    Log,
+    Erf,
+    Tanh,
+    Sigmoid,
+    Relu,
+    Sin,
+    Cos,
+    Tan,
+    Asin,
+    Acos,
+    Atan,
+    Sinh,
+    Cosh,
+    Asinh,
+    Acosh,
+    Atanh,
+    /// Logical not (bool → bool).
+    Not,
+    BitwiseNot,
+    /// Output bool.
+    IsNaN,
+    /// Output bool.
+    IsInf {
+        detect_positive: bool,
+        detect_negative: bool,
+    },
+    Softplus,
+    Softsign,
+    Mish,
+    HardSwish,
+    LeakyRelu {
+        alpha: f32,
+    },
+    Elu {
+        alpha: f32,
+    },
+    Selu {
+        alpha: f32,
+        gamma: f32,
+    },
+    Celu {
+        alpha: f32,
+    },
+    HardSigmoid {
+        alpha: f32,
+        beta: f32,
+    },
+    ThresholdedRelu {
+        alpha: f32,
+    },
+    /// `tanh`: the tanh approximation (`approximate="tanh"`), else the exact erf form.
+    Gelu {
+        tanh: bool,
+    },
+    Shrink {
+        bias: f32,
+        lambd: f32,
+    },
+}
+
+/// Element-wise functions of two tensors with multidirectional (numpy) broadcasting.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum Binary {
+    Add,
+    Sub,
+    Mul,
+    /// Integer division truncates toward zero (C semantics, as onnxruntime).
+    Div,
+    Pow,
+    /// `Mod` with `fmod=0`: result has the sign of the divisor (Python `%`). Integers only
+    /// in ONNX; floats are accepted and follow the same rule.
+    Mod,
+    /// `Mod` with `fmod=1`: result has the sign of the dividend (C `fmod`).
+    FMod,
+    /// NaN-propagating minimum.
+    Min,
+    /// NaN-propagating maximum.
+    Max,
+    /// Output bool.
+    Equal,
+    Less,
+    LessOrEqual,
+    Greater,
+    GreaterOrEqual,
+    /// Bool inputs and output.
+    And,
+    Or,
+    Xor,
+    BitShiftLeft,
+    BitShiftRight,
+    BitwiseAnd,
+    BitwiseOr,
+    BitwiseXor,
+    /// `x < 0 ? slope * x : x`, slope broadcast to x (unidirectional).
+    PRelu,
+}
+
+impl Binary {
+    /// Comparisons produce bool whatever their input type.
+    pub fn is_comparison(self) -> bool {
+        matches!(
+            self,
+            Binary::Equal | Binary::Less | Binary::LessOrEqual | Binary::Greater | Binary::GreaterOrEqual
+        )
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
+pub enum AutoPad {
+    /// Explicit `pads` are used.
+    #[default]
+    NotSet,
+    SameUpper,
+    SameLower,
+    Valid,
+}
+
+/// Convolution attributes. Spatial attribute vectors are empty when the model left them unset
+/// (`kernel_shape` from the weight, strides/dilations 1, pads 0).
+#[derive(Clone, PartialEq, Eq, Hash, Debug, Default)]
+pub struct ConvAttrs {
+    pub kernel_shape: Vec<usize>,
+    pub strides: Vec<usize>,
+    /// `[x1_begin, x2_begin, ..., x1_end, x2_end, ...]`, ONNX order.
+    pub pads: Vec<usize>,
+    pub dilations: Vec<usize>,
+    pub group: usize,
+    pub auto_pad: AutoPad,
+}
+
+#[derive(Clone, PartialEq, Eq, Hash, Debug, Default)]
+pub struct ConvTransposeAttrs {
+    pub conv: ConvAttrs,
+    pub output_padding: Vec<usize>,
+    /// If set, pads are computed from it (ONNX `output_shape`, spatial dims only).
+    pub output_shape: Vec<usize>,
+}
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub enum PoolKind {
+    Max,
+    Average { count_include_pad: bool },
+    Lp { p: f32 },
+}
+
+#[derive(Clone, PartialEq, Debug)]
+pub struct PoolAttrs {
+    pub kind: PoolKind,
+    pub kernel_shape: Vec<usize>,
+    pub strides: Vec<usize>,
+    pub pads: Vec<usize>,
+    pub dilations: Vec<usize>,
+    pub auto_pad: AutoPad,
+    pub ceil_mode: bool,
+    /// MaxPool's optional `Indices` output: column-major (1) or row-major (0) flattening.
+    pub storage_order: u8,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum ReduceKind {
+    Sum,
+    Mean,
+    Max,
+    Min,
+    Prod,
+    L1,
+    L2,
+    LogSum,
+    LogSumExp,
+    SumSquare,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum ScatterReduction {
+    None,
+    Add,
+    Mul,
+    Max,
+    Min,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum PadMode {
+    Constant,
+    Reflect,
+    Edge,
+    Wrap,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum ResizeMode {
+    Nearest,
+    Linear,
+    Cubic,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum CoordTransform {
+    HalfPixel,
+    HalfPixelSymmetric,
+    PytorchHalfPixel,
+    AlignCorners,
+    Asymmetric,
+    TfCropAndResize,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum NearestMode {
+    RoundPreferFloor,
+    RoundPreferCeil,
+    Floor,
+    Ceil,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum AspectRatioPolicy {
+    Stretch,
+    NotLarger,
+    NotSmaller,
+}
+
+#[derive(Clone, PartialEq, Debug)]
+pub struct ResizeAttrs {
+    pub mode: ResizeMode,
+    pub coord: CoordTransform,
+    pub nearest_mode: NearestMode,
+    pub cubic_coeff_a: f32,
+    pub exclude_outside: bool,
+    pub extrapolation_value: f32,
+    pub antialias: bool,
+    /// Axes the `scales`/`sizes`/`roi` inputs refer to; empty = all axes.
+    pub axes: Vec<i64>,
+    pub keep_aspect_ratio_policy: AspectRatioPolicy,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum RnnKind {
+    Rnn,
+    Gru,
+    Lstm,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum RnnDirection {
+    Forward,
+    Reverse,
+    Bidirectional,
+}
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub enum Activation {
+    Relu,
+    Tanh,
+    Sigmoid,
+    Affine { alpha: f32, beta: f32 },
+    LeakyRelu { alpha: f32 },
+    ThresholdedRelu { alpha: f32 },
+    ScaledTanh { alpha: f32, beta: f32 },
+    HardSigmoid { alpha: f32, beta: f32 },
+    Elu { alpha: f32 },
+    Softsign,
+    Softplus,
+}
+
+#[derive(Clone, PartialEq, Debug)]
+pub struct RnnAttrs {
+    pub kind: RnnKind,
+    pub direction: RnnDirection,
+    pub hidden_size: usize,
+    /// Resolved activation list (defaults filled in): per direction, 1 for RNN, 2 for GRU
+    /// (f, g), 3 for LSTM (f, g, h).
+    pub activations: Vec<Activation>,
+    pub clip: Option<f32>,
+    /// LSTM only.
+    pub input_forget: bool,
+    /// GRU only.
+    pub linear_before_reset: bool,
+    /// 0: `[seq, batch, ...]`; 1: `[batch, seq, ...]`.
+    pub layout: u8,
+}
+
+#[derive(Clone, PartialEq, Debug)]
+pub struct AttentionAttrs {
+    pub is_causal: bool,
+    /// Heads for 3-D inputs (0 when inputs are 4-D).
+    pub q_num_heads: usize,
+    pub kv_num_heads: usize,
+    /// Mode of the optional `qk_matmul_output` output.
+    pub qk_matmul_output_mode: i64,
+    /// Defaults to `1/sqrt(head_size)` when absent.
+    pub scale: Option<f32>,
+    pub softcap: f32,
+    pub softmax_precision: Option<DType>,
+}
+
+/// One operation in the graph.
+#[derive(Clone, PartialEq, Debug)]
+pub enum Op {
+    /// A graph input. No inputs; one output whose type is given when the node is created.
+    Input,
+    /// A tensor from the graph's constant pool. No inputs; one output.
+    Constant(ConstId),
+    /// Inputs: x. Outputs: y.
+    Unary(Unary),
+    /// Inputs: a, b. Outputs: c (bool for comparisons).
+    Binary(Binary),
+    /// Inputs: condition (bool), x, y, broadcast together.
+    Where,
+    /// Inputs: x, min?, max? (scalars). Missing bounds are unbounded.
+    Clip,
+    /// Inputs: x. Converts to `to`; `saturate` applies to float8 only (kept for fidelity).
+    Cast {
+        to: DType,
+    },
+    /// Inputs: a, b. numpy `matmul` semantics (1-D promotion, batch broadcasting).
+    MatMul,
+    /// Inputs: A, B, C?. `alpha * op(A) @ op(B) + beta * C`.
+    Gemm {
+        alpha: f32,
+        beta: f32,
+        trans_a: bool,
+        trans_b: bool,
+    },
+    /// Inputs: operands... . Output per `equation`.
+    Einsum {
+        equation: String,
+    },
+    /// Inputs: X [N,C,spatial...], W [M,C/group,k...], B? [M].
+    Conv(ConvAttrs),
+    /// Inputs: X [N,C,spatial...], W [C,M/group,k...], B? [M*?]. (ONNX ConvTranspose.)
+    ConvTranspose(ConvTransposeAttrs),
+    /// Inference-mode BatchNormalization. Inputs: X, scale, B, mean, var. Outputs: Y.
+    BatchNorm {
+        epsilon: f32,
+    },
+    /// Inputs: X, scale, B?. Outputs: Y, Mean?, InvStdDev?.
+    LayerNorm {
+        axis: i64,
+        epsilon: f32,
+        stash_type: DType,
+    },
+    /// Inputs: X, scale [C], B [C].
+    InstanceNorm {
+        epsilon: f32,
+    },
+    /// Inputs: X, scale, bias. `per_channel_affine` (opset ≥ 21): scale/bias are [C];
+    /// otherwise (opset 18) [num_groups].
+    GroupNorm {
+        num_groups: usize,
+        epsilon: f32,
+        stash_type: DType,
+        per_channel_affine: bool,
+    },
+    /// Inputs: X. `x / ||x||_p` along `axis`.
+    LpNorm {
+        axis: i64,
+        p: u8,
+    },
+    /// Inputs: X. `(x - mean) / sqrt(var + 1e-9)` over `axes`.
+    MeanVarianceNorm {
+        axes: Vec<i64>,
+    },
+    /// Inputs: X. Outputs: Y, Indices? (MaxPool only, i64).
+    Pool(PoolAttrs),
+    /// Inputs: X [N,C,spatial...]. Output [N,C,1,1...].
+    GlobalPool(PoolKind),
+    /// Inputs: x. `coerce_2d`: opset < 13 semantics (flatten to 2-D at `axis`, normalize rows).
+    Softmax {
+        axis: i64,
+        coerce_2d: bool,
+    },
+    LogSoftmax {
+        axis: i64,
+        coerce_2d: bool,
+    },
+    Hardmax {
+        axis: i64,
+        coerce_2d: bool,
+    },
+    /// Inputs: data, axes? (i64 1-D). Axes absent or empty: all axes, unless
+    /// `noop_with_empty_axes` (then identity).
+    Reduce {
+        kind: ReduceKind,
+        keepdims: bool,
+        noop_with_empty_axes: bool,
+    },
+    /// Inputs: data. Output i64.
+    ArgMax {
+        axis: i64,
+        keepdims: bool,
+        select_last_index: bool,
+    },
+    ArgMin {
+        axis: i64,
+        keepdims: bool,
+        select_last_index: bool,
+    },
+    /// Inputs: X, K (i64 [1]). Outputs: Values, Indices (i64).
+    TopK {
+        axis: i64,
+        largest: bool,
+        sorted: bool,
+    },
+    /// Inputs: x, axis (scalar int).
+    CumSum {
+        exclusive: bool,
+        reverse: bool,
+    },
+    /// Inputs: data, shape (i64).
+    Reshape {
+        allow_zero: bool,
+    },
+    /// Inputs: x. Output 2-D.
+    Flatten {
+        axis: i64,
+    },
+    /// Inputs: x. `perm` resolved (default: reversed axes).
+    Transpose {
+        perm: Vec<usize>,
+    },
+    /// Inputs: data, axes? (i64). No axes: every dimension of extent 1.
+    Squeeze,
+    /// Inputs: data, axes (i64).
+    Unsqueeze,
+    /// Inputs: tensors... .
+    Concat {
+        axis: i64,
+    },
+    /// Inputs: input, split? (i64). Output count = the node's outputs; `num_outputs` (opset 18)
+    /// allows an uneven last chunk.
+    Split {
+        axis: i64,
+        num_outputs: Option<usize>,
+    },
+    /// Inputs: data, starts, ends, axes?, steps? (all i32/i64 1-D).
+    Slice,
+    /// Inputs: data, indices (i32/i64, negative wrap).
+    Gather {
+        axis: i64,
+    },
+    GatherElements {
+        axis: i64,
+    },
+    GatherND {
+        batch_dims: usize,
+    },
+    /// Inputs: data, indices, updates.
+    ScatterND {
+        reduction: ScatterReduction,
+    },
+    ScatterElements {
+        axis: i64,
+        reduction: ScatterReduction,
+    },
+    /// Inputs: input, shape (i64). Bidirectional broadcast.
+    Expand,
+    /// Inputs: input, repeats (i64).
+    Tile,
+    /// Inputs: data, pads (i64 `[begins..., ends...]`, may be negative), constant_value?, axes?.
+    Pad {
+        mode: PadMode,
+    },
+    /// Inputs: X, roi?, scales? (f32), sizes? (i64). Exactly one of scales/sizes is present.
+    Resize(ResizeAttrs),
+    /// Inputs: data. Output i64 1-D: the shape, sliced by `start`/`end` (ONNX clamping).
+    Shape {
+        start: i64,
+        end: Option<i64>,
+    },
+    /// Inputs: data. Output i64 scalar.
+    Size,
+    /// Inputs: start, limit, delta (scalars of one type).
+    Range,
+    /// Inputs: shape (i64 1-D). Output filled with `value` (a one-element tensor).
+    ConstantOfShape {
+        value: Tensor,
+    },
+    /// Inputs: x.
+    Identity,
+    DepthToSpace {
+        block_size: usize,
+        crd: bool,
+    },
+    SpaceToDepth {
+        block_size: usize,
+    },
+    /// Inputs: input, k? (scalar i64).
+    Trilu {
+        upper: bool,
+    },
+    /// Inputs: X. Output i64 [rank, nnz].
+    NonZero,
+    /// Inputs: indices, depth (scalar), values ([off, on]). Output type of values.
+    OneHot {
+        axis: i64,
+    },
+    /// Inputs: input (2-D). Output of `dtype` (input's type when None).
+    EyeLike {
+        dtype: Option<DType>,
+        k: i64,
+    },
+    /// Inputs: X, W, R, B?, sequence_lens?, initial_h?, (LSTM: initial_c?, P?).
+    /// Outputs: Y, Y_h, (LSTM: Y_c).
+    Rnn(RnnAttrs),
+    /// Inputs: cond (bool scalar), captured values... . The branches take the captured values
+    /// as their inputs, in order; both produce the node's outputs.
+    If {
+        then_branch: Box<Graph>,
+        else_branch: Box<Graph>,
+    },
+    /// Inputs: M? (i64 trip count), cond? (bool), loop-carried initial values..., captured
+    /// values... . `body` inputs: iteration (i64 scalar), cond, carried..., captured... ; body
+    /// outputs: cond, carried..., scan outputs... . Node outputs: final carried..., stacked
+    /// scan outputs... .
+    Loop {
+        body: Box<Graph>,
+        num_carried: usize,
+    },
+    /// ONNX opset-23 Attention. Inputs: Q, K, V, attn_mask?, past_key?, past_value?
+    /// (nonpad_kv_seqlen? from opset 24). Outputs: Y, present_key?, present_value?,
+    /// qk_matmul_output?.
+    Attention(AttentionAttrs),
+}
+
+/// The family an operator belongs to; each family has its own inference/evaluation module.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum OpFamily {
+    Source,
+    Elementwise,
+    Linalg,
+    Nn,
+    Reduce,
+    DataMovement,
+    Recurrent,
+    Control,
+}
+
+impl Op {
+    /// The operator's name for histograms, messages and the text printer.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Input => "Input",
+            Op::Constant(_) => "Constant",
+            Op::Unary(u) => u.name(),
+            Op::Binary(b) => b.name(),
+            Op::Where => "Where",
+            Op::Clip => "Clip",
+            Op::Cast { .. } => "Cast",
+            Op::MatMul => "MatMul",
+            Op::Gemm { .. } => "Gemm",
+            Op::Einsum { .. } => "Einsum",
+            Op::Conv(_) => "Conv",
+            Op::ConvTranspose(_) => "ConvTranspose",
+            Op::BatchNorm { .. } => "BatchNormalization",
+            Op::LayerNorm { .. } => "LayerNormalization",
+            Op::InstanceNorm { .. } => "InstanceNormalization",
+            Op::GroupNorm { .. } => "GroupNormalization",
+            Op::LpNorm { .. } => "LpNormalization",
+            Op::MeanVarianceNorm { .. } => "MeanVarianceNormalization",
+            Op::Pool(p) => match p.kind {
+                PoolKind::Max => "MaxPool",
+                PoolKind::Average { .. } => "AveragePool",
+                PoolKind::Lp { .. } => "LpPool",
+            },
+            Op::GlobalPool(k) => match k {
+                PoolKind::Max => "GlobalMaxPool",
+                PoolKind::Average { .. } => "GlobalAveragePool",
+                PoolKind::Lp { .. } => "GlobalLpPool",
+            },
+            Op::Softmax { .. } => "Softmax",
+            Op::LogSoftmax { .. } => "LogSoftmax",
+            Op::Hardmax { .. } => "Hardmax",
+            Op::Reduce { kind, .. } => kind.op_name(),
+            Op::ArgMax { .. } => "ArgMax",
+            Op::ArgMin { .. } => "ArgMin",
+            Op::TopK { .. } => "TopK",
+            Op::CumSum { .. } => "CumSum",
+            Op::Reshape { .. } => "Reshape",
+            Op::Flatten { .. } => "Flatten",
+            Op::Transpose { .. } => "Transpose",
+            Op::Squeeze => "Squeeze",
+            Op::Unsqueeze => "Unsqueeze",
+            Op::Concat { .. } => "Concat",
+            Op::Split { .. } => "Split",
+            Op::Slice => "Slice",
+            Op::Gather { .. } => "Gather",
+            Op::GatherElements { .. } => "GatherElements",
+            Op::GatherND { .. } => "GatherND",
+            Op::ScatterND { .. } => "ScatterND",
+            Op::ScatterElements { .. } => "ScatterElements",
+            Op::Expand => "Expand",
+            Op::Tile => "Tile",
+            Op::Pad { .. } => "Pad",
+            Op::Resize(_) => "Resize",
+            Op::Shape { .. } => "Shape",
+            Op::Size => "Size",
+            Op::Range => "Range",
+            Op::ConstantOfShape { .. } => "ConstantOfShape",
+            Op::Identity => "Identity",
+            Op::DepthToSpace { .. } => "DepthToSpace",
+            Op::SpaceToDepth { .. } => "SpaceToDepth",
+            Op::Trilu { .. } => "Trilu",
+            Op::NonZero => "NonZero",
+            Op::OneHot { .. } => "OneHot",
+            Op::EyeLike { .. } => "EyeLike",
+            Op::Rnn(a) => match a.kind {
+                RnnKind::Rnn => "RNN",
+                RnnKind::Gru => "GRU",
+                RnnKind::Lstm => "LSTM",
+            },
+            Op::If { .. } => "If",
+            Op::Loop { .. } => "Loop",
+            Op::Attention(_) => "Attention",
+        }
+    }
+
+    pub fn family(&self) -> OpFamily {
+        match self {
+            Op::Input | Op::Constant(_) => OpFamily::Source,
+            Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Clip | Op::Cast { .. } => OpFamily::Elementwise,
+            Op::MatMul | Op::Gemm { .. } | Op::Einsum { .. } => OpFamily::Linalg,
+            Op::Conv(_)
+            | Op::ConvTranspose(_)
+            | Op::BatchNorm { .. }
+            | Op::LayerNorm { .. }
+            | Op::InstanceNorm { .. }
+            | Op::GroupNorm { .. }
+            | Op::LpNorm { .. }
+            | Op::MeanVarianceNorm { .. }
+            | Op::Pool(_)
+            | Op::GlobalPool(_)
+            | Op::Softmax { .. }
+            | Op::LogSoftmax { .. }
+            | Op::Hardmax { .. }
+            | Op::Resize(_)
+            | Op::DepthToSpace { .. }
+            | Op::SpaceToDepth { .. }
+            | Op::Attention(_) => OpFamily::Nn,
+            Op::Reduce { .. }
+            | Op::ArgMax { .. }
+            | Op::ArgMin { .. }
+            | Op::TopK { .. }
+            | Op::CumSum { .. } => OpFamily::Reduce,
+            Op::Reshape { .. }
+            | Op::Flatten { .. }
+            | Op::Transpose { .. }
+            | Op::Squeeze
+            | Op::Unsqueeze
+            | Op::Concat { .. }
+            | Op::Split { .. }
+            | Op::Slice
+            | Op::Gather { .. }
+            | Op::GatherElements { .. }
+            | Op::GatherND { .. }
+            | Op::ScatterND { .. }
+            | Op::ScatterElements { .. }
+            | Op::Expand
+            | Op::Tile
+            | Op::Pad { .. }
+            | Op::Shape { .. }
+            | Op::Size
+            | Op::Range
+            | Op::ConstantOfShape { .. }
+            | Op::Identity
+            | Op::Trilu { .. }
+            | Op::NonZero
+            | Op::OneHot { .. }
+            | Op::EyeLike { .. } => OpFamily::DataMovement,
+            Op::Rnn(_) => OpFamily::Recurrent,
+            Op::If { .. } | Op::Loop { .. } => OpFamily::Control,
+        }
+    }
+
+    /// Subgraphs held by control-flow operators.
+    pub fn subgraphs(&self) -> Vec<&Graph> {
+        match self {
+            Op::If {
+                then_branch,
+                else_branch,
+            } => vec![then_branch, else_branch],
+            Op::Loop { body, .. } => vec![body],
+            _ => vec![],
+        }
+    }
+}
+
+impl Unary {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Unary::Abs => "Abs",
+            Unary::Neg => "Neg",
+            Unary::Floor => "Floor",
+            Unary::Ceil => "Ceil",
+            Unary::Round => "Round",
+            Unary::Reciprocal => "Reciprocal",
+            Unary::Sign => "Sign",
+            Unary::Sqrt => "Sqrt",
+            Unary::Exp => "Exp",
+            Unary::Log => "Log",
+            Unary::Erf => "Erf",
+            Unary::Tanh => "Tanh",
+            Unary::Sigmoid => "Sigmoid",
+            Unary::Relu => "Relu",
+            Unary::Sin => "Sin",
+            Unary::Cos => "Cos",
+            Unary::Tan => "Tan",
+            Unary::Asin => "Asin",
+            Unary::Acos => "Acos",
+            Unary::Atan => "Atan",
+            Unary::Sinh => "Sinh",
+            Unary::Cosh => "Cosh",
+            Unary::Asinh => "Asinh",
+            Unary::Acosh => "Acosh",
+            Unary::Atanh => "Atanh",
+            Unary::Not => "Not",
+            Unary::BitwiseNot => "BitwiseNot",
+            Unary::IsNaN => "IsNaN",
+            Unary::IsInf { .. } => "IsInf",
+            Unary::Softplus => "Softplus",
+            Unary::Softsign => "Softsign",
+            Unary::Mish => "Mish",
+            Unary::HardSwish => "HardSwish",
+            Unary::LeakyRelu { .. } => "LeakyRelu",
+            Unary::Elu { .. } => "Elu",
+            Unary::Selu { .. } => "Selu",
+            Unary::Celu { .. } => "Celu",
+            Unary::HardSigmoid { .. } => "HardSigmoid",
+            Unary::ThresholdedRelu { .. } => "ThresholdedRelu",
+            Unary::Gelu { .. } => "Gelu",
+            Unary::Shrink { .. } => "Shrink",
+        }
+    }
+}
+
+impl Binary {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Binary::Add => "Add",
+            Binary::Sub => "Sub",
+            Binary::Mul => "Mul",
+            Binary::Div => "Div",
+            Binary::Pow => "Pow",
+            Binary::Mod => "Mod",
+            Binary::FMod => "FMod",
+            Binary::Min => "Min",
+            Binary::Max => "Max",
+            Binary::Equal => "Equal",
+            Binary::Less => "Less",
+            Binary::LessOrEqual => "LessOrEqual",
+            Binary::Greater => "Greater",
+            Binary::GreaterOrEqual => "GreaterOrEqual",
+            Binary::And => "And",
+            Binary::Or => "Or",
+            Binary::Xor => "Xor",
+            Binary::BitShiftLeft => "BitShiftLeft",
+            Binary::BitShiftRight => "BitShiftRight",
+            Binary::BitwiseAnd => "BitwiseAnd",
+            Binary::BitwiseOr => "BitwiseOr",
+            Binary::BitwiseXor => "BitwiseXor",
+            Binary::PRelu => "PRelu",
+        }
+    }
+}
+
+impl ReduceKind {
+    pub fn op_name(self) -> &'static str {
+        match self {
+            ReduceKind::Sum => "ReduceSum",
+            ReduceKind::Mean => "ReduceMean",
+            ReduceKind::Max => "ReduceMax",
+            ReduceKind::Min => "ReduceMin",
+            ReduceKind::Prod => "ReduceProd",
+            ReduceKind::L1 => "ReduceL1",
+            ReduceKind::L2 => "ReduceL2",
+            ReduceKind::LogSum => "ReduceLogSum",
+            ReduceKind::LogSumExp => "ReduceLogSumExp",
+            ReduceKind::SumSquare => "ReduceSumSquare",
+        }
+    }
+}

@@ -1,0 +1,200 @@
+//! Per-operator type inference and reference evaluation, one module per operator family.
+//!
+//! Every family module exposes `infer(op, cx)` and `eval(op, cx)` for its operators; this file
+//! only routes. Inference sees input types and, where known at compile time, input values
+//! (so that `Reshape` by a constant shape gets a static type); evaluation sees concrete tensors.
+
+mod attention;
+mod control;
+mod conv;
+mod elementwise;
+mod linalg;
+mod norm;
+mod recurrent;
+mod reduce;
+mod resize;
+mod shape;
+pub mod util;
+
+use crate::{DType, Op, OpError, Tensor, TensorType};
+
+/// What type inference knows about a node's inputs.
+pub struct InferCtx<'a> {
+    /// Input types; `None` for an absent optional input.
+    pub inputs: Vec<Option<&'a TensorType>>,
+    /// Input values known at compile time (constants and small shape arithmetic).
+    pub values: Vec<Option<&'a Tensor>>,
+    /// How many outputs the node declares.
+    pub num_outputs: usize,
+}
+
+impl<'a> InferCtx<'a> {
+    /// Type of required input `i`.
+    pub fn ty(&self, i: usize) -> Result<&'a TensorType, OpError> {
+        self.inputs
+            .get(i)
+            .copied()
+            .flatten()
+            .ok_or_else(|| OpError(format!("missing required input {i}")))
+    }
+
+    /// Type of optional input `i`.
+    pub fn opt_ty(&self, i: usize) -> Option<&'a TensorType> {
+        self.inputs.get(i).copied().flatten()
+    }
+
+    /// Known value of input `i`, if any.
+    pub fn value(&self, i: usize) -> Option<&'a Tensor> {
+        self.values.get(i).copied().flatten()
+    }
+
+    pub fn num_inputs(&self) -> usize {
+        self.inputs.len()
+    }
+}
+
+/// The concrete inputs of one evaluation.
+pub struct EvalCtx<'a> {
+    /// Input tensors; `None` for an absent optional input.
+    pub inputs: Vec<Option<&'a Tensor>>,
+    /// The node's inferred output types. Use them for dtypes and the output count only: a
+    /// dimension may be symbolic while the evaluated tensor has a concrete extent.
+    pub out_types: &'a [TensorType],
+}
+
+impl<'a> EvalCtx<'a> {
+    pub fn input(&self, i: usize) -> Result<&'a Tensor, OpError> {
+        self.inputs
+            .get(i)
+            .copied()
+            .flatten()
+            .ok_or_else(|| OpError(format!("missing required input {i}")))
+    }
+
+    pub fn opt_input(&self, i: usize) -> Option<&'a Tensor> {
+        self.inputs.get(i).copied().flatten()
+    }
+
+    pub fn out_dtype(&self, i: usize) -> DType {
+        self.out_types[i].dtype
+    }
+
+    pub fn num_outputs(&self) -> usize {
+        self.out_types.len()
+    }
+}
+
+/// Infers the output types of `op`.
+pub fn infer(op: &Op, cx: &InferCtx) -> Result<Vec<TensorType>, OpError> {
+    match op {
+        Op::Input | Op::Constant(_) => crate::bail!("source nodes have no inputs to infer from"),
+        Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Clip | Op::Cast { .. } => elementwise::infer(op, cx),
+        Op::MatMul | Op::Gemm { .. } | Op::Einsum { .. } => linalg::infer(op, cx),
+        Op::Conv(_) | Op::ConvTranspose(_) | Op::Pool(_) | Op::GlobalPool(_) => conv::infer(op, cx),
+        Op::BatchNorm { .. }
+        | Op::LayerNorm { .. }
+        | Op::InstanceNorm { .. }
+        | Op::GroupNorm { .. }
+        | Op::LpNorm { .. }
+        | Op::MeanVarianceNorm { .. }
+        | Op::Softmax { .. }
+        | Op::LogSoftmax { .. }
+        | Op::Hardmax { .. } => norm::infer(op, cx),
+        Op::Resize(_) | Op::DepthToSpace { .. } | Op::SpaceToDepth { .. } => resize::infer(op, cx),
+        Op::Attention(_) => attention::infer(op, cx),
+        Op::Reduce { .. } | Op::ArgMax { .. } | Op::ArgMin { .. } | Op::TopK { .. } | Op::CumSum { .. } => {
+            reduce::infer(op, cx)
+        }
+        Op::Reshape { .. }
+        | Op::Flatten { .. }
+        | Op::Transpose { .. }
+        | Op::Squeeze
+        | Op::Unsqueeze
+        | Op::Concat { .. }
+        | Op::Split { .. }
+        | Op::Slice
+        | Op::Gather { .. }
+        | Op::GatherElements { .. }
+        | Op::GatherND { .. }
+        | Op::ScatterND { .. }
+        | Op::ScatterElements { .. }
+        | Op::Expand
+        | Op::Tile
+        | Op::Pad { .. }
+        | Op::Shape { .. }
+        | Op::Size
+        | Op::Range
+        | Op::ConstantOfShape { .. }
+        | Op::Identity
+        | Op::Trilu { .. }
+        | Op::NonZero
+        | Op::OneHot { .. }
+        | Op::EyeLike { .. } => shape::infer(op, cx),
+        Op::Rnn(_) => recurrent::infer(op, cx),
+        Op::If { .. } | Op::Loop { .. } => control::infer(op, cx),
+    }
+}
+
+/// Evaluates `op` on concrete inputs.
+pub fn eval(op: &Op, cx: &EvalCtx) -> Result<Vec<Tensor>, OpError> {
+    match op {
+        Op::Input | Op::Constant(_) => crate::bail!("source nodes are not evaluated"),
+        Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Clip | Op::Cast { .. } => elementwise::eval(op, cx),
+        Op::MatMul | Op::Gemm { .. } | Op::Einsum { .. } => linalg::eval(op, cx),
+        Op::Conv(_) | Op::ConvTranspose(_) | Op::Pool(_) | Op::GlobalPool(_) => conv::eval(op, cx),
+        Op::BatchNorm { .. }
+        | Op::LayerNorm { .. }
+        | Op::InstanceNorm { .. }
+        | Op::GroupNorm { .. }
+        | Op::LpNorm { .. }
+        | Op::MeanVarianceNorm { .. }
+        | Op::Softmax { .. }
+        | Op::LogSoftmax { .. }
+        | Op::Hardmax { .. } => norm::eval(op, cx),
+        Op::Resize(_) | Op::DepthToSpace { .. } | Op::SpaceToDepth { .. } => resize::eval(op, cx),
+        Op::Attention(_) => attention::eval(op, cx),
+        Op::Reduce { .. } | Op::ArgMax { .. } | Op::ArgMin { .. } | Op::TopK { .. } | Op::CumSum { .. } => {
+            reduce::eval(op, cx)
+        }
+        Op::Reshape { .. }
+        | Op::Flatten { .. }
+        | Op::Transpose { .. }
+        | Op::Squeeze
+        | Op::Unsqueeze
+        | Op::Concat { .. }
+        | Op::Split { .. }
+        | Op::Slice
+        | Op::Gather { .. }
+        | Op::GatherElements { .. }
+        | Op::GatherND { .. }
+        | Op::ScatterND { .. }
+        | Op::ScatterElements { .. }
+        | Op::Expand
+        | Op::Tile
+        | Op::Pad { .. }
+        | Op::Shape { .. }
+        | Op::Size
+        | Op::Range
+        | Op::ConstantOfShape { .. }
+        | Op::Identity
+        | Op::Trilu { .. }
+        | Op::NonZero
+        | Op::OneHot { .. }
+        | Op::EyeLike { .. } => shape::eval(op, cx),
+        Op::Rnn(_) => recurrent::eval(op, cx),
+        Op::If { .. } | Op::Loop { .. } => control::eval(op, cx),
+    }
+}
+
+/// `[start, end)` of ONNX `Shape(start, end)` on a tensor of rank `rank`, with negative
+/// indices counted from the back and both clamped to `[0, rank]`.
+pub fn shape_slice_bounds(rank: usize, start: i64, end: Option<i64>) -> (usize, usize) {
+    let r = rank as i64;
+    let clamp = |v: i64| {
+        let v = if v < 0 { v + r } else { v };
+        v.clamp(0, r) as usize
+    };
+    let s = clamp(start);
+    let e = clamp(end.unwrap_or(r));
+    (s, e.max(s))
+}
