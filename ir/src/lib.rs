@@ -5,6 +5,7 @@
 //! [`Layout`]). Types are inferred when a node is added. [`eval`] is the reference interpreter.
 //! This crate knows nothing of ONNX or LLVM.
 
+pub mod cost;
 mod dtype;
 mod error;
 pub mod eval;

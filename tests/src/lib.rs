@@ -3,6 +3,7 @@
 
 pub mod compare;
 pub mod conformance;
+pub mod fixtures;
 
 use std::path::PathBuf;
 

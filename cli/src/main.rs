@@ -1,0 +1,64 @@
+//! The `kiln` command line.
+
+mod commands;
+mod model_args;
+mod tensors;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// kiln — an ahead-of-time compiler for trained models.
+///
+/// kiln imports ONNX models (weights inline, as external data, or in safetensors files),
+/// optimizes them and compiles them to self-contained executables and static libraries.
+#[derive(Parser)]
+#[command(name = "kiln", version, about, long_about = None, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Show a model's inputs, outputs, opset, operators, parameters and estimated FLOPs.
+    Inspect(commands::inspect::Args),
+    /// Run a model on input files and write or show its outputs.
+    Run(commands::run::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Inspect(args) => commands::inspect::run(args),
+        Command::Run(args) => commands::run::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", one_line(&e));
+            ExitCode::from(exit_code(&e))
+        }
+    }
+}
+
+/// The error and its causes on one line (`outer: inner: root`), skipping causes whose text the
+/// outer message already contains.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut msg = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !msg.contains(&c) {
+            msg.push_str(": ");
+            msg.push_str(&c);
+        }
+    }
+    msg
+}
+
+/// Exit status: 2 usage (clap), 3 the model is invalid or unsupported, 1 anything else.
+fn exit_code(e: &anyhow::Error) -> u8 {
+    match e.downcast_ref::<kiln_frontend::FrontendError>() {
+        Some(_) => 3,
+        None => 1,
+    }
+}

@@ -1,0 +1,41 @@
+//! Options shared by every command that loads a model.
+
+use anyhow::{Context, Result};
+use kiln_frontend::{shapes::parse_input_shape, weights::read_safetensors, ImportOptions, Model};
+use std::path::PathBuf;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// The model file (.onnx). External data files are read from its folder.
+    pub model: PathBuf,
+
+    /// Bind tensors of a .safetensors file to the model's initializers or inputs by name.
+    /// May be given several times.
+    #[arg(long = "weights", value_name = "FILE.safetensors")]
+    pub weights: Vec<PathBuf>,
+
+    /// Fix an input's shape, binding its symbolic dims (e.g. batch): NAME=D0,D1,...
+    /// May be given several times.
+    #[arg(long = "input-shape", value_name = "NAME=DIMS")]
+    pub input_shapes: Vec<String>,
+}
+
+impl ModelArgs {
+    pub fn import_options(&self) -> Result<ImportOptions> {
+        let mut opts = ImportOptions::default();
+        for s in &self.input_shapes {
+            opts.input_shapes.push(parse_input_shape(s)?);
+        }
+        for w in &self.weights {
+            opts.weights.extend(read_safetensors(w)?);
+        }
+        Ok(opts)
+    }
+
+    pub fn load(&self) -> Result<Model> {
+        let opts = self.import_options()?;
+        kiln_frontend::load_model(&self.model, &opts)
+            .map_err(anyhow::Error::from)
+            .with_context(|| format!("{}", self.model.display()))
+    }
+}

@@ -1,0 +1,107 @@
+//! Reading input tensors named on the command line and writing outputs.
+
+use anyhow::{bail, Context, Result};
+use kiln_ir::{Graph, Tensor};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// Parses `--input NAME=FILE` arguments (a bare `FILE` is accepted when the model has exactly
+/// one input) and reads each file (`.npy`, or a serialized ONNX `TensorProto` `.pb`).
+pub fn read_inputs(graph: &Graph, specs: &[String]) -> Result<HashMap<String, Tensor>> {
+    let names: Vec<&str> = graph.input_types().map(|(n, _)| n).collect();
+    let mut out = HashMap::new();
+    for spec in specs {
+        let (name, file) = match spec.split_once('=') {
+            Some((n, f)) if names.contains(&n) => (n.to_string(), PathBuf::from(f)),
+            _ if names.len() == 1 && !names.contains(&spec.as_str()) && Path::new(spec).exists() => {
+                (names[0].to_string(), PathBuf::from(spec))
+            }
+            Some((n, _)) => bail!(
+                "the model has no input '{n}' (its inputs: {})",
+                describe_inputs(graph)
+            ),
+            None => bail!(
+                "--input '{spec}': expected NAME=FILE (the model's inputs: {})",
+                describe_inputs(graph)
+            ),
+        };
+        if out.contains_key(&name) {
+            bail!("input '{name}' is given twice");
+        }
+        let t = read_tensor_file(&file).with_context(|| format!("input '{name}'"))?;
+        out.insert(name, t);
+    }
+    let missing: Vec<&str> = names.iter().copied().filter(|n| !out.contains_key(*n)).collect();
+    if !missing.is_empty() {
+        bail!(
+            "missing --input for {} (the model's inputs: {})",
+            missing.join(", "),
+            describe_inputs(graph)
+        );
+    }
+    Ok(out)
+}
+
+fn describe_inputs(graph: &Graph) -> String {
+    graph
+        .input_types()
+        .map(|(n, t)| format!("{n}: {t}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Reads a `.npy` file, or a `.pb` serialized ONNX `TensorProto`.
+pub fn read_tensor_file(path: &Path) -> Result<Tensor> {
+    let is_pb = path.extension().is_some_and(|e| e == "pb");
+    if is_pb {
+        Ok(kiln_frontend::onnx::read_tensor_pb(path)?.1)
+    } else {
+        Ok(kiln_frontend::npy::read_npy(path)?)
+    }
+}
+
+/// The output file name of an output value: characters outside `[A-Za-z0-9._-]` become `_`.
+pub fn output_file_name(name: &str) -> String {
+    let base: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("{base}.npy")
+}
+
+/// A one-line summary of a tensor's values: type, a few leading values, min/max/mean.
+pub fn summarize(t: &Tensor) -> String {
+    let v = t.to_f64_vec();
+    let shown: Vec<String> = v.iter().take(6).map(|x| format_value(*x)).collect();
+    let more = if v.len() > 6 { ", ..." } else { "" };
+    let mut s = format!("{} [{}{more}]", t.tensor_type(), shown.join(", "));
+    if v.len() > 1 {
+        let finite: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+        if !finite.is_empty() {
+            let min = finite.iter().copied().fold(f64::INFINITY, f64::min);
+            let max = finite.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let mean = finite.iter().sum::<f64>() / finite.len() as f64;
+            s.push_str(&format!(
+                "  min {} max {} mean {}",
+                format_value(min),
+                format_value(max),
+                format_value(mean)
+            ));
+        }
+    }
+    s
+}
+
+fn format_value(x: f64) -> String {
+    if x == x.trunc() && x.abs() < 1e15 {
+        format!("{x}")
+    } else {
+        format!("{x:.6}")
+    }
+}
