@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Builds kiln and runs its main job on a bundled model: inspect the model, then run it through
+# the reference interpreter and show the outputs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+cargo build --release -p kiln-cli
+MODEL=fixtures/models/resnet_small
+echo
+echo "\$ kiln inspect $MODEL/model.onnx"
+target/release/kiln inspect "$MODEL/model.onnx"
+echo
+echo "\$ kiln run $MODEL/model.onnx --input $MODEL/inputs/*.npy --output-dir out --reference"
+target/release/kiln run "$MODEL/model.onnx" --input "$(ls "$MODEL"/inputs/*.npy | head -1)" --output-dir out --reference
