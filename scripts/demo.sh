@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 cargo build --release -p kiln-cli
-MODEL=fixtures/models/resnet_small
+MODEL=fixtures/models/resnet_bottleneck_tiny
 echo
 echo "\$ kiln inspect $MODEL/model.onnx"
 target/release/kiln inspect "$MODEL/model.onnx"
