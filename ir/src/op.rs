@@ -6,6 +6,9 @@
 //! into this one form. Inputs are positional and may be absent (`None`) where ONNX allows an
 //! optional input; each variant documents its inputs and outputs.
 
+pub use crate::ops::quant::QuantOp;
+pub use crate::ops::signal::SignalOp;
+pub use crate::ops::vision::VisionOp;
 use crate::{ConstId, DType, Graph, Tensor};
 
 /// Element-wise functions of one tensor. Output shape = input shape.
@@ -543,6 +546,12 @@ pub enum Op {
     /// (nonpad_kv_seqlen? from opset 24). Outputs: Y, present_key?, present_value?,
     /// qk_matmul_output?.
     Attention(AttentionAttrs),
+    /// Quantized and integer-arithmetic operators (`ops/quant.rs`).
+    Quant(QuantOp),
+    /// Detection and vision operators (`ops/vision.rs`).
+    Vision(VisionOp),
+    /// Signal processing: DFT, STFT, windows, mel filters (`ops/signal.rs`).
+    Signal(SignalOp),
 }
 
 /// The family an operator belongs to; each family has its own inference/evaluation module.
@@ -556,6 +565,9 @@ pub enum OpFamily {
     DataMovement,
     Recurrent,
     Control,
+    Quant,
+    Vision,
+    Signal,
 }
 
 impl Op {
@@ -634,6 +646,9 @@ impl Op {
             Op::If { .. } => "If",
             Op::Loop { .. } => "Loop",
             Op::Attention(_) => "Attention",
+            Op::Quant(q) => q.name(),
+            Op::Vision(v) => v.name(),
+            Op::Signal(x) => x.name(),
         }
     }
 
@@ -691,6 +706,9 @@ impl Op {
             | Op::EyeLike { .. } => OpFamily::DataMovement,
             Op::Rnn(_) => OpFamily::Recurrent,
             Op::If { .. } | Op::Loop { .. } => OpFamily::Control,
+            Op::Quant(_) => OpFamily::Quant,
+            Op::Vision(_) => OpFamily::Vision,
+            Op::Signal(_) => OpFamily::Signal,
         }
     }
 

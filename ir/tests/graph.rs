@@ -24,9 +24,14 @@ fn broadcasting_rules() {
 
 fn tiny_graph() -> (Graph, ValueId) {
     let mut g = Graph::new("tiny");
-    let x = g.add_input("x", TensorType::new(DType::F32, vec![sym("batch"), Dim::Fixed(4)]));
+    let x = g.add_input(
+        "x",
+        TensorType::new(DType::F32, vec![sym("batch"), Dim::Fixed(4)]),
+    );
     let w = g.add_const("w", Tensor::from_vec(vec![4], vec![1.0f32, -2.0, 3.0, -4.0]));
-    let y = g.add("add", Op::Binary(Binary::Add), vec![Some(x), Some(w)], "y").unwrap();
+    let y = g
+        .add("add", Op::Binary(Binary::Add), vec![Some(x), Some(w)], "y")
+        .unwrap();
     let z = g.add("relu", Op::Unary(Unary::Relu), vec![Some(y)], "z").unwrap();
     g.add_output("z", z);
     (g, z)
@@ -44,11 +49,15 @@ fn ill_typed_node_is_rejected_with_its_name() {
     let mut g = Graph::new("bad");
     let a = g.add_input("a", TensorType::fixed(DType::F32, &[2, 3]));
     let b = g.add_input("b", TensorType::fixed(DType::F32, &[4, 3]));
-    let err = g.add("my_add", Op::Binary(Binary::Add), vec![Some(a), Some(b)], "c").unwrap_err();
+    let err = g
+        .add("my_add", Op::Binary(Binary::Add), vec![Some(a), Some(b)], "c")
+        .unwrap_err();
     let msg = err.to_string();
     assert!(msg.contains("my_add") && msg.contains("Add"), "{msg}");
     let c = g.add_input("c", TensorType::fixed(DType::I64, &[2, 3]));
-    assert!(g.add("mixed", Op::Binary(Binary::Add), vec![Some(a), Some(c)], "d").is_err());
+    assert!(g
+        .add("mixed", Op::Binary(Binary::Add), vec![Some(a), Some(c)], "d")
+        .is_err());
 }
 
 #[test]
@@ -57,9 +66,18 @@ fn shape_arithmetic_is_known_at_compile_time() {
     let mut g = Graph::new("dyn");
     let x = g.add_input("x", TensorType::fixed(DType::F32, &[2, 3, 4]));
     let y = g.add_input("y", TensorType::fixed(DType::F32, &[24]));
-    let s = g.add("shape", Op::Shape { start: 0, end: None }, vec![Some(x)], "s").unwrap();
+    let s = g
+        .add("shape", Op::Shape { start: 0, end: None }, vec![Some(x)], "s")
+        .unwrap();
     assert_eq!(g.known_value(s).unwrap().to_i64_vec(), vec![2, 3, 4]);
-    let r = g.add("reshape", Op::Reshape { allow_zero: false }, vec![Some(y), Some(s)], "r").unwrap();
+    let r = g
+        .add(
+            "reshape",
+            Op::Reshape { allow_zero: false },
+            vec![Some(y), Some(s)],
+            "r",
+        )
+        .unwrap();
     assert_eq!(g.value_type(r).to_string(), "f32[2,3,4]");
     assert!(g.known_value(r).is_none(), "a graph input's data is not known");
 }
@@ -77,7 +95,10 @@ fn eval_checks_inputs_and_computes() {
     let (g, _) = tiny_graph();
     let x = Tensor::from_vec(vec![2, 4], vec![0.0f32, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0]);
     let out = eval::eval_graph(&g, vec![x]).unwrap();
-    assert_eq!(out[0].as_slice::<f32>().unwrap(), &[1.0, 0.0, 3.0, 0.0, 2.0, 0.0, 4.0, 0.0]);
+    assert_eq!(
+        out[0].as_slice::<f32>().unwrap(),
+        &[1.0, 0.0, 3.0, 0.0, 2.0, 0.0, 4.0, 0.0]
+    );
 
     let wrong_dtype = Tensor::from_vec(vec![2, 4], vec![0i64; 8]);
     let e = eval::eval_graph(&g, vec![wrong_dtype]).unwrap_err().to_string();
@@ -92,18 +113,29 @@ fn symbolic_dims_must_agree_across_inputs() {
     let mut g = Graph::new("two");
     let a = g.add_input("a", TensorType::new(DType::F32, vec![sym("n")]));
     let b = g.add_input("b", TensorType::new(DType::F32, vec![sym("n")]));
-    let c = g.add("add", Op::Binary(Binary::Add), vec![Some(a), Some(b)], "c").unwrap();
+    let c = g
+        .add("add", Op::Binary(Binary::Add), vec![Some(a), Some(b)], "c")
+        .unwrap();
     g.add_output("c", c);
-    let e = eval::eval_graph(&g, vec![Tensor::from_vec(vec![2], vec![1f32, 2.0]), Tensor::from_vec(vec![3], vec![1f32, 2.0, 3.0])])
-        .unwrap_err()
-        .to_string();
+    let e = eval::eval_graph(
+        &g,
+        vec![
+            Tensor::from_vec(vec![2], vec![1f32, 2.0]),
+            Tensor::from_vec(vec![3], vec![1f32, 2.0, 3.0]),
+        ],
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("'n'"), "{e}");
 }
 
 #[test]
 fn cast_follows_numpy_semantics() {
     let t = Tensor::from_vec(vec![5], vec![-1.7f32, 2.5, 1e10, f32::NAN, 300.0]);
-    assert_eq!(t.cast(DType::I32).to_i64_vec(), vec![-1, 2, i32::MAX as i64, 0, 300]);
+    assert_eq!(
+        t.cast(DType::I32).to_i64_vec(),
+        vec![-1, 2, i32::MAX as i64, 0, 300]
+    );
     assert_eq!(t.cast(DType::Bool).to_i64_vec(), vec![1, 1, 1, 1, 1]);
     let h = Tensor::from_vec(vec![1], vec![1.0009765625f32 + 0.00048828125]).cast(DType::F16);
     // Ties round to even: 1 + 1.5 ulp(f16) rounds up to 1 + 2 ulp.

@@ -10,11 +10,14 @@ mod conv;
 mod elementwise;
 mod linalg;
 mod norm;
+pub(crate) mod quant;
 mod recurrent;
 mod reduce;
 mod resize;
 mod shape;
+pub(crate) mod signal;
 pub mod util;
+pub(crate) mod vision;
 
 use crate::{DType, Op, OpError, Tensor, TensorType};
 
@@ -132,6 +135,9 @@ pub fn infer(op: &Op, cx: &InferCtx) -> Result<Vec<TensorType>, OpError> {
         | Op::EyeLike { .. } => shape::infer(op, cx),
         Op::Rnn(_) => recurrent::infer(op, cx),
         Op::If { .. } | Op::Loop { .. } => control::infer(op, cx),
+        Op::Quant(q) => quant::infer(q, cx),
+        Op::Vision(v) => vision::infer(v, cx),
+        Op::Signal(x) => signal::infer(x, cx),
     }
 }
 
@@ -183,6 +189,9 @@ pub fn eval(op: &Op, cx: &EvalCtx) -> Result<Vec<Tensor>, OpError> {
         | Op::EyeLike { .. } => shape::eval(op, cx),
         Op::Rnn(_) => recurrent::eval(op, cx),
         Op::If { .. } | Op::Loop { .. } => control::eval(op, cx),
+        Op::Quant(q) => quant::eval(q, cx),
+        Op::Vision(v) => vision::eval(v, cx),
+        Op::Signal(x) => signal::eval(x, cx),
     }
 }
 

@@ -12,10 +12,13 @@ mod conv;
 mod elementwise;
 mod linalg;
 mod norm;
+mod quant;
 mod recurrent;
 mod reduce;
 mod resize;
 mod shape;
+mod signal;
+mod vision;
 
 use super::proto::{AttributeProto, GraphProto, NodeProto};
 use super::tensor::{tensor_from_proto, tensor_type_from_proto, ExternalData};
@@ -66,6 +69,18 @@ fn importer_for(op_type: &str) -> Option<ImportFn> {
         | "Dropout" | "Trilu" | "NonZero" | "OneHot" | "EyeLike" | "Constant" => shape::import,
         "LSTM" | "GRU" | "RNN" => recurrent::import,
         "If" | "Loop" => control::import,
+        "QuantizeLinear"
+        | "DequantizeLinear"
+        | "DynamicQuantizeLinear"
+        | "QLinearMatMul"
+        | "QLinearConv"
+        | "MatMulInteger"
+        | "ConvInteger" => quant::import,
+        "NonMaxSuppression" | "RoiAlign" | "GridSample" | "AffineGrid" | "LRN" | "MaxUnpool" | "Col2Im"
+        | "CenterCropPad" | "DeformConv" => vision::import,
+        "DFT" | "STFT" | "HannWindow" | "HammingWindow" | "BlackmanWindow" | "MelWeightMatrix" => {
+            signal::import
+        }
         _ => return None,
     })
 }
