@@ -374,7 +374,7 @@ fn eval_loop(body: &Graph, num_carried: usize, cx: &EvalCtx, max_while: i64) -> 
     let mut scans: Vec<Vec<Tensor>> = vec![vec![]; num_scan];
     let mut cond = cond_in.unwrap_or(true);
     let mut i: i64 = 0;
-    while cond && m.map_or(true, |m| i < m) {
+    while cond && !matches!(m, Some(m) if i >= m) {
         if m.is_none() && i >= max_while {
             crate::bail!(
                 "the loop ran {max_while} iterations without its condition turning false; \
