@@ -6,8 +6,8 @@
 //! Conventions where the ONNX text is silent, chosen to agree with onnxruntime:
 //! - `sequence_lens[b]` steps are run for batch row `b`; `Y` is zero past them, and the reverse
 //!   direction starts at step `sequence_lens[b] - 1`. A row of length 0 gets zero `Y_h`/`Y_c`.
-//! - `clip` bounds the input of every activation function (for LSTM's `h`, the cell state is
-//!   clipped on its way into `h`; the state itself is kept unclipped).
+//! - `clip` bounds the gate pre-activations, the inputs of `f` and `g`; LSTM's `h` gets the
+//!   unclipped cell state.
 //! - LSTM `input_forget` couples the gates as `f = 1 - i`.
 
 use super::util::{check_alloc, fmt_dims};
@@ -400,7 +400,7 @@ struct Cell<'a> {
 }
 
 impl Cell<'_> {
-    /// Activation `k` of this direction applied to a (clipped) pre-activation.
+    /// Activation `k` of this direction applied to a gate pre-activation, clipped first.
     fn act(&self, k: usize, x: f64) -> f64 {
         let x = match self.clip {
             Some(c) => x.clamp(-c, c),
@@ -482,7 +482,8 @@ impl Cell<'_> {
             let ct = f * c[j] + i * g;
             let o = self.act(0, self.pre(n + j, x, h) + po[j] * ct);
             next_c[j] = ct;
-            next_h[j] = o * self.act(2, ct);
+            // h sees the unclipped cell state (clip bounds gate pre-activations only).
+            next_h[j] = o * activate(self.acts[2], ct);
         }
         h.copy_from_slice(&next_h);
         c.copy_from_slice(&next_c);
@@ -813,6 +814,57 @@ mod tests {
         // y0 is [3, 1, 2, 2]; y1 is [2, 3, 1, 2].
         close(&o1[0], &swap_leading(&y0, 3, 2, 2));
         close(&o1[1], &o0[1].to_f64_vec());
+    }
+
+    /// `clip` bounds the pre-activation: an identity RNN saturates at the clip value.
+    #[test]
+    fn clip_bounds_pre_activations() {
+        let mut a = attrs(
+            RnnKind::Rnn,
+            RnnDirection::Forward,
+            1,
+            vec![Activation::Affine {
+                alpha: 1.0,
+                beta: 0.0,
+            }],
+        );
+        a.clip = Some(2.5);
+        let x = t(&[3, 1, 1], &[1.0, 1.0, 1.0]);
+        let w = t(&[1, 1, 1], &[1.0]);
+        let out = run(a, vec![Some(x), Some(w.clone()), Some(w)], 1).unwrap();
+        close(&out[0], &[1.0, 2.0, 2.5]);
+    }
+
+    /// Half-precision inputs compute in f64 and round once: the same as rounding the f32 result.
+    #[test]
+    fn f16_rounds_once() {
+        let acts = [Activation::Sigmoid, Activation::Tanh, Activation::Tanh];
+        let a = attrs(
+            RnnKind::Lstm,
+            RnnDirection::Bidirectional,
+            2,
+            [acts, acts].concat(),
+        );
+        let vals = |n: usize, k: f32| (0..n).map(|i| (i as f32 * k).sin() * 0.8).collect::<Vec<f32>>();
+        let x = t(&[3, 2, 2], &vals(12, 0.7));
+        let w = t(&[2, 8, 2], &vals(32, 1.3));
+        let r = t(&[2, 8, 2], &vals(32, 0.4));
+        let half = |t: &Tensor| Some(t.cast(DType::F16));
+        let full = run(
+            a.clone(),
+            vec![Some(x.clone()), Some(w.clone()), Some(r.clone())],
+            3,
+        )
+        .unwrap();
+        let low = run(a, vec![half(&x), half(&w), half(&r)], 3).unwrap();
+        assert_eq!(low[0].dtype(), DType::F16);
+        // Inputs were rounded to f16, so compare loosely; the dtype and shape are exact.
+        for (l, f) in low.iter().zip(&full) {
+            assert_eq!(l.shape(), f.shape());
+            for (p, q) in l.to_f64_vec().iter().zip(f.to_f64_vec()) {
+                assert!((p - q).abs() < 1e-2, "{p} vs {q}");
+            }
+        }
     }
 
     #[test]

@@ -106,8 +106,7 @@ fn default_activations(kind: RnnKind) -> &'static [&'static str] {
     }
 }
 
-/// The resolved activation list: one set per direction. A bidirectional node that names only
-/// one set uses it for both directions (as onnxruntime does).
+/// The resolved activation list: one set per direction.
 fn activations(cx: &NodeCtx, kind: RnnKind, direction: RnnDirection) -> Result<Vec<Activation>> {
     let per = default_activations(kind).len();
     let dirs = if direction == RnnDirection::Bidirectional {
@@ -117,11 +116,19 @@ fn activations(cx: &NodeCtx, kind: RnnKind, direction: RnnDirection) -> Result<V
     };
     let names: Vec<String> = match cx.attr_strings("activations") {
         Some(v) => v,
-        None => default_activations(kind).iter().map(|s| s.to_string()).collect(),
+        None => default_activations(kind)
+            .iter()
+            .cycle()
+            .take(per * dirs)
+            .map(|s| s.to_string())
+            .collect(),
     };
-    if names.len() != per && names.len() != per * dirs {
+    // RNN's schema default lists two functions even for one direction; onnxruntime accepts
+    // that form and uses the first, so models written with the default spelled out exist.
+    let schema_default_form = kind == RnnKind::Rnn && dirs == 1 && names.len() == 2;
+    if names.len() != per * dirs && !schema_default_form {
         return Err(cx.err(format!(
-            "activations lists {} functions, expected {per} per direction ({} in all)",
+            "activations lists {} functions, expected {} ({per} per direction)",
             names.len(),
             per * dirs
         )));
@@ -130,11 +137,12 @@ fn activations(cx: &NodeCtx, kind: RnnKind, direction: RnnDirection) -> Result<V
         alpha: cx.attr_floats("activation_alpha").unwrap_or_default().into_iter(),
         beta: cx.attr_floats("activation_beta").unwrap_or_default().into_iter(),
     };
-    let resolved = names
+    let mut resolved = names
         .iter()
         .map(|n| resolve_activation(n, &mut params).map_err(|msg| cx.err(msg)))
         .collect::<Result<Vec<_>>>()?;
-    Ok(resolved.iter().cycle().take(per * dirs).copied().collect())
+    resolved.truncate(per * dirs);
+    Ok(resolved)
 }
 
 /// The unconsumed `activation_alpha`/`activation_beta` values. ONNX consumes them in the
