@@ -145,11 +145,18 @@ impl<'p> GraphImporter<'p> {
         let parent = self.parent.as_mut()?;
         let v = match parent.resolve(name)? {
             Resolved::Const(t) => self.graph.add_const(name, t),
-            Resolved::Value(outer, ty) => {
-                let inner = self.graph.add_input(name, ty);
-                self.captures.push(outer);
-                inner
-            }
+            Resolved::Value(outer, ty) => match self.captures.iter().position(|&c| c == outer) {
+                // Already captured (seeded by the caller, or under another name): one input.
+                Some(i) => {
+                    let first = self.graph.inputs().len() - self.captures.len();
+                    self.graph.inputs()[first + i].out(0)
+                }
+                None => {
+                    let inner = self.graph.add_input(name, ty);
+                    self.captures.push(outer);
+                    inner
+                }
+            },
         };
         self.scope.insert(name.to_string(), v);
         Some(v)
@@ -164,6 +171,24 @@ impl<'p> GraphImporter<'p> {
 
     /// Imports `g`'s nodes and outputs; inputs and initializers must already be in scope.
     fn import_body(&mut self, g: &GraphProto) -> Result<()> {
+        self.import_nodes(g)?;
+        for out in &g.output {
+            let v = self.graph_output_value(&out.name)?;
+            self.graph.add_output(out.name.clone(), v);
+        }
+        Ok(())
+    }
+
+    fn graph_output_value(&mut self, name: &str) -> Result<ValueId> {
+        self.lookup(name).ok_or_else(|| {
+            FrontendError::Model(format!(
+                "graph output '{name}' is not produced by any node, initializer or input"
+            ))
+        })
+    }
+
+    /// Imports `g`'s initializers and nodes (not its outputs) into this graph.
+    fn import_nodes(&mut self, g: &GraphProto) -> Result<()> {
         for init in &g.initializer {
             if !self.scope.contains_key(&init.name) {
                 let t = tensor_from_proto(init, self.ext.as_deref_mut())?;
@@ -181,15 +206,6 @@ impl<'p> GraphImporter<'p> {
         let order = topo_order(g, &outer_names)?;
         for i in order {
             self.import_node(&g.node[i])?;
-        }
-        for out in &g.output {
-            let v = self.lookup(&out.name).ok_or_else(|| {
-                FrontendError::Model(format!(
-                    "graph output '{}' is not produced by any node, initializer or input",
-                    out.name
-                ))
-            })?;
-            self.graph.add_output(out.name.clone(), v);
         }
         Ok(())
     }
@@ -663,6 +679,18 @@ impl<'a, 'p> NodeCtx<'a, 'p> {
         g: &GraphProto,
         formal_inputs: &[TensorType],
     ) -> Result<(Graph, Vec<ValueId>)> {
+        self.import_subgraph_with_captures(g, formal_inputs, &[])
+    }
+
+    /// Like [`NodeCtx::import_subgraph`], with capture inputs for `captures` (values of this
+    /// graph) created first, in order; further captures follow them. Lets two subgraphs of one
+    /// node (the branches of an `If`) share one capture list.
+    pub fn import_subgraph_with_captures(
+        &mut self,
+        g: &GraphProto,
+        formal_inputs: &[TensorType],
+        captures: &[ValueId],
+    ) -> Result<(Graph, Vec<ValueId>)> {
         if g.input.len() != formal_inputs.len() {
             return Err(self.err(format!(
                 "subgraph '{}' declares {} inputs, {} expected",
@@ -672,6 +700,16 @@ impl<'a, 'p> NodeCtx<'a, 'p> {
             )));
         }
         let opset = self.imp.opset;
+        let seeded: Vec<(ValueId, String, TensorType)> = captures
+            .iter()
+            .map(|&v| {
+                (
+                    v,
+                    self.imp.graph.value_name(v).to_string(),
+                    self.imp.graph.value_type(v).clone(),
+                )
+            })
+            .collect();
         let mut sub = GraphImporter {
             graph: Graph::new(if g.name.is_empty() {
                 format!("{}_body", self.name)
@@ -695,9 +733,31 @@ impl<'a, 'p> NodeCtx<'a, 'p> {
             let v = sub.graph.add_input(vi.name.clone(), ty);
             sub.scope.insert(vi.name.clone(), v);
         }
+        for (outer, name, ty) in seeded {
+            sub.graph.add_input(name, ty);
+            sub.captures.push(outer);
+        }
         sub.import_body(g)?;
         let GraphImporter { graph, captures, .. } = sub;
         Ok((graph, captures))
+    }
+
+    /// Imports the nodes of `g`, a subgraph without inputs, straight into this node's graph
+    /// and returns the values of its outputs: for an `If` whose condition is known at import
+    /// time. Names defined inside `g` do not stay visible after it.
+    pub fn inline_subgraph(&mut self, g: &GraphProto) -> Result<Vec<ValueId>> {
+        if !g.input.is_empty() {
+            return Err(self.err(format!("subgraph '{}' to inline has inputs", g.name)));
+        }
+        let saved = self.imp.scope.clone();
+        let result = self.imp.import_nodes(g).and_then(|()| {
+            g.output
+                .iter()
+                .map(|o| self.imp.graph_output_value(&o.name))
+                .collect::<Result<Vec<_>>>()
+        });
+        self.imp.scope = saved;
+        result
     }
 }
 
