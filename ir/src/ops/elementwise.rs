@@ -444,6 +444,9 @@ fn zip2<A: Copy, B: Copy, O>(
     let shape = broadcast_shapes(a_shape, b_shape)?;
     let n = check_alloc(&shape)?;
     let mut out = Vec::with_capacity(n);
+    if n == 0 {
+        return Ok((shape, out));
+    }
     if a.len() == n && b.len() == n {
         // Equal element counts after broadcasting mean equal layouts (only unit axes differ).
         out.extend(a.iter().zip(b).map(|(&x, &y)| f(x, y)));
@@ -475,6 +478,9 @@ fn zip3<A: Copy, B: Copy, C: Copy, O>(
     let shape = broadcast_shapes(&broadcast_shapes(a_shape, b_shape)?, c_shape)?;
     let n = check_alloc(&shape)?;
     let mut out = Vec::with_capacity(n);
+    if n == 0 {
+        return Ok((shape, out));
+    }
     if a.len() == n && b.len() == n && c.len() == n {
         for i in 0..n {
             out.push(f(a[i], b[i], c[i]));
@@ -635,7 +641,8 @@ fn real_unary(u: &Unary) -> Result<Box<dyn Fn(f64) -> f64>, OpError> {
         }
         Unary::Celu { alpha } => {
             let alpha = f64::from(alpha);
-            Box::new(move |x: f64| x.max(0.0) + (alpha * (x / alpha).exp_m1()).min(0.0))
+            // max(0,x) + min(0, alpha*(exp(x/alpha)-1)), written so that NaN propagates.
+            Box::new(move |x: f64| if x > 0.0 { x } else { alpha * (x / alpha).exp_m1() })
         }
         Unary::HardSigmoid { alpha, beta } => {
             let (alpha, beta) = (f64::from(alpha), f64::from(beta));
@@ -646,7 +653,8 @@ fn real_unary(u: &Unary) -> Result<Box<dyn Fn(f64) -> f64>, OpError> {
             let alpha = f64::from(alpha);
             Box::new(move |x: f64| if x > alpha { x } else { 0.0 })
         }
-        Unary::Gelu { tanh: false } => Box::new(|x: f64| 0.5 * x * (1.0 + erf(x / std::f64::consts::SQRT_2))),
+        // 0.5·x·(1 + erf(x/√2)), with 1 + erf(t) = erfc(-t) to keep the negative tail.
+        Unary::Gelu { tanh: false } => Box::new(|x: f64| 0.5 * x * erfc(-x / std::f64::consts::SQRT_2)),
         Unary::Gelu { tanh: true } => Box::new(|x: f64| {
             let k = (2.0 / std::f64::consts::PI).sqrt();
             0.5 * x * (1.0 + (k * (x + 0.044715 * x * x * x)).tanh())
@@ -687,9 +695,7 @@ fn softplus(x: f64) -> f64 {
 /// The error function, to full f64 precision (relative error below 1e-14).
 ///
 /// For `|x| < 2.5` the series `erf(x) = 2/√π · e^(-x²) · Σ (2x²)^n x / (2n+1)!!` is used: its
-/// terms are all positive, so nothing cancels. Beyond, `erfc` comes from its continued
-/// fraction `e^(-x²)/√π · 1/(x + (1/2)/(x + 1/(x + (3/2)/(x + ...))))`, which converges fast
-/// there, and `erf = 1 - erfc`.
+/// terms are all positive, so nothing cancels. Beyond, `erf = 1 - erfc`.
 pub(crate) fn erf(x: f64) -> f64 {
     if x.is_nan() {
         return x;
@@ -697,21 +703,44 @@ pub(crate) fn erf(x: f64) -> f64 {
     if x < 0.0 {
         return -erf(-x);
     }
-    if x < 2.5 {
-        let x2 = x * x;
-        let (mut term, mut sum) = (x, x);
-        let mut n = 0.0;
-        while term > sum * 1e-17 {
-            n += 1.0;
-            term *= 2.0 * x2 / (2.0 * n + 1.0);
-            sum += term;
-        }
-        return std::f64::consts::FRAC_2_SQRT_PI * (-x2).exp() * sum;
-    }
     if x > 6.0 {
-        return 1.0; // erfc(6) < 2.2e-17: erf rounds to 1.
+        return 1.0; // erfc(6) < 2.2e-17: erf rounds to 1
     }
-    // Modified Lentz evaluation of the continued fraction.
+    if x >= 2.5 {
+        return 1.0 - erfc_large(x);
+    }
+    let x2 = x * x;
+    let (mut term, mut sum) = (x, x);
+    let mut n = 0.0;
+    while term > sum * 1e-17 {
+        n += 1.0;
+        term *= 2.0 * x2 / (2.0 * n + 1.0);
+        sum += term;
+    }
+    std::f64::consts::FRAC_2_SQRT_PI * (-x2).exp() * sum
+}
+
+/// The complementary error function `1 - erf(x)`, accurate also where it is tiny (so that
+/// `Gelu` of a large negative input is not lost to cancellation).
+pub(crate) fn erfc(x: f64) -> f64 {
+    if x.is_nan() {
+        x
+    } else if x >= 2.5 {
+        erfc_large(x)
+    } else if x > -2.5 {
+        1.0 - erf(x)
+    } else {
+        2.0 - erfc_large(-x)
+    }
+}
+
+/// `erfc(x)` for `x >= 2.5` from its continued fraction
+/// `e^(-x²)/√π · 1/(x + (1/2)/(x + 1/(x + (3/2)/(x + ...))))`, which converges fast there
+/// (modified Lentz evaluation).
+fn erfc_large(x: f64) -> f64 {
+    if x > 27.3 {
+        return 0.0; // e^(-x²) underflows
+    }
     const TINY: f64 = 1e-300;
     let (mut f, mut c, mut d) = (x, x, 0.0);
     for n in 1..500 {
@@ -728,8 +757,7 @@ pub(crate) fn erf(x: f64) -> f64 {
             break;
         }
     }
-    let erfc = (-x * x).exp() / std::f64::consts::PI.sqrt() / f;
-    1.0 - erfc
+    (-x * x).exp() / std::f64::consts::PI.sqrt() / f
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -976,6 +1004,9 @@ mod tests {
         for (x, want) in cases {
             assert!((erf(x) - want).abs() <= 1e-15, "erf({x}) = {} != {want}", erf(x));
         }
+        assert!((erfc(5.0) - 1.537_459_794_428_034_8e-12).abs() < 1e-25);
+        assert!((erfc(-1.0) - 1.842_700_792_949_715).abs() < 1e-15);
+        assert!((erfc(10.0) - 2.088_487_583_762_545e-45).abs() < 1e-58);
         assert_eq!(erf(f64::INFINITY), 1.0);
         assert_eq!(erf(f64::NEG_INFINITY), -1.0);
         assert!(erf(f64::NAN).is_nan());
@@ -1075,5 +1106,23 @@ mod tests {
     fn softplus_does_not_overflow() {
         assert_eq!(softplus(1000.0), 1000.0);
         assert!(softplus(-1000.0) >= 0.0 && softplus(-1000.0) < 1e-300);
+    }
+
+    #[test]
+    fn empty_broadcasts_with_huge_extents_do_not_overflow() {
+        let x = Tensor::new(vec![0, 1 << 40, 1 << 40, 1], TensorData::F32(vec![])).unwrap();
+        let y = t(&[3], vec![1.0f32, 2.0, 3.0]);
+        let r = eval_binary(Binary::Mul, &x, &y).unwrap();
+        assert_eq!(r.shape(), &[0, 1 << 40, 1 << 40, 3]);
+        let c = t(&[1], vec![true]);
+        assert!(eval_where(&c, &x, &y).is_ok());
+    }
+
+    #[test]
+    fn celu_propagates_nan() {
+        let r = eval_unary(&Unary::Celu { alpha: 2.0 }, &t(&[2], vec![f32::NAN, -1.0])).unwrap();
+        let r = r.as_slice::<f32>().unwrap();
+        assert!(r[0].is_nan());
+        assert!((r[1] - 2.0 * ((-0.5f32).exp() - 1.0)).abs() < 1e-6);
     }
 }

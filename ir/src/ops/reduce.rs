@@ -85,11 +85,15 @@ fn expect_inputs(cx: &InferCtx, min: usize, max: usize) -> Result<(), OpError> {
     Ok(())
 }
 
+/// Product of extents, saturating: next to a zero extent, the others' product may overflow
+/// (such a tensor is empty, and callers return before using the product).
+fn product(dims: &[usize]) -> usize {
+    dims.iter().fold(1usize, |acc, &d| acc.saturating_mul(d))
+}
+
 /// The extents `[outer, n, inner]` of `shape` around `axis`.
 fn split_at_axis(shape: &[usize], axis: usize) -> (usize, usize, usize) {
-    let outer = shape[..axis].iter().product();
-    let inner = shape[axis + 1..].iter().product();
-    (outer, shape[axis], inner)
+    (product(&shape[..axis]), shape[axis], product(&shape[axis + 1..]))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -200,15 +204,20 @@ fn eval_reduce(kind: ReduceKind, x: &Tensor, mask: &[bool], keepdims: bool) -> R
         .map(|(&d, &r)| if r { 1 } else { d })
         .collect();
     let n_out = check_alloc(&kept)?;
-    let count: usize = x
+    let reduced: Vec<usize> = x
         .shape()
         .iter()
         .zip(mask)
         .filter(|(_, &r)| r)
         .map(|(&d, _)| d)
-        .product();
+        .collect();
+    let count = product(&reduced);
     // For every input element, the output element it is reduced into.
-    let map = broadcast_index_map(&kept, x.shape());
+    let map = if x.is_empty() {
+        vec![]
+    } else {
+        broadcast_index_map(&kept, x.shape())
+    };
     let r = Reduction {
         kind,
         map: &map,
@@ -362,8 +371,17 @@ fn infer_arg(axis: i64, keepdims: bool, cx: &InferCtx) -> Result<Vec<TensorType>
 
 fn eval_arg(x: &Tensor, axis: i64, keepdims: bool, max: bool, last: bool) -> Result<Tensor, OpError> {
     let a = norm_axis(axis, x.rank())?;
+    let mut shape = x.shape().to_vec();
+    if keepdims {
+        shape[a] = 1;
+    } else {
+        shape.remove(a);
+    }
+    if check_alloc(&shape)? == 0 {
+        return Ok(Tensor::from_vec(shape, Vec::<i64>::new()));
+    }
     let (outer, n, inner) = split_at_axis(x.shape(), a);
-    if n == 0 && outer * inner > 0 {
+    if n == 0 {
         crate::bail!("cannot take the index of an extreme along an empty axis");
     }
     fn pick<T: Element>(
@@ -405,12 +423,6 @@ fn eval_arg(x: &Tensor, axis: i64, keepdims: bool, max: bool, last: bool) -> Res
     }
     let idx = crate::with_numeric_data!(x.data(), v => pick(v, (outer, n, inner), max, last),
         bool => crate::bail!("the input must be numeric, got bool"));
-    let mut shape = x.shape().to_vec();
-    if keepdims {
-        shape[a] = 1;
-    } else {
-        shape.remove(a);
-    }
     Ok(Tensor::from_vec(shape, idx))
 }
 
@@ -478,7 +490,10 @@ fn eval_topk(x: &Tensor, k: &Tensor, axis: i64, largest: bool) -> Result<Vec<Ten
     }
     let mut shape = x.shape().to_vec();
     shape[a] = k;
-    check_alloc(&shape)?;
+    if check_alloc(&shape)? == 0 {
+        let values = Tensor::zeros(x.dtype(), shape.clone());
+        return Ok(vec![values, Tensor::from_vec(shape, Vec::<i64>::new())]);
+    }
     // Always sorted (allowed for `sorted=0`); ties keep the lower index first (stable sort).
     fn top<T: Element>(
         v: &[T],
@@ -546,6 +561,12 @@ fn infer_cumsum(cx: &InferCtx) -> Result<Vec<TensorType>, OpError> {
 fn eval_cumsum(x: &Tensor, axis: &Tensor, exclusive: bool, reverse: bool) -> Result<Tensor, OpError> {
     check_axis_input(&axis.tensor_type())?;
     let a = norm_axis(axis.to_i64_vec()[0], x.rank())?;
+    if x.dtype() == DType::Bool {
+        crate::bail!("the input must be numeric, got bool");
+    }
+    if x.is_empty() {
+        return Ok(x.clone());
+    }
     let dims = split_at_axis(x.shape(), a);
     let data = match x.data() {
         TensorData::Bool(_) => crate::bail!("the input must be numeric, got bool"),
@@ -708,5 +729,23 @@ mod tests {
         assert_eq!(r, t(&[2, 3], vec![5i64, 3, 0, 11, 6, 0]));
         let r = eval_cumsum(&x, &t(&[1], vec![0i64]), false, false).unwrap();
         assert_eq!(r, t(&[2, 3], vec![1i64, 2, 3, 5, 7, 9]));
+    }
+
+    #[test]
+    fn empty_tensors_with_huge_extents_do_not_overflow() {
+        let x = Tensor::new(vec![0, 1 << 40, 1 << 40], TensorData::F32(vec![])).unwrap();
+        for axis in 0..3 {
+            let _ = eval_arg(&x, axis, true, true, false);
+            let _ = eval_arg(&x, axis, false, false, true);
+            let _ = eval_topk(&x, &t(&[1], vec![0i64]), axis, true);
+            let r = eval_cumsum(&x, &t(&[], vec![axis]), false, true).unwrap();
+            assert_eq!(r.shape(), x.shape());
+        }
+        for kind in [ReduceKind::Sum, ReduceKind::Mean, ReduceKind::LogSumExp] {
+            for axes in [&[0i64][..], &[1, 2], &[]] {
+                let mask = reduced_axes(3, Some(axes), true).unwrap();
+                let _ = eval_reduce(kind, &x, &mask, false);
+            }
+        }
     }
 }
