@@ -95,7 +95,8 @@ fn expect_inputs(cx: &InferCtx, min: usize, max: usize) -> Result<(), OpError> {
     let n = cx.num_inputs();
     if n < min || n > max {
         if min == max {
-            crate::bail!("expected {min} inputs, got {n}");
+            let s = if min == 1 { "" } else { "s" };
+            crate::bail!("expected {min} input{s}, got {n}");
         }
         crate::bail!("expected {min} to {max} inputs, got {n}");
     }
@@ -398,14 +399,14 @@ pub(super) use with_int_data;
 /// How one operand of a broadcast operation is read, one output row (a run along the
 /// innermost axis) at a time: the operand's offset at the start of each row, and its step
 /// along the row (0 where the operand is broadcast along the innermost axis).
-struct RowReader {
-    offsets: Vec<usize>,
-    step: usize,
+pub(super) struct RowReader {
+    pub(super) offsets: Vec<usize>,
+    pub(super) step: usize,
 }
 
 impl RowReader {
-    /// `inp` must broadcast to `out`.
-    fn new(inp: &[usize], out: &[usize]) -> RowReader {
+    /// `inp` must broadcast to `out`, and `out` must not be empty.
+    pub(super) fn new(inp: &[usize], out: &[usize]) -> RowReader {
         let rank = out.len();
         if rank == 0 {
             return RowReader {
@@ -428,7 +429,7 @@ impl RowReader {
 }
 
 /// Length of the output's innermost axis (1 for a scalar).
-fn row_len(out: &[usize]) -> usize {
+pub(super) fn row_len(out: &[usize]) -> usize {
     out.last().copied().unwrap_or(1)
 }
 
@@ -459,9 +460,25 @@ fn zip2<A: Copy, B: Copy, O>(
     } else {
         let (ra, rb) = (RowReader::new(a_shape, &shape), RowReader::new(b_shape, &shape));
         let len = row_len(&shape);
+        // Each row is a slice or a repeated element of each operand (e.g. a per-channel bias):
+        // slice loops keep the common cases free of index arithmetic.
         for (&oa, &ob) in ra.offsets.iter().zip(&rb.offsets) {
-            for j in 0..len {
-                out.push(f(a[oa + j * ra.step], b[ob + j * rb.step]));
+            match (ra.step, rb.step) {
+                (1, 1) => out.extend(
+                    a[oa..oa + len]
+                        .iter()
+                        .zip(&b[ob..ob + len])
+                        .map(|(&x, &y)| f(x, y)),
+                ),
+                (1, _) => {
+                    let y = b[ob];
+                    out.extend(a[oa..oa + len].iter().map(|&x| f(x, y)));
+                }
+                (_, 1) => {
+                    let x = a[oa];
+                    out.extend(b[ob..ob + len].iter().map(|&y| f(x, y)));
+                }
+                _ => out.extend((0..len).map(|_| f(a[oa], b[ob]))),
             }
         }
     }

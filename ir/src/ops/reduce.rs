@@ -13,8 +13,8 @@
 //! - NaN wins: `ReduceMax`/`ReduceMin` propagate it, `ArgMax`/`ArgMin` pick it, and `TopK`
 //!   orders it above every number.
 
-use super::elementwise::{with_int_data, Int};
-use super::util::{broadcast_index_map, check_alloc, known_i64s, norm_axis};
+use super::elementwise::{row_len, with_int_data, Int, RowReader};
+use super::util::{check_alloc, known_i64s, norm_axis};
 use super::{EvalCtx, InferCtx};
 use crate::{DType, Dim, Element, Op, OpError, ReduceKind, Tensor, TensorData, TensorType};
 use std::cmp::Ordering;
@@ -212,15 +212,18 @@ fn eval_reduce(kind: ReduceKind, x: &Tensor, mask: &[bool], keepdims: bool) -> R
         .map(|(&d, _)| d)
         .collect();
     let count = product(&reduced);
-    // For every input element, the output element it is reduced into.
-    let map = if x.is_empty() {
-        vec![]
-    } else {
-        broadcast_index_map(&kept, x.shape())
-    };
     let r = Reduction {
         kind,
-        map: &map,
+        // An empty input has no rows (and its shape may not have computable strides).
+        rows: if x.is_empty() {
+            RowReader {
+                offsets: vec![],
+                step: 0,
+            }
+        } else {
+            RowReader::new(&kept, x.shape())
+        },
+        row_len: row_len(x.shape()),
         n_out,
         count,
     };
@@ -249,63 +252,84 @@ fn wrap<T: Element>(v: Vec<T>) -> TensorData {
     T::wrap(v)
 }
 
-/// One reduction: input element `i` goes into output element `map[i]`; each output reduces
-/// `count` elements.
-struct Reduction<'a> {
+/// One reduction, walking the input row by row (a row is a run along its innermost axis):
+/// each row reduces either into one output element (`rows.step == 0`, the innermost axis is
+/// reduced) or element-wise into a run of outputs. Each output reduces `count` elements.
+struct Reduction {
     kind: ReduceKind,
-    map: &'a [usize],
+    rows: RowReader,
+    row_len: usize,
     n_out: usize,
     count: usize,
 }
 
-impl Reduction<'_> {
+impl Reduction {
+    /// Calls `g(output index, element)` for every input element.
+    fn visit<T: Copy>(&self, v: &[T], mut g: impl FnMut(usize, T)) {
+        if v.is_empty() {
+            return;
+        }
+        for (row, &o) in v.chunks_exact(self.row_len).zip(&self.rows.offsets) {
+            if self.rows.step == 0 {
+                row.iter().for_each(|&e| g(o, e));
+            } else {
+                row.iter().enumerate().for_each(|(j, &e)| g(o + j, e));
+            }
+        }
+    }
+
     fn fold<T: Copy, A: Copy>(&self, v: &[T], init: A, f: impl Fn(A, T) -> A) -> Vec<A> {
         let mut acc = vec![init; self.n_out];
-        for (&x, &o) in v.iter().zip(self.map) {
-            acc[o] = f(acc[o], x);
-        }
+        self.visit(v, |o, e| acc[o] = f(acc[o], e));
         acc
     }
 
     fn floats<T: Element>(&self, v: &[T]) -> Vec<T> {
-        let x: Vec<f64> = v.iter().map(|e| e.to_f64()).collect();
-        self.reals(&x).into_iter().map(T::from_f64).collect()
+        self.reals(v).into_iter().map(T::from_f64).collect()
     }
 
-    /// The reduction of real values, in f64.
-    fn reals(&self, x: &[f64]) -> Vec<f64> {
+    /// The reduction of the elements as real numbers, in f64.
+    fn reals<T: Element>(&self, x: &[T]) -> Vec<f64> {
         // NaN-propagating extremes: once the accumulator is NaN it stays NaN.
-        let max = |a: f64, e: f64| if e.is_nan() || e > a { e } else { a };
-        let min = |a: f64, e: f64| if e.is_nan() || e < a { e } else { a };
+        let max = |a: f64, e: T| {
+            let e = e.to_f64();
+            if e.is_nan() || e > a {
+                e
+            } else {
+                a
+            }
+        };
+        let min = |a: f64, e: T| {
+            let e = e.to_f64();
+            if e.is_nan() || e < a {
+                e
+            } else {
+                a
+            }
+        };
+        let sum = |a: f64, e: T| a + e.to_f64();
+        let sum_sq = |a: f64, e: T| a + e.to_f64() * e.to_f64();
         let n = self.count as f64;
         match self.kind {
-            ReduceKind::Sum => self.fold(x, 0.0, |a, e| a + e),
-            ReduceKind::Mean => self
-                .fold(x, 0.0, |a, e| a + e)
-                .into_iter()
-                .map(|s| s / n)
-                .collect(),
+            ReduceKind::Sum => self.fold(x, 0.0, sum),
+            ReduceKind::Mean => self.fold(x, 0.0, sum).into_iter().map(|s| s / n).collect(),
             ReduceKind::Max => self.fold(x, f64::NEG_INFINITY, max),
             ReduceKind::Min => self.fold(x, f64::INFINITY, min),
-            ReduceKind::Prod => self.fold(x, 1.0, |a, e| a * e),
-            ReduceKind::L1 => self.fold(x, 0.0, |a, e| a + e.abs()),
-            ReduceKind::L2 => self
-                .fold(x, 0.0, |a, e| a + e * e)
-                .into_iter()
-                .map(f64::sqrt)
-                .collect(),
-            ReduceKind::SumSquare => self.fold(x, 0.0, |a, e| a + e * e),
-            ReduceKind::LogSum => self.fold(x, 0.0, |a, e| a + e).into_iter().map(f64::ln).collect(),
+            ReduceKind::Prod => self.fold(x, 1.0, |a, e| a * e.to_f64()),
+            ReduceKind::L1 => self.fold(x, 0.0, |a, e| a + e.to_f64().abs()),
+            ReduceKind::L2 => self.fold(x, 0.0, sum_sq).into_iter().map(f64::sqrt).collect(),
+            ReduceKind::SumSquare => self.fold(x, 0.0, sum_sq),
+            ReduceKind::LogSum => self.fold(x, 0.0, sum).into_iter().map(f64::ln).collect(),
             ReduceKind::LogSumExp => {
                 // max + ln Σ exp(x - max); an infinite or NaN max is the result itself (and
                 // keeps inf - inf out of the sum).
                 let m = self.fold(x, f64::NEG_INFINITY, max);
                 let mut s = vec![0.0; self.n_out];
-                for (&e, &o) in x.iter().zip(self.map) {
+                self.visit(x, |o, e| {
                     if m[o].is_finite() {
-                        s[o] += (e - m[o]).exp();
+                        s[o] += (e.to_f64() - m[o]).exp();
                     }
-                }
+                });
                 m.iter()
                     .zip(s)
                     .map(|(&m, s)| if m.is_finite() { m + s.ln() } else { m })

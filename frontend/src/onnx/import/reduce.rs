@@ -117,7 +117,10 @@ fn topk(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
         sorted: flag(cx, "sorted", true)?,
     };
     if cx.num_outputs() != 2 {
-        return Err(cx.err(format!("declares {} outputs, TopK has 2", cx.num_outputs())));
+        return Err(cx.err(format!(
+            "TopK has 2 outputs (values, indices), the node declares {}",
+            cx.num_outputs()
+        )));
     }
     cx.add(op, vec![Some(x), Some(k)])
 }
