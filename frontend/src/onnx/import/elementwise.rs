@@ -266,3 +266,181 @@ fn cast(cx: &mut NodeCtx) -> Result<ValueId> {
     let inputs = cx.inputs().to_vec();
     cx.add1(Op::Cast { to }, inputs)
 }
+
+/// Builds one-node models for the importer tests of this family.
+#[cfg(test)]
+pub(super) mod testing {
+    use crate::onnx::proto::*;
+    use kiln_ir::Graph;
+
+    pub fn attr_i(name: &str, i: i64) -> AttributeProto {
+        AttributeProto {
+            name: name.into(),
+            r#type: attribute_type::INT,
+            i,
+            ..Default::default()
+        }
+    }
+
+    pub fn attr_f(name: &str, f: f32) -> AttributeProto {
+        AttributeProto {
+            name: name.into(),
+            r#type: attribute_type::FLOAT,
+            f,
+            ..Default::default()
+        }
+    }
+
+    pub fn attr_ints(name: &str, ints: &[i64]) -> AttributeProto {
+        AttributeProto {
+            name: name.into(),
+            r#type: attribute_type::INTS,
+            ints: ints.to_vec(),
+            ..Default::default()
+        }
+    }
+
+    /// A graph input `x<i>` of ONNX element type `elem_type` and static `dims`.
+    pub fn input(i: usize, elem_type: i32, dims: &[i64]) -> ValueInfoProto {
+        let dim = dims
+            .iter()
+            .map(|&d| Dimension {
+                value: Some(DimValue::DimValue(d)),
+                denotation: String::new(),
+            })
+            .collect();
+        ValueInfoProto {
+            name: format!("x{i}"),
+            r#type: Some(TypeProto {
+                value: Some(TypeValue::TensorType(TypeTensor {
+                    elem_type,
+                    shape: Some(TensorShapeProto { dim }),
+                })),
+                denotation: String::new(),
+            }),
+            doc_string: String::new(),
+        }
+    }
+
+    /// Imports a model whose graph is one `op_type` node reading `inputs` (in order) and
+    /// producing `n_out` graph outputs `y0, y1, ...`.
+    pub fn import_one(
+        op_type: &str,
+        inputs: Vec<ValueInfoProto>,
+        attribute: Vec<AttributeProto>,
+        n_out: usize,
+        opset: i64,
+    ) -> crate::error::Result<Graph> {
+        let outputs: Vec<String> = (0..n_out).map(|i| format!("y{i}")).collect();
+        let node = NodeProto {
+            input: inputs.iter().map(|v| v.name.clone()).collect(),
+            output: outputs.clone(),
+            name: "n".into(),
+            op_type: op_type.into(),
+            attribute,
+            ..Default::default()
+        };
+        let graph = GraphProto {
+            node: vec![node],
+            name: "g".into(),
+            input: inputs,
+            output: outputs
+                .into_iter()
+                .map(|name| ValueInfoProto {
+                    name,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let model = ModelProto {
+            ir_version: 8,
+            opset_import: vec![OperatorSetIdProto {
+                domain: String::new(),
+                version: opset,
+            }],
+            graph: Some(graph),
+            ..Default::default()
+        };
+        Ok(crate::onnx::import_model(&model, ".".into(), &Default::default())?.graph)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::*;
+    use crate::onnx::proto::data_type as dt;
+    use kiln_ir::{Binary, Op, Tensor, TensorType};
+
+    fn output_type(g: &kiln_ir::Graph, i: usize) -> TensorType {
+        g.value_type(g.outputs()[i].value).clone()
+    }
+
+    #[test]
+    fn clip_attributes_become_scalar_inputs_of_the_input_type() {
+        let g = import_one(
+            "Clip",
+            vec![input(0, dt::FLOAT16, &[4])],
+            vec![attr_f("min", -1.0)],
+            1,
+            7,
+        )
+        .unwrap();
+        let clip = g.nodes().last().unwrap();
+        assert_eq!(clip.op, Op::Clip);
+        let bound = |i: usize| g.known_value(clip.inputs[i].unwrap()).unwrap().clone();
+        assert_eq!(bound(1), Tensor::scalar(half::f16::from_f32(-1.0)));
+        // The schema's default max (f32::MAX) overflows f16 to +inf: no upper bound.
+        assert_eq!(bound(2), Tensor::scalar(half::f16::INFINITY));
+    }
+
+    #[test]
+    fn mean_is_a_sum_chain_divided_by_the_count() {
+        let inputs = (0..3).map(|i| input(i, dt::FLOAT, &[2])).collect();
+        let g = import_one("Mean", inputs, vec![], 1, 13).unwrap();
+        let ops: Vec<&Op> = g
+            .nodes()
+            .iter()
+            .map(|n| &n.op)
+            .filter(|op| !matches!(op, Op::Input))
+            .collect();
+        assert_eq!(ops.len(), 4);
+        assert_eq!(ops[0], &Op::Binary(Binary::Add));
+        assert_eq!(ops[1], &Op::Binary(Binary::Add));
+        assert_eq!(ops[3], &Op::Binary(Binary::Div));
+        let div = g.nodes().last().unwrap();
+        assert_eq!(
+            g.known_value(div.inputs[1].unwrap()),
+            Some(&Tensor::scalar(3.0f32))
+        );
+        assert_eq!(g.value_name(g.outputs()[0].value), "y0");
+        assert_eq!(output_type(&g, 0), TensorType::fixed(kiln_ir::DType::F32, &[2]));
+    }
+
+    #[test]
+    fn float_mod_needs_fmod_before_opset_28() {
+        let ins = || vec![input(0, dt::FLOAT, &[2]), input(1, dt::FLOAT, &[2])];
+        assert!(import_one("Mod", ins(), vec![], 1, 13).is_err());
+        assert!(import_one("Mod", ins(), vec![attr_i("fmod", 1)], 1, 13).is_ok());
+        assert!(import_one("Mod", ins(), vec![], 1, 28).is_ok());
+        assert!(import_one("Mod", ins(), vec![attr_i("fmod", 2)], 1, 28).is_err());
+    }
+
+    #[test]
+    fn invalid_attributes_are_errors() {
+        let x = || vec![input(0, dt::FLOAT, &[2])];
+        let err = import_one("Celu", x(), vec![attr_f("alpha", 0.0)], 1, 13).unwrap_err();
+        assert!(err.to_string().contains("alpha"), "{err}");
+        assert!(import_one("IsInf", x(), vec![attr_i("detect_positive", 3)], 1, 20).is_err());
+        let err = import_one("Cast", x(), vec![attr_i("to", 8)], 1, 13).unwrap_err();
+        assert!(err.to_string().contains("string"), "{err}");
+        assert!(import_one("Cast", x(), vec![], 1, 13).is_err());
+    }
+
+    #[test]
+    fn cast_like_takes_the_type_of_its_second_input() {
+        let ins = vec![input(0, dt::INT8, &[3]), input(1, dt::BFLOAT16, &[])];
+        let g = import_one("CastLike", ins, vec![], 1, 15).unwrap();
+        assert_eq!(output_type(&g, 0), TensorType::fixed(kiln_ir::DType::BF16, &[3]));
+    }
+}

@@ -124,3 +124,77 @@ fn topk(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
     }
     cx.add(op, vec![Some(x), Some(k)])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::elementwise::testing::*;
+    use crate::onnx::proto::data_type as dt;
+    use kiln_ir::{DType, Dim, Op, ReduceKind, Tensor, TensorType};
+
+    fn output_type(g: &kiln_ir::Graph, i: usize) -> TensorType {
+        g.value_type(g.outputs()[i].value).clone()
+    }
+
+    #[test]
+    fn axes_attribute_becomes_a_constant_input() {
+        let attrs = vec![attr_ints("axes", &[1, -1]), attr_i("keepdims", 0)];
+        let g = import_one("ReduceSum", vec![input(0, dt::FLOAT, &[2, 3, 4])], attrs, 1, 11).unwrap();
+        let node = g.nodes().last().unwrap();
+        assert_eq!(
+            node.op,
+            Op::Reduce {
+                kind: ReduceKind::Sum,
+                keepdims: false,
+                noop_with_empty_axes: false
+            }
+        );
+        let axes = g.known_value(node.inputs[1].unwrap()).unwrap();
+        assert_eq!(axes, &Tensor::from_vec(vec![2], vec![1i64, -1]));
+        assert_eq!(output_type(&g, 0), TensorType::fixed(DType::F32, &[2]));
+    }
+
+    #[test]
+    fn axes_form_follows_the_opset() {
+        let x = || vec![input(0, dt::FLOAT, &[2, 3])];
+        // ReduceMean took axes as an attribute until opset 18.
+        assert!(import_one("ReduceMean", x(), vec![attr_ints("axes", &[0])], 1, 13).is_ok());
+        assert!(import_one("ReduceMean", x(), vec![attr_ints("axes", &[0])], 1, 18).is_err());
+        let with_axes_input = vec![input(0, dt::FLOAT, &[2, 3]), input(1, dt::INT64, &[1])];
+        assert!(import_one("ReduceMean", with_axes_input.clone(), vec![], 1, 13).is_err());
+        assert!(import_one("ReduceSum", with_axes_input, vec![], 1, 13).is_ok());
+    }
+
+    #[test]
+    fn run_time_axes_leave_the_reduced_dims_unknown() {
+        let ins = vec![input(0, dt::FLOAT, &[2, 1, 3]), input(1, dt::INT64, &[2])];
+        let g = import_one("ReduceMax", ins.clone(), vec![], 1, 18).unwrap();
+        let shape = output_type(&g, 0).shape;
+        assert_eq!(shape, vec![Dim::unknown(), Dim::Fixed(1), Dim::unknown()]);
+        let g = import_one("ReduceMax", ins, vec![attr_i("keepdims", 0)], 1, 18).unwrap();
+        assert_eq!(output_type(&g, 0).rank(), 1);
+    }
+
+    #[test]
+    fn topk_k_attribute_before_opset_10() {
+        let g = import_one(
+            "TopK",
+            vec![input(0, dt::FLOAT, &[3, 5])],
+            vec![attr_i("k", 2)],
+            2,
+            9,
+        )
+        .unwrap();
+        assert_eq!(output_type(&g, 0), TensorType::fixed(DType::F32, &[3, 2]));
+        assert_eq!(output_type(&g, 1), TensorType::fixed(DType::I64, &[3, 2]));
+        let attrs = vec![attr_i("k", 6)];
+        let err = import_one("TopK", vec![input(0, dt::FLOAT, &[3, 5])], attrs, 2, 9).unwrap_err();
+        assert!(err.to_string().contains("exceeds"), "{err}");
+    }
+
+    #[test]
+    fn flags_must_be_zero_or_one() {
+        let x = || vec![input(0, dt::FLOAT, &[2, 3])];
+        assert!(import_one("ArgMax", x(), vec![attr_i("keepdims", 2)], 1, 13).is_err());
+        assert!(import_one("ArgMin", x(), vec![attr_i("select_last_index", 1)], 1, 13).is_ok());
+    }
+}
