@@ -1,7 +1,8 @@
 //! Reductions (`Reduce*`), `ArgMax`/`ArgMin`, `TopK` and `CumSum`.
 //!
-//! Conventions (those of the ONNX reference implementation):
-//! - Float reductions accumulate in f64 and round once.
+//! Conventions (those of the ONNX reference implementation unless noted):
+//! - Float reductions and running sums accumulate in f64 and round once (the reference sums
+//!   f16/bf16 in the element type, onnxruntime in f32; f64 is the most accurate of the three).
 //! - Integer `Sum`/`Prod`/`L1`/`SumSquare` wrap in the element type; `Mean` divides the
 //!   (wrapped) sum and truncates; `L2`/`LogSum`/`LogSumExp` are computed in f64 and cast.
 //! - An empty reduction gives the identity: 0 for sums, 1 for `Prod`, -inf (floats) or the
@@ -9,7 +10,8 @@
 //!   NaN for a float `Mean`.
 //! - With `noop_with_empty_axes` and no axes, each element is reduced on its own: the
 //!   aggregate is then a per-element function (`L2` gives `|x|`, `SumSquare` gives `x²`),
-//!   which is identity for `Sum`/`Mean`/`Max`/`Min`/`Prod`.
+//!   which is identity for `Sum`/`Mean`/`Max`/`Min`/`Prod`. This is what the reference and
+//!   the ONNX function definitions of these operators compute.
 //! - NaN wins: `ReduceMax`/`ReduceMin` propagate it, `ArgMax`/`ArgMin` pick it, and `TopK`
 //!   orders it above every number.
 
