@@ -1,12 +1,1967 @@
-//! shape operators.
+//! Data movement and shape operators: reshapes, transposition, concatenation and splitting,
+//! slicing, gathers and scatters, broadcasting copies, padding, and the small shape-arithmetic
+//! operators (`Shape`, `Size`, `Range`, `ConstantOfShape`) dynamic-shape models compute with.
+//!
+//! Inference is as precise as the known input values allow: a constant `Reshape` shape or
+//! constant `Slice` bounds give static dims, and symbolic dims are carried through wherever an
+//! operator copies them. The shape rules are written once over [`Dim`]s and reused by `eval`
+//! with every dim fixed, so inference and evaluation cannot disagree.
+//!
+//! Evaluation is generic over every element type. The operators that run on real feature maps
+//! and weights (Reshape, Transpose, Slice, Concat, Split, Gather) copy contiguous runs rather
+//! than single elements.
 
+use super::util::{broadcast_dims, broadcast_shapes, check_alloc, dims, fmt_dims, known_i64s, strides};
+use super::util::{norm_axis, norm_axis_inclusive};
 use super::{EvalCtx, InferCtx};
-use crate::{Op, OpError, Tensor, TensorType};
+use crate::{
+    bail, DType, Dim, Element, Op, OpError, PadMode, ScatterReduction, Tensor, TensorData, TensorType,
+};
+use half::{bf16, f16};
 
-pub(crate) fn infer(op: &Op, _cx: &InferCtx) -> Result<Vec<TensorType>, OpError> {
-    crate::bail!("{} is not supported yet", op.name())
+type Res<T> = Result<T, OpError>;
+
+pub(crate) fn infer(op: &Op, cx: &InferCtx) -> Res<Vec<TensorType>> {
+    let ty = match op {
+        Op::Reshape { allow_zero } => infer_reshape(cx, *allow_zero)?,
+        Op::Flatten { axis } => infer_flatten(cx, *axis)?,
+        Op::Transpose { perm } => infer_transpose(cx, perm)?,
+        Op::Squeeze => infer_squeeze(cx)?,
+        Op::Unsqueeze => infer_unsqueeze(cx)?,
+        Op::Concat { axis } => infer_concat(cx, *axis)?,
+        Op::Split { axis, num_outputs } => return infer_split(cx, *axis, *num_outputs),
+        Op::Slice => infer_slice(cx)?,
+        Op::Gather { axis } => infer_gather(cx, *axis)?,
+        Op::GatherElements { axis } => infer_gather_elements(cx, *axis)?,
+        Op::GatherND { batch_dims } => infer_gather_nd(cx, *batch_dims)?,
+        Op::ScatterND { .. } => infer_scatter_nd(cx)?,
+        Op::ScatterElements { axis, .. } => infer_scatter_elements(cx, *axis)?,
+        Op::Expand => infer_expand(cx)?,
+        Op::Tile => infer_tile(cx)?,
+        Op::Pad { .. } => infer_pad(cx)?,
+        Op::Shape { start, end } => {
+            let (s, e) = super::shape_slice_bounds(cx.ty(0)?.rank(), *start, *end);
+            TensorType::new(DType::I64, vec![Dim::Fixed(e - s)])
+        }
+        Op::Size => {
+            cx.ty(0)?;
+            TensorType::scalar(DType::I64)
+        }
+        Op::Range => infer_range(cx)?,
+        Op::ConstantOfShape { value } => infer_constant_of_shape(cx, value)?,
+        Op::Identity => cx.ty(0)?.clone(),
+        Op::Trilu { .. } => infer_trilu(cx)?,
+        Op::NonZero => {
+            let rank = cx.ty(0)?.rank().max(1);
+            TensorType::new(DType::I64, vec![Dim::Fixed(rank), Dim::unknown()])
+        }
+        Op::OneHot { axis } => infer_one_hot(cx, *axis)?,
+        Op::EyeLike { dtype, .. } => infer_eye_like(cx, *dtype)?,
+        _ => bail!("{} is not a data movement operator", op.name()),
+    };
+    Ok(vec![ty])
 }
 
-pub(crate) fn eval(op: &Op, _cx: &EvalCtx) -> Result<Vec<Tensor>, OpError> {
-    crate::bail!("{} is not supported yet", op.name())
+pub(crate) fn eval(op: &Op, cx: &EvalCtx) -> Res<Vec<Tensor>> {
+    let t = match op {
+        Op::Reshape { allow_zero } => eval_reshape(cx, *allow_zero)?,
+        Op::Flatten { axis } => eval_flatten(cx, *axis)?,
+        Op::Transpose { perm } => eval_transpose(cx.input(0)?, perm)?,
+        Op::Squeeze => eval_squeeze(cx)?,
+        Op::Unsqueeze => eval_unsqueeze(cx)?,
+        Op::Concat { axis } => eval_concat(cx, *axis)?,
+        Op::Split { axis, num_outputs } => return eval_split(cx, *axis, *num_outputs),
+        Op::Slice => eval_slice(cx)?,
+        Op::Gather { axis } => eval_gather(cx, *axis)?,
+        Op::GatherElements { axis } => eval_gather_elements(cx, *axis)?,
+        Op::GatherND { batch_dims } => eval_gather_nd(cx, *batch_dims)?,
+        Op::ScatterND { reduction } => eval_scatter_nd(cx, *reduction)?,
+        Op::ScatterElements { axis, reduction } => eval_scatter_elements(cx, *axis, *reduction)?,
+        Op::Expand => eval_expand(cx)?,
+        Op::Tile => eval_tile(cx)?,
+        Op::Pad { mode } => eval_pad(cx, *mode)?,
+        Op::Shape { start, end } => {
+            let shape = cx.input(0)?.shape();
+            let (s, e) = super::shape_slice_bounds(shape.len(), *start, *end);
+            let v: Vec<i64> = shape[s..e].iter().map(|&d| d as i64).collect();
+            Tensor::from_vec(vec![v.len()], v)
+        }
+        Op::Size => Tensor::scalar(cx.input(0)?.len() as i64),
+        Op::Range => eval_range(cx)?,
+        Op::ConstantOfShape { value } => eval_constant_of_shape(cx, value)?,
+        Op::Identity => cx.input(0)?.clone(),
+        Op::Trilu { upper } => eval_trilu(cx, *upper)?,
+        Op::NonZero => eval_nonzero(cx.input(0)?)?,
+        Op::OneHot { axis } => eval_one_hot(cx, *axis)?,
+        Op::EyeLike { dtype, k } => eval_eye_like(cx, *dtype, *k)?,
+        _ => bail!("{} is not a data movement operator", op.name()),
+    };
+    Ok(vec![t])
+}
+
+// ---------------------------------------------------------------------------------------------
+// Input checks shared by inference and evaluation.
+
+fn expect_dtype(t: &TensorType, dtype: DType, what: &str) -> Res<()> {
+    if t.dtype != dtype {
+        bail!("{what} must be {dtype}, got {}", t.dtype);
+    }
+    Ok(())
+}
+
+fn expect_index_dtype(dtype: DType, what: &str) -> Res<()> {
+    if !matches!(dtype, DType::I32 | DType::I64) {
+        bail!("{what} must be i32 or i64, got {dtype}");
+    }
+    Ok(())
+}
+
+fn expect_same_dtype(a: DType, b: DType, what: &str) -> Res<()> {
+    if a != b {
+        bail!("{what} must have the data's dtype {a}, got {b}");
+    }
+    Ok(())
+}
+
+/// The length of a 1-D input (a shape, axes, pads), when its type fixes it.
+fn vec_len(t: &TensorType, what: &str) -> Res<Option<usize>> {
+    if t.rank() != 1 {
+        bail!("{what} must be 1-D, got {t}");
+    }
+    Ok(t.shape[0].fixed())
+}
+
+/// Checks that a scalar-like input (rank 0, or one element in 1-D) has that form.
+fn expect_scalar_like(t: &TensorType, what: &str) -> Res<()> {
+    let ok = t.rank() == 0 || (t.rank() == 1 && matches!(t.shape[0], Dim::Fixed(1) | Dim::Sym(_)));
+    if !ok {
+        bail!("{what} must be a scalar, got {t}");
+    }
+    Ok(())
+}
+
+/// The values of a 1-D integer input at evaluation time.
+fn int_values(t: &Tensor, what: &str) -> Res<Vec<i64>> {
+    if !t.dtype().is_int() {
+        bail!("{what} must be an integer tensor, got {}", t.dtype());
+    }
+    if t.rank() > 1 {
+        bail!("{what} must be 1-D, got shape {:?}", t.shape());
+    }
+    Ok(t.to_i64_vec())
+}
+
+/// The one integer of a scalar input (rank 0 or a single element).
+fn int_scalar(t: &Tensor, what: &str) -> Res<i64> {
+    let v = int_values(t, what)?;
+    match v.as_slice() {
+        [x] => Ok(*x),
+        _ => bail!("{what} must hold exactly one value, got shape {:?}", t.shape()),
+    }
+}
+
+/// The elements of `t` as `T`, or an error when the dtype differs.
+fn typed<'a, T: Element>(t: &'a Tensor, what: &str) -> Res<&'a [T]> {
+    t.as_slice::<T>()
+        .ok_or_else(|| OpError(format!("{what} must be {}, got {}", T::DTYPE, t.dtype())))
+}
+
+fn make(shape: Vec<usize>, data: TensorData) -> Res<Tensor> {
+    Tensor::new(shape, data).map_err(|e| OpError(e.to_string()))
+}
+
+/// Fixed extents of dims that the shape rules derived from a concrete shape.
+fn concrete(d: Vec<Dim>) -> Res<Vec<usize>> {
+    d.iter()
+        .map(|x| {
+            x.fixed()
+                .ok_or_else(|| OpError(format!("internal: shape {} is not concrete", fmt_dims(&d))))
+        })
+        .collect()
+}
+
+/// Normalizes a possibly negative index against `dim`; out of range is an error.
+fn norm_index(i: i64, dim: usize, what: &str) -> Res<usize> {
+    let d = dim as i64;
+    let j = if i < 0 { i + d } else { i };
+    if j < 0 || j >= d {
+        bail!("{what} index {i} is out of range for a dimension of extent {dim}");
+    }
+    Ok(j as usize)
+}
+
+/// Normalizes a list of axes, rejecting duplicates.
+fn norm_axes(axes: &[i64], rank: usize, inclusive: bool) -> Res<Vec<usize>> {
+    let mut out = Vec::with_capacity(axes.len());
+    for &a in axes {
+        let n = if inclusive {
+            norm_axis_inclusive(a, rank)?
+        } else {
+            norm_axis(a, rank)?
+        };
+        if out.contains(&n) {
+            bail!("axis {a} appears more than once in {axes:?}");
+        }
+        out.push(n);
+    }
+    Ok(out)
+}
+
+/// The product of dims: fixed when all are, the one symbolic dim when the others are all 1,
+/// zero when any is zero, else unknown.
+fn dim_product(ds: &[Dim]) -> Res<Dim> {
+    let mut fixed = 1usize;
+    let mut syms = vec![];
+    for d in ds {
+        match d {
+            Dim::Fixed(0) => return Ok(Dim::Fixed(0)),
+            Dim::Fixed(n) => {
+                fixed = fixed
+                    .checked_mul(*n)
+                    .ok_or_else(|| OpError(format!("shape {} has too many elements", fmt_dims(ds))))?;
+            }
+            Dim::Sym(_) => syms.push(d),
+        }
+    }
+    Ok(match syms.as_slice() {
+        [] => Dim::Fixed(fixed),
+        [s] if fixed == 1 => (*s).clone(),
+        _ => Dim::unknown(),
+    })
+}
+
+fn fixed_dims(v: Vec<usize>) -> Vec<Dim> {
+    v.into_iter().map(Dim::Fixed).collect()
+}
+
+fn numel(shape: &[usize]) -> usize {
+    shape.iter().product()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Generic copy kernels.
+
+/// Copies from `src` into a new row-major buffer of shape `out_shape`, where the output element
+/// at multi-index `i` is `src[base + Σ i[a] * strides[a]]`. Strides may be zero (broadcast) or
+/// negative (reversed slices); the caller guarantees every read is in bounds. Unit inner
+/// strides copy whole rows at once.
+fn strided_copy<T: Element>(src: &[T], out_shape: &[usize], base: usize, strides: &[isize]) -> Vec<T> {
+    let n = numel(out_shape);
+    let mut out = Vec::with_capacity(n);
+    if n == 0 {
+        return out;
+    }
+    let Some((&inner, outer_shape)) = out_shape.split_last() else {
+        out.push(src[base]);
+        return out;
+    };
+    let inner_stride = strides[outer_shape.len()];
+    let mut idx = vec![0usize; outer_shape.len()];
+    let mut off = base as isize;
+    loop {
+        let start = off as usize;
+        match inner_stride {
+            1 => out.extend_from_slice(&src[start..start + inner]),
+            0 => out.extend(std::iter::repeat_n(src[start], inner)),
+            s => out.extend((0..inner).map(|j| src[(off + j as isize * s) as usize])),
+        }
+        // Advance the outer multi-index, keeping the source offset in step.
+        let mut ax = outer_shape.len();
+        loop {
+            if ax == 0 {
+                return out;
+            }
+            ax -= 1;
+            idx[ax] += 1;
+            off += strides[ax];
+            if idx[ax] < outer_shape[ax] {
+                break;
+            }
+            off -= strides[ax] * idx[ax] as isize;
+            idx[ax] = 0;
+        }
+    }
+}
+
+/// Copies with an independent source coordinate per output coordinate on each axis: the output
+/// element at `i` reads the source element at coordinates `maps[a][i[a]]`, or is `fill` where
+/// any axis maps to `None` (constant padding). Covers Pad, Tile and Slice-like selections.
+fn gather_axes<T: Element>(src: &[T], in_shape: &[usize], maps: &[Vec<Option<usize>>], fill: T) -> Vec<T> {
+    let out_shape: Vec<usize> = maps.iter().map(Vec::len).collect();
+    let n = numel(&out_shape);
+    let mut out = Vec::with_capacity(n);
+    if n == 0 {
+        return out;
+    }
+    let in_strides = strides(in_shape);
+    // Source offsets per axis and output coordinate.
+    let offs: Vec<Vec<Option<usize>>> = maps
+        .iter()
+        .zip(&in_strides)
+        .map(|(m, &s)| m.iter().map(|c| c.map(|c| c * s)).collect())
+        .collect();
+    let Some((inner, outer)) = offs.split_last() else {
+        out.push(src[0]);
+        return out;
+    };
+    let contiguous =
+        inner.iter().all(Option::is_some) && inner.windows(2).all(|w| w[0].map(|x| x + 1) == w[1]);
+    let mut idx = vec![0usize; outer.len()];
+    loop {
+        let base: Option<usize> = outer
+            .iter()
+            .zip(&idx)
+            .try_fold(0usize, |acc, (o, &i)| o[i].map(|v| acc + v));
+        match (base, contiguous) {
+            (None, _) => out.extend(std::iter::repeat_n(fill, inner.len())),
+            (Some(b), true) => {
+                let s = b + inner[0].unwrap_or(0);
+                out.extend_from_slice(&src[s..s + inner.len()]);
+            }
+            (Some(b), false) => out.extend(inner.iter().map(|o| o.map_or(fill, |o| src[b + o]))),
+        }
+        let mut ax = outer.len();
+        loop {
+            if ax == 0 {
+                return out;
+            }
+            ax -= 1;
+            idx[ax] += 1;
+            if idx[ax] < outer[ax].len() {
+                break;
+            }
+            idx[ax] = 0;
+        }
+    }
+}
+
+/// Calls `f` with every multi-index of `shape` in row-major order.
+fn for_each_index(shape: &[usize], mut f: impl FnMut(&[usize]) -> Res<()>) -> Res<()> {
+    let n = numel(shape);
+    let mut idx = vec![0usize; shape.len()];
+    for _ in 0..n {
+        f(&idx)?;
+        for ax in (0..shape.len()).rev() {
+            idx[ax] += 1;
+            if idx[ax] < shape[ax] {
+                break;
+            }
+            idx[ax] = 0;
+        }
+    }
+    Ok(())
+}
+
+/// The same data under a new shape (Reshape, Flatten, Squeeze, Unsqueeze).
+fn reshaped(t: &Tensor, shape: Vec<usize>) -> Res<Tensor> {
+    make(shape, t.data().clone())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reshape, Flatten, Transpose, Squeeze, Unsqueeze.
+
+/// Output dims of `Reshape(input, spec)`: 0 copies the input dim (unless `allow_zero`), one -1
+/// is inferred from the element count. Symbolic dims that appear on both sides cancel, so
+/// `[batch, 3, 4]` reshaped by `[0, -1]` gives `[batch, 12]`.
+fn reshape_dims(input: &[Dim], spec: &[i64], allow_zero: bool) -> Res<Vec<Dim>> {
+    let mut out = Vec::with_capacity(spec.len());
+    let mut infer_at = None;
+    for (i, &s) in spec.iter().enumerate() {
+        match s {
+            -1 if infer_at.is_some() => bail!("shape {spec:?} has more than one -1"),
+            -1 => {
+                infer_at = Some(i);
+                out.push(Dim::Fixed(1));
+            }
+            0 if !allow_zero => match input.get(i) {
+                Some(d) => out.push(d.clone()),
+                None => bail!(
+                    "shape {spec:?} copies dim {i} (0) but the input has rank {}",
+                    input.len()
+                ),
+            },
+            s if s < 0 => bail!("shape {spec:?} has invalid extent {s}"),
+            s => out.push(Dim::Fixed(s as usize)),
+        }
+    }
+    if let Some(k) = infer_at {
+        if allow_zero && spec.contains(&0) {
+            bail!("shape {spec:?} has both 0 and -1, which allowzero=1 forbids");
+        }
+        out[k] = infer_minus_one(input, &out, k, spec)?;
+    } else if let (Some(a), Some(b)) = (fixed_numel(input)?, fixed_numel(&out)?) {
+        if a != b {
+            bail!(
+                "cannot reshape {} ({a} elements) into {spec:?} ({b} elements)",
+                fmt_dims(input)
+            );
+        }
+    }
+    Ok(out)
+}
+
+fn fixed_numel(ds: &[Dim]) -> Res<Option<usize>> {
+    match dim_product(ds)? {
+        Dim::Fixed(n) => Ok(Some(n)),
+        Dim::Sym(_) => Ok(None),
+    }
+}
+
+/// The extent of the `-1` at `k`: the input's element count over the other output dims, after
+/// cancelling symbolic dims that appear on both sides.
+fn infer_minus_one(input: &[Dim], out: &[Dim], k: usize, spec: &[i64]) -> Res<Dim> {
+    let mut num: Vec<&Dim> = input.iter().collect();
+    let mut den: Vec<&Dim> = out
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| i != k)
+        .map(|(_, d)| d)
+        .collect();
+    // Cancel equal named symbols.
+    let mut i = 0;
+    while i < den.len() {
+        let cancel = match den[i] {
+            Dim::Sym(s) if s != "?" => num.iter().position(|d| *d == den[i]),
+            _ => None,
+        };
+        match cancel {
+            Some(j) => {
+                num.remove(j);
+                den.remove(i);
+            }
+            None => i += 1,
+        }
+    }
+    let owned = |v: Vec<&Dim>| v.into_iter().cloned().collect::<Vec<Dim>>();
+    let (num, den) = (dim_product(&owned(num))?, dim_product(&owned(den))?);
+    match (num, den) {
+        (Dim::Fixed(_), Dim::Fixed(0)) => {
+            bail!("cannot infer the -1 in shape {spec:?}: the other dims have no elements")
+        }
+        (Dim::Fixed(a), Dim::Fixed(b)) if a % b != 0 => {
+            bail!(
+                "cannot reshape {} into {spec:?}: {a} elements do not divide by {b}",
+                fmt_dims(input)
+            )
+        }
+        (Dim::Fixed(a), Dim::Fixed(b)) => Ok(Dim::Fixed(a / b)),
+        (sym @ Dim::Sym(_), Dim::Fixed(1)) => Ok(sym),
+        _ => Ok(Dim::unknown()),
+    }
+}
+
+fn infer_reshape(cx: &InferCtx, allow_zero: bool) -> Res<TensorType> {
+    let data = cx.ty(0)?;
+    let shape_ty = cx.ty(1)?;
+    expect_dtype(shape_ty, DType::I64, "the shape input")?;
+    let len = vec_len(shape_ty, "the shape input")?;
+    let shape = match known_i64s(cx.value(1)) {
+        Some(spec) => reshape_dims(&data.shape, &spec, allow_zero)?,
+        None => match len {
+            Some(n) => vec![Dim::unknown(); n],
+            None => bail!("the output rank is unknown: the shape input has an unknown length"),
+        },
+    };
+    Ok(TensorType::new(data.dtype, shape))
+}
+
+fn eval_reshape(cx: &EvalCtx, allow_zero: bool) -> Res<Tensor> {
+    let data = cx.input(0)?;
+    let spec = int_values(cx.input(1)?, "the shape input")?;
+    let shape = concrete(reshape_dims(&dims(data.shape()), &spec, allow_zero)?)?;
+    reshaped(data, shape)
+}
+
+/// Flatten's axis lies in `[-rank, rank]`; a negative one counts from the back (so unlike
+/// Unsqueeze-style axes, -1 is `rank - 1`).
+fn flatten_dims(input: &[Dim], axis: i64) -> Res<Vec<Dim>> {
+    let r = input.len() as i64;
+    let a = if axis < 0 { axis + r } else { axis };
+    if !(0..=r).contains(&a) {
+        bail!("axis {axis} is out of range for rank {r}");
+    }
+    let a = a as usize;
+    Ok(vec![dim_product(&input[..a])?, dim_product(&input[a..])?])
+}
+
+fn infer_flatten(cx: &InferCtx, axis: i64) -> Res<TensorType> {
+    let x = cx.ty(0)?;
+    Ok(TensorType::new(x.dtype, flatten_dims(&x.shape, axis)?))
+}
+
+fn eval_flatten(cx: &EvalCtx, axis: i64) -> Res<Tensor> {
+    let x = cx.input(0)?;
+    reshaped(x, concrete(flatten_dims(&dims(x.shape()), axis)?)?)
+}
+
+fn check_perm(perm: &[usize], rank: usize) -> Res<()> {
+    if perm.len() != rank {
+        bail!(
+            "perm {perm:?} has {} entries for an input of rank {rank}",
+            perm.len()
+        );
+    }
+    let mut seen = vec![false; rank];
+    for &p in perm {
+        if p >= rank || seen[p] {
+            bail!("perm {perm:?} is not a permutation of the {rank} axes");
+        }
+        seen[p] = true;
+    }
+    Ok(())
+}
+
+fn infer_transpose(cx: &InferCtx, perm: &[usize]) -> Res<TensorType> {
+    let x = cx.ty(0)?;
+    check_perm(perm, x.rank())?;
+    Ok(TensorType::new(
+        x.dtype,
+        perm.iter().map(|&p| x.shape[p].clone()).collect(),
+    ))
+}
+
+fn eval_transpose(x: &Tensor, perm: &[usize]) -> Res<Tensor> {
+    check_perm(perm, x.rank())?;
+    let out_shape: Vec<usize> = perm.iter().map(|&p| x.shape()[p]).collect();
+    if perm.iter().enumerate().all(|(i, &p)| i == p) {
+        return Ok(x.clone());
+    }
+    let in_strides = strides(x.shape());
+    let st: Vec<isize> = perm.iter().map(|&p| in_strides[p] as isize).collect();
+    fn go<T: Element>(v: &[T], shape: &[usize], st: &[isize]) -> TensorData {
+        T::wrap(strided_copy(v, shape, 0, st))
+    }
+    let data = crate::with_data!(x.data(), v => go(v, &out_shape, &st));
+    make(out_shape, data)
+}
+
+/// Output dims of `Squeeze`: the listed axes (each of extent 1), or with no axes every dim of
+/// extent 1, which needs every dim to be known.
+fn squeeze_dims(input: &[Dim], axes: Option<&[i64]>) -> Res<Vec<Dim>> {
+    let Some(axes) = axes else {
+        if let Some(i) = input.iter().position(|d| !d.is_fixed()) {
+            bail!(
+                "without axes the output rank depends on dim {i} of {}, which is not known",
+                fmt_dims(input)
+            );
+        }
+        return Ok(input.iter().filter(|d| **d != Dim::Fixed(1)).cloned().collect());
+    };
+    let axes = norm_axes(axes, input.len(), false)?;
+    for &a in &axes {
+        if let Dim::Fixed(n) = input[a] {
+            if n != 1 {
+                bail!(
+                    "cannot squeeze axis {a} of {}: its extent is {n}, not 1",
+                    fmt_dims(input)
+                );
+            }
+        }
+    }
+    Ok(input
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !axes.contains(i))
+        .map(|(_, d)| d.clone())
+        .collect())
+}
+
+fn infer_squeeze(cx: &InferCtx) -> Res<TensorType> {
+    let x = cx.ty(0)?;
+    let shape = match cx.opt_ty(1) {
+        None => squeeze_dims(&x.shape, None)?,
+        Some(axes_ty) => {
+            expect_dtype(axes_ty, DType::I64, "axes")?;
+            let len = vec_len(axes_ty, "axes")?;
+            match (known_i64s(cx.value(1)), len) {
+                (Some(axes), _) => squeeze_dims(&x.shape, Some(&axes))?,
+                (None, Some(n)) if n <= x.rank() => vec![Dim::unknown(); x.rank() - n],
+                (None, Some(n)) => bail!("{n} axes to squeeze from an input of rank {}", x.rank()),
+                (None, None) => bail!("the output rank is unknown: the axes input has an unknown length"),
+            }
+        }
+    };
+    Ok(TensorType::new(x.dtype, shape))
+}
+
+fn eval_squeeze(cx: &EvalCtx) -> Res<Tensor> {
+    let x = cx.input(0)?;
+    let axes = cx.opt_input(1).map(|t| int_values(t, "axes")).transpose()?;
+    let shape = squeeze_dims(&dims(x.shape()), axes.as_deref())?;
+    reshaped(x, concrete(shape)?)
+}
+
+fn unsqueeze_dims(input: &[Dim], axes: &[i64]) -> Res<Vec<Dim>> {
+    let out_rank = input.len() + axes.len();
+    let axes = norm_axes(axes, out_rank, false)?;
+    let mut rest = input.iter();
+    Ok((0..out_rank)
+        .map(|i| {
+            if axes.contains(&i) {
+                Dim::Fixed(1)
+            } else {
+                rest.next().cloned().unwrap_or(Dim::Fixed(1))
+            }
+        })
+        .collect())
+}
+
+fn infer_unsqueeze(cx: &InferCtx) -> Res<TensorType> {
+    let x = cx.ty(0)?;
+    let axes_ty = cx.ty(1)?;
+    expect_dtype(axes_ty, DType::I64, "axes")?;
+    let len = vec_len(axes_ty, "axes")?;
+    let shape = match (known_i64s(cx.value(1)), len) {
+        (Some(axes), _) => unsqueeze_dims(&x.shape, &axes)?,
+        (None, Some(n)) => vec![Dim::unknown(); x.rank() + n],
+        (None, None) => bail!("the output rank is unknown: the axes input has an unknown length"),
+    };
+    Ok(TensorType::new(x.dtype, shape))
+}
+
+fn eval_unsqueeze(cx: &EvalCtx) -> Res<Tensor> {
+    let x = cx.input(0)?;
+    let axes = int_values(cx.input(1)?, "axes")?;
+    reshaped(x, concrete(unsqueeze_dims(&dims(x.shape()), &axes)?)?)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Concat and Split.
+
+/// Merges two dims that must be equal: a fixed extent wins over a symbol.
+fn merge_dim(a: &Dim, b: &Dim) -> Res<Dim> {
+    Ok(match (a, b) {
+        (Dim::Fixed(x), Dim::Fixed(y)) if x != y => bail!("extents {x} and {y} differ"),
+        (Dim::Fixed(_), _) => a.clone(),
+        (_, Dim::Fixed(_)) => b.clone(),
+        _ if a == b => a.clone(),
+        _ => Dim::unknown(),
+    })
+}
+
+fn sum_dims<'a>(ds: impl IntoIterator<Item = &'a Dim>) -> Res<Dim> {
+    let mut total = 0usize;
+    for d in ds {
+        match d {
+            Dim::Fixed(n) => {
+                total = total
+                    .checked_add(*n)
+                    .ok_or_else(|| OpError("concatenated extent overflows".into()))?
+            }
+            Dim::Sym(_) => return Ok(Dim::unknown()),
+        }
+    }
+    Ok(Dim::Fixed(total))
+}
+
+fn concat_dims(shapes: &[&[Dim]], axis: i64) -> Res<Vec<Dim>> {
+    let first = shapes
+        .first()
+        .ok_or_else(|| OpError("Concat needs at least one input".into()))?;
+    if first.is_empty() {
+        bail!("cannot concatenate scalars");
+    }
+    let a = norm_axis(axis, first.len())?;
+    let mut out = first.to_vec();
+    for (i, s) in shapes.iter().enumerate().skip(1) {
+        if s.len() != first.len() {
+            bail!(
+                "input {i} has rank {} but input 0 has rank {}",
+                s.len(),
+                first.len()
+            );
+        }
+        for (d, (o, x)) in out.iter_mut().zip(s.iter()).enumerate() {
+            if d != a {
+                *o = merge_dim(o, x).map_err(|e| {
+                    OpError(format!(
+                        "input {i} {} does not match input 0 {} on axis {d}: {e}",
+                        fmt_dims(s),
+                        fmt_dims(first)
+                    ))
+                })?;
+            }
+        }
+    }
+    out[a] = sum_dims(shapes.iter().map(|s| &s[a]))?;
+    Ok(out)
+}
+
+fn infer_concat(cx: &InferCtx, axis: i64) -> Res<TensorType> {
+    let tys: Vec<&TensorType> = (0..cx.num_inputs()).map(|i| cx.ty(i)).collect::<Res<_>>()?;
+    let first = tys
+        .first()
+        .ok_or_else(|| OpError("Concat needs at least one input".into()))?;
+    for (i, t) in tys.iter().enumerate() {
+        if t.dtype != first.dtype {
+            bail!("input {i} is {} but input 0 is {}", t.dtype, first.dtype);
+        }
+    }
+    let shapes: Vec<&[Dim]> = tys.iter().map(|t| t.shape.as_slice()).collect();
+    Ok(TensorType::new(first.dtype, concat_dims(&shapes, axis)?))
+}
+
+fn eval_concat(cx: &EvalCtx, axis: i64) -> Res<Tensor> {
+    let ts: Vec<&Tensor> = (0..cx.inputs.len()).map(|i| cx.input(i)).collect::<Res<_>>()?;
+    let in_dims: Vec<Vec<Dim>> = ts.iter().map(|t| dims(t.shape())).collect();
+    let shapes: Vec<&[Dim]> = in_dims.iter().map(Vec::as_slice).collect();
+    let out_shape = concrete(concat_dims(&shapes, axis)?)?;
+    check_alloc(&out_shape)?;
+    let a = norm_axis(axis, out_shape.len())?;
+    let inner: usize = numel(&out_shape[a + 1..]);
+    let outer: usize = numel(&out_shape[..a]);
+    fn go<T: Element>(ts: &[&Tensor], outer: usize, a: usize, inner: usize, n: usize) -> Res<TensorData> {
+        let parts: Vec<(&[T], usize)> = ts
+            .iter()
+            .map(|t| Ok((typed::<T>(t, "every input")?, t.shape()[a] * inner)))
+            .collect::<Res<_>>()?;
+        let mut out = Vec::with_capacity(n);
+        for o in 0..outer {
+            for (src, chunk) in &parts {
+                out.extend_from_slice(&src[o * chunk..(o + 1) * chunk]);
+            }
+        }
+        Ok(T::wrap(out))
+    }
+    let n = numel(&out_shape);
+    let first = ts[0];
+    let data = crate::dispatch_dtype!(first.dtype(), T => go::<T>(&ts, outer, a, inner, n)?);
+    make(out_shape, data)
+}
+
+/// Extents of the split outputs along a fixed axis extent `dim`.
+fn split_sizes(
+    dim: usize,
+    split: Option<&[i64]>,
+    n_out: usize,
+    num_outputs: Option<usize>,
+) -> Res<Vec<usize>> {
+    if let Some(split) = split {
+        if split.len() != n_out {
+            bail!("split {split:?} has {} entries for {n_out} outputs", split.len());
+        }
+        let sizes: Vec<usize> = split
+            .iter()
+            .map(|&s| usize::try_from(s).map_err(|_| OpError(format!("split {split:?} has a negative size"))))
+            .collect::<Res<_>>()?;
+        let total = sizes.iter().try_fold(0usize, |a, &b| a.checked_add(b));
+        if total != Some(dim) {
+            bail!("split {split:?} does not add up to the axis extent {dim}");
+        }
+        return Ok(sizes);
+    }
+    if n_out == 0 {
+        bail!("Split needs at least one output");
+    }
+    if num_outputs.is_none() && dim % n_out != 0 {
+        bail!("an axis of extent {dim} cannot be split into {n_out} equal parts");
+    }
+    // `num_outputs` (opset 18): chunks of ceil(dim / n), the last one smaller.
+    let chunk = dim.div_ceil(n_out);
+    let last = dim as i64 - (chunk * (n_out - 1)) as i64;
+    if last < 0 {
+        bail!("an axis of extent {dim} cannot be split into {n_out} chunks of {chunk}");
+    }
+    let mut sizes = vec![chunk; n_out];
+    sizes[n_out - 1] = last as usize;
+    Ok(sizes)
+}
+
+fn infer_split(cx: &InferCtx, axis: i64, num_outputs: Option<usize>) -> Res<Vec<TensorType>> {
+    let x = cx.ty(0)?;
+    let n = cx.num_outputs;
+    if let Some(k) = num_outputs {
+        if k != n {
+            bail!("num_outputs is {k} but the node has {n} outputs");
+        }
+    }
+    let a = norm_axis(axis, x.rank())?;
+    let split = match cx.opt_ty(1) {
+        Some(t) => {
+            expect_dtype(t, DType::I64, "split")?;
+            vec_len(t, "split")?;
+            Some(known_i64s(cx.value(1)))
+        }
+        None => None,
+    };
+    let sizes: Vec<Dim> = match (x.shape[a].fixed(), split) {
+        (Some(d), Some(Some(s))) => fixed_dims(split_sizes(d, Some(&s), n, num_outputs)?),
+        (None, Some(Some(s))) => {
+            if s.len() != n {
+                bail!("split {s:?} has {} entries for {n} outputs", s.len());
+            }
+            dims(&non_negative(&s, "split")?)
+        }
+        (Some(d), None) => fixed_dims(split_sizes(d, None, n, num_outputs)?),
+        (None, None) if n == 1 => vec![x.shape[a].clone()],
+        _ => vec![Dim::unknown(); n],
+    };
+    Ok(sizes
+        .into_iter()
+        .map(|d| {
+            let mut shape = x.shape.clone();
+            shape[a] = d;
+            TensorType::new(x.dtype, shape)
+        })
+        .collect())
+}
+
+fn eval_split(cx: &EvalCtx, axis: i64, num_outputs: Option<usize>) -> Res<Vec<Tensor>> {
+    let x = cx.input(0)?;
+    let a = norm_axis(axis, x.rank())?;
+    let split = cx.opt_input(1).map(|t| int_values(t, "split")).transpose()?;
+    let sizes = split_sizes(x.shape()[a], split.as_deref(), cx.num_outputs(), num_outputs)?;
+    let inner = numel(&x.shape()[a + 1..]);
+    let outer = numel(&x.shape()[..a]);
+    let row = x.shape()[a] * inner;
+    fn go<T: Element>(v: &[T], outer: usize, row: usize, begin: usize, len: usize) -> TensorData {
+        let mut out = Vec::with_capacity(outer * len);
+        for o in 0..outer {
+            out.extend_from_slice(&v[o * row + begin..o * row + begin + len]);
+        }
+        T::wrap(out)
+    }
+    let mut begin = 0;
+    let mut outs = Vec::with_capacity(sizes.len());
+    for s in sizes {
+        let mut shape = x.shape().to_vec();
+        shape[a] = s;
+        let data = crate::with_data!(x.data(), v => go(v, outer, row, begin * inner, s * inner));
+        outs.push(make(shape, data)?);
+        begin += s;
+    }
+    Ok(outs)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Slice.
+
+/// Start and length of `Slice` along one axis of extent `dim` with ONNX clamping: negative
+/// starts/ends count from the back, then starts clamp to `[0, dim]` (`[0, dim-1]` for negative
+/// steps) and ends to `[0, dim]` (`[-1, dim-1]`).
+fn slice_range(dim: usize, start: i64, end: i64, step: i64) -> Res<(usize, usize)> {
+    if step == 0 {
+        bail!("slice step cannot be 0");
+    }
+    let d = dim as i128;
+    let wrap = |v: i64| if v < 0 { v as i128 + d } else { v as i128 };
+    let (s, e, st) = (wrap(start), wrap(end), step as i128);
+    if dim == 0 {
+        return Ok((0, 0));
+    }
+    let (s, len) = if st > 0 {
+        let (s, e) = (s.clamp(0, d), e.clamp(0, d));
+        (s, if e > s { (e - s + st - 1) / st } else { 0 })
+    } else {
+        let (s, e) = (s.clamp(0, d - 1), e.clamp(-1, d - 1));
+        (s, if s > e { (s - e - st - 1) / -st } else { 0 })
+    };
+    Ok((s as usize, len as usize))
+}
+
+/// Output extent of `Slice` along an axis with dim `d`. With a symbolic dim only the full-range
+/// forms (`0..INT_MAX` step 1, `-1..INT_MIN` step -1) are known: they keep the dim.
+fn slice_dim(d: &Dim, start: i64, end: i64, step: i64) -> Res<Dim> {
+    match d {
+        Dim::Fixed(n) => Ok(Dim::Fixed(slice_range(*n, start, end, step)?.1)),
+        Dim::Sym(_) => {
+            let to_end = step == 1 && start == 0 && end >= i32::MAX as i64;
+            let reversed = step == -1 && start == -1 && end <= i32::MIN as i64;
+            if step == 0 {
+                bail!("slice step cannot be 0");
+            }
+            Ok(if to_end || reversed {
+                d.clone()
+            } else {
+                Dim::unknown()
+            })
+        }
+    }
+}
+
+/// Per-axis `(start, end, step)` of a `Slice`, from its 1-D inputs; axes without an entry take
+/// their whole extent.
+struct SliceSpec {
+    /// Indexed by axis; `None` where the axis is not sliced.
+    per_axis: Vec<Option<(i64, i64, i64)>>,
+}
+
+fn slice_spec(
+    rank: usize,
+    starts: &[i64],
+    ends: &[i64],
+    axes: Option<&[i64]>,
+    steps: Option<&[i64]>,
+) -> Res<SliceSpec> {
+    let n = starts.len();
+    if ends.len() != n {
+        bail!("starts has {n} entries but ends has {}", ends.len());
+    }
+    let axes: Vec<usize> = match axes {
+        Some(a) if a.len() != n => bail!("starts has {n} entries but axes has {}", a.len()),
+        Some(a) => norm_axes(a, rank, false)?,
+        None if n > rank => bail!("starts has {n} entries for an input of rank {rank}"),
+        None => (0..n).collect(),
+    };
+    if let Some(s) = steps {
+        if s.len() != n {
+            bail!("starts has {n} entries but steps has {}", s.len());
+        }
+    }
+    let mut per_axis = vec![None; rank];
+    for (i, &a) in axes.iter().enumerate() {
+        let step = steps.map_or(1, |s| s[i]);
+        if step == 0 {
+            bail!("slice step cannot be 0");
+        }
+        per_axis[a] = Some((starts[i], ends[i], step));
+    }
+    Ok(SliceSpec { per_axis })
+}
+
+fn check_slice_input(cx: &InferCtx, i: usize, what: &str, dtype: DType) -> Res<Option<usize>> {
+    let t = cx.ty(i)?;
+    expect_index_dtype(t.dtype, what)?;
+    if t.dtype != dtype {
+        bail!("{what} is {} but starts is {dtype}", t.dtype);
+    }
+    vec_len(t, what)
+}
+
+fn infer_slice(cx: &InferCtx) -> Res<TensorType> {
+    let x = cx.ty(0)?;
+    let dtype = cx.ty(1)?.dtype;
+    let n_starts = check_slice_input(cx, 1, "starts", dtype)?;
+    check_slice_input(cx, 2, "ends", dtype)?;
+    for (i, what) in [(3, "axes"), (4, "steps")] {
+        if cx.opt_ty(i).is_some() {
+            check_slice_input(cx, i, what, dtype)?;
+        }
+    }
+    let known = |i: usize| known_i64s(cx.value(i));
+    let opt_known = |i: usize| match cx.opt_ty(i) {
+        None => Some(None),
+        Some(_) => known(i).map(Some),
+    };
+    let shape = match (known(1), known(2), opt_known(3), opt_known(4)) {
+        (Some(s), Some(e), Some(a), Some(st)) => {
+            let spec = slice_spec(x.rank(), &s, &e, a.as_deref(), st.as_deref())?;
+            x.shape
+                .iter()
+                .zip(&spec.per_axis)
+                .map(|(d, p)| match p {
+                    None => Ok(d.clone()),
+                    Some((s, e, st)) => slice_dim(d, *s, *e, *st),
+                })
+                .collect::<Res<_>>()?
+        }
+        // Which axes are sliced is known, their bounds are not.
+        (_, _, Some(a), _) => {
+            let n = a.as_ref().map(Vec::len).or(n_starts);
+            let sliced: Vec<usize> = match (a, n) {
+                (Some(a), _) => norm_axes(&a, x.rank(), false)?,
+                (None, Some(n)) => (0..n.min(x.rank())).collect(),
+                (None, None) => (0..x.rank()).collect(),
+            };
+            let mut shape = x.shape.clone();
+            for a in sliced {
+                shape[a] = Dim::unknown();
+            }
+            shape
+        }
+        _ => vec![Dim::unknown(); x.rank()],
+    };
+    Ok(TensorType::new(x.dtype, shape))
+}
+
+fn eval_slice(cx: &EvalCtx) -> Res<Tensor> {
+    let x = cx.input(0)?;
+    let starts = int_values(cx.input(1)?, "starts")?;
+    let ends = int_values(cx.input(2)?, "ends")?;
+    let axes = cx.opt_input(3).map(|t| int_values(t, "axes")).transpose()?;
+    let steps = cx.opt_input(4).map(|t| int_values(t, "steps")).transpose()?;
+    let spec = slice_spec(x.rank(), &starts, &ends, axes.as_deref(), steps.as_deref())?;
+    let in_strides = strides(x.shape());
+    let mut base = 0usize;
+    let mut out_shape = Vec::with_capacity(x.rank());
+    let mut st = Vec::with_capacity(x.rank());
+    for ((&d, p), &stride) in x.shape().iter().zip(&spec.per_axis).zip(&in_strides) {
+        let (start, step) = match p {
+            None => ((0, d), 1),
+            Some((s, e, step)) => (slice_range(d, *s, *e, *step)?, *step),
+        };
+        out_shape.push(start.1);
+        if start.1 > 0 {
+            base += start.0 * stride;
+        }
+        // |step| > extent reads at most one element: clamp so the stride cannot overflow.
+        let step = step.clamp(-(d as i64).max(1), (d as i64).max(1)) as isize;
+        st.push(step * stride as isize);
+    }
+    fn go<T: Element>(v: &[T], shape: &[usize], base: usize, st: &[isize]) -> TensorData {
+        T::wrap(strided_copy(v, shape, base, st))
+    }
+    let data = crate::with_data!(x.data(), v => go(v, &out_shape, base, &st));
+    make(out_shape, data)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gather, GatherElements, GatherND.
+
+fn infer_gather(cx: &InferCtx, axis: i64) -> Res<TensorType> {
+    let data = cx.ty(0)?;
+    let idx = cx.ty(1)?;
+    expect_index_dtype(idx.dtype, "indices")?;
+    if data.rank() == 0 {
+        bail!("cannot gather from a scalar");
+    }
+    let a = norm_axis(axis, data.rank())?;
+    let mut shape = data.shape[..a].to_vec();
+    shape.extend(idx.shape.iter().cloned());
+    shape.extend(data.shape[a + 1..].iter().cloned());
+    Ok(TensorType::new(data.dtype, shape))
+}
+
+fn eval_gather(cx: &EvalCtx, axis: i64) -> Res<Tensor> {
+    let data = cx.input(0)?;
+    let idx_t = cx.input(1)?;
+    expect_index_dtype(idx_t.dtype(), "indices")?;
+    if data.rank() == 0 {
+        bail!("cannot gather from a scalar");
+    }
+    let a = norm_axis(axis, data.rank())?;
+    let dim = data.shape()[a];
+    let idx: Vec<usize> = idx_t
+        .to_i64_vec()
+        .into_iter()
+        .map(|i| norm_index(i, dim, "Gather"))
+        .collect::<Res<_>>()?;
+    let mut shape = data.shape()[..a].to_vec();
+    shape.extend_from_slice(idx_t.shape());
+    shape.extend_from_slice(&data.shape()[a + 1..]);
+    check_alloc(&shape)?;
+    let outer = numel(&data.shape()[..a]);
+    let inner = numel(&data.shape()[a + 1..]);
+    fn go<T: Element>(v: &[T], idx: &[usize], outer: usize, dim: usize, inner: usize) -> TensorData {
+        let mut out = Vec::with_capacity(outer * idx.len() * inner);
+        for o in 0..outer {
+            for &i in idx {
+                let s = (o * dim + i) * inner;
+                out.extend_from_slice(&v[s..s + inner]);
+            }
+        }
+        T::wrap(out)
+    }
+    let out = crate::with_data!(data.data(), v => go(v, &idx, outer, dim, inner));
+    make(shape, out)
+}
+
+/// Checks the shapes of GatherElements/ScatterElements: `indices` has the data's rank and, off
+/// the axis, extents no larger than the data's.
+fn check_elements_shapes(data: &[Dim], idx: &[Dim], a: usize) -> Res<()> {
+    if data.len() != idx.len() {
+        bail!(
+            "indices {} must have the rank of the data {}",
+            fmt_dims(idx),
+            fmt_dims(data)
+        );
+    }
+    for (i, (d, x)) in data.iter().zip(idx).enumerate() {
+        if let (Dim::Fixed(d), Dim::Fixed(x)) = (d, x) {
+            if i != a && x > d {
+                bail!(
+                    "indices {} exceed the data {} on axis {i}",
+                    fmt_dims(idx),
+                    fmt_dims(data)
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+fn infer_gather_elements(cx: &InferCtx, axis: i64) -> Res<TensorType> {
+    let data = cx.ty(0)?;
+    let idx = cx.ty(1)?;
+    expect_index_dtype(idx.dtype, "indices")?;
+    let a = norm_axis(axis, data.rank())?;
+    check_elements_shapes(&data.shape, &idx.shape, a)?;
+    Ok(TensorType::new(data.dtype, idx.shape.clone()))
+}
+
+/// For each element of `indices` (row-major), the flat offset into `data` it addresses along
+/// axis `a` (GatherElements/ScatterElements).
+fn element_offsets(data_shape: &[usize], idx: &Tensor, a: usize, what: &str) -> Res<Vec<usize>> {
+    expect_index_dtype(idx.dtype(), "indices")?;
+    check_elements_shapes(&dims(data_shape), &dims(idx.shape()), a)?;
+    let ds = strides(data_shape);
+    let vals = idx.to_i64_vec();
+    let mut out = Vec::with_capacity(vals.len());
+    let mut k = 0;
+    for_each_index(idx.shape(), |pos| {
+        let mut off = 0;
+        for (ax, (&p, &s)) in pos.iter().zip(&ds).enumerate() {
+            let c = if ax == a {
+                norm_index(vals[k], data_shape[a], what)?
+            } else {
+                p
+            };
+            off += c * s;
+        }
+        out.push(off);
+        k += 1;
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+fn eval_gather_elements(cx: &EvalCtx, axis: i64) -> Res<Tensor> {
+    let data = cx.input(0)?;
+    let idx = cx.input(1)?;
+    let a = norm_axis(axis, data.rank())?;
+    let offs = element_offsets(data.shape(), idx, a, "GatherElements")?;
+    fn go<T: Element>(v: &[T], offs: &[usize]) -> TensorData {
+        T::wrap(offs.iter().map(|&o| v[o]).collect())
+    }
+    let out = crate::with_data!(data.data(), v => go(v, &offs));
+    make(idx.shape().to_vec(), out)
+}
+
+/// GatherND/ScatterND: `k`, the indices' last extent, must be known (it sets the output rank).
+fn nd_index_len(idx: &TensorType, data_rank: usize, batch_dims: usize) -> Res<usize> {
+    if idx.rank() == 0 {
+        bail!("indices must have rank >= 1");
+    }
+    let Some(k) = idx.shape[idx.rank() - 1].fixed() else {
+        bail!("the last dim of indices {idx} must be known: it decides the output rank");
+    };
+    if batch_dims + k > data_rank {
+        bail!(
+            "indices tuples of length {k} (after {batch_dims} batch dims) exceed the data rank {data_rank}"
+        );
+    }
+    Ok(k)
+}
+
+fn gather_nd_dims(data: &[Dim], idx: &TensorType, b: usize) -> Res<Vec<Dim>> {
+    let q = idx.rank();
+    if b > 0 && (b >= q || b >= data.len()) {
+        bail!("batch_dims {b} must be less than the ranks of data and indices");
+    }
+    let k = nd_index_len(idx, data.len(), b)?;
+    for i in 0..b {
+        merge_dim(&data[i], &idx.shape[i])
+            .map_err(|e| OpError(format!("batch dim {i} of data and indices differ: {e}")))?;
+    }
+    let mut out = idx.shape[..q - 1].to_vec();
+    out.extend(data[b + k..].iter().cloned());
+    Ok(out)
+}
+
+fn infer_gather_nd(cx: &InferCtx, batch_dims: usize) -> Res<TensorType> {
+    let data = cx.ty(0)?;
+    let idx = cx.ty(1)?;
+    expect_index_dtype(idx.dtype, "indices")?;
+    Ok(TensorType::new(
+        data.dtype,
+        gather_nd_dims(&data.shape, idx, batch_dims)?,
+    ))
+}
+
+/// Flat offsets (into the data) of the slices that GatherND/ScatterND index tuples address,
+/// one per tuple, in row-major order of the tuples. `b` leading dims are batch dims.
+fn nd_offsets(data_shape: &[usize], idx: &Tensor, b: usize, what: &str) -> Res<Vec<usize>> {
+    let k = idx.shape().last().copied().unwrap_or(0);
+    let vals = idx.to_i64_vec();
+    let ds = strides(data_shape);
+    let tuples = if k == 0 {
+        numel(&idx.shape()[..idx.rank().saturating_sub(1)])
+    } else {
+        vals.len() / k
+    };
+    let per_batch = numel(&idx.shape()[b..idx.rank() - 1]).max(1);
+    let batch_stride = if b == 0 { 0 } else { ds[b - 1] };
+    let mut out = Vec::with_capacity(tuples);
+    for t in 0..tuples {
+        let mut off = (t / per_batch) * batch_stride;
+        for j in 0..k {
+            let c = norm_index(vals[t * k + j], data_shape[b + j], what)?;
+            off += c * ds[b + j];
+        }
+        out.push(off);
+    }
+    Ok(out)
+}
+
+fn eval_gather_nd(cx: &EvalCtx, b: usize) -> Res<Tensor> {
+    let data = cx.input(0)?;
+    let idx = cx.input(1)?;
+    expect_index_dtype(idx.dtype(), "indices")?;
+    let shape = concrete(gather_nd_dims(&dims(data.shape()), &idx.tensor_type(), b)?)?;
+    check_alloc(&shape)?;
+    let k = idx.shape()[idx.rank() - 1];
+    let slice = numel(&data.shape()[b + k..]);
+    let offs = nd_offsets(data.shape(), idx, b, "GatherND")?;
+    fn go<T: Element>(v: &[T], offs: &[usize], slice: usize) -> TensorData {
+        let mut out = Vec::with_capacity(offs.len() * slice);
+        for &o in offs {
+            out.extend_from_slice(&v[o..o + slice]);
+        }
+        T::wrap(out)
+    }
+    let out = crate::with_data!(data.data(), v => go(v, &offs, slice));
+    make(shape, out)
+}
+
+// ---------------------------------------------------------------------------------------------
+// ScatterND, ScatterElements.
+
+/// Element arithmetic for scatter reductions: integers wrap (as numpy does), f16/bf16 compute
+/// in f32 and round each step, bool uses or/and.
+trait ScatterElem: Element {
+    fn add(self, o: Self) -> Self;
+    fn mul(self, o: Self) -> Self;
+}
+
+macro_rules! scatter_int {
+    ($($t:ty),*) => {$(
+        impl ScatterElem for $t {
+            fn add(self, o: Self) -> Self {
+                self.wrapping_add(o)
+            }
+            fn mul(self, o: Self) -> Self {
+                self.wrapping_mul(o)
+            }
+        }
+    )*};
+}
+scatter_int!(u8, i8, u16, i16, u32, i32, u64, i64);
+
+macro_rules! scatter_float {
+    ($($t:ty),*) => {$(
+        impl ScatterElem for $t {
+            fn add(self, o: Self) -> Self {
+                self + o
+            }
+            fn mul(self, o: Self) -> Self {
+                self * o
+            }
+        }
+    )*};
+}
+scatter_float!(f32, f64);
+
+macro_rules! scatter_half {
+    ($($t:ty),*) => {$(
+        impl ScatterElem for $t {
+            fn add(self, o: Self) -> Self {
+                <$t>::from_f32(self.to_f32() + o.to_f32())
+            }
+            fn mul(self, o: Self) -> Self {
+                <$t>::from_f32(self.to_f32() * o.to_f32())
+            }
+        }
+    )*};
+}
+scatter_half!(f16, bf16);
+
+impl ScatterElem for bool {
+    fn add(self, o: Self) -> Self {
+        self || o
+    }
+    fn mul(self, o: Self) -> Self {
+        self && o
+    }
+}
+
+/// Combines the current value `x` with an update `y`. ScatterND's max/min propagate NaN (numpy
+/// `maximum`); ScatterElements' keep `x` unless `y` compares greater/less (`std::max`), as the
+/// ONNX reference and onnxruntime do.
+fn reduce<T: ScatterElem>(r: ScatterReduction, x: T, y: T, nan_propagating: bool) -> T {
+    let nan = nan_propagating && (x.is_nan() || y.is_nan());
+    match r {
+        ScatterReduction::None => y,
+        ScatterReduction::Add => x.add(y),
+        ScatterReduction::Mul => x.mul(y),
+        ScatterReduction::Max | ScatterReduction::Min if nan => {
+            if x.is_nan() {
+                x
+            } else {
+                y
+            }
+        }
+        ScatterReduction::Max => {
+            if y > x {
+                y
+            } else {
+                x
+            }
+        }
+        ScatterReduction::Min => {
+            if y < x {
+                y
+            } else {
+                x
+            }
+        }
+    }
+}
+
+fn infer_scatter_nd(cx: &InferCtx) -> Res<TensorType> {
+    let data = cx.ty(0)?;
+    let idx = cx.ty(1)?;
+    let upd = cx.ty(2)?;
+    expect_index_dtype(idx.dtype, "indices")?;
+    expect_same_dtype(data.dtype, upd.dtype, "updates")?;
+    scatter_nd_check(&data.shape, idx, &upd.shape)?;
+    Ok(data.clone())
+}
+
+/// `updates` must have shape `indices.shape[:-1] + data.shape[k:]`.
+fn scatter_nd_check(data: &[Dim], idx: &TensorType, upd: &[Dim]) -> Res<()> {
+    let k = nd_index_len(idx, data.len(), 0)?;
+    let mut expected = idx.shape[..idx.rank() - 1].to_vec();
+    expected.extend(data[k..].iter().cloned());
+    let ok = expected.len() == upd.len() && expected.iter().zip(upd).all(|(e, u)| merge_dim(e, u).is_ok());
+    if !ok {
+        bail!(
+            "updates {} must have shape {} (indices {} into data {})",
+            fmt_dims(upd),
+            fmt_dims(&expected),
+            fmt_dims(&idx.shape),
+            fmt_dims(data)
+        );
+    }
+    Ok(())
+}
+
+fn eval_scatter_nd(cx: &EvalCtx, r: ScatterReduction) -> Res<Tensor> {
+    let data = cx.input(0)?;
+    let idx = cx.input(1)?;
+    let upd = cx.input(2)?;
+    expect_index_dtype(idx.dtype(), "indices")?;
+    scatter_nd_check(&dims(data.shape()), &idx.tensor_type(), &dims(upd.shape()))?;
+    let k = idx.shape()[idx.rank() - 1];
+    let slice = numel(&data.shape()[k..]);
+    let offs = nd_offsets(data.shape(), idx, 0, "ScatterND")?;
+    fn go<T: ScatterElem>(
+        v: &[T],
+        upd: &Tensor,
+        offs: &[usize],
+        slice: usize,
+        r: ScatterReduction,
+    ) -> Res<TensorData> {
+        let u = typed::<T>(upd, "updates")?;
+        let mut out = v.to_vec();
+        for (t, &o) in offs.iter().enumerate() {
+            for j in 0..slice {
+                out[o + j] = reduce(r, out[o + j], u[t * slice + j], true);
+            }
+        }
+        Ok(T::wrap(out))
+    }
+    let out = crate::with_data!(data.data(), v => go(v, upd, &offs, slice, r)?);
+    make(data.shape().to_vec(), out)
+}
+
+fn infer_scatter_elements(cx: &InferCtx, axis: i64) -> Res<TensorType> {
+    let data = cx.ty(0)?;
+    let idx = cx.ty(1)?;
+    let upd = cx.ty(2)?;
+    expect_index_dtype(idx.dtype, "indices")?;
+    expect_same_dtype(data.dtype, upd.dtype, "updates")?;
+    let a = norm_axis(axis, data.rank())?;
+    check_elements_shapes(&data.shape, &idx.shape, a)?;
+    let same = idx.rank() == upd.rank()
+        && idx
+            .shape
+            .iter()
+            .zip(&upd.shape)
+            .all(|(x, y)| merge_dim(x, y).is_ok());
+    if !same {
+        bail!("updates {upd} must have the shape of indices {idx}");
+    }
+    Ok(data.clone())
+}
+
+fn eval_scatter_elements(cx: &EvalCtx, axis: i64, r: ScatterReduction) -> Res<Tensor> {
+    let data = cx.input(0)?;
+    let idx = cx.input(1)?;
+    let upd = cx.input(2)?;
+    if idx.shape() != upd.shape() {
+        bail!(
+            "updates {:?} must have the shape of indices {:?}",
+            upd.shape(),
+            idx.shape()
+        );
+    }
+    let a = norm_axis(axis, data.rank())?;
+    let offs = element_offsets(data.shape(), idx, a, "ScatterElements")?;
+    fn go<T: ScatterElem>(v: &[T], upd: &Tensor, offs: &[usize], r: ScatterReduction) -> Res<TensorData> {
+        let u = typed::<T>(upd, "updates")?;
+        let mut out = v.to_vec();
+        for (&o, &y) in offs.iter().zip(u) {
+            out[o] = reduce(r, out[o], y, false);
+        }
+        Ok(T::wrap(out))
+    }
+    let out = crate::with_data!(data.data(), v => go(v, upd, &offs, r)?);
+    make(data.shape().to_vec(), out)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Expand, Tile, Pad.
+
+fn non_negative(v: &[i64], what: &str) -> Res<Vec<usize>> {
+    v.iter()
+        .map(|&x| usize::try_from(x).map_err(|_| OpError(format!("{what} {v:?} has a negative entry"))))
+        .collect()
+}
+
+fn infer_expand(cx: &InferCtx) -> Res<TensorType> {
+    let x = cx.ty(0)?;
+    let shape_ty = cx.ty(1)?;
+    expect_dtype(shape_ty, DType::I64, "the shape input")?;
+    let len = vec_len(shape_ty, "the shape input")?;
+    let shape = match (known_i64s(cx.value(1)), len) {
+        (Some(s), _) => broadcast_dims(&x.shape, &dims(&non_negative(&s, "shape")?))?,
+        (None, Some(n)) => {
+            // The rank is known; a dim is known where the input's is fixed and not 1.
+            let rank = n.max(x.rank());
+            (0..rank)
+                .map(|i| match (i + x.rank()).checked_sub(rank).map(|j| &x.shape[j]) {
+                    Some(Dim::Fixed(d)) if *d != 1 => Dim::Fixed(*d),
+                    _ => Dim::unknown(),
+                })
+                .collect()
+        }
+        (None, None) => bail!("the output rank is unknown: the shape input has an unknown length"),
+    };
+    Ok(TensorType::new(x.dtype, shape))
+}
+
+/// Strides that read `in_shape` broadcast to `out_shape` (0 along broadcast axes).
+fn broadcast_strides(in_shape: &[usize], out_shape: &[usize]) -> Vec<isize> {
+    let off = out_shape.len() - in_shape.len();
+    let s = strides(in_shape);
+    (0..out_shape.len())
+        .map(|i| {
+            if i < off || in_shape[i - off] == 1 {
+                0
+            } else {
+                s[i - off] as isize
+            }
+        })
+        .collect()
+}
+
+fn eval_expand(cx: &EvalCtx) -> Res<Tensor> {
+    let x = cx.input(0)?;
+    let target = non_negative(&int_values(cx.input(1)?, "the shape input")?, "shape")?;
+    let out_shape = broadcast_shapes(x.shape(), &target)?;
+    check_alloc(&out_shape)?;
+    let st = broadcast_strides(x.shape(), &out_shape);
+    fn go<T: Element>(v: &[T], shape: &[usize], st: &[isize]) -> TensorData {
+        T::wrap(strided_copy(v, shape, 0, st))
+    }
+    let data = crate::with_data!(x.data(), v => go(v, &out_shape, &st));
+    make(out_shape, data)
+}
+
+fn tile_dims(input: &[Dim], repeats: &[i64]) -> Res<Vec<Dim>> {
+    if repeats.len() != input.len() {
+        bail!(
+            "repeats {repeats:?} must have one entry per input axis ({})",
+            input.len()
+        );
+    }
+    let reps = non_negative(repeats, "repeats")?;
+    input
+        .iter()
+        .zip(reps)
+        .map(|(d, r)| match (d, r) {
+            (_, 0) => Ok(Dim::Fixed(0)),
+            (_, 1) => Ok(d.clone()),
+            (Dim::Fixed(n), r) => n
+                .checked_mul(r)
+                .map(Dim::Fixed)
+                .ok_or_else(|| OpError(format!("tiling {} by {repeats:?} overflows", fmt_dims(input)))),
+            (Dim::Sym(_), _) => Ok(Dim::unknown()),
+        })
+        .collect()
+}
+
+fn infer_tile(cx: &InferCtx) -> Res<TensorType> {
+    let x = cx.ty(0)?;
+    let reps_ty = cx.ty(1)?;
+    expect_dtype(reps_ty, DType::I64, "repeats")?;
+    if let Some(n) = vec_len(reps_ty, "repeats")? {
+        if n != x.rank() {
+            bail!("repeats has {n} entries for an input of rank {}", x.rank());
+        }
+    }
+    let shape = match known_i64s(cx.value(1)) {
+        Some(r) => tile_dims(&x.shape, &r)?,
+        None => vec![Dim::unknown(); x.rank()],
+    };
+    Ok(TensorType::new(x.dtype, shape))
+}
+
+fn eval_tile(cx: &EvalCtx) -> Res<Tensor> {
+    let x = cx.input(0)?;
+    let reps = int_values(cx.input(1)?, "repeats")?;
+    let out_shape = concrete(tile_dims(&dims(x.shape()), &reps)?)?;
+    check_alloc(&out_shape)?;
+    let maps: Vec<Vec<Option<usize>>> = out_shape
+        .iter()
+        .zip(x.shape())
+        .map(|(&o, &d)| (0..o).map(|i| Some(i % d.max(1))).collect())
+        .collect();
+    fn go<T: Element>(v: &[T], shape: &[usize], maps: &[Vec<Option<usize>>]) -> TensorData {
+        T::wrap(gather_axes(v, shape, maps, T::zero()))
+    }
+    let data = crate::with_data!(x.data(), v => go(v, x.shape(), &maps));
+    make(out_shape, data)
+}
+
+/// Per-axis `(begin, end)` pads of `Pad`, from `pads` and the optional `axes`.
+fn pad_amounts(rank: usize, pads: &[i64], axes: Option<&[i64]>) -> Res<Vec<(i64, i64)>> {
+    let axes: Vec<usize> = match axes {
+        Some(a) => norm_axes(a, rank, false)?,
+        None => (0..rank).collect(),
+    };
+    if pads.len() != 2 * axes.len() {
+        bail!(
+            "pads {pads:?} must have 2 entries per padded axis ({} axes)",
+            axes.len()
+        );
+    }
+    let mut out = vec![(0, 0); rank];
+    for (i, &a) in axes.iter().enumerate() {
+        out[a] = (pads[i], pads[axes.len() + i]);
+    }
+    Ok(out)
+}
+
+fn padded_dim(d: &Dim, (b, e): (i64, i64)) -> Res<Dim> {
+    match d {
+        Dim::Fixed(n) => {
+            let total = *n as i128 + b as i128 + e as i128;
+            if total < 0 {
+                bail!("pads ({b}, {e}) crop more than the extent {n}");
+            }
+            usize::try_from(total)
+                .map(Dim::Fixed)
+                .map_err(|_| OpError(format!("pads ({b}, {e}) make the extent too large")))
+        }
+        Dim::Sym(_) if b == 0 && e == 0 => Ok(d.clone()),
+        Dim::Sym(_) => Ok(Dim::unknown()),
+    }
+}
+
+fn infer_pad(cx: &InferCtx) -> Res<TensorType> {
+    let x = cx.ty(0)?;
+    let pads_ty = cx.ty(1)?;
+    expect_dtype(pads_ty, DType::I64, "pads")?;
+    vec_len(pads_ty, "pads")?;
+    if let Some(v) = cx.opt_ty(2) {
+        expect_same_dtype(x.dtype, v.dtype, "constant_value")?;
+        expect_scalar_like(v, "constant_value")?;
+    }
+    if let Some(a) = cx.opt_ty(3) {
+        expect_index_dtype(a.dtype, "axes")?;
+        vec_len(a, "axes")?;
+    }
+    let axes = match cx.opt_ty(3) {
+        None => Some(None),
+        Some(_) => known_i64s(cx.value(3)).map(Some),
+    };
+    let shape = match (known_i64s(cx.value(1)), axes) {
+        (Some(p), Some(a)) => x
+            .shape
+            .iter()
+            .zip(pad_amounts(x.rank(), &p, a.as_deref())?)
+            .map(|(d, pe)| padded_dim(d, pe))
+            .collect::<Res<_>>()?,
+        _ => vec![Dim::unknown(); x.rank()],
+    };
+    Ok(TensorType::new(x.dtype, shape))
+}
+
+/// Source coordinate for each output coordinate along one axis of extent `d` padded by
+/// `(b, e)`. Negative pads first crop the input; the padding then refers to the cropped
+/// extent (as onnxruntime does). `None` means the constant fill.
+fn pad_axis_map(d: usize, (b, e): (i64, i64), mode: PadMode) -> Res<Vec<Option<usize>>> {
+    let crop_b = (-b).max(0) as i128;
+    let crop_e = (-e).max(0) as i128;
+    let c = d as i128 - crop_b - crop_e;
+    if c < 0 {
+        bail!("pads ({b}, {e}) crop more than the extent {d}");
+    }
+    let (pb, pe) = (b.max(0) as i128, e.max(0) as i128);
+    if c == 0 && (pb > 0 || pe > 0) && mode != PadMode::Constant {
+        bail!("{mode:?} padding needs a non-empty axis");
+    }
+    let out = c + pb + pe;
+    check_alloc(&[out as usize])?;
+    Ok((0..out)
+        .map(|o| {
+            let i = o - pb;
+            let src = if (0..c).contains(&i) {
+                Some(i)
+            } else {
+                match mode {
+                    PadMode::Constant => None,
+                    PadMode::Edge => Some(i.clamp(0, c - 1)),
+                    PadMode::Wrap => Some(i.rem_euclid(c)),
+                    PadMode::Reflect if c == 1 => Some(0),
+                    PadMode::Reflect => {
+                        let period = 2 * (c - 1);
+                        let m = i.rem_euclid(period);
+                        Some(if m >= c { period - m } else { m })
+                    }
+                }
+            };
+            src.map(|s| (s + crop_b) as usize)
+        })
+        .collect())
+}
+
+fn eval_pad(cx: &EvalCtx, mode: PadMode) -> Res<Tensor> {
+    let x = cx.input(0)?;
+    let pads = int_values(cx.input(1)?, "pads")?;
+    let axes = cx.opt_input(3).map(|t| int_values(t, "axes")).transpose()?;
+    let amounts = pad_amounts(x.rank(), &pads, axes.as_deref())?;
+    let maps: Vec<Vec<Option<usize>>> = x
+        .shape()
+        .iter()
+        .zip(&amounts)
+        .map(|(&d, &p)| pad_axis_map(d, p, mode))
+        .collect::<Res<_>>()?;
+    let out_shape: Vec<usize> = maps.iter().map(Vec::len).collect();
+    check_alloc(&out_shape)?;
+    fn go<T: Element>(
+        v: &[T],
+        shape: &[usize],
+        maps: &[Vec<Option<usize>>],
+        fill: Option<&Tensor>,
+    ) -> Res<TensorData> {
+        let fill = match fill {
+            Some(t) => typed::<T>(t, "constant_value")?
+                .first()
+                .copied()
+                .unwrap_or_default(),
+            None => T::zero(),
+        };
+        Ok(T::wrap(gather_axes(v, shape, maps, fill)))
+    }
+    let fill = cx.opt_input(2);
+    let data = crate::with_data!(x.data(), v => go(v, x.shape(), &maps, fill)?);
+    make(out_shape, data)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Range, ConstantOfShape.
+
+fn infer_range(cx: &InferCtx) -> Res<TensorType> {
+    let start = cx.ty(0)?;
+    let ok = start.dtype.is_float() || start.dtype.is_signed_int();
+    if !ok {
+        bail!("Range needs a signed integer or float type, got {}", start.dtype);
+    }
+    for (i, what) in [(0, "start"), (1, "limit"), (2, "delta")] {
+        let t = cx.ty(i)?;
+        expect_scalar_like(t, what)?;
+        if t.dtype != start.dtype {
+            bail!("{what} is {} but start is {}", t.dtype, start.dtype);
+        }
+    }
+    let len = match (cx.value(0), cx.value(1), cx.value(2)) {
+        (Some(s), Some(l), Some(d)) => Dim::Fixed(range_len(s, l, d)?),
+        _ => Dim::unknown(),
+    };
+    Ok(TensorType::new(start.dtype, vec![len]))
+}
+
+fn scalar_f64(t: &Tensor, what: &str) -> Res<f64> {
+    match t.to_f64_vec().as_slice() {
+        [x] => Ok(*x),
+        _ => bail!("{what} must hold exactly one value, got shape {:?}", t.shape()),
+    }
+}
+
+fn ceil_div(a: i128, b: i128) -> i128 {
+    let q = a / b;
+    if a % b != 0 && ((a < 0) == (b < 0)) {
+        q + 1
+    } else {
+        q
+    }
+}
+
+/// `max(ceil((limit - start) / delta), 0)`, exact for integers and in f64 for floats (as
+/// numpy's `arange`, which the ONNX reference uses).
+fn range_len(s: &Tensor, l: &Tensor, d: &Tensor) -> Res<usize> {
+    let n = if s.dtype().is_float() {
+        let (s, l, d) = (
+            scalar_f64(s, "start")?,
+            scalar_f64(l, "limit")?,
+            scalar_f64(d, "delta")?,
+        );
+        if d == 0.0 {
+            bail!("delta cannot be 0");
+        }
+        let n = ((l - s) / d).ceil().max(0.0);
+        if !n.is_finite() {
+            bail!("Range({s}, {l}, {d}) has no finite length");
+        }
+        n as usize
+    } else {
+        let (s, l, d) = (
+            int_scalar(s, "start")?,
+            int_scalar(l, "limit")?,
+            int_scalar(d, "delta")?,
+        );
+        if d == 0 {
+            bail!("delta cannot be 0");
+        }
+        let n = ceil_div(l as i128 - s as i128, d as i128).max(0);
+        usize::try_from(n).map_err(|_| OpError(format!("Range({s}, {l}, {d}) is too long")))?
+    };
+    check_alloc(&[n])?;
+    Ok(n)
+}
+
+/// Elements `start + i * delta`: integers exact, floats computed in f64 and rounded once.
+fn eval_range(cx: &EvalCtx) -> Res<Tensor> {
+    let (s, l, d) = (cx.input(0)?, cx.input(1)?, cx.input(2)?);
+    let dtype = s.dtype();
+    if l.dtype() != dtype || d.dtype() != dtype {
+        bail!("start, limit and delta must have one type");
+    }
+    let n = range_len(s, l, d)?;
+    let data = if dtype.is_float() {
+        let (s, d) = (scalar_f64(s, "start")?, scalar_f64(d, "delta")?);
+        TensorData::from_f64s(dtype, (0..n).map(|i| s + i as f64 * d))
+    } else {
+        let (s, d) = (int_scalar(s, "start")? as i128, int_scalar(d, "delta")? as i128);
+        fn go<T: Element>(s: i128, d: i128, n: usize) -> TensorData {
+            // Every element lies between start and limit, so it fits the type.
+            T::wrap((0..n).map(|i| T::from_i64((s + i as i128 * d) as i64)).collect())
+        }
+        crate::dispatch_dtype!(dtype, T => go::<T>(s, d, n))
+    };
+    make(vec![n], data)
+}
+
+fn infer_constant_of_shape(cx: &InferCtx, value: &Tensor) -> Res<TensorType> {
+    if value.len() != 1 {
+        bail!(
+            "value must hold exactly one element, got shape {:?}",
+            value.shape()
+        );
+    }
+    let shape_ty = cx.ty(0)?;
+    expect_dtype(shape_ty, DType::I64, "the shape input")?;
+    let len = vec_len(shape_ty, "the shape input")?;
+    let shape = match (known_i64s(cx.value(0)), len) {
+        (Some(s), _) => dims(&non_negative(&s, "shape")?),
+        (None, Some(n)) => vec![Dim::unknown(); n],
+        (None, None) => bail!("the output rank is unknown: the shape input has an unknown length"),
+    };
+    Ok(TensorType::new(value.dtype(), shape))
+}
+
+fn eval_constant_of_shape(cx: &EvalCtx, value: &Tensor) -> Res<Tensor> {
+    let shape = non_negative(&int_values(cx.input(0)?, "the shape input")?, "shape")?;
+    let n = check_alloc(&shape)?;
+    fn go<T: Element>(v: &[T], n: usize) -> Res<TensorData> {
+        match v {
+            [x] => Ok(T::wrap(vec![*x; n])),
+            _ => bail!("value must hold exactly one element"),
+        }
+    }
+    let data = crate::with_data!(value.data(), v => go(v, n)?);
+    make(shape, data)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Trilu, NonZero, OneHot, EyeLike.
+
+fn infer_trilu(cx: &InferCtx) -> Res<TensorType> {
+    let x = cx.ty(0)?;
+    if x.rank() < 2 {
+        bail!("Trilu needs rank >= 2, got {x}");
+    }
+    if let Some(k) = cx.opt_ty(1) {
+        expect_dtype(k, DType::I64, "k")?;
+        expect_scalar_like(k, "k")?;
+    }
+    Ok(x.clone())
+}
+
+fn eval_trilu(cx: &EvalCtx, upper: bool) -> Res<Tensor> {
+    let x = cx.input(0)?;
+    if x.rank() < 2 {
+        bail!("Trilu needs rank >= 2, got shape {:?}", x.shape());
+    }
+    let k = cx
+        .opt_input(1)
+        .map(|t| int_scalar(t, "k"))
+        .transpose()?
+        .unwrap_or(0);
+    let (rows, cols) = (x.shape()[x.rank() - 2], x.shape()[x.rank() - 1]);
+    fn go<T: Element>(v: &[T], rows: usize, cols: usize, k: i64, upper: bool) -> TensorData {
+        let keep = |i: usize, j: usize| {
+            let diff = j as i128 - i as i128;
+            if upper {
+                diff >= k as i128
+            } else {
+                diff <= k as i128
+            }
+        };
+        let out = v
+            .iter()
+            .enumerate()
+            .map(|(f, &x)| {
+                let (i, j) = ((f / cols) % rows, f % cols);
+                if keep(i, j) {
+                    x
+                } else {
+                    T::zero()
+                }
+            })
+            .collect();
+        T::wrap(out)
+    }
+    if rows == 0 || cols == 0 {
+        return Ok(x.clone());
+    }
+    let data = crate::with_data!(x.data(), v => go(v, rows, cols, k, upper));
+    make(x.shape().to_vec(), data)
+}
+
+/// Coordinates of the non-zero elements, `[rank, nnz]` (a scalar counts as 1-D).
+fn eval_nonzero(x: &Tensor) -> Res<Tensor> {
+    let shape: Vec<usize> = if x.rank() == 0 {
+        vec![1]
+    } else {
+        x.shape().to_vec()
+    };
+    fn go<T: Element>(v: &[T]) -> Vec<usize> {
+        v.iter()
+            .enumerate()
+            .filter(|(_, &x)| x != T::zero())
+            .map(|(i, _)| i)
+            .collect()
+    }
+    let flat = crate::with_data!(x.data(), v => go(v));
+    let nnz = flat.len();
+    let st = strides(&shape);
+    let mut out = vec![0i64; shape.len() * nnz];
+    for (n, &f) in flat.iter().enumerate() {
+        for (a, (&s, &d)) in st.iter().zip(&shape).enumerate() {
+            out[a * nnz + n] = ((f / s) % d) as i64;
+        }
+    }
+    make(vec![shape.len(), nnz], TensorData::I64(out))
+}
+
+fn infer_one_hot(cx: &InferCtx, axis: i64) -> Res<TensorType> {
+    let idx = cx.ty(0)?;
+    let depth = cx.ty(1)?;
+    let values = cx.ty(2)?;
+    if idx.dtype == DType::Bool || depth.dtype == DType::Bool {
+        bail!("indices and depth must be numeric");
+    }
+    expect_scalar_like(depth, "depth")?;
+    if values.rank() != 1 || matches!(values.shape[0], Dim::Fixed(n) if n != 2) {
+        bail!("values must be [off_value, on_value], got {values}");
+    }
+    let a = norm_axis_inclusive(axis, idx.rank())?;
+    let d = match cx.value(1) {
+        Some(t) => Dim::Fixed(one_hot_depth(t)?),
+        None => Dim::unknown(),
+    };
+    let mut shape = idx.shape.clone();
+    shape.insert(a, d);
+    Ok(TensorType::new(values.dtype, shape))
+}
+
+/// The depth as an extent; non-integer depths truncate, as the ONNX spec says.
+fn one_hot_depth(t: &Tensor) -> Res<usize> {
+    let d = scalar_f64(t, "depth")?.trunc();
+    if !(0.0..=(1u64 << 40) as f64).contains(&d) {
+        bail!("depth {d} is not a valid extent");
+    }
+    Ok(d as usize)
+}
+
+fn eval_one_hot(cx: &EvalCtx, axis: i64) -> Res<Tensor> {
+    let idx = cx.input(0)?;
+    let depth = one_hot_depth(cx.input(1)?)?;
+    let values = cx.input(2)?;
+    if values.len() != 2 {
+        bail!(
+            "values must be [off_value, on_value], got shape {:?}",
+            values.shape()
+        );
+    }
+    let a = norm_axis_inclusive(axis, idx.rank())?;
+    let mut shape = idx.shape().to_vec();
+    shape.insert(a, depth);
+    check_alloc(&shape)?;
+    let inner = numel(&idx.shape()[a..]);
+    // Position of each index on the new axis; out-of-range (and non-integral) ones match no
+    // position and leave the row all off_value.
+    let pos: Vec<Option<usize>> = idx
+        .to_f64_vec()
+        .into_iter()
+        .map(|v| {
+            let v = if v < 0.0 { v + depth as f64 } else { v };
+            (v >= 0.0 && v < depth as f64 && v.fract() == 0.0).then_some(v as usize)
+        })
+        .collect();
+    fn go<T: Element>(vals: &[T], pos: &[Option<usize>], n: usize, depth: usize, inner: usize) -> TensorData {
+        let (off, on) = (vals[0], vals[1]);
+        let mut out = vec![off; n];
+        for (f, p) in pos.iter().enumerate() {
+            if let Some(p) = p {
+                let (o, i) = (f / inner.max(1), f % inner.max(1));
+                out[(o * depth + p) * inner + i] = on;
+            }
+        }
+        T::wrap(out)
+    }
+    let n = numel(&shape);
+    let data = crate::with_data!(values.data(), v => go(v, &pos, n, depth, inner));
+    make(shape, data)
+}
+
+fn infer_eye_like(cx: &InferCtx, dtype: Option<DType>) -> Res<TensorType> {
+    let x = cx.ty(0)?;
+    if x.rank() != 2 {
+        bail!("EyeLike needs a 2-D input, got {x}");
+    }
+    Ok(TensorType::new(dtype.unwrap_or(x.dtype), x.shape.clone()))
+}
+
+fn eval_eye_like(cx: &EvalCtx, dtype: Option<DType>, k: i64) -> Res<Tensor> {
+    let x = cx.input(0)?;
+    if x.rank() != 2 {
+        bail!("EyeLike needs a 2-D input, got shape {:?}", x.shape());
+    }
+    let (rows, cols) = (x.shape()[0], x.shape()[1]);
+    fn go<T: Element>(rows: usize, cols: usize, k: i64) -> TensorData {
+        let mut out = vec![T::zero(); rows * cols];
+        for i in 0..rows {
+            let j = i as i128 + k as i128;
+            if (0..cols as i128).contains(&j) {
+                out[i * cols + j as usize] = T::one();
+            }
+        }
+        T::wrap(out)
+    }
+    let data = crate::dispatch_dtype!(dtype.unwrap_or(x.dtype()), T => go::<T>(rows, cols, k));
+    make(vec![rows, cols], data)
 }
