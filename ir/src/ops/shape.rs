@@ -432,22 +432,40 @@ fn infer_minus_one(input: &[Dim], out: &[Dim], k: usize, spec: &[i64]) -> Res<Di
             None => i += 1,
         }
     }
-    let owned = |v: Vec<&Dim>| v.into_iter().cloned().collect::<Vec<Dim>>();
-    let (num, den) = (dim_product(&owned(num))?, dim_product(&owned(den))?);
-    match (num, den) {
-        (Dim::Fixed(_), Dim::Fixed(0)) => {
-            bail!("cannot infer the -1 in shape {spec:?}: the other dims have no elements")
-        }
-        (Dim::Fixed(a), Dim::Fixed(b)) if a % b != 0 => {
+    let (nf, ns) = fixed_and_symbols(&num)?;
+    let (df, ds) = fixed_and_symbols(&den)?;
+    if df == 0 {
+        bail!("cannot infer the -1 in shape {spec:?}: the other dims have no elements");
+    }
+    Ok(match (ns.as_slice(), ds.as_slice()) {
+        ([], []) if nf % df != 0 => {
             bail!(
-                "cannot reshape {} into {spec:?}: {a} elements do not divide by {b}",
+                "cannot reshape {} into {spec:?}: {nf} elements do not divide by {df}",
                 fmt_dims(input)
             )
         }
-        (Dim::Fixed(a), Dim::Fixed(b)) => Ok(Dim::Fixed(a / b)),
-        (sym @ Dim::Sym(_), Dim::Fixed(1)) => Ok(sym),
-        _ => Ok(Dim::unknown()),
+        ([], []) => Dim::Fixed(nf / df),
+        ([s], []) if nf == df => (*s).clone(),
+        _ if nf == 0 => Dim::Fixed(0),
+        _ => Dim::unknown(),
+    })
+}
+
+/// The product of the fixed dims and the list of symbolic ones.
+fn fixed_and_symbols<'a>(ds: &[&'a Dim]) -> Res<(usize, Vec<&'a Dim>)> {
+    let mut fixed = 1usize;
+    let mut syms = vec![];
+    for d in ds {
+        match d {
+            Dim::Fixed(n) => {
+                fixed = fixed
+                    .checked_mul(*n)
+                    .ok_or_else(|| OpError("shape has too many elements".into()))?
+            }
+            Dim::Sym(_) => syms.push(*d),
+        }
     }
+    Ok((fixed, syms))
 }
 
 fn infer_reshape(cx: &InferCtx, allow_zero: bool) -> Res<TensorType> {
@@ -753,11 +771,11 @@ fn split_sizes(
     if n_out == 0 {
         bail!("Split needs at least one output");
     }
-    if num_outputs.is_none() && dim % n_out != 0 {
-        bail!("an axis of extent {dim} cannot be split into {n_out} equal parts");
-    }
     // `num_outputs` (opset 18): chunks of ceil(dim / n), the last one smaller.
     let chunk = dim.div_ceil(n_out);
+    if num_outputs.is_none() && chunk * n_out != dim {
+        bail!("an axis of extent {dim} cannot be split into {n_out} equal parts");
+    }
     let last = dim as i64 - (chunk * (n_out - 1)) as i64;
     if last < 0 {
         bail!("an axis of extent {dim} cannot be split into {n_out} chunks of {chunk}");
@@ -1149,9 +1167,8 @@ fn gather_nd_dims(data: &[Dim], idx: &TensorType, b: usize) -> Res<Vec<Dim>> {
         bail!("batch_dims {b} must be less than the ranks of data and indices");
     }
     let k = nd_index_len(idx, data.len(), b)?;
-    for i in 0..b {
-        merge_dim(&data[i], &idx.shape[i])
-            .map_err(|e| OpError(format!("batch dim {i} of data and indices differ: {e}")))?;
+    for (i, (d, x)) in data.iter().zip(&idx.shape).take(b).enumerate() {
+        merge_dim(d, x).map_err(|e| OpError(format!("batch dim {i} of data and indices differ: {e}")))?;
     }
     let mut out = idx.shape[..q - 1].to_vec();
     out.extend(data[b + k..].iter().cloned());
@@ -1174,11 +1191,7 @@ fn nd_offsets(data_shape: &[usize], idx: &Tensor, b: usize, what: &str) -> Res<V
     let k = idx.shape().last().copied().unwrap_or(0);
     let vals = idx.to_i64_vec();
     let ds = strides(data_shape);
-    let tuples = if k == 0 {
-        numel(&idx.shape()[..idx.rank().saturating_sub(1)])
-    } else {
-        vals.len() / k
-    };
+    let tuples = numel(&idx.shape()[..idx.rank() - 1]);
     let per_batch = numel(&idx.shape()[b..idx.rank() - 1]).max(1);
     let batch_stride = if b == 0 { 0 } else { ds[b - 1] };
     let mut out = Vec::with_capacity(tuples);
@@ -1589,22 +1602,20 @@ fn infer_pad(cx: &InferCtx) -> Res<TensorType> {
 }
 
 /// Source coordinate for each output coordinate along one axis of extent `d` padded by
-/// `(b, e)`. Negative pads first crop the input; the padding then refers to the cropped
-/// extent (as onnxruntime does). `None` means the constant fill.
-fn pad_axis_map(d: usize, (b, e): (i64, i64), mode: PadMode) -> Res<Vec<Option<usize>>> {
-    let crop_b = (-b).max(0) as i128;
-    let crop_e = (-e).max(0) as i128;
+/// `(b, e)` to `out` (= d + b + e, already checked). Negative pads first crop the input; the
+/// padding then refers to the cropped extent (as onnxruntime does). `None` is the fill value.
+fn pad_axis_map(d: usize, (b, e): (i64, i64), out: usize, mode: PadMode) -> Res<Vec<Option<usize>>> {
+    let crop_b = (-(b as i128)).max(0);
+    let crop_e = (-(e as i128)).max(0);
     let c = d as i128 - crop_b - crop_e;
     if c < 0 {
         bail!("pads ({b}, {e}) crop more than the extent {d}");
     }
-    let (pb, pe) = (b.max(0) as i128, e.max(0) as i128);
-    if c == 0 && (pb > 0 || pe > 0) && mode != PadMode::Constant {
+    let pb = (b as i128).max(0);
+    if c == 0 && out > 0 && mode != PadMode::Constant {
         bail!("{mode:?} padding needs a non-empty axis");
     }
-    let out = c + pb + pe;
-    check_alloc(&[out as usize])?;
-    Ok((0..out)
+    Ok((0..out as i128)
         .map(|o| {
             let i = o - pb;
             let src = if (0..c).contains(&i) {
@@ -1616,6 +1627,8 @@ fn pad_axis_map(d: usize, (b, e): (i64, i64), mode: PadMode) -> Res<Vec<Option<u
                     PadMode::Wrap => Some(i.rem_euclid(c)),
                     PadMode::Reflect if c == 1 => Some(0),
                     PadMode::Reflect => {
+                        // Mirror without repeating the edge: a triangle wave of period 2(c-1),
+                        // which is also what numpy gives for pads wider than the axis.
                         let period = 2 * (c - 1);
                         let m = i.rem_euclid(period);
                         Some(if m >= c { period - m } else { m })
@@ -1632,14 +1645,21 @@ fn eval_pad(cx: &EvalCtx, mode: PadMode) -> Res<Tensor> {
     let pads = int_values(cx.input(1)?, "pads")?;
     let axes = cx.opt_input(3).map(|t| int_values(t, "axes")).transpose()?;
     let amounts = pad_amounts(x.rank(), &pads, axes.as_deref())?;
+    let out_dims = x
+        .shape()
+        .iter()
+        .zip(&amounts)
+        .map(|(&d, &p)| padded_dim(&Dim::Fixed(d), p))
+        .collect::<Res<_>>()?;
+    let out_shape = concrete(out_dims)?;
+    check_alloc(&out_shape)?;
     let maps: Vec<Vec<Option<usize>>> = x
         .shape()
         .iter()
         .zip(&amounts)
-        .map(|(&d, &p)| pad_axis_map(d, p, mode))
+        .zip(&out_shape)
+        .map(|((&d, &p), &o)| pad_axis_map(d, p, o, mode))
         .collect::<Res<_>>()?;
-    let out_shape: Vec<usize> = maps.iter().map(Vec::len).collect();
-    check_alloc(&out_shape)?;
     fn go<T: Element>(
         v: &[T],
         shape: &[usize],
@@ -1964,4 +1984,522 @@ fn eval_eye_like(cx: &EvalCtx, dtype: Option<DType>, k: i64) -> Res<Tensor> {
     }
     let data = crate::dispatch_dtype!(dtype.unwrap_or(x.dtype()), T => go::<T>(rows, cols, k));
     make(vec![rows, cols], data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::util::unravel;
+
+    fn sym(s: &str) -> Dim {
+        Dim::Sym(s.into())
+    }
+
+    fn i64s(v: &[i64]) -> Tensor {
+        Tensor::from_vec(vec![v.len()], v.to_vec())
+    }
+
+    fn f32s(shape: &[usize], v: &[f32]) -> Tensor {
+        Tensor::from_vec(shape.to_vec(), v.to_vec())
+    }
+
+    fn iota(shape: &[usize]) -> Tensor {
+        let n = numel(shape);
+        Tensor::from_vec(shape.to_vec(), (0..n as i64).collect())
+    }
+
+    /// Infers with every input value known, evaluates, and checks that the evaluated shapes
+    /// and dtypes agree with the inferred types.
+    fn run_n(op: &Op, inputs: &[Option<&Tensor>], n_out: usize) -> Res<Vec<Tensor>> {
+        let types: Vec<Option<TensorType>> = inputs.iter().map(|t| t.map(Tensor::tensor_type)).collect();
+        let icx = InferCtx {
+            inputs: types.iter().map(Option::as_ref).collect(),
+            values: inputs.to_vec(),
+            num_outputs: n_out,
+        };
+        let out_types = infer(op, &icx)?;
+        let ecx = EvalCtx {
+            inputs: inputs.to_vec(),
+            out_types: &out_types,
+        };
+        let outs = eval(op, &ecx)?;
+        for (t, ty) in outs.iter().zip(&out_types) {
+            assert_eq!(t.dtype(), ty.dtype);
+            assert_eq!(t.rank(), ty.rank(), "{op:?}: {ty} vs {:?}", t.shape());
+            for (&d, td) in t.shape().iter().zip(&ty.shape) {
+                if let Dim::Fixed(n) = td {
+                    assert_eq!(d, *n, "{op:?}: inferred {ty}, evaluated {:?}", t.shape());
+                }
+            }
+        }
+        Ok(outs)
+    }
+
+    fn run(op: &Op, inputs: &[&Tensor]) -> Res<Tensor> {
+        let ins: Vec<Option<&Tensor>> = inputs.iter().map(|t| Some(*t)).collect();
+        Ok(run_n(op, &ins, 1)?.remove(0))
+    }
+
+    /// Infers with the given types and no known values beyond `values`.
+    fn infer_types(op: &Op, types: &[TensorType], values: &[Option<&Tensor>]) -> Res<TensorType> {
+        let icx = InferCtx {
+            inputs: types.iter().map(Some).collect(),
+            values: (0..types.len())
+                .map(|i| values.get(i).copied().flatten())
+                .collect(),
+            num_outputs: 1,
+        };
+        Ok(infer(op, &icx)?.remove(0))
+    }
+
+    fn vals(t: &Tensor) -> Vec<i64> {
+        t.to_i64_vec()
+    }
+
+    #[test]
+    fn reshape_cancels_symbols_and_copies_zeros() {
+        let x = TensorType::new(DType::F32, vec![sym("batch"), 3.into(), 4.into()]);
+        let s = i64s(&[0, -1]);
+        let t = infer_types(
+            &Op::Reshape { allow_zero: false },
+            &[x.clone(), s.tensor_type()],
+            &[None, Some(&s)],
+        );
+        assert_eq!(t.unwrap().shape, vec![sym("batch"), 12.into()]);
+        let s = i64s(&[-1, 12]);
+        let t = infer_types(
+            &Op::Reshape { allow_zero: false },
+            &[x.clone(), s.tensor_type()],
+            &[None, Some(&s)],
+        );
+        assert_eq!(t.unwrap().shape, vec![sym("batch"), 12.into()]);
+        let s = i64s(&[-1, 5]);
+        let t = infer_types(
+            &Op::Reshape { allow_zero: false },
+            &[x, s.tensor_type()],
+            &[None, Some(&s)],
+        );
+        assert_eq!(t.unwrap().shape, vec![Dim::unknown(), 5.into()]);
+    }
+
+    #[test]
+    fn reshape_rules() {
+        let x = iota(&[2, 3, 4]);
+        let r = |spec: &[i64], allow_zero| run(&Op::Reshape { allow_zero }, &[&x, &i64s(spec)]);
+        assert_eq!(r(&[4, -1], false).unwrap().shape(), &[4, 6]);
+        assert_eq!(r(&[0, 0, -1], false).unwrap().shape(), &[2, 3, 4]);
+        assert!(r(&[-1, -1], false).is_err());
+        assert!(r(&[5, -1], false).is_err());
+        assert!(r(&[0, -1], true).is_err());
+        assert!(r(&[7, 3], false).is_err());
+        // allowzero: a 0 is a real zero extent.
+        let e = Tensor::zeros(DType::F32, vec![0, 3]);
+        let t = run(&Op::Reshape { allow_zero: true }, &[&e, &i64s(&[3, 0])]).unwrap();
+        assert_eq!(t.shape(), &[3, 0]);
+        assert!(run(&Op::Reshape { allow_zero: true }, &[&e, &i64s(&[0, -1])]).is_err());
+    }
+
+    #[test]
+    fn transpose_matches_naive_for_every_permutation() {
+        let shape = [2, 3, 4, 5];
+        let x = iota(&shape);
+        let perms = [
+            [0, 1, 2, 3],
+            [3, 2, 1, 0],
+            [1, 3, 0, 2],
+            [2, 0, 3, 1],
+            [0, 2, 1, 3],
+        ];
+        for perm in perms {
+            let t = run(&Op::Transpose { perm: perm.to_vec() }, &[&x]).unwrap();
+            let out_shape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
+            assert_eq!(t.shape(), out_shape.as_slice());
+            for (f, &v) in vals(&t).iter().enumerate() {
+                let o = unravel(f, &out_shape);
+                let mut i = [0; 4];
+                for (a, &p) in perm.iter().enumerate() {
+                    i[p] = o[a];
+                }
+                assert_eq!(v, crate::ops::util::ravel(&i, &shape) as i64);
+            }
+        }
+        let b = Tensor::from_vec(vec![2, 2], vec![true, false, false, false]);
+        let t = run(&Op::Transpose { perm: vec![1, 0] }, &[&b]).unwrap();
+        assert_eq!(t.as_slice::<bool>().unwrap(), &[true, false, false, false]);
+        assert!(run(&Op::Transpose { perm: vec![0, 0] }, &[&b]).is_err());
+    }
+
+    #[test]
+    fn slice_clamping_and_negative_steps() {
+        assert_eq!(slice_range(10, 2, 7, 2).unwrap(), (2, 3));
+        assert_eq!(slice_range(10, -1, i64::MIN, -1).unwrap(), (9, 10));
+        assert_eq!(slice_range(10, 20, 0, -3).unwrap(), (9, 3));
+        assert_eq!(slice_range(10, 0, i64::MAX, 1).unwrap(), (0, 10));
+        assert_eq!(slice_range(10, i64::MIN, i64::MAX, i64::MAX).unwrap(), (0, 1));
+        assert_eq!(slice_range(10, 5, 5, 1).unwrap().1, 0);
+        assert_eq!(slice_range(0, -1, i64::MIN, -1).unwrap().1, 0);
+        assert!(slice_range(3, 0, 3, 0).is_err());
+
+        let x = iota(&[3, 4]);
+        let t = run(
+            &Op::Slice,
+            &[
+                &x,
+                &i64s(&[-1, 3]),
+                &i64s(&[i64::MIN, 0]),
+                &i64s(&[0, 1]),
+                &i64s(&[-2, -2]),
+            ],
+        );
+        let t = t.unwrap();
+        assert_eq!(t.shape(), &[2, 2]);
+        assert_eq!(vals(&t), vec![11, 9, 3, 1]);
+        // Symbolic dims: the full range keeps the dim, anything else is unknown.
+        let ty = TensorType::new(DType::F32, vec![sym("n"), sym("m")]);
+        let (s, e, a) = (i64s(&[0, 1]), i64s(&[i64::MAX, 2]), i64s(&[0, 1]));
+        let types = [ty, s.tensor_type(), e.tensor_type(), a.tensor_type()];
+        let t = infer_types(&Op::Slice, &types, &[None, Some(&s), Some(&e), Some(&a)]).unwrap();
+        assert_eq!(t.shape, vec![sym("n"), Dim::unknown()]);
+        // Duplicate axes are rejected.
+        assert!(run(&Op::Slice, &[&x, &i64s(&[0, 0]), &i64s(&[1, 1]), &i64s(&[1, -1])]).is_err());
+    }
+
+    #[test]
+    fn pad_modes_match_numpy() {
+        let x = i64s(&[1, 2, 3]);
+        let pad = |mode, pads: &[i64]| vals(&run(&Op::Pad { mode }, &[&x, &i64s(pads)]).unwrap());
+        // np.pad([1,2,3], (7,7), 'reflect') and 'wrap'.
+        assert_eq!(
+            pad(PadMode::Reflect, &[7, 7]),
+            vec![2, 3, 2, 1, 2, 3, 2, 1, 2, 3, 2, 1, 2, 3, 2, 1, 2]
+        );
+        assert_eq!(
+            pad(PadMode::Wrap, &[7, 7]),
+            vec![3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1]
+        );
+        assert_eq!(pad(PadMode::Edge, &[2, 1]), vec![1, 1, 1, 2, 3, 3]);
+        assert_eq!(pad(PadMode::Constant, &[1, -1]), vec![0, 1, 2]);
+        // Negative pads crop first; reflection is then about the cropped extent.
+        assert_eq!(pad(PadMode::Reflect, &[-1, 1]), vec![2, 3, 2]);
+        let fill = Tensor::scalar(9i64);
+        let t = run(
+            &Op::Pad {
+                mode: PadMode::Constant,
+            },
+            &[&x, &i64s(&[0, 2]), &fill],
+        )
+        .unwrap();
+        assert_eq!(vals(&t), vec![1, 2, 3, 9, 9]);
+        assert!(run(
+            &Op::Pad {
+                mode: PadMode::Constant
+            },
+            &[&x, &i64s(&[-2, -2])]
+        )
+        .is_err());
+        let e = Tensor::zeros(DType::I64, vec![0]);
+        assert!(run(&Op::Pad { mode: PadMode::Edge }, &[&e, &i64s(&[1, 0])]).is_err());
+        assert!(run(
+            &Op::Pad {
+                mode: PadMode::Constant
+            },
+            &[&x, &i64s(&[i64::MAX, i64::MAX])]
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn pad_with_axes() {
+        let x = iota(&[2, 2]);
+        let t = run(
+            &Op::Pad {
+                mode: PadMode::Constant,
+            },
+            &[&x, &i64s(&[1, 0]), &Tensor::scalar(7i64), &i64s(&[-1])],
+        );
+        assert_eq!(vals(&t.unwrap()), vec![7, 0, 1, 7, 2, 3]);
+    }
+
+    #[test]
+    fn gather_wraps_negative_and_rejects_out_of_range() {
+        let x = iota(&[3, 2]);
+        let t = run(
+            &Op::Gather { axis: 0 },
+            &[&x, &Tensor::from_vec(vec![2], vec![-1i32, 0])],
+        )
+        .unwrap();
+        assert_eq!(vals(&t), vec![4, 5, 0, 1]);
+        let t = run(&Op::Gather { axis: 1 }, &[&x, &Tensor::scalar(1i64)]).unwrap();
+        assert_eq!((t.shape(), vals(&t)), (&[3usize][..], vec![1, 3, 5]));
+        assert!(run(&Op::Gather { axis: 0 }, &[&x, &i64s(&[3])]).is_err());
+        assert!(run(&Op::Gather { axis: 0 }, &[&x, &i64s(&[-4])]).is_err());
+        let idx = Tensor::from_vec(vec![3, 1], vec![1i32, 0, -1]);
+        let t = run(&Op::GatherElements { axis: 1 }, &[&x, &idx]).unwrap();
+        assert_eq!(vals(&t), vec![1, 2, 5]);
+        assert!(run(
+            &Op::GatherElements { axis: 1 },
+            &[&x, &i64s(&[2]).reshaped(vec![1, 1]).unwrap()]
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn gather_nd_with_batch_dims() {
+        // onnx example: data [2,2,2], indices [[1],[0]], batch_dims=1 -> [[2,3],[4,5]].
+        let data = iota(&[2, 2, 2]);
+        let idx = Tensor::from_vec(vec![2, 1], vec![1i64, 0]);
+        let t = run(&Op::GatherND { batch_dims: 1 }, &[&data, &idx]).unwrap();
+        assert_eq!((t.shape(), vals(&t)), (&[2usize, 2][..], vec![2, 3, 4, 5]));
+        let idx = Tensor::from_vec(vec![2, 2], vec![0i64, 1, -1, 0]);
+        let t = run(&Op::GatherND { batch_dims: 0 }, &[&data, &idx]).unwrap();
+        assert_eq!(vals(&t), vec![2, 3, 4, 5]);
+        let bad = Tensor::from_vec(vec![1, 2], vec![0i64, 2]);
+        assert!(run(&Op::GatherND { batch_dims: 0 }, &[&data, &bad]).is_err());
+    }
+
+    #[test]
+    fn scatter_reductions() {
+        let data = f32s(&[4], &[1.0, 2.0, 3.0, 4.0]);
+        let idx = Tensor::from_vec(vec![3, 1], vec![1i64, 1, -1]);
+        let upd = f32s(&[3], &[10.0, 20.0, 0.5]);
+        let nd = |reduction| {
+            run(&Op::ScatterND { reduction }, &[&data, &idx, &upd])
+                .unwrap()
+                .to_f64_vec()
+        };
+        assert_eq!(nd(ScatterReduction::None), vec![1.0, 20.0, 3.0, 0.5]);
+        assert_eq!(nd(ScatterReduction::Add), vec![1.0, 32.0, 3.0, 4.5]);
+        assert_eq!(nd(ScatterReduction::Mul), vec![1.0, 400.0, 3.0, 2.0]);
+        assert_eq!(nd(ScatterReduction::Max), vec![1.0, 20.0, 3.0, 4.0]);
+        assert_eq!(nd(ScatterReduction::Min), vec![1.0, 2.0, 3.0, 0.5]);
+        let bad = Tensor::from_vec(vec![1, 1], vec![4i64]);
+        let one = f32s(&[1], &[0.0]);
+        assert!(run(
+            &Op::ScatterND {
+                reduction: ScatterReduction::None
+            },
+            &[&data, &bad, &one]
+        )
+        .is_err());
+
+        // Integers wrap like numpy.
+        let d = Tensor::from_vec(vec![2], vec![250u8, 1]);
+        let i = Tensor::from_vec(vec![2], vec![0i32, 0]);
+        let u = Tensor::from_vec(vec![2], vec![3u8, 4]);
+        let op = Op::ScatterElements {
+            axis: 0,
+            reduction: ScatterReduction::Add,
+        };
+        assert_eq!(
+            run(&op, &[&d, &i, &u]).unwrap().as_slice::<u8>().unwrap(),
+            &[1, 1]
+        );
+        let bad = Tensor::from_vec(vec![2], vec![0i32, -3]);
+        assert!(run(&op, &[&d, &bad, &u]).is_err());
+    }
+
+    #[test]
+    fn scatter_max_nan_semantics() {
+        let nan = f32::NAN;
+        assert!(reduce(ScatterReduction::Max, 1.0f32, nan, true).is_nan());
+        assert_eq!(reduce(ScatterReduction::Max, 1.0f32, nan, false), 1.0);
+        assert!(reduce(ScatterReduction::Min, nan, 1.0f32, false).is_nan());
+    }
+
+    #[test]
+    fn split_sizes_rules() {
+        assert_eq!(split_sizes(5, None, 3, Some(3)).unwrap(), vec![2, 2, 1]);
+        assert_eq!(split_sizes(6, None, 3, None).unwrap(), vec![2, 2, 2]);
+        assert!(split_sizes(5, None, 3, None).is_err());
+        assert!(split_sizes(5, None, 4, Some(4)).is_err());
+        assert_eq!(split_sizes(5, Some(&[0, 5]), 2, None).unwrap(), vec![0, 5]);
+        assert!(split_sizes(5, Some(&[1, 5]), 2, None).is_err());
+        assert!(split_sizes(5, Some(&[-1, 6]), 2, None).is_err());
+        let x = iota(&[2, 5]);
+        let outs = run_n(
+            &Op::Split {
+                axis: -1,
+                num_outputs: None,
+            },
+            &[Some(&x), Some(&i64s(&[2, 3]))],
+            2,
+        )
+        .unwrap();
+        assert_eq!(vals(&outs[0]), vec![0, 1, 5, 6]);
+        assert_eq!(vals(&outs[1]), vec![2, 3, 4, 7, 8, 9]);
+    }
+
+    #[test]
+    fn expand_and_tile() {
+        let x = TensorType::new(DType::F32, vec![sym("b"), 1.into()]);
+        let s = i64s(&[1, 5]);
+        let t = infer_types(&Op::Expand, &[x, s.tensor_type()], &[None, Some(&s)]).unwrap();
+        assert_eq!(t.shape, vec![sym("b"), 5.into()]);
+        let x = i64s(&[1, 2]).reshaped(vec![2, 1]).unwrap();
+        let t = run(&Op::Expand, &[&x, &i64s(&[2, 1, 3])]).unwrap();
+        assert_eq!(
+            (t.shape(), vals(&t)),
+            (&[2usize, 2, 3][..], vec![1, 1, 1, 2, 2, 2, 1, 1, 1, 2, 2, 2])
+        );
+        assert!(run(&Op::Expand, &[&x, &i64s(&[3, 1])]).is_err());
+        let t = run(&Op::Tile, &[&x, &i64s(&[2, 2])]).unwrap();
+        assert_eq!(vals(&t), vec![1, 1, 2, 2, 1, 1, 2, 2]);
+        assert!(run(&Op::Tile, &[&x, &i64s(&[1 << 40, 1 << 40])]).is_err());
+    }
+
+    #[test]
+    fn squeeze_and_unsqueeze() {
+        let x = iota(&[1, 3, 1]);
+        assert_eq!(run(&Op::Squeeze, &[&x]).unwrap().shape(), &[3]);
+        assert_eq!(run(&Op::Squeeze, &[&x, &i64s(&[-1])]).unwrap().shape(), &[1, 3]);
+        assert!(run(&Op::Squeeze, &[&x, &i64s(&[1])]).is_err());
+        let t = run(&Op::Unsqueeze, &[&x, &i64s(&[4, 0])]).unwrap();
+        assert_eq!(t.shape(), &[1, 1, 3, 1, 1]);
+        assert!(run(&Op::Unsqueeze, &[&x, &i64s(&[0, -5])]).is_err());
+        let sx = TensorType::new(DType::F32, vec![sym("b"), 3.into()]);
+        assert!(infer_types(&Op::Squeeze, &[sx], &[]).is_err());
+    }
+
+    #[test]
+    fn range_lengths() {
+        let r = |s: i64, l: i64, d: i64| {
+            vals(
+                &run(
+                    &Op::Range,
+                    &[&Tensor::scalar(s), &Tensor::scalar(l), &Tensor::scalar(d)],
+                )
+                .unwrap(),
+            )
+        };
+        assert_eq!(r(10, 4, -2), vec![10, 8, 6]);
+        assert_eq!(r(3, 9, 3), vec![3, 6]);
+        assert_eq!(r(3, 3, 1), Vec::<i64>::new());
+        assert_eq!(r(5, 0, 1), Vec::<i64>::new());
+        assert_eq!(r(i64::MIN, i64::MAX, i64::MAX).len(), 3);
+        let f = run(
+            &Op::Range,
+            &[
+                &Tensor::scalar(1f32),
+                &Tensor::scalar(2f32),
+                &Tensor::scalar(0.3f32),
+            ],
+        )
+        .unwrap();
+        assert_eq!(f.len(), 4);
+        assert!(run(
+            &Op::Range,
+            &[
+                &Tensor::scalar(0i32),
+                &Tensor::scalar(5i32),
+                &Tensor::scalar(0i32)
+            ]
+        )
+        .is_err());
+        let inf = Tensor::scalar(f32::INFINITY);
+        assert!(run(&Op::Range, &[&Tensor::scalar(0f32), &inf, &Tensor::scalar(1f32)]).is_err());
+        assert!(run(
+            &Op::Range,
+            &[
+                &Tensor::scalar(0i64),
+                &Tensor::scalar(i64::MAX),
+                &Tensor::scalar(1i64)
+            ]
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn one_hot_wraps_and_ignores_out_of_range() {
+        let idx = Tensor::from_vec(vec![4], vec![0i64, -1, 3, 7]);
+        let depth = Tensor::scalar(3.0f32);
+        let values = f32s(&[2], &[-1.0, 5.0]);
+        let t = run(&Op::OneHot { axis: -1 }, &[&idx, &depth, &values]).unwrap();
+        assert_eq!(t.shape(), &[4, 3]);
+        let v: Vec<f64> = t.to_f64_vec();
+        assert_eq!(
+            v,
+            vec![5.0, -1.0, -1.0, -1.0, -1.0, 5.0, -1.0, -1.0, -1.0, -1.0, -1.0, -1.0]
+        );
+        let t = run(&Op::OneHot { axis: 0 }, &[&idx, &depth, &values]).unwrap();
+        assert_eq!(t.shape(), &[3, 4]);
+        assert_eq!(t.to_f64_vec()[..4], [5.0, -1.0, -1.0, -1.0]);
+        assert!(run(&Op::OneHot { axis: 2 }, &[&idx, &depth, &values]).is_err());
+    }
+
+    #[test]
+    fn trilu_nonzero_eyelike() {
+        let x = iota(&[2, 3]);
+        let k = Tensor::scalar(1i64);
+        assert_eq!(
+            vals(&run(&Op::Trilu { upper: true }, &[&x, &k]).unwrap()),
+            vec![0, 1, 2, 0, 0, 5]
+        );
+        assert_eq!(
+            vals(&run(&Op::Trilu { upper: false }, &[&x]).unwrap()),
+            vec![0, 0, 0, 3, 4, 0]
+        );
+        let nz = run_n(&Op::NonZero, &[Some(&x)], 1).unwrap().remove(0);
+        assert_eq!(
+            (nz.shape(), vals(&nz)),
+            (&[2usize, 5][..], vec![0, 0, 1, 1, 1, 1, 2, 0, 1, 2])
+        );
+        let e = run(
+            &Op::EyeLike {
+                dtype: Some(DType::Bool),
+                k: -1,
+            },
+            &[&x],
+        )
+        .unwrap();
+        assert_eq!(
+            e.as_slice::<bool>().unwrap(),
+            &[false, false, false, true, false, false]
+        );
+    }
+
+    #[test]
+    fn concat_and_shape_ops() {
+        let a = iota(&[2, 1]);
+        let b = iota(&[2, 2]);
+        let t = run(&Op::Concat { axis: 1 }, &[&a, &b]).unwrap();
+        assert_eq!(vals(&t), vec![0, 0, 1, 1, 2, 3]);
+        assert!(run(&Op::Concat { axis: 0 }, &[&a, &b]).is_err());
+        assert!(run(&Op::Concat { axis: 0 }, &[&a, &b.cast(DType::F32)]).is_err());
+        let sa = TensorType::new(DType::I64, vec![sym("n"), 1.into()]);
+        let sb = TensorType::new(DType::I64, vec![5.into(), 2.into()]);
+        let t = infer_types(&Op::Concat { axis: 1 }, &[sa, sb], &[]).unwrap();
+        assert_eq!(t.shape, vec![5.into(), 3.into()]);
+        let s = run(&Op::Shape { start: -1, end: None }, &[&b]).unwrap();
+        assert_eq!(vals(&s), vec![2]);
+        let c = run(
+            &Op::ConstantOfShape {
+                value: Tensor::scalar(true),
+            },
+            &[&i64s(&[2, 0])],
+        )
+        .unwrap();
+        assert_eq!(c.shape(), &[2, 0]);
+        assert!(run(
+            &Op::ConstantOfShape {
+                value: Tensor::scalar(1f32)
+            },
+            &[&i64s(&[1 << 40, 1 << 40])]
+        )
+        .is_err());
+        let f = run(&Op::Flatten { axis: -1 }, &[&iota(&[2, 3, 4])]).unwrap();
+        assert_eq!(f.shape(), &[6, 4]);
+    }
+
+    #[test]
+    fn half_types_move_exactly() {
+        let x = Tensor::from_vec(
+            vec![2, 2],
+            [1.5f32, -2.25, 3.0, 256.0].map(f16::from_f32).to_vec(),
+        );
+        let t = run(&Op::Transpose { perm: vec![1, 0] }, &[&x]).unwrap();
+        assert_eq!(t.to_f64_vec(), vec![1.5, 3.0, -2.25, 256.0]);
+        let b = x.cast(DType::BF16);
+        let t = run(&Op::Slice, &[&b, &i64s(&[1]), &i64s(&[2])]).unwrap();
+        assert_eq!((t.dtype(), t.to_f64_vec()), (DType::BF16, vec![3.0, 256.0]));
+    }
 }
