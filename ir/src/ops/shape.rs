@@ -22,6 +22,25 @@ use half::{bf16, f16};
 type Res<T> = Result<T, OpError>;
 
 pub(crate) fn infer(op: &Op, cx: &InferCtx) -> Res<Vec<TensorType>> {
+    let types = infer_types(op, cx)?;
+    for t in &types {
+        check_type_size(t)?;
+    }
+    Ok(types)
+}
+
+/// Rejects an output type whose fixed dims alone hold more elements than evaluation could
+/// ever allocate: a constant shape of `[2^40, 2^40]` fails at import, naming the node, instead
+/// of overflowing size arithmetic later on.
+fn check_type_size(t: &TensorType) -> Res<()> {
+    let fixed: Vec<usize> = t.shape.iter().filter_map(Dim::fixed).collect();
+    match check_alloc(&fixed) {
+        Ok(_) => Ok(()),
+        Err(_) => bail!("the output {t} is too large"),
+    }
+}
+
+fn infer_types(op: &Op, cx: &InferCtx) -> Res<Vec<TensorType>> {
     let ty = match op {
         Op::Reshape { allow_zero } => infer_reshape(cx, *allow_zero)?,
         Op::Flatten { axis } => infer_flatten(cx, *axis)?,
@@ -52,7 +71,7 @@ pub(crate) fn infer(op: &Op, cx: &InferCtx) -> Res<Vec<TensorType>> {
         Op::Identity => cx.ty(0)?.clone(),
         Op::Trilu { .. } => infer_trilu(cx)?,
         Op::NonZero => {
-            let rank = cx.ty(0)?.rank().max(1);
+            let rank = cx.ty(0)?.rank();
             TensorType::new(DType::I64, vec![Dim::Fixed(rank), Dim::unknown()])
         }
         Op::OneHot { axis } => infer_one_hot(cx, *axis)?,
@@ -1731,11 +1750,12 @@ fn range_len(s: &Tensor, l: &Tensor, d: &Tensor) -> Res<usize> {
         if d == 0.0 {
             bail!("delta cannot be 0");
         }
-        let n = ((l - s) / d).ceil().max(0.0);
+        // NaN or infinite bounds have no length (NaN would otherwise clamp to 0).
+        let n = ((l - s) / d).ceil();
         if !n.is_finite() {
             bail!("Range({s}, {l}, {d}) has no finite length");
         }
-        n as usize
+        n.max(0.0) as usize
     } else {
         let (s, l, d) = (
             int_scalar(s, "start")?,
@@ -1861,13 +1881,10 @@ fn eval_trilu(cx: &EvalCtx, upper: bool) -> Res<Tensor> {
     make(x.shape().to_vec(), data)
 }
 
-/// Coordinates of the non-zero elements, `[rank, nnz]` (a scalar counts as 1-D).
+/// Coordinates of the non-zero elements, `[rank, nnz]` (for a scalar `[0, nnz]`, as the ONNX
+/// reference gives).
 fn eval_nonzero(x: &Tensor) -> Res<Tensor> {
-    let shape: Vec<usize> = if x.rank() == 0 {
-        vec![1]
-    } else {
-        x.shape().to_vec()
-    };
+    let shape = x.shape();
     fn go<T: Element>(v: &[T]) -> Vec<usize> {
         v.iter()
             .enumerate()
@@ -1877,10 +1894,10 @@ fn eval_nonzero(x: &Tensor) -> Res<Tensor> {
     }
     let flat = crate::with_data!(x.data(), v => go(v));
     let nnz = flat.len();
-    let st = strides(&shape);
+    let st = strides(shape);
     let mut out = vec![0i64; shape.len() * nnz];
     for (n, &f) in flat.iter().enumerate() {
-        for (a, (&s, &d)) in st.iter().zip(&shape).enumerate() {
+        for (a, (&s, &d)) in st.iter().zip(shape).enumerate() {
             out[a * nnz + n] = ((f / s) % d) as i64;
         }
     }

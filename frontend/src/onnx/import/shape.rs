@@ -8,7 +8,7 @@
 use super::NodeCtx;
 use crate::error::Result;
 use crate::onnx::tensor::dtype_from_onnx;
-use kiln_ir::{DType, Op, PadMode, ScatterReduction, Tensor, ValueId};
+use kiln_ir::{Op, PadMode, ScatterReduction, Tensor, ValueId};
 
 pub(super) fn import(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
     let node = cx.node;
@@ -293,8 +293,9 @@ fn constant_of_shape(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
     single(cx, Op::ConstantOfShape { value }, 1, 1)
 }
 
-/// Dropout at inference is the identity; the optional mask is all ones (nothing dropped):
-/// bool from opset 10, the input's type before.
+/// Dropout at inference is the identity; the optional mask is all true (nothing dropped). The
+/// opset 7-9 schema ties the mask's type to the input's, but its documentation, the ONNX
+/// reference and onnxruntime all produce bool, so kiln does too.
 fn dropout(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
     check_inputs(cx, 1, if cx.opset() >= 12 { 3 } else { 1 })?;
     if cx.num_outputs() > 2 {
@@ -314,12 +315,7 @@ fn dropout(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
         let mask = if cx.node.output[1].is_empty() {
             y
         } else {
-            let dtype = if cx.opset() >= 10 {
-                DType::Bool
-            } else {
-                cx.ty(x).dtype
-            };
-            let value = Tensor::scalar(true).cast(dtype);
+            let value = Tensor::scalar(true);
             let shape = cx.add_aux1(Op::Shape { start: 0, end: None }, vec![Some(x)])?;
             cx.add_aux1(Op::ConstantOfShape { value }, vec![Some(shape)])?
         };
