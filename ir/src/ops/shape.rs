@@ -560,16 +560,82 @@ fn infer_transpose(cx: &InferCtx, perm: &[usize]) -> Res<TensorType> {
 fn eval_transpose(x: &Tensor, perm: &[usize]) -> Res<Tensor> {
     check_perm(perm, x.rank())?;
     let out_shape: Vec<usize> = perm.iter().map(|&p| x.shape()[p]).collect();
-    if perm.iter().enumerate().all(|(i, &p)| i == p) {
-        return Ok(x.clone());
+    let (merged, mperm) = merge_transpose_axes(x.shape(), perm);
+    let m = mperm.len();
+    fn general<T: Element>(v: &[T], in_shape: &[usize], perm: &[usize]) -> TensorData {
+        let in_strides = strides(in_shape);
+        let st: Vec<isize> = perm.iter().map(|&p| in_strides[p] as isize).collect();
+        let shape: Vec<usize> = perm.iter().map(|&p| in_shape[p]).collect();
+        T::wrap(strided_copy(v, &shape, 0, &st))
     }
-    let in_strides = strides(x.shape());
-    let st: Vec<isize> = perm.iter().map(|&p| in_strides[p] as isize).collect();
-    fn go<T: Element>(v: &[T], shape: &[usize], st: &[isize]) -> TensorData {
-        T::wrap(strided_copy(v, shape, 0, st))
-    }
-    let data = crate::with_data!(x.data(), v => go(v, &out_shape, &st));
+    let data = if mperm.iter().enumerate().all(|(i, &p)| i == p) {
+        // Only unit axes move: the data order is unchanged.
+        x.data().clone()
+    } else if mperm[..m - 2].iter().enumerate().all(|(i, &p)| i == p) {
+        let (rows, cols) = (merged[m - 2], merged[m - 1]);
+        crate::with_data!(x.data(), v => T2d::wrap_batched(v, rows, cols))
+    } else {
+        crate::with_data!(x.data(), v => general(v, &merged, &mperm))
+    };
     make(out_shape, data)
+}
+
+/// Simplifies a transpose: drops unit axes and merges runs of input axes that stay adjacent
+/// and in order in the output. Returns the merged input shape and permutation, e.g.
+/// NCHW→NHWC on `[n, c, h, w]` becomes `[n, c, h*w]` with perm `[0, 2, 1]`.
+fn merge_transpose_axes(shape: &[usize], perm: &[usize]) -> (Vec<usize>, Vec<usize>) {
+    let kept: Vec<usize> = (0..shape.len()).filter(|&a| shape[a] != 1).collect();
+    let renum = |a: usize| kept.iter().position(|&k| k == a);
+    let p: Vec<usize> = perm.iter().filter_map(|&a| renum(a)).collect();
+    // Runs of consecutive input axes, in output order.
+    let mut groups: Vec<Vec<usize>> = vec![];
+    for &a in &p {
+        match groups.last_mut() {
+            Some(g) if g.last().is_some_and(|&l| l + 1 == a) => g.push(a),
+            _ => groups.push(vec![a]),
+        }
+    }
+    let mut order: Vec<usize> = (0..groups.len()).collect();
+    order.sort_by_key(|&g| groups[g][0]);
+    let merged: Vec<usize> = order
+        .iter()
+        .map(|&g| groups[g].iter().map(|&a| shape[kept[a]]).product())
+        .collect();
+    let mperm: Vec<usize> = (0..groups.len())
+        .map(|g| order.iter().position(|&o| o == g).unwrap_or(0))
+        .collect();
+    if merged.len() < 2 {
+        return (vec![numel(shape)], vec![0]);
+    }
+    (merged, mperm)
+}
+
+/// Batched 2-D transposes `[b, rows, cols] → [b, cols, rows]` in cache-sized tiles, so that
+/// neither the reads nor the writes stride through memory one element at a time.
+struct T2d;
+
+impl T2d {
+    const TILE: usize = 32;
+
+    fn wrap_batched<T: Element>(v: &[T], rows: usize, cols: usize) -> TensorData {
+        let mat = rows * cols;
+        let mut out = vec![T::default(); v.len()];
+        if mat == 0 {
+            return T::wrap(out);
+        }
+        for (src, dst) in v.chunks_exact(mat).zip(out.chunks_exact_mut(mat)) {
+            for r0 in (0..rows).step_by(Self::TILE) {
+                for c0 in (0..cols).step_by(Self::TILE) {
+                    for c in c0..(c0 + Self::TILE).min(cols) {
+                        for r in r0..(r0 + Self::TILE).min(rows) {
+                            dst[c * rows + r] = src[r * cols + c];
+                        }
+                    }
+                }
+            }
+        }
+        T::wrap(out)
+    }
 }
 
 /// Output dims of `Squeeze`: the listed axes (each of extent 1), or with no axes every dim of
@@ -2118,15 +2184,26 @@ mod tests {
 
     #[test]
     fn transpose_matches_naive_for_every_permutation() {
-        let shape = [2, 3, 4, 5];
+        for shape in [[2, 3, 4, 5], [1, 3, 1, 5], [2, 1, 40, 33], [3, 37, 1, 1]] {
+            check_transposes(shape);
+        }
+        let b = Tensor::from_vec(vec![2, 2], vec![true, false, false, false]);
+        let t = run(&Op::Transpose { perm: vec![1, 0] }, &[&b]).unwrap();
+        assert_eq!(t.as_slice::<bool>().unwrap(), &[true, false, false, false]);
+        assert!(run(&Op::Transpose { perm: vec![0, 0] }, &[&b]).is_err());
+        let e = Tensor::zeros(DType::F32, vec![0, 3]);
+        assert_eq!(
+            run(&Op::Transpose { perm: vec![1, 0] }, &[&e]).unwrap().shape(),
+            &[3, 0]
+        );
+    }
+
+    /// Every permutation of a 4-D iota against a naive index computation.
+    fn check_transposes(shape: [usize; 4]) {
         let x = iota(&shape);
-        let perms = [
-            [0, 1, 2, 3],
-            [3, 2, 1, 0],
-            [1, 3, 0, 2],
-            [2, 0, 3, 1],
-            [0, 2, 1, 3],
-        ];
+        let perms = (0..256usize)
+            .map(|k| [k & 3, (k >> 2) & 3, (k >> 4) & 3, (k >> 6) & 3])
+            .filter(|p| (0..4).all(|i| p.contains(&i)));
         for perm in perms {
             let t = run(&Op::Transpose { perm: perm.to_vec() }, &[&x]).unwrap();
             let out_shape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
@@ -2137,13 +2214,13 @@ mod tests {
                 for (a, &p) in perm.iter().enumerate() {
                     i[p] = o[a];
                 }
-                assert_eq!(v, crate::ops::util::ravel(&i, &shape) as i64);
+                assert_eq!(
+                    v,
+                    crate::ops::util::ravel(&i, &shape) as i64,
+                    "{shape:?} {perm:?}"
+                );
             }
         }
-        let b = Tensor::from_vec(vec![2, 2], vec![true, false, false, false]);
-        let t = run(&Op::Transpose { perm: vec![1, 0] }, &[&b]).unwrap();
-        assert_eq!(t.as_slice::<bool>().unwrap(), &[true, false, false, false]);
-        assert!(run(&Op::Transpose { perm: vec![0, 0] }, &[&b]).is_err());
     }
 
     #[test]
@@ -2518,5 +2595,78 @@ mod tests {
         let b = x.cast(DType::BF16);
         let t = run(&Op::Slice, &[&b, &i64s(&[1]), &i64s(&[2])]).unwrap();
         assert_eq!((t.dtype(), t.to_f64_vec()), (DType::BF16, vec![3.0, 256.0]));
+    }
+
+    #[test]
+    fn symbolic_dims_flow_through_a_graph() {
+        use crate::{eval::eval_graph, verify, Graph};
+        let mut g = Graph::new("t");
+        let xt = TensorType::new(DType::F32, vec![sym("batch"), sym("seq"), 24.into()]);
+        let x = g.add_input("x", xt);
+        let c = |g: &mut Graph, name: &str, v: &[i64]| g.add_const(name, i64s(v));
+        let spec = c(&mut g, "spec", &[0, 0, 2, -1]);
+        let r = g.add(
+            "r",
+            Op::Reshape { allow_zero: false },
+            vec![Some(x), Some(spec)],
+            "r",
+        );
+        let r = r.unwrap();
+        assert_eq!(
+            g.value_type(r).shape,
+            vec![sym("batch"), sym("seq"), 2.into(), 12.into()]
+        );
+        let t = g
+            .add(
+                "t",
+                Op::Transpose {
+                    perm: vec![0, 2, 1, 3],
+                },
+                vec![Some(r)],
+                "t",
+            )
+            .unwrap();
+        assert_eq!(
+            g.value_type(t).shape,
+            vec![sym("batch"), 2.into(), sym("seq"), 12.into()]
+        );
+        let (s0, e0, a0) = (
+            c(&mut g, "s0", &[0, 4]),
+            c(&mut g, "e0", &[i64::MAX, 8]),
+            c(&mut g, "a0", &[2, 3]),
+        );
+        let sl = g
+            .add("sl", Op::Slice, vec![Some(t), Some(s0), Some(e0), Some(a0)], "sl")
+            .unwrap();
+        assert_eq!(
+            g.value_type(sl).shape,
+            vec![sym("batch"), 2.into(), sym("seq"), 4.into()]
+        );
+        let sh = g
+            .add("sh", Op::Shape { start: 0, end: None }, vec![Some(sl)], "sh")
+            .unwrap();
+        let ax = c(&mut g, "ax", &[0]);
+        let cs = g.add(
+            "cs",
+            Op::ConstantOfShape {
+                value: Tensor::scalar(1f32),
+            },
+            vec![Some(sh)],
+            "cs",
+        );
+        assert_eq!(g.value_type(cs.unwrap()).rank(), 4);
+        let u = g.add("u", Op::Unsqueeze, vec![Some(sl), Some(ax)], "u").unwrap();
+        assert_eq!(g.value_type(u).shape[0], Dim::Fixed(1));
+        let f = g.add("f", Op::Flatten { axis: 2 }, vec![Some(sl)], "f").unwrap();
+        assert_eq!(g.value_type(f).shape, vec![Dim::unknown(), Dim::unknown()]);
+        let sz = g.add("sz", Op::Size, vec![Some(f)], "sz").unwrap();
+        g.add_output("sl", sl);
+        g.add_output("sz", sz);
+        verify(&g).unwrap();
+        let out = eval_graph(&g, vec![iota(&[3, 5, 24]).cast(DType::F32)]).unwrap();
+        assert_eq!(out[0].shape(), &[3, 2, 5, 4]);
+        // x[0, 0, 12 + 4] lands at sl[0, 1, 0, 0].
+        assert_eq!(out[0].to_f64_vec()[20], 16.0);
+        assert_eq!(vals(&out[1]), vec![120]);
     }
 }
