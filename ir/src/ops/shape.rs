@@ -210,14 +210,10 @@ fn norm_index(i: i64, dim: usize, what: &str) -> Res<usize> {
 }
 
 /// Normalizes a list of axes, rejecting duplicates.
-fn norm_axes(axes: &[i64], rank: usize, inclusive: bool) -> Res<Vec<usize>> {
+fn norm_axes(axes: &[i64], rank: usize) -> Res<Vec<usize>> {
     let mut out = Vec::with_capacity(axes.len());
     for &a in axes {
-        let n = if inclusive {
-            norm_axis_inclusive(a, rank)?
-        } else {
-            norm_axis(a, rank)?
-        };
+        let n = norm_axis(a, rank)?;
         if out.contains(&n) {
             bail!("axis {a} appears more than once in {axes:?}");
         }
@@ -650,7 +646,7 @@ fn squeeze_dims(input: &[Dim], axes: Option<&[i64]>) -> Res<Vec<Dim>> {
         }
         return Ok(input.iter().filter(|d| **d != Dim::Fixed(1)).cloned().collect());
     };
-    let axes = norm_axes(axes, input.len(), false)?;
+    let axes = norm_axes(axes, input.len())?;
     for &a in &axes {
         if let Dim::Fixed(n) = input[a] {
             if n != 1 {
@@ -696,7 +692,7 @@ fn eval_squeeze(cx: &EvalCtx) -> Res<Tensor> {
 
 fn unsqueeze_dims(input: &[Dim], axes: &[i64]) -> Res<Vec<Dim>> {
     let out_rank = input.len() + axes.len();
-    let axes = norm_axes(axes, out_rank, false)?;
+    let axes = norm_axes(axes, out_rank)?;
     let mut rest = input.iter();
     Ok((0..out_rank)
         .map(|i| {
@@ -882,8 +878,10 @@ fn infer_split(cx: &InferCtx, axis: i64, num_outputs: Option<usize>) -> Res<Vec<
     let split = match cx.opt_ty(1) {
         Some(t) => {
             expect_dtype(t, DType::I64, "split")?;
-            vec_len(t, "split")?;
-            Some(known_i64s(cx.value(1)))
+            match vec_len(t, "split")? {
+                Some(0) => None,
+                _ => Some(known_i64s(cx.value(1))),
+            }
         }
         None => None,
     };
@@ -912,7 +910,9 @@ fn infer_split(cx: &InferCtx, axis: i64, num_outputs: Option<usize>) -> Res<Vec<
 fn eval_split(cx: &EvalCtx, axis: i64, num_outputs: Option<usize>) -> Res<Vec<Tensor>> {
     let x = cx.input(0)?;
     let a = norm_axis(axis, x.rank())?;
+    // An empty `split` input means "not given", as in onnxruntime.
     let split = cx.opt_input(1).map(|t| int_values(t, "split")).transpose()?;
+    let split = split.filter(|s| !s.is_empty());
     let sizes = split_sizes(x.shape()[a], split.as_deref(), cx.num_outputs(), num_outputs)?;
     let inner = numel(&x.shape()[a + 1..]);
     let outer = numel(&x.shape()[..a]);
@@ -968,11 +968,11 @@ fn slice_dim(d: &Dim, start: i64, end: i64, step: i64) -> Res<Dim> {
     match d {
         Dim::Fixed(n) => Ok(Dim::Fixed(slice_range(*n, start, end, step)?.1)),
         Dim::Sym(_) => {
-            let to_end = step == 1 && start == 0 && end >= i32::MAX as i64;
-            let reversed = step == -1 && start == -1 && end <= i32::MIN as i64;
             if step == 0 {
                 bail!("slice step cannot be 0");
             }
+            let to_end = step == 1 && start == 0 && end >= i32::MAX as i64;
+            let reversed = step == -1 && start == -1 && end <= i32::MIN as i64;
             Ok(if to_end || reversed {
                 d.clone()
             } else {
@@ -982,27 +982,25 @@ fn slice_dim(d: &Dim, start: i64, end: i64, step: i64) -> Res<Dim> {
     }
 }
 
-/// Per-axis `(start, end, step)` of a `Slice`, from its 1-D inputs; axes without an entry take
-/// their whole extent.
-struct SliceSpec {
-    /// Indexed by axis; `None` where the axis is not sliced.
-    per_axis: Vec<Option<(i64, i64, i64)>>,
-}
+/// `(start, end, step)` of one sliced axis.
+type AxisSlice = (i64, i64, i64);
 
+/// Per-axis slices from the `Slice` inputs, indexed by axis; `None` where an axis is not
+/// sliced (it keeps its whole extent).
 fn slice_spec(
     rank: usize,
     starts: &[i64],
     ends: &[i64],
     axes: Option<&[i64]>,
     steps: Option<&[i64]>,
-) -> Res<SliceSpec> {
+) -> Res<Vec<Option<AxisSlice>>> {
     let n = starts.len();
     if ends.len() != n {
         bail!("starts has {n} entries but ends has {}", ends.len());
     }
     let axes: Vec<usize> = match axes {
         Some(a) if a.len() != n => bail!("starts has {n} entries but axes has {}", a.len()),
-        Some(a) => norm_axes(a, rank, false)?,
+        Some(a) => norm_axes(a, rank)?,
         None if n > rank => bail!("starts has {n} entries for an input of rank {rank}"),
         None => (0..n).collect(),
     };
@@ -1019,7 +1017,7 @@ fn slice_spec(
         }
         per_axis[a] = Some((starts[i], ends[i], step));
     }
-    Ok(SliceSpec { per_axis })
+    Ok(per_axis)
 }
 
 fn check_slice_input(cx: &InferCtx, i: usize, what: &str, dtype: DType) -> Res<Option<usize>> {
@@ -1051,7 +1049,7 @@ fn infer_slice(cx: &InferCtx) -> Res<TensorType> {
             let spec = slice_spec(x.rank(), &s, &e, a.as_deref(), st.as_deref())?;
             x.shape
                 .iter()
-                .zip(&spec.per_axis)
+                .zip(&spec)
                 .map(|(d, p)| match p {
                     None => Ok(d.clone()),
                     Some((s, e, st)) => slice_dim(d, *s, *e, *st),
@@ -1062,7 +1060,7 @@ fn infer_slice(cx: &InferCtx) -> Res<TensorType> {
         (_, _, Some(a), _) => {
             let n = a.as_ref().map(Vec::len).or(n_starts);
             let sliced: Vec<usize> = match (a, n) {
-                (Some(a), _) => norm_axes(&a, x.rank(), false)?,
+                (Some(a), _) => norm_axes(&a, x.rank())?,
                 (None, Some(n)) => (0..n.min(x.rank())).collect(),
                 (None, None) => (0..x.rank()).collect(),
             };
@@ -1088,14 +1086,14 @@ fn eval_slice(cx: &EvalCtx) -> Res<Tensor> {
     let mut base = 0usize;
     let mut out_shape = Vec::with_capacity(x.rank());
     let mut st = Vec::with_capacity(x.rank());
-    for ((&d, p), &stride) in x.shape().iter().zip(&spec.per_axis).zip(&in_strides) {
-        let (start, step) = match p {
+    for ((&d, p), &stride) in x.shape().iter().zip(&spec).zip(&in_strides) {
+        let ((begin, len), step) = match p {
             None => ((0, d), 1),
             Some((s, e, step)) => (slice_range(d, *s, *e, *step)?, *step),
         };
-        out_shape.push(start.1);
-        if start.1 > 0 {
-            base += start.0 * stride;
+        out_shape.push(len);
+        if len > 0 {
+            base += begin * stride;
         }
         // |step| > extent reads at most one element: clamp so the stride cannot overflow.
         let step = step.clamp(-(d as i64).max(1), (d as i64).max(1)) as isize;
@@ -1625,7 +1623,7 @@ fn eval_tile(cx: &EvalCtx) -> Res<Tensor> {
 /// Per-axis `(begin, end)` pads of `Pad`, from `pads` and the optional `axes`.
 fn pad_amounts(rank: usize, pads: &[i64], axes: Option<&[i64]>) -> Res<Vec<(i64, i64)>> {
     let axes: Vec<usize> = match axes {
-        Some(a) => norm_axes(a, rank, false)?,
+        Some(a) => norm_axes(a, rank)?,
         None => (0..rank).collect(),
     };
     if pads.len() != 2 * axes.len() {
