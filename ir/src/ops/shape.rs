@@ -1409,7 +1409,14 @@ fn infer_scatter_nd(cx: &InferCtx) -> Res<TensorType> {
     let upd = cx.ty(2)?;
     expect_index_dtype(idx.dtype, "indices")?;
     expect_same_dtype(data.dtype, upd.dtype, "updates")?;
-    scatter_nd_check(&data.shape, idx, &upd.shape)?;
+    // The output is the data's type; the updates' shape can only be checked once the index
+    // tuple length is known (evaluation always checks it).
+    if idx.rank() == 0 {
+        bail!("indices must have rank >= 1");
+    }
+    if idx.shape[idx.rank() - 1].is_fixed() {
+        scatter_nd_check(&data.shape, idx, &upd.shape)?;
+    }
     Ok(data.clone())
 }
 
