@@ -1649,10 +1649,11 @@ fn pad_amounts(rank: usize, pads: &[i64], axes: Option<&[i64]>) -> Res<Vec<(i64,
 fn padded_dim(d: &Dim, (b, e): (i64, i64)) -> Res<Dim> {
     match d {
         Dim::Fixed(n) => {
-            let total = *n as i128 + b as i128 + e as i128;
-            if total < 0 {
+            let crop = (-(b as i128)).max(0) + (-(e as i128)).max(0);
+            if crop > *n as i128 {
                 bail!("pads ({b}, {e}) crop more than the extent {n}");
             }
+            let total = *n as i128 + b as i128 + e as i128;
             usize::try_from(total)
                 .map(Dim::Fixed)
                 .map_err(|_| OpError(format!("pads ({b}, {e}) make the extent too large")))
@@ -2294,6 +2295,14 @@ mod tests {
                 mode: PadMode::Constant
             },
             &[&x, &i64s(&[-2, -2])]
+        )
+        .is_err());
+        // Cropping past the extent is an error even when the other side pads it back.
+        assert!(run(
+            &Op::Pad {
+                mode: PadMode::Constant
+            },
+            &[&x, &i64s(&[-4, 5])]
         )
         .is_err());
         let e = Tensor::zeros(DType::I64, vec![0]);
