@@ -665,6 +665,12 @@ impl<'a, 'p> NodeCtx<'a, 'p> {
         self.imp.graph.add_const(format!("{base}/const{k}"), t)
     }
 
+    /// A constant tensor with a given value name (an ONNX `Constant` node's output), so that
+    /// messages and the printer show the model's name for it.
+    pub fn named_constant(&mut self, name: impl Into<String>, t: Tensor) -> ValueId {
+        self.imp.graph.add_const(name, t)
+    }
+
     /// A 1-D i64 constant (axes, shapes, pads given as attributes in older opsets).
     pub fn const_i64s(&mut self, vals: &[i64]) -> ValueId {
         self.constant(Tensor::from_vec(vec![vals.len()], vals.to_vec()))
