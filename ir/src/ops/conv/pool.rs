@@ -222,7 +222,11 @@ fn max_window<T: Element>(
     let mut best: Option<(T, usize, usize)> = None;
     for_each_tap(lists, row, col, |r, c| {
         let v = xp[r];
-        if best.map_or(true, |(b, _, _)| v > b) {
+        let better = match best {
+            None => true,
+            Some((b, _, _)) => v > b,
+        };
+        if better {
             best = Some((v, r, c));
         }
     });
@@ -258,7 +262,7 @@ pub(super) fn infer_global(kind: PoolKind, cx: &InferCtx) -> Result<Vec<TensorTy
         crate::bail!("input must have shape [N, C, spatial...], got {x}");
     }
     let mut shape = x.shape[..2].to_vec();
-    shape.extend(std::iter::repeat(Dim::Fixed(1)).take(x.rank() - 2));
+    shape.resize(x.rank(), Dim::Fixed(1));
     Ok(vec![util::with_shape(x, shape)])
 }
 
@@ -274,7 +278,7 @@ pub(super) fn eval_global(kind: PoolKind, cx: &EvalCtx) -> Result<Vec<Tensor>, O
         crate::bail!("GlobalMaxPool of an empty spatial extent has no value");
     }
     let mut shape = x.shape()[..2].to_vec();
-    shape.extend(std::iter::repeat(1).take(x.rank() - 2));
+    shape.resize(x.rank(), 1);
     let y = crate::dispatch_dtype!(x.dtype(), T => {
         let xs = x.as_slice::<T>().ok_or_else(|| OpError::new("input data does not match its dtype"))?;
         let y: Vec<T> = (0..planes).map(|p| global_plane(&xs[p * plane..][..plane], kind)).collect();
