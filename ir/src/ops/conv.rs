@@ -255,7 +255,8 @@ fn resolve_axis(
     let output = if ceil_mode {
         let out = room.div_ceil(stride) + 1;
         // The last window must start inside the input or its leading padding.
-        if (out - 1) * stride >= input + pad_begin {
+        let last_start = (out - 1).checked_mul(stride);
+        if last_start.is_none_or(|start| start >= input + pad_begin) {
             out - 1
         } else {
             out
@@ -580,7 +581,7 @@ fn conv_core<F: Float>(s: &ConvShape, x: &[F], w: &[F], bias: Option<&[F]>) -> V
         let pointwise = s
             .axes
             .iter()
-            .all(|a| a.kernel == 1 && a.stride == 1 && a.pad_begin == 0);
+            .all(|a| a.kernel == 1 && a.stride == 1 && a.pad_begin == 0 && a.output == a.input);
         let mut col = if pointwise {
             vec![]
         } else {
@@ -780,12 +781,15 @@ fn transpose_axis(
     let (Some(input), Some(kernel)) = (input, win.kernel[i]) else {
         return Ok(None);
     };
-    let (stride, dilation) = (win.strides[i] as i64, win.dilations[i] as i64);
-    let extent = span(kernel, win.dilations[i])? as i64;
-    let natural = stride
-        .checked_mul(input as i64 - 1)
-        .and_then(|v| v.checked_add(output_padding[i] as i64 + extent))
-        .ok_or_else(|| OpError::new("output extent overflows"))?;
+    let overflow = || OpError::new(format!("ConvTranspose geometry overflows on spatial axis {i}"));
+    let int = |v: usize| i64::try_from(v).map_err(|_| overflow());
+    let (stride, dilation) = (int(win.strides[i])?, int(win.dilations[i])?);
+    let extent = int(span(kernel, win.dilations[i])?)?;
+    let natural = (int(input)? - 1)
+        .checked_mul(stride)
+        .and_then(|v| v.checked_add(int(output_padding[i]).ok()?))
+        .and_then(|v| v.checked_add(extent))
+        .ok_or_else(overflow)?;
     // Total padding, split so that SAME_UPPER puts the odd element at the end and every other
     // mode at the beginning (ONNX spec; floor division, so a negative total grows the end).
     let split = |total: i64, upper: bool| {
@@ -796,22 +800,29 @@ fn transpose_axis(
             (total - half, half)
         }
     };
+    let upper = a.conv.auto_pad == AutoPad::SameUpper;
     let (pad_begin, pad_end) = if !a.output_shape.is_empty() {
-        split(
-            natural - a.output_shape[i] as i64,
-            a.conv.auto_pad == AutoPad::SameUpper,
-        )
+        let total = natural
+            .checked_sub(int(a.output_shape[i])?)
+            .ok_or_else(overflow)?;
+        split(total, upper)
     } else {
         match a.conv.auto_pad {
-            AutoPad::SameUpper | AutoPad::SameLower => split(
-                natural - input as i64 * stride,
-                a.conv.auto_pad == AutoPad::SameUpper,
-            ),
+            AutoPad::SameUpper | AutoPad::SameLower => {
+                let total = int(input)?
+                    .checked_mul(stride)
+                    .and_then(|full| natural.checked_sub(full))
+                    .ok_or_else(overflow)?;
+                split(total, upper)
+            }
             AutoPad::Valid => (0, 0),
-            AutoPad::NotSet => (win.pads[i].0 as i64, win.pads[i].1 as i64),
+            AutoPad::NotSet => (int(win.pads[i].0)?, int(win.pads[i].1)?),
         }
     };
-    let output = natural - pad_begin - pad_end;
+    let output = natural
+        .checked_sub(pad_begin)
+        .and_then(|v| v.checked_sub(pad_end))
+        .ok_or_else(overflow)?;
     if output < 0 {
         crate::bail!("ConvTranspose output extent {output} on spatial axis {i} is negative");
     }

@@ -84,6 +84,7 @@ pub(super) fn eval(a: &PoolAttrs, cx: &EvalCtx) -> Result<Vec<Tensor>, OpError> 
     let mut shape = x.shape()[..2].to_vec();
     shape.extend(axes.iter().map(|a| a.output));
     util::check_alloc(&shape)?;
+    check_work(&shape, &a.kernel_shape)?;
     let want_indices = cx.num_outputs() == 2;
     let (y, idx) = crate::dispatch_dtype!(x.dtype(), T => {
         let xs = x.as_slice::<T>().ok_or_else(|| OpError::new("input data does not match its dtype"))?;
@@ -95,6 +96,20 @@ pub(super) fn eval(a: &PoolAttrs, cx: &EvalCtx) -> Result<Vec<Tensor>, OpError> 
         out.push(Tensor::from_vec(shape, idx));
     }
     Ok(out)
+}
+
+/// Rejects pools whose window visits would take hours: the kernel is an attribute, so a model
+/// can ask for an enormous window over a modest output.
+fn check_work(out_shape: &[usize], kernel: &[usize]) -> Result<(), OpError> {
+    const MAX_TAPS: usize = 1 << 36;
+    let taps = out_shape
+        .iter()
+        .chain(kernel)
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d));
+    match taps {
+        Some(t) if t <= MAX_TAPS => Ok(()),
+        _ => crate::bail!("pool of output {out_shape:?} with kernel {kernel:?} is too large to evaluate"),
+    }
 }
 
 /// Per axis and output position: the input indices of the taps inside the input, and how many

@@ -190,6 +190,15 @@ fn conv_matches_definition() {
         true,
         1e-5,
     );
+    // 1x1 kernel with end padding: not a plain matrix product of X.
+    conv_case(
+        f,
+        &[1, 3, 3, 4],
+        &[2, 3, 1, 1],
+        attrs(&[], &[0, 0, 1, 2], &[], 1, none),
+        true,
+        1e-5,
+    );
     // Depthwise, with a channel multiplier, and with a single input channel.
     conv_case(
         f,
@@ -583,4 +592,147 @@ fn conv_speed() {
         "3x3 conv 64->64 on 56x56: {:.1} ms ({gflops:.1} GFLOP/s)",
         best * 1e3
     );
+}
+
+/// A tiny deterministic generator for the randomized tests.
+struct Lcg(u64);
+
+impl Lcg {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 33) as usize) % n.max(1)
+    }
+    fn list(&mut self, len: usize, below: usize) -> Vec<usize> {
+        (0..len).map(|_| self.below(below)).collect()
+    }
+}
+
+fn random_auto_pad(g: &mut Lcg) -> AutoPad {
+    [
+        AutoPad::NotSet,
+        AutoPad::NotSet,
+        AutoPad::SameUpper,
+        AutoPad::SameLower,
+        AutoPad::Valid,
+    ][g.below(5)]
+}
+
+/// Random (often invalid) geometries: every one must either evaluate to the definition's
+/// result or be rejected with an error, never panic; the inferred type must match.
+#[test]
+fn random_geometries_agree_with_definitions_or_are_rejected() {
+    let mut g = Lcg(7);
+    let (mut ok, mut rejected) = (0, 0);
+    for _ in 0..1500 {
+        let sp = 1 + g.below(3);
+        let group = 1 + g.below(2);
+        let c = group * (1 + g.below(2));
+        let m = group * (1 + g.below(2));
+        let mut x_shape = vec![g.below(3), c];
+        x_shape.extend(g.list(sp, 6));
+        let mut w_shape = vec![m, c / group];
+        w_shape.extend((0..sp).map(|_| 1 + g.below(3)));
+        let a = ConvAttrs {
+            kernel_shape: vec![],
+            strides: if g.below(2) == 0 { vec![] } else { g.list(sp, 3) },
+            pads: if g.below(2) == 0 {
+                vec![]
+            } else {
+                g.list(2 * sp, 3)
+            },
+            dilations: if g.below(2) == 0 { vec![] } else { g.list(sp, 3) },
+            group,
+            auto_pad: random_auto_pad(&mut g),
+        };
+        let x = tensor(DType::F32, &x_shape, 1);
+        let w = tensor(DType::F32, &w_shape, 2);
+        match run(&Op::Conv(a.clone()), &[Some(&x), Some(&w)], 1) {
+            Ok(y) => {
+                ok += 1;
+                let kernel = w_shape[2..].iter().map(|&k| Some(k)).collect();
+                let win = WindowAttrs::new(kernel, &a.strides, &a.dilations, &a.pads, a.auto_pad, false)
+                    .expect("accepted attributes");
+                let axes = win.axes(&x_shape[2..]).expect("accepted geometry");
+                assert_close(&y[0], &naive_conv(&x, &w, None, &axes, group), 1e-5);
+            }
+            Err(_) => rejected += 1,
+        }
+        // The same geometry as a ConvTranspose (W is [C, M/group, k...]) and as pools.
+        let wt_shape: Vec<usize> = [c, m / group].iter().chain(&w_shape[2..]).copied().collect();
+        let wt = tensor(DType::F32, &wt_shape, 3);
+        let t = ConvTransposeAttrs {
+            conv: a.clone(),
+            output_padding: if g.below(3) == 0 { g.list(sp, 2) } else { vec![] },
+            output_shape: if g.below(4) == 0 { g.list(sp, 8) } else { vec![] },
+        };
+        if let Ok(y) = run(&Op::ConvTranspose(t.clone()), &[Some(&x), Some(&wt)], 1) {
+            let (win, op, _) =
+                check_conv_transpose(&t, &x.tensor_type(), &wt.tensor_type(), None).expect("ok");
+            let axes: Vec<Axis> = (0..sp)
+                .map(|i| {
+                    transpose_axis(&t, &win, &op, i, Some(x_shape[i + 2]))
+                        .expect("ok")
+                        .expect("known")
+                })
+                .collect();
+            assert_close(&y[0], &naive_conv_transpose(&x, &wt, group, &axes), 1e-5);
+        }
+        for kind in [
+            PoolKind::Max,
+            PoolKind::Average {
+                count_include_pad: g.below(2) == 1,
+            },
+            PoolKind::Lp { p: 2.0 },
+        ] {
+            let p = PoolAttrs {
+                kind,
+                kernel_shape: w_shape[2..].to_vec(),
+                strides: a.strides.clone(),
+                pads: a.pads.clone(),
+                dilations: a.dilations.clone(),
+                auto_pad: a.auto_pad,
+                ceil_mode: g.below(2) == 1,
+                storage_order: g.below(2) as u8,
+            };
+            let n_out = if kind == PoolKind::Max { 1 + g.below(2) } else { 1 };
+            let _ = run(&Op::Pool(p), &[Some(&x)], n_out);
+        }
+    }
+    assert!(ok > 200 && rejected > 100, "{ok} evaluated, {rejected} rejected");
+}
+
+#[test]
+fn absurd_attributes_are_errors() {
+    let x = tensor(DType::F32, &[1, 1, 3], 1);
+    let huge = usize::MAX / 2;
+    let p = |kernel: usize, pads: Vec<usize>, strides: Vec<usize>| PoolAttrs {
+        kind: PoolKind::Max,
+        kernel_shape: vec![kernel],
+        strides,
+        pads,
+        dilations: vec![],
+        auto_pad: AutoPad::NotSet,
+        ceil_mode: true,
+        storage_order: 0,
+    };
+    for a in [
+        p(huge, vec![huge - 1, huge - 1], vec![]),
+        p(1 << 30, vec![(1 << 30) - 1, (1 << 30) - 1], vec![]),
+        p(2, vec![], vec![huge]),
+    ] {
+        // Either a small valid result or an error; never a panic or an endless loop.
+        if let Ok(y) = run(&Op::Pool(a.clone()), &[Some(&x)], 1) {
+            assert!(y[0].len() <= 3, "{a:?}");
+        }
+    }
+    let w = tensor(DType::F32, &[1, 1, 2], 2);
+    let t = ConvTransposeAttrs {
+        conv: attrs(&[huge], &[huge, 0], &[huge], 1, AutoPad::NotSet),
+        output_padding: vec![huge],
+        output_shape: vec![],
+    };
+    assert!(run(&Op::ConvTranspose(t), &[Some(&x), Some(&w)], 1).is_err());
 }
