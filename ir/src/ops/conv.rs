@@ -187,6 +187,28 @@ impl WindowAttrs {
         .map(Some)
     }
 
+    /// The output extent of axis `i` for input extent `input`: computed when the input is fixed;
+    /// the input's own symbol when the window preserves the extent (stride 1 with `SAME`
+    /// padding or with pads that add up to the kernel span minus one), so that a dynamic
+    /// spatial size survives a chain of "same" convolutions; otherwise unknown.
+    pub(crate) fn out_dim(&self, i: usize, input: &Dim) -> Result<Dim, OpError> {
+        if let Some(axis) = self.axis(i, input.fixed())? {
+            return Ok(Dim::Fixed(axis.output));
+        }
+        let (Some(kernel), Dim::Sym(_)) = (self.kernel[i], input) else {
+            return Ok(Dim::unknown());
+        };
+        let extent = span(kernel, self.dilations[i])?;
+        let (begin, end) = self.pads[i];
+        let preserved = self.strides[i] == 1
+            && match self.auto_pad {
+                AutoPad::SameUpper | AutoPad::SameLower => true,
+                AutoPad::Valid => extent == 1,
+                AutoPad::NotSet => begin.checked_add(end).and_then(|p| p.checked_add(1)) == Some(extent),
+            };
+        Ok(if preserved { input.clone() } else { Dim::unknown() })
+    }
+
     /// Resolves every axis of a concrete input.
     pub(crate) fn axes(&self, spatial: &[usize]) -> Result<Vec<Axis>, OpError> {
         spatial
@@ -382,10 +404,6 @@ fn kernel_of(attr: &[usize], w: &TensorType, n: usize) -> Result<Vec<Option<usiz
     Ok(attr.iter().map(|&k| Some(k)).collect())
 }
 
-fn out_dim(axis: Option<Axis>) -> Dim {
-    axis.map_or_else(Dim::unknown, |a| Dim::Fixed(a.output))
-}
-
 // ---------------------------------------------------------------------------------------------
 // Conv
 // ---------------------------------------------------------------------------------------------
@@ -432,7 +450,7 @@ fn infer_conv(a: &ConvAttrs, cx: &InferCtx) -> Result<Vec<TensorType>, OpError> 
     let win = check_conv(a, x, w, cx.opt_ty(2))?;
     let mut shape = vec![x.shape[0].clone(), w.shape[0].clone()];
     for (i, d) in x.shape[2..].iter().enumerate() {
-        shape.push(out_dim(win.axis(i, d.fixed())?));
+        shape.push(win.out_dim(i, d)?);
     }
     Ok(vec![util::with_shape(x, shape)])
 }

@@ -5,7 +5,7 @@
 //! LpPool adds nothing for it). Sums are taken in f64 and rounded once; MaxPool returns the
 //! input element itself, so it is exact for every dtype.
 
-use super::{check_nc_spatial, out_dim, span, Axis, WindowAttrs};
+use super::{check_nc_spatial, span, Axis, WindowAttrs};
 use crate::ops::{util, EvalCtx, InferCtx};
 use crate::{DType, Dim, Element, OpError, PoolAttrs, PoolKind, Tensor, TensorType};
 
@@ -64,7 +64,7 @@ pub(super) fn infer(a: &PoolAttrs, cx: &InferCtx) -> Result<Vec<TensorType>, OpE
     let win = window(a, n)?;
     let mut shape = x.shape[..2].to_vec();
     for (i, d) in x.shape[2..].iter().enumerate() {
-        shape.push(out_dim(win.axis(i, d.fixed())?));
+        shape.push(win.out_dim(i, d)?);
     }
     let y = util::with_shape(x, shape.clone());
     let mut out = vec![y];

@@ -736,3 +736,24 @@ fn absurd_attributes_are_errors() {
     };
     assert!(run(&Op::ConvTranspose(t), &[Some(&x), Some(&w)], 1).is_err());
 }
+
+#[test]
+fn symbolic_spatial_dims_survive_same_windows() {
+    let sym = |s: &str| Dim::Sym(s.to_string());
+    let x = TensorType::new(DType::F32, vec![sym("n"), Dim::Fixed(4), sym("h"), sym("w")]);
+    let w = TensorType::fixed(DType::F32, &[8, 4, 3, 3]);
+    let infer_conv = |a: ConvAttrs| {
+        let cx = InferCtx {
+            inputs: vec![Some(&x), Some(&w)],
+            values: vec![None, None],
+            num_outputs: 1,
+        };
+        infer(&Op::Conv(a), &cx).expect("infers")[0].shape.clone()
+    };
+    let same = infer_conv(attrs(&[], &[1, 1, 1, 1], &[], 1, AutoPad::NotSet));
+    assert_eq!(same, vec![sym("n"), Dim::Fixed(8), sym("h"), sym("w")]);
+    let upper = infer_conv(attrs(&[], &[], &[], 1, AutoPad::SameUpper));
+    assert_eq!(upper, same);
+    let strided = infer_conv(attrs(&[2, 1], &[1, 1, 1, 1], &[], 1, AutoPad::NotSet));
+    assert_eq!(strided, vec![sym("n"), Dim::Fixed(8), Dim::unknown(), sym("w")]);
+}
