@@ -465,6 +465,7 @@ struct ConvShape {
     group: usize,
     /// Conv: the window over X. ConvTranspose: the window of the equivalent conv over Y.
     axes: Vec<Axis>,
+    transposed: bool,
 }
 
 impl ConvShape {
@@ -476,6 +477,39 @@ impl ConvShape {
     }
     fn taps(&self) -> usize {
         self.axes.iter().map(|a| a.kernel).product()
+    }
+
+    /// Runs the convolution in the compute type of X's dtype (f64 for f64; f32 otherwise,
+    /// f16/bf16 widened as onnxruntime does) and rounds the result once to that dtype.
+    fn evaluate(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        b: Option<&Tensor>,
+        out_shape: Vec<usize>,
+    ) -> Result<Tensor, OpError> {
+        let dtype = x.dtype();
+        let data = if dtype == DType::F64 {
+            let (x, w, b) = (as_f64(x), as_f64(w), b.map(as_f64));
+            TensorData::F64(self.run(&x, &w, b.as_deref()))
+        } else {
+            let (x, w, b) = (as_f32(x), as_f32(w), b.map(as_f32));
+            let y = self.run(&x, &w, b.as_deref());
+            if dtype == DType::F32 {
+                TensorData::F32(y)
+            } else {
+                TensorData::from_f64s(dtype, y.into_iter().map(f64::from))
+            }
+        };
+        Tensor::new(out_shape, data).map_err(|e| OpError::new(e.to_string()))
+    }
+
+    fn run<F: Float>(&self, x: &[F], w: &[F], b: Option<&[F]>) -> Vec<F> {
+        if self.transposed {
+            conv_transpose_core(self, x, w, b)
+        } else {
+            conv_core(self, x, w, b)
+        }
     }
 }
 
@@ -493,49 +527,14 @@ fn eval_conv(a: &ConvAttrs, cx: &EvalCtx) -> Result<Vec<Tensor>, OpError> {
         m: w.shape()[0],
         group: a.group,
         axes: win.axes(&x.shape()[2..])?,
+        transposed: false,
     };
     let mut out_shape = vec![shape.batch, shape.m];
     out_shape.extend(shape.axes.iter().map(|a| a.output));
     util::check_alloc(&out_shape)?;
-    check_work(&shape, shape.y_plane())?;
-    let y = with_compute_type(x.dtype(), &[x, w], b, |f32s, b| conv_f32_or_f64(&shape, f32s, b))?;
-    Ok(vec![finish(x.dtype(), out_shape, y)?])
-}
-
-/// Rejects convolutions whose scratch buffers (im2col) would be absurdly large.
-fn check_work(s: &ConvShape, cols: usize) -> Result<(), OpError> {
-    let cg = s.c / s.group.max(1);
-    util::check_alloc(&[cg, s.taps(), cols])?;
-    Ok(())
-}
-
-/// The computed result in the compute type, before rounding to the output dtype.
-enum Computed {
-    F32(Vec<f32>),
-    F64(Vec<f64>),
-}
-
-/// Borrowed or widened operands in one compute type.
-enum Operands<'a> {
-    F32(Vec<Cow<'a, [f32]>>),
-    F64(Vec<Cow<'a, [f64]>>),
-}
-
-/// Runs `f` on `tensors` (and the optional bias) converted to the compute type of `dtype`: f64
-/// for f64, f32 for everything else (f16/bf16 are widened, as onnxruntime does).
-fn with_compute_type(
-    dtype: DType,
-    tensors: &[&Tensor],
-    bias: Option<&Tensor>,
-    f: impl FnOnce(Operands, bool) -> Result<Computed, OpError>,
-) -> Result<Computed, OpError> {
-    let all: Vec<&Tensor> = tensors.iter().copied().chain(bias).collect();
-    let ops = if dtype == DType::F64 {
-        Operands::F64(all.iter().map(|t| as_f64(t)).collect())
-    } else {
-        Operands::F32(all.iter().map(|t| as_f32(t)).collect())
-    };
-    f(ops, bias.is_some())
+    // The im2col buffer is [C/group * taps, Y plane].
+    util::check_alloc(&[shape.c / shape.group, shape.taps(), shape.y_plane()])?;
+    Ok(vec![shape.evaluate(x, w, b, out_shape)?])
 }
 
 fn as_f32(t: &Tensor) -> Cow<'_, [f32]> {
@@ -552,29 +551,14 @@ fn as_f64(t: &Tensor) -> Cow<'_, [f64]> {
     }
 }
 
-/// Rounds the computed values once to `dtype`.
-fn finish(dtype: DType, shape: Vec<usize>, y: Computed) -> Result<Tensor, OpError> {
-    let data = match (dtype, y) {
-        (DType::F32, Computed::F32(v)) => TensorData::F32(v),
-        (DType::F64, Computed::F64(v)) => TensorData::F64(v),
-        (d, Computed::F32(v)) => TensorData::from_f64s(d, v.into_iter().map(f64::from)),
-        (d, Computed::F64(v)) => TensorData::from_f64s(d, v),
-    };
-    Tensor::new(shape, data).map_err(|e| OpError::new(e.to_string()))
-}
-
-fn conv_f32_or_f64(s: &ConvShape, ops: Operands, has_bias: bool) -> Result<Computed, OpError> {
-    Ok(match ops {
-        Operands::F32(v) => Computed::F32(conv_core(s, &v[0], &v[1], has_bias.then(|| &*v[2]))),
-        Operands::F64(v) => Computed::F64(conv_core(s, &v[0], &v[1], has_bias.then(|| &*v[2]))),
-    })
-}
-
-/// Threads to split one large kernel over.
+/// Threads to split one large kernel over (queried once: the query reads cgroup files).
 fn threads() -> usize {
-    std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(16)
+    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *THREADS.get_or_init(|| {
+        std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(16)
+    })
 }
 
 /// `Y = conv(X, W) + B` in the compute type. Shapes are already checked.
@@ -888,6 +872,7 @@ fn eval_conv_transpose(a: &ConvTransposeAttrs, cx: &EvalCtx) -> Result<Vec<Tenso
         m: w.shape()[1] * a.conv.group,
         group: a.conv.group,
         axes,
+        transposed: true,
     };
     let mut out_shape = vec![shape.batch, shape.m];
     out_shape.extend(shape.axes.iter().map(|a| a.input));
@@ -895,23 +880,7 @@ fn eval_conv_transpose(a: &ConvTransposeAttrs, cx: &EvalCtx) -> Result<Vec<Tenso
     // The column buffer is [M/group * taps, X plane].
     let mg = shape.m / shape.group;
     util::check_alloc(&[mg, shape.taps(), shape.y_plane()])?;
-    let y = with_compute_type(x.dtype(), &[x, w], b, |ops, has_bias| {
-        Ok(match ops {
-            Operands::F32(v) => Computed::F32(conv_transpose_core(
-                &shape,
-                &v[0],
-                &v[1],
-                has_bias.then(|| &*v[2]),
-            )),
-            Operands::F64(v) => Computed::F64(conv_transpose_core(
-                &shape,
-                &v[0],
-                &v[1],
-                has_bias.then(|| &*v[2]),
-            )),
-        })
-    })?;
-    Ok(vec![finish(x.dtype(), out_shape, y)?])
+    Ok(vec![shape.evaluate(x, w, b, out_shape)?])
 }
 
 /// `Y = conv_transpose(X, W) + B`: per image and group, `col = W_gᵀ · X_g` (one row per output
