@@ -382,7 +382,8 @@ pub enum Op {
         axis: i64,
         p: u8,
     },
-    /// Inputs: X. `(x - mean) / sqrt(var + 1e-9)` over `axes`.
+    /// Inputs: X. `(x - mean) / (sqrt(var) + 1e-9)` over `axes` (the ONNX function body adds
+    /// the epsilon to the standard deviation).
     MeanVarianceNorm {
         axes: Vec<i64>,
     },
