@@ -81,12 +81,8 @@ pub fn node_flops(g: &Graph, node: &Node) -> u64 {
         | Op::GroupNorm { .. }
         | Op::MeanVarianceNorm { .. } => 5 * out_elems(0),
         Op::Softmax { .. } | Op::LogSoftmax { .. } => 3 * out_elems(0),
-        Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Clip => {
-            if node.outputs[0].ty.dtype.is_float() {
-                out_elems(0)
-            } else {
-                0
-            }
+        Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Clip if node.outputs[0].ty.dtype.is_float() => {
+            out_elems(0)
         }
         Op::Resize(_) => out_elems(0) * 4,
         Op::If { then_branch, .. } => graph_flops(then_branch),

@@ -92,8 +92,16 @@ pub trait Element: Copy + Default + PartialOrd + PartialEq + Send + Sync + fmt::
     fn is_nan(self) -> bool {
         false
     }
+    /// The nearest `f32` (a single rounding, also for 64-bit integers).
+    fn to_f32(self) -> f32 {
+        self.to_f64() as f32
+    }
     /// Converts a value of another element type, exactly as ONNX `Cast` does.
     fn cast_from<S: Element>(s: S) -> Self {
+        if Self::DTYPE == DType::F32 {
+            // Through f64 a 64-bit integer would be rounded twice.
+            return Self::from_f64(s.to_f32() as f64);
+        }
         if S::DTYPE.is_float() || Self::DTYPE.is_float() || S::DTYPE == DType::Bool {
             Self::from_f64(s.to_f64())
         } else {
@@ -119,6 +127,9 @@ macro_rules! int_element {
             }
             fn from_i64(v: i64) -> Self {
                 v as $t
+            }
+            fn to_f32(self) -> f32 {
+                self as f32
             }
             fn wrap(v: Vec<Self>) -> TensorData {
                 TensorData::$variant(v)

@@ -95,14 +95,15 @@ impl TensorType {
         self.shape.iter().all(Dim::is_fixed)
     }
 
-    /// Number of elements, when the shape is static.
+    /// Number of elements, when the shape is static and the count fits in `usize`.
     pub fn num_elements(&self) -> Option<usize> {
-        self.fixed_shape().map(|s| s.iter().product())
+        self.fixed_shape().and_then(|s| crate::tensor::checked_numel(&s))
     }
 
-    /// Size in bytes, when the shape is static.
+    /// Size in bytes, when the shape is static and the size fits in `usize`.
     pub fn size_bytes(&self) -> Option<usize> {
-        self.num_elements().map(|n| n * self.dtype.size_bytes())
+        self.num_elements()
+            .and_then(|n| n.checked_mul(self.dtype.size_bytes()))
     }
 }
 

@@ -137,7 +137,12 @@ fn cast_follows_numpy_semantics() {
         vec![-1, 2, i32::MAX as i64, 0, 300]
     );
     assert_eq!(t.cast(DType::Bool).to_i64_vec(), vec![1, 1, 1, 1, 1]);
-    let h = Tensor::from_vec(vec![1], vec![1.0009765625f32 + 0.00048828125]).cast(DType::F16);
+    let h = Tensor::from_vec(vec![1], vec![1.0f32 + 1.5 * 2f32.powi(-10)]).cast(DType::F16);
     // Ties round to even: 1 + 1.5 ulp(f16) rounds up to 1 + 2 ulp.
     assert_eq!(h.to_f64_vec()[0], 1.001953125);
+    // 2^60 + 2^36 + 1 is just above the midpoint between two f32 values: one rounding goes up,
+    // rounding through f64 first lands on the midpoint and then rounds to even (down).
+    let big = (1i64 << 60) + (1i64 << 36) + 1;
+    let f = Tensor::from_vec(vec![1], vec![big]).cast(DType::F32);
+    assert_eq!(f.as_slice::<f32>().unwrap()[0], big as f32);
 }
