@@ -363,7 +363,7 @@ impl Bias<'_> {
     /// Keys before the query block for batch `b` (the causal/window diagonal's offset).
     fn offset(&self, b: usize) -> i64 {
         match (&self.nonpad, self.has_past) {
-            (Some(n), false) => n[b] - self.sq as i64,
+            (Some(n), false) => n[b].saturating_sub(self.sq as i64),
             _ => self.past as i64,
         }
     }
@@ -371,12 +371,13 @@ impl Bias<'_> {
     fn at(&self, b: usize, h: usize, i: usize, j: usize) -> f64 {
         let mut v = self.mask.as_ref().map_or(0.0, |m| m.at(b, h, i, j));
         let (i, j) = (i as i64, j as i64);
-        let pos = i + self.offset(b);
+        // Saturating: nonpad_kv_seqlen is model data and may be absurd.
+        let pos = i.saturating_add(self.offset(b));
         if self.a.is_causal && j > pos {
             v += f64::NEG_INFINITY;
         }
         let (left, right) = (self.a.left_window_size, self.a.right_window_size);
-        if (left >= 0 && pos - j > left) || (right >= 0 && j - pos > right) {
+        if (left >= 0 && pos.saturating_sub(j) > left) || (right >= 0 && j.saturating_sub(pos) > right) {
             v += f64::NEG_INFINITY;
         }
         if let Some(n) = &self.nonpad {
@@ -679,5 +680,130 @@ mod tests {
         a.right_window_size = 0;
         let y = run(a, vec![Some(&q), Some(&q), Some(&v)], 1);
         assert_eq!(y[0].to_f64_vec(), vec![1.0, 2.0, 6.0]);
+    }
+}
+
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use crate::ops::{self, InferCtx};
+
+    struct Rng(u64);
+
+    impl Rng {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % n
+        }
+    }
+
+    fn tensor(shape: Vec<usize>, dtype: DType) -> Tensor {
+        let n: usize = shape.iter().product();
+        let vals = (0..n).map(|i| ((i * 7) % 5) as f64 * 0.25 - 0.5);
+        Tensor::new(shape, TensorData::from_f64s(dtype, vals)).unwrap()
+    }
+
+    /// Random geometries, masks, caches and attributes (valid or not) never panic, and when
+    /// inference and evaluation both succeed they agree on every output type.
+    #[test]
+    fn random_attention_never_panics_and_infer_matches_eval() {
+        let mut rng = Rng(0xdeadbeefcafef00d);
+        let mut agreed = 0;
+        for _ in 0..3000 {
+            let dtype = [DType::F32, DType::F16, DType::F64][rng.below(3) as usize];
+            let b = rng.below(3) as usize;
+            let hkv = rng.below(3) as usize + 1;
+            let hq = hkv * (rng.below(3) as usize + 1) + (rng.below(8) == 0) as usize;
+            let (sq, skv, dk, dv) = (
+                rng.below(4) as usize,
+                rng.below(4) as usize,
+                rng.below(3) as usize + 1,
+                rng.below(3) as usize + 1,
+            );
+            let three_d = rng.below(2) == 0;
+            let mut a = AttentionAttrs {
+                is_causal: rng.below(2) == 0,
+                q_num_heads: 0,
+                kv_num_heads: 0,
+                qk_matmul_output_mode: rng.below(4) as i64,
+                scale: (rng.below(2) == 0).then_some(0.3),
+                softcap: [0.0, 0.5, 2.0][rng.below(3) as usize],
+                softmax_precision: (rng.below(3) == 0).then_some(DType::F32),
+                left_window_size: rng.below(4) as i64 - 1,
+                right_window_size: rng.below(4) as i64 - 1,
+            };
+            let mut ins: Vec<Option<Tensor>> = if three_d {
+                a.q_num_heads = hq;
+                a.kv_num_heads = hkv;
+                vec![
+                    Some(tensor(vec![b, sq, hq * dk], dtype)),
+                    Some(tensor(vec![b, skv, hkv * dk], dtype)),
+                    Some(tensor(vec![b, skv, hkv * dv], dtype)),
+                ]
+            } else {
+                vec![
+                    Some(tensor(vec![b, hq, sq, dk], dtype)),
+                    Some(tensor(vec![b, hkv, skv, dk], dtype)),
+                    Some(tensor(vec![b, hkv, skv, dv], dtype)),
+                ]
+            };
+            let past = if rng.below(3) == 0 {
+                rng.below(3) as usize
+            } else {
+                0
+            };
+            let total = past + skv;
+            ins.push((rng.below(2) == 0).then(|| {
+                let rank = rng.below(4) as usize + 1;
+                let full = [b, hq, sq, total];
+                let shape = (4 - rank..4)
+                    .map(|ax| match rng.below(4) {
+                        0 => 1,
+                        1 if ax == 3 => full[ax].saturating_sub(1),
+                        3 => full[ax] + 1,
+                        _ => full[ax],
+                    })
+                    .collect();
+                tensor(shape, if rng.below(2) == 0 { DType::Bool } else { dtype })
+            }));
+            if past > 0 || rng.below(8) == 0 {
+                ins.push(Some(tensor(vec![b, hkv, past, dk], dtype)));
+                ins.push(Some(tensor(vec![b, hkv, past, dv], dtype)));
+            } else {
+                ins.push(None);
+                ins.push(None);
+            }
+            if rng.below(3) == 0 {
+                let lens: Vec<i64> = (0..b).map(|_| rng.below(6) as i64 - 2).collect();
+                ins.push(Some(Tensor::from_vec(vec![lens.len()], lens)));
+            }
+            let outs = rng.below(4) as usize + 1;
+            let op = Op::Attention(a);
+            let types: Vec<Option<TensorType>> =
+                ins.iter().map(|t| t.as_ref().map(|t| t.tensor_type())).collect();
+            let icx = InferCtx {
+                inputs: types.iter().map(|t| t.as_ref()).collect(),
+                values: vec![None; ins.len()],
+                num_outputs: outs,
+            };
+            let inferred = ops::infer(&op, &icx);
+            let out_types = vec![TensorType::scalar(dtype); outs];
+            let ecx = EvalCtx {
+                inputs: ins.iter().map(|t| t.as_ref()).collect(),
+                out_types: &out_types,
+            };
+            match (inferred, ops::eval(&op, &ecx)) {
+                (Ok(t), Ok(v)) => {
+                    let got: Vec<TensorType> = v.iter().map(|x| x.tensor_type()).collect();
+                    assert_eq!(t, got, "{op:?} on {types:?}");
+                    agreed += 1;
+                }
+                (Ok(t), Err(e)) => panic!("{op:?} on {types:?}: inferred {t:?} but evaluation failed: {e}"),
+                _ => {}
+            }
+        }
+        assert!(agreed > 500, "only {agreed} valid cases were generated");
     }
 }

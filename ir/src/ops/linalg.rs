@@ -699,6 +699,21 @@ fn infer_einsum(cx: &InferCtx, equation: &str) -> Result<Vec<TensorType>, OpErro
     let ranks: Vec<usize> = types.iter().map(|t| t.rank()).collect();
     let spec = parse_einsum(equation, &ranks)?;
     let shapes: Vec<&[Dim]> = types.iter().map(|t| &t.shape[..]).collect();
+    // A label repeated within one operand takes a diagonal: no broadcasting there.
+    for (labels, shape) in spec.operands.iter().zip(&shapes) {
+        for q in 0..labels.len() {
+            for p in (0..q).filter(|&p| labels[p] == labels[q]) {
+                if let (Dim::Fixed(x), Dim::Fixed(y)) = (&shape[p], &shape[q]) {
+                    if x != y {
+                        crate::bail!(
+                            "label '{}' repeats in one operand on axes of extents {x} and {y}",
+                            label_name(labels[p])
+                        );
+                    }
+                }
+            }
+        }
+    }
     let ext = label_extents(&spec, &shapes, |a, b| {
         let d = broadcast_dims(std::slice::from_ref(a), std::slice::from_ref(b))?;
         Ok(d[0].clone())
@@ -1137,5 +1152,117 @@ mod tests {
         let y = eval_gemm(&cx, 2.0, 0.5, true, false).unwrap();
         // 2 * A^T + 0.5 * [10, 20] per row.
         assert_eq!(y.to_f64_vec(), vec![7.0, 16.0, 9.0, 18.0]);
+    }
+}
+
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use crate::ops::{self, InferCtx};
+
+    struct Rng(u64);
+
+    impl Rng {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % n
+        }
+    }
+
+    /// A tensor of a random rank in `[min_rank, min_rank + spread)` and small random extents.
+    fn tensor(rng: &mut Rng, dtype: DType, min_rank: usize, spread: u64) -> Tensor {
+        let rank = min_rank + rng.below(spread) as usize;
+        let shape: Vec<usize> = (0..rank).map(|_| rng.below(4) as usize).collect();
+        let n: usize = shape.iter().product();
+        let vals: Vec<f64> = (0..n).map(|i| (i % 5) as f64 - 2.0).collect();
+        Tensor::new(shape, TensorData::from_f64s(dtype, vals)).unwrap()
+    }
+
+    /// Runs inference and evaluation on the same inputs; neither may panic, and when both
+    /// succeed they agree on the output type. Returns whether they agreed.
+    fn check(op: &Op, inputs: &[Tensor]) -> bool {
+        let types: Vec<TensorType> = inputs.iter().map(|t| t.tensor_type()).collect();
+        let icx = InferCtx {
+            inputs: types.iter().map(Some).collect(),
+            values: vec![None; inputs.len()],
+            num_outputs: 1,
+        };
+        let inferred = ops::infer(op, &icx);
+        let out_types = [types[0].clone()];
+        let ecx = EvalCtx {
+            inputs: inputs.iter().map(Some).collect(),
+            out_types: &out_types,
+        };
+        match (inferred, ops::eval(op, &ecx)) {
+            (Ok(t), Ok(v)) => {
+                assert_eq!(t[0], v[0].tensor_type(), "{op:?} on {types:?}");
+                true
+            }
+            (Ok(t), Err(e)) => panic!("{op:?} on {types:?}: inferred {t:?} but evaluation failed: {e}"),
+            _ => false,
+        }
+    }
+
+    #[test]
+    fn random_products_never_panic_and_infer_matches_eval() {
+        let mut rng = Rng(0x2545f4914f6cdd1d);
+        let dtypes = [
+            DType::F32,
+            DType::F16,
+            DType::I8,
+            DType::U64,
+            DType::F64,
+            DType::Bool,
+        ];
+        let equations = [
+            "ij,jk->ik",
+            "ij,jk",
+            "ii->i",
+            "...ij,...jk->...ik",
+            "i,i",
+            "bij,bkj->bik",
+            "ij->ji",
+            "i...->...",
+            "a,b,c->abc",
+            "ijk,jk",
+            "ii",
+            "iii->i",
+            "",
+            "ab->c",
+            "aB,Bc,cd->ad",
+        ];
+        let mut agreed = 0;
+        for _ in 0..4000 {
+            let dtype = dtypes[rng.below(dtypes.len() as u64) as usize];
+            match rng.below(3) {
+                0 => {
+                    let a = tensor(&mut rng, dtype, 1, 4);
+                    let b = tensor(&mut rng, dtype, 1, 4);
+                    agreed += check(&Op::MatMul, &[a, b]) as usize;
+                }
+                1 => {
+                    let mut ins = vec![tensor(&mut rng, dtype, 2, 1), tensor(&mut rng, dtype, 2, 1)];
+                    if rng.below(2) == 0 {
+                        ins.push(tensor(&mut rng, dtype, 0, 3));
+                    }
+                    let op = Op::Gemm {
+                        alpha: 0.5,
+                        beta: 2.0,
+                        trans_a: rng.below(2) == 0,
+                        trans_b: rng.below(2) == 0,
+                    };
+                    agreed += check(&op, &ins) as usize;
+                }
+                _ => {
+                    let equation = equations[rng.below(equations.len() as u64) as usize].to_string();
+                    let n = rng.below(3) as usize + 1;
+                    let ins: Vec<Tensor> = (0..n).map(|_| tensor(&mut rng, dtype, 0, 4)).collect();
+                    agreed += check(&Op::Einsum { equation }, &ins) as usize;
+                }
+            }
+        }
+        assert!(agreed > 400, "only {agreed} valid cases were generated");
     }
 }

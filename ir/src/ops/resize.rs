@@ -480,10 +480,31 @@ fn normalized(c: Vec<f64>) -> Vec<f64> {
     c.into_iter().map(|v| v / sum).collect()
 }
 
+/// How many taps the kernel has at `scale`.
+fn kernel_width(a: &ResizeAttrs, scale: f64) -> f64 {
+    let support = match a.mode {
+        ResizeMode::Cubic => 2.0,
+        _ => 1.0,
+    };
+    if !a.antialias {
+        return 2.0 * support;
+    }
+    2.0 - 2.0 * ((-support / scale.min(1.0)).floor() + 1.0)
+}
+
 /// The taps of every output position along one axis (the reference's window selection:
 /// the `n` source positions nearest to the coordinate, ties to the left).
 fn axis_taps(g: &Geometry, p: &AxisPlan, input: usize) -> Result<Vec<Taps>, OpError> {
     let a = g.attrs;
+    // Antialiasing widens the kernel by 1/scale; when the output is not empty that is at most
+    // about twice the input, but refuse absurd widths before building any kernel.
+    let width = kernel_width(a, p.scale);
+    if !(width <= 4.0 * input as f64 + 16.0) {
+        crate::bail!(
+            "interpolation kernel of {width} taps (scale {}) is too wide",
+            p.scale
+        );
+    }
     let mut taps = Vec::with_capacity(p.out);
     for y in 0..p.out {
         let (x, outside) = source_coord(g, p, input, y);
@@ -498,9 +519,6 @@ fn axis_taps(g: &Geometry, p: &AxisPlan, input: usize) -> Result<Vec<Taps>, OpEr
             ResizeMode::Nearest => crate::bail!("nearest mode has no interpolation taps"),
         };
         let n = coeff.len() as i64;
-        if n > 1 << 20 {
-            crate::bail!("interpolation kernel of {n} taps is too large");
-        }
         let pad = (n + 1) / 2;
         let xp = x + pad as f64;
         let pf = xp.floor();
@@ -519,8 +537,9 @@ fn axis_taps(g: &Geometry, p: &AxisPlan, input: usize) -> Result<Vec<Taps>, OpEr
                 base + 1
             }
         };
-        let start = pf as i64 + offset - pad;
-        let raw: Vec<i64> = (start..start + n).collect();
+        // Saturating: a coordinate far outside the input only needs to clamp to its edge.
+        let start = (pf as i64).saturating_add(offset).saturating_sub(pad);
+        let raw: Vec<i64> = (0..n).map(|k| start.saturating_add(k)).collect();
         if a.exclude_outside {
             for (c, &i) in coeff.iter_mut().zip(&raw) {
                 if i < 0 || i >= input as i64 {
@@ -592,19 +611,19 @@ fn resize_interpolate(
 // DepthToSpace / SpaceToDepth
 // ---------------------------------------------------------------------------------------------
 
-fn check_block(block: usize) -> Result<(), OpError> {
-    if block == 0 {
-        crate::bail!("blocksize must be positive");
+/// `blocksize²`, checked.
+fn block_area(block: usize) -> Result<usize, OpError> {
+    match block.checked_mul(block) {
+        Some(bb) if block > 0 => Ok(bb),
+        _ => crate::bail!("blocksize {block} is out of range"),
     }
-    Ok(())
 }
 
 fn infer_depth_to_space(x: &TensorType, block: usize) -> Result<Vec<TensorType>, OpError> {
-    check_block(block)?;
+    let bb = block_area(block)?;
     if x.rank() != 4 {
         crate::bail!("DepthToSpace needs a 4-D input, got {x}");
     }
-    let bb = block * block;
     let c = match &x.shape[1] {
         Dim::Fixed(c) if c % bb != 0 => {
             crate::bail!("channels {c} are not divisible by blocksize^2 = {bb}")
@@ -613,15 +632,18 @@ fn infer_depth_to_space(x: &TensorType, block: usize) -> Result<Vec<TensorType>,
         Dim::Sym(_) => Dim::unknown(),
     };
     let scaled = |d: &Dim| match d {
-        Dim::Fixed(v) => Dim::Fixed(v * block),
-        Dim::Sym(_) => Dim::unknown(),
+        Dim::Fixed(v) => v
+            .checked_mul(block)
+            .map(Dim::Fixed)
+            .ok_or_else(|| OpError::new("output extent overflows")),
+        Dim::Sym(_) => Ok(Dim::unknown()),
     };
-    let shape = vec![x.shape[0].clone(), c, scaled(&x.shape[2]), scaled(&x.shape[3])];
+    let shape = vec![x.shape[0].clone(), c, scaled(&x.shape[2])?, scaled(&x.shape[3])?];
     Ok(vec![TensorType::new(x.dtype, shape)])
 }
 
 fn infer_space_to_depth(x: &TensorType, block: usize) -> Result<Vec<TensorType>, OpError> {
-    check_block(block)?;
+    let bb = block_area(block)?;
     if x.rank() != 4 {
         crate::bail!("SpaceToDepth needs a 4-D input, got {x}");
     }
@@ -633,7 +655,10 @@ fn infer_space_to_depth(x: &TensorType, block: usize) -> Result<Vec<TensorType>,
         Dim::Sym(_) => Ok(Dim::unknown()),
     };
     let c = match &x.shape[1] {
-        Dim::Fixed(c) => Dim::Fixed(c * block * block),
+        Dim::Fixed(c) => Dim::Fixed(
+            c.checked_mul(bb)
+                .ok_or_else(|| OpError::new("channels overflow"))?,
+        ),
         Dim::Sym(_) => Dim::unknown(),
     };
     let shape = vec![x.shape[0].clone(), c, shrunk(&x.shape[2])?, shrunk(&x.shape[3])?];
@@ -677,9 +702,8 @@ fn dims4(x: &Tensor, op: &str) -> Result<[usize; 4], OpError> {
 }
 
 fn depth_to_space(x: &Tensor, block: usize, crd: bool) -> Result<Tensor, OpError> {
-    check_block(block)?;
+    let bb = block_area(block)?;
     let [n, c, h, w] = dims4(x, "DepthToSpace")?;
-    let bb = block * block;
     if c % bb != 0 {
         crate::bail!("channels {c} are not divisible by blocksize^2 = {bb}");
     }
@@ -693,14 +717,17 @@ fn depth_to_space(x: &Tensor, block: usize, crd: bool) -> Result<Tensor, OpError
 }
 
 fn space_to_depth(x: &Tensor, block: usize, crd: bool) -> Result<Tensor, OpError> {
-    check_block(block)?;
+    let bb = block_area(block)?;
     let [n, c, h, w] = dims4(x, "SpaceToDepth")?;
     let b = block;
     if h % b != 0 || w % b != 0 {
         crate::bail!("spatial extents {h}x{w} are not divisible by blocksize {b}");
     }
+    let c_out = c
+        .checked_mul(bb)
+        .ok_or_else(|| OpError::new("channels overflow"))?;
     let view = [n, c, h / b, b, w / b, b];
-    let out = vec![n, c * b * b, h / b, w / b];
+    let out = vec![n, c_out, h / b, w / b];
     if crd {
         permuted(x, &view, &[0, 1, 3, 5, 2, 4], out)
     } else {
@@ -801,5 +828,124 @@ mod tests {
         assert!(plan_axes(&a, &[2], &[0], &Target::Scales(&[1e30]), None).is_err());
         assert!(plan_axes(&a, &[2], &[0], &Target::Sizes(&[-1]), None).is_err());
         assert!(plan_axes(&a, &[2, 2], &[0, 1], &Target::Sizes(&[1]), None).is_err());
+    }
+}
+
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use crate::ops::{self, InferCtx};
+
+    /// A small deterministic generator (xorshift) for reproducible random cases.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+        fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
+            xs[self.below(xs.len() as u64) as usize]
+        }
+    }
+
+    /// Random attributes and targets (including invalid ones) never panic, and whenever both
+    /// inference and evaluation succeed they agree on the output type.
+    #[test]
+    fn random_resizes_never_panic_and_infer_matches_eval() {
+        let mut rng = Rng(0x9e3779b97f4a7c15);
+        let mut agreed = 0;
+        for _ in 0..3000 {
+            let rank = rng.below(4) as usize + 1;
+            let shape: Vec<usize> = (0..rank).map(|_| rng.below(5) as usize).collect();
+            let n: usize = shape.iter().product();
+            let x = Tensor::from_vec(shape.clone(), (0..n).map(|i| (i * 7 % 11) as f32).collect());
+            let naxes = if rng.below(2) == 0 {
+                0
+            } else {
+                rng.below(rank as u64) as usize + 1
+            };
+            let axes: Vec<i64> = (0..naxes)
+                .map(|_| rng.below(2 * rank as u64) as i64 - rank as i64)
+                .collect();
+            let count = if axes.is_empty() { rank } else { axes.len() };
+            let a = ResizeAttrs {
+                mode: rng.pick(&[ResizeMode::Nearest, ResizeMode::Linear, ResizeMode::Cubic]),
+                coord: rng.pick(&[
+                    CoordTransform::HalfPixel,
+                    CoordTransform::HalfPixelSymmetric,
+                    CoordTransform::PytorchHalfPixel,
+                    CoordTransform::AlignCorners,
+                    CoordTransform::Asymmetric,
+                    CoordTransform::TfCropAndResize,
+                    CoordTransform::TfHalfPixelForNn,
+                ]),
+                nearest_mode: rng.pick(&[
+                    NearestMode::RoundPreferFloor,
+                    NearestMode::RoundPreferCeil,
+                    NearestMode::Floor,
+                    NearestMode::Ceil,
+                    NearestMode::Simple,
+                ]),
+                cubic_coeff_a: -0.5,
+                exclude_outside: rng.below(2) == 0,
+                extrapolation_value: 3.0,
+                antialias: rng.below(3) == 0,
+                axes,
+                keep_aspect_ratio_policy: rng.pick(&[
+                    AspectRatioPolicy::Stretch,
+                    AspectRatioPolicy::NotLarger,
+                    AspectRatioPolicy::NotSmaller,
+                ]),
+            };
+            let len = if rng.below(10) == 0 { count + 1 } else { count };
+            let (scales, sizes) = if rng.below(2) == 0 {
+                let vals = [0.5f32, 1.0, 1.5, 2.0, 0.3, 0.0, -1.0, f32::NAN, 1e-6, 3.7];
+                let s: Vec<f32> = (0..len).map(|_| rng.pick(&vals)).collect();
+                (Some(Tensor::from_vec(vec![len], s)), None)
+            } else {
+                let s: Vec<i64> = (0..len).map(|_| rng.below(8) as i64 - 1).collect();
+                (None, Some(Tensor::from_vec(vec![len], s)))
+            };
+            let roi = (rng.below(4) != 0).then(|| {
+                let r: Vec<f32> = (0..2 * count)
+                    .map(|_| rng.pick(&[0.0f32, 0.2, 0.5, 0.8, 1.0, 1.3, -0.4]))
+                    .collect();
+                Tensor::from_vec(vec![2 * count], r)
+            });
+            let inputs = [Some(&x), roi.as_ref(), scales.as_ref(), sizes.as_ref()];
+            let types: Vec<Option<TensorType>> = inputs.iter().map(|t| t.map(|t| t.tensor_type())).collect();
+            let op = Op::Resize(a);
+            let icx = InferCtx {
+                inputs: types.iter().map(|t| t.as_ref()).collect(),
+                values: vec![None, roi.as_ref(), scales.as_ref(), sizes.as_ref()],
+                num_outputs: 1,
+            };
+            let inferred = ops::infer(&op, &icx);
+            let out_types = [x.tensor_type()];
+            let ecx = EvalCtx {
+                inputs: inputs.to_vec(),
+                out_types: &out_types,
+            };
+            let evaluated = ops::eval(&op, &ecx);
+            if let (Ok(t), Ok(v)) = (&inferred, &evaluated) {
+                assert_eq!(t[0], v[0].tensor_type(), "{op:?} on {shape:?}");
+                agreed += 1;
+            }
+        }
+        assert!(agreed > 500, "only {agreed} valid cases were generated");
+    }
+
+    #[test]
+    fn absurd_blocksizes_are_errors() {
+        let x = Tensor::from_vec(vec![1, 1, 0, 0], Vec::<f32>::new());
+        assert!(space_to_depth(&x, usize::MAX / 2, false).is_err());
+        assert!(depth_to_space(&x, 1 << 33, false).is_err());
+        assert!(infer_depth_to_space(&TensorType::fixed(DType::F32, &[1, 4, 1 << 63, 1]), 2).is_err());
     }
 }
