@@ -499,7 +499,7 @@ fn axis_taps(g: &Geometry, p: &AxisPlan, input: usize) -> Result<Vec<Taps>, OpEr
     // Antialiasing widens the kernel by 1/scale; when the output is not empty that is at most
     // about twice the input, but refuse absurd widths before building any kernel.
     let width = kernel_width(a, p.scale);
-    if !(width <= 4.0 * input as f64 + 16.0) {
+    if width.is_nan() || width > 4.0 * input as f64 + 16.0 {
         crate::bail!(
             "interpolation kernel of {width} taps (scale {}) is too wide",
             p.scale
