@@ -464,7 +464,11 @@ pub(crate) fn eval(op: &Op, cx: &EvalCtx) -> Result<Vec<Tensor>, OpError> {
         has_past: pk.is_some(),
         sq: g.sq,
     };
-    let (y, qk) = attend(a, &g, dtype, &qv, &present_k, &present_v, &bias)?;
+    let bias_dtype = match cx.opt_input(3).map(|m| m.dtype()) {
+        Some(m) if m.is_float() => promote(dtype, m),
+        _ => dtype,
+    };
+    let (y, qk) = attend(a, &g, dtype, bias_dtype, &qv, &present_k, &present_v, &bias)?;
 
     let y = if three_d { heads_last(&y, &g) } else { y };
     let y_shape = if three_d {
@@ -528,24 +532,48 @@ fn softmax_row(row: &mut [f64], r: fn(f64) -> f64) {
     }
 }
 
+/// The wider of two float dtypes, as numpy promotes them (f16 with bf16 gives f32).
+fn promote(a: DType, b: DType) -> DType {
+    match (a, b) {
+        _ if a == b => a,
+        (DType::F64, _) | (_, DType::F64) => DType::F64,
+        _ => DType::F32,
+    }
+}
+
 /// Returns `Y` as `[B, Hq, Sq, Dv]` and the requested QK output `[B, Hq, Sq, total]`.
+/// `bias_dtype` is the dtype the additive bias is built in (the mask's when it is a wider
+/// float than the operator's).
+#[allow(clippy::too_many_arguments)]
 fn attend(
     a: &AttentionAttrs,
     g: &Geometry,
     dtype: DType,
+    bias_dtype: DType,
     q: &[f64],
     k: &[f64],
     v: &[f64],
     bias: &Bias,
 ) -> Result<(Vec<f64>, Vec<f64>), OpError> {
+    // The dtype each stage computes in, as the reference's numpy promotions give it: the QK
+    // product in the operator's dtype, softcap against an f32 attribute (so at least f32),
+    // the bias in the wider of that and the mask, softmax in `softmax_precision` if given.
     let r = rounder(dtype);
-    let rs = rounder(a.softmax_precision.unwrap_or(dtype));
-    let scale = match a.scale {
-        Some(s) => s as f64,
-        None => 1.0 / (g.dk as f64).sqrt(),
+    let capped_dtype = if a.softcap > 0.0 {
+        promote(dtype, DType::F32)
+    } else {
+        dtype
     };
-    // Q and K are each scaled by sqrt(scale), in the operator's dtype.
-    let s = r(scale.sqrt());
+    let rc = rounder(capped_dtype);
+    let biased_dtype = promote(capped_dtype, bias_dtype);
+    let rb = rounder(biased_dtype);
+    let rs = rounder(a.softmax_precision.unwrap_or(biased_dtype));
+    // Q and K are each scaled by sqrt(scale), rounded to the operator's dtype; the square root
+    // of a given (f32) scale is taken in f32.
+    let s = r(match a.scale {
+        Some(s) => s.sqrt() as f64,
+        None => (1.0 / (g.dk as f64).sqrt()).sqrt(),
+    });
     let qs: Vec<f64> = q.iter().map(|&x| r(x * s)).collect();
     let ks: Vec<f64> = k.iter().map(|&x| r(x * s)).collect();
     let t = g.total();
@@ -564,15 +592,15 @@ fn attend(
                 for (j, score) in row.iter_mut().enumerate() {
                     let krow = &ks[(kbase + j) * g.dk..][..g.dk];
                     let raw = r(qrow.iter().zip(krow).map(|(x, y)| x * y).sum::<f64>());
-                    let capped = softcap(raw, a.softcap, r);
+                    let capped = softcap(raw, a.softcap, rc);
                     let bv = bias.at(b, h, i, j);
                     // The bias decides full masking, not the (possibly NaN) scores.
                     all_masked &= bv == f64::NEG_INFINITY;
-                    let with_bias = r(capped + bv);
+                    let with_bias = rb(capped + bv);
                     qk_out[out_row + j] = match a.qk_matmul_output_mode {
                         0 => raw,
-                        1 => capped,
-                        _ => with_bias,
+                        1 => r(capped),
+                        _ => r(with_bias),
                     };
                     *score = rs(with_bias);
                 }

@@ -522,7 +522,8 @@ fn gemm_float<A: Acc + FloatAcc>(
 }
 
 /// Integer Gemm: the product wraps in the element type; alpha and beta are real factors,
-/// applied in f64 and truncated toward zero (numpy's `astype` of the float result).
+/// applied in f64, and the result is truncated toward zero and wrapped into the element type
+/// (numpy's `astype` of the float result).
 fn gemm_int(a: &Tensor, b: &Tensor, c: Option<&Tensor>, g: &GemmArgs) -> Result<Tensor, OpError> {
     let dtype = a.dtype();
     let prod = store(dtype, vec![g.m, g.n], &gemm_product::<i64>(a, b, g))?;
@@ -537,7 +538,8 @@ fn gemm_int(a: &Tensor, b: &Tensor, c: Option<&Tensor>, g: &GemmArgs) -> Result<
             *v += cv[ci] * g.beta as f64;
         }
     }
-    Tensor::new(vec![g.m, g.n], TensorData::from_f64s(dtype, y)).map_err(|e| OpError(e.to_string()))
+    let wrapped: Vec<i64> = y.iter().map(|&v| v as i64).collect();
+    store(dtype, vec![g.m, g.n], &wrapped)
 }
 
 trait FloatAcc {

@@ -448,31 +448,55 @@ fn linear_coeffs(ratio: f64, scale: f64, antialias: bool) -> Vec<f64> {
     normalized(c)
 }
 
-fn cubic_coeffs(ratio: f64, scale: f64, a: f64, antialias: bool) -> Vec<f64> {
+/// Cubic convolution weights. The coefficient `a` is an f32 attribute and, as in the reference
+/// (and onnxruntime), the polynomials are evaluated in f32: every f64 subexpression (`ratio`,
+/// `1 - ratio`, powers of the distance) is rounded to f32 where it meets `a`.
+fn cubic_coeffs(ratio: f64, scale: f64, a: f32, antialias: bool) -> Vec<f64> {
     if !antialias {
-        let r = ratio;
-        return vec![
-            ((a * (r + 1.0) - 5.0 * a) * (r + 1.0) + 8.0 * a) * (r + 1.0) - 4.0 * a,
+        let t = (ratio + 1.0) as f32;
+        let r = ratio as f32;
+        let u = (1.0 - ratio) as f32;
+        let v = ((1.0 - ratio) + 1.0) as f32;
+        let c = [
+            ((a * t - 5.0 * a) * t + 8.0 * a) * t - 4.0 * a,
             ((a + 2.0) * r - (a + 3.0)) * r * r + 1.0,
-            ((a + 2.0) * (1.0 - r) - (a + 3.0)) * (1.0 - r) * (1.0 - r) + 1.0,
-            ((a * ((1.0 - r) + 1.0) - 5.0 * a) * ((1.0 - r) + 1.0) + 8.0 * a) * ((1.0 - r) + 1.0) - 4.0 * a,
+            ((a + 2.0) * u - (a + 3.0)) * u * u + 1.0,
+            ((a * v - 5.0 * a) * v + 8.0 * a) * v - 4.0 * a,
         ];
+        return c.iter().map(|&x| x as f64).collect();
     }
     let s = scale.min(1.0);
-    let kernel = |x: f64| {
+    // `None` marks taps beyond the kernel's support (an exact zero).
+    let kernel = |x: f64| -> Option<f32> {
         let x = x.abs();
-        let (x2, x3) = (x * x, x * x * x);
+        let x2 = x * x;
+        let x3 = x * x2;
+        let (x, x2, x3) = (x as f32, x2 as f32, x3 as f32);
         if x <= 1.0 {
-            (a + 2.0) * x3 - (a + 3.0) * x2 + 1.0
+            Some((a + 2.0) * x3 - (a + 3.0) * x2 + 1.0)
         } else if x < 2.0 {
-            a * x3 - 5.0 * a * x2 + 8.0 * a * x - 4.0 * a
+            Some(a * x3 - 5.0 * a * x2 + 8.0 * a * x - 4.0 * a)
         } else {
-            0.0
+            None
         }
     };
     let i_start = (-2.0 / s).floor() as i64 + 1;
     let i_end = 2 - i_start;
-    normalized((i_start..i_end).map(|i| kernel(s * (i as f64 - ratio))).collect())
+    let c: Vec<Option<f32>> = (i_start..i_end).map(|i| kernel(s * (i as f64 - ratio))).collect();
+    // The reference sums the taps in f32; it divides in f32 when every tap is an f32 value and
+    // in f64 when an exact zero (a float64 literal there) made the tap array f64.
+    let sum = c.iter().fold(0.0f32, |acc, x| acc + x.unwrap_or(0.0));
+    let all_f32 = c.iter().all(Option::is_some);
+    c.iter()
+        .map(|x| {
+            let x = x.unwrap_or(0.0);
+            if all_f32 {
+                (x / sum) as f64
+            } else {
+                x as f64 / sum as f64
+            }
+        })
+        .collect()
 }
 
 fn normalized(c: Vec<f64>) -> Vec<f64> {
@@ -515,7 +539,7 @@ fn axis_taps(g: &Geometry, p: &AxisPlan, input: usize) -> Result<Vec<Taps>, OpEr
         let ratio = if x == x_int { 1.0 } else { x - x_int };
         let mut coeff = match a.mode {
             ResizeMode::Linear => linear_coeffs(ratio, p.scale, a.antialias),
-            ResizeMode::Cubic => cubic_coeffs(ratio, p.scale, a.cubic_coeff_a as f64, a.antialias),
+            ResizeMode::Cubic => cubic_coeffs(ratio, p.scale, a.cubic_coeff_a, a.antialias),
             ResizeMode::Nearest => crate::bail!("nearest mode has no interpolation taps"),
         };
         let n = coeff.len() as i64;
