@@ -689,6 +689,32 @@ mod tests {
     }
 
     #[test]
+    fn qk_output_modes_follow_the_pipeline() {
+        // One query, two keys, head size 1, scale 1: logits q*k = [4, -4]; softcap 2 gives
+        // 2*tanh(2) and -2*tanh(2); the float mask adds [0, -1].
+        let q = Tensor::from_vec(vec![1, 1, 1, 1], vec![2.0f64]);
+        let k = Tensor::from_vec(vec![1, 1, 2, 1], vec![2.0f64, -2.0]);
+        let mask = Tensor::from_vec(vec![2], vec![0.0f64, -1.0]);
+        let capped = 2.0 * 2.0f64.tanh();
+        let expected = [
+            vec![4.0, -4.0],
+            vec![capped, -capped],
+            vec![capped, -capped - 1.0],
+        ];
+        for (mode, want) in expected.iter().enumerate() {
+            let mut a = attrs();
+            a.scale = Some(1.0);
+            a.softcap = 2.0;
+            a.qk_matmul_output_mode = mode as i64;
+            let y = run(a, vec![Some(&q), Some(&k), Some(&k), Some(&mask)], 4);
+            let got = y[3].to_f64_vec();
+            for (g, w) in got.iter().zip(want) {
+                assert!((g - w).abs() < 1e-12, "mode {mode}: {got:?} vs {want:?}");
+            }
+        }
+    }
+
+    #[test]
     fn grouped_heads_share_kv() {
         // Two query heads over one KV head; Q = 0 so each head averages V.
         let q = Tensor::from_vec(vec![1, 2, 1, 1], vec![0.0f64, 0.0]);

@@ -798,6 +798,23 @@ mod tests {
     }
 
     #[test]
+    fn opset10_nearest_ceils_when_shrinking() {
+        // Resize-10: x_ori = y / 0.6 = 0, 1.67; shrinking rounds up → sources 0 and 2.
+        let mut a = attrs(ResizeMode::Nearest, CoordTransform::Asymmetric);
+        a.nearest_mode = NearestMode::Simple;
+        let x = Tensor::from_vec(vec![4], vec![1.0f32, 2.0, 3.0, 4.0]);
+        let s = Tensor::from_vec(vec![1], vec![0.6f32]);
+        assert_eq!(run(&a, &x, Some(&s), None).to_f64_vec(), vec![1.0, 3.0]);
+        // Enlarging rounds down: y / 2.5 = 0, 0.4, 0.8, 1.2, 1.6.
+        let s = Tensor::from_vec(vec![1], vec![2.5f32]);
+        let x = Tensor::from_vec(vec![2], vec![1.0f32, 2.0]);
+        assert_eq!(
+            run(&a, &x, Some(&s), None).to_f64_vec(),
+            vec![1.0, 1.0, 1.0, 2.0, 2.0]
+        );
+    }
+
+    #[test]
     fn linear_half_pixel_by_hand() {
         // in = [0, 10], scale 2: x_ori = (y + 0.5) / 2 - 0.5 = -0.25, 0.25, 0.75, 1.25; edge
         // clamping gives 0, 2.5, 7.5, 10.
