@@ -42,6 +42,9 @@ fn bool_attr(cx: &NodeCtx, name: &str) -> Result<bool> {
 }
 
 fn import_einsum(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
+    if cx.opset() < 12 {
+        return Err(cx.err(format!("Einsum is not defined in opset {}", cx.opset())));
+    }
     if !cx.has_attr("equation") {
         return Err(cx.err("attribute 'equation' is required"));
     }

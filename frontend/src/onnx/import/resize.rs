@@ -13,6 +13,7 @@ use kiln_ir::{
 
 pub(super) fn import(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
     match cx.op_type() {
+        "Resize" if cx.opset() < 10 => Err(cx.err(format!("Resize is not defined in opset {}", cx.opset()))),
         "Resize" if cx.opset() < 11 => import_legacy(cx, false),
         "Resize" => import_resize(cx),
         "Upsample" => import_legacy(cx, true),
