@@ -919,31 +919,29 @@ fn einsum_typed<A: Acc>(
         }
         ops.push(x);
     }
-    let needed_after = |i: usize, ops_labels: &[Vec<usize>]| -> Vec<usize> {
+    // Labels still needed once operand `i` is folded in: the output's and later operands'.
+    let all_labels: Vec<Vec<usize>> = ops.iter().map(|o| o.labels.clone()).collect();
+    let needed_after = |i: usize| -> Vec<usize> {
         let mut keep = spec.output.clone();
-        for l in ops_labels.iter().skip(i + 1) {
-            keep.extend(l.iter().copied());
-        }
+        keep.extend(all_labels[i + 1..].iter().flatten().copied());
         keep
     };
-    let all_labels: Vec<Vec<usize>> = ops.iter().map(|o| o.labels.clone()).collect();
     let mut ops = ops.into_iter().enumerate();
     let (_, mut acc) = ops
         .next()
         .ok_or_else(|| OpError::new("Einsum needs at least one input"))?;
     for (i, y) in ops {
-        let mut keep = needed_after(i, &all_labels);
-        // Labels of the accumulated value that only this operand or later ones need.
-        keep.extend(y.labels.iter().copied());
-        acc = sum_unneeded(acc, &keep);
-        let mut keep_y = needed_after(i, &all_labels);
-        keep_y.extend(acc.labels.iter().copied());
+        let later = needed_after(i);
+        // Before the product, sum away what only one side has and nothing later needs.
+        let keep_acc: Vec<usize> = later.iter().chain(&y.labels).copied().collect();
+        acc = sum_unneeded(acc, &keep_acc);
+        let keep_y: Vec<usize> = later.iter().chain(&acc.labels).copied().collect();
         let y = sum_unneeded(y, &keep_y);
-        acc = contract(acc, y, &needed_after(i, &all_labels))?;
+        acc = contract(acc, y, &later)?;
     }
     let acc = sum_unneeded(acc, &spec.output);
-    // Output labels that no operand had after diagonals cannot occur (checked when parsing);
-    // size-1 broadcast labels still present are permuted into place.
+    // Output labels are kept through every contraction; put them in order, then expand the
+    // broadcast extents that are still 1.
     let perm: Vec<usize> = spec
         .output
         .iter()

@@ -150,10 +150,6 @@ fn apply_aspect_policy(policy: AspectRatioPolicy, dims: &[usize], axes: &[usize]
     }
 }
 
-fn floats_of(t: &Tensor) -> Vec<f64> {
-    t.to_f64_vec()
-}
-
 /// The scales/sizes input that is actually given (an empty tensor counts as absent).
 fn present(t: Option<&Tensor>) -> Option<&Tensor> {
     t.filter(|t| !t.is_empty())
@@ -195,7 +191,7 @@ fn infer_resize(a: &ResizeAttrs, cx: &InferCtx) -> Result<Vec<TensorType>, OpErr
 /// The output shape as far as it is known: exact when the target values and the input
 /// extents they apply to are known.
 fn output_dims(a: &ResizeAttrs, cx: &InferCtx, shape: &[Dim], axes: &[usize]) -> Result<Vec<Dim>, OpError> {
-    let scales = present(cx.value(2)).map(floats_of);
+    let scales = present(cx.value(2)).map(Tensor::to_f64_vec);
     let sizes = present(cx.value(3)).map(|t| t.to_i64_vec());
     let target = match (&scales, &sizes) {
         (Some(s), _) => Target::Scales(s),
@@ -233,8 +229,8 @@ fn output_dims(a: &ResizeAttrs, cx: &InferCtx, shape: &[Dim], axes: &[usize]) ->
     Ok(out)
 }
 
-/// The f64 values of a float input, each rounded to `dtype` after arithmetic the reference
-/// performs in that precision (`roi` arithmetic is done in the roi's own type).
+/// `v` rounded to the float `dtype`: the reference does its roi arithmetic in the roi's own
+/// type, and this reproduces that rounding from f64 results.
 fn round_to(dtype: DType, v: f64) -> f64 {
     match dtype {
         DType::F32 => v as f32 as f64,
@@ -248,8 +244,8 @@ fn eval_resize(a: &ResizeAttrs, cx: &EvalCtx) -> Result<Tensor, OpError> {
     let x = cx.input(0)?;
     let axes = resize_axes(a, x.rank())?;
     let roi_t = present(cx.opt_input(1));
-    let roi = roi_t.map(floats_of);
-    let scales = present(cx.opt_input(2)).map(floats_of);
+    let roi = roi_t.map(Tensor::to_f64_vec);
+    let scales = present(cx.opt_input(2)).map(Tensor::to_f64_vec);
     let sizes = present(cx.opt_input(3)).map(|t| t.to_i64_vec());
     let target = match (&scales, &sizes) {
         (Some(_), Some(_)) => crate::bail!("only one of scales and sizes may be given"),
