@@ -228,6 +228,8 @@ pub enum CoordTransform {
     AlignCorners,
     Asymmetric,
     TfCropAndResize,
+    /// `(x + 0.5) / scale` (opsets 11-12 only).
+    TfHalfPixelForNn,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
@@ -236,6 +238,9 @@ pub enum NearestMode {
     RoundPreferCeil,
     Floor,
     Ceil,
+    /// Resize-10 and Upsample (no `nearest_mode` attribute): floor along axes that are
+    /// enlarged, ceil along axes that are shrunk (onnxruntime's behaviour).
+    Simple,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
@@ -317,6 +322,10 @@ pub struct AttentionAttrs {
     pub scale: Option<f32>,
     pub softcap: f32,
     pub softmax_precision: Option<DType>,
+    /// Sliding window (opset 25): keys more than this many positions before (after) the
+    /// query's absolute position are masked; -1 = unbounded.
+    pub left_window_size: i64,
+    pub right_window_size: i64,
 }
 
 /// One operation in the graph.
@@ -508,8 +517,10 @@ pub enum Op {
         block_size: usize,
         crd: bool,
     },
+    /// `crd`: column-row-depth block order (opset 28 `mode="CRD"`); else depth-column-row.
     SpaceToDepth {
         block_size: usize,
+        crd: bool,
     },
     /// Inputs: input, k? (scalar i64).
     Trilu {
