@@ -41,6 +41,20 @@ fn main() -> ExitCode {
     }
 }
 
+/// Writes command output to stdout. A closed pipe (`kiln inspect m.onnx | head`) ends the
+/// program quietly instead of panicking like `println!` would.
+pub fn emit(text: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("error: cannot write output: {e}");
+        std::process::exit(1);
+    }
+}
+
 /// The error and its causes on one line (`outer: inner: root`), skipping causes whose text the
 /// outer message already contains.
 fn one_line(e: &anyhow::Error) -> String {

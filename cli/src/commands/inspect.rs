@@ -156,9 +156,9 @@ pub fn run(args: Args) -> Result<()> {
         }
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        crate::emit(&format!("{}\n", serde_json::to_string_pretty(&report)?));
     } else {
-        print_report(&report);
+        crate::emit(&format_report(&report));
     }
     Ok(())
 }
@@ -171,49 +171,57 @@ fn display_domain(d: &str) -> String {
     }
 }
 
-fn print_report(r: &Report) {
-    println!("model:      {}", r.model);
+fn format_report(r: &Report) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let _ = writeln!(s, "model:      {}", r.model);
     if !r.producer.is_empty() {
-        println!("producer:   {}", r.producer);
+        let _ = writeln!(s, "producer:   {}", r.producer);
     }
     let opsets: Vec<String> = r.opset_imports.iter().map(|(d, v)| format!("{d} {v}")).collect();
-    println!("ir version: {}   opset: {}", r.ir_version, opsets.join(", "));
-    println!("inputs:");
+    let _ = writeln!(s, "ir version: {}   opset: {}", r.ir_version, opsets.join(", "));
+    let _ = writeln!(s, "inputs:");
     for v in &r.inputs {
-        println!("  {:<24} {}[{}]", v.name, v.dtype, v.shape.join(","));
+        let _ = writeln!(s, "  {:<24} {}[{}]", v.name, v.dtype, v.shape.join(","));
     }
-    println!("outputs:");
+    let _ = writeln!(s, "outputs:");
     for v in &r.outputs {
-        println!("  {:<24} {}[{}]", v.name, v.dtype, v.shape.join(","));
+        let _ = writeln!(s, "  {:<24} {}[{}]", v.name, v.dtype, v.shape.join(","));
     }
-    println!(
+    let _ = writeln!(
+        s,
         "parameters: {} ({})",
         group_digits(r.parameters),
         human_bytes(r.parameter_bytes)
     );
     match r.flops {
-        Some(f) => println!("FLOPs:      {} per run (estimated)", human_count(f)),
-        None => println!("FLOPs:      unknown (the model does not import)"),
+        Some(f) => {
+            let _ = writeln!(s, "FLOPs:      {} per run (estimated)", human_count(f));
+        }
+        None => {
+            let _ = writeln!(s, "FLOPs:      unknown (the model does not import)");
+        }
     }
-    println!("nodes:      {}", r.nodes);
+    let _ = writeln!(s, "nodes:      {}", r.nodes);
     let mut ops: Vec<(&String, &usize)> = r.op_histogram.iter().collect();
     ops.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
     for (op, n) in ops {
-        println!("  {op:<24} {n}");
+        let _ = writeln!(s, "  {op:<24} {n}");
     }
     if r.unsupported.is_empty() {
-        println!("unsupported operators: none");
+        let _ = writeln!(s, "unsupported operators: none");
     } else {
-        println!("unsupported operators ({}):", r.unsupported.len());
+        let _ = writeln!(s, "unsupported operators ({}):", r.unsupported.len());
         for u in &r.unsupported {
-            println!("  {u}");
+            let _ = writeln!(s, "  {u}");
         }
     }
     if let Some(e) = &r.import_error {
         if r.unsupported.is_empty() {
-            println!("import error: {e}");
+            let _ = writeln!(s, "import error: {e}");
         }
     }
+    s
 }
 
 fn group_digits(n: u64) -> String {

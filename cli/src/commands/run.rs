@@ -49,7 +49,7 @@ pub fn run(args: Args) -> Result<()> {
                 .with_context(|| format!("cannot write {}", path.display()))?;
         }
         if !args.quiet {
-            println!("{}: {}", out.name, summarize(t));
+            crate::emit(&format!("{}: {}\n", out.name, summarize(t)));
         }
     }
     if !args.quiet {
