@@ -57,7 +57,7 @@ fn list(cx: &NodeCtx, name: &str, positive: bool) -> Result<Vec<usize>> {
     Ok(v)
 }
 
-fn conv_attrs(cx: &NodeCtx) -> Result<ConvAttrs> {
+pub(super) fn conv_attrs(cx: &NodeCtx) -> Result<ConvAttrs> {
     let group = cx.attr_i("group", 1);
     if group < 1 {
         return Err(cx.err(format!("group must be positive, got {group}")));
