@@ -82,6 +82,10 @@ pub enum Unary {
         bias: f32,
         lambd: f32,
     },
+    /// `x * sigmoid(alpha * x)` (opset 24).
+    Swish {
+        alpha: f32,
+    },
 }
 
 /// Element-wise functions of two tensors with multidirectional (numpy) broadcasting.
@@ -433,6 +437,11 @@ pub enum Op {
         exclusive: bool,
         reverse: bool,
     },
+    /// Inputs: x, axis (scalar int). Running products (opset 26).
+    CumProd {
+        exclusive: bool,
+        reverse: bool,
+    },
     /// Inputs: data, shape (i64).
     Reshape {
         allow_zero: bool,
@@ -611,6 +620,7 @@ impl Op {
             Op::ArgMin { .. } => "ArgMin",
             Op::TopK { .. } => "TopK",
             Op::CumSum { .. } => "CumSum",
+            Op::CumProd { .. } => "CumProd",
             Op::Reshape { .. } => "Reshape",
             Op::Flatten { .. } => "Flatten",
             Op::Transpose { .. } => "Transpose",
@@ -679,7 +689,8 @@ impl Op {
             | Op::ArgMax { .. }
             | Op::ArgMin { .. }
             | Op::TopK { .. }
-            | Op::CumSum { .. } => OpFamily::Reduce,
+            | Op::CumSum { .. }
+            | Op::CumProd { .. } => OpFamily::Reduce,
             Op::Reshape { .. }
             | Op::Flatten { .. }
             | Op::Transpose { .. }
@@ -770,6 +781,7 @@ impl Unary {
             Unary::ThresholdedRelu { .. } => "ThresholdedRelu",
             Unary::Gelu { .. } => "Gelu",
             Unary::Shrink { .. } => "Shrink",
+            Unary::Swish { .. } => "Swish",
         }
     }
 }

@@ -105,9 +105,12 @@ pub fn infer(op: &Op, cx: &InferCtx) -> Result<Vec<TensorType>, OpError> {
         | Op::Hardmax { .. } => norm::infer(op, cx),
         Op::Resize(_) | Op::DepthToSpace { .. } | Op::SpaceToDepth { .. } => resize::infer(op, cx),
         Op::Attention(_) => attention::infer(op, cx),
-        Op::Reduce { .. } | Op::ArgMax { .. } | Op::ArgMin { .. } | Op::TopK { .. } | Op::CumSum { .. } => {
-            reduce::infer(op, cx)
-        }
+        Op::Reduce { .. }
+        | Op::ArgMax { .. }
+        | Op::ArgMin { .. }
+        | Op::TopK { .. }
+        | Op::CumSum { .. }
+        | Op::CumProd { .. } => reduce::infer(op, cx),
         Op::Reshape { .. }
         | Op::Flatten { .. }
         | Op::Transpose { .. }
@@ -159,9 +162,12 @@ pub fn eval(op: &Op, cx: &EvalCtx) -> Result<Vec<Tensor>, OpError> {
         | Op::Hardmax { .. } => norm::eval(op, cx),
         Op::Resize(_) | Op::DepthToSpace { .. } | Op::SpaceToDepth { .. } => resize::eval(op, cx),
         Op::Attention(_) => attention::eval(op, cx),
-        Op::Reduce { .. } | Op::ArgMax { .. } | Op::ArgMin { .. } | Op::TopK { .. } | Op::CumSum { .. } => {
-            reduce::eval(op, cx)
-        }
+        Op::Reduce { .. }
+        | Op::ArgMax { .. }
+        | Op::ArgMin { .. }
+        | Op::TopK { .. }
+        | Op::CumSum { .. }
+        | Op::CumProd { .. } => reduce::eval(op, cx),
         Op::Reshape { .. }
         | Op::Flatten { .. }
         | Op::Transpose { .. }
