@@ -6,6 +6,7 @@
 //! into this one form. Inputs are positional and may be absent (`None`) where ONNX allows an
 //! optional input; each variant documents its inputs and outputs.
 
+pub use crate::ops::misc::{LossReduction, MiscOp};
 pub use crate::ops::quant::QuantOp;
 pub use crate::ops::signal::SignalOp;
 pub use crate::ops::vision::VisionOp;
@@ -562,6 +563,9 @@ pub enum Op {
     Vision(VisionOp),
     /// Signal processing: DFT, STFT, windows, mel filters (`ops/signal.rs`).
     Signal(SignalOp),
+    /// RMSNormalization, Compress, ReverseSequence, Unique, RotaryEmbedding, TensorScatter,
+    /// Det and the losses (`ops/misc.rs`).
+    Misc(MiscOp),
 }
 
 /// The family an operator belongs to; each family has its own inference/evaluation module.
@@ -578,6 +582,7 @@ pub enum OpFamily {
     Quant,
     Vision,
     Signal,
+    Misc,
 }
 
 impl Op {
@@ -660,6 +665,7 @@ impl Op {
             Op::Quant(q) => q.name(),
             Op::Vision(v) => v.name(),
             Op::Signal(x) => x.name(),
+            Op::Misc(m) => m.name(),
         }
     }
 
@@ -721,6 +727,7 @@ impl Op {
             Op::Quant(_) => OpFamily::Quant,
             Op::Vision(_) => OpFamily::Vision,
             Op::Signal(_) => OpFamily::Signal,
+            Op::Misc(_) => OpFamily::Misc,
         }
     }
 

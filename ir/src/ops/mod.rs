@@ -9,6 +9,7 @@ mod control;
 mod conv;
 mod elementwise;
 mod linalg;
+pub(crate) mod misc;
 mod norm;
 pub(crate) mod quant;
 mod recurrent;
@@ -141,6 +142,7 @@ pub fn infer(op: &Op, cx: &InferCtx) -> Result<Vec<TensorType>, OpError> {
         Op::Quant(q) => quant::infer(q, cx),
         Op::Vision(v) => vision::infer(v, cx),
         Op::Signal(x) => signal::infer(x, cx),
+        Op::Misc(m) => misc::infer(m, cx),
     }
 }
 
@@ -198,6 +200,7 @@ pub fn eval(op: &Op, cx: &EvalCtx) -> Result<Vec<Tensor>, OpError> {
         Op::Quant(q) => quant::eval(q, cx),
         Op::Vision(v) => vision::eval(v, cx),
         Op::Signal(x) => signal::eval(x, cx),
+        Op::Misc(m) => misc::eval(m, cx),
     }
 }
 

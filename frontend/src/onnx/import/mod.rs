@@ -11,6 +11,7 @@ mod control;
 mod conv;
 mod elementwise;
 mod linalg;
+mod misc;
 mod norm;
 mod quant;
 mod recurrent;
@@ -81,6 +82,15 @@ fn importer_for(op_type: &str) -> Option<ImportFn> {
         "DFT" | "STFT" | "HannWindow" | "HammingWindow" | "BlackmanWindow" | "MelWeightMatrix" => {
             signal::import
         }
+        "RMSNormalization"
+        | "Compress"
+        | "ReverseSequence"
+        | "Unique"
+        | "RotaryEmbedding"
+        | "TensorScatter"
+        | "Det"
+        | "NegativeLogLikelihoodLoss"
+        | "SoftmaxCrossEntropyLoss" => misc::import,
         _ => return None,
     })
 }
