@@ -264,8 +264,8 @@ fn compress(x: &Tensor, cond: &Tensor, axis: Option<i64>) -> Result<Vec<Tensor>,
     };
     // numpy: a shorter condition selects among the leading slices only; a longer one may
     // only select slices that exist.
-    if c.iter().skip(n).any(|&t| t) {
-        crate::bail!("condition selects index {} of an axis of extent {n}", c.len() - 1);
+    if let Some(k) = c.iter().skip(n).position(|&t| t) {
+        crate::bail!("condition selects index {} of an axis of extent {n}", n + k);
     }
     let kept: Vec<usize> = (0..n.min(c.len())).filter(|&k| c[k]).collect();
     let mut idx = Vec::with_capacity(outer * kept.len() * inner);
@@ -554,7 +554,8 @@ fn tensor_scatter(
     let mut src: Vec<Option<usize>> = vec![None; cache.len()];
     for uf in 0..update.len() {
         let mut coord = unravel(uf, us);
-        let mut at = write[coord[0]] + coord[a] as i64;
+        // Saturating: an absurd write index must fail the range check, not overflow.
+        let mut at = write[coord[0]].saturating_add(coord[a] as i64);
         if circular && max > 0 {
             at = at.rem_euclid(max);
         }
@@ -739,6 +740,28 @@ mod tests {
         assert_eq!(r[1], Tensor::from_vec(vec![4], vec![0i64, 1, 3, 4]));
         assert_eq!(r[2], Tensor::from_vec(vec![6], vec![0i64, 1, 1, 2, 3, 2]));
         assert_eq!(r[3], Tensor::from_vec(vec![4], vec![1i64, 2, 2, 1]));
+    }
+
+    #[test]
+    fn tensor_scatter_wraps_in_circular_mode_only() {
+        let cache = Tensor::from_vec(vec![1, 3, 1], vec![0i64, 0, 0]);
+        let upd = Tensor::from_vec(vec![1, 2, 1], vec![7i64, 8]);
+        let w = Tensor::from_vec(vec![1], vec![2i64]);
+        let r = tensor_scatter(&cache, &upd, Some(&w), true, -2).unwrap();
+        assert_eq!(r[0], Tensor::from_vec(vec![1, 3, 1], vec![8i64, 0, 7]));
+        assert!(tensor_scatter(&cache, &upd, Some(&w), false, -2).is_err());
+        let huge = Tensor::from_vec(vec![1], vec![i64::MAX]);
+        assert!(tensor_scatter(&cache, &upd, Some(&huge), false, -2).is_err());
+    }
+
+    #[test]
+    fn compress_with_a_short_condition_keeps_leading_slices() {
+        let x = Tensor::from_vec(vec![3, 2], vec![1u8, 2, 3, 4, 5, 6]);
+        let c = Tensor::from_vec(vec![2], vec![false, true]);
+        let r = compress(&x, &c, Some(0)).unwrap();
+        assert_eq!(r[0], Tensor::from_vec(vec![1, 2], vec![3u8, 4]));
+        let long = Tensor::from_vec(vec![4], vec![false, false, false, true]);
+        assert!(compress(&x, &long, Some(0)).is_err());
     }
 
     #[test]
