@@ -6,6 +6,7 @@
 //! into this one form. Inputs are positional and may be absent (`None`) where ONNX allows an
 //! optional input; each variant documents its inputs and outputs.
 
+pub use crate::ops::misc::{LossReduction, MiscOp};
 pub use crate::ops::quant::QuantOp;
 pub use crate::ops::signal::SignalOp;
 pub use crate::ops::vision::VisionOp;
@@ -81,6 +82,10 @@ pub enum Unary {
     Shrink {
         bias: f32,
         lambd: f32,
+    },
+    /// `x * sigmoid(alpha * x)` (opset 24).
+    Swish {
+        alpha: f32,
     },
 }
 
@@ -442,6 +447,11 @@ pub enum Op {
         exclusive: bool,
         reverse: bool,
     },
+    /// Inputs: x, axis (scalar int). Running products (opset 26).
+    CumProd {
+        exclusive: bool,
+        reverse: bool,
+    },
     /// Inputs: data, shape (i64).
     Reshape {
         allow_zero: bool,
@@ -564,6 +574,9 @@ pub enum Op {
     Vision(VisionOp),
     /// Signal processing: DFT, STFT, windows, mel filters (`ops/signal.rs`).
     Signal(SignalOp),
+    /// RMSNormalization, Compress, ReverseSequence, Unique, RotaryEmbedding, TensorScatter,
+    /// Det and the losses (`ops/misc.rs`).
+    Misc(MiscOp),
 }
 
 /// The family an operator belongs to; each family has its own inference/evaluation module.
@@ -580,6 +593,7 @@ pub enum OpFamily {
     Quant,
     Vision,
     Signal,
+    Misc,
 }
 
 impl Op {
@@ -622,6 +636,7 @@ impl Op {
             Op::ArgMin { .. } => "ArgMin",
             Op::TopK { .. } => "TopK",
             Op::CumSum { .. } => "CumSum",
+            Op::CumProd { .. } => "CumProd",
             Op::Reshape { .. } => "Reshape",
             Op::Flatten { .. } => "Flatten",
             Op::Transpose { .. } => "Transpose",
@@ -661,6 +676,7 @@ impl Op {
             Op::Quant(q) => q.name(),
             Op::Vision(v) => v.name(),
             Op::Signal(x) => x.name(),
+            Op::Misc(m) => m.name(),
         }
     }
 
@@ -690,7 +706,8 @@ impl Op {
             | Op::ArgMax { .. }
             | Op::ArgMin { .. }
             | Op::TopK { .. }
-            | Op::CumSum { .. } => OpFamily::Reduce,
+            | Op::CumSum { .. }
+            | Op::CumProd { .. } => OpFamily::Reduce,
             Op::Reshape { .. }
             | Op::Flatten { .. }
             | Op::Transpose { .. }
@@ -721,6 +738,7 @@ impl Op {
             Op::Quant(_) => OpFamily::Quant,
             Op::Vision(_) => OpFamily::Vision,
             Op::Signal(_) => OpFamily::Signal,
+            Op::Misc(_) => OpFamily::Misc,
         }
     }
 
@@ -781,6 +799,7 @@ impl Unary {
             Unary::ThresholdedRelu { .. } => "ThresholdedRelu",
             Unary::Gelu { .. } => "Gelu",
             Unary::Shrink { .. } => "Shrink",
+            Unary::Swish { .. } => "Swish",
         }
     }
 }

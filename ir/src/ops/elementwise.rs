@@ -638,6 +638,10 @@ fn real_unary(u: &Unary) -> Result<Box<dyn Fn(f64) -> f64>, OpError> {
         Unary::Softsign => Box::new(|x: f64| x / (1.0 + x.abs())),
         Unary::Mish => Box::new(|x: f64| x * softplus(x).tanh()),
         Unary::HardSwish => Box::new(|x: f64| x * (x / 6.0 + 0.5).clamp(0.0, 1.0)),
+        Unary::Swish { alpha } => {
+            let alpha = f64::from(alpha);
+            Box::new(move |x: f64| x * sigmoid(alpha * x))
+        }
         Unary::LeakyRelu { alpha } => {
             let alpha = f64::from(alpha);
             Box::new(move |x: f64| if x < 0.0 { alpha * x } else { x })

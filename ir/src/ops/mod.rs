@@ -9,6 +9,7 @@ mod control;
 mod conv;
 mod elementwise;
 mod linalg;
+pub(crate) mod misc;
 mod norm;
 pub(crate) mod quant;
 mod recurrent;
@@ -105,9 +106,12 @@ pub fn infer(op: &Op, cx: &InferCtx) -> Result<Vec<TensorType>, OpError> {
         | Op::Hardmax { .. } => norm::infer(op, cx),
         Op::Resize(_) | Op::DepthToSpace { .. } | Op::SpaceToDepth { .. } => resize::infer(op, cx),
         Op::Attention(_) => attention::infer(op, cx),
-        Op::Reduce { .. } | Op::ArgMax { .. } | Op::ArgMin { .. } | Op::TopK { .. } | Op::CumSum { .. } => {
-            reduce::infer(op, cx)
-        }
+        Op::Reduce { .. }
+        | Op::ArgMax { .. }
+        | Op::ArgMin { .. }
+        | Op::TopK { .. }
+        | Op::CumSum { .. }
+        | Op::CumProd { .. } => reduce::infer(op, cx),
         Op::Reshape { .. }
         | Op::Flatten { .. }
         | Op::Transpose { .. }
@@ -138,6 +142,7 @@ pub fn infer(op: &Op, cx: &InferCtx) -> Result<Vec<TensorType>, OpError> {
         Op::Quant(q) => quant::infer(q, cx),
         Op::Vision(v) => vision::infer(v, cx),
         Op::Signal(x) => signal::infer(x, cx),
+        Op::Misc(m) => misc::infer(m, cx),
     }
 }
 
@@ -159,9 +164,12 @@ pub fn eval(op: &Op, cx: &EvalCtx) -> Result<Vec<Tensor>, OpError> {
         | Op::Hardmax { .. } => norm::eval(op, cx),
         Op::Resize(_) | Op::DepthToSpace { .. } | Op::SpaceToDepth { .. } => resize::eval(op, cx),
         Op::Attention(_) => attention::eval(op, cx),
-        Op::Reduce { .. } | Op::ArgMax { .. } | Op::ArgMin { .. } | Op::TopK { .. } | Op::CumSum { .. } => {
-            reduce::eval(op, cx)
-        }
+        Op::Reduce { .. }
+        | Op::ArgMax { .. }
+        | Op::ArgMin { .. }
+        | Op::TopK { .. }
+        | Op::CumSum { .. }
+        | Op::CumProd { .. } => reduce::eval(op, cx),
         Op::Reshape { .. }
         | Op::Flatten { .. }
         | Op::Transpose { .. }
@@ -192,6 +200,7 @@ pub fn eval(op: &Op, cx: &EvalCtx) -> Result<Vec<Tensor>, OpError> {
         Op::Quant(q) => quant::eval(q, cx),
         Op::Vision(v) => vision::eval(v, cx),
         Op::Signal(x) => signal::eval(x, cx),
+        Op::Misc(m) => misc::eval(m, cx),
     }
 }
 

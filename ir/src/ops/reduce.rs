@@ -32,7 +32,7 @@ pub(crate) fn infer(op: &Op, cx: &InferCtx) -> Result<Vec<TensorType>, OpError> 
             infer_arg(axis, keepdims, cx)
         }
         Op::TopK { axis, .. } => infer_topk(axis, cx),
-        Op::CumSum { .. } => infer_cumsum(cx),
+        Op::CumSum { .. } | Op::CumProd { .. } => infer_cumsum(cx),
         _ => crate::bail!("{} is not a reduction", op.name()),
     }
 }
@@ -72,9 +72,20 @@ pub(crate) fn eval(op: &Op, cx: &EvalCtx) -> Result<Vec<Tensor>, OpError> {
             select_last_index,
         )?]),
         Op::TopK { axis, largest, .. } => eval_topk(cx.input(0)?, cx.input(1)?, axis, largest),
-        Op::CumSum { exclusive, reverse } => {
-            Ok(vec![eval_cumsum(cx.input(0)?, cx.input(1)?, exclusive, reverse)?])
-        }
+        Op::CumSum { exclusive, reverse } => Ok(vec![eval_cumulative(
+            cx.input(0)?,
+            cx.input(1)?,
+            exclusive,
+            reverse,
+            Cumulative::Sum,
+        )?]),
+        Op::CumProd { exclusive, reverse } => Ok(vec![eval_cumulative(
+            cx.input(0)?,
+            cx.input(1)?,
+            exclusive,
+            reverse,
+            Cumulative::Prod,
+        )?]),
         _ => crate::bail!("{} is not a reduction", op.name()),
     }
 }
@@ -584,7 +595,25 @@ fn infer_cumsum(cx: &InferCtx) -> Result<Vec<TensorType>, OpError> {
     Ok(vec![x.clone()])
 }
 
+/// The running aggregate of `CumSum` / `CumProd`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Cumulative {
+    Sum,
+    Prod,
+}
+
+#[cfg(test)]
 fn eval_cumsum(x: &Tensor, axis: &Tensor, exclusive: bool, reverse: bool) -> Result<Tensor, OpError> {
+    eval_cumulative(x, axis, exclusive, reverse, Cumulative::Sum)
+}
+
+fn eval_cumulative(
+    x: &Tensor,
+    axis: &Tensor,
+    exclusive: bool,
+    reverse: bool,
+    agg: Cumulative,
+) -> Result<Tensor, OpError> {
     check_axis_input(&axis.tensor_type())?;
     let a = norm_axis(axis.to_i64_vec()[0], x.rank())?;
     if x.dtype() == DType::Bool {
@@ -596,32 +625,58 @@ fn eval_cumsum(x: &Tensor, axis: &Tensor, exclusive: bool, reverse: bool) -> Res
     let dims = split_at_axis(x.shape(), a);
     let data = match x.data() {
         TensorData::Bool(_) => crate::bail!("the input must be numeric, got bool"),
-        TensorData::F16(v) => wrap(float_scan(v, dims, exclusive, reverse)),
-        TensorData::BF16(v) => wrap(float_scan(v, dims, exclusive, reverse)),
-        TensorData::F32(v) => wrap(float_scan(v, dims, exclusive, reverse)),
-        TensorData::F64(v) => wrap(float_scan(v, dims, exclusive, reverse)),
-        d => with_int_data!(d, v => wrap(int_scan(v, dims, exclusive, reverse)),
+        TensorData::F16(v) => wrap(float_scan(v, dims, exclusive, reverse, agg)),
+        TensorData::BF16(v) => wrap(float_scan(v, dims, exclusive, reverse, agg)),
+        TensorData::F32(v) => wrap(float_scan(v, dims, exclusive, reverse, agg)),
+        TensorData::F64(v) => wrap(float_scan(v, dims, exclusive, reverse, agg)),
+        d => with_int_data!(d, v => wrap(int_scan(v, dims, exclusive, reverse, agg)),
             else => crate::bail!("unsupported input type")),
     };
     Tensor::new(x.shape().to_vec(), data).map_err(|e| OpError(e.to_string()))
 }
 
-/// Integer running sums wrap in the element type (numpy).
-fn int_scan<T: Int>(v: &[T], dims: (usize, usize, usize), exclusive: bool, reverse: bool) -> Vec<T> {
-    scan(v, dims, exclusive, reverse, T::zero(), T::wadd, |a| a)
+/// Integer running sums and products wrap in the element type (numpy).
+fn int_scan<T: Int>(
+    v: &[T],
+    dims: (usize, usize, usize),
+    exclusive: bool,
+    reverse: bool,
+    agg: Cumulative,
+) -> Vec<T> {
+    match agg {
+        Cumulative::Sum => scan(v, dims, exclusive, reverse, T::zero(), T::wadd, |a| a),
+        Cumulative::Prod => scan(v, dims, exclusive, reverse, T::one(), T::wmul, |a| a),
+    }
 }
 
-/// Float running sums accumulate in f64; each output is rounded once.
-fn float_scan<T: Element>(v: &[T], dims: (usize, usize, usize), exclusive: bool, reverse: bool) -> Vec<T> {
-    scan(
-        v,
-        dims,
-        exclusive,
-        reverse,
-        0.0,
-        |a, e: T| a + e.to_f64(),
-        T::from_f64,
-    )
+/// Float running sums and products accumulate in f64; each output is rounded once.
+fn float_scan<T: Element>(
+    v: &[T],
+    dims: (usize, usize, usize),
+    exclusive: bool,
+    reverse: bool,
+    agg: Cumulative,
+) -> Vec<T> {
+    match agg {
+        Cumulative::Sum => scan(
+            v,
+            dims,
+            exclusive,
+            reverse,
+            0.0,
+            |a, e: T| a + e.to_f64(),
+            T::from_f64,
+        ),
+        Cumulative::Prod => scan(
+            v,
+            dims,
+            exclusive,
+            reverse,
+            1.0,
+            |a, e: T| a * e.to_f64(),
+            T::from_f64,
+        ),
+    }
 }
 
 /// Running totals along the middle axis of `[outer, n, inner]`, accumulated in `A`.
@@ -634,7 +689,7 @@ fn scan<T: Element, A: Copy>(
     add: impl Fn(A, T) -> A,
     finish: impl Fn(A) -> T,
 ) -> Vec<T> {
-    let mut out = vec![T::zero(); v.len()];
+    let mut out = vec![T::default(); v.len()];
     for o in 0..outer {
         for i in 0..inner {
             let mut acc = zero;

@@ -86,6 +86,9 @@ fn unary(cx: &NodeCtx, op_type: &str) -> Result<Option<Unary>> {
         "Softsign" => Unary::Softsign,
         "Mish" => Unary::Mish,
         "HardSwish" => Unary::HardSwish,
+        "Swish" => Unary::Swish {
+            alpha: cx.attr_f("alpha", 1.0),
+        },
         "LeakyRelu" => Unary::LeakyRelu {
             alpha: cx.attr_f("alpha", 0.01),
         },

@@ -11,6 +11,7 @@ mod control;
 mod conv;
 mod elementwise;
 mod linalg;
+mod misc;
 mod norm;
 mod quant;
 mod recurrent;
@@ -42,10 +43,10 @@ fn importer_for(op_type: &str) -> Option<ImportFn> {
         | "Erf" | "Tanh" | "Sigmoid" | "Relu" | "Sin" | "Cos" | "Tan" | "Asin" | "Acos" | "Atan" | "Sinh"
         | "Cosh" | "Asinh" | "Acosh" | "Atanh" | "Not" | "BitwiseNot" | "IsNaN" | "IsInf" | "Softplus"
         | "Softsign" | "Mish" | "HardSwish" | "LeakyRelu" | "Elu" | "Selu" | "Celu" | "HardSigmoid"
-        | "ThresholdedRelu" | "Gelu" | "Shrink" | "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Mod" | "Min"
-        | "Max" | "Sum" | "Mean" | "Equal" | "Less" | "LessOrEqual" | "Greater" | "GreaterOrEqual"
-        | "And" | "Or" | "Xor" | "BitShift" | "BitwiseAnd" | "BitwiseOr" | "BitwiseXor" | "PRelu"
-        | "Where" | "Clip" | "Cast" | "CastLike" => elementwise::import,
+        | "ThresholdedRelu" | "Gelu" | "Shrink" | "Swish" | "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Mod"
+        | "Min" | "Max" | "Sum" | "Mean" | "Equal" | "Less" | "LessOrEqual" | "Greater"
+        | "GreaterOrEqual" | "And" | "Or" | "Xor" | "BitShift" | "BitwiseAnd" | "BitwiseOr"
+        | "BitwiseXor" | "PRelu" | "Where" | "Clip" | "Cast" | "CastLike" => elementwise::import,
         "MatMul" | "Gemm" | "Einsum" => linalg::import,
         "Conv" | "ConvTranspose" | "MaxPool" | "AveragePool" | "LpPool" | "GlobalAveragePool"
         | "GlobalMaxPool" | "GlobalLpPool" => conv::import,
@@ -62,7 +63,7 @@ fn importer_for(op_type: &str) -> Option<ImportFn> {
         "Attention" => attention::import,
         "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL1" | "ReduceL2"
         | "ReduceLogSum" | "ReduceLogSumExp" | "ReduceSumSquare" | "ArgMax" | "ArgMin" | "TopK"
-        | "CumSum" => reduce::import,
+        | "CumSum" | "CumProd" => reduce::import,
         "Reshape" | "Flatten" | "Transpose" | "Squeeze" | "Unsqueeze" | "Concat" | "Split" | "Slice"
         | "Gather" | "GatherElements" | "GatherND" | "ScatterND" | "ScatterElements" | "Scatter"
         | "Expand" | "Tile" | "Pad" | "Shape" | "Size" | "Range" | "ConstantOfShape" | "Identity"
@@ -81,6 +82,15 @@ fn importer_for(op_type: &str) -> Option<ImportFn> {
         "DFT" | "STFT" | "HannWindow" | "HammingWindow" | "BlackmanWindow" | "MelWeightMatrix" => {
             signal::import
         }
+        "RMSNormalization"
+        | "Compress"
+        | "ReverseSequence"
+        | "Unique"
+        | "RotaryEmbedding"
+        | "TensorScatter"
+        | "Det"
+        | "NegativeLogLikelihoodLoss"
+        | "SoftmaxCrossEntropyLoss" => misc::import,
         _ => return None,
     })
 }

@@ -32,10 +32,12 @@ pub(super) fn import(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
             Ok(vec![cx.add1(op, inputs)?])
         }
         "TopK" => topk(cx),
-        "CumSum" => {
-            let op = Op::CumSum {
-                exclusive: flag(cx, "exclusive", false)?,
-                reverse: flag(cx, "reverse", false)?,
+        "CumSum" | "CumProd" => {
+            let (exclusive, reverse) = (flag(cx, "exclusive", false)?, flag(cx, "reverse", false)?);
+            let op = if op_type == "CumSum" {
+                Op::CumSum { exclusive, reverse }
+            } else {
+                Op::CumProd { exclusive, reverse }
             };
             let inputs = cx.inputs().to_vec();
             Ok(vec![cx.add1(op, inputs)?])
