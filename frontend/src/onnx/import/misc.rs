@@ -7,14 +7,14 @@
 use super::elementwise::flag;
 use super::NodeCtx;
 use crate::error::Result;
-use kiln_ir::{DType, LossReduction, MiscOp, Op, ValueId};
+use kiln_ir::{LossReduction, MiscOp, Op, ValueId};
 
 pub(super) fn import(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
     let op = match cx.op_type() {
         "RMSNormalization" => MiscOp::RmsNorm {
             axis: cx.attr_i("axis", -1),
             epsilon: cx.attr_f("epsilon", 1e-5),
-            stash_type: stash_type(cx)?,
+            stash_type: super::norm::stash_type(cx)?,
         },
         "Compress" => MiscOp::Compress {
             axis: cx.attr_opt_i("axis"),
@@ -79,14 +79,4 @@ fn rotary(cx: &NodeCtx) -> Result<MiscOp> {
         rotary_dim,
         num_heads,
     })
-}
-
-/// `stash_type` (an ONNX dtype code, default float): the precision of the statistics.
-fn stash_type(cx: &NodeCtx) -> Result<DType> {
-    let code = cx.attr_i("stash_type", 1);
-    i32::try_from(code)
-        .ok()
-        .and_then(|c| crate::onnx::tensor::dtype_from_onnx(c).ok())
-        .filter(|d| d.is_float())
-        .ok_or_else(|| cx.err(format!("stash_type {code} is not a floating-point type")))
 }

@@ -50,7 +50,7 @@ pub(super) fn import(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
 
 /// `stash_type` (an ONNX dtype code, default float): the precision of the statistics, and the
 /// dtype of LayerNormalization's Mean/InvStdDev outputs.
-fn stash_type(cx: &NodeCtx) -> Result<DType> {
+pub(super) fn stash_type(cx: &NodeCtx) -> Result<DType> {
     let code = cx.attr_i("stash_type", 1);
     let dtype = i32::try_from(code)
         .ok()
