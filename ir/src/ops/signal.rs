@@ -196,8 +196,8 @@ impl Fft {
         let sign = if inverse { 1.0 } else { -1.0 };
         let twiddles = (0..n)
             .map(|k| {
-                let a = 2.0 * PI * (k as f64) / (n as f64);
-                C::new(a.cos(), sign * a.sin())
+                let (c, s) = unit_root(k as u128, n as u128);
+                C::new(c, sign * s)
             })
             .collect();
         Fft { n, inverse, twiddles }
@@ -269,6 +269,29 @@ impl Fft {
             *o = acc;
         }
     }
+}
+
+/// `(cos θ, sin θ)` for `θ = 2πk/n`, `k < n`, reduced by symmetry to `θ ≤ π/4` before `sin`
+/// and `cos` run, so that quarter turns are exact (a real input's DFT has exactly zero
+/// imaginary parts where it should) and conjugate twiddles are exact conjugates.
+fn unit_root(k: u128, n: u128) -> (f64, f64) {
+    if 2 * k > n {
+        // θ = 2π - θ'.
+        let (c, s) = unit_root(n - k, n);
+        return (c, -s);
+    }
+    if 4 * k > n {
+        // θ = π - θ', θ' = 2π(n - 2k)/(2n).
+        let (c, s) = unit_root(n - 2 * k, 2 * n);
+        return (-c, s);
+    }
+    if 8 * k > n {
+        // θ = π/2 - θ', θ' = 2π(n - 4k)/(4n).
+        let (c, s) = unit_root(n - 4 * k, 4 * n);
+        return (s, c);
+    }
+    let a = 2.0 * PI * (k as f64 / n as f64);
+    (a.cos(), a.sin())
 }
 
 fn smallest_factor(n: usize) -> usize {
@@ -755,4 +778,290 @@ fn eval_mel(cx: &EvalCtx, dtype: DType) -> Result<Tensor, OpError> {
     let vals = mel_matrix(num_mel_bins, dft_length, sample_rate, lower, upper)?;
     let shape = vec![dft_length / 2 + 1, num_mel_bins];
     make(shape, TensorData::from_f64s(dtype, vals))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The textbook O(n²) sum, the oracle for the factored transform.
+    fn naive(x: &[C], inverse: bool) -> Vec<C> {
+        let n = x.len();
+        let sign = if inverse { 1.0 } else { -1.0 };
+        (0..n)
+            .map(|k| {
+                let mut acc = C::ZERO;
+                for (j, v) in x.iter().enumerate() {
+                    let a = 2.0 * PI * ((k * j) % n) as f64 / n as f64;
+                    acc = acc + *v * C::new(a.cos(), sign * a.sin());
+                }
+                if inverse {
+                    C::new(acc.re / n as f64, acc.im / n as f64)
+                } else {
+                    acc
+                }
+            })
+            .collect()
+    }
+
+    fn signal(n: usize) -> Vec<C> {
+        (0..n)
+            .map(|i| C::new(((i * 7 + 3) % 11) as f64 - 5.0, ((i * 5 + 1) % 13) as f64 * 0.25))
+            .collect()
+    }
+
+    fn max_err(a: &[C], b: &[C]) -> f64 {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x.re - y.re).abs().max((x.im - y.im).abs()))
+            .fold(0.0, f64::max)
+    }
+
+    #[test]
+    fn fft_matches_direct_sum() {
+        // Powers of two (radix-2), composites (mixed radix, 400 = the speech n_fft), primes.
+        for n in [1, 2, 3, 4, 6, 7, 8, 12, 15, 16, 49, 64, 97, 100, 400, 512] {
+            for inverse in [false, true] {
+                let x = signal(n);
+                let mut got = vec![C::ZERO; n];
+                Fft::new(n, inverse).run(&x, &mut got);
+                let err = max_err(&got, &naive(&x, inverse));
+                assert!(err < 1e-9 * n as f64, "n={n} inverse={inverse}: error {err}");
+            }
+        }
+    }
+
+    #[test]
+    fn fft_round_trip() {
+        let x = signal(400);
+        let mut y = vec![C::ZERO; 400];
+        let mut z = vec![C::ZERO; 400];
+        Fft::new(400, false).run(&x, &mut y);
+        Fft::new(400, true).run(&y, &mut z);
+        assert!(max_err(&x, &z) < 1e-12);
+    }
+
+    fn run_dft(
+        x: Tensor,
+        extra: Vec<Option<Tensor>>,
+        inverse: bool,
+        onesided: bool,
+    ) -> Result<Tensor, OpError> {
+        let mut inputs = vec![Some(&x)];
+        inputs.extend(extra.iter().map(|t| t.as_ref()));
+        let out_types = [TensorType::scalar(x.dtype())];
+        let cx = EvalCtx {
+            inputs,
+            out_types: &out_types,
+        };
+        eval_dft(&cx, inverse, onesided)
+    }
+
+    #[test]
+    fn dft_real_input_and_onesided() {
+        // [1, 2, 3, 4]: X = [10, -2+2i, -2, -2-2i].
+        let x = Tensor::from_vec(vec![1, 4, 1], vec![1.0f32, 2.0, 3.0, 4.0]);
+        let full = run_dft(x.clone(), vec![], false, false).unwrap();
+        assert_eq!(full.shape(), &[1, 4, 2]);
+        assert_eq!(
+            full.to_f64_vec(),
+            vec![10.0, 0.0, -2.0, 2.0, -2.0, 0.0, -2.0, -2.0]
+        );
+        let half = run_dft(x, vec![], false, true).unwrap();
+        assert_eq!(half.shape(), &[1, 3, 2]);
+        assert_eq!(half.to_f64_vec(), vec![10.0, 0.0, -2.0, 2.0, -2.0, 0.0]);
+    }
+
+    #[test]
+    fn dft_length_pads_and_truncates_along_axis() {
+        // Axis 1 of [2, 3, 1]: each column is transformed separately.
+        let x = Tensor::from_vec(vec![2, 3, 1], vec![1.0f64, 0.0, 0.0, 1.0, 1.0, 1.0]);
+        let len = Tensor::scalar(2i64);
+        let axis = Tensor::scalar(1i64);
+        let y = run_dft(x.clone(), vec![Some(len), Some(axis)], false, false).unwrap();
+        assert_eq!(y.shape(), &[2, 2, 2]);
+        assert_eq!(y.to_f64_vec(), vec![1.0, 0.0, 1.0, 0.0, 2.0, 0.0, 0.0, 0.0]);
+        // Axis 0 of the same input, padded to 4: [1, 1, 0, 0] and [0, 1, 0, 0] etc.
+        let y = run_dft(
+            x,
+            vec![Some(Tensor::scalar(4i32)), Some(Tensor::scalar(0i64))],
+            false,
+            false,
+        )
+        .unwrap();
+        assert_eq!(y.shape(), &[4, 3, 2]);
+        let v = y.to_f64_vec();
+        // Column 0 is [1, 1, 0, 0]: X = [2, 1-i, 0, 1+i].
+        assert_eq!(
+            [v[0], v[1], v[6], v[7], v[12], v[13], v[18], v[19]],
+            [2.0, 0.0, 1.0, -1.0, 0.0, 0.0, 1.0, 1.0]
+        );
+    }
+
+    #[test]
+    fn irfft_matches_numpy() {
+        // numpy.fft.irfft([1, 2-1j, 0.5+3j], n=5) and n=4 (DC/Nyquist imaginary parts ignored).
+        let x = Tensor::from_vec(vec![3, 2], vec![1.0f64, 0.0, 2.0, -1.0, 0.5, 3.0]);
+        let y = run_dft(
+            x,
+            vec![Some(Tensor::scalar(5i64)), Some(Tensor::scalar(0i64))],
+            true,
+            true,
+        )
+        .unwrap();
+        assert_eq!(y.shape(), &[5, 1]);
+        let expected = [1.2, -0.039509, 0.990972, -1.761792, 0.61033];
+        for (a, b) in y.to_f64_vec().iter().zip(expected) {
+            assert!((a - b).abs() < 1e-6, "{a} vs {b}");
+        }
+        let x = Tensor::from_vec(vec![3, 2], vec![1.0f64, 2.0, 2.0, -1.0, 0.5, 3.0]);
+        let y = run_dft(x, vec![None, Some(Tensor::scalar(0i64))], true, true).unwrap();
+        assert_eq!(y.to_f64_vec(), vec![1.375, 0.625, -0.625, -0.375]);
+    }
+
+    #[test]
+    fn dft_rejects_bad_inputs() {
+        let x = Tensor::from_vec(vec![4, 3], vec![0.0f32; 12]);
+        assert!(run_dft(x, vec![], false, false).is_err(), "last dimension 3");
+        let x = Tensor::from_vec(vec![4, 1], vec![0.0f32; 4]);
+        assert!(run_dft(x.clone(), vec![None, Some(Tensor::scalar(-1i64))], false, false).is_err());
+        assert!(run_dft(x.clone(), vec![None, Some(Tensor::scalar(1i64))], false, false).is_err());
+        assert!(run_dft(x.clone(), vec![Some(Tensor::scalar(0i64))], false, false).is_err());
+        assert!(run_dft(x, vec![Some(Tensor::scalar(1.5f32))], false, false).is_err());
+        let x = Tensor::from_vec(vec![1, 1], vec![0.0f32]);
+        assert!(run_dft(x, vec![], true, true).is_err(), "IRFFT default length 0");
+        let empty = Tensor::from_vec(vec![0, 4, 1], Vec::<f32>::new());
+        assert_eq!(run_dft(empty, vec![], false, false).unwrap().shape(), &[0, 4, 2]);
+    }
+
+    #[test]
+    fn dft_infers_data_dependent_shapes() {
+        let x = TensorType::fixed(DType::F32, &[2, 10, 1]);
+        let len = Tensor::scalar(16i64);
+        let len_ty = len.tensor_type();
+        let cx = InferCtx {
+            inputs: vec![Some(&x), Some(&len_ty)],
+            values: vec![None, Some(&len)],
+            num_outputs: 1,
+        };
+        assert_eq!(
+            infer_dft(&cx, false, true).unwrap(),
+            TensorType::fixed(DType::F32, &[2, 9, 2])
+        );
+        let cx = InferCtx {
+            inputs: vec![Some(&x), Some(&len_ty)],
+            values: vec![None, None],
+            num_outputs: 1,
+        };
+        let t = infer_dft(&cx, false, false).unwrap();
+        assert_eq!(t.shape, vec![Dim::Fixed(2), Dim::unknown(), Dim::Fixed(2)]);
+    }
+
+    #[test]
+    fn stft_frames_match_dft_of_windowed_slices() {
+        let sig: Vec<f32> = (0..10).map(|i| (i as f32 * 0.7).sin()).collect();
+        let x = Tensor::from_vec(vec![1, 10, 1], sig.clone());
+        let step = Tensor::scalar(3i64);
+        let window = Tensor::from_vec(vec![4], vec![0.5f32, 1.0, 1.0, 0.5]);
+        let out_types = [TensorType::scalar(DType::F32)];
+        let cx = EvalCtx {
+            inputs: vec![Some(&x), Some(&step), Some(&window), None],
+            out_types: &out_types,
+        };
+        let y = eval_stft(&cx, true).unwrap();
+        assert_eq!(y.shape(), &[1, 3, 3, 2]);
+        let v = y.to_f64_vec();
+        let w = [0.5, 1.0, 1.0, 0.5];
+        for f in 0..3 {
+            let frame: Vec<C> = (0..4)
+                .map(|t| C::new(sig[f * 3 + t] as f64 * w[t], 0.0))
+                .collect();
+            let want = naive(&frame, false);
+            for (k, want) in want.iter().enumerate().take(3) {
+                let at = (f * 3 + k) * 2;
+                assert!((v[at] - want.re).abs() < 1e-5 && (v[at + 1] - want.im).abs() < 1e-5);
+            }
+        }
+        // A frame longer than the signal and a zero step are errors, not panics.
+        let long = Tensor::scalar(11i64);
+        let cx = EvalCtx {
+            inputs: vec![Some(&x), Some(&step), None, Some(&long)],
+            out_types: &out_types,
+        };
+        assert!(eval_stft(&cx, true).is_err());
+        let zero = Tensor::scalar(0i64);
+        let cx = EvalCtx {
+            inputs: vec![Some(&x), Some(&zero), Some(&window), None],
+            out_types: &out_types,
+        };
+        assert!(eval_stft(&cx, false).is_err());
+    }
+
+    fn window(f: fn(f64, f64) -> f64, size: i64, periodic: bool, dtype: DType) -> Result<Vec<f64>, OpError> {
+        let size = Tensor::scalar(size);
+        let out_types = [TensorType::scalar(dtype)];
+        let cx = EvalCtx {
+            inputs: vec![Some(&size)],
+            out_types: &out_types,
+        };
+        Ok(eval_window(&cx, periodic, dtype, f)?.to_f64_vec())
+    }
+
+    #[test]
+    fn windows() {
+        let close = |a: &[f64], b: &[f64]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-12);
+        assert!(close(
+            &window(hann, 4, true, DType::F64).unwrap(),
+            &[0.0, 0.5, 1.0, 0.5]
+        ));
+        assert!(close(
+            &window(hann, 5, false, DType::F64).unwrap(),
+            &[0.0, 0.5, 1.0, 0.5, 0.0]
+        ));
+        let a = 25.0 / 46.0;
+        assert!(close(
+            &window(hamming, 2, true, DType::F64).unwrap(),
+            &[a - (1.0 - a), 1.0]
+        ));
+        assert!(close(
+            &window(blackman, 3, false, DType::F64).unwrap(),
+            &[0.0, 1.0, 0.0]
+        ));
+        assert!(window(hann, 0, true, DType::F32).unwrap().is_empty());
+        assert!(window(hann, -1, true, DType::F32).is_err());
+        // Integer outputs truncate like a cast.
+        assert_eq!(
+            window(hann, 4, true, DType::I32).unwrap(),
+            vec![0.0, 0.0, 1.0, 0.0]
+        );
+    }
+
+    #[test]
+    fn mel_matrix_matches_reference() {
+        // onnx reference: MelWeightMatrix(3, 20, 1000, 0.0, 500.0).
+        let m = mel_matrix(3, 20, 1000, 0.0, 500.0).unwrap();
+        let mut expected = vec![0.0; 33];
+        for (j, i, v) in [
+            (1, 0, 1.0),
+            (2, 0, 0.5),
+            (2, 1, 0.5),
+            (3, 1, 1.0),
+            (4, 1, 0.5),
+            (4, 2, 0.5),
+        ] {
+            expected[j * 3 + i] = v;
+        }
+        expected[5 * 3 + 2] = 1.0;
+        expected[6 * 3 + 2] = 0.5;
+        assert_eq!(m, expected);
+        // Bands beyond the spectrogram are an error.
+        assert!(mel_matrix(3, 20, 1000, 0.0, 5000.0).is_err());
+    }
+
+    #[test]
+    fn python_floor_division() {
+        assert_eq!(py_floordiv(7.0, 2.0), 3.0);
+        assert_eq!(py_floordiv(-7.0, 2.0), -4.0);
+        assert_eq!(py_floordiv(0.3, 0.1), 2.0);
+    }
 }
