@@ -331,8 +331,8 @@ pub(super) fn eval_roi_align(op: &VisionOp, cx: &EvalCtx) -> Result<Tensor, OpEr
         for ch in 0..c {
             let plane = &xd[(b * c + ch) * h * w..(b * c + ch + 1) * h * w];
             let out = &mut y[(r * c + ch) * ph * pw..(r * c + ch + 1) * ph * pw];
+            // With no samples per bin (`taps` empty) every output stays 0, as in the reference.
             for (o, bin) in out.iter_mut().zip(taps.chunks(per_bin.max(1))) {
-                let bin = if per_bin == 0 { &[][..] } else { bin };
                 *o = pool_bin(bin, plane, mode, count);
             }
         }

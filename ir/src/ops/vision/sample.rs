@@ -266,6 +266,9 @@ pub(super) fn infer_affine_grid(cx: &InferCtx) -> Result<TensorType, OpError> {
     match cx.value(1) {
         Some(v) => {
             let s = extents(&int_values(v, "size")?, "size")?;
+            if s.len() != r + 2 {
+                crate::bail!("size {s:?} must have {} values for theta {theta}", r + 2);
+            }
             check_dim(&theta.shape[0], s.first().copied(), || {
                 format!("size {s:?} and theta {theta} disagree on the batch size")
             })?;
@@ -366,6 +369,17 @@ fn deform_attrs(op: &VisionOp) -> Result<DeformAttrs<'_>, OpError> {
 }
 
 impl DeformAttrs<'_> {
+    fn check_groups(&self) -> Result<(), OpError> {
+        if self.group == 0 || self.offset_group == 0 {
+            crate::bail!(
+                "group {} and offset_group {} must be positive",
+                self.group,
+                self.offset_group
+            );
+        }
+        Ok(())
+    }
+
     /// The window geometry, with the kernel from the attribute or W's spatial dims.
     fn window(&self, w_spatial: &[Dim]) -> Result<WindowAttrs, OpError> {
         let kernel: Vec<Option<usize>> = if self.kernel_shape.is_empty() {
@@ -397,6 +411,7 @@ impl DeformAttrs<'_> {
 
 pub(super) fn infer_deform_conv(op: &VisionOp, cx: &InferCtx) -> Result<TensorType, OpError> {
     let a = deform_attrs(op)?;
+    a.check_groups()?;
     let x = cx.ty(0)?;
     let w = cx.ty(1)?;
     let offset = cx.ty(2)?;
@@ -473,6 +488,7 @@ fn bilinear(plane: &[f64], dims: &[usize], p: &[f64]) -> f64 {
 
 pub(super) fn eval_deform_conv(op: &VisionOp, cx: &EvalCtx) -> Result<Tensor, OpError> {
     let a = deform_attrs(op)?;
+    a.check_groups()?;
     let x = cx.input(0)?;
     let w = cx.input(1)?;
     let offset = cx.input(2)?;
@@ -585,5 +601,38 @@ mod tests {
         let plane = [1.0, 2.0, 3.0, 4.0];
         assert_eq!(bilinear(&plane, &[2, 2], &[0.5, 0.5]), 2.5);
         assert_eq!(bilinear(&plane, &[2, 2], &[-0.5, 0.0]), 0.5);
+    }
+}
+
+#[cfg(test)]
+mod robustness {
+    use super::*;
+
+    /// Extreme and NaN grid coordinates give values (or errors), never a panic.
+    #[test]
+    fn grid_sample_extreme_coordinates() {
+        let x = Tensor::from_vec(vec![1, 1, 2, 3], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        let g = Tensor::from_vec(
+            vec![1, 1, 3, 2],
+            vec![f32::NAN, 1e30, -1e30, f32::INFINITY, 3.7, -2.2],
+        );
+        let ty = [x.tensor_type()];
+        for mode in [GridMode::Linear, GridMode::Nearest, GridMode::Cubic] {
+            for padding in [GridPadding::Zeros, GridPadding::Border, GridPadding::Reflection] {
+                for align_corners in [false, true] {
+                    let op = VisionOp::GridSample {
+                        mode,
+                        padding,
+                        align_corners,
+                    };
+                    let cx = EvalCtx {
+                        inputs: vec![Some(&x), Some(&g)],
+                        out_types: &ty,
+                    };
+                    let y = eval_grid_sample(&op, &cx).unwrap();
+                    assert_eq!(y.shape(), &[1, 1, 1, 3]);
+                }
+            }
+        }
     }
 }

@@ -410,7 +410,7 @@ mod tests {
             beta: 1.0,
             bias: 0.0,
         };
-        let x = Tensor::from_vec(vec![1, 2, 1], vec![1.0f32, 2.0]);
+        let x = Tensor::from_vec(vec![1, 2, 1], vec![1.0f64, 2.0]);
         let ty = [x.tensor_type()];
         let cx = EvalCtx {
             inputs: vec![Some(&x)],
