@@ -9,7 +9,7 @@
 pub use crate::ops::misc::{LossReduction, MiscOp};
 pub use crate::ops::quant::QuantOp;
 pub use crate::ops::signal::SignalOp;
-pub use crate::ops::vision::VisionOp;
+pub use crate::ops::vision::{GridMode, GridPadding, RoiPoolMode, VisionOp};
 use crate::{ConstId, DType, Graph, Tensor};
 
 /// Element-wise functions of one tensor. Output shape = input shape.

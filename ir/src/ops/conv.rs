@@ -148,7 +148,7 @@ pub(crate) struct WindowAttrs {
 }
 
 impl WindowAttrs {
-    fn new(
+    pub(crate) fn new(
         kernel: Vec<Option<usize>>,
         strides: &[usize],
         dilations: &[usize],
