@@ -5,5 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 .venv/bin/python scripts/gen_node_tests.py --out .cache/onnx-node-tests
-cargo build --workspace --all-targets
 cargo test --workspace -- --nocapture
