@@ -742,16 +742,7 @@ mod fuzz {
     use super::*;
     use crate::ops::{self, InferCtx};
 
-    struct Rng(u64);
-
-    impl Rng {
-        fn below(&mut self, n: u64) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0 % n
-        }
-    }
+    use crate::ops::util::TestRng as Rng;
 
     fn tensor(shape: Vec<usize>, dtype: DType) -> Tensor {
         let n: usize = shape.iter().product();

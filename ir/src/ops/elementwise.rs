@@ -698,7 +698,8 @@ fn real_unary(u: &Unary) -> Result<Box<dyn Fn(f64) -> f64>, OpError> {
     })
 }
 
-fn sigmoid(x: f64) -> f64 {
+/// The logistic function, in the form that never overflows `exp` into inf/inf.
+pub(crate) fn sigmoid(x: f64) -> f64 {
     // Two forms so that exp never overflows into inf/inf.
     if x >= 0.0 {
         1.0 / (1.0 + (-x).exp())

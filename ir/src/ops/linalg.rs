@@ -1190,16 +1190,7 @@ mod fuzz {
     use super::*;
     use crate::ops::{self, InferCtx};
 
-    struct Rng(u64);
-
-    impl Rng {
-        fn below(&mut self, n: u64) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0 % n
-        }
-    }
+    use crate::ops::util::TestRng as Rng;
 
     /// A tensor of a random rank in `[min_rank, min_rank + spread)` and small random extents.
     fn tensor(rng: &mut Rng, dtype: DType, min_rank: usize, spread: u64) -> Tensor {

@@ -322,15 +322,7 @@ fn initial_state(t: Option<&Tensor>, a: &RnnAttrs, d: Dims) -> Vec<f64> {
     }
 }
 
-fn sigmoid(x: f64) -> f64 {
-    // Two forms so that exp never overflows.
-    if x >= 0.0 {
-        1.0 / (1.0 + (-x).exp())
-    } else {
-        let e = x.exp();
-        e / (1.0 + e)
-    }
-}
+use super::elementwise::sigmoid;
 
 fn activate(f: Activation, x: f64) -> f64 {
     match f {

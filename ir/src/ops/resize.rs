@@ -873,23 +873,7 @@ mod fuzz {
     use super::*;
     use crate::ops::{self, InferCtx};
 
-    /// A small deterministic generator (xorshift) for reproducible random cases.
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n
-        }
-        fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
-            xs[self.below(xs.len() as u64) as usize]
-        }
-    }
+    use crate::ops::util::TestRng as Rng;
 
     /// Random attributes and targets (including invalid ones) never panic, and whenever both
     /// inference and evaluation succeed they agree on the output type.

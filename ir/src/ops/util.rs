@@ -189,3 +189,27 @@ pub fn check_alloc(shape: &[usize]) -> Result<usize, OpError> {
         _ => crate::bail!("tensor of shape {shape:?} is too large"),
     }
 }
+
+/// A tiny deterministic xorshift generator for the randomized operator tests.
+#[cfg(test)]
+pub(crate) struct TestRng(pub u64);
+
+#[cfg(test)]
+#[allow(dead_code)]
+impl TestRng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// A number in `0..n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    pub fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
+        xs[self.below(xs.len() as u64) as usize]
+    }
+}
