@@ -573,27 +573,6 @@ fn global_pools_reduce_every_spatial_axis() {
     assert_close(&lp[0], &[10f64.sqrt(), 4.0], 1e-6);
 }
 
-/// The ResNet-50 workhorse: a 3x3 conv 64→64 on 56x56. Run with `--ignored --nocapture` to
-/// see the time; the reference interpreter must run whole CNNs in seconds.
-#[test]
-#[ignore]
-fn conv_speed() {
-    let x = tensor(DType::F32, &[1, 64, 56, 56], 1);
-    let w = tensor(DType::F32, &[64, 64, 3, 3], 2);
-    let op = Op::Conv(attrs(&[], &[1, 1, 1, 1], &[], 1, AutoPad::NotSet));
-    let mut best = f64::MAX;
-    for _ in 0..5 {
-        let t = std::time::Instant::now();
-        run(&op, &[Some(&x), Some(&w)], 1).expect("evaluates");
-        best = best.min(t.elapsed().as_secs_f64());
-    }
-    let gflops = 2.0 * 64.0 * 64.0 * 9.0 * 56.0 * 56.0 / best / 1e9;
-    println!(
-        "3x3 conv 64->64 on 56x56: {:.1} ms ({gflops:.1} GFLOP/s)",
-        best * 1e3
-    );
-}
-
 /// A tiny deterministic generator for the randomized tests.
 struct Lcg(u64);
 
