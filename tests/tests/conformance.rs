@@ -57,7 +57,7 @@ fn onnx_node_tests_reference() {
 
     let manifest_path = kiln_tests::repo_root().join("tests/conformance/eval_manifest.txt");
     if filter.is_some() {
-        println!("{} passed, {} failed", passed.len(), failed.len());
+        println!("conformance: {} passed, {} failed", passed.len(), failed.len());
         return;
     }
     if std::env::var_os("KILN_BLESS").is_some() {
@@ -88,7 +88,7 @@ fn onnx_node_tests_reference() {
     for n in &missing {
         eprintln!("MISSING CASE {n} (listed in the manifest but not generated)");
     }
-    println!("{} passed, {} failed", passed.len(), failed.len());
+    println!("conformance: {} passed, {} failed", passed.len(), failed.len());
     assert!(
         unexpected_fail.is_empty() && unexpected_pass.is_empty() && missing.is_empty(),
         "{} unexpected failures, {} unexpected passes, {} missing cases",

@@ -38,7 +38,7 @@ fn fixtures_match_onnxruntime() {
         }
     }
     println!(
-        "{} passed, {} failed",
+        "fixtures: {} passed, {} failed",
         fixtures.len() - failed.len(),
         failed.len()
     );
