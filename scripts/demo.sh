@@ -10,5 +10,6 @@ echo
 echo "\$ kiln inspect $MODEL/model.onnx"
 target/release/kiln inspect "$MODEL/model.onnx"
 echo
-echo "\$ kiln run $MODEL/model.onnx --input $MODEL/inputs/*.npy --output-dir out --reference"
-target/release/kiln run "$MODEL/model.onnx" --input "$(ls "$MODEL"/inputs/*.npy | head -1)" --output-dir out --reference
+INPUT="$MODEL/inputs/input.npy"
+echo "\$ kiln run $MODEL/model.onnx --input input=$INPUT --output-dir out --reference"
+target/release/kiln run "$MODEL/model.onnx" --input "input=$INPUT" --output-dir out --reference
