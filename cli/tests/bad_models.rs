@@ -253,3 +253,54 @@ fn unknown_dtype() {
     let p = write(dir.path(), "dtype.onnx", &m.encode_to_vec());
     assert_one_line_error(&p, &["'w'", "unknown data type 77"]);
 }
+
+/// `kiln run --output-dir` names each file after its output, with characters outside
+/// `[A-Za-z0-9._-]` replaced, and writes what the reference interpreter computed.
+#[test]
+fn run_writes_sanitized_output_files() {
+    let fx = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/models/matmul_2d");
+    let dir = tempfile::tempdir().unwrap();
+    let out = kiln()
+        .arg("run")
+        .arg(fx.join("model.onnx"))
+        .arg("--input")
+        .arg(format!("input:0={}", fx.join("inputs/input_0.npy").display()))
+        .arg("--input")
+        .arg(format!("weights={}", fx.join("inputs/weights.npy").display()))
+        .arg("--output-dir")
+        .arg(dir.path())
+        .arg("--reference")
+        .output()
+        .expect("kiln runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let written = kiln_frontend::npy::read_npy(&dir.path().join("MatMul_output_0.npy")).expect("output file");
+    let expected = kiln_frontend::npy::read_npy(&fx.join("expected/MatMul_output_0.npy")).unwrap();
+    assert_eq!(written.shape(), expected.shape());
+    let (a, e) = (written.to_f64_vec(), expected.to_f64_vec());
+    assert!(a
+        .iter()
+        .zip(&e)
+        .all(|(x, y)| (x - y).abs() <= 1e-5 + 1e-4 * y.abs()));
+}
+
+#[test]
+fn run_rejects_wrong_input_shape() {
+    let fx = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/models/matmul_2d");
+    // The weights file where the data input belongs: wrong shape.
+    let out = kiln()
+        .arg("run")
+        .arg(fx.join("model.onnx"))
+        .arg("--input")
+        .arg(format!("input:0={}", fx.join("inputs/weights.npy").display()))
+        .arg("--input")
+        .arg(format!("weights={}", fx.join("inputs/weights.npy").display()))
+        .arg("--reference")
+        .output()
+        .expect("kiln runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("'input:0'") && err.contains("expected shape"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+}

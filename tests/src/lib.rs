@@ -14,16 +14,3 @@ pub fn repo_root() -> PathBuf {
         .expect("tests/ has a parent")
         .to_path_buf()
 }
-
-/// Output file name of an output value: characters outside `[A-Za-z0-9._-]` become `_`.
-pub fn sanitize_output_name(name: &str) -> String {
-    name.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
-}
