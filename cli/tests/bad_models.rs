@@ -254,24 +254,36 @@ fn unknown_dtype() {
     assert_one_line_error(&p, &["'w'", "unknown data type 77"]);
 }
 
+fn matmul_fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/models/matmul_2d")
+}
+
+/// `kiln run --reference` on the matmul_2d fixture with `data` as its `input:0`.
+fn run_matmul_fixture(data: &Path, extra: &[&std::ffi::OsStr]) -> std::process::Output {
+    let fx = matmul_fixture();
+    kiln()
+        .arg("run")
+        .arg(fx.join("model.onnx"))
+        .arg("--input")
+        .arg(format!("input:0={}", data.display()))
+        .arg("--input")
+        .arg(format!("weights={}", fx.join("inputs/weights.npy").display()))
+        .args(extra)
+        .arg("--reference")
+        .output()
+        .expect("kiln runs")
+}
+
 /// `kiln run --output-dir` names each file after its output, with characters outside
 /// `[A-Za-z0-9._-]` replaced, and writes what the reference interpreter computed.
 #[test]
 fn run_writes_sanitized_output_files() {
-    let fx = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/models/matmul_2d");
+    let fx = matmul_fixture();
     let dir = tempfile::tempdir().unwrap();
-    let out = kiln()
-        .arg("run")
-        .arg(fx.join("model.onnx"))
-        .arg("--input")
-        .arg(format!("input:0={}", fx.join("inputs/input_0.npy").display()))
-        .arg("--input")
-        .arg(format!("weights={}", fx.join("inputs/weights.npy").display()))
-        .arg("--output-dir")
-        .arg(dir.path())
-        .arg("--reference")
-        .output()
-        .expect("kiln runs");
+    let out = run_matmul_fixture(
+        &fx.join("inputs/input_0.npy"),
+        &["--output-dir".as_ref(), dir.path().as_os_str()],
+    );
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let written = kiln_frontend::npy::read_npy(&dir.path().join("MatMul_output_0.npy")).expect("output file");
     let expected = kiln_frontend::npy::read_npy(&fx.join("expected/MatMul_output_0.npy")).unwrap();
@@ -285,18 +297,8 @@ fn run_writes_sanitized_output_files() {
 
 #[test]
 fn run_rejects_wrong_input_shape() {
-    let fx = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/models/matmul_2d");
     // The weights file where the data input belongs: wrong shape.
-    let out = kiln()
-        .arg("run")
-        .arg(fx.join("model.onnx"))
-        .arg("--input")
-        .arg(format!("input:0={}", fx.join("inputs/weights.npy").display()))
-        .arg("--input")
-        .arg(format!("weights={}", fx.join("inputs/weights.npy").display()))
-        .arg("--reference")
-        .output()
-        .expect("kiln runs");
+    let out = run_matmul_fixture(&matmul_fixture().join("inputs/weights.npy"), &[]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success() && err.contains("'input:0'") && err.contains("expected shape"),

@@ -602,11 +602,6 @@ enum Cumulative {
     Prod,
 }
 
-#[cfg(test)]
-fn eval_cumsum(x: &Tensor, axis: &Tensor, exclusive: bool, reverse: bool) -> Result<Tensor, OpError> {
-    eval_cumulative(x, axis, exclusive, reverse, Cumulative::Sum)
-}
-
 fn eval_cumulative(
     x: &Tensor,
     axis: &Tensor,
@@ -806,9 +801,9 @@ mod tests {
     fn cumsum_exclusive_reverse() {
         let x = t(&[2, 3], vec![1i64, 2, 3, 4, 5, 6]);
         let axis = t(&[], vec![1i32]);
-        let r = eval_cumsum(&x, &axis, true, true).unwrap();
+        let r = eval_cumulative(&x, &axis, true, true, Cumulative::Sum).unwrap();
         assert_eq!(r, t(&[2, 3], vec![5i64, 3, 0, 11, 6, 0]));
-        let r = eval_cumsum(&x, &t(&[1], vec![0i64]), false, false).unwrap();
+        let r = eval_cumulative(&x, &t(&[1], vec![0i64]), false, false, Cumulative::Sum).unwrap();
         assert_eq!(r, t(&[2, 3], vec![1i64, 2, 3, 5, 7, 9]));
     }
 
@@ -819,7 +814,7 @@ mod tests {
             let _ = eval_arg(&x, axis, true, true, false);
             let _ = eval_arg(&x, axis, false, false, true);
             let _ = eval_topk(&x, &t(&[1], vec![0i64]), axis, true);
-            let r = eval_cumsum(&x, &t(&[], vec![axis]), false, true).unwrap();
+            let r = eval_cumulative(&x, &t(&[], vec![axis]), false, true, Cumulative::Sum).unwrap();
             assert_eq!(r.shape(), x.shape());
         }
         for kind in [ReduceKind::Sum, ReduceKind::Mean, ReduceKind::LogSumExp] {
