@@ -1,0 +1,227 @@
+//! Kernels generated directly as LLVM IR (the hot operators: GEMM and convolution micro-kernels,
+//! elementwise loops). Each generator decides in `lower` whether it handles a node, and then
+//! emits the body of the kernel function through a [`KernelBuilder`].
+//!
+//! Every kernel is an LLVM function `i32 kernel(ptr ctx, ptr args)`: `ctx` is the runtime context
+//! (`kiln_ctx*`), `args` an array of pointers laid out as
+//! `[inputs..., outputs..., packed constants..., shared scratch]` (absent optional inputs are
+//! null). The function returns 0, or non-zero after `kiln_rt_set_error`.
+
+pub mod gemm;
+
+use crate::error::{CodegenError, Result};
+use crate::node::NodeInfo;
+use crate::target::TargetDesc;
+use inkwell::builder::Builder;
+use inkwell::context::Context;
+use inkwell::module::{Linkage, Module};
+use inkwell::values::{FunctionValue, IntValue, PointerValue};
+use inkwell::AddressSpace;
+
+/// A constant the kernel wants in its own layout (packed weights), computed at compile time.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PackedConst {
+    pub bytes: Vec<u8>,
+}
+
+/// Scratch memory a kernel needs while it runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Scratch {
+    /// One buffer for the whole kernel, from the arena (args' last entry).
+    pub shared_bytes: u64,
+    /// A buffer per worker thread (`kiln_rt_thread_scratch`).
+    pub per_thread_bytes: u64,
+}
+
+pub trait GeneratedKernel {
+    /// A short description for reports, e.g. `gemm 6x16 avx2 M=64 N=3136 K=576`.
+    fn describe(&self) -> String;
+
+    /// Constants in the layout the kernel reads, passed after the outputs in `args`.
+    fn packed_constants(&self) -> Vec<PackedConst> {
+        vec![]
+    }
+
+    /// Whether the kernel reads input `i` at run time (false for a weight it only reads packed,
+    /// so the original need not be stored in the artifact).
+    fn reads_input(&self, i: usize) -> bool {
+        let _ = i;
+        true
+    }
+
+    fn scratch(&self) -> Scratch {
+        Scratch::default()
+    }
+
+    /// Emits the kernel's body. The builder is positioned in the entry block of `k.function`;
+    /// the body must end every path with `ret i32`.
+    fn emit(&self, k: &KernelBuilder<'_, '_>) -> Result<()>;
+}
+
+/// The generated kernel for `node`, or None when no generator handles it.
+pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GeneratedKernel>>> {
+    for generator in [gemm::lower] {
+        if let Some(k) = generator(node, target)? {
+            return Ok(Some(k));
+        }
+    }
+    Ok(None)
+}
+
+/// What a generator needs to emit one kernel function.
+pub struct KernelBuilder<'a, 'ctx> {
+    pub cx: &'ctx Context,
+    pub module: &'a Module<'ctx>,
+    pub builder: &'a Builder<'ctx>,
+    pub function: FunctionValue<'ctx>,
+    pub target: &'a TargetDesc,
+    pub node: &'a NodeInfo<'a>,
+    pub n_inputs: usize,
+    pub n_outputs: usize,
+    pub n_packed: usize,
+}
+
+impl<'a, 'ctx> KernelBuilder<'a, 'ctx> {
+    pub fn ptr_type(&self) -> inkwell::types::PointerType<'ctx> {
+        self.cx.ptr_type(AddressSpace::default())
+    }
+
+    /// The runtime context argument.
+    pub fn ctx(&self) -> PointerValue<'ctx> {
+        self.function
+            .get_nth_param(0)
+            .expect("kernel has ctx")
+            .into_pointer_value()
+    }
+
+    fn args(&self) -> PointerValue<'ctx> {
+        self.function
+            .get_nth_param(1)
+            .expect("kernel has args")
+            .into_pointer_value()
+    }
+
+    /// Loads `args[slot]`.
+    pub fn arg(&self, slot: usize) -> Result<PointerValue<'ctx>> {
+        let b = self.builder;
+        let idx = self.cx.i64_type().const_int(slot as u64, false);
+        // SAFETY (of the IR): `slot` is within the args array the caller built for this kernel.
+        let p =
+            unsafe { b.build_in_bounds_gep(self.ptr_type(), self.args(), &[idx], "argp") }.map_err(llvm)?;
+        Ok(b.build_load(self.ptr_type(), p, &format!("arg{slot}"))
+            .map_err(llvm)?
+            .into_pointer_value())
+    }
+
+    pub fn input(&self, i: usize) -> Result<PointerValue<'ctx>> {
+        self.arg(i)
+    }
+
+    pub fn output(&self, i: usize) -> Result<PointerValue<'ctx>> {
+        self.arg(self.n_inputs + i)
+    }
+
+    pub fn packed(&self, i: usize) -> Result<PointerValue<'ctx>> {
+        self.arg(self.n_inputs + self.n_outputs + i)
+    }
+
+    /// The kernel's shared scratch buffer (only if `scratch().shared_bytes > 0`).
+    pub fn shared_scratch(&self) -> Result<PointerValue<'ctx>> {
+        self.arg(self.n_inputs + self.n_outputs + self.n_packed)
+    }
+
+    /// Declares (once) a function of the runtime ABI (`kiln_rt.h`).
+    pub fn runtime_fn(&self, name: &str) -> FunctionValue<'ctx> {
+        runtime_fn(self.cx, self.module, name)
+    }
+
+    /// A new internal function `void task(ptr data, i64 i, i64 tid)` for `parallel_for`, named
+    /// after this kernel. The caller fills its body with a separate builder.
+    pub fn new_task_function(&self, suffix: &str) -> FunctionValue<'ctx> {
+        let ptr = self.ptr_type();
+        let i64t = self.cx.i64_type();
+        let ty = self
+            .cx
+            .void_type()
+            .fn_type(&[ptr.into(), i64t.into(), i64t.into()], false);
+        let name = format!("{}.{suffix}", self.function.get_name().to_string_lossy());
+        let f = self.module.add_function(&name, ty, Some(Linkage::Internal));
+        crate::llvm::set_kernel_attributes(self.cx, f, self.target);
+        f
+    }
+
+    /// Emits `kiln_rt_parallel_for(ctx, task, data, n)` at the builder's position.
+    pub fn parallel_for(
+        &self,
+        task: FunctionValue<'ctx>,
+        data: PointerValue<'ctx>,
+        n: IntValue<'ctx>,
+    ) -> Result<()> {
+        let f = self.runtime_fn("kiln_rt_parallel_for");
+        let task_ptr = task.as_global_value().as_pointer_value();
+        self.builder
+            .build_call(
+                f,
+                &[self.ctx().into(), task_ptr.into(), data.into(), n.into()],
+                "",
+            )
+            .map_err(llvm)?;
+        Ok(())
+    }
+
+    /// Emits `kiln_rt_thread_scratch(ctx, tid)` with `builder` (which may be a task's builder).
+    pub fn thread_scratch(
+        &self,
+        builder: &Builder<'ctx>,
+        ctx: PointerValue<'ctx>,
+        tid: IntValue<'ctx>,
+    ) -> Result<PointerValue<'ctx>> {
+        let f = self.runtime_fn("kiln_rt_thread_scratch");
+        let v = builder
+            .build_call(f, &[ctx.into(), tid.into()], "scratch")
+            .map_err(llvm)?;
+        v.try_as_basic_value()
+            .basic()
+            .map(|v| v.into_pointer_value())
+            .ok_or_else(|| CodegenError::internal("kiln_rt_thread_scratch returns a pointer"))
+    }
+
+    /// `ret i32 0`.
+    pub fn ret_ok(&self) -> Result<()> {
+        self.builder
+            .build_return(Some(&self.cx.i32_type().const_zero()))
+            .map_err(llvm)?;
+        Ok(())
+    }
+}
+
+/// Declares (once) a function of the runtime ABI by name.
+pub fn runtime_fn<'ctx>(cx: &'ctx Context, module: &Module<'ctx>, name: &str) -> FunctionValue<'ctx> {
+    if let Some(f) = module.get_function(name) {
+        return f;
+    }
+    let ptr = cx.ptr_type(AddressSpace::default());
+    let i64t = cx.i64_type();
+    let i32t = cx.i32_type();
+    let ty = match name {
+        "kiln_rt_parallel_for" => cx
+            .void_type()
+            .fn_type(&[ptr.into(), ptr.into(), ptr.into(), i64t.into()], false),
+        "kiln_rt_thread_scratch" => ptr.fn_type(&[ptr.into(), i64t.into()], false),
+        "kiln_rt_num_threads" => i64t.fn_type(&[ptr.into()], false),
+        "kiln_rt_arena" => ptr.fn_type(&[ptr.into()], false),
+        "kiln_rt_set_error" => cx.void_type().fn_type(&[ptr.into(), ptr.into()], true),
+        "kiln_rt_last_error" => ptr.fn_type(&[ptr.into()], false),
+        "kiln_rt_create" => ptr.fn_type(&[ptr.into(), i32t.into()], false),
+        "kiln_rt_create_error" => ptr.fn_type(&[], false),
+        "kiln_rt_destroy" => cx.void_type().fn_type(&[ptr.into()], false),
+        "kiln_exe_main" => i32t.fn_type(&[i32t.into(), ptr.into(), ptr.into()], false),
+        other => panic!("unknown runtime function {other}"),
+    };
+    module.add_function(name, ty, Some(Linkage::External))
+}
+
+/// Wraps an inkwell builder error as an internal compiler error.
+pub fn llvm(e: impl std::fmt::Display) -> CodegenError {
+    CodegenError::internal(format!("LLVM builder: {e}"))
+}

@@ -1,0 +1,90 @@
+//! A node as kernel selection sees it: operator, static input/output shapes and the values of
+//! inputs that are known at compile time (weights, folded shape arithmetic).
+
+use crate::error::{CodegenError, Result};
+use kiln_ir::{DType, Graph, Node, NodeId, Op, Tensor, TensorType, ValueId};
+
+#[derive(Clone, Copy)]
+pub struct NodeInfo<'g> {
+    pub graph: &'g Graph,
+    pub id: NodeId,
+    pub node: &'g Node,
+}
+
+impl<'g> NodeInfo<'g> {
+    pub fn new(graph: &'g Graph, id: NodeId) -> NodeInfo<'g> {
+        NodeInfo {
+            graph,
+            id,
+            node: graph.node(id),
+        }
+    }
+
+    pub fn op(&self) -> &'g Op {
+        &self.node.op
+    }
+
+    pub fn name(&self) -> &'g str {
+        &self.node.name
+    }
+
+    pub fn n_inputs(&self) -> usize {
+        self.node.inputs.len()
+    }
+
+    pub fn n_outputs(&self) -> usize {
+        self.node.outputs.len()
+    }
+
+    /// Input `i`, or None when it is absent (optional) or beyond the node's inputs.
+    pub fn input(&self, i: usize) -> Option<ValueId> {
+        self.node.inputs.get(i).copied().flatten()
+    }
+
+    pub fn has_input(&self, i: usize) -> bool {
+        self.input(i).is_some()
+    }
+
+    pub fn input_type(&self, i: usize) -> Option<&'g TensorType> {
+        self.input(i).map(|v| self.graph.value_type(v))
+    }
+
+    pub fn input_dtype(&self, i: usize) -> Option<DType> {
+        self.input_type(i).map(|t| t.dtype)
+    }
+
+    /// The static shape of input `i`; an error naming the node if it is absent or not static.
+    pub fn input_shape(&self, i: usize) -> Result<Vec<usize>> {
+        let ty = self
+            .input_type(i)
+            .ok_or_else(|| self.unsupported(format!("input {i} is missing")))?;
+        ty.fixed_shape().ok_or_else(|| {
+            self.unsupported(format!(
+                "input {i} has shape {ty} that is not known at compile time (bind it with --input-shape)"
+            ))
+        })
+    }
+
+    /// The value of input `i` when it is known at compile time.
+    pub fn known(&self, i: usize) -> Option<&'g Tensor> {
+        self.input(i).and_then(|v| self.graph.known_value(v))
+    }
+
+    pub fn output_type(&self, i: usize) -> &'g TensorType {
+        &self.node.outputs[i].ty
+    }
+
+    pub fn output_shape(&self, i: usize) -> Result<Vec<usize>> {
+        let ty = self.output_type(i);
+        ty.fixed_shape().ok_or_else(|| {
+            self.unsupported(format!(
+                "output {i} has shape {ty} that is not known at compile time (bind the inputs' shapes with --input-shape)"
+            ))
+        })
+    }
+
+    /// An "unsupported" error naming this node and its operator.
+    pub fn unsupported(&self, msg: impl Into<String>) -> CodegenError {
+        CodegenError::unsupported(self.name(), self.op().name(), msg)
+    }
+}

@@ -1,0 +1,267 @@
+//! Target description: triple, CPU, LLVM features, and what the kernels may assume (vector
+//! width, FMA, BF16 dot products). Kernels ask the target, never the host.
+
+use crate::error::{CodegenError, Result};
+use inkwell::targets::{CodeModel, InitializationConfig, RelocMode, Target, TargetMachine, TargetTriple};
+use inkwell::OptimizationLevel;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    X86_64,
+    Aarch64,
+}
+
+/// The widest vector instruction set the kernels use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Isa {
+    /// 128-bit vectors (SSE2 on x86-64, NEON on aarch64).
+    Portable,
+    /// 256-bit vectors with FMA (x86-64-v3).
+    Avx2,
+    /// 512-bit vectors (avx512f/bw/vl/dq).
+    Avx512,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TargetDesc {
+    pub triple: String,
+    pub cpu: String,
+    /// LLVM feature string (`+avx2,+fma,...`); empty means the CPU's defaults.
+    pub features: String,
+    pub arch: Arch,
+    pub isa: Isa,
+    pub has_fma: bool,
+    /// `vdpbf16ps` is available (avx512_bf16).
+    pub has_avx512_bf16: bool,
+    /// Whether this target is the machine kiln runs on (executables can be run here).
+    pub is_host: bool,
+}
+
+impl TargetDesc {
+    /// The machine kiln runs on, with all of its CPU's features.
+    pub fn host() -> Result<TargetDesc> {
+        init_llvm();
+        let triple = TargetMachine::get_default_triple()
+            .as_str()
+            .to_string_lossy()
+            .into_owned();
+        let cpu = TargetMachine::get_host_cpu_name().to_string();
+        let features = TargetMachine::get_host_cpu_features().to_string();
+        let mut t = TargetDesc::new(&triple, &cpu, &features)?;
+        t.is_host = true;
+        Ok(t)
+    }
+
+    /// A target chosen on the command line; a missing triple means the host's, a missing CPU
+    /// the host CPU (same triple) or the architecture's baseline (other triple).
+    pub fn select(triple: Option<&str>, cpu: Option<&str>) -> Result<TargetDesc> {
+        init_llvm();
+        let host = TargetDesc::host()?;
+        let triple = triple
+            .map(normalize_triple)
+            .unwrap_or_else(|| host.triple.clone());
+        let same_arch = arch_of(&triple)? == host.arch;
+        match cpu {
+            None if triple == host.triple => Ok(host),
+            None if same_arch => TargetDesc::new(&triple, &host.cpu, &host.features),
+            None => TargetDesc::new(&triple, baseline_cpu(arch_of(&triple)?), ""),
+            Some(cpu) => {
+                let mut t = TargetDesc::new(&triple, cpu, "")?;
+                // LLVM derives the instruction set from the CPU name; the table above only
+                // tells the kernels what they may assume.
+                t.features = String::new();
+                Ok(t)
+            }
+        }
+    }
+
+    fn new(triple: &str, cpu: &str, features: &str) -> Result<TargetDesc> {
+        let arch = arch_of(triple)?;
+        // With an explicit feature string the features are exactly what it says; otherwise
+        // they are the CPU's, which LLVM knows and we ask it for through a target machine.
+        let feature_list = if features.is_empty() {
+            cpu_features(triple, cpu)?
+        } else {
+            features.to_string()
+        };
+        let has = |f: &str| feature_list.split(',').any(|x| x == format!("+{f}"));
+        let isa = match arch {
+            Arch::X86_64 if has("avx512f") && has("avx512bw") && has("avx512vl") && has("avx512dq") => {
+                Isa::Avx512
+            }
+            Arch::X86_64 if has("avx2") && has("fma") => Isa::Avx2,
+            _ => Isa::Portable,
+        };
+        Ok(TargetDesc {
+            triple: triple.to_string(),
+            cpu: cpu.to_string(),
+            features: features.to_string(),
+            arch,
+            isa,
+            has_fma: has("fma") || arch == Arch::Aarch64,
+            has_avx512_bf16: has("avx512bf16"),
+            is_host: false,
+        })
+    }
+
+    /// f32 lanes in one native vector of the selected ISA.
+    pub fn f32_lanes(&self) -> u32 {
+        match self.isa {
+            Isa::Avx512 => 16,
+            Isa::Avx2 => 8,
+            Isa::Portable => 4,
+        }
+    }
+
+    /// Architecture name as the micro-kernel bitcode is keyed (`x86_64`, `aarch64`).
+    pub fn arch_name(&self) -> &'static str {
+        match self.arch {
+            Arch::X86_64 => "x86_64",
+            Arch::Aarch64 => "aarch64",
+        }
+    }
+
+    /// CPU features the artifact checks for at start-up (names the runtime stub knows).
+    pub fn required_cpu_features(&self) -> Vec<&'static str> {
+        let mut f = vec![];
+        if self.arch == Arch::X86_64 {
+            if self.isa >= Isa::Avx2 {
+                f.extend(["avx2", "fma", "f16c"]);
+            }
+            if self.isa >= Isa::Avx512 {
+                f.extend(["avx512f", "avx512bw", "avx512vl", "avx512dq"]);
+            }
+            if self.has_avx512_bf16 {
+                f.push("avx512bf16");
+            }
+        }
+        f
+    }
+
+    pub fn target_machine(&self, opt: OptimizationLevel) -> Result<TargetMachine> {
+        init_llvm();
+        let triple = TargetTriple::create(&self.triple);
+        let target = Target::from_triple(&triple).map_err(|e| CodegenError::Target(e.to_string()))?;
+        target
+            .create_target_machine(
+                &triple,
+                &self.cpu,
+                &self.features,
+                opt,
+                RelocMode::PIC,
+                CodeModel::Default,
+            )
+            .ok_or_else(|| CodegenError::Target(format!("LLVM cannot target {} / {}", self.triple, self.cpu)))
+    }
+
+    /// One-line description for summaries: `x86_64-unknown-linux-gnu znver3 (avx2)`.
+    pub fn describe(&self) -> String {
+        let isa = match (self.arch, self.isa) {
+            (Arch::X86_64, Isa::Avx512) => "avx512",
+            (Arch::X86_64, Isa::Avx2) => "avx2",
+            (Arch::X86_64, Isa::Portable) => "sse2",
+            (Arch::Aarch64, _) => "neon",
+        };
+        format!("{} {} ({isa})", self.triple, self.cpu)
+    }
+}
+
+fn init_llvm() {
+    static INIT: std::sync::Once = std::sync::Once::new();
+    INIT.call_once(|| {
+        let config = InitializationConfig::default();
+        Target::initialize_x86(&config);
+        Target::initialize_aarch64(&config);
+        Target::initialize_nvptx(&config);
+    });
+}
+
+fn normalize_triple(t: &str) -> String {
+    match t {
+        "aarch64-linux-gnu" => "aarch64-unknown-linux-gnu".to_string(),
+        "x86_64-linux-gnu" => "x86_64-unknown-linux-gnu".to_string(),
+        other => other.to_string(),
+    }
+}
+
+fn arch_of(triple: &str) -> Result<Arch> {
+    let arch = triple.split('-').next().unwrap_or("");
+    match arch {
+        "x86_64" => Ok(Arch::X86_64),
+        "aarch64" | "arm64" => Ok(Arch::Aarch64),
+        _ => Err(CodegenError::Target(format!(
+            "unsupported target triple '{triple}' (kiln generates code for x86_64 and aarch64 Linux)"
+        ))),
+    }
+}
+
+fn baseline_cpu(arch: Arch) -> &'static str {
+    match arch {
+        Arch::X86_64 => "x86-64",
+        Arch::Aarch64 => "generic",
+    }
+}
+
+/// What the kernels may assume of a named CPU, as a `+a,+b,...` list. LLVM accepts any CPU
+/// name silently, so kiln keeps its own table of the ones it knows; others are an error.
+fn cpu_features(triple: &str, cpu: &str) -> Result<String> {
+    const AVX2: &str = "+avx,+avx2,+fma,+f16c,+bmi2";
+    const AVX512: &str = "+avx,+avx2,+fma,+f16c,+bmi2,+avx512f,+avx512bw,+avx512vl,+avx512dq";
+    const AVX512_BF16: &str =
+        "+avx,+avx2,+fma,+f16c,+bmi2,+avx512f,+avx512bw,+avx512vl,+avx512dq,+avx512bf16";
+    let x86: &[(&str, &str)] = &[
+        ("x86-64", "+sse2"),
+        ("x86-64-v2", "+sse2,+sse4.2,+popcnt"),
+        ("x86-64-v3", AVX2),
+        ("haswell", AVX2),
+        ("broadwell", AVX2),
+        ("skylake", AVX2),
+        ("alderlake", AVX2),
+        ("znver1", AVX2),
+        ("znver2", AVX2),
+        ("znver3", AVX2),
+        ("x86-64-v4", AVX512),
+        ("skylake-avx512", AVX512),
+        ("cascadelake", AVX512),
+        ("icelake-server", AVX512),
+        ("cooperlake", AVX512_BF16),
+        ("sapphirerapids", AVX512_BF16),
+        ("graniterapids", AVX512_BF16),
+        ("znver4", AVX512_BF16),
+        ("znver5", AVX512_BF16),
+    ];
+    let aarch64 = [
+        "generic",
+        "cortex-a53",
+        "cortex-a72",
+        "cortex-a76",
+        "neoverse-n1",
+        "neoverse-n2",
+        "neoverse-v1",
+        "neoverse-v2",
+        "apple-m1",
+    ];
+    match arch_of(triple)? {
+        Arch::X86_64 => x86
+            .iter()
+            .find(|(name, _)| *name == cpu)
+            .map(|(_, f)| f.to_string())
+            .ok_or_else(|| {
+                let names: Vec<&str> = x86.iter().map(|(n, _)| *n).collect();
+                CodegenError::Target(format!(
+                    "unknown x86-64 CPU '{cpu}' (known: {})",
+                    names.join(", ")
+                ))
+            }),
+        Arch::Aarch64 => {
+            if aarch64.contains(&cpu) {
+                Ok("+neon".to_string())
+            } else {
+                Err(CodegenError::Target(format!(
+                    "unknown aarch64 CPU '{cpu}' (known: {})",
+                    aarch64.join(", ")
+                )))
+            }
+        }
+    }
+}

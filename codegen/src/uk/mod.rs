@@ -1,0 +1,68 @@
+//! Operators compiled from the C micro-kernels in `codegen/ukernels/`.
+//!
+//! Each family file maps an operator to a `kiln_uk_<symbol>` function and packs its attributes
+//! into integer and floating arrays in the order the C side documents. Codegen passes the input
+//! and output tensors (static shapes as constant descriptors) and links the kernels' bitcode
+//! into the model, where LLVM inlines and specialises them.
+
+mod elementwise;
+mod misc;
+mod movement;
+mod nn;
+mod reduce;
+
+use crate::error::Result;
+use crate::node::NodeInfo;
+
+/// A call to `kiln_uk_<symbol>(const kiln_uk_args *)`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct UkCall {
+    /// The function name without the `kiln_uk_` prefix.
+    pub symbol: &'static str,
+    pub iattr: Vec<i64>,
+    pub fattr: Vec<f64>,
+    /// Bytes of scratch the call needs for the duration of the kernel (0 for none).
+    pub scratch_bytes: u64,
+}
+
+impl UkCall {
+    pub fn new(symbol: &'static str) -> UkCall {
+        UkCall {
+            symbol,
+            iattr: vec![],
+            fattr: vec![],
+            scratch_bytes: 0,
+        }
+    }
+
+    pub fn iattr(mut self, v: impl IntoIterator<Item = i64>) -> UkCall {
+        self.iattr.extend(v);
+        self
+    }
+
+    pub fn fattr(mut self, v: impl IntoIterator<Item = f64>) -> UkCall {
+        self.fattr.extend(v);
+        self
+    }
+
+    pub fn scratch(mut self, bytes: u64) -> UkCall {
+        self.scratch_bytes = bytes;
+        self
+    }
+}
+
+/// The micro-kernel call for `node`, or None when no family handles its operator.
+pub fn lower(node: &NodeInfo) -> Result<Option<UkCall>> {
+    for family in [
+        elementwise::lower,
+        reduce::lower,
+        movement::lower,
+        nn::lower,
+        misc::lower,
+    ] {
+        if let Some(call) = family(node)? {
+            return Ok(Some(call));
+        }
+    }
+    Ok(None)
+}

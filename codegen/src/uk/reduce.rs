@@ -1,0 +1,10 @@
+//! Micro-kernel lowering for the reduce family (see `codegen/ukernels/reduce.c`).
+
+use super::UkCall;
+use crate::error::Result;
+use crate::node::NodeInfo;
+
+pub fn lower(node: &NodeInfo) -> Result<Option<UkCall>> {
+    let _ = node;
+    Ok(None)
+}

@@ -1,0 +1,48 @@
+//! The runtime stub linked into every kiln artifact lives in `c/` (C, compiled to LLVM bitcode
+//! by kiln-codegen's build script and linked into each model's module). This crate is its Rust
+//! side: the ABI constants and layouts codegen emits against, kept equal to `c/kiln_rt.h`.
+
+/// `enum kiln_dtype`: the code of each `kiln_ir::DType`, in declaration order.
+pub const DTYPE_NAMES: [&str; 13] = [
+    "bool", "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64", "float16", "bfloat16",
+    "float32", "float64",
+];
+
+/// Field order of `kiln_io_desc`: name (ptr), dtype (i32), rank (i32), dims (ptr), bytes (i64).
+pub const IO_DESC_FIELDS: usize = 5;
+
+/// Field order of `kiln_model_desc`: name, kiln_version, target_triple, cpu_features,
+/// signature_json (5 × ptr), n_inputs, n_outputs (2 × i32), inputs, outputs (2 × ptr),
+/// arena_bytes, thread_scratch_bytes, n_kernels (3 × i64), run (ptr).
+pub const MODEL_DESC_FIELDS: usize = 13;
+
+/// The C header, for tools that want to show or ship it.
+pub const KILN_RT_H: &str = include_str!("../c/kiln_rt.h");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_dtype_codes_match() {
+        let codes = [
+            "KILN_BOOL = 0",
+            "KILN_U8 = 1",
+            "KILN_I8 = 2",
+            "KILN_U16 = 3",
+            "KILN_I16 = 4",
+            "KILN_U32 = 5",
+            "KILN_I32 = 6",
+            "KILN_U64 = 7",
+            "KILN_I64 = 8",
+            "KILN_F16 = 9",
+            "KILN_BF16 = 10",
+            "KILN_F32 = 11",
+            "KILN_F64 = 12",
+        ];
+        for c in codes {
+            assert!(KILN_RT_H.contains(c), "{c} missing from kiln_rt.h");
+        }
+        assert_eq!(DTYPE_NAMES.len(), codes.len());
+    }
+}
