@@ -91,6 +91,19 @@ fn is_view(op: &Op) -> bool {
     )
 }
 
+/// The value whose bytes `v` shares: itself, or for a view of a compile-time constant too big
+/// to be propagated as a known value, the constant behind the chain of views.
+fn known_root(graph: &Graph, mut v: ValueId) -> ValueId {
+    while graph.known_value(v).is_none() {
+        let node = graph.node(v.node);
+        match node.inputs.first().copied().flatten() {
+            Some(src) if is_view(&node.op) => v = src,
+            _ => break,
+        }
+    }
+    v
+}
+
 fn align(x: u64) -> u64 {
     x.div_ceil(ALIGN) * ALIGN
 }
@@ -134,10 +147,19 @@ pub fn build(graph: &Graph, target: &TargetDesc) -> Result<Plan> {
     let mut weights = Vec::new();
     let mut kernels = Vec::new();
     let mut unsupported = Vec::new();
-    // Values stored in the weights blob once, by value.
-    let mut const_offsets: HashMap<ValueId, u64> = HashMap::new();
 
     for (i, &id) in graph.inputs().iter().enumerate() {
+        let out = &graph.node(id).outputs[0];
+        if !out.ty.is_static() {
+            return Err(CodegenError::unsupported(
+                &out.name,
+                "graph input",
+                format!(
+                    "input '{}' has shape {} with dimensions unknown at compile time; fix them with --input-shape {}=D0,D1,...",
+                    out.name, out.ty, out.name
+                ),
+            ));
+        }
         storage.insert(id.out(0), Storage::Input(i));
     }
     for id in graph.node_ids() {
@@ -151,20 +173,13 @@ pub fn build(graph: &Graph, target: &TargetDesc) -> Result<Plan> {
         let n_out = node.outputs.len() as u32;
         let all_known = (0..n_out).all(|o| graph.known_value(id.out(o)).is_some());
         if all_known {
-            for o in 0..n_out {
-                let v = id.out(o);
-                let t = graph.known_value(v).expect("checked above");
-                let off = push_weights(&mut weights, &t.to_le_bytes());
-                const_offsets.insert(v, off);
-                storage.insert(v, Storage::Weights(off));
-            }
+            // Stored in the weights blob only if a kernel or a graph output reads it (below).
             continue;
         }
         let info = NodeInfo::new(graph, id);
-        for o in 0..n_out {
-            if let Err(e) = info.output_shape(o as usize) {
-                unsupported.push(e);
-            }
+        if let Some(e) = (0..n_out as usize).find_map(|o| info.output_shape(o).err()) {
+            unsupported.push(e);
+            continue;
         }
         // A view shares its input's bytes; plan_arena gives it the input's storage.
         if is_view(&node.op) && node.inputs.first().copied().flatten().is_some() {
@@ -209,13 +224,12 @@ pub fn build(graph: &Graph, target: &TargetDesc) -> Result<Plan> {
     // Constants read by kernels (weights, and known inputs of kernels) go into the blob.
     for k in &kernels {
         for v in k.inputs.iter().flatten() {
-            if storage.contains_key(v) || const_offsets.contains_key(v) {
+            let v = known_root(graph, *v);
+            if storage.contains_key(&v) {
                 continue;
             }
-            let Some(t) = graph.known_value(*v) else { continue };
-            let off = push_weights(&mut weights, &t.to_le_bytes());
-            const_offsets.insert(*v, off);
-            storage.insert(*v, Storage::Weights(off));
+            let Some(t) = graph.known_value(v) else { continue };
+            storage.insert(v, Storage::Weights(push_weights(&mut weights, &t.to_le_bytes())));
         }
     }
 
@@ -237,6 +251,14 @@ pub fn build(graph: &Graph, target: &TargetDesc) -> Result<Plan> {
 
     let (arena_bytes, thread_scratch_bytes) =
         plan_arena(graph, &mut kernels, &mut storage, &kernel_outputs, &copy_later)?;
+    for &(_, v) in &copy_later {
+        let v = known_root(graph, v);
+        if !storage.contains_key(&v) {
+            if let Some(t) = graph.known_value(v) {
+                storage.insert(v, Storage::Weights(push_weights(&mut weights, &t.to_le_bytes())));
+            }
+        }
+    }
     for (j, v) in copy_later {
         let from = *storage
             .get(&v)
