@@ -5,6 +5,7 @@ pub mod compare;
 pub mod compiled;
 pub mod conformance;
 pub mod fixtures;
+pub mod staticlib;
 
 use std::path::PathBuf;
 
