@@ -3,6 +3,7 @@
 //! + C header, object, LLVM IR, assembly).
 
 mod archive;
+pub mod control;
 pub mod emit;
 pub mod error;
 pub mod gen;
@@ -86,6 +87,8 @@ pub fn compile(
     progress: &mut dyn Progress,
 ) -> Result<Summary> {
     progress.phase("plan");
+    let lowered = control::lower_control_flow(graph)?;
+    let graph = lowered.as_ref().unwrap_or(graph);
     let plan = plan::build(graph, &opts.target)?;
     let api = emit::Api {
         prefix: header::c_ident(&opts.name),

@@ -12,7 +12,13 @@ pub fn cc() -> String {
 }
 
 /// Builds a C program from `sources` linked with the static libraries in `libs`.
-pub fn build_c_program(sources: &[&Path], defines: &[String], include: &Path, libs: &[&Path], out: &Path) -> Result<(), String> {
+pub fn build_c_program(
+    sources: &[&Path],
+    defines: &[String],
+    include: &Path,
+    libs: &[&Path],
+    out: &Path,
+) -> Result<(), String> {
     let mut cmd = Command::new(cc());
     cmd.args(["-O1", "-Wall", "-Werror", "-o"]).arg(out);
     cmd.arg("-I").arg(include);
@@ -29,7 +35,12 @@ pub fn build_c_program(sources: &[&Path], defines: &[String], include: &Path, li
 
 /// Compiles `graph` to `libNAME.a` + `NAME.h`, builds run_model.c against it, runs it on
 /// `inputs` (graph order) and returns the outputs.
-pub fn compile_and_run_staticlib(graph: &Graph, name: &str, inputs: &[Tensor], threads: usize) -> Result<Vec<Tensor>, String> {
+pub fn compile_and_run_staticlib(
+    graph: &Graph,
+    name: &str,
+    inputs: &[Tensor],
+    threads: usize,
+) -> Result<Vec<Tensor>, String> {
     let work = WorkDir::new("lib");
     let dir = &work.0;
     compile_graph(graph, name, Emit::StaticLib, &dir.join(name))?;
@@ -37,7 +48,10 @@ pub fn compile_and_run_staticlib(graph: &Graph, name: &str, inputs: &[Tensor], t
     let exe = dir.join("run_model");
     build_c_program(
         &[&driver],
-        &[format!("KILN_HEADER=\"{name}.h\""), format!("KILN_API(x)={name}_##x")],
+        &[
+            format!("KILN_HEADER=\"{name}.h\""),
+            format!("KILN_API(x)={name}_##x"),
+        ],
         dir,
         &[&dir.join(format!("lib{name}.a"))],
         &exe,
@@ -50,14 +64,22 @@ pub fn compile_and_run_staticlib(graph: &Graph, name: &str, inputs: &[Tensor], t
         cmd.arg(p);
     }
     cmd.arg("--");
-    let outs: Vec<_> = graph.outputs().iter().map(|o| graph.value_type(o.value).clone()).collect();
+    let outs: Vec<_> = graph
+        .outputs()
+        .iter()
+        .map(|o| graph.value_type(o.value).clone())
+        .collect();
     for (i, ty) in outs.iter().enumerate() {
         let p = dir.join(format!("out{i}.bin"));
         cmd.arg(format!("{}:{}", p.display(), ty.size_bytes().unwrap_or(0)));
     }
     let o = cmd.output().map_err(|e| e.to_string())?;
     if !o.status.success() {
-        return Err(format!("run_model failed ({}): {}", o.status, String::from_utf8_lossy(&o.stderr).trim()));
+        return Err(format!(
+            "run_model failed ({}): {}",
+            o.status,
+            String::from_utf8_lossy(&o.stderr).trim()
+        ));
     }
     outs.iter()
         .enumerate()

@@ -28,7 +28,11 @@ fn two_models_link_into_one_c_program() {
         let f = fixture(name);
         let model = f.load().expect("load");
         let g = &model.graph;
-        assert_eq!((g.inputs().len(), g.outputs().len()), (1, 1), "{name}: the program expects one input and one output");
+        assert_eq!(
+            (g.inputs().len(), g.outputs().len()),
+            (1, 1),
+            "{name}: the program expects one input and one output"
+        );
         let api = format!("model_{tag}");
         compile_graph(g, &api, Emit::StaticLib, &dir.join(&api)).expect("compile");
         let (in_name, in_ty) = g.input_types().next().unwrap();
@@ -38,17 +42,33 @@ fn two_models_link_into_one_c_program() {
         std::fs::write(&in_path, input.to_le_bytes()).unwrap();
         let up = tag.to_uppercase();
         defines.push(format!("{up}_IN_BYTES={}", in_ty.size_bytes().unwrap()));
-        defines.push(format!("{up}_OUT_BYTES={}", g.value_type(out.value).size_bytes().unwrap()));
+        defines.push(format!(
+            "{up}_OUT_BYTES={}",
+            g.value_type(out.value).size_bytes().unwrap()
+        ));
         args.push(in_path);
         args.push(dir.join(format!("{tag}_out.bin")));
-        expected.push((f.read_expected().unwrap().remove(&out.name).unwrap(), g.value_type(out.value).clone()));
+        expected.push((
+            f.read_expected().unwrap().remove(&out.name).unwrap(),
+            g.value_type(out.value).clone(),
+        ));
     }
     let exe = dir.join("two_models");
     let src = kiln_tests::repo_root().join("tests/c/two_models.c");
-    build_c_program(&[&src], &defines, dir, &[&dir.join("libmodel_a.a"), &dir.join("libmodel_b.a")], &exe)
-        .expect("a C program linking both models builds");
+    build_c_program(
+        &[&src],
+        &defines,
+        dir,
+        &[&dir.join("libmodel_a.a"), &dir.join("libmodel_b.a")],
+        &exe,
+    )
+    .expect("a C program linking both models builds");
     let o = Command::new(&exe).args(&args).output().expect("run");
-    assert!(o.status.success(), "two_models failed: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "two_models failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     for (i, (want, ty)) in expected.iter().enumerate() {
         let bytes = std::fs::read(&args[2 * i + 1]).unwrap();
         let got = kiln_ir::Tensor::from_le_bytes(ty.dtype, ty.fixed_shape().unwrap(), &bytes).unwrap();
@@ -71,7 +91,10 @@ fn static_library_exports_only_prefixed_symbols() {
     let symbols: Vec<&str> = text.lines().filter_map(|l| l.split_whitespace().nth(2)).collect();
     assert!(symbols.contains(&"tiny_run"), "tiny_run exported: {symbols:?}");
     let foreign: Vec<&&str> = symbols.iter().filter(|s| !s.starts_with("tiny_")).collect();
-    assert!(foreign.is_empty(), "symbols without the model prefix: {foreign:?}");
+    assert!(
+        foreign.is_empty(),
+        "symbols without the model prefix: {foreign:?}"
+    );
 }
 
 #[test]
@@ -84,6 +107,11 @@ fn compiling_twice_gives_identical_artifacts() {
         compile_graph(&model.graph, "m", emit, &w2.0.join("m")).unwrap();
         let a = std::fs::read(w1.0.join(file)).unwrap();
         let b = std::fs::read(w2.0.join(file)).unwrap();
-        assert!(a == b, "{file}: two compilations differ ({} vs {} bytes)", a.len(), b.len());
+        assert!(
+            a == b,
+            "{file}: two compilations differ ({} vs {} bytes)",
+            a.len(),
+            b.len()
+        );
     }
 }

@@ -21,7 +21,9 @@ fn check(f: &Fixture, artifact: Artifact) -> anyhow::Result<()> {
     let ordered: Vec<(String, kiln_ir::Tensor)> = names
         .iter()
         .map(|n| {
-            let t = inputs.remove(n).ok_or_else(|| anyhow::anyhow!("no input file for '{n}'"))?;
+            let t = inputs
+                .remove(n)
+                .ok_or_else(|| anyhow::anyhow!("no input file for '{n}'"))?;
             Ok((n.clone(), t))
         })
         .collect::<anyhow::Result<_>>()?;
@@ -78,7 +80,11 @@ fn check_all(artifact: Artifact, label: &str) {
         }
     });
     let failed = failed.into_inner().unwrap();
-    println!("{label}: {} passed, {} failed", fixtures.len() - failed.len(), failed.len());
+    println!(
+        "{label}: {} passed, {} failed",
+        fixtures.len() - failed.len(),
+        failed.len()
+    );
     assert!(failed.is_empty(), "fixtures failing: {}", failed.join(", "));
 }
 
