@@ -390,19 +390,19 @@ KILN_UK_INLINE double ew_softplus(double x) {
   CASE(U_SOFTPLUS, ew_softplusf(x), ew_softplus(x))                                          \
   CASE(U_SOFTSIGN, x / (1.0f + (x < 0 ? -x : x)), x / (1.0 + __builtin_fabs(x)))             \
   CASE(U_MISH, x * kiln_tanhf(ew_softplusf(x)), x * __builtin_tanh(ew_softplus(x)))          \
-  CASE(U_HARDSWISH, x * ew_clamp01f(x * (1.0f / 6.0f) + 0.5f), x * ew_clamp01(x / 6.0 + 0.5)) \
+  CASE(U_HARDSWISH, x * ew_clamp01f((x + 3.0f) * (1.0f / 6.0f)), x * ew_clamp01(x / 6.0 + 0.5)) \
   CASE(U_LEAKY_RELU, x < 0 ? p0 * x : x, x < 0 ? p0 * x : x)                                 \
-  CASE(U_ELU, x < 0 ? p0 * (kiln_expf(x) - 1.0f) : x, x < 0 ? p0 * __builtin_expm1(x) : x)   \
-  CASE(U_SELU, x > 0 ? p1 * x : p1 * p0 * (kiln_expf(x) - 1.0f),                             \
+  CASE(U_ELU, x < 0 ? p0 * kiln_expm1f(x) : x, x < 0 ? p0 * __builtin_expm1(x) : x)   \
+  CASE(U_SELU, x > 0 ? p1 * x : p1 * p0 * kiln_expm1f(x),                             \
        x > 0 ? p1 * x : p1 * p0 * __builtin_expm1(x))                                        \
-  CASE(U_CELU, x > 0 ? x : p0 * (kiln_expf(x / p0) - 1.0f),                                  \
+  CASE(U_CELU, x > 0 ? x : p0 * kiln_expm1f(x / p0),                                  \
        x > 0 ? x : p0 * __builtin_expm1(x / p0))                                             \
   CASE(U_HARD_SIGMOID, ew_clamp01f(p0 * x + p1), ew_clamp01(p0 * x + p1))                    \
   CASE(U_THRESHOLDED_RELU, x > p0 ? x : 0.0f, x > p0 ? x : 0.0)                              \
   CASE(U_GELU_ERF, 0.5f * x * kiln_erfcf(x * -0.70710678118654752f),                         \
        0.5 * x * __builtin_erfc(x * -0.70710678118654752))                                   \
-  CASE(U_GELU_TANH,                                                                          \
-       0.5f * x * (1.0f + kiln_tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x))),   \
+  CASE(U_GELU_TANH, /* 1 + tanh(u) = 2·sigmoid(2u), without the cancellation */            \
+       x * kiln_sigmoidf(1.5957691216057307f * (x + 0.044715f * x * x * x)),   \
        0.5 * x * (1.0 + __builtin_tanh(0.79788456080286536 * (x + 0.044715 * x * x * x))))   \
   CASE(U_SHRINK, x < -p1 ? x + p0 : (x > p1 ? x - p0 : 0.0f),                                \
        x < -p1 ? x + p0 : (x > p1 ? x - p0 : 0.0))                                           \

@@ -62,6 +62,23 @@ KILN_MATH_INLINE float kiln_expf(float x) {
   return p * s1 * s2;
 }
 
+/* e^x - 1, accurate near 0 where e^x - 1 cancels: the Taylor series (degree 9, truncation
+   below 3e-10 relative) for |x| < 0.5, e^x - 1 beyond (at most two bits lost there). */
+KILN_MATH_INLINE float kiln_expm1f(float x) {
+  float p = 2.75573192e-6f;
+  p = p * x + 2.48015873e-5f;
+  p = p * x + 1.98412698e-4f;
+  p = p * x + 1.38888889e-3f;
+  p = p * x + 8.33333333e-3f;
+  p = p * x + 4.16666667e-2f;
+  p = p * x + 1.66666667e-1f;
+  p = p * x + 0.5f;
+  float small = x + x * x * p;
+  float big = kiln_expf(x) - 1.0f;
+  float ax = x < 0.0f ? -x : x;
+  return ax < 0.5f ? small : big;
+}
+
 /* ln(x). x = m·2^e with m in [√½, √2), ln(1+f) for f = m - 1 by the Cephes polynomial;
    subnormal inputs are scaled by 2^23 first. */
 KILN_MATH_INLINE float kiln_logf(float x) {
