@@ -337,6 +337,22 @@ static void st_i(void *p, int64_t dt, int64_t off, const int64_t *d, int64_t n, 
   }
 }
 
+/* n f16/bf16 values (step 0: only the first is read and converted) widened to f32. */
+static void ew_half_to_f32(float *d, const uint16_t *p, int64_t step, int64_t n, int bf) {
+  int64_t m = step ? n : 1;
+  if (bf)
+    for (int64_t i = 0; i < m; i++) d[i] = kiln_bf16_to_f32(p[i]);
+  else
+    for (int64_t i = 0; i < m; i++) d[i] = kiln_f16_to_f32(p[i]);
+}
+
+static void ew_f32_to_half(uint16_t *p, const float *d, int64_t n, int bf) {
+  if (bf)
+    for (int64_t i = 0; i < n; i++) p[i] = kiln_f32_to_bf16(d[i]);
+  else
+    for (int64_t i = 0; i < n; i++) p[i] = kiln_f32_to_f16(d[i]);
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Unary                                                                                      */
 /* ------------------------------------------------------------------------------------------ */
@@ -449,11 +465,7 @@ typedef struct ew_unary_env {
   int64_t pos, neg; /* IsInf */
 } ew_unary_env;
 
-static void ew_unary_f32_seg(const void *envp, const ew_seg *s) {
-  const ew_unary_env *env = (const ew_unary_env *)envp;
-  const float *in = (const float *)env->a->in[0].data + s->off[0];
-  float *out = (float *)env->a->out[0].data + s->o;
-  int64_t n = s->len;
+static void ew_unary_f32_loop(const ew_unary_env *env, const float *in, float *out, int64_t n) {
   float p0 = (float)env->p0, p1 = (float)env->p1;
   (void)p1;
   switch (env->op) {
@@ -467,6 +479,29 @@ static void ew_unary_f32_seg(const void *envp, const ew_seg *s) {
     EW_REAL_UNARY(EW_F32_CASE)
 #undef EW_F32_CASE
   default: break;
+  }
+}
+
+static void ew_unary_f32_seg(const void *envp, const ew_seg *s) {
+  const ew_unary_env *env = (const ew_unary_env *)envp;
+  const float *in = (const float *)env->a->in[0].data + s->off[0];
+  float *out = (float *)env->a->out[0].data + s->o;
+  ew_unary_f32_loop(env, in, out, s->len);
+}
+
+/* f16 and bf16 (bf16 autocast makes these hot): blocks widened to f32, computed by the f32
+   loops, rounded back once. */
+static void ew_unary_half_seg(const void *envp, const ew_seg *s) {
+  const ew_unary_env *env = (const ew_unary_env *)envp;
+  const uint16_t *in = (const uint16_t *)env->a->in[0].data + s->off[0];
+  uint16_t *out = (uint16_t *)env->a->out[0].data + s->o;
+  int bf = env->a->in[0].dtype == KILN_BF16;
+  float buf[EW_BLK];
+  for (int64_t b = 0; b < s->len; b += EW_BLK) {
+    int64_t n = s->len - b < EW_BLK ? s->len - b : EW_BLK;
+    ew_half_to_f32(buf, in + b, 1, n, bf);
+    ew_unary_f32_loop(env, buf, buf, n);
+    ew_f32_to_half(out + b, buf, n, bf);
   }
 }
 
@@ -553,9 +588,12 @@ int32_t kiln_uk_ew_unary(const kiln_uk_args *a) {
   ew_plan_flat(&p, a->out[0].numel, 1);
   if (p.n == 0) return KILN_UK_OK;
   int64_t op = env.op;
-  int fast = a->in[0].dtype == KILN_F32 && a->out[0].dtype == KILN_F32 && op != U_NOT &&
-             op != U_BITWISE_NOT && op != U_ISNAN && op != U_ISINF;
-  ew_run(a->ctx, &p, fast ? ew_unary_f32_seg : ew_unary_generic_seg, &env);
+  int64_t dt = a->in[0].dtype;
+  int real = op != U_NOT && op != U_BITWISE_NOT && op != U_ISNAN && op != U_ISINF;
+  ew_seg_fn fn = ew_unary_generic_seg;
+  if (real && dt == KILN_F32) fn = ew_unary_f32_seg;
+  if (real && (dt == KILN_BF16 || dt == KILN_F16)) fn = ew_unary_half_seg;
+  ew_run(a->ctx, &p, fn, &env);
   return KILN_UK_OK;
 }
 
@@ -595,14 +633,9 @@ typedef struct ew_binary_env {
   }                                                                                          \
   break;
 
-static void ew_binary_f32_seg(const void *envp, const ew_seg *s) {
-  const ew_binary_env *env = (const ew_binary_env *)envp;
-  const kiln_uk_args *a = env->a;
-  const float *pa = (const float *)a->in[0].data + s->off[0];
-  const float *pb = (const float *)a->in[1].data + s->off[1];
-  float *o = (float *)a->out[0].data + s->o;
-  int64_t n = s->len, sa = s->step[0], sb = s->step[1];
-  switch (env->op) {
+static void ew_binary_f32_loop(int64_t op, float *o, const float *pa, int64_t sa,
+                               const float *pb, int64_t sb, int64_t n) {
+  switch (op) {
   case B_ADD: EW_F32_BIN(x + y)
   case B_SUB: EW_F32_BIN(x - y)
   case B_MUL: EW_F32_BIN(x * y)
@@ -611,6 +644,32 @@ static void ew_binary_f32_seg(const void *envp, const ew_seg *s) {
   case B_MAX: EW_F32_BIN((x != x || y != y) ? x + y : (y > x ? y : x))
   case B_PRELU: EW_F32_BIN(x < 0 ? y * x : x)
   default: break;
+  }
+}
+
+static void ew_binary_f32_seg(const void *envp, const ew_seg *s) {
+  const ew_binary_env *env = (const ew_binary_env *)envp;
+  const kiln_uk_args *a = env->a;
+  ew_binary_f32_loop(env->op, (float *)a->out[0].data + s->o,
+                     (const float *)a->in[0].data + s->off[0], s->step[0],
+                     (const float *)a->in[1].data + s->off[1], s->step[1], s->len);
+}
+
+static void ew_binary_half_seg(const void *envp, const ew_seg *s) {
+  const ew_binary_env *env = (const ew_binary_env *)envp;
+  const kiln_uk_args *a = env->a;
+  int bf = a->in[0].dtype == KILN_BF16;
+  const uint16_t *pa = (const uint16_t *)a->in[0].data + s->off[0];
+  const uint16_t *pb = (const uint16_t *)a->in[1].data + s->off[1];
+  uint16_t *o = (uint16_t *)a->out[0].data + s->o;
+  int64_t sa = s->step[0], sb = s->step[1];
+  float ba[EW_BLK], bb[EW_BLK];
+  for (int64_t b = 0; b < s->len; b += EW_BLK) {
+    int64_t n = s->len - b < EW_BLK ? s->len - b : EW_BLK;
+    ew_half_to_f32(ba, pa + b * sa, sa, n, bf);
+    ew_half_to_f32(bb, pb + b * sb, sb, n, bf);
+    ew_binary_f32_loop(env->op, ba, ba, sa, bb, sb, n);
+    ew_f32_to_half(o + b, ba, n, bf);
   }
 }
 
@@ -792,10 +851,13 @@ int32_t kiln_uk_ew_binary(const kiln_uk_args *a) {
   if (p.n == 0) return KILN_UK_OK;
   int64_t op = env.op;
   if (op == B_POW && ew_pow_f32_scalar(a)) return KILN_UK_OK;
-  int fast = a->in[0].dtype == KILN_F32 && a->in[1].dtype == KILN_F32 &&
-             (op == B_ADD || op == B_SUB || op == B_MUL || op == B_DIV || op == B_MIN ||
-              op == B_MAX || op == B_PRELU);
-  ew_run(a->ctx, &p, fast ? ew_binary_f32_seg : ew_binary_generic_seg, &env);
+  int64_t dt = a->in[0].dtype;
+  int f32op = op == B_ADD || op == B_SUB || op == B_MUL || op == B_DIV || op == B_MIN ||
+              op == B_MAX || op == B_PRELU;
+  ew_seg_fn fn = ew_binary_generic_seg;
+  if (f32op && dt == a->in[1].dtype && dt == KILN_F32) fn = ew_binary_f32_seg;
+  if (f32op && dt == a->in[1].dtype && (dt == KILN_BF16 || dt == KILN_F16)) fn = ew_binary_half_seg;
+  ew_run(a->ctx, &p, fn, &env);
   return KILN_UK_OK;
 }
 
