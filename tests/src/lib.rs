@@ -2,6 +2,7 @@
 //! conformance case runner.
 
 pub mod compare;
+pub mod compiled;
 pub mod conformance;
 pub mod fixtures;
 
