@@ -128,10 +128,14 @@ KILN_UK_INLINE int64_t ikey_max(int64_t dt) {
   }
 }
 
-/* e^x for x <= 0 (softmax arguments), branch-free so loops over it vectorize. Cephes' expf
-   polynomial (about 1 ulp); x is clamped at -87 so 2^n stays normal (e^-87 ~ 1.6e-38 instead
-   of a smaller or zero result is far below any tolerance next to the row's e^0 = 1). NaN stays
-   NaN through the polynomial. */
+/* e^x for softmax arguments (x <= 0), branch-free so loops over it vectorize. kiln_math.h's
+   kiln_expf where the elementwise family provides it; until then Cephes' expf polynomial
+   (about 1 ulp) with x clamped at -87 so 2^n stays normal (e^-87 ~ 1.6e-38 instead of a
+   smaller or zero result is far below any tolerance next to the row's e^0 = 1). */
+#if __has_include("kiln_math.h")
+#include "kiln_math.h"
+KILN_UK_INLINE float rd_expf(float x) { return kiln_expf(x); }
+#else
 KILN_UK_INLINE float rd_expf(float x) {
   x = x < -87.0f ? -87.0f : x;
   x = x > 88.0f ? 88.0f : x;
@@ -145,7 +149,7 @@ KILN_UK_INLINE float rd_expf(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  /* 2^n: n + 127 lands in the low mantissa bits of 2^23 + n + 127. */
+  /* 2^n: n + 127 lands in the low mantissa bits of 2^23 + n + 127 (NaN stays NaN through p). */
   float biased = n + 8388735.0f;
   uint32_t bits;
   __builtin_memcpy(&bits, &biased, 4);
@@ -154,6 +158,7 @@ KILN_UK_INLINE float rd_expf(float x) {
   __builtin_memcpy(&scale, &bits, 4);
   return p * scale;
 }
+#endif
 
 /* ---------------------------------------------------------------------------------------------
  * Reduce*
