@@ -321,7 +321,7 @@ fn tile(node: &NodeInfo) -> Result<UkCall> {
     let mut ss = vec![];
     for k in 0..in_shape.len() {
         let d = in_shape[k];
-        let reps = if d == 0 { 0 } else { out_shape[k] / d };
+        let reps = out_shape[k].checked_div(d).unwrap_or(0);
         dims.extend([reps, d]);
         ss.extend([0, st[k]]);
     }
