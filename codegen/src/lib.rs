@@ -200,7 +200,9 @@ fn truncate(s: &str, n: usize) -> &str {
 
 /// Links the object into an executable with the system C compiler.
 fn link_executable(cc: &str, obj: &[u8], out: &Path) -> Result<()> {
-    let dir = std::env::temp_dir().join(format!("kiln-link-{}", std::process::id()));
+    static LINKS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = LINKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("kiln-link-{}-{n}", std::process::id()));
     std::fs::create_dir_all(&dir)
         .map_err(|e| CodegenError::Io(format!("cannot create {}: {e}", dir.display())))?;
     let obj_path = dir.join("model.o");
