@@ -106,6 +106,11 @@ pub fn compile(
     let module = emit::build_module(&cx, &parts, &mut |i, n| progress.kernel(i, n))?;
     progress.phase("llvm");
     let tm = opts.target.target_machine(OptimizationLevel::Aggressive)?;
+    // Drop the kernel library and runtime functions this model does not use before the
+    // expensive pipeline, which would otherwise optimize all of them.
+    module
+        .run_passes("globaldce", &tm, PassBuilderOptions::create())
+        .map_err(|e| CodegenError::internal(format!("LLVM optimization: {e}")))?;
     module
         .run_passes("default<O3>", &tm, PassBuilderOptions::create())
         .map_err(|e| CodegenError::internal(format!("LLVM optimization: {e}")))?;
