@@ -40,7 +40,7 @@ impl Drop for WorkDir {
     }
 }
 
-/// Compiles `graph` to `out` for the host with `emit`.
+/// Optimizes `graph` with the CPU pipeline and compiles it to `out` for the host with `emit`.
 pub fn compile_graph(
     graph: &Graph,
     name: &str,
@@ -54,7 +54,11 @@ pub fn compile_graph(
         emit,
         cc: std::env::var("CC").unwrap_or_else(|_| "cc".into()),
     };
-    kiln_codegen::compile(graph, &opts, out, &mut Silent).map_err(|e| format!("compile: {e}"))
+    let mut graph = graph.clone();
+    kiln_optimizer::cpu_pipeline()
+        .run(&mut graph)
+        .map_err(|e| format!("optimize: {e}"))?;
+    kiln_codegen::compile(&graph, &opts, out, &mut Silent).map_err(|e| format!("compile: {e}"))
 }
 
 /// Runs a compiled executable on named inputs; returns its outputs in graph order.
