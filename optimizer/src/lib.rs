@@ -44,7 +44,7 @@ impl PassManager {
         PassManager::default()
     }
 
-    pub fn add(mut self, pass: impl Pass + 'static) -> PassManager {
+    pub fn with(mut self, pass: impl Pass + 'static) -> PassManager {
         self.passes.push(Box::new(pass));
         self
     }
@@ -89,5 +89,5 @@ impl PassManager {
 
 /// The CPU pipeline.
 pub fn cpu_pipeline() -> PassManager {
-    PassManager::new().add(passes::fold_batchnorm::FoldBatchNorm)
+    PassManager::new().with(passes::fold_batchnorm::FoldBatchNorm)
 }
