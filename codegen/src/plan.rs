@@ -253,7 +253,9 @@ pub fn build(graph: &Graph, target: &TargetDesc) -> Result<Plan> {
         plan_arena(graph, &mut kernels, &mut storage, &kernel_outputs, &copy_later)?;
     for &(_, v) in &copy_later {
         let v = known_root(graph, v);
-        if let (std::collections::hash_map::Entry::Vacant(e), Some(t)) = (storage.entry(v), graph.known_value(v)) {
+        if let (std::collections::hash_map::Entry::Vacant(e), Some(t)) =
+            (storage.entry(v), graph.known_value(v))
+        {
             e.insert(Storage::Weights(push_weights(&mut weights, &t.to_le_bytes())));
         }
     }
