@@ -131,7 +131,11 @@ impl GeneratedKernel for DwConvKernel {
         let me = Emit::new(k.cx, k.module, k.builder, k.function);
         let data = me.entry_alloca(me.ptr_ty().array_type(2), "taskdata")?;
         me.store(data, k.ctx())?;
-        let args = k.function.get_nth_param(1).expect("kernel has args").into_pointer_value();
+        let args = k
+            .function
+            .get_nth_param(1)
+            .expect("kernel has args")
+            .into_pointer_value();
         me.store(me.gep_ptr(data, 1)?, args)?;
         k.parallel_for(task, data, me.i64c((self.g.batch * self.g.c) as i64))?;
         k.ret_ok()
@@ -161,9 +165,13 @@ impl DwConvKernel {
         b.build_memset(plane, 64, e.cx.i8_type().const_zero(), e.i64c(ph_ * pw_ * 4))
             .map_err(llvm)?;
         e.for_n(g.h as i64, |ih| {
-            let dst = e.gep_f32(plane, e.addc(e.mulc(e.addc(ih, g.ph as i64)?, pw_)?, g.pw as i64)?)?;
+            let dst = e.gep_f32(
+                plane,
+                e.addc(e.mulc(e.addc(ih, g.ph as i64)?, pw_)?, g.pw as i64)?,
+            )?;
             let src = e.gep_f32(x, e.mulc(ih, g.w as i64)?)?;
-            b.build_memcpy(dst, 4, src, 4, e.i64c((g.w * 4) as i64)).map_err(llvm)?;
+            b.build_memcpy(dst, 4, src, 4, e.i64c((g.w * 4) as i64))
+                .map_err(llvm)?;
             Ok(())
         })?;
 
@@ -192,7 +200,10 @@ impl DwConvKernel {
                 let mut acc = vec![bias; u];
                 for kh in 0..g.kh {
                     for kw in 0..g.kw {
-                        let off = e.addc(e.mulc(ow0, g.sw as i64)?, (kh * g.dh) as i64 * pw_ + (kw * g.dw) as i64)?;
+                        let off = e.addc(
+                            e.mulc(ow0, g.sw as i64)?,
+                            (kh * g.dh) as i64 * pw_ + (kw * g.dw) as i64,
+                        )?;
                         let p = e.gep_f32(rowbase, off)?;
                         for (ui, a) in acc.iter_mut().enumerate() {
                             let pu = e.gep_f32c(p, ui as i64 * l * g.sw as i64)?;
@@ -206,7 +217,9 @@ impl DwConvKernel {
                                     let mut v = e.vty(lanes).get_poison();
                                     for j in 0..lanes {
                                         let s = e.load_f32(e.gep_f32c(pu, j as i64 * s as i64)?)?;
-                                        v = b.build_insert_element(v, s, e.i32c(j as i32), "").map_err(llvm)?;
+                                        v = b
+                                            .build_insert_element(v, s, e.i32c(j as i32), "")
+                                            .map_err(llvm)?;
                                     }
                                     v
                                 }

@@ -9,7 +9,9 @@ use inkwell::intrinsics::Intrinsic;
 use inkwell::module::Module;
 use inkwell::types::{BasicType, BasicTypeEnum, VectorType};
 use inkwell::values::BasicValue;
-use inkwell::values::{BasicMetadataValueEnum, BasicValueEnum, FloatValue, FunctionValue, IntValue, PointerValue, VectorValue};
+use inkwell::values::{
+    BasicMetadataValueEnum, BasicValueEnum, FloatValue, FunctionValue, IntValue, PointerValue, VectorValue,
+};
 use inkwell::{AddressSpace, FloatPredicate, IntPredicate};
 
 pub(crate) struct Emit<'a, 'ctx> {
@@ -20,7 +22,12 @@ pub(crate) struct Emit<'a, 'ctx> {
 }
 
 impl<'a, 'ctx> Emit<'a, 'ctx> {
-    pub fn new(cx: &'ctx Context, module: &'a Module<'ctx>, b: &'a Builder<'ctx>, f: FunctionValue<'ctx>) -> Self {
+    pub fn new(
+        cx: &'ctx Context,
+        module: &'a Module<'ctx>,
+        b: &'a Builder<'ctx>,
+        f: FunctionValue<'ctx>,
+    ) -> Self {
         Emit { cx, module, b, f }
     }
 
@@ -113,11 +120,19 @@ impl<'a, 'ctx> Emit<'a, 'ctx> {
     }
 
     pub fn load_ptr(&self, p: PointerValue<'ctx>) -> Result<PointerValue<'ctx>> {
-        Ok(self.b.build_load(self.ptr_ty(), p, "").map_err(llvm)?.into_pointer_value())
+        Ok(self
+            .b
+            .build_load(self.ptr_ty(), p, "")
+            .map_err(llvm)?
+            .into_pointer_value())
     }
 
     pub fn load_f32(&self, p: PointerValue<'ctx>) -> Result<FloatValue<'ctx>> {
-        Ok(self.b.build_load(self.cx.f32_type(), p, "").map_err(llvm)?.into_float_value())
+        Ok(self
+            .b
+            .build_load(self.cx.f32_type(), p, "")
+            .map_err(llvm)?
+            .into_float_value())
     }
 
     pub fn store<V: inkwell::values::BasicValue<'ctx>>(&self, p: PointerValue<'ctx>, v: V) -> Result<()> {
@@ -143,7 +158,9 @@ impl<'a, 'ctx> Emit<'a, 'ctx> {
             .build_insert_element(ty.get_poison(), x, self.i32c(0), "")
             .map_err(llvm)?;
         let mask = self.cx.i32_type().vec_type(lanes).const_zero();
-        self.b.build_shuffle_vector(v, ty.get_poison(), mask, "").map_err(llvm)
+        self.b
+            .build_shuffle_vector(v, ty.get_poison(), mask, "")
+            .map_err(llvm)
     }
 
     pub fn splat_i32(&self, x: IntValue<'ctx>, lanes: u32) -> Result<VectorValue<'ctx>> {
@@ -153,7 +170,9 @@ impl<'a, 'ctx> Emit<'a, 'ctx> {
             .build_insert_element(ty.get_poison(), x, self.i32c(0), "")
             .map_err(llvm)?;
         let mask = self.cx.i32_type().vec_type(lanes).const_zero();
-        self.b.build_shuffle_vector(v, ty.get_poison(), mask, "").map_err(llvm)
+        self.b
+            .build_shuffle_vector(v, ty.get_poison(), mask, "")
+            .map_err(llvm)
     }
 
     /// `<0, 1, ..., lanes-1>` as i32.
@@ -173,7 +192,8 @@ impl<'a, 'ctx> Emit<'a, 'ctx> {
         types: &[BasicTypeEnum<'ctx>],
         args: &[BasicMetadataValueEnum<'ctx>],
     ) -> Result<BasicValueEnum<'ctx>> {
-        let i = Intrinsic::find(name).ok_or_else(|| crate::error::CodegenError::internal(format!("no intrinsic {name}")))?;
+        let i = Intrinsic::find(name)
+            .ok_or_else(|| crate::error::CodegenError::internal(format!("no intrinsic {name}")))?;
         let decl = i
             .get_declaration(self.module, types)
             .ok_or_else(|| crate::error::CodegenError::internal(format!("cannot declare {name}")))?;
@@ -183,7 +203,12 @@ impl<'a, 'ctx> Emit<'a, 'ctx> {
             .ok_or_else(|| crate::error::CodegenError::internal(format!("{name} returns nothing")))
     }
 
-    pub fn fma(&self, a: VectorValue<'ctx>, b: VectorValue<'ctx>, c: VectorValue<'ctx>) -> Result<VectorValue<'ctx>> {
+    pub fn fma(
+        &self,
+        a: VectorValue<'ctx>,
+        b: VectorValue<'ctx>,
+        c: VectorValue<'ctx>,
+    ) -> Result<VectorValue<'ctx>> {
         let ty = a.get_type().as_basic_type_enum();
         Ok(self
             .intrinsic("llvm.fma", &[ty], &[a.into(), b.into(), c.into()])?
@@ -198,16 +223,35 @@ impl<'a, 'ctx> Emit<'a, 'ctx> {
         self.b.build_float_mul(a, b, "").map_err(llvm)
     }
 
-    pub fn fcmp(&self, p: FloatPredicate, a: VectorValue<'ctx>, b: VectorValue<'ctx>) -> Result<VectorValue<'ctx>> {
+    pub fn fcmp(
+        &self,
+        p: FloatPredicate,
+        a: VectorValue<'ctx>,
+        b: VectorValue<'ctx>,
+    ) -> Result<VectorValue<'ctx>> {
         self.b.build_float_compare(p, a, b, "").map_err(llvm)
     }
 
-    pub fn vselect(&self, m: VectorValue<'ctx>, a: VectorValue<'ctx>, b: VectorValue<'ctx>) -> Result<VectorValue<'ctx>> {
-        Ok(self.b.build_select(m, a, b, "").map_err(llvm)?.into_vector_value())
+    pub fn vselect(
+        &self,
+        m: VectorValue<'ctx>,
+        a: VectorValue<'ctx>,
+        b: VectorValue<'ctx>,
+    ) -> Result<VectorValue<'ctx>> {
+        Ok(self
+            .b
+            .build_select(m, a, b, "")
+            .map_err(llvm)?
+            .into_vector_value())
     }
 
     /// `llvm.masked.load` of `lanes` f32 from `p`; masked-off lanes are 0 and not accessed.
-    pub fn masked_load(&self, p: PointerValue<'ctx>, mask: VectorValue<'ctx>, lanes: u32) -> Result<VectorValue<'ctx>> {
+    pub fn masked_load(
+        &self,
+        p: PointerValue<'ctx>,
+        mask: VectorValue<'ctx>,
+        lanes: u32,
+    ) -> Result<VectorValue<'ctx>> {
         let vt = self.vty(lanes);
         Ok(self
             .intrinsic(
@@ -238,7 +282,10 @@ impl<'a, 'ctx> Emit<'a, 'ctx> {
                 .build_shuffle_vector(v, i64t.vec_type(lanes).get_poison(), m, "")
                 .map_err(llvm)?
         };
-        let idx64 = self.b.build_int_s_extend(idx, i64t.vec_type(lanes), "").map_err(llvm)?;
+        let idx64 = self
+            .b
+            .build_int_s_extend(idx, i64t.vec_type(lanes), "")
+            .map_err(llvm)?;
         let four = VectorType::const_vector(&vec![i64t.const_int(4, false); lanes as usize]);
         let off = self.b.build_int_mul(idx64, four, "").map_err(llvm)?;
         let addr = self.b.build_int_add(base_v, off, "").map_err(llvm)?;
@@ -251,14 +298,22 @@ impl<'a, 'ctx> Emit<'a, 'ctx> {
             .intrinsic(
                 "llvm.masked.gather",
                 &[vt.into(), self.ptr_ty().vec_type(lanes).into()],
-                &[ptrs.into(), self.i32c(4).into(), mask.into(), vt.const_zero().into()],
+                &[
+                    ptrs.into(),
+                    self.i32c(4).into(),
+                    mask.into(),
+                    vt.const_zero().into(),
+                ],
             )?
             .into_vector_value())
     }
 
     /// An alloca in the function's entry block (so SROA promotes it).
     pub fn entry_alloca<T: BasicType<'ctx>>(&self, ty: T, name: &str) -> Result<PointerValue<'ctx>> {
-        let entry = self.f.get_first_basic_block().expect("function has an entry block");
+        let entry = self
+            .f
+            .get_first_basic_block()
+            .expect("function has an entry block");
         let tmp = self.cx.create_builder();
         match entry.get_first_instruction() {
             Some(i) => tmp.position_before(&i),

@@ -30,7 +30,10 @@ use kiln_ir::{AutoPad, ConvAttrs, DType, Layout, Op};
 pub enum Activation {
     None,
     Relu,
-    Clip { min: f32, max: f32 },
+    Clip {
+        min: f32,
+        max: f32,
+    },
     Sigmoid,
     /// `x * sigmoid(x)`.
     Silu,
@@ -104,10 +107,22 @@ impl Tile {
     pub fn for_target(t: &TargetDesc) -> Tile {
         match t.isa {
             // 24 accumulators of 32 zmm registers.
-            Isa::Avx512 => Tile { lanes: 16, nv: 2, mr: 12 },
+            Isa::Avx512 => Tile {
+                lanes: 16,
+                nv: 2,
+                mr: 12,
+            },
             // 12 accumulators + 2 B vectors + 1 broadcast of 16 ymm registers.
-            Isa::Avx2 => Tile { lanes: 8, nv: 2, mr: 6 },
-            Isa::Portable => Tile { lanes: 4, nv: 2, mr: 4 },
+            Isa::Avx2 => Tile {
+                lanes: 8,
+                nv: 2,
+                mr: 6,
+            },
+            Isa::Portable => Tile {
+                lanes: 4,
+                nv: 2,
+                mr: 4,
+            },
         }
     }
 
@@ -198,7 +213,10 @@ fn node_bias(node: &NodeInfo) -> Result<Option<Epilogue>> {
             if !node.has_input(2) {
                 return Ok(Some(Epilogue::default()));
             }
-            match node.known(2).and_then(|t| t.cast(DType::F32).as_slice::<f32>().map(|s| s.to_vec())) {
+            match node
+                .known(2)
+                .and_then(|t| t.cast(DType::F32).as_slice::<f32>().map(|s| s.to_vec()))
+            {
                 Some(b) => Ok(Some(Epilogue::new(Bias::PerRow(b), None, Activation::None))),
                 None => Ok(None),
             }
@@ -210,7 +228,11 @@ fn node_bias(node: &NodeInfo) -> Result<Option<Epilogue>> {
 
 /// Lowers `node` with a given epilogue (the fusion pass supplies bias, residual, activation).
 /// For Conv, `epi.bias` replaces the node's own bias input; for Gemm, C is handled here.
-pub fn lower_fused(node: &NodeInfo, target: &TargetDesc, epi: Epilogue) -> Result<Option<Box<dyn GeneratedKernel>>> {
+pub fn lower_fused(
+    node: &NodeInfo,
+    target: &TargetDesc,
+    epi: Epilogue,
+) -> Result<Option<Box<dyn GeneratedKernel>>> {
     for i in 0..node.n_inputs() {
         if let Some(t) = node.input_type(i) {
             if t.dtype != DType::F32 || t.layout != Layout::RowMajor || !t.is_static() {
@@ -241,7 +263,8 @@ pub fn lower_fused(node: &NodeInfo, target: &TargetDesc, epi: Epilogue) -> Resul
 }
 
 fn f32s(node: &NodeInfo, i: usize) -> Option<Vec<f32>> {
-    node.known(i).and_then(|t| t.as_slice::<f32>().map(|s| s.to_vec()))
+    node.known(i)
+        .and_then(|t| t.as_slice::<f32>().map(|s| s.to_vec()))
 }
 
 /// Packs an `m×k` matrix (element (i,kk) at `i*rs + kk*cs`) into MR-row panels over all of K,
@@ -307,7 +330,13 @@ struct Builder {
 }
 
 impl Builder {
-    fn finish(mut self, node: &NodeInfo, target: &TargetDesc, tile: Tile, epi: Epilogue) -> Result<Option<Box<dyn GeneratedKernel>>> {
+    fn finish(
+        mut self,
+        node: &NodeInfo,
+        target: &TargetDesc,
+        tile: Tile,
+        epi: Epilogue,
+    ) -> Result<Option<Box<dyn GeneratedKernel>>> {
         let (m, n) = (self.m, self.n);
         if m == 0 || n == 0 || self.k == 0 {
             return Ok(None);
@@ -339,7 +368,9 @@ impl Builder {
             }
             Bias::PerCol(v) => {
                 if v.len() != n {
-                    return Err(node.unsupported(format!("column bias has {} values for {n} columns", v.len())));
+                    return Err(
+                        node.unsupported(format!("column bias has {} values for {n} columns", v.len()))
+                    );
                 }
                 let mut p = v.clone();
                 p.resize(n + nr, 0.0);
@@ -351,9 +382,15 @@ impl Builder {
             None => None,
             Some(Residual::Input(i)) => {
                 if node.input_shape(*i)? != node.output_shape(0)? {
-                    return Err(node.unsupported(format!("residual input {i} does not have the output's shape")));
+                    return Err(
+                        node.unsupported(format!("residual input {i} does not have the output's shape"))
+                    );
                 }
-                Some(Operand::Strided { input: *i, rs: n, cs: 1 })
+                Some(Operand::Strided {
+                    input: *i,
+                    rs: n,
+                    cs: 1,
+                })
             }
             Some(Residual::Const(v)) => {
                 if v.len() != m * n {
@@ -365,14 +402,17 @@ impl Builder {
             }
         };
         let batch_total: usize = self.batch.iter().map(|d| d.extent).product();
-        let (kc, mb, nb) = plan_blocks(&tile, m, n, self.k, batch_total, !matches!(self.b, Operand::Packed { .. }));
+        let (kc, mb, nb) = plan_blocks(
+            &tile,
+            m,
+            n,
+            self.k,
+            batch_total,
+            !matches!(self.b, Operand::Packed { .. }),
+        );
         let what = format!(
             "{} {}x{} {:?} M={m} N={n} K={} batch={batch_total} KC={kc} MB={mb} NB={nb}",
-            self.what,
-            mr,
-            nr,
-            target.isa,
-            self.k
+            self.what, mr, nr, target.isa, self.k
         );
         Ok(Some(Box::new(GemmKernel {
             what,
@@ -401,9 +441,16 @@ impl Builder {
 }
 
 /// Chooses KC, MB, NB: KC splits K evenly into blocks of at most ~256; MB keeps the A block in
-/// L2; MB and NB minimize the slowest of two threads' work (tasks are spread evenly) plus a
-/// per-task overhead, so two threads balance on the common conv/matmul layers.
-fn plan_blocks(tile: &Tile, m: usize, n: usize, k: usize, batch: usize, pack_b: bool) -> (usize, usize, usize) {
+/// L2; MB and NB minimize the slowest of two threads' work (tasks are spread evenly), counting
+/// B packing, streaming the A block and a per-task overhead, so two threads balance on the common conv/matmul layers.
+fn plan_blocks(
+    tile: &Tile,
+    m: usize,
+    n: usize,
+    k: usize,
+    batch: usize,
+    pack_b: bool,
+) -> (usize, usize, usize) {
     let kc_target = if tile.lanes >= 16 { 384 } else { 256 };
     let n_kb = k.div_ceil(kc_target).max(1);
     let kc = k.div_ceil(n_kb);
@@ -423,7 +470,9 @@ fn plan_blocks(tile: &Tile, m: usize, n: usize, k: usize, batch: usize, pack_b: 
             let tasks = (batch * n_mb * n_nb) as f64;
             let compute = (mb * nb * k) as f64;
             let packing = if pack_b { (nb * k) as f64 * 6.0 } else { 0.0 };
-            let per_task = compute + packing + 20000.0;
+            // Each task streams its A block from memory (weights are read once per task).
+            let a_stream = (mb * k) as f64 * 8.0;
+            let per_task = compute + packing + a_stream + 20000.0;
             let cost = (tasks / threads).ceil() * per_task;
             // Ties go to bigger blocks (fewer tasks, less packing).
             if cost < best.0 * 0.999 {
@@ -436,7 +485,12 @@ fn plan_blocks(tile: &Tile, m: usize, n: usize, k: usize, batch: usize, pack_b: 
     (kc, best.1, best.2)
 }
 
-fn lower_matmul(node: &NodeInfo, target: &TargetDesc, tile: Tile, epi: Epilogue) -> Result<Option<Box<dyn GeneratedKernel>>> {
+fn lower_matmul(
+    node: &NodeInfo,
+    target: &TargetDesc,
+    tile: Tile,
+    epi: Epilogue,
+) -> Result<Option<Box<dyn GeneratedKernel>>> {
     let sa = node.input_shape(0)?;
     let sb = node.input_shape(1)?;
     if sa.is_empty() || sb.is_empty() {
@@ -466,8 +520,16 @@ fn lower_matmul(node: &NodeInfo, target: &TargetDesc, tile: Tile, epi: Epilogue)
         n,
         k,
         batch: vec![],
-        a: Operand::Strided { input: 0, rs: k, cs: 1 },
-        b: Operand::Strided { input: 1, rs: n, cs: 1 },
+        a: Operand::Strided {
+            input: 0,
+            rs: k,
+            cs: 1,
+        },
+        b: Operand::Strided {
+            input: 1,
+            rs: n,
+            cs: 1,
+        },
         packed: vec![],
         unread: vec![],
         what: "matmul".into(),
@@ -532,18 +594,28 @@ fn lower_gemm(
         n,
         k,
         batch: vec![],
-        a: Operand::Strided { input: 0, rs: ars, cs: acs },
-        b: Operand::Strided { input: 1, rs: brs, cs: bcs },
+        a: Operand::Strided {
+            input: 0,
+            rs: ars,
+            cs: acs,
+        },
+        b: Operand::Strided {
+            input: 1,
+            rs: brs,
+            cs: bcs,
+        },
         packed: vec![],
         unread: vec![],
         what: "gemm".into(),
     };
     if let Some(w) = f32s(node, 1) {
-        b.packed.push(to_bytes(&pack_b(&w, k, n, brs, bcs, tile.nr(), alpha)));
+        b.packed
+            .push(to_bytes(&pack_b(&w, k, n, brs, bcs, tile.nr(), alpha)));
         b.b = Operand::Packed { slot: 0 };
         b.unread.push(1);
     } else if let Some(w) = f32s(node, 0) {
-        b.packed.push(to_bytes(&pack_a(&w, m, k, ars, acs, tile.mr, alpha)));
+        b.packed
+            .push(to_bytes(&pack_a(&w, m, k, ars, acs, tile.mr, alpha)));
         b.a = Operand::Packed { slot: 0 };
         b.unread.push(0);
     } else {
@@ -558,7 +630,9 @@ fn lower_gemm(
                 1 => (1, sc[0]),
                 _ => (sc[0], sc[1]),
             };
-            let at = |i: usize, j: usize| c[(if cr == 1 { 0 } else { i }) * cc + if cc == 1 { 0 } else { j }] * beta;
+            let at = |i: usize, j: usize| {
+                c[(if cr == 1 { 0 } else { i }) * cc + if cc == 1 { 0 } else { j }] * beta
+            };
             if cr == 1 {
                 epi.bias = Bias::PerCol((0..n).map(|j| at(0, j)).collect());
             } else if cc == 1 {
@@ -614,9 +688,14 @@ fn lower_conv(
     for gi in 0..g {
         packed_w.extend(pack_a(&w[gi * mg * k..], mg, k, k, 1, tile.mr, 1.0));
     }
-    let pointwise = kh == 1 && kw == 1 && geo.sh == 1 && geo.sw == 1 && geo.ph == 0 && geo.pw == 0 && oh == h && ow == wd;
+    let pointwise =
+        kh == 1 && kw == 1 && geo.sh == 1 && geo.sw == 1 && geo.ph == 0 && geo.pw == 0 && oh == h && ow == wd;
     let bop = if pointwise {
-        Operand::Strided { input: 0, rs: h * wd, cs: 1 }
+        Operand::Strided {
+            input: 0,
+            rs: h * wd,
+            cs: 1,
+        }
     } else {
         Operand::Im2col { input: 0, g: geo }
     };
@@ -659,7 +738,15 @@ fn lower_conv(
 }
 
 /// Resolved 2-D window (pads from `auto_pad`), checked against the output extents.
-fn conv_geometry(a: &ConvAttrs, h: usize, w: usize, kh: usize, kw: usize, oh: usize, ow: usize) -> Option<ConvGeom> {
+fn conv_geometry(
+    a: &ConvAttrs,
+    h: usize,
+    w: usize,
+    kh: usize,
+    kw: usize,
+    oh: usize,
+    ow: usize,
+) -> Option<ConvGeom> {
     if !a.kernel_shape.is_empty() && a.kernel_shape != [kh, kw] {
         return None;
     }
@@ -683,7 +770,11 @@ fn conv_geometry(a: &ConvAttrs, h: usize, w: usize, kh: usize, kw: usize, oh: us
             AutoPad::SameUpper | AutoPad::SameLower => {
                 let out = input.div_ceil(s);
                 let total = ((out.max(1) - 1) * s + ext).saturating_sub(input);
-                let b = if a.auto_pad == AutoPad::SameUpper { total / 2 } else { total.div_ceil(2) };
+                let b = if a.auto_pad == AutoPad::SameUpper {
+                    total / 2
+                } else {
+                    total.div_ceil(2)
+                };
                 return Some((b, out));
             }
         };
@@ -737,16 +828,22 @@ impl ConvGeom {
 }
 
 /// Applies `act` to a vector.
-pub(crate) fn activation<'ctx>(e: &Emit<'_, 'ctx>, act: Activation, x: VectorValue<'ctx>, lanes: u32) -> Result<VectorValue<'ctx>> {
+pub(crate) fn activation<'ctx>(
+    e: &Emit<'_, 'ctx>,
+    act: Activation,
+    x: VectorValue<'ctx>,
+    lanes: u32,
+) -> Result<VectorValue<'ctx>> {
     let zero = e.zero_vec(lanes);
     let c = |v: f32| e.splat(e.f32c(v), lanes);
     // Comparisons are ordered, so NaN passes through Relu/Clip unchanged like the reference.
-    let clamp = |x: VectorValue<'ctx>, lo: VectorValue<'ctx>, hi: VectorValue<'ctx>| -> Result<VectorValue<'ctx>> {
-        let below = e.fcmp(FloatPredicate::OLT, x, lo)?;
-        let x = e.vselect(below, lo, x)?;
-        let above = e.fcmp(FloatPredicate::OGT, x, hi)?;
-        e.vselect(above, hi, x)
-    };
+    let clamp =
+        |x: VectorValue<'ctx>, lo: VectorValue<'ctx>, hi: VectorValue<'ctx>| -> Result<VectorValue<'ctx>> {
+            let below = e.fcmp(FloatPredicate::OLT, x, lo)?;
+            let x = e.vselect(below, lo, x)?;
+            let above = e.fcmp(FloatPredicate::OGT, x, hi)?;
+            e.vselect(above, hi, x)
+        };
     let sigmoid = |x: VectorValue<'ctx>| -> Result<VectorValue<'ctx>> {
         let neg = e.b.build_float_neg(x, "").map_err(llvm)?;
         let ex = e
@@ -816,7 +913,11 @@ impl GeneratedKernel for GemmKernel {
         let me = Emit::new(k.cx, k.module, k.builder, k.function);
         let data = me.entry_alloca(me.ptr_ty().array_type(2), "taskdata")?;
         me.store(data, k.ctx())?;
-        let args = k.function.get_nth_param(1).expect("kernel has args").into_pointer_value();
+        let args = k
+            .function
+            .get_nth_param(1)
+            .expect("kernel has args")
+            .into_pointer_value();
         me.store(me.gep_ptr(data, 1)?, args)?;
         let batch: usize = self.batch.iter().map(|d| d.extent).product();
         let tasks = batch * self.m.div_ceil(self.mb) * self.n.div_ceil(self.nb);
@@ -867,18 +968,27 @@ impl GemmKernel {
             false,
         );
         let name = format!("{}.tile", k.function.get_name().to_string_lossy());
-        let f = k.module.add_function(&name, ty, Some(inkwell::module::Linkage::Internal));
+        let f = k
+            .module
+            .add_function(&name, ty, Some(inkwell::module::Linkage::Internal));
         crate::llvm::set_kernel_attributes(cx, f, k.target);
         for i in [0u32, 1, 3, 7, 8, 9] {
             let noalias = inkwell::attributes::Attribute::get_named_enum_kind_id("noalias");
-            f.add_attribute(inkwell::attributes::AttributeLoc::Param(i), cx.create_enum_attribute(noalias, 0));
+            f.add_attribute(
+                inkwell::attributes::AttributeLoc::Param(i),
+                cx.create_enum_attribute(noalias, 0),
+            );
         }
         let b = cx.create_builder();
         let entry = cx.append_basic_block(f, "entry");
         b.position_at_end(entry);
         let e = Emit::new(cx, k.module, &b, f);
         let p = |i: u32| f.get_nth_param(i).expect("tile param");
-        let (ap, bp, kc) = (p(0).into_pointer_value(), p(1).into_pointer_value(), p(2).into_int_value());
+        let (ap, bp, kc) = (
+            p(0).into_pointer_value(),
+            p(1).into_pointer_value(),
+            p(2).into_int_value(),
+        );
         let (cp, ldc) = (p(3).into_pointer_value(), p(4).into_int_value());
         let (first, last) = (p(5).into_int_value(), p(6).into_int_value());
         let (brow, bcol) = (p(7).into_pointer_value(), p(8).into_pointer_value());
@@ -889,7 +999,11 @@ impl GemmKernel {
         let acc: Vec<PointerValue> = (0..mr * nv)
             .map(|i| e.entry_alloca(vt, &format!("acc{i}")))
             .collect::<Result<_>>()?;
-        let row_ptr = |base: PointerValue<'ctx>, ld: IntValue<'ctx>, i: usize, v: usize| -> Result<PointerValue<'ctx>> {
+        let row_ptr = |base: PointerValue<'ctx>,
+                       ld: IntValue<'ctx>,
+                       i: usize,
+                       v: usize|
+         -> Result<PointerValue<'ctx>> {
             let off = e.addc(e.mulc(ld, i as i64)?, (v as u32 * lanes) as i64)?;
             e.gep_f32(base, off)
         };
@@ -921,7 +1035,10 @@ impl GemmKernel {
                 let s = e.load_f32(e.gep_f32(ap, e.addc(aoff, i as i64)?)?)?;
                 let sv = e.splat(s, lanes)?;
                 for v in 0..nv {
-                    let cur = b.build_load(vt, acc[i * nv + v], "").map_err(llvm)?.into_vector_value();
+                    let cur = b
+                        .build_load(vt, acc[i * nv + v], "")
+                        .map_err(llvm)?
+                        .into_vector_value();
                     let nx = e.fma(sv, bv[v], cur)?;
                     b.build_store(acc[i * nv + v], nx).map_err(llvm)?;
                 }
@@ -949,7 +1066,10 @@ impl GemmKernel {
                         None
                     };
                     for v in 0..nv {
-                        let mut x = b.build_load(vt, acc[i * nv + v], "").map_err(llvm)?.into_vector_value();
+                        let mut x = b
+                            .build_load(vt, acc[i * nv + v], "")
+                            .map_err(llvm)?
+                            .into_vector_value();
                         if self.scale != 1.0 {
                             x = e.fmul(x, e.splat(e.f32c(self.scale), lanes)?)?;
                         }
@@ -979,7 +1099,12 @@ impl GemmKernel {
         Ok(f)
     }
 
-    fn emit_task<'ctx>(&self, e: &Emit<'_, 'ctx>, k: &KernelBuilder<'_, 'ctx>, tile_fn: FunctionValue<'ctx>) -> Result<()> {
+    fn emit_task<'ctx>(
+        &self,
+        e: &Emit<'_, 'ctx>,
+        k: &KernelBuilder<'_, 'ctx>,
+        tile_fn: FunctionValue<'ctx>,
+    ) -> Result<()> {
         let f = e.f;
         let data = f.get_nth_param(0).expect("task data").into_pointer_value();
         let t = f.get_nth_param(1).expect("task index").into_int_value();
@@ -1094,14 +1219,28 @@ impl GemmKernel {
                         Some(r) => e.gep_f32(r, coff)?,
                         None => null,
                     };
-                    let brow = if self.bias_row.is_some() { e.gep_f32(ptrs.brow, row)? } else { null };
-                    let bcol = if self.bias_col.is_some() { e.gep_f32(ptrs.bcol, col)? } else { null };
-                    let full = e.b.build_and(
-                        e.icmp(IntPredicate::EQ, nrows, e.i64c(mr))?,
-                        e.icmp(IntPredicate::EQ, ncols, e.i64c(nr))?,
-                        "",
-                    ).map_err(llvm)?;
-                    let call = |c: PointerValue<'ctx>, ldc: IntValue<'ctx>, r: PointerValue<'ctx>, ldr: IntValue<'ctx>| -> Result<()> {
+                    let brow = if self.bias_row.is_some() {
+                        e.gep_f32(ptrs.brow, row)?
+                    } else {
+                        null
+                    };
+                    let bcol = if self.bias_col.is_some() {
+                        e.gep_f32(ptrs.bcol, col)?
+                    } else {
+                        null
+                    };
+                    let full =
+                        e.b.build_and(
+                            e.icmp(IntPredicate::EQ, nrows, e.i64c(mr))?,
+                            e.icmp(IntPredicate::EQ, ncols, e.i64c(nr))?,
+                            "",
+                        )
+                        .map_err(llvm)?;
+                    let call = |c: PointerValue<'ctx>,
+                                ldc: IntValue<'ctx>,
+                                r: PointerValue<'ctx>,
+                                ldr: IntValue<'ctx>|
+                     -> Result<()> {
                         e.b.build_call(
                             tile_fn,
                             &[
@@ -1127,7 +1266,10 @@ impl GemmKernel {
                         || call(cptr, e.i64c(n), rptr, e.i64c(n)),
                         || {
                             // Edge tile: run the full tile on a local copy of the valid part.
-                            let copy = |to_tmp: bool, tmp: PointerValue<'ctx>, mem: PointerValue<'ctx>| -> Result<()> {
+                            let copy = |to_tmp: bool,
+                                        tmp: PointerValue<'ctx>,
+                                        mem: PointerValue<'ctx>|
+                             -> Result<()> {
                                 e.for_range(e.i64c(0), nrows, 1, |i| {
                                     e.for_range(e.i64c(0), ncols, 1, |j| {
                                         let pt = e.gep_f32(tmp, e.add(e.mulc(i, nr)?, j)?)?;
@@ -1164,7 +1306,9 @@ impl GemmKernel {
         kc: IntValue<'ctx>,
     ) -> Result<()> {
         let Operand::Strided { rs, cs, .. } = self.a else {
-            return Err(crate::error::CodegenError::internal("A panel packing needs a strided A"));
+            return Err(crate::error::CodegenError::internal(
+                "A panel packing needs a strided A",
+            ));
         };
         let mr = self.tile.mr as i64;
         for i in 0..mr {
@@ -1204,10 +1348,16 @@ impl GemmKernel {
         let i32t = e.cx.i32_type();
         let iota = e.iota_i32(nr);
         let col32 = e.b.build_int_truncate(col, i32t, "").map_err(llvm)?;
-        let cols = e.b.build_int_add(iota, e.splat_i32(col32, nr)?, "").map_err(llvm)?;
-        let valid = e
-            .b
-            .build_int_compare(IntPredicate::SLT, cols, e.splat_i32(e.i32c(self.n as i32), nr)?, "")
+        let cols =
+            e.b.build_int_add(iota, e.splat_i32(col32, nr)?, "")
+                .map_err(llvm)?;
+        let valid =
+            e.b.build_int_compare(
+                IntPredicate::SLT,
+                cols,
+                e.splat_i32(e.i32c(self.n as i32), nr)?,
+                "",
+            )
             .map_err(llvm)?;
         match self.b {
             Operand::Strided { rs, cs, .. } => {
@@ -1228,7 +1378,9 @@ impl GemmKernel {
                 }
             }
             Operand::Im2col { g, .. } => self.pack_im2col(e, dst, src, col, cols, valid, k0, kc, g),
-            Operand::Packed { .. } => Err(crate::error::CodegenError::internal("packed B is not packed at run time")),
+            Operand::Packed { .. } => Err(crate::error::CodegenError::internal(
+                "packed B is not packed at run time",
+            )),
         }
     }
 
@@ -1249,13 +1401,25 @@ impl GemmKernel {
         let b = e.b;
         let i32t = e.cx.i32_type();
         let sv = |x: i64| e.splat_i32(e.i32c(x as i32), nr);
-        let oh = b.build_int_unsigned_div(cols, sv(g.ow as i64)?, "").map_err(llvm)?;
-        let ow = b.build_int_unsigned_rem(cols, sv(g.ow as i64)?, "").map_err(llvm)?;
+        let oh = b
+            .build_int_unsigned_div(cols, sv(g.ow as i64)?, "")
+            .map_err(llvm)?;
+        let ow = b
+            .build_int_unsigned_rem(cols, sv(g.ow as i64)?, "")
+            .map_err(llvm)?;
         let ihb = b
-            .build_int_sub(b.build_int_mul(oh, sv(g.sh as i64)?, "").map_err(llvm)?, sv(g.ph as i64)?, "")
+            .build_int_sub(
+                b.build_int_mul(oh, sv(g.sh as i64)?, "").map_err(llvm)?,
+                sv(g.ph as i64)?,
+                "",
+            )
             .map_err(llvm)?;
         let iwb = b
-            .build_int_sub(b.build_int_mul(ow, sv(g.sw as i64)?, "").map_err(llvm)?, sv(g.pw as i64)?, "")
+            .build_int_sub(
+                b.build_int_mul(ow, sv(g.sw as i64)?, "").map_err(llvm)?,
+                sv(g.pw as i64)?,
+                "",
+            )
             .map_err(llvm)?;
         // Lanes of a panel that lie in one output row read consecutive inputs when the stride
         // is 1: one masked load instead of a gather.
@@ -1278,24 +1442,42 @@ impl GemmKernel {
         };
         let (pc, ph, pw) = (st("ic", ch0)?, st("ikh", kh0)?, st("ikw", kw0)?);
         let ld = |p: PointerValue<'ctx>| -> Result<IntValue<'ctx>> {
-            Ok(b.build_load(e.cx.i64_type(), p, "").map_err(llvm)?.into_int_value())
+            Ok(b.build_load(e.cx.i64_type(), p, "")
+                .map_err(llvm)?
+                .into_int_value())
         };
         let body = |contiguous: bool| -> Result<()> {
             e.for_range(e.i64c(0), kc, 1, |x| {
                 let (c, kh, kw) = (ld(pc)?, ld(ph)?, ld(pw)?);
-                let dh = b.build_int_truncate(e.mulc(kh, g.dh as i64)?, i32t, "").map_err(llvm)?;
-                let dw = b.build_int_truncate(e.mulc(kw, g.dw as i64)?, i32t, "").map_err(llvm)?;
+                let dh = b
+                    .build_int_truncate(e.mulc(kh, g.dh as i64)?, i32t, "")
+                    .map_err(llvm)?;
+                let dw = b
+                    .build_int_truncate(e.mulc(kw, g.dw as i64)?, i32t, "")
+                    .map_err(llvm)?;
                 let ih = b.build_int_add(ihb, e.splat_i32(dh, nr)?, "").map_err(llvm)?;
                 let iw = b.build_int_add(iwb, e.splat_i32(dw, nr)?, "").map_err(llvm)?;
-                let okh = b.build_int_compare(IntPredicate::ULT, ih, sv(g.h as i64)?, "").map_err(llvm)?;
-                let okw = b.build_int_compare(IntPredicate::ULT, iw, sv(g.w as i64)?, "").map_err(llvm)?;
-                let mask = b.build_and(b.build_and(okh, okw, "").map_err(llvm)?, valid, "").map_err(llvm)?;
+                let okh = b
+                    .build_int_compare(IntPredicate::ULT, ih, sv(g.h as i64)?, "")
+                    .map_err(llvm)?;
+                let okw = b
+                    .build_int_compare(IntPredicate::ULT, iw, sv(g.w as i64)?, "")
+                    .map_err(llvm)?;
+                let mask = b
+                    .build_and(b.build_and(okh, okw, "").map_err(llvm)?, valid, "")
+                    .map_err(llvm)?;
                 let plane = e.gep_f32(src, e.mulc(c, hw)?)?;
                 let v = if contiguous {
                     // Lane 0's (ih, iw) may be out of bounds; masked lanes are not accessed, so
                     // the address only has to be formed, not read (no inbounds here).
-                    let ih0 = b.build_extract_element(ih, e.i32c(0), "").map_err(llvm)?.into_int_value();
-                    let iw0 = b.build_extract_element(iw, e.i32c(0), "").map_err(llvm)?.into_int_value();
+                    let ih0 = b
+                        .build_extract_element(ih, e.i32c(0), "")
+                        .map_err(llvm)?
+                        .into_int_value();
+                    let iw0 = b
+                        .build_extract_element(iw, e.i32c(0), "")
+                        .map_err(llvm)?
+                        .into_int_value();
                     let ih0 = b.build_int_s_extend(ih0, e.cx.i64_type(), "").map_err(llvm)?;
                     let iw0 = b.build_int_s_extend(iw0, e.cx.i64_type(), "").map_err(llvm)?;
                     let off = e.add(e.mulc(ih0, g.w as i64)?, iw0)?;
@@ -1315,9 +1497,10 @@ impl GemmKernel {
                 let wrap_w = e.icmp(IntPredicate::EQ, kw1, e.i64c(g.kw as i64))?;
                 let kh1 = e.addc(kh, 1)?;
                 let wrap_h = e.icmp(IntPredicate::EQ, kh1, e.i64c(g.kh as i64))?;
-                let sel = |c: IntValue<'ctx>, a: IntValue<'ctx>, bb: IntValue<'ctx>| -> Result<IntValue<'ctx>> {
-                    Ok(b.build_select(c, a, bb, "").map_err(llvm)?.into_int_value())
-                };
+                let sel =
+                    |c: IntValue<'ctx>, a: IntValue<'ctx>, bb: IntValue<'ctx>| -> Result<IntValue<'ctx>> {
+                        Ok(b.build_select(c, a, bb, "").map_err(llvm)?.into_int_value())
+                    };
                 let nkw = sel(wrap_w, e.i64c(0), kw1)?;
                 let nkh = sel(wrap_w, sel(wrap_h, e.i64c(0), kh1)?, kh)?;
                 let both = b.build_and(wrap_w, wrap_h, "").map_err(llvm)?;

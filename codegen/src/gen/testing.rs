@@ -162,7 +162,9 @@ pub(crate) fn run_kernel(
     let scratch_bytes = kernel.scratch().per_thread_bytes.max(64) as usize;
     let layout = std::alloc::Layout::from_size_align(scratch_bytes, 64).unwrap();
     // SAFETY: non-zero size; freed below with the same layout.
-    let scratch: Vec<*mut u8> = (0..threads).map(|_| unsafe { std::alloc::alloc(layout) }).collect();
+    let scratch: Vec<*mut u8> = (0..threads)
+        .map(|_| unsafe { std::alloc::alloc(layout) })
+        .collect();
     let tcx = TestCtx {
         threads,
         scratch,
@@ -173,7 +175,10 @@ pub(crate) fn run_kernel(
     let packed_f: Vec<Vec<u8>> = packed.iter().map(|p| p.bytes.clone()).collect();
     let mut args: Vec<*mut c_void> = inputs
         .iter()
-        .map(|x| x.as_ref().map_or(std::ptr::null_mut(), |v| v.as_ptr() as *mut c_void))
+        .map(|x| {
+            x.as_ref()
+                .map_or(std::ptr::null_mut(), |v| v.as_ptr() as *mut c_void)
+        })
         .collect();
     args.push(out.as_mut_ptr() as *mut c_void);
     args.extend(packed_f.iter().map(|p| p.as_ptr() as *mut c_void));
@@ -208,7 +213,10 @@ pub(crate) fn run_kernel(
 struct Rng(u64);
 impl Rng {
     fn next(&mut self) -> f32 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
     fn vec(&mut self, n: usize) -> Vec<f32> {
@@ -253,9 +261,11 @@ impl CaseBuilder {
         let v = self.rng.vec(n);
         let name = format!("in{}", self.vals.len());
         let id = if constant {
-            self.g.add_const(name, Tensor::from_vec(shape.to_vec(), v.clone()))
+            self.g
+                .add_const(name, Tensor::from_vec(shape.to_vec(), v.clone()))
         } else {
-            self.graph_inputs.push(Tensor::from_vec(shape.to_vec(), v.clone()));
+            self.graph_inputs
+                .push(Tensor::from_vec(shape.to_vec(), v.clone()));
             self.g.add_input(name, ty(shape))
         };
         self.vals.push(Some(id));
@@ -400,7 +410,9 @@ fn gemm_variants() {
                         trans_a,
                         trans_b,
                     });
-                    case.check(&format!("gemm tA {trans_a} tB {trans_b} C {cshape:?} const {cconst} B const {bconst}"));
+                    case.check(&format!(
+                        "gemm tA {trans_a} tB {trans_b} C {cshape:?} const {cconst} B const {bconst}"
+                    ));
                 }
             }
         }
@@ -466,7 +478,8 @@ fn fused_epilogues() {
         .node(conv([3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1));
     let want = case.reference();
     let bias: Vec<f32> = case.data[2].clone().unwrap();
-    let acts: [(Activation, fn(f32) -> f32); 5] = [
+    type Reference = fn(f32) -> f32;
+    let acts: [(Activation, Reference); 5] = [
         (Activation::Relu, |x| x.max(0.0)),
         (Activation::Clip { min: -0.2, max: 0.3 }, |x| x.clamp(-0.2, 0.3)),
         (Activation::Sigmoid, |x| 1.0 / (1.0 + (-x).exp())),
@@ -524,7 +537,11 @@ fn other_isas_verify() {
             module.set_triple(&tm.get_triple());
             module.set_data_layout(&tm.get_target_data().get_data_layout());
             let ptr = cx.ptr_type(inkwell::AddressSpace::default());
-            let f = module.add_function("kern", cx.i32_type().fn_type(&[ptr.into(), ptr.into()], false), None);
+            let f = module.add_function(
+                "kern",
+                cx.i32_type().fn_type(&[ptr.into(), ptr.into()], false),
+                None,
+            );
             crate::llvm::set_kernel_attributes(&cx, f, target);
             let builder = cx.create_builder();
             builder.position_at_end(cx.append_basic_block(f, "entry"));
