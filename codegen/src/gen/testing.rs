@@ -636,3 +636,29 @@ fn gemm_speed() {
         }
     }
 }
+
+#[test]
+fn conv_auto_pad_and_defaults() {
+    for (i, auto_pad) in [AutoPad::SameUpper, AutoPad::SameLower, AutoPad::Valid].into_iter().enumerate() {
+        for (c, g) in [(6, 1), (6, 6)] {
+            let case = CaseBuilder::new(500 + i as u64)
+                .operand(&[1, c, 10, 9], false)
+                .operand(&[6, c / g, 4, 3], true)
+                .node(Op::Conv(ConvAttrs {
+                    kernel_shape: vec![],
+                    strides: vec![2, 2],
+                    pads: vec![],
+                    dilations: vec![],
+                    group: g,
+                    auto_pad,
+                }));
+            case.check(&format!("conv auto_pad {auto_pad:?} group {g}"));
+        }
+    }
+    // Batched MatMul with a constant, batched A.
+    let case = CaseBuilder::new(510)
+        .operand(&[3, 5, 7], true)
+        .operand(&[3, 7, 9], false)
+        .node(Op::MatMul);
+    case.check("matmul const batched A");
+}
