@@ -625,7 +625,7 @@ fn gemm_speed() {
         let k = super::gemm::lower(&node, &target).unwrap().unwrap();
         let n: usize = node.output_shape(0).unwrap().iter().product();
         for threads in [1, 2] {
-            let reps = (2e10 / flops).clamp(3.0, 200.0) as usize;
+            let reps = (6e10 / flops).clamp(20.0, 400.0) as usize;
             let (_, secs) = run_kernel(k.as_ref(), &node, &target, &case.data, n, threads, reps);
             println!(
                 "{name:28} {threads} thr: {:8.3} ms {:7.1} GFLOP/s   [{}]",
