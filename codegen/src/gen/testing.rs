@@ -639,7 +639,10 @@ fn gemm_speed() {
 
 #[test]
 fn conv_auto_pad_and_defaults() {
-    for (i, auto_pad) in [AutoPad::SameUpper, AutoPad::SameLower, AutoPad::Valid].into_iter().enumerate() {
+    for (i, auto_pad) in [AutoPad::SameUpper, AutoPad::SameLower, AutoPad::Valid]
+        .into_iter()
+        .enumerate()
+    {
         for (c, g) in [(6, 1), (6, 6)] {
             let case = CaseBuilder::new(500 + i as u64)
                 .operand(&[1, c, 10, 9], false)
