@@ -228,7 +228,7 @@ def main() -> int:
         if "error" in r:
             print(f"| {r['model']} | failed | | | | | | |")
             continue
-        print(f"| {r['model']} | {r['kiln_ms']:.2f} | {r['ort_ms']:.2f} | {fmt(r['openvino_ms'], '.2f')} | "
+        print(f"| {r['model']} | {r['kiln_ms']:.3f} | {r['ort_ms']:.3f} | {fmt(r['openvino_ms'], '.3f')} | "
               f"{ratio(r['kiln_ms'], r['ort_ms'])} | {ratio(r['kiln_ms'], r['openvino_ms'])} | "
               f"{r['compile_s']:.1f} | {r['max_abs_diff']:.2e} |")
     if args.json:
