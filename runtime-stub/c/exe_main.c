@@ -260,7 +260,9 @@ int kiln_exe_main(int argc, char **argv, const kiln_model_desc *desc) {
         goto done;
       }
       if (files[idx]) {
-        rc = usage_error(desc, "input given twice: ", desc->inputs[idx].name, 0);
+        char msg[512];
+        snprintf(msg, sizeof msg, "input '%s' is given twice", desc->inputs[idx].name);
+        rc = usage_error(desc, msg, NULL, 0);
         goto done;
       }
       files[idx] = file;
@@ -293,7 +295,8 @@ int kiln_exe_main(int argc, char **argv, const kiln_model_desc *desc) {
     } else if (strcmp(arg, "--quiet") == 0 || strcmp(arg, "-q") == 0) {
       quiet = 1;
     } else {
-      fprintf(stderr, "error: unexpected argument '%s' (run %s --help for usage)\n", arg, prog);
+      fprintf(stderr, "error: unexpected argument '%s'%s (run %s --help for usage)\n", arg,
+              arg[0] != '-' ? "; inputs are given as --input NAME=FILE.npy" : "", prog);
       rc = EXIT_USAGE;
       goto done;
     }

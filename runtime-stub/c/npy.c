@@ -123,7 +123,9 @@ static int parse_str(cursor *c, char *out, size_t cap) {
   char q = *c->p++;
   size_t n = 0;
   while (c->p < c->end && *c->p != q) {
-    if (n + 1 < cap) out[n++] = *c->p;
+    /* The text may end up in an error message: keep it printable. */
+    unsigned char ch = (unsigned char)*c->p;
+    if (n + 1 < cap) out[n++] = ch >= 0x20 && ch < 0x7f ? (char)ch : '?';
     c->p++;
   }
   if (c->p >= c->end) return 0;

@@ -1,0 +1,242 @@
+#!/usr/bin/env python3
+"""Benchmark kiln-compiled executables against onnxruntime and OpenVINO on the same inputs.
+
+For each model of bench-models/ (made by `.venv/bin/python fixtures/make_benchmark_models.py
+--out bench-models --expected`):
+
+  1. compile it with `target/release/kiln compile bench-models/M/model.onnx -o DIR/M` (timed);
+  2. check kiln's outputs against the expected outputs (max |diff|; onnxruntime's outputs when
+     the manifest has none);
+  3. time, in interleaved rounds (kiln, ORT, OpenVINO, kiln, ...) to spread machine noise:
+     kiln: `DIR/M --input NAME=FILE.npy --bench N --threads T` (one warm-up, N timed runs);
+     onnxruntime: intra_op_num_threads=T, sequential, all graph optimizations, N runs after
+     a warm-up; OpenVINO: CPU, INFERENCE_NUM_THREADS=T, latency hint, N runs after a warm-up.
+     Each round gives a median; the table shows the median of the rounds' medians.
+
+Prints a markdown table. Usage, from the repository root (the script creates and then uses
+.venv-bench with scripts/bench-requirements.txt):
+
+    python3 scripts/bench.py [--models resnet50 bert_encoder] [--threads 2] [--runs 10]
+                             [--rounds 3] [--json bench.json] [--kiln target/release/kiln]
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VENV = os.path.join(ROOT, ".venv-bench")
+REQUIREMENTS = os.path.join(ROOT, "scripts", "bench-requirements.txt")
+LATENCY = re.compile(r"latency: median ([0-9.]+) ms, min ([0-9.]+) ms over (\d+) runs, (\d+) threads")
+
+
+def ensure_venv() -> None:
+    """Re-runs this script inside .venv-bench, creating or updating it first."""
+    py = os.path.join(VENV, "bin", "python")
+    with open(REQUIREMENTS, "rb") as f:
+        want = hashlib.sha256(f.read()).hexdigest()
+    stamp = os.path.join(VENV, ".requirements-sha256")
+    have = open(stamp).read().strip() if os.path.exists(stamp) else None
+    if have != want:
+        if not os.path.exists(py):
+            print(f"creating {VENV}", file=sys.stderr)
+            subprocess.run([sys.executable, "-m", "venv", VENV], check=True)
+        subprocess.run([py, "-m", "pip", "install", "-q", "-r", REQUIREMENTS], check=True)
+        with open(stamp, "w") as f:
+            f.write(want + "\n")
+    if os.path.realpath(sys.prefix) != os.path.realpath(VENV):
+        os.execv(py, [py, *sys.argv])
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="+", help="model names (default: all in the manifest)")
+    ap.add_argument("--models-dir", default=os.path.join(ROOT, "bench-models"),
+                    help="benchmark models folder (default: %(default)s)")
+    ap.add_argument("--threads", type=int, default=2, help="threads for every runtime (default: %(default)s)")
+    ap.add_argument("--runs", type=int, default=10, help="timed runs per round (default: %(default)s)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="interleaved rounds kiln, ORT, OpenVINO (default: %(default)s)")
+    ap.add_argument("--kiln", default=os.path.join(ROOT, "target", "release", "kiln"),
+                    help="the kiln binary (default: %(default)s)")
+    ap.add_argument("--out-dir", default=os.path.join(ROOT, "target", "bench"),
+                    help="where executables and outputs go (default: %(default)s)")
+    ap.add_argument("--no-openvino", action="store_true", help="skip OpenVINO")
+    ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    ap.add_argument("--no-venv", action="store_true",
+                    help="run with this Python as it is (onnxruntime and openvino already installed)")
+    return ap.parse_args()
+
+
+def load_manifest(models_dir: str) -> dict:
+    path = os.path.join(models_dir, "manifest.json")
+    if not os.path.exists(path):
+        sys.exit(f"error: {path} not found: make the models with "
+                 f"`.venv/bin/python fixtures/make_benchmark_models.py --out bench-models --expected`")
+    with open(path) as f:
+        return {e["name"]: e for e in json.load(f)}
+
+
+def compile_model(kiln: str, model: str, exe: str) -> float:
+    t0 = time.perf_counter()
+    r = subprocess.run([kiln, "compile", model, "-o", exe], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"kiln compile failed:\n{r.stderr.strip()}")
+    return time.perf_counter() - t0
+
+
+def kiln_round(exe: str, inputs: dict, runs: int, threads: int, output_dir: str | None = None) -> float:
+    cmd = [exe, "--bench", str(runs), "--threads", str(threads), "-q"]
+    for name, path in inputs.items():
+        cmd += ["--input", f"{name}={path}"]
+    if output_dir:
+        cmd += ["--output-dir", output_dir]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"{os.path.basename(exe)} failed:\n{r.stderr.strip()}")
+    m = LATENCY.search(r.stdout)
+    if not m:
+        raise RuntimeError(f"no latency line in the output of {exe}:\n{r.stdout}")
+    return float(m.group(1))
+
+
+def timed(fn, runs: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1000.0)
+    return statistics.median(times)
+
+
+def ort_session(model: str, threads: int):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.log_severity_level = 3
+    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+
+
+def ov_request(model: str, threads: int):
+    import openvino as ov
+
+    core = ov.Core()
+    compiled = core.compile_model(core.read_model(model), "CPU",
+                                  {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"})
+    return compiled.create_infer_request()
+
+
+def sanitize(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)
+
+
+def bench_model(args, entry: dict) -> dict:
+    import numpy as np
+
+    name = entry["name"]
+    mdir = args.models_dir
+    model = os.path.join(mdir, entry["model"])
+    inputs = {k: os.path.join(mdir, v) for k, v in entry["inputs"].items()}
+    feeds = {k: np.load(v) for k, v in inputs.items()}
+    exe = os.path.join(args.out_dir, name)
+    out_dir = os.path.join(args.out_dir, f"{name}.out")
+    res = {"model": name, "threads": args.threads, "runs": args.runs, "rounds": args.rounds}
+
+    res["compile_s"] = compile_model(args.kiln, model, exe)
+    sess = ort_session(model, args.threads)
+    ort_out = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+    ov_req = None
+    if not args.no_openvino:
+        try:
+            ov_req = ov_request(model, args.threads)
+        except Exception as e:  # an op OpenVINO lacks should not stop the other columns
+            print(f"{name}: OpenVINO cannot run it: {e}", file=sys.stderr)
+
+    times = {"kiln": [], "ort": [], "openvino": []}
+    for rnd in range(args.rounds):
+        times["kiln"].append(kiln_round(exe, inputs, args.runs, args.threads, out_dir if rnd == 0 else None))
+        times["ort"].append(timed(lambda: sess.run(None, feeds), args.runs))
+        if ov_req is not None:
+            times["openvino"].append(timed(lambda: ov_req.infer(feeds), args.runs))
+
+    diff = 0.0
+    for out, ref in ort_out.items():
+        expected = entry.get("outputs", {}).get(out)
+        ref = np.load(os.path.join(mdir, expected)) if expected else ref
+        got = np.load(os.path.join(out_dir, sanitize(out) + ".npy"))
+        if got.shape != ref.shape:
+            raise RuntimeError(f"output '{out}': kiln gives shape {got.shape}, expected {ref.shape}")
+        if got.size:
+            diff = max(diff, float(np.max(np.abs(got.astype(np.float64) - ref.astype(np.float64)))))
+    res["max_abs_diff"] = diff
+    for k, v in times.items():
+        res[f"{k}_ms"] = statistics.median(v) if v else None
+        res[f"{k}_round_ms"] = v
+    return res
+
+
+def fmt(x, spec: str) -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def ratio(a, b) -> str:
+    return "n/a" if a is None or b is None or b == 0 else f"{a / b:.2f}"
+
+
+def main() -> int:
+    args = parse_args()
+    if not args.no_venv:
+        ensure_venv()
+    manifest = load_manifest(args.models_dir)
+    names = args.models or list(manifest)
+    unknown = [n for n in names if n not in manifest]
+    if unknown:
+        sys.exit(f"error: unknown model(s) {', '.join(unknown)} (known: {', '.join(manifest)})")
+    if not os.path.exists(args.kiln):
+        sys.exit(f"error: {args.kiln} not found: build it with `cargo build --release -p kiln-cli`")
+    os.makedirs(args.out_dir, exist_ok=True)
+
+    results, failures = [], 0
+    for n in names:
+        try:
+            r = bench_model(args, manifest[n])
+        except Exception as e:
+            print(f"{n}: {e}", file=sys.stderr)
+            failures += 1
+            results.append({"model": n, "error": str(e)})
+            continue
+        results.append(r)
+        print(f"{n}: kiln {r['kiln_ms']:.3f} ms, ORT {r['ort_ms']:.3f} ms, "
+              f"OpenVINO {fmt(r['openvino_ms'], '.3f')} ms", file=sys.stderr, flush=True)
+
+    print(f"\n{args.threads} threads, median of {args.rounds} rounds x {args.runs} runs\n")
+    print("| model | kiln ms | ORT ms | OpenVINO ms | kiln/ORT | kiln/OV | compile s | max abs diff |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in results:
+        if "error" in r:
+            print(f"| {r['model']} | failed | | | | | | |")
+            continue
+        print(f"| {r['model']} | {r['kiln_ms']:.3f} | {r['ort_ms']:.3f} | {fmt(r['openvino_ms'], '.3f')} | "
+              f"{ratio(r['kiln_ms'], r['ort_ms'])} | {ratio(r['kiln_ms'], r['openvino_ms'])} | "
+              f"{r['compile_s']:.1f} | {r['max_abs_diff']:.2e} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+            f.write("\n")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
