@@ -158,12 +158,13 @@ int32_t kiln_uk_copy(const kiln_uk_args *a) {
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Per-axis index maps: Pad (every mode; the maps come from the known pads).
+ * Per-axis index maps: Pad (every mode; the maps come from the known pads) and nearest Resize.
  *
  * iattr: [esize, rank, out_dims[rank], in_strides[rank] (bytes), maps (out_dims[k] entries per
- *         axis: source index, or -1 for the fill value), run_lo, run_hi]
+ *         axis: source index, or -1 for the fill value), run_lo, run_hi, fill_mode, fill_bits]
  * On the last axis, outputs [run_lo, run_hi) read consecutive source elements (one memcpy).
- * Inputs: data, pads, constant_value? (its first element is the fill; absent = zero). */
+ * fill_mode 0: the fill is the first element of input 2 (Pad's constant_value) or zero when it
+ * is absent; 1: fill_bits. */
 int32_t kiln_uk_gather_axes(const kiln_uk_args *a) {
   const i64 *at = a->iattr;
   i64 es = at[0], r = at[1];
@@ -176,7 +177,10 @@ int32_t kiln_uk_gather_axes(const kiln_uk_args *a) {
   }
   i64 run_lo = m[0], run_hi = m[1];
   uint64_t fill = 0;
-  if (a->n_in > 2 && a->in[2].data && a->in[2].numel > 0) __builtin_memcpy(&fill, a->in[2].data, (size_t)es);
+  if (m[2] == 1)
+    fill = (uint64_t)m[3];
+  else if (a->n_in > 2 && a->in[2].data && a->in[2].numel > 0)
+    __builtin_memcpy(&fill, a->in[2].data, (size_t)es);
   const char *src = (const char *)a->in[0].data;
   char *dst = (char *)a->out[0].data;
   if (a->out[0].numel == 0) return KILN_UK_OK;
@@ -524,5 +528,122 @@ int32_t kiln_uk_one_hot(const kiln_uk_args *a) {
     i64 o = f / inner, j = f % inner;
     mv_copy_elem(dst + ((o * depth + (i64)v) * inner + j) * es, vals + es, es);
   }
+  return KILN_UK_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Resize, linear and cubic: one separable pass per resized axis over an f64 copy of the input
+ * (scratch: two buffers of the largest intermediate), then one saturating cast, as the ONNX
+ * reference computes it. The taps (source indices clamped to the input, and weights) come from
+ * codegen/src/uk/movement.rs.
+ *
+ * iattr: [rank, n_steps, in_dims[rank], per step: axis, out, n_taps, per output position:
+ *         outside, idx[n_taps]]
+ * fattr: [extrapolation, per step and output position: coeff[n_taps]] */
+
+KILN_UK_INLINE void mv_store_saturated(void *p, i64 dt, i64 i, double v) {
+  switch (dt) {
+  case KILN_F64: ((double *)p)[i] = v; return;
+  case KILN_F32: {
+    const double m = 3.4028234663852886e38;
+    ((float *)p)[i] = (float)(v != v ? v : v < -m ? -m : v > m ? m : v);
+    return;
+  }
+  case KILN_F16: kiln_store_f64(p, dt, i, v != v ? v : v < -65504.0 ? -65504.0 : v > 65504.0 ? 65504.0 : v); return;
+  case KILN_BF16: {
+    const double m = 3.3895313892515355e38;
+    kiln_store_f64(p, dt, i, v != v ? v : v < -m ? -m : v > m ? m : v);
+    return;
+  }
+  default: break;
+  }
+  /* Integers: round half to even, then saturate (NaN becomes 0), as Rust's `as`. */
+  double r = __builtin_rint(v), lo, hi;
+  switch (dt) {
+  case KILN_BOOL: kiln_store_i64(p, dt, i, r != 0); return;
+  case KILN_U8: lo = 0; hi = 255; break;
+  case KILN_I8: lo = -128; hi = 127; break;
+  case KILN_U16: lo = 0; hi = 65535; break;
+  case KILN_I16: lo = -32768; hi = 32767; break;
+  case KILN_U32: lo = 0; hi = 4294967295.0; break;
+  case KILN_I32: lo = -2147483648.0; hi = 2147483647.0; break;
+  case KILN_U64:
+    ((uint64_t *)p)[i] = r != r || r <= 0 ? 0 : r >= 18446744073709551615.0 ? UINT64_MAX : (uint64_t)r;
+    return;
+  default:
+    ((int64_t *)p)[i] = r != r ? 0 : r <= -9223372036854775808.0 ? INT64_MIN : r >= 9223372036854775807.0 ? INT64_MAX : (int64_t)r;
+    return;
+  }
+  kiln_store_i64(p, dt, i, r != r ? 0 : (i64)(r < lo ? lo : r > hi ? hi : r));
+}
+
+int32_t kiln_uk_resize(const kiln_uk_args *a) {
+  const i64 *at = a->iattr;
+  i64 rank = at[0], n_steps = at[1];
+  i64 shape[MV_MAX_RANK];
+  for (i64 k = 0; k < rank; k++) shape[k] = at[2 + k];
+  at += 2 + rank;
+  const double *coef = a->fattr + 1;
+  double extrapolation = a->fattr[0];
+  const kiln_tensor *x = &a->in[0];
+  i64 dt = a->out[0].dtype;
+  i64 n_out = a->out[0].numel;
+  /* The buffers hold the largest intermediate; the Rust side sized the scratch for two. */
+  i64 cap = x->numel;
+  {
+    i64 s[MV_MAX_RANK];
+    for (i64 k = 0; k < rank; k++) s[k] = shape[k];
+    const i64 *p = at;
+    for (i64 st = 0; st < n_steps; st++) {
+      i64 ax = p[0], out = p[1], nt = p[2];
+      s[ax] = out;
+      i64 n = 1;
+      for (i64 k = 0; k < rank; k++) n *= s[k];
+      if (n > cap) cap = n;
+      p += 3 + out * (1 + nt);
+    }
+  }
+  double *buf = (double *)a->scratch, *next = buf + cap;
+  if (n_steps == 0) {
+    for (i64 i = 0; i < n_out; i++) mv_store_saturated(a->out[0].data, dt, i, kiln_load_f64(x->data, x->dtype, i));
+    return KILN_UK_OK;
+  }
+  for (i64 i = 0; i < x->numel; i++) buf[i] = kiln_load_f64(x->data, x->dtype, i);
+  for (i64 st = 0; st < n_steps; st++) {
+    i64 ax = at[0], out = at[1], nt = at[2];
+    const i64 *taps = at + 3;
+    i64 input = shape[ax], outer = 1, inner = 1;
+    for (i64 k = 0; k < ax; k++) outer *= shape[k];
+    for (i64 k = ax + 1; k < rank; k++) inner *= shape[k];
+    if (input == 0) {
+      for (i64 i = 0; i < outer * out * inner; i++) next[i] = 0;
+    } else {
+      for (i64 o = 0; o < outer; o++) {
+        const double *src = buf + o * input * inner;
+        for (i64 y = 0; y < out; y++) {
+          const i64 *t = taps + y * (1 + nt);
+          const double *c = coef + y * nt;
+          double *d = next + (o * out + y) * inner;
+          if (t[0]) {
+            for (i64 j = 0; j < inner; j++) d[j] = extrapolation;
+            continue;
+          }
+          for (i64 j = 0; j < inner; j++) d[j] = 0;
+          for (i64 k = 0; k < nt; k++) {
+            const double *row = src + t[1 + k] * inner;
+            double w = c[k];
+            for (i64 j = 0; j < inner; j++) d[j] += row[j] * w;
+          }
+        }
+      }
+    }
+    coef += out * nt;
+    at += 3 + out * (1 + nt);
+    shape[ax] = out;
+    double *tmp = buf;
+    buf = next;
+    next = tmp;
+  }
+  for (i64 i = 0; i < n_out; i++) mv_store_saturated(a->out[0].data, dt, i, buf[i]);
   return KILN_UK_OK;
 }
