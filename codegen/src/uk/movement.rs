@@ -10,8 +10,8 @@ use super::UkCall;
 use crate::error::Result;
 use crate::node::NodeInfo;
 use kiln_ir::{
-    AspectRatioPolicy, CoordTransform, DType, NearestMode, Op, PadMode, ResizeAttrs, ResizeMode, ScatterReduction,
-    Tensor, TensorData,
+    AspectRatioPolicy, CoordTransform, DType, NearestMode, Op, PadMode, ResizeAttrs, ResizeMode,
+    ScatterReduction, Tensor, TensorData,
 };
 
 /// Must match MV_MAX_RANK in movement.c.
@@ -881,13 +881,21 @@ fn resize(node: &NodeInfo, a: &ResizeAttrs) -> Result<UkCall> {
     let sizes = present(node, 3, "sizes")?.map(|t| t.to_i64_vec());
     let crop = a.coord == CoordTransform::TfCropAndResize;
     let roi = if crop {
-        let t = present(node, 1, "roi")?.ok_or_else(|| node.unsupported("tf_crop_and_resize needs the roi input"))?;
+        let t = present(node, 1, "roi")?
+            .ok_or_else(|| node.unsupported("tf_crop_and_resize needs the roi input"))?;
         Some(t.to_f64_vec())
     } else {
         None
     };
-    let plan = plan_axes(a, &in_shape, &axes, scales.as_deref(), sizes.as_deref(), roi.as_deref())
-        .ok_or_else(|| node.unsupported("scales/sizes/roi do not match the resized axes"))?;
+    let plan = plan_axes(
+        a,
+        &in_shape,
+        &axes,
+        scales.as_deref(),
+        sizes.as_deref(),
+        roi.as_deref(),
+    )
+    .ok_or_else(|| node.unsupported("scales/sizes/roi do not match the resized axes"))?;
     if plan.iter().map(|p| p.out).ne(out_shape.iter().copied()) {
         return Err(node.unsupported("resize geometry disagrees with the output type"));
     }
