@@ -10,8 +10,8 @@ use super::UkCall;
 use crate::error::Result;
 use crate::node::NodeInfo;
 use kiln_ir::{
-    AspectRatioPolicy, CoordTransform, DType, NearestMode, Op, PadMode, ResizeAttrs, ResizeMode,
-    ScatterReduction, Tensor, TensorData,
+    AspectRatioPolicy, CoordTransform, DType, GridMode, GridPadding, MiscOp, NearestMode, Op, PadMode,
+    ResizeAttrs, ResizeMode, ScatterReduction, Tensor, TensorData, VisionOp,
 };
 
 /// Must match MV_MAX_RANK in movement.c.
@@ -42,6 +42,97 @@ pub fn lower(node: &NodeInfo) -> Result<Option<UkCall>> {
         Op::Range => UkCall::new("range"),
         Op::OneHot { axis } => one_hot(node, *axis)?,
         Op::Resize(a) => resize(node, a)?,
+        Op::Vision(VisionOp::MaxUnpool {
+            kernel_shape,
+            strides,
+            pads,
+        }) => {
+            let xs = node.input_shape(0)?;
+            let os = node.output_shape(0)?;
+            let n = kernel_shape.len();
+            if xs.len() < 3 || xs.len() - 2 != n {
+                return Err(node.unsupported("X must be [N, C, spatial...] matching kernel_shape"));
+            }
+            let mut natural = xs[..2].to_vec();
+            for i in 0..n {
+                let stride = strides.get(i).copied().unwrap_or(1);
+                let (pb, pe) = (
+                    pads.get(i).copied().unwrap_or(0),
+                    pads.get(n + i).copied().unwrap_or(0),
+                );
+                let e = (xs[2 + i].saturating_sub(1) * stride + kernel_shape[i])
+                    .checked_sub(pb + pe)
+                    .ok_or_else(|| node.unsupported("invalid unpooled extent"))?;
+                natural.push(e);
+            }
+            if os.len() != natural.len() || os.iter().zip(&natural).any(|(o, n)| o < n) {
+                return Err(node.unsupported("output_shape is smaller than the unpooled shape"));
+            }
+            let mut iattr = vec![natural.len() as i64];
+            iattr.extend(natural.iter().map(|&d| d as i64));
+            iattr.extend(os.iter().map(|&d| d as i64));
+            UkCall::new("max_unpool").iattr(iattr)
+        }
+        Op::Vision(VisionOp::AffineGrid { align_corners }) => {
+            let os = node.output_shape(0)?;
+            let r = os.len().saturating_sub(2);
+            if !(2..=3).contains(&r) {
+                return Err(node.unsupported("AffineGrid is 2-D or 3-D"));
+            }
+            let mut iattr = vec![r as i64, *align_corners as i64];
+            iattr.extend(os[1..=r].iter().map(|&d| d as i64));
+            UkCall::new("affine_grid").iattr(iattr)
+        }
+        Op::Vision(VisionOp::GridSample {
+            mode,
+            padding,
+            align_corners,
+        }) => {
+            let xs = node.input_shape(0)?;
+            let r = xs.len().saturating_sub(2);
+            if !(1..=4).contains(&r) {
+                return Err(node.unsupported(format!("{r} spatial axes (the kernel takes 1 to 4)")));
+            }
+            if xs[2..].contains(&0) && numel(&node.output_shape(0)?) > 0 {
+                return Err(node.unsupported("cannot sample from an empty spatial extent"));
+            }
+            let mode = match mode {
+                GridMode::Linear => 0,
+                GridMode::Nearest => 1,
+                GridMode::Cubic => 2,
+            };
+            let padding = match padding {
+                GridPadding::Zeros => 0,
+                GridPadding::Border => 1,
+                GridPadding::Reflection => 2,
+            };
+            UkCall::new("grid_sample").iattr([r as i64, mode, padding, *align_corners as i64])
+        }
+        Op::Misc(MiscOp::ReverseSequence { batch_axis, .. }) => {
+            let s = node.input_shape(0)?;
+            if s.len() < 2 || *batch_axis > 1 {
+                return Err(node.unsupported("batch_axis/time_axis must be 0 and 1 of a rank >= 2 input"));
+            }
+            let inner = numel(&s[2..]) as i64 * elem_size(node);
+            UkCall::new("reverse_sequence").iattr([*batch_axis as i64, s[0] as i64, s[1] as i64, inner])
+        }
+        Op::Misc(MiscOp::TensorScatter { circular, axis }) => {
+            let cs = node.input_shape(0)?;
+            let us = node.input_shape(1)?;
+            let a = norm_axis(node, *axis, cs.len())?;
+            if a == 0 || us.len() != cs.len() {
+                return Err(node.unsupported(format!("update {us:?} does not match cache {cs:?}")));
+            }
+            let inner = numel(&cs[a + 1..]) as i64 * elem_size(node);
+            UkCall::new("tensor_scatter").iattr([
+                cs[0] as i64,
+                numel(&cs[1..a]) as i64,
+                us[a] as i64,
+                cs[a] as i64,
+                inner,
+                *circular as i64,
+            ])
+        }
         _ => return Ok(None),
     };
     Ok(Some(call))
