@@ -158,12 +158,13 @@ int32_t kiln_uk_copy(const kiln_uk_args *a) {
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Per-axis index maps: Pad (every mode; the maps come from the known pads).
+ * Per-axis index maps: Pad (every mode; the maps come from the known pads) and nearest Resize.
  *
  * iattr: [esize, rank, out_dims[rank], in_strides[rank] (bytes), maps (out_dims[k] entries per
- *         axis: source index, or -1 for the fill value), run_lo, run_hi]
+ *         axis: source index, or -1 for the fill value), run_lo, run_hi, fill_mode, fill_bits]
  * On the last axis, outputs [run_lo, run_hi) read consecutive source elements (one memcpy).
- * Inputs: data, pads, constant_value? (its first element is the fill; absent = zero). */
+ * fill_mode 0: the fill is the first element of input 2 (Pad's constant_value) or zero when it
+ * is absent; 1: fill_bits. */
 int32_t kiln_uk_gather_axes(const kiln_uk_args *a) {
   const i64 *at = a->iattr;
   i64 es = at[0], r = at[1];
@@ -176,7 +177,10 @@ int32_t kiln_uk_gather_axes(const kiln_uk_args *a) {
   }
   i64 run_lo = m[0], run_hi = m[1];
   uint64_t fill = 0;
-  if (a->n_in > 2 && a->in[2].data && a->in[2].numel > 0) __builtin_memcpy(&fill, a->in[2].data, (size_t)es);
+  if (m[2] == 1)
+    fill = (uint64_t)m[3];
+  else if (a->n_in > 2 && a->in[2].data && a->in[2].numel > 0)
+    __builtin_memcpy(&fill, a->in[2].data, (size_t)es);
   const char *src = (const char *)a->in[0].data;
   char *dst = (char *)a->out[0].data;
   if (a->out[0].numel == 0) return KILN_UK_OK;
@@ -523,6 +527,371 @@ int32_t kiln_uk_one_hot(const kiln_uk_args *a) {
     if (!(v >= 0 && v < (double)depth && v == __builtin_trunc(v))) continue;
     i64 o = f / inner, j = f % inner;
     mv_copy_elem(dst + ((o * depth + (i64)v) * inner + j) * es, vals + es, es);
+  }
+  return KILN_UK_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Resize, linear and cubic: one separable pass per resized axis over an f64 copy of the input
+ * (scratch: two buffers of the largest intermediate), then one saturating cast, as the ONNX
+ * reference computes it. The taps (source indices clamped to the input, and weights) come from
+ * codegen/src/uk/movement.rs.
+ *
+ * iattr: [rank, n_steps, in_dims[rank], per step: axis, out, n_taps, per output position:
+ *         outside, idx[n_taps]]
+ * fattr: [extrapolation, per step and output position: coeff[n_taps]] */
+
+KILN_UK_INLINE void mv_store_saturated(void *p, i64 dt, i64 i, double v) {
+  switch (dt) {
+  case KILN_F64: ((double *)p)[i] = v; return;
+  case KILN_F32: {
+    const double m = 3.4028234663852886e38;
+    ((float *)p)[i] = (float)(v != v ? v : v < -m ? -m : v > m ? m : v);
+    return;
+  }
+  case KILN_F16: kiln_store_f64(p, dt, i, v != v ? v : v < -65504.0 ? -65504.0 : v > 65504.0 ? 65504.0 : v); return;
+  case KILN_BF16: {
+    const double m = 3.3895313892515355e38;
+    kiln_store_f64(p, dt, i, v != v ? v : v < -m ? -m : v > m ? m : v);
+    return;
+  }
+  default: break;
+  }
+  /* Integers: round half to even, then saturate (NaN becomes 0), as Rust's `as`. */
+  double r = __builtin_rint(v), lo, hi;
+  switch (dt) {
+  case KILN_BOOL: kiln_store_i64(p, dt, i, r != 0); return;
+  case KILN_U8: lo = 0; hi = 255; break;
+  case KILN_I8: lo = -128; hi = 127; break;
+  case KILN_U16: lo = 0; hi = 65535; break;
+  case KILN_I16: lo = -32768; hi = 32767; break;
+  case KILN_U32: lo = 0; hi = 4294967295.0; break;
+  case KILN_I32: lo = -2147483648.0; hi = 2147483647.0; break;
+  case KILN_U64:
+    ((uint64_t *)p)[i] = r != r || r <= 0 ? 0 : r >= 18446744073709551615.0 ? UINT64_MAX : (uint64_t)r;
+    return;
+  default:
+    ((int64_t *)p)[i] = r != r ? 0 : r <= -9223372036854775808.0 ? INT64_MIN : r >= 9223372036854775807.0 ? INT64_MAX : (int64_t)r;
+    return;
+  }
+  kiln_store_i64(p, dt, i, r != r ? 0 : (i64)(r < lo ? lo : r > hi ? hi : r));
+}
+
+int32_t kiln_uk_resize(const kiln_uk_args *a) {
+  const i64 *at = a->iattr;
+  i64 rank = at[0], n_steps = at[1];
+  i64 shape[MV_MAX_RANK];
+  for (i64 k = 0; k < rank; k++) shape[k] = at[2 + k];
+  at += 2 + rank;
+  const double *coef = a->fattr + 1;
+  double extrapolation = a->fattr[0];
+  const kiln_tensor *x = &a->in[0];
+  i64 dt = a->out[0].dtype;
+  i64 n_out = a->out[0].numel;
+  /* The buffers hold the largest intermediate; the Rust side sized the scratch for two. */
+  i64 cap = x->numel;
+  {
+    i64 s[MV_MAX_RANK];
+    for (i64 k = 0; k < rank; k++) s[k] = shape[k];
+    const i64 *p = at;
+    for (i64 st = 0; st < n_steps; st++) {
+      i64 ax = p[0], out = p[1], nt = p[2];
+      s[ax] = out;
+      i64 n = 1;
+      for (i64 k = 0; k < rank; k++) n *= s[k];
+      if (n > cap) cap = n;
+      p += 3 + out * (1 + nt);
+    }
+  }
+  double *buf = (double *)a->scratch, *next = buf + cap;
+  if (n_steps == 0) {
+    for (i64 i = 0; i < n_out; i++) mv_store_saturated(a->out[0].data, dt, i, kiln_load_f64(x->data, x->dtype, i));
+    return KILN_UK_OK;
+  }
+  for (i64 i = 0; i < x->numel; i++) buf[i] = kiln_load_f64(x->data, x->dtype, i);
+  for (i64 st = 0; st < n_steps; st++) {
+    i64 ax = at[0], out = at[1], nt = at[2];
+    const i64 *taps = at + 3;
+    i64 input = shape[ax], outer = 1, inner = 1;
+    for (i64 k = 0; k < ax; k++) outer *= shape[k];
+    for (i64 k = ax + 1; k < rank; k++) inner *= shape[k];
+    if (input == 0) {
+      for (i64 i = 0; i < outer * out * inner; i++) next[i] = 0;
+    } else {
+      for (i64 o = 0; o < outer; o++) {
+        const double *src = buf + o * input * inner;
+        for (i64 y = 0; y < out; y++) {
+          const i64 *t = taps + y * (1 + nt);
+          const double *c = coef + y * nt;
+          double *d = next + (o * out + y) * inner;
+          if (t[0]) {
+            for (i64 j = 0; j < inner; j++) d[j] = extrapolation;
+            continue;
+          }
+          for (i64 j = 0; j < inner; j++) d[j] = 0;
+          for (i64 k = 0; k < nt; k++) {
+            const double *row = src + t[1 + k] * inner;
+            double w = c[k];
+            for (i64 j = 0; j < inner; j++) d[j] += row[j] * w;
+          }
+        }
+      }
+    }
+    coef += out * nt;
+    at += 3 + out * (1 + nt);
+    shape[ax] = out;
+    double *tmp = buf;
+    buf = next;
+    next = tmp;
+  }
+  for (i64 i = 0; i < n_out; i++) mv_store_saturated(a->out[0].data, dt, i, buf[i]);
+  return KILN_UK_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * ReverseSequence. iattr: [batch_axis (0 or 1), d0, d1, inner_bytes]: the input is
+ * [d0, d1, inner...]; the time axis is the other of the first two. Inputs: x, sequence_lens. */
+int32_t kiln_uk_reverse_sequence(const kiln_uk_args *a) {
+  i64 batch_axis = a->iattr[0], d0 = a->iattr[1], d1 = a->iattr[2], inner = a->iattr[3];
+  i64 batch = batch_axis == 0 ? d0 : d1, time = batch_axis == 0 ? d1 : d0;
+  const kiln_tensor *lt = &a->in[1];
+  for (i64 b = 0; b < batch; b++) {
+    i64 l = kiln_load_i64(lt->data, lt->dtype, b);
+    if (l < 0 || l > time)
+      return kiln_uk_fail(a, KILN_UK_EVALUE, "sequence length %lld is outside [0, %lld]", (long long)l,
+                          (long long)time);
+  }
+  const char *src = (const char *)a->in[0].data;
+  char *dst = (char *)a->out[0].data;
+  for (i64 i0 = 0; i0 < d0; i0++) {
+    for (i64 i1 = 0; i1 < d1; i1++) {
+      i64 b = batch_axis == 0 ? i0 : i1, t = batch_axis == 0 ? i1 : i0;
+      i64 l = kiln_load_i64(lt->data, lt->dtype, b);
+      i64 ts = t < l ? l - 1 - t : t;
+      i64 s0 = batch_axis == 0 ? i0 : ts, s1 = batch_axis == 0 ? ts : i1;
+      __builtin_memcpy(dst + (i0 * d1 + i1) * inner, src + (s0 * d1 + s1) * inner, (size_t)inner);
+    }
+  }
+  return KILN_UK_OK;
+}
+
+/* TensorScatter: the cache with update rows written at write_indices[b] + j along the axis
+ * (wrapping when circular). iattr: [batch, mid (numel between batch and axis), u_len, c_len,
+ * inner_bytes, circular]. Inputs: past_cache, update, write_indices? (absent: 0). */
+int32_t kiln_uk_tensor_scatter(const kiln_uk_args *a) {
+  i64 batch = a->iattr[0], mid = a->iattr[1], u_len = a->iattr[2], c_len = a->iattr[3];
+  i64 inner = a->iattr[4], circular = a->iattr[5];
+  const kiln_tensor *wt = a->n_in > 2 && a->in[2].data ? &a->in[2] : 0;
+  for (i64 b = 0; b < batch; b++) {
+    i64 w = wt ? kiln_load_i64(wt->data, wt->dtype, b) : 0;
+    for (i64 j = 0; j < u_len; j++) {
+      i64 at = w + j;
+      if (circular && c_len > 0) at = ((at % c_len) + c_len) % c_len;
+      if (at < 0 || at >= c_len)
+        return kiln_uk_fail(a, KILN_UK_EINDEX, "write position %lld is outside the cache's %lld slots",
+                            (long long)at, (long long)c_len);
+    }
+  }
+  char *dst = (char *)a->out[0].data;
+  const char *upd = (const char *)a->in[1].data;
+  __builtin_memcpy(dst, a->in[0].data, (size_t)(batch * mid * c_len * inner));
+  for (i64 b = 0; b < batch; b++) {
+    i64 w = wt ? kiln_load_i64(wt->data, wt->dtype, b) : 0;
+    for (i64 m = 0; m < mid; m++) {
+      for (i64 j = 0; j < u_len; j++) {
+        i64 at = w + j;
+        if (circular && c_len > 0) at = ((at % c_len) + c_len) % c_len;
+        __builtin_memcpy(dst + ((b * mid + m) * c_len + at) * inner, upd + ((b * mid + m) * u_len + j) * inner,
+                         (size_t)inner);
+      }
+    }
+  }
+  return KILN_UK_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * MaxUnpool. iattr: [rank, natural[rank], out[rank]]: indices address the natural unpooled
+ * shape; a larger output pads each axis at its end. Inputs: X, I (i64, X's shape). */
+int32_t kiln_uk_max_unpool(const kiln_uk_args *a) {
+  i64 r = a->iattr[0];
+  const i64 *nat = a->iattr + 1, *os = nat + r;
+  i64 es = kiln_dtype_size(a->out[0].dtype);
+  i64 nat_len = 1;
+  for (i64 k = 0; k < r; k++) nat_len *= nat[k];
+  const kiln_tensor *it = &a->in[1];
+  for (i64 e = 0; e < it->numel; e++) {
+    i64 i = kiln_load_i64(it->data, it->dtype, e);
+    if (i < 0 || i >= nat_len)
+      return kiln_uk_fail(a, KILN_UK_EINDEX, "index %lld out of range [0, %lld)", (long long)i, (long long)nat_len);
+  }
+  char *dst = (char *)a->out[0].data;
+  const char *src = (const char *)a->in[0].data;
+  __builtin_memset(dst, 0, (size_t)(a->out[0].numel * es));
+  for (i64 e = 0; e < it->numel; e++) {
+    i64 i = kiln_load_i64(it->data, it->dtype, e), off = 0, mul = 1;
+    for (i64 k = r - 1; k >= 0; k--) {
+      off += (i % nat[k]) * mul;
+      i /= nat[k];
+      mul *= os[k];
+    }
+    mv_copy_elem(dst + off * es, src + e * es, es);
+  }
+  return KILN_UK_OK;
+}
+
+/* AffineGrid. iattr: [r (2 or 3), align_corners, spatial[r]]. Inputs: theta [N, r, r+1], size.
+   Output [N, spatial..., r]: theta times the homogeneous base coordinate of every point. */
+KILN_UK_INLINE double mv_base_coord(i64 len, i64 i, i64 align) {
+  if (align) return len == 1 ? -1.0 : -1.0 + (double)i * (2.0 / (double)(len - 1));
+  double step = 2.0 / (double)len;
+  return -1.0 + step / 2.0 + (double)i * step;
+}
+
+int32_t kiln_uk_affine_grid(const kiln_uk_args *a) {
+  i64 r = a->iattr[0], align = a->iattr[1];
+  const i64 *sp = a->iattr + 2;
+  const kiln_tensor *th = &a->in[0];
+  i64 n = th->dims[0], points = 1;
+  for (i64 k = 0; k < r; k++) points *= sp[k];
+  i64 dt = a->out[0].dtype, o = 0;
+  for (i64 b = 0; b < n; b++) {
+    i64 tb = b * r * (r + 1);
+    for (i64 p = 0; p < points; p++) {
+      double homo[4];
+      i64 rem = p;
+      for (i64 ax = r - 1; ax >= 0; ax--) {
+        /* Coordinate component k varies along spatial axis r-1-k. */
+        homo[r - 1 - ax] = mv_base_coord(sp[ax], rem % sp[ax], align);
+        rem /= sp[ax];
+      }
+      homo[r] = 1.0;
+      for (i64 row = 0; row < r; row++) {
+        double s = 0;
+        for (i64 k = 0; k <= r; k++) s += kiln_load_f64(th->data, th->dtype, tb + row * (r + 1) + k) * homo[k];
+        kiln_store_f64(a->out[0].data, dt, o++, s);
+      }
+    }
+  }
+  return KILN_UK_OK;
+}
+
+/* GridSample. iattr: [r (spatial rank, <= 4), mode (0 linear, 1 nearest, 2 cubic), padding
+   (0 zeros, 1 border, 2 reflection), align_corners]. Inputs: X [N, C, D1..Dr], grid
+   [N, O1..Or, r]. Follows ir's vision/sample.rs (the ONNX reference). */
+#define MV_GS_MAX_RANK 4
+
+KILN_UK_INLINE double mv_gs_reflect(double x, double lo, double hi) {
+  double range = hi - lo;
+  if (range <= 0) return lo;
+  if (x < lo || x > hi) {
+    double dx = x < lo ? lo - x : x - hi;
+    double near = x < lo ? lo : hi, far = x < lo ? hi : lo, sign = x < lo ? 1.0 : -1.0;
+    double nf = __builtin_trunc(dx / range), rr = dx - nf * range;
+    return __builtin_fmod(nf, 2.0) == 0 ? near + sign * rr : far - sign * rr;
+  }
+  return x;
+}
+
+/* Rust's saturating `as i64`: NaN is 0. */
+KILN_UK_INLINE i64 mv_f2i(double v) {
+  if (v != v) return 0;
+  if (v <= -9.2e18) return INT64_MIN / 2;
+  if (v >= 9.2e18) return INT64_MAX / 2;
+  return (i64)v;
+}
+
+int32_t kiln_uk_grid_sample(const kiln_uk_args *a) {
+  i64 r = a->iattr[0], mode = a->iattr[1], padding = a->iattr[2], align = a->iattr[3];
+  const kiln_tensor *x = &a->in[0], *g = &a->in[1];
+  i64 n = x->dims[0], c = x->dims[1], plane = 1, points = 1;
+  i64 len[MV_GS_MAX_RANK];
+  double lo[MV_GS_MAX_RANK], hi[MV_GS_MAX_RANK];
+  for (i64 k = 0; k < r; k++) {
+    len[k] = x->dims[2 + k];
+    plane *= len[k];
+    points *= g->dims[1 + k];
+    lo[k] = align ? 0.0 : -0.5;
+    hi[k] = align ? (double)len[k] - 1.0 : (double)len[k] - 0.5;
+  }
+  i64 dt = a->out[0].dtype;
+  i64 ntaps = mode == 0 ? 2 : mode == 1 ? 1 : 4;
+  for (i64 b = 0; b < n; b++) {
+    for (i64 p = 0; p < points; p++) {
+      /* Per axis: tap indices into the plane (-1: a zero read) and weights. */
+      i64 tidx[MV_GS_MAX_RANK][4];
+      double tw[MV_GS_MAX_RANK][4];
+      for (i64 i = 0; i < r; i++) {
+        float gv = (float)kiln_load_f64(g->data, g->dtype, (b * points + p) * r + (r - 1 - i));
+        float fl = (float)len[i];
+        double v = align ? (double)((gv + 1.0f) / 2.0f * (fl - 1.0f)) : (double)(((gv + 1.0f) * fl - 1.0f) / 2.0f);
+        if (mode == 1) v = __builtin_rint(v);
+        if (v < lo[i] || v > hi[i]) {
+          if (padding == 1)
+            v = v < 0 ? 0 : v > (double)len[i] - 1 ? (double)len[i] - 1 : v;
+          else if (padding == 2)
+            v = mv_gs_reflect(v, lo[i], hi[i]);
+        }
+        v = (double)(float)v;
+        i64 base;
+        if (mode == 1) {
+          tidx[i][0] = mv_f2i(v);
+          tw[i][0] = 1.0;
+        } else if (mode == 0) {
+          double x0 = __builtin_floor(v), t = v - x0;
+          base = mv_f2i(x0);
+          tidx[i][0] = base;
+          tidx[i][1] = base + 1;
+          tw[i][0] = 1.0 - t;
+          tw[i][1] = t;
+        } else {
+          const double A = -0.75;
+          double x0 = __builtin_floor(v), xx = __builtin_fabs(v - x0);
+          base = mv_f2i(x0);
+          tw[i][0] = ((A * (xx + 1.0) - 5.0 * A) * (xx + 1.0) + 8.0 * A) * (xx + 1.0) - 4.0 * A;
+          tw[i][1] = ((A + 2.0) * xx - (A + 3.0)) * xx * xx + 1.0;
+          tw[i][2] = ((A + 2.0) * (1.0 - xx) - (A + 3.0)) * (1.0 - xx) * (1.0 - xx) + 1.0;
+          tw[i][3] = ((A * (2.0 - xx) - 5.0 * A) * (2.0 - xx) + 8.0 * A) * (2.0 - xx) - 4.0 * A;
+          for (i64 k = 0; k < 4; k++) tidx[i][k] = base + k - 1;
+        }
+        for (i64 k = 0; k < ntaps; k++) {
+          i64 t = tidx[i][k], last = len[i] - 1;
+          if (padding == 0)
+            t = t >= 0 && t <= last ? t : -1;
+          else if (padding == 1)
+            t = t < 0 ? 0 : t > last ? last : t;
+          else {
+            t = mv_f2i(mv_gs_reflect((double)t, lo[i], hi[i]));
+            t = t < 0 ? 0 : t > last ? last : t;
+          }
+          tidx[i][k] = t;
+        }
+      }
+      i64 combos = 1;
+      for (i64 i = 0; i < r; i++) combos *= ntaps;
+      for (i64 ch = 0; ch < c; ch++) {
+        i64 pbase = (b * c + ch) * plane;
+        double sum = 0;
+        for (i64 cb = 0; cb < combos; cb++) {
+          i64 flat = 0, rem = cb, div = combos;
+          double w = 1.0;
+          int zero = 0;
+          for (i64 i = 0; i < r; i++) {
+            div /= ntaps;
+            i64 k = rem / div;
+            rem %= div;
+            i64 t = tidx[i][k];
+            if (t < 0) {
+              zero = 1;
+              break;
+            }
+            flat = flat * len[i] + t;
+            w *= tw[i][k];
+          }
+          if (!zero) sum += w * kiln_load_f64(x->data, x->dtype, pbase + flat);
+        }
+        kiln_store_f64(a->out[0].data, dt, (b * c + ch) * points + p, sum);
+      }
+    }
   }
   return KILN_UK_OK;
 }

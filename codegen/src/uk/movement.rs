@@ -9,7 +9,10 @@
 use super::UkCall;
 use crate::error::Result;
 use crate::node::NodeInfo;
-use kiln_ir::{Op, PadMode, ScatterReduction, Tensor};
+use kiln_ir::{
+    AspectRatioPolicy, CoordTransform, DType, GridMode, GridPadding, MiscOp, NearestMode, Op, PadMode,
+    ResizeAttrs, ResizeMode, ScatterReduction, Tensor, TensorData, VisionOp,
+};
 
 /// Must match MV_MAX_RANK in movement.c.
 const MAX_RANK: usize = 32;
@@ -38,6 +41,98 @@ pub fn lower(node: &NodeInfo) -> Result<Option<UkCall>> {
         Op::Trilu { upper } => trilu(node, *upper)?,
         Op::Range => UkCall::new("range"),
         Op::OneHot { axis } => one_hot(node, *axis)?,
+        Op::Resize(a) => resize(node, a)?,
+        Op::Vision(VisionOp::MaxUnpool {
+            kernel_shape,
+            strides,
+            pads,
+        }) => {
+            let xs = node.input_shape(0)?;
+            let os = node.output_shape(0)?;
+            let n = kernel_shape.len();
+            if xs.len() < 3 || xs.len() - 2 != n {
+                return Err(node.unsupported("X must be [N, C, spatial...] matching kernel_shape"));
+            }
+            let mut natural = xs[..2].to_vec();
+            for i in 0..n {
+                let stride = strides.get(i).copied().unwrap_or(1);
+                let (pb, pe) = (
+                    pads.get(i).copied().unwrap_or(0),
+                    pads.get(n + i).copied().unwrap_or(0),
+                );
+                let e = (xs[2 + i].saturating_sub(1) * stride + kernel_shape[i])
+                    .checked_sub(pb + pe)
+                    .ok_or_else(|| node.unsupported("invalid unpooled extent"))?;
+                natural.push(e);
+            }
+            if os.len() != natural.len() || os.iter().zip(&natural).any(|(o, n)| o < n) {
+                return Err(node.unsupported("output_shape is smaller than the unpooled shape"));
+            }
+            let mut iattr = vec![natural.len() as i64];
+            iattr.extend(natural.iter().map(|&d| d as i64));
+            iattr.extend(os.iter().map(|&d| d as i64));
+            UkCall::new("max_unpool").iattr(iattr)
+        }
+        Op::Vision(VisionOp::AffineGrid { align_corners }) => {
+            let os = node.output_shape(0)?;
+            let r = os.len().saturating_sub(2);
+            if !(2..=3).contains(&r) {
+                return Err(node.unsupported("AffineGrid is 2-D or 3-D"));
+            }
+            let mut iattr = vec![r as i64, *align_corners as i64];
+            iattr.extend(os[1..=r].iter().map(|&d| d as i64));
+            UkCall::new("affine_grid").iattr(iattr)
+        }
+        Op::Vision(VisionOp::GridSample {
+            mode,
+            padding,
+            align_corners,
+        }) => {
+            let xs = node.input_shape(0)?;
+            let r = xs.len().saturating_sub(2);
+            if !(1..=4).contains(&r) {
+                return Err(node.unsupported(format!("{r} spatial axes (the kernel takes 1 to 4)")));
+            }
+            if xs[2..].contains(&0) && numel(&node.output_shape(0)?) > 0 {
+                return Err(node.unsupported("cannot sample from an empty spatial extent"));
+            }
+            let mode = match mode {
+                GridMode::Linear => 0,
+                GridMode::Nearest => 1,
+                GridMode::Cubic => 2,
+            };
+            let padding = match padding {
+                GridPadding::Zeros => 0,
+                GridPadding::Border => 1,
+                GridPadding::Reflection => 2,
+            };
+            UkCall::new("grid_sample").iattr([r as i64, mode, padding, *align_corners as i64])
+        }
+        Op::Misc(MiscOp::ReverseSequence { batch_axis, .. }) => {
+            let s = node.input_shape(0)?;
+            if s.len() < 2 || *batch_axis > 1 {
+                return Err(node.unsupported("batch_axis/time_axis must be 0 and 1 of a rank >= 2 input"));
+            }
+            let inner = numel(&s[2..]) as i64 * elem_size(node);
+            UkCall::new("reverse_sequence").iattr([*batch_axis as i64, s[0] as i64, s[1] as i64, inner])
+        }
+        Op::Misc(MiscOp::TensorScatter { circular, axis }) => {
+            let cs = node.input_shape(0)?;
+            let us = node.input_shape(1)?;
+            let a = norm_axis(node, *axis, cs.len())?;
+            if a == 0 || us.len() != cs.len() {
+                return Err(node.unsupported(format!("update {us:?} does not match cache {cs:?}")));
+            }
+            let inner = numel(&cs[a + 1..]) as i64 * elem_size(node);
+            UkCall::new("tensor_scatter").iattr([
+                cs[0] as i64,
+                numel(&cs[1..a]) as i64,
+                us[a] as i64,
+                cs[a] as i64,
+                inner,
+                *circular as i64,
+            ])
+        }
         _ => return Ok(None),
     };
     Ok(Some(call))
@@ -524,21 +619,9 @@ fn pad(node: &NodeInfo, mode: PadMode) -> Result<UkCall> {
         iattr.extend(&m);
         last = m;
     }
-    // The longest run of consecutive source indices on the last axis becomes one memcpy.
-    let (mut best, mut j) = ((0, 0), 0);
-    while j < last.len() {
-        let mut e = j + 1;
-        if last[j] >= 0 {
-            while e < last.len() && last[e] == last[e - 1] + 1 {
-                e += 1;
-            }
-            if e - j > best.1 - best.0 {
-                best = (j, e);
-            }
-        }
-        j = e;
-    }
-    iattr.extend([best.0 as i64, best.1 as i64]);
+    let (lo, hi) = longest_run(&last);
+    // Fill from the constant_value input (or zero).
+    iattr.extend([lo, hi, 0, 0]);
     Ok(UkCall::new("gather_axes").iattr(iattr))
 }
 
@@ -560,4 +643,443 @@ fn trilu(node: &NodeInfo, upper: bool) -> Result<UkCall> {
     }
     let (rows, cols) = (s[s.len() - 2], s[s.len() - 1]);
     Ok(UkCall::new("trilu").iattr([upper as i64, 0, rows as i64, cols as i64]))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Resize. Scales, sizes and roi are known, so the whole geometry (which source indices and
+// weights each output position uses) is computed here, ported from ir's `ops/resize.rs`; the C
+// kernel only applies it. Nearest mode is a per-axis index map (`gather_axes`); linear and
+// cubic run one separable pass per resized axis in f64 and cast once, as the reference does.
+
+struct AxisPlan {
+    out: usize,
+    scale: f64,
+    roi: (f64, f64),
+}
+
+fn resize_axes(node: &NodeInfo, a: &ResizeAttrs, rank: usize) -> Result<Vec<usize>> {
+    if a.axes.is_empty() {
+        return Ok((0..rank).collect());
+    }
+    a.axes.iter().map(|&x| norm_axis(node, x, rank)).collect()
+}
+
+/// A known input, None when absent or empty (an empty tensor counts as absent).
+fn present<'g>(node: &NodeInfo<'g>, i: usize, what: &str) -> Result<Option<&'g Tensor>> {
+    if !node.has_input(i) {
+        return Ok(None);
+    }
+    if node.input_type(i).and_then(|t| t.num_elements()) == Some(0) {
+        return Ok(None);
+    }
+    match node.known(i) {
+        Some(t) if t.is_empty() => Ok(None),
+        Some(t) => Ok(Some(t)),
+        None => Err(node.unsupported(format!("{what} must be known at compile time"))),
+    }
+}
+
+fn plan_axes(
+    a: &ResizeAttrs,
+    dims: &[usize],
+    axes: &[usize],
+    scales: Option<&[f64]>,
+    sizes: Option<&[i64]>,
+    roi: Option<&[f64]>,
+) -> Option<Vec<AxisPlan>> {
+    let mut plan: Vec<AxisPlan> = dims
+        .iter()
+        .map(|&d| AxisPlan {
+            out: d,
+            scale: 1.0,
+            roi: (0.0, 1.0),
+        })
+        .collect();
+    if let Some(roi) = roi {
+        if roi.len() != 2 * axes.len() {
+            return None;
+        }
+        for (i, &ax) in axes.iter().enumerate() {
+            plan[ax].roi = (roi[i], roi[axes.len() + i]);
+        }
+    }
+    if let Some(scales) = scales {
+        if scales.len() != axes.len() {
+            return None;
+        }
+        for (&ax, &s) in axes.iter().zip(scales) {
+            plan[ax].out = (s * dims[ax] as f64).floor() as usize;
+            plan[ax].scale = s;
+        }
+    } else {
+        let sizes = sizes?;
+        if sizes.len() != axes.len() {
+            return None;
+        }
+        for (&ax, &s) in axes.iter().zip(sizes) {
+            plan[ax].out = usize::try_from(s).ok()?;
+            plan[ax].scale = s as f64 / dims[ax] as f64;
+        }
+        let pick = |f: fn(f64, f64) -> f64| axes.iter().map(|&ax| plan[ax].scale).reduce(f);
+        let scale = match a.keep_aspect_ratio_policy {
+            AspectRatioPolicy::Stretch => None,
+            AspectRatioPolicy::NotLarger => pick(f64::min),
+            AspectRatioPolicy::NotSmaller => pick(f64::max),
+        };
+        if let Some(scale) = scale {
+            for &ax in axes {
+                plan[ax].scale = scale;
+                plan[ax].out = (scale * dims[ax] as f64 + 0.5) as usize;
+            }
+        }
+    }
+    Some(plan)
+}
+
+fn round_to(dtype: DType, v: f64) -> f64 {
+    match dtype {
+        DType::F32 => v as f32 as f64,
+        DType::F16 => half::f16::from_f64(v).to_f64(),
+        DType::BF16 => half::bf16::from_f64(v).to_f64(),
+        _ => v,
+    }
+}
+
+fn is_identity(p: &AxisPlan, input: usize, crop: bool) -> bool {
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs());
+    close(p.scale, 1.0) && p.out == input && (!crop || (p.roi.0 == 0.0 && close(p.roi.1, 1.0)))
+}
+
+fn source_coord(a: &ResizeAttrs, roi_dtype: DType, p: &AxisPlan, input: usize, y: usize) -> (f64, bool) {
+    let y = y as f64;
+    let scale = p.scale;
+    let in_w = input as f64;
+    let out_w = scale * in_w;
+    let x = match a.coord {
+        CoordTransform::AlignCorners if out_w == 1.0 => 0.0,
+        CoordTransform::AlignCorners => y * (in_w - 1.0) / (out_w - 1.0),
+        CoordTransform::Asymmetric => y / scale,
+        CoordTransform::PytorchHalfPixel if out_w == 1.0 => -0.5,
+        CoordTransform::PytorchHalfPixel | CoordTransform::HalfPixel => (y + 0.5) / scale - 0.5,
+        CoordTransform::HalfPixelSymmetric => {
+            let adjustment = p.out as f64 / out_w;
+            let center = in_w / 2.0;
+            let offset = center * (1.0 - adjustment);
+            offset + (y + 0.5) / scale - 0.5
+        }
+        CoordTransform::TfHalfPixelForNn => (y + 0.5) / scale,
+        CoordTransform::TfCropAndResize => {
+            let r = |v: f64| round_to(roi_dtype, v);
+            let (r0, r1) = p.roi;
+            let span = r(r1 - r0);
+            let x = if out_w == 1.0 {
+                r(r(span * (in_w - 1.0)) / 2.0)
+            } else {
+                y * span * (in_w - 1.0) / (out_w - 1.0)
+            };
+            let x = x + r(r0 * (in_w - 1.0));
+            return (x, x < 0.0 || x > in_w - 1.0);
+        }
+    };
+    (x, false)
+}
+
+fn nearest_index(mode: NearestMode, x: f64, scale: f64, input: usize) -> usize {
+    let fl = x.floor();
+    let idx = if x == fl {
+        fl
+    } else {
+        let ratio = x - fl;
+        let up = match mode {
+            NearestMode::RoundPreferFloor => ratio > 0.5,
+            NearestMode::RoundPreferCeil => ratio >= 0.5,
+            NearestMode::Floor => false,
+            NearestMode::Ceil => true,
+            NearestMode::Simple => scale < 1.0,
+        };
+        if up {
+            fl + 1.0
+        } else {
+            fl
+        }
+    };
+    idx.clamp(0.0, (input.max(1) - 1) as f64) as usize
+}
+
+/// `v` cast to `dtype` as the reference's `saturate_cast`, as little-endian bits.
+fn saturated_bits(dtype: DType, v: f64) -> i64 {
+    let v = if dtype.is_int() {
+        v.round_ties_even()
+    } else {
+        let max = match dtype {
+            DType::F16 => 65504.0,
+            DType::BF16 => 3.3895313892515355e38,
+            DType::F32 => f32::MAX as f64,
+            _ => f64::MAX,
+        };
+        if v.is_nan() {
+            v
+        } else {
+            v.clamp(-max, max)
+        }
+    };
+    let bytes = Tensor::new(vec![1], TensorData::from_f64s(dtype, [v]))
+        .map(|t| t.to_le_bytes())
+        .unwrap_or_default();
+    let mut bits = [0u8; 8];
+    let n = bytes.len().min(8);
+    bits[..n].copy_from_slice(&bytes[..n]);
+    i64::from_le_bytes(bits)
+}
+
+fn linear_coeffs(ratio: f64, scale: f64, antialias: bool) -> Vec<f64> {
+    if !antialias {
+        return vec![1.0 - ratio, ratio];
+    }
+    let s = scale.min(1.0);
+    let start = (-1.0 / s).floor() as i64 + 1;
+    let footprint = 2 - 2 * start;
+    let c: Vec<f64> = (start..start + footprint)
+        .map(|i| (1.0 - ((i as f64 - ratio) * s).abs()).clamp(0.0, 1.0))
+        .collect();
+    let sum: f64 = c.iter().sum();
+    c.into_iter().map(|v| v / sum).collect()
+}
+
+fn cubic_coeffs(ratio: f64, scale: f64, a: f32, antialias: bool) -> Vec<f64> {
+    if !antialias {
+        let t = (ratio + 1.0) as f32;
+        let r = ratio as f32;
+        let u = (1.0 - ratio) as f32;
+        let v = ((1.0 - ratio) + 1.0) as f32;
+        let c = [
+            ((a * t - 5.0 * a) * t + 8.0 * a) * t - 4.0 * a,
+            ((a + 2.0) * r - (a + 3.0)) * r * r + 1.0,
+            ((a + 2.0) * u - (a + 3.0)) * u * u + 1.0,
+            ((a * v - 5.0 * a) * v + 8.0 * a) * v - 4.0 * a,
+        ];
+        return c.iter().map(|&x| x as f64).collect();
+    }
+    let s = scale.min(1.0);
+    let kernel = |x: f64| -> Option<f32> {
+        let x = x.abs();
+        let x2 = x * x;
+        let x3 = x * x2;
+        let (x, x2, x3) = (x as f32, x2 as f32, x3 as f32);
+        if x <= 1.0 {
+            Some((a + 2.0) * x3 - (a + 3.0) * x2 + 1.0)
+        } else if x < 2.0 {
+            Some(a * x3 - 5.0 * a * x2 + 8.0 * a * x - 4.0 * a)
+        } else {
+            None
+        }
+    };
+    let i_start = (-2.0 / s).floor() as i64 + 1;
+    let i_end = 2 - i_start;
+    let c: Vec<Option<f32>> = (i_start..i_end).map(|i| kernel(s * (i as f64 - ratio))).collect();
+    let sum = c.iter().fold(0.0f32, |acc, x| acc + x.unwrap_or(0.0));
+    let all_f32 = c.iter().all(Option::is_some);
+    c.iter()
+        .map(|x| {
+            let x = x.unwrap_or(0.0);
+            if all_f32 {
+                (x / sum) as f64
+            } else {
+                x as f64 / sum as f64
+            }
+        })
+        .collect()
+}
+
+/// Taps of every output position along one axis: (outside the crop region, source indices
+/// clamped to the input, coefficients).
+#[allow(clippy::type_complexity)]
+fn axis_taps(
+    node: &NodeInfo,
+    a: &ResizeAttrs,
+    roi_dtype: DType,
+    p: &AxisPlan,
+    input: usize,
+) -> Result<Vec<(bool, Vec<i64>, Vec<f64>)>> {
+    let support = if a.mode == ResizeMode::Cubic { 2.0 } else { 1.0 };
+    let width = if a.antialias {
+        2.0 - 2.0 * ((-support / p.scale.min(1.0)).floor() + 1.0)
+    } else {
+        2.0 * support
+    };
+    if width.is_nan() || width > 4.0 * input as f64 + 16.0 {
+        return Err(node.unsupported(format!("interpolation kernel of {width} taps is too wide")));
+    }
+    let mut taps = Vec::with_capacity(p.out);
+    for y in 0..p.out {
+        let (x, outside) = source_coord(a, roi_dtype, p, input, y);
+        if !x.is_finite() {
+            return Err(node.unsupported("resize coordinate is not finite"));
+        }
+        let x_int = x.floor();
+        let ratio = if x == x_int { 1.0 } else { x - x_int };
+        let mut coeff = match a.mode {
+            ResizeMode::Cubic => cubic_coeffs(ratio, p.scale, a.cubic_coeff_a, a.antialias),
+            _ => linear_coeffs(ratio, p.scale, a.antialias),
+        };
+        let n = coeff.len() as i64;
+        let pad = (n + 1) / 2;
+        let xp = x + pad as f64;
+        let pf = xp.floor();
+        let frac = xp - pf;
+        let offset = if n % 2 == 0 {
+            if frac == 0.0 {
+                -(n / 2)
+            } else {
+                -(n / 2) + 1
+            }
+        } else {
+            let base = -((n - 1) / 2);
+            if frac <= 0.5 {
+                base
+            } else {
+                base + 1
+            }
+        };
+        let start = (pf as i64).saturating_add(offset).saturating_sub(pad);
+        let raw: Vec<i64> = (0..n).map(|k| start.saturating_add(k)).collect();
+        if a.exclude_outside {
+            for (c, &i) in coeff.iter_mut().zip(&raw) {
+                if i < 0 || i >= input as i64 {
+                    *c = 0.0;
+                }
+            }
+            let sum: f64 = coeff.iter().sum();
+            let sum = if sum == 0.0 { 1.0 } else { sum };
+            coeff.iter_mut().for_each(|c| *c /= sum);
+        }
+        let idx = raw.iter().map(|&i| i.clamp(0, input as i64 - 1)).collect();
+        taps.push((outside, idx, coeff));
+    }
+    Ok(taps)
+}
+
+fn resize(node: &NodeInfo, a: &ResizeAttrs) -> Result<UkCall> {
+    let in_shape = node.input_shape(0)?;
+    let out_shape = node.output_shape(0)?;
+    let rank = in_shape.len();
+    if rank > MAX_RANK {
+        return Err(node.unsupported(format!("rank {rank} exceeds the kernel's {MAX_RANK}")));
+    }
+    let axes = resize_axes(node, a, rank)?;
+    let roi_t = present(node, 1, "roi").unwrap_or(None);
+    let scales = present(node, 2, "scales")?.map(Tensor::to_f64_vec);
+    let sizes = present(node, 3, "sizes")?.map(|t| t.to_i64_vec());
+    let crop = a.coord == CoordTransform::TfCropAndResize;
+    let roi = if crop {
+        let t = present(node, 1, "roi")?
+            .ok_or_else(|| node.unsupported("tf_crop_and_resize needs the roi input"))?;
+        Some(t.to_f64_vec())
+    } else {
+        None
+    };
+    let plan = plan_axes(
+        a,
+        &in_shape,
+        &axes,
+        scales.as_deref(),
+        sizes.as_deref(),
+        roi.as_deref(),
+    )
+    .ok_or_else(|| node.unsupported("scales/sizes/roi do not match the resized axes"))?;
+    if plan.iter().map(|p| p.out).ne(out_shape.iter().copied()) {
+        return Err(node.unsupported("resize geometry disagrees with the output type"));
+    }
+    let roi_dtype = roi_t.map_or(DType::F32, |t| t.dtype());
+    let dtype = node.output_type(0).dtype;
+    let extrapolation = a.extrapolation_value as f64;
+    if a.mode == ResizeMode::Nearest {
+        if a.antialias {
+            return Err(node.unsupported("antialias is not defined for nearest mode"));
+        }
+        let esize = elem_size(node);
+        let mut iattr = vec![esize, rank as i64];
+        iattr.extend(out_shape.iter().map(|&d| d as i64));
+        iattr.extend(strides(&in_shape).iter().map(|&s| s * esize));
+        let mut last = vec![];
+        for (ax, p) in plan.iter().enumerate() {
+            let input = in_shape[ax];
+            let m: Vec<i64> = if !axes.contains(&ax) || is_identity(p, input, crop) {
+                (0..p.out as i64).collect()
+            } else {
+                (0..p.out)
+                    .map(|y| {
+                        let (c, outside) = source_coord(a, roi_dtype, p, input, y);
+                        if outside {
+                            -1
+                        } else {
+                            nearest_index(a.nearest_mode, c, p.scale, input) as i64
+                        }
+                    })
+                    .collect()
+            };
+            iattr.extend(&m);
+            last = m;
+        }
+        let (lo, hi) = longest_run(&last);
+        iattr.extend([lo, hi, 1, saturated_bits(dtype, extrapolation)]);
+        return Ok(UkCall::new("gather_axes").iattr(iattr));
+    }
+    // iattr: [rank, n_steps, in_dims[rank], per step: axis, out, n_taps, per output position:
+    // outside, idx[n_taps]]; fattr: [extrapolation, per step and position: coeff[n_taps]].
+    let mut iattr = vec![rank as i64, 0];
+    iattr.extend(in_shape.iter().map(|&d| d as i64));
+    let mut fattr = vec![extrapolation];
+    let mut shape = in_shape.clone();
+    let mut biggest = numel(&in_shape);
+    let mut steps = 0;
+    for &ax in &axes {
+        let p = &plan[ax];
+        let input = shape[ax];
+        if is_identity(p, input, crop) {
+            continue;
+        }
+        let taps = if input > 0 && numel(&shape) > 0 {
+            axis_taps(node, a, roi_dtype, p, input)?
+        } else {
+            vec![]
+        };
+        let n_taps = taps.first().map_or(0, |t| t.1.len());
+        iattr.extend([ax as i64, p.out as i64, n_taps as i64]);
+        if taps.len() == p.out {
+            for (outside, idx, coeff) in taps {
+                iattr.push(outside as i64);
+                iattr.extend(idx);
+                fattr.extend(coeff);
+            }
+        } else {
+            iattr.extend(std::iter::repeat_n(0, p.out * (n_taps + 1)));
+        }
+        shape[ax] = p.out;
+        biggest = biggest.max(numel(&shape));
+        steps += 1;
+    }
+    iattr[1] = steps;
+    Ok(UkCall::new("resize")
+        .iattr(iattr)
+        .fattr(fattr)
+        .scratch(2 * 8 * biggest as u64))
+}
+
+/// The longest run of consecutive source indices in a map (one memcpy in `gather_axes`).
+fn longest_run(m: &[i64]) -> (i64, i64) {
+    let (mut best, mut j) = ((0, 0), 0);
+    while j < m.len() {
+        let mut e = j + 1;
+        if m[j] >= 0 {
+            while e < m.len() && m[e] == m[e - 1] + 1 {
+                e += 1;
+            }
+            if e - j > best.1 - best.0 {
+                best = (j, e);
+            }
+        }
+        j = e;
+    }
+    (best.0 as i64, best.1 as i64)
 }
