@@ -580,3 +580,262 @@ int32_t kiln_uk_conv_integer(const kiln_uk_args *a) {
   kiln_rt_parallel_for(a->ctx, qconv_task, &j, j.N * j.M);
   return KILN_UK_OK;
 }
+
+/* =========================================================================================
+   Signal processing
+   =========================================================================================
+
+   The transforms sum directly over the twiddle table that codegen computes with kiln_ir's
+   exact unit roots (fattr: re, im per power, the sign of the direction baked in). */
+
+/* res[k] = sum_j buf[j] * w^(k j) for k < out_len; buf, res: n complex values (re, im). */
+static void dft_direct(const double *tw, int64_t n, const double *buf, double *res, int64_t out_len) {
+  for (int64_t k = 0; k < out_len; k++) {
+    double re = 0.0, im = 0.0;
+    int64_t e = 0;
+    for (int64_t j = 0; j < n; j++) {
+      const double br = buf[2 * j], bi = buf[2 * j + 1], wr = tw[2 * e], wi = tw[2 * e + 1];
+      re += br * wr - bi * wi;
+      im += br * wi + bi * wr;
+      /* e = k*j mod n, kept reduced so that it never overflows. */
+      e += k;
+      while (e >= n) e -= n;
+    }
+    res[2 * k] = re;
+    res[2 * k + 1] = im;
+  }
+}
+
+/* DFT. Inputs: input, dft_length?, axis? (both known at compile time and already applied).
+   iattr: [n, n_in, out_len, c_in, c_out, outer, inner, take, irfft, inverse]
+   fattr: twiddles (2n). scratch: outer * inner * 4n doubles. */
+typedef struct dft_job {
+  const kiln_uk_args *a;
+  int64_t n, n_in, out_len, c_in, c_out, inner, take, irfft, inverse;
+} dft_job;
+
+static void dft_task(void *data, int64_t lane, int64_t tid) {
+  (void)tid;
+  const dft_job *j = (const dft_job *)data;
+  const kiln_uk_args *a = j->a;
+  const kiln_tensor *X = &a->in[0], *Y = &a->out[0];
+  const int64_t n = j->n, o = lane / j->inner, i = lane % j->inner;
+  double *buf = (double *)a->scratch + lane * 4 * n, *res = buf + 2 * n;
+  for (int64_t k = 0; k < 2 * n; k++) buf[k] = 0.0;
+  for (int64_t k = 0; k < j->take; k++) {
+    const int64_t at = ((o * j->n_in + k) * j->inner + i) * j->c_in;
+    buf[2 * k] = ldf(X->data, X->dtype, at);
+    buf[2 * k + 1] = j->c_in == 2 ? ldf(X->data, X->dtype, at + 1) : 0.0;
+  }
+  if (j->irfft) {
+    /* Conjugate symmetry rebuilds the half the one-sided input lacks. */
+    for (int64_t k = 1; k < j->take; k++) {
+      const int64_t m = n - k;
+      if (m > n / 2) {
+        buf[2 * m] = buf[2 * k];
+        buf[2 * m + 1] = -buf[2 * k + 1];
+      }
+    }
+  }
+  dft_direct(a->fattr, n, buf, res, j->out_len);
+  const double scale = 1.0 / (double)n;
+  for (int64_t k = 0; k < j->out_len; k++) {
+    const int64_t at = ((o * j->out_len + k) * j->inner + i) * j->c_out;
+    double re = res[2 * k], im = res[2 * k + 1];
+    if (j->inverse) {
+      re *= scale;
+      im *= scale;
+    }
+    stf(Y->data, Y->dtype, at, re);
+    if (j->c_out == 2) stf(Y->data, Y->dtype, at + 1, im);
+  }
+}
+
+int32_t kiln_uk_dft(const kiln_uk_args *a) {
+  const int64_t *p = a->iattr;
+  dft_job j = {a, p[0], p[1], p[2], p[3], p[4], p[6], p[7], p[8], p[9]};
+  kiln_rt_parallel_for(a->ctx, dft_task, &j, p[5] * p[6]);
+  return KILN_UK_OK;
+}
+
+/* STFT. Inputs: signal [batch, len, c], frame_step (known), window? [fl], frame_length?.
+   iattr: [batch, len, c, fl, step, frames, bins]; fattr: twiddles (2 fl).
+   scratch: batch * frames * 4 fl doubles. */
+typedef struct stft_job {
+  const kiln_uk_args *a;
+  int64_t batch, len, c, fl, step, frames, bins;
+} stft_job;
+
+static void stft_task(void *data, int64_t task, int64_t tid) {
+  (void)tid;
+  const stft_job *j = (const stft_job *)data;
+  const kiln_uk_args *a = j->a;
+  const kiln_tensor *X = &a->in[0], *Y = &a->out[0];
+  const kiln_tensor *win = a->n_in > 2 && a->in[2].data ? &a->in[2] : 0;
+  const int64_t fl = j->fl, b = task / j->frames, f = task % j->frames;
+  double *buf = (double *)a->scratch + task * 4 * fl, *res = buf + 2 * fl;
+  for (int64_t t = 0; t < fl; t++) {
+    const int64_t at = (b * j->len + f * j->step + t) * j->c;
+    const double w = win ? ldf(win->data, win->dtype, t) : 1.0;
+    buf[2 * t] = ldf(X->data, X->dtype, at) * w;
+    buf[2 * t + 1] = (j->c == 2 ? ldf(X->data, X->dtype, at + 1) : 0.0) * w;
+  }
+  dft_direct(a->fattr, fl, buf, res, j->bins);
+  for (int64_t k = 0; k < j->bins; k++) {
+    const int64_t at = ((b * j->frames + f) * j->bins + k) * 2;
+    stf(Y->data, Y->dtype, at, res[2 * k]);
+    stf(Y->data, Y->dtype, at + 1, res[2 * k + 1]);
+  }
+}
+
+int32_t kiln_uk_stft(const kiln_uk_args *a) {
+  const int64_t *p = a->iattr;
+  stft_job j = {a, p[0], p[1], p[2], p[3], p[4], p[5], p[6]};
+  kiln_rt_parallel_for(a->ctx, stft_task, &j, j.batch * j.frames);
+  return KILN_UK_OK;
+}
+
+/* HannWindow / HammingWindow / BlackmanWindow. Inputs: size (known). Output [size].
+   iattr: [kind (0 Hann, 1 Hamming, 2 Blackman), size, periodic] */
+int32_t kiln_uk_window(const kiln_uk_args *a) {
+  const double pi = 3.141592653589793;
+  const int64_t kind = a->iattr[0], size = a->iattr[1];
+  /* A symmetric window of one point divides 0 by 0 (NaN), as the reference does. */
+  const double denom = (double)(a->iattr[2] ? size : (size > 0 ? size - 1 : 0));
+  const kiln_tensor *Y = &a->out[0];
+  for (int64_t i = 0; i < size; i++) {
+    const double n = (double)i;
+    double v;
+    if (kind == 0) {
+      const double s = __builtin_sin(pi * n / denom);
+      v = s * s;
+    } else if (kind == 1) {
+      const double alpha = 25.0 / 46.0;
+      v = alpha - (1.0 - alpha) * __builtin_cos(2.0 * pi * n / denom);
+    } else {
+      v = 0.42 - 0.5 * __builtin_cos(2.0 * pi * n / denom) + 0.08 * __builtin_cos(4.0 * pi * n / denom);
+    }
+    stf(Y->data, Y->dtype, i, v);
+  }
+  return KILN_UK_OK;
+}
+
+/* =========================================================================================
+   RoiAlign
+   =========================================================================================
+   Inputs: X [N, C, H, W], rois [R, 4], batch_indices [R]. Output [R, C, ph, pw].
+   iattr: [N, C, H, W, R, ph, pw, sampling_ratio, max_mode, half_pixel]; fattr: [spatial_scale] */
+
+typedef struct roi_tap {
+  int64_t pos[4];
+  double w[4];
+} roi_tap;
+
+/* The bilinear sample at (y, x) of an h x w plane, with the reference's edge rules. */
+KILN_UK_INLINE roi_tap roi_sample(double y, double x, int64_t h, int64_t w) {
+  roi_tap t = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+  if (y < -1.0 || y > (double)h || x < -1.0 || x > (double)w) return t;
+  y = y >= 0.0 ? y : 0.0; /* NaN becomes 0 too, like Rust's f64::max */
+  x = x >= 0.0 ? x : 0.0;
+  int64_t yl = (int64_t)y, xl = (int64_t)x, yh, xh;
+  if (yl >= h - 1) {
+    yl = yh = h - 1;
+    y = (double)yl;
+  } else {
+    yh = yl + 1;
+  }
+  if (xl >= w - 1) {
+    xl = xh = w - 1;
+    x = (double)xl;
+  } else {
+    xh = xl + 1;
+  }
+  const double ly = y - (double)yl, lx = x - (double)xl, hy = 1.0 - ly, hx = 1.0 - lx;
+  t.pos[0] = yl * w + xl;
+  t.pos[1] = yl * w + xh;
+  t.pos[2] = yh * w + xl;
+  t.pos[3] = yh * w + xh;
+  t.w[0] = hy * hx;
+  t.w[1] = hy * lx;
+  t.w[2] = ly * hx;
+  t.w[3] = ly * lx;
+  return t;
+}
+
+/* The sample count of one bin axis when sampling_ratio is 0: ceil(extent / bins), saturating
+   like Rust's float-to-int cast (NaN and negatives give 0). */
+KILN_UK_INLINE int64_t roi_grid(double extent, int64_t bins) {
+  const double g = __builtin_ceil(extent / (double)bins);
+  if (!(g > 0.0)) return 0;
+  return g >= 9.2e18 ? INT64_MAX : (int64_t)g;
+}
+
+typedef struct roi_job {
+  const kiln_uk_args *a;
+  int64_t N, C, H, W, R, ph, pw, ratio, max_mode, half_pixel;
+  double scale;
+} roi_job;
+
+static void roi_task(void *data, int64_t task, int64_t tid) {
+  (void)tid;
+  const roi_job *j = (const roi_job *)data;
+  const kiln_uk_args *a = j->a;
+  const kiln_tensor *X = &a->in[0], *rois = &a->in[1], *bi = &a->in[2], *Y = &a->out[0];
+  const int64_t r = task / j->C, ch = task % j->C;
+  const int64_t b = kiln_load_i64(bi->data, bi->dtype, r);
+  const double off = j->half_pixel ? 0.5 : 0.0;
+  const double x0 = ldf(rois->data, rois->dtype, 4 * r) * j->scale - off;
+  const double y0 = ldf(rois->data, rois->dtype, 4 * r + 1) * j->scale - off;
+  double rw = ldf(rois->data, rois->dtype, 4 * r + 2) * j->scale - off - x0;
+  double rh = ldf(rois->data, rois->dtype, 4 * r + 3) * j->scale - off - y0;
+  if (!j->half_pixel) {
+    rw = rw >= 1.0 ? rw : 1.0;
+    rh = rh >= 1.0 ? rh : 1.0;
+  }
+  const double bin_h = rh / (double)j->ph, bin_w = rw / (double)j->pw;
+  const int64_t gh = j->ratio > 0 ? j->ratio : roi_grid(rh, j->ph);
+  const int64_t gw = j->ratio > 0 ? j->ratio : roi_grid(rw, j->pw);
+  const double count = (double)(gh * gw > 0 ? gh * gw : 1);
+  const int64_t plane = (b * j->C + ch) * j->H * j->W;
+  for (int64_t py = 0; py < j->ph; py++) {
+    for (int64_t px = 0; px < j->pw; px++) {
+      double acc = 0.0;
+      int any = 0;
+      for (int64_t iy = 0; iy < gh; iy++) {
+        const double yy = y0 + (double)py * bin_h + ((double)iy + 0.5) * bin_h / (double)gh;
+        for (int64_t ix = 0; ix < gw; ix++) {
+          const double xx = x0 + (double)px * bin_w + ((double)ix + 0.5) * bin_w / (double)gw;
+          const roi_tap t = roi_sample(yy, xx, j->H, j->W);
+          if (j->max_mode) {
+            /* The largest weighted corner, as the reference and onnxruntime do. */
+            double m = -__builtin_inf();
+            for (int k = 0; k < 4; k++) {
+              const double v = t.w[k] * ldf(X->data, X->dtype, plane + t.pos[k]);
+              m = (v > m || m != m) ? v : m;
+            }
+            acc = (!any || m > acc || acc != acc) ? m : acc;
+            any = 1;
+          } else {
+            for (int k = 0; k < 4; k++) acc += t.w[k] * ldf(X->data, X->dtype, plane + t.pos[k]);
+          }
+        }
+      }
+      const double v = j->max_mode ? (any ? acc : 0.0) : acc / count;
+      stf(Y->data, Y->dtype, (r * j->C + ch) * j->ph * j->pw + py * j->pw + px, v);
+    }
+  }
+}
+
+int32_t kiln_uk_roi_align(const kiln_uk_args *a) {
+  const int64_t *p = a->iattr;
+  roi_job j = {a, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], a->fattr[0]};
+  const kiln_tensor *bi = &a->in[2];
+  for (int64_t r = 0; r < j.R; r++) {
+    const int64_t b = kiln_load_i64(bi->data, bi->dtype, r);
+    if (b < 0 || b >= j.N)
+      return kiln_uk_fail(a, KILN_UK_EINDEX, "RoiAlign batch index %lld is out of range for %lld images",
+                          (long long)b, (long long)j.N);
+  }
+  kiln_rt_parallel_for(a->ctx, roi_task, &j, j.R * j.C);
+  return KILN_UK_OK;
+}

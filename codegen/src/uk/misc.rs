@@ -5,12 +5,52 @@
 use super::UkCall;
 use crate::error::Result;
 use crate::node::NodeInfo;
-use kiln_ir::{Activation, AutoPad, ConvAttrs, DType, Op, QuantOp, RnnAttrs, RnnDirection, RnnKind};
+use kiln_ir::{
+    Activation, AutoPad, ConvAttrs, DType, Op, QuantOp, RnnAttrs, RnnDirection, RnnKind, RoiPoolMode,
+    SignalOp, VisionOp,
+};
 
 pub fn lower(node: &NodeInfo) -> Result<Option<UkCall>> {
     match node.op() {
         Op::Rnn(a) => rnn(node, a).map(Some),
         Op::Quant(q) => quant(node, q),
+        Op::Signal(x) => signal(node, x),
+        Op::Vision(VisionOp::RoiAlign {
+            mode,
+            output_height,
+            output_width,
+            sampling_ratio,
+            spatial_scale,
+            half_pixel,
+        }) => {
+            let x = node.input_shape(0)?;
+            let rois = node.input_shape(1)?;
+            let y = node.output_shape(0)?;
+            if x.len() != 4 || rois.len() != 2 || rois[1] != 4 {
+                return Err(node.unsupported(format!(
+                    "X {x:?} and rois {rois:?} must be [N, C, H, W] and [R, 4]"
+                )));
+            }
+            if (x[2] == 0 || x[3] == 0) && y.iter().product::<usize>() > 0 {
+                return Err(node.unsupported(format!("X has an empty spatial extent {x:?}")));
+            }
+            Ok(Some(
+                UkCall::new("roi_align")
+                    .iattr([
+                        x[0] as i64,
+                        x[1] as i64,
+                        x[2] as i64,
+                        x[3] as i64,
+                        rois[0] as i64,
+                        *output_height as i64,
+                        *output_width as i64,
+                        *sampling_ratio as i64,
+                        (*mode == RoiPoolMode::Max) as i64,
+                        *half_pixel as i64,
+                    ])
+                    .fattr([f64::from(*spatial_scale)]),
+            ))
+        }
         _ => Ok(None),
     }
 }
@@ -446,4 +486,151 @@ fn conv_integer(node: &NodeInfo, a: &ConvAttrs, q: bool) -> Result<UkCall> {
         .iattr(dims(&dil))
         .iattr(pads)
         .scratch(scratch))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Signal processing
+
+/// The integer value of input `i`, which must be known at compile time.
+fn known_int(node: &NodeInfo, i: usize, what: &str) -> Result<Option<i64>> {
+    if !node.has_input(i) {
+        return Ok(None);
+    }
+    let t = node
+        .known(i)
+        .ok_or_else(|| node.unsupported(format!("{what} must be known at compile time")))?;
+    match t.to_i64_vec().as_slice() {
+        [v] => Ok(Some(*v)),
+        _ => Err(node.unsupported(format!("{what} must be a scalar"))),
+    }
+}
+
+/// `(cos θ, sin θ)` for `θ = 2πk/n`, reduced by symmetry to `θ ≤ π/4` exactly as kiln_ir's
+/// reference does, so quarter turns are exact and the results agree bit for bit.
+fn unit_root(k: u128, n: u128) -> (f64, f64) {
+    if 2 * k > n {
+        let (c, s) = unit_root(n - k, n);
+        return (c, -s);
+    }
+    if 4 * k > n {
+        let (c, s) = unit_root(n - 2 * k, 2 * n);
+        return (-c, s);
+    }
+    if 8 * k > n {
+        let (c, s) = unit_root(n - 4 * k, 4 * n);
+        return (s, c);
+    }
+    let a = 2.0 * std::f64::consts::PI * (k as f64 / n as f64);
+    (a.cos(), a.sin())
+}
+
+/// `exp(∓2πik/n)` for k in 0..n as (re, im) pairs.
+fn twiddles(n: usize, inverse: bool) -> Vec<f64> {
+    let sign = if inverse { 1.0 } else { -1.0 };
+    (0..n)
+        .flat_map(|k| {
+            let (c, s) = unit_root(k as u128, n as u128);
+            [c, sign * s]
+        })
+        .collect()
+}
+
+fn signal(node: &NodeInfo, op: &SignalOp) -> Result<Option<UkCall>> {
+    Ok(Some(match *op {
+        SignalOp::Dft { inverse, onesided } => {
+            let x = node.input_shape(0)?;
+            let y = node.output_shape(0)?;
+            let rank = x.len();
+            if rank < 2 {
+                return Err(node.unsupported("input must have rank at least 2"));
+            }
+            let axis = known_int(node, 2, "axis")?.unwrap_or(-2);
+            let r = rank as i64;
+            let a = if axis < 0 { axis + r } else { axis };
+            if a < 0 || a > r - 2 {
+                return Err(node.unsupported(format!("axis {axis} is out of range for rank {rank}")));
+            }
+            let a = a as usize;
+            let n_in = x[a];
+            let irfft = inverse && onesided;
+            let n = match known_int(node, 1, "dft_length")? {
+                Some(v) if v < 1 => {
+                    return Err(node.unsupported(format!("dft_length must be positive, got {v}")))
+                }
+                Some(v) => v as usize,
+                None if irfft => 2 * n_in.saturating_sub(1),
+                None => n_in,
+            };
+            if n == 0 {
+                return Err(node.unsupported("the transform length is 0"));
+            }
+            let out_len = y[a];
+            let outer: usize = x[..a].iter().product();
+            let inner: usize = x[a + 1..rank - 1].iter().product();
+            let take = if irfft { (n / 2 + 1).min(n_in) } else { n.min(n_in) };
+            UkCall::new("dft")
+                .iattr([
+                    n as i64,
+                    n_in as i64,
+                    out_len as i64,
+                    x[rank - 1] as i64,
+                    y[rank - 1] as i64,
+                    outer as i64,
+                    inner as i64,
+                    take as i64,
+                    irfft as i64,
+                    inverse as i64,
+                ])
+                .fattr(twiddles(n, inverse))
+                .scratch((outer * inner * 4 * n) as u64 * F64)
+        }
+        SignalOp::Stft { .. } => {
+            let x = node.input_shape(0)?;
+            let y = node.output_shape(0)?;
+            if x.len() != 3 || y.len() != 4 {
+                return Err(node.unsupported(format!("signal {x:?} must be [batch, length, 1|2]")));
+            }
+            let step =
+                known_int(node, 1, "frame_step")?.ok_or_else(|| node.unsupported("frame_step is missing"))?;
+            if step < 1 {
+                return Err(node.unsupported(format!("frame_step must be positive, got {step}")));
+            }
+            let fl = match known_int(node, 3, "frame_length")? {
+                Some(v) => v as usize,
+                None if node.has_input(2) => node.input_shape(2)?[0],
+                None => x[1],
+            };
+            if fl == 0 || fl > x[1] {
+                return Err(node.unsupported(format!(
+                    "frame_length {fl} does not fit the signal of {} samples",
+                    x[1]
+                )));
+            }
+            let (frames, bins) = (y[1], y[2]);
+            UkCall::new("stft")
+                .iattr([
+                    x[0] as i64,
+                    x[1] as i64,
+                    x[2] as i64,
+                    fl as i64,
+                    step,
+                    frames as i64,
+                    bins as i64,
+                ])
+                .fattr(twiddles(fl, false))
+                .scratch((x[0] * frames * 4 * fl) as u64 * F64)
+        }
+        SignalOp::HannWindow { periodic, .. } => window(node, 0, periodic)?,
+        SignalOp::HammingWindow { periodic, .. } => window(node, 1, periodic)?,
+        SignalOp::BlackmanWindow { periodic, .. } => window(node, 2, periodic)?,
+        // Its inputs are scalars that fix the output shape, so it is always folded at compile
+        // time; a kernel would never run.
+        SignalOp::MelWeightMatrix { .. } => return Ok(None),
+    }))
+}
+
+/// iattr: kind (0 Hann, 1 Hamming, 2 Blackman), size, periodic.
+fn window(node: &NodeInfo, kind: i64, periodic: bool) -> Result<UkCall> {
+    let size = node.output_shape(0)?[0];
+    Ok(UkCall::new("window").iattr([kind, size as i64, periodic as i64]))
 }
