@@ -1,2 +1,713 @@
-/* Micro-kernels for the nn family. See kiln_uk.h for the contract. */
+/*
+ * Micro-kernels for the nn family: pooling, convolution, matrix products, Einsum, Det,
+ * Attention and RotaryEmbedding. See kiln_uk.h for the contract; the Rust side that packs
+ * iattr/fattr is codegen/src/uk/nn.rs, and every kernel below documents the order it reads.
+ *
+ * Arithmetic follows the reference interpreter (ir/src/ops): convolutions and products of
+ * f16/bf16/f32 accumulate in f32 (f16/bf16 widened once, rounded once at the end), f64 in f64,
+ * integers in wrapping 64-bit arithmetic; pools, Einsum, Det, Attention and RotaryEmbedding
+ * compute in f64. Spatial kernels handle up to 3 spatial axes (the Rust side rejects more);
+ * fewer are padded with leading unit axes so that one loop nest serves 1-D to 3-D.
+ */
 #include "kiln_uk.h"
+
+#include <float.h>
+
+#define SP 3 /* spatial axes after padding */
+
+/* ---------------------------------------------------------------------------------------------
+ * Shared helpers
+ * ------------------------------------------------------------------------------------------- */
+
+static int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+static int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* Takes `bytes` from a 64-byte aligned scratch cursor (the Rust side sizes scratch with the same
+   rounding: see `Carve` in nn.rs). */
+static void *carve(char **cur, int64_t bytes) {
+  void *p = *cur;
+  *cur += (bytes + 63) & ~(int64_t)63;
+  return p;
+}
+
+static int has_in(const kiln_uk_args *a, int64_t i) { return i < a->n_in && a->in[i].data != NULL; }
+
+/* Widens a float tensor to f32 (an f32 tensor is copied). */
+static void load_f32(float *dst, const kiln_tensor *t) {
+  int64_t n = t->numel;
+  switch (t->dtype) {
+  case KILN_F16: {
+    const uint16_t *p = t->data;
+    for (int64_t i = 0; i < n; i++) dst[i] = kiln_f16_to_f32(p[i]);
+    break;
+  }
+  case KILN_BF16: {
+    const uint16_t *p = t->data;
+    for (int64_t i = 0; i < n; i++) dst[i] = kiln_bf16_to_f32(p[i]);
+    break;
+  }
+  case KILN_F32: {
+    const float *p = t->data;
+    for (int64_t i = 0; i < n; i++) dst[i] = p[i];
+    break;
+  }
+  default:
+    for (int64_t i = 0; i < n; i++) dst[i] = (float)kiln_load_f64(t->data, t->dtype, i);
+  }
+}
+
+static void store_f32(const kiln_tensor *t, const float *src) {
+  int64_t n = t->numel;
+  switch (t->dtype) {
+  case KILN_F16: {
+    uint16_t *p = t->data;
+    for (int64_t i = 0; i < n; i++) p[i] = kiln_f32_to_f16(src[i]);
+    break;
+  }
+  case KILN_BF16: {
+    uint16_t *p = t->data;
+    for (int64_t i = 0; i < n; i++) p[i] = kiln_f32_to_bf16(src[i]);
+    break;
+  }
+  default:
+    for (int64_t i = 0; i < n; i++) kiln_store_f64(t->data, t->dtype, i, src[i]);
+  }
+}
+
+static void load_i64(int64_t *dst, const kiln_tensor *t) {
+  for (int64_t i = 0; i < t->numel; i++) dst[i] = kiln_load_i64(t->data, t->dtype, i);
+}
+
+/* Wraps into the element type, as numpy's integer arithmetic does. */
+static void store_i64(const kiln_tensor *t, const int64_t *src) {
+  for (int64_t i = 0; i < t->numel; i++) kiln_store_i64(t->data, t->dtype, i, src[i]);
+}
+
+/* Rounds v to float dtype `code` (f64 and anything else: unchanged). */
+static double round_to(int64_t code, double v) {
+  switch (code) {
+  case KILN_F16: return kiln_f16_to_f32(kiln_f32_to_f16((float)v));
+  case KILN_BF16: return kiln_bf16_to_f32(kiln_f32_to_bf16((float)v));
+  case KILN_F32: return (float)v;
+  default: return v;
+  }
+}
+
+/* One spatial axis of a sliding window (see ir/src/ops/conv.rs `Axis`): output position o at
+   tap k reads input index o * stride + k * dil - pad. For ConvTranspose, `in` is the Y extent
+   and `out` the X extent of the equivalent convolution. */
+typedef struct {
+  int64_t in, out, k, stride, dil, pad;
+} win_axis;
+
+/* Outputs [*lo, *hi) whose tap k reads inside the input. */
+static void valid_outputs(const win_axis *a, int64_t k, int64_t *lo, int64_t *hi) {
+  int64_t first = k * a->dil - a->pad;
+  int64_t l = first >= 0 ? 0 : (-first + a->stride - 1) / a->stride;
+  int64_t limit = a->in - first;
+  int64_t h = limit <= 0 ? 0 : (limit + a->stride - 1) / a->stride;
+  h = imin(h, a->out);
+  *lo = imin(l, h);
+  *hi = h;
+}
+
+/* Reads `nsp` axes of (kernel, stride, dilation, pad_begin, pad_end) from iattr[at..] and the
+   extents from the tensors' spatial dims, padded to SP axes with leading unit axes. */
+static void read_axes(win_axis ax[SP], const int64_t *attr, int64_t nsp, const kiln_tensor *in,
+                      const kiln_tensor *out) {
+  int64_t lead = SP - nsp;
+  for (int64_t i = 0; i < SP; i++) {
+    if (i < lead) {
+      win_axis u = {1, 1, 1, 1, 1, 0};
+      ax[i] = u;
+      continue;
+    }
+    const int64_t *p = attr + 5 * (i - lead);
+    ax[i].k = p[0];
+    ax[i].stride = p[1];
+    ax[i].dil = p[2];
+    ax[i].pad = p[3];
+    ax[i].in = in->dims[2 + i - lead];
+    ax[i].out = out->dims[2 + i - lead];
+  }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * MaxPool / AveragePool / LpPool
+ *
+ * iattr: kind (0 max, 1 average, 2 lp), nsp, count_include_pad, storage_order,
+ *        then per spatial axis: kernel, stride, dilation, pad_begin, pad_end.
+ * fattr: p (LpPool).
+ * in: X [N, C, spatial...]; out: Y, Indices? (i64, MaxPool).
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct {
+  const kiln_uk_args *a;
+  win_axis ax[SP];
+  int64_t pad_end[SP];
+  int64_t kind, count_include_pad, storage_order;
+  double p;
+} pool_job;
+
+/* Number of taps of output o on axis `a` inside the input or its explicit padding. */
+static int64_t padded_count(const win_axis *a, int64_t pad_end, int64_t o) {
+  int64_t n = 0;
+  for (int64_t k = 0; k < a->k; k++) {
+    int64_t s = o * a->stride + k * a->dil - a->pad;
+    if (s >= -a->pad && s < a->in + pad_end) n++;
+  }
+  return n;
+}
+
+static void pool_task(void *data, int64_t plane, int64_t tid) {
+  (void)tid;
+  const pool_job *j = data;
+  const kiln_uk_args *a = j->a;
+  const win_axis *ax = j->ax;
+  int64_t dt = a->in[0].dtype;
+  int64_t in_plane = ax[0].in * ax[1].in * ax[2].in;
+  int64_t out_plane = ax[0].out * ax[1].out * ax[2].out;
+  int64_t xoff = plane * in_plane, yoff = plane * out_plane;
+  const void *x = a->in[0].data;
+  const float *xf = dt == KILN_F32 ? (const float *)x + xoff : NULL;
+  int64_t *idx = a->n_out > 1 ? (int64_t *)a->out[1].data + yoff : NULL;
+  /* Column-major strides of the real spatial axes (leading unit axes do not change them). */
+  int64_t col[SP] = {1, ax[0].in, ax[0].in * ax[1].in};
+  int64_t yi = 0;
+  for (int64_t o0 = 0; o0 < ax[0].out; o0++)
+    for (int64_t o1 = 0; o1 < ax[1].out; o1++)
+      for (int64_t o2 = 0; o2 < ax[2].out; o2++, yi++) {
+        int64_t o[SP] = {o0, o1, o2};
+        int64_t lo[SP], hi[SP];
+        for (int i = 0; i < SP; i++) {
+          /* The taps k in [lo, hi) read inside the input. */
+          int64_t base = o[i] * ax[i].stride - ax[i].pad;
+          int64_t l = base >= 0 ? 0 : (-base + ax[i].dil - 1) / ax[i].dil;
+          int64_t h = ax[i].in - base <= 0 ? 0 : (ax[i].in - base + ax[i].dil - 1) / ax[i].dil;
+          lo[i] = l;
+          hi[i] = imin(h, ax[i].k);
+        }
+        int found = 0;
+        double best = 0, sum = 0;
+        int64_t n = 0, best_r = 0, best_c = 0;
+        for (int64_t k0 = lo[0]; k0 < hi[0]; k0++) {
+          int64_t s0 = o0 * ax[0].stride + k0 * ax[0].dil - ax[0].pad;
+          for (int64_t k1 = lo[1]; k1 < hi[1]; k1++) {
+            int64_t s1 = o1 * ax[1].stride + k1 * ax[1].dil - ax[1].pad;
+            int64_t row = (s0 * ax[1].in + s1) * ax[2].in;
+            for (int64_t k2 = lo[2]; k2 < hi[2]; k2++) {
+              int64_t s2 = o2 * ax[2].stride + k2 * ax[2].dil - ax[2].pad;
+              int64_t r = row + s2;
+              double v = xf ? (double)xf[r] : kiln_load_f64(x, dt, xoff + r);
+              if (j->kind == 0) {
+                /* First maximum wins; NaN never replaces a value. */
+                if (!found || v > best) {
+                  best = v;
+                  best_r = r;
+                  best_c = s0 * col[0] + s1 * col[1] + s2 * col[2];
+                  found = 1;
+                }
+              } else if (j->kind == 1) {
+                sum += v;
+                n++;
+              } else {
+                sum += __builtin_pow(__builtin_fabs(v), j->p);
+              }
+            }
+          }
+        }
+        double y;
+        if (j->kind == 0) {
+          if (found) {
+            y = best;
+          } else if (kiln_dtype_is_float(dt)) {
+            y = -__builtin_inf();
+          } else {
+            y = dt == KILN_I8 ? -128.0 : 0.0; /* the lowest value of i8 / u8 */
+          }
+          if (idx) idx[yi] = found ? xoff + (j->storage_order == 1 ? best_c : best_r) : -1;
+        } else if (j->kind == 1) {
+          if (j->count_include_pad) {
+            n = 1;
+            for (int i = 0; i < SP; i++) n *= padded_count(&ax[i], j->pad_end[i], o[i]);
+          }
+          y = sum / (double)n;
+        } else {
+          y = __builtin_pow(sum, 1.0 / j->p);
+        }
+        if (dt == KILN_F32)
+          ((float *)a->out[0].data)[yoff + yi] = (float)y;
+        else
+          kiln_store_f64(a->out[0].data, dt, yoff + yi, y);
+      }
+}
+
+int32_t kiln_uk_pool(const kiln_uk_args *a) {
+  pool_job j;
+  j.a = a;
+  j.kind = a->iattr[0];
+  int64_t nsp = a->iattr[1];
+  j.count_include_pad = a->iattr[2];
+  j.storage_order = a->iattr[3];
+  j.p = a->n_fattr > 0 ? a->fattr[0] : 2.0;
+  read_axes(j.ax, a->iattr + 4, nsp, &a->in[0], &a->out[0]);
+  for (int64_t i = 0; i < SP; i++)
+    j.pad_end[i] = i < SP - nsp ? 0 : a->iattr[4 + 5 * (i - (SP - nsp)) + 4];
+  int64_t planes = a->in[0].dims[0] * a->in[0].dims[1];
+  kiln_rt_parallel_for(a->ctx, pool_task, &j, planes);
+  return KILN_UK_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * GlobalMaxPool / GlobalAveragePool / GlobalLpPool
+ *
+ * iattr: kind (0 max, 1 average, 2 lp). fattr: p (lp).
+ * in: X [N, C, spatial...]; out: Y [N, C, 1...].
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct {
+  const kiln_uk_args *a;
+  int64_t kind, plane, planes;
+  double p;
+} gpool_job;
+
+#define GPOOL_CHUNK 32
+
+/* Sum of an f32 plane in f64 with 8 independent lanes, so the loop vectorizes. */
+static double sum_f32(const float *x, int64_t n) {
+  double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int l = 0; l < 8; l++) acc[l] += (double)x[i + l];
+  double s = 0;
+  for (; i < n; i++) s += (double)x[i];
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])) + s;
+}
+
+static void gpool_task(void *data, int64_t chunk, int64_t tid) {
+  (void)tid;
+  const gpool_job *j = data;
+  const kiln_uk_args *a = j->a;
+  int64_t dt = a->in[0].dtype, n = j->plane;
+  int64_t end = imin(j->planes, (chunk + 1) * GPOOL_CHUNK);
+  for (int64_t p = chunk * GPOOL_CHUNK; p < end; p++) {
+    double y;
+    if (dt == KILN_F32 && j->kind == 1) {
+      y = sum_f32((const float *)a->in[0].data + p * n, n) / (double)n;
+      ((float *)a->out[0].data)[p] = (float)y;
+      continue;
+    }
+    const void *x = a->in[0].data;
+    if (j->kind == 0) {
+      y = kiln_load_f64(x, dt, p * n);
+      for (int64_t i = 1; i < n; i++) {
+        double v = kiln_load_f64(x, dt, p * n + i);
+        if (v > y) y = v;
+      }
+    } else if (j->kind == 1) {
+      double s = 0;
+      for (int64_t i = 0; i < n; i++) s += kiln_load_f64(x, dt, p * n + i);
+      y = s / (double)n;
+    } else {
+      double s = 0;
+      for (int64_t i = 0; i < n; i++) s += __builtin_pow(__builtin_fabs(kiln_load_f64(x, dt, p * n + i)), j->p);
+      y = __builtin_pow(s, 1.0 / j->p);
+    }
+    kiln_store_f64(a->out[0].data, dt, p, y);
+  }
+}
+
+int32_t kiln_uk_global_pool(const kiln_uk_args *a) {
+  gpool_job j;
+  j.a = a;
+  j.kind = a->iattr[0];
+  j.p = a->n_fattr > 0 ? a->fattr[0] : 2.0;
+  j.planes = a->in[0].dims[0] * a->in[0].dims[1];
+  j.plane = j.planes > 0 ? a->in[0].numel / j.planes : 0;
+  if (j.plane == 0 && j.planes > 0 && j.kind == 0)
+    return kiln_uk_fail(a, KILN_UK_EVALUE, "GlobalMaxPool of an empty spatial extent has no value");
+  kiln_rt_parallel_for(a->ctx, gpool_task, &j, (j.planes + GPOOL_CHUNK - 1) / GPOOL_CHUNK);
+  return KILN_UK_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Conv and ConvTranspose
+ *
+ * iattr: group, nsp, then per spatial axis: kernel, stride, dilation, pad_begin, pad_end
+ *        (ConvTranspose: the window of the equivalent convolution over Y; pad_begin may be
+ *        negative).
+ * in: X [N, C, spatial...], W (Conv [M, C/group, k...]; ConvTranspose [C, M/group, k...]), B? [M].
+ * out: Y [N, M, spatial...].
+ * scratch (f16/bf16 only): X, W, B and Y as f32.
+ *
+ * Both run one task per output plane (n, m): Conv gathers every input channel of the group
+ * through each kernel tap, one contiguous output row at a time; ConvTranspose scatters each
+ * input row into the output rows it reaches.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct {
+  const void *x, *w, *b;
+  void *y;
+  win_axis ax[SP];
+  int64_t c, m, group, transposed;
+} conv_job;
+
+#define CONV_TASK(T)                                                                              \
+  static void conv_task_##T(void *data, int64_t plane, int64_t tid) {                             \
+    (void)tid;                                                                                    \
+    const conv_job *j = data;                                                                     \
+    const win_axis *ax = j->ax;                                                                   \
+    int64_t n = plane / j->m, m = plane % j->m;                                                   \
+    int64_t cg = j->c / j->group, mg = j->m / j->group, g = m / mg;                               \
+    int64_t taps = ax[0].k * ax[1].k * ax[2].k;                                                   \
+    int64_t in_plane = ax[0].in * ax[1].in * ax[2].in;                                            \
+    int64_t out_plane = ax[0].out * ax[1].out * ax[2].out;                                        \
+    /* Conv: y is the window's output; ConvTranspose: y is the window's input. */                 \
+    int64_t y_plane = j->transposed ? in_plane : out_plane;                                       \
+    int64_t x_plane = j->transposed ? out_plane : in_plane;                                       \
+    T *y = (T *)j->y + plane * y_plane;                                                           \
+    for (int64_t i = 0; i < y_plane; i++) y[i] = 0;                                               \
+    for (int64_t ci = 0; ci < cg; ci++) {                                                         \
+      int64_t c = g * cg + ci;                                                                    \
+      const T *xp = (const T *)j->x + (n * j->c + c) * x_plane;                                   \
+      const T *wp = j->transposed ? (const T *)j->w + (c * mg + m % mg) * taps                    \
+                                  : (const T *)j->w + (m * cg + ci) * taps;                       \
+      int64_t t = 0;                                                                              \
+      for (int64_t k0 = 0; k0 < ax[0].k; k0++)                                                    \
+        for (int64_t k1 = 0; k1 < ax[1].k; k1++)                                                  \
+          for (int64_t k2 = 0; k2 < ax[2].k; k2++, t++) {                                         \
+            T wv = wp[t];                                                                         \
+            int64_t lo0, hi0, lo1, hi1, lo2, hi2;                                                 \
+            valid_outputs(&ax[0], k0, &lo0, &hi0);                                                \
+            valid_outputs(&ax[1], k1, &lo1, &hi1);                                                \
+            valid_outputs(&ax[2], k2, &lo2, &hi2);                                                \
+            if (lo2 >= hi2) continue;                                                             \
+            int64_t s2 = ax[2].stride;                                                            \
+            for (int64_t o0 = lo0; o0 < hi0; o0++) {                                              \
+              int64_t i0 = o0 * ax[0].stride + k0 * ax[0].dil - ax[0].pad;                        \
+              for (int64_t o1 = lo1; o1 < hi1; o1++) {                                            \
+                int64_t i1 = o1 * ax[1].stride + k1 * ax[1].dil - ax[1].pad;                      \
+                int64_t orow = (o0 * ax[1].out + o1) * ax[2].out;                                 \
+                int64_t irow = (i0 * ax[1].in + i1) * ax[2].in + k2 * ax[2].dil - ax[2].pad;      \
+                if (!j->transposed) {                                                             \
+                  T *dst = y + orow;                                                              \
+                  const T *src = xp + irow;                                                       \
+                  if (s2 == 1)                                                                    \
+                    for (int64_t o2 = lo2; o2 < hi2; o2++) dst[o2] += wv * src[o2];               \
+                  else                                                                            \
+                    for (int64_t o2 = lo2; o2 < hi2; o2++) dst[o2] += wv * src[o2 * s2];          \
+                } else {                                                                          \
+                  T *dst = y + irow;                                                              \
+                  const T *src = xp + orow;                                                       \
+                  if (s2 == 1)                                                                    \
+                    for (int64_t o2 = lo2; o2 < hi2; o2++) dst[o2] += wv * src[o2];               \
+                  else                                                                            \
+                    for (int64_t o2 = lo2; o2 < hi2; o2++) dst[o2 * s2] += wv * src[o2];          \
+                }                                                                                 \
+              }                                                                                   \
+            }                                                                                     \
+          }                                                                                       \
+    }                                                                                             \
+    if (j->b) {                                                                                   \
+      T bv = ((const T *)j->b)[m];                                                                \
+      for (int64_t i = 0; i < y_plane; i++) y[i] += bv;                                           \
+    }                                                                                             \
+  }
+
+CONV_TASK(float)
+CONV_TASK(double)
+
+static int32_t conv_common(const kiln_uk_args *a, int64_t transposed) {
+  conv_job j;
+  j.group = a->iattr[0];
+  int64_t nsp = a->iattr[1];
+  j.transposed = transposed;
+  const kiln_tensor *x = &a->in[0], *w = &a->in[1], *y = &a->out[0];
+  /* The window runs over X for Conv and over Y for ConvTranspose. */
+  if (transposed)
+    read_axes(j.ax, a->iattr + 2, nsp, y, x);
+  else
+    read_axes(j.ax, a->iattr + 2, nsp, x, y);
+  j.c = x->dims[1];
+  j.m = y->dims[1];
+  int64_t planes = y->dims[0] * j.m;
+  int has_b = has_in(a, 2);
+  int64_t dt = x->dtype;
+  if (dt == KILN_F32 || dt == KILN_F64) {
+    j.x = x->data;
+    j.w = w->data;
+    j.b = has_b ? a->in[2].data : NULL;
+    j.y = y->data;
+    kiln_rt_parallel_for(a->ctx, dt == KILN_F32 ? conv_task_float : conv_task_double, &j, planes);
+    return KILN_UK_OK;
+  }
+  char *cur = a->scratch;
+  float *xs = carve(&cur, x->numel * 4), *ws = carve(&cur, w->numel * 4);
+  float *bs = has_b ? carve(&cur, a->in[2].numel * 4) : NULL;
+  float *ys = carve(&cur, y->numel * 4);
+  load_f32(xs, x);
+  load_f32(ws, w);
+  if (has_b) load_f32(bs, &a->in[2]);
+  j.x = xs;
+  j.w = ws;
+  j.b = bs;
+  j.y = ys;
+  kiln_rt_parallel_for(a->ctx, conv_task_float, &j, planes);
+  store_f32(y, ys);
+  return KILN_UK_OK;
+}
+
+int32_t kiln_uk_conv(const kiln_uk_args *a) { return conv_common(a, 0); }
+int32_t kiln_uk_conv_transpose(const kiln_uk_args *a) { return conv_common(a, 1); }
+
+/* ---------------------------------------------------------------------------------------------
+ * MatMul and Gemm
+ *
+ * MatMul iattr: M, K, N, R (batch rank), out batch dims[R], A batch strides[R], B batch
+ *               strides[R] (in matrices; 0 where broadcast).
+ * Gemm iattr:   M, K, N, trans_a, trans_b, C rows, C cols (C's shape padded to 2-D; 0 0
+ *               without C). fattr: alpha, beta.
+ * scratch: operands converted to the accumulation type (f16/bf16 to f32, small integers to
+ *          i64), transposed Gemm operands, and the accumulated output when it is not the output
+ *          tensor itself; the Rust side sizes it with the same rules.
+ *
+ * The product runs in i-k-j order (out row += a[i,p] * b row p, p ascending), the summation
+ * order of ir's kernel, over tasks of (matrix, block of rows).
+ * ------------------------------------------------------------------------------------------- */
+
+enum { ACC_F32 = 0, ACC_F64 = 1, ACC_I64 = 2 };
+
+static int acc_kind(int64_t dt) {
+  if (dt == KILN_F64) return ACC_F64;
+  if (kiln_dtype_is_float(dt)) return ACC_F32;
+  return ACC_I64;
+}
+
+static int acc_size(int kind) { return kind == ACC_F32 ? 4 : 8; }
+
+typedef struct {
+  const void *a, *b;
+  void *y;
+  int64_t m, k, n, rows_per_task, tasks_per_mat, kind;
+  int64_t r;
+  const int64_t *bdims, *astr, *bstr;
+} mm_job;
+
+/* The A and B matrix of output matrix `mat` (batch broadcasting). */
+static void mm_offsets(const mm_job *j, int64_t mat, int64_t *ai, int64_t *bi) {
+  int64_t ao = 0, bo = 0, rem = mat;
+  for (int64_t d = j->r - 1; d >= 0; d--) {
+    int64_t idx = rem % j->bdims[d];
+    rem /= j->bdims[d];
+    ao += idx * j->astr[d];
+    bo += idx * j->bstr[d];
+  }
+  *ai = ao;
+  *bi = bo;
+}
+
+#define MM_ROWS(T, ADD, MUL)                                                                     \
+  static void mm_rows_##T(const T *a, const T *b, T *out, int64_t rows, int64_t k, int64_t n) {  \
+    for (int64_t i = 0; i < rows; i++) {                                                         \
+      T *o = out + i * n;                                                                        \
+      for (int64_t jj = 0; jj < n; jj++) o[jj] = 0;                                              \
+      for (int64_t p = 0; p < k; p++) {                                                          \
+        T av = a[i * k + p];                                                                     \
+        const T *brow = b + p * n;                                                               \
+        for (int64_t jj = 0; jj < n; jj++) o[jj] = ADD(o[jj], MUL(av, brow[jj]));                \
+      }                                                                                          \
+    }                                                                                            \
+  }
+
+#define F_ADD(x, y) ((x) + (y))
+#define F_MUL(x, y) ((x) * (y))
+/* Integer products wrap modulo 2^64 (unsigned arithmetic: no undefined overflow). */
+#define I_ADD(x, y) ((int64_t)((uint64_t)(x) + (uint64_t)(y)))
+#define I_MUL(x, y) ((int64_t)((uint64_t)(x) * (uint64_t)(y)))
+
+MM_ROWS(float, F_ADD, F_MUL)
+MM_ROWS(double, F_ADD, F_MUL)
+MM_ROWS(int64_t, I_ADD, I_MUL)
+
+static void mm_task(void *data, int64_t t, int64_t tid) {
+  (void)tid;
+  const mm_job *j = data;
+  int64_t mat = t / j->tasks_per_mat, r0 = (t % j->tasks_per_mat) * j->rows_per_task;
+  int64_t rows = imin(j->rows_per_task, j->m - r0);
+  if (rows <= 0) return;
+  int64_t ai, bi;
+  mm_offsets(j, mat, &ai, &bi);
+  int64_t mk = j->m * j->k, kn = j->k * j->n, mn = j->m * j->n;
+  int64_t aoff = ai * mk + r0 * j->k, boff = bi * kn, yoff = mat * mn + r0 * j->n;
+  switch (j->kind) {
+  case ACC_F32:
+    mm_rows_float((const float *)j->a + aoff, (const float *)j->b + boff, (float *)j->y + yoff, rows, j->k, j->n);
+    break;
+  case ACC_F64:
+    mm_rows_double((const double *)j->a + aoff, (const double *)j->b + boff, (double *)j->y + yoff, rows, j->k,
+                   j->n);
+    break;
+  default:
+    mm_rows_int64_t((const int64_t *)j->a + aoff, (const int64_t *)j->b + boff, (int64_t *)j->y + yoff, rows,
+                    j->k, j->n);
+  }
+}
+
+/* Splits `mats` products of m rows into tasks of about 64 rows, fewer when matrices are many. */
+static void mm_run(kiln_ctx *ctx, mm_job *j, int64_t mats) {
+  int64_t rpt = j->m < 1 ? 1 : j->m;
+  if (mats < 16 && j->m > 64) rpt = 64;
+  j->rows_per_task = rpt;
+  j->tasks_per_mat = (j->m + rpt - 1) / rpt;
+  if (j->m == 0 || mats == 0) return;
+  kiln_rt_parallel_for(ctx, mm_task, j, mats * j->tasks_per_mat);
+}
+
+/* The operand in accumulation type: the tensor itself, or a converted copy carved from scratch. */
+static const void *acc_operand(char **cur, const kiln_tensor *t, int kind) {
+  if ((kind == ACC_F32 && t->dtype == KILN_F32) || (kind == ACC_F64 && t->dtype == KILN_F64) ||
+      (kind == ACC_I64 && (t->dtype == KILN_I64 || t->dtype == KILN_U64)))
+    return t->data;
+  void *p = carve(cur, t->numel * acc_size(kind));
+  if (kind == ACC_F32)
+    load_f32(p, t);
+  else if (kind == ACC_I64)
+    load_i64(p, t);
+  else
+    for (int64_t i = 0; i < t->numel; i++) ((double *)p)[i] = kiln_load_f64(t->data, t->dtype, i);
+  return p;
+}
+
+/* Whether the output tensor can hold the accumulated values directly. */
+static int acc_is_output(const kiln_tensor *t, int kind) {
+  return (kind == ACC_F32 && t->dtype == KILN_F32) || (kind == ACC_F64 && t->dtype == KILN_F64) ||
+         (kind == ACC_I64 && (t->dtype == KILN_I64 || t->dtype == KILN_U64));
+}
+
+static void store_acc(const kiln_tensor *t, const void *src, int kind) {
+  if (src == t->data) return;
+  if (kind == ACC_F32)
+    store_f32(t, src);
+  else if (kind == ACC_I64)
+    store_i64(t, src);
+  else
+    for (int64_t i = 0; i < t->numel; i++) kiln_store_f64(t->data, t->dtype, i, ((const double *)src)[i]);
+}
+
+int32_t kiln_uk_matmul(const kiln_uk_args *a) {
+  mm_job j;
+  j.m = a->iattr[0];
+  j.k = a->iattr[1];
+  j.n = a->iattr[2];
+  j.r = a->iattr[3];
+  j.bdims = a->iattr + 4;
+  j.astr = a->iattr + 4 + j.r;
+  j.bstr = a->iattr + 4 + 2 * j.r;
+  int64_t mats = 1;
+  for (int64_t d = 0; d < j.r; d++) mats *= j.bdims[d];
+  int kind = acc_kind(a->in[0].dtype);
+  j.kind = kind;
+  char *cur = a->scratch;
+  j.a = acc_operand(&cur, &a->in[0], kind);
+  j.b = acc_operand(&cur, &a->in[1], kind);
+  const kiln_tensor *y = &a->out[0];
+  j.y = acc_is_output(y, kind) ? y->data : carve(&cur, y->numel * acc_size(kind));
+  mm_run(a->ctx, &j, mats);
+  store_acc(y, j.y, kind);
+  return KILN_UK_OK;
+}
+
+/* Row-major transpose of an r x c matrix of `size`-byte elements. */
+static void transpose_bytes(void *dst, const void *src, int64_t r, int64_t c, int size) {
+  for (int64_t i = 0; i < r; i++)
+    for (int64_t jj = 0; jj < c; jj++) {
+      if (size == 4)
+        ((uint32_t *)dst)[jj * r + i] = ((const uint32_t *)src)[i * c + jj];
+      else
+        ((uint64_t *)dst)[jj * r + i] = ((const uint64_t *)src)[i * c + jj];
+    }
+}
+
+int32_t kiln_uk_gemm(const kiln_uk_args *a) {
+  mm_job j;
+  j.m = a->iattr[0];
+  j.k = a->iattr[1];
+  j.n = a->iattr[2];
+  int64_t trans_a = a->iattr[3], trans_b = a->iattr[4];
+  int64_t c0 = a->iattr[5], c1 = a->iattr[6];
+  double alpha = a->fattr[0], beta = a->fattr[1];
+  j.r = 0;
+  j.bdims = j.astr = j.bstr = NULL;
+  int64_t dt = a->in[0].dtype;
+  int kind = acc_kind(dt);
+  j.kind = kind;
+  int sz = acc_size(kind);
+  char *cur = a->scratch;
+  const void *av = acc_operand(&cur, &a->in[0], kind);
+  const void *bv = acc_operand(&cur, &a->in[1], kind);
+  if (trans_a) {
+    void *t = carve(&cur, j.m * j.k * sz);
+    transpose_bytes(t, av, j.k, j.m, sz);
+    av = t;
+  }
+  if (trans_b) {
+    void *t = carve(&cur, j.k * j.n * sz);
+    transpose_bytes(t, bv, j.n, j.k, sz);
+    bv = t;
+  }
+  j.a = av;
+  j.b = bv;
+  const kiln_tensor *y = &a->out[0];
+  j.y = acc_is_output(y, kind) ? y->data : carve(&cur, y->numel * sz);
+  mm_run(a->ctx, &j, 1);
+  int has_c = has_in(a, 2) && beta != 0.0;
+  const kiln_tensor *c = has_c ? &a->in[2] : NULL;
+  int64_t mn = j.m * j.n;
+  if (kind == ACC_I64) {
+    /* The product wraps in the element type; alpha and beta then apply in f64 and the result
+       is truncated toward zero (numpy's astype of the float result). */
+    store_i64(y, j.y);
+    if (alpha == 1.0 && !has_c) return KILN_UK_OK;
+    for (int64_t i = 0; i < j.m; i++)
+      for (int64_t jj = 0; jj < j.n; jj++) {
+        int64_t o = i * j.n + jj;
+        double v = kiln_load_f64(y->data, dt, o) * alpha;
+        if (c) v += kiln_load_f64(c->data, c->dtype, (c0 > 1 ? i : 0) * c1 + (c1 > 1 ? jj : 0)) * beta;
+        int64_t iv;
+        if (v != v)
+          iv = 0;
+        else if (v >= 9223372036854775807.0)
+          iv = INT64_MAX;
+        else if (v <= -9223372036854775808.0)
+          iv = INT64_MIN;
+        else
+          iv = (int64_t)v;
+        kiln_store_i64(y->data, dt, o, iv);
+      }
+    return KILN_UK_OK;
+  }
+  if (kind == ACC_F32) {
+    float *yv = j.y;
+    float fa = (float)alpha, fb = (float)beta;
+    if (alpha != 1.0)
+      for (int64_t i = 0; i < mn; i++) yv[i] *= fa;
+    if (c) {
+      const float *cv = acc_operand(&cur, c, kind);
+      for (int64_t i = 0; i < j.m; i++)
+        for (int64_t jj = 0; jj < j.n; jj++)
+          yv[i * j.n + jj] += cv[(c0 > 1 ? i : 0) * c1 + (c1 > 1 ? jj : 0)] * fb;
+    }
+  } else {
+    double *yv = j.y;
+    if (alpha != 1.0)
+      for (int64_t i = 0; i < mn; i++) yv[i] *= alpha;
+    if (c) {
+      const double *cv = acc_operand(&cur, c, kind);
+      for (int64_t i = 0; i < j.m; i++)
+        for (int64_t jj = 0; jj < j.n; jj++)
+          yv[i * j.n + jj] += cv[(c0 > 1 ? i : 0) * c1 + (c1 > 1 ? jj : 0)] * beta;
+    }
+  }
+  store_acc(y, j.y, kind);
+  return KILN_UK_OK;
+}

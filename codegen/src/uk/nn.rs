@@ -1,10 +1,518 @@
-//! Micro-kernel lowering for the nn family (see `codegen/ukernels/nn.c`).
+//! Micro-kernel lowering for the nn family (see `codegen/ukernels/nn.c`): pooling, convolution,
+//! MatMul/Gemm, Einsum, Det, Attention and RotaryEmbedding. These are the generic fallbacks: the
+//! generated f32 GEMM/convolution kernels (`gen/`) are tried first.
+//!
+//! Window geometry (auto_pad, ceil_mode, ConvTranspose's output_shape) is resolved here at
+//! compile time with the rules of `ir/src/ops/conv.rs`, so the C kernels only see explicit
+//! per-axis (kernel, stride, dilation, pad_begin, pad_end).
 
 use super::UkCall;
 use crate::error::Result;
 use crate::node::NodeInfo;
+use kiln_ir::{AutoPad, ConvAttrs, ConvTransposeAttrs, DType, Op, PoolAttrs, PoolKind};
+
+/// Spatial axes the C kernels handle (they pad fewer with unit axes).
+const MAX_SPATIAL: usize = 3;
 
 pub fn lower(node: &NodeInfo) -> Result<Option<UkCall>> {
-    let _ = node;
-    Ok(None)
+    match node.op() {
+        Op::Pool(p) => pool(node, p).map(Some),
+        Op::GlobalPool(kind) => global_pool(node, *kind).map(Some),
+        Op::Conv(c) => conv(node, c).map(Some),
+        Op::ConvTranspose(c) => conv_transpose(node, c).map(Some),
+        Op::MatMul => matmul(node).map(Some),
+        Op::Gemm {
+            alpha,
+            beta,
+            trans_a,
+            trans_b,
+        } => gemm(node, *alpha, *beta, *trans_a, *trans_b).map(Some),
+        _ => Ok(None),
+    }
+}
+
+/// Scratch sizing with the C side's `carve`: every buffer starts 64-byte aligned.
+#[derive(Default)]
+struct Carve(u64);
+
+impl Carve {
+    fn take(&mut self, bytes: usize) {
+        self.0 += (bytes as u64).div_ceil(64) * 64;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Window geometry (ports of ir's resolve_axis / transpose_axis)
+// ---------------------------------------------------------------------------------------------
+
+/// One resolved spatial axis: output `o` at tap `k` reads input `o * stride + k * dilation -
+/// pad_begin`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Axis {
+    kernel: usize,
+    stride: usize,
+    dilation: usize,
+    pad_begin: i64,
+    pad_end: i64,
+    /// Extent the window reads (Conv: X; ConvTranspose: Y).
+    input: usize,
+    /// Extent of window positions (Conv: Y; ConvTranspose: X).
+    output: usize,
+}
+
+impl Axis {
+    fn attrs(&self) -> [i64; 5] {
+        [
+            self.kernel as i64,
+            self.stride as i64,
+            self.dilation as i64,
+            self.pad_begin,
+            self.pad_end,
+        ]
+    }
+}
+
+fn per_axis(v: &[usize], n: usize, default: usize) -> Vec<usize> {
+    if v.is_empty() {
+        vec![default; n]
+    } else {
+        v.to_vec()
+    }
+}
+
+fn split_pads(pads: &[usize], n: usize) -> Vec<(usize, usize)> {
+    if pads.len() != 2 * n {
+        return vec![(0, 0); n];
+    }
+    (0..n).map(|i| (pads[i], pads[n + i])).collect()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn resolve_axis(
+    node: &NodeInfo,
+    input: usize,
+    kernel: usize,
+    stride: usize,
+    dilation: usize,
+    pads: (usize, usize),
+    auto_pad: AutoPad,
+    ceil_mode: bool,
+) -> Result<Axis> {
+    let bad = || node.unsupported("the window geometry is invalid");
+    if kernel == 0 || stride == 0 || dilation == 0 {
+        return Err(bad());
+    }
+    let extent = (kernel - 1) * dilation + 1;
+    let (pad_begin, pad_end) = match auto_pad {
+        AutoPad::NotSet => pads,
+        AutoPad::Valid => (0, 0),
+        AutoPad::SameUpper | AutoPad::SameLower => {
+            let out = input.div_ceil(stride);
+            let needed = out.saturating_sub(1) * stride + extent;
+            let total = if out == 0 { 0 } else { needed.saturating_sub(input) };
+            let begin = if auto_pad == AutoPad::SameUpper {
+                total / 2
+            } else {
+                total.div_ceil(2)
+            };
+            return Ok(Axis {
+                kernel,
+                stride,
+                dilation,
+                pad_begin: begin as i64,
+                pad_end: (total - begin) as i64,
+                input,
+                output: out,
+            });
+        }
+    };
+    let padded = input + pad_begin + pad_end;
+    if padded < extent {
+        return Err(bad());
+    }
+    let room = padded - extent;
+    let output = if ceil_mode {
+        let out = room.div_ceil(stride) + 1;
+        if (out - 1) * stride >= input + pad_begin {
+            out - 1
+        } else {
+            out
+        }
+    } else {
+        room / stride + 1
+    };
+    Ok(Axis {
+        kernel,
+        stride,
+        dilation,
+        pad_begin: pad_begin as i64,
+        pad_end: pad_end as i64,
+        input,
+        output,
+    })
+}
+
+/// The windows of a Conv or pool over `spatial`, checked against the output's spatial extents.
+fn conv_axes(
+    node: &NodeInfo,
+    spatial: &[usize],
+    kernel: &[usize],
+    c: (&[usize], &[usize], &[usize], AutoPad, bool),
+    out_spatial: &[usize],
+) -> Result<Vec<Axis>> {
+    let n = spatial.len();
+    if n == 0 || n > MAX_SPATIAL {
+        return Err(node.unsupported(format!(
+            "{n} spatial axes (the compiled kernel handles 1 to {MAX_SPATIAL})"
+        )));
+    }
+    let (strides, dilations, pads, auto_pad, ceil_mode) = c;
+    let strides = per_axis(strides, n, 1);
+    let dilations = per_axis(dilations, n, 1);
+    let pads = split_pads(pads, n);
+    let axes = (0..n)
+        .map(|i| {
+            resolve_axis(
+                node,
+                spatial[i],
+                kernel[i],
+                strides[i],
+                dilations[i],
+                pads[i],
+                auto_pad,
+                ceil_mode,
+            )
+        })
+        .collect::<Result<Vec<_>>>()?;
+    check_extents(node, &axes, |a| a.output, out_spatial)?;
+    Ok(axes)
+}
+
+fn check_extents(node: &NodeInfo, axes: &[Axis], f: impl Fn(&Axis) -> usize, want: &[usize]) -> Result<()> {
+    let got: Vec<usize> = axes.iter().map(f).collect();
+    if got != want {
+        return Err(crate::CodegenError::internal(format!(
+            "node '{}': window geometry gives spatial extents {got:?}, the graph says {want:?}",
+            node.name()
+        )));
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pools
+// ---------------------------------------------------------------------------------------------
+
+fn pool(node: &NodeInfo, p: &PoolAttrs) -> Result<UkCall> {
+    let x = node.input_shape(0)?;
+    let y = node.output_shape(0)?;
+    if x.len() < 3 {
+        return Err(node.unsupported("input must have shape [N, C, spatial...]"));
+    }
+    let axes = conv_axes(
+        node,
+        &x[2..],
+        &p.kernel_shape,
+        (&p.strides, &p.dilations, &p.pads, p.auto_pad, p.ceil_mode),
+        &y[2..],
+    )?;
+    let (kind, cip, lp) = match p.kind {
+        PoolKind::Max => (0, false, 2.0),
+        PoolKind::Average { count_include_pad } => (1, count_include_pad, 2.0),
+        PoolKind::Lp { p } => (2, false, f64::from(p)),
+    };
+    let mut iattr = vec![kind, axes.len() as i64, cip as i64, i64::from(p.storage_order)];
+    iattr.extend(axes.iter().flat_map(Axis::attrs));
+    Ok(UkCall::new("pool").iattr(iattr).fattr([lp]))
+}
+
+fn global_pool(node: &NodeInfo, kind: PoolKind) -> Result<UkCall> {
+    node.input_shape(0)?;
+    let (k, p) = match kind {
+        PoolKind::Max => (0, 2.0),
+        PoolKind::Average { .. } => (1, 2.0),
+        PoolKind::Lp { p } => (2, f64::from(p)),
+    };
+    Ok(UkCall::new("global_pool").iattr([k]).fattr([p]))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Conv / ConvTranspose
+// ---------------------------------------------------------------------------------------------
+
+/// Kernel extents: the attribute, or W's spatial dims.
+fn kernel_of(attr: &[usize], w: &[usize]) -> Vec<usize> {
+    if attr.is_empty() {
+        w[2..].to_vec()
+    } else {
+        attr.to_vec()
+    }
+}
+
+/// Scratch of a convolution: f16/bf16 operands and result widened to f32.
+fn conv_scratch(node: &NodeInfo, x: &[usize], w: &[usize], y: &[usize]) -> Result<u64> {
+    let dt = node.input_dtype(0).unwrap_or(DType::F32);
+    if dt == DType::F32 || dt == DType::F64 {
+        return Ok(0);
+    }
+    let mut c = Carve::default();
+    c.take(x.iter().product::<usize>() * 4);
+    c.take(w.iter().product::<usize>() * 4);
+    if node.has_input(2) {
+        c.take(node.input_shape(2)?.iter().product::<usize>() * 4);
+    }
+    c.take(y.iter().product::<usize>() * 4);
+    Ok(c.0)
+}
+
+fn conv(node: &NodeInfo, a: &ConvAttrs) -> Result<UkCall> {
+    let x = node.input_shape(0)?;
+    let w = node.input_shape(1)?;
+    let y = node.output_shape(0)?;
+    if x.len() < 3 || w.len() != x.len() || a.group == 0 {
+        return Err(node.unsupported("X, W and group do not describe a convolution"));
+    }
+    let kernel = kernel_of(&a.kernel_shape, &w);
+    let axes = conv_axes(
+        node,
+        &x[2..],
+        &kernel,
+        (&a.strides, &a.dilations, &a.pads, a.auto_pad, false),
+        &y[2..],
+    )?;
+    let mut iattr = vec![a.group as i64, axes.len() as i64];
+    iattr.extend(axes.iter().flat_map(Axis::attrs));
+    Ok(UkCall::new("conv")
+        .iattr(iattr)
+        .scratch(conv_scratch(node, &x, &w, &y)?))
+}
+
+fn conv_transpose(node: &NodeInfo, a: &ConvTransposeAttrs) -> Result<UkCall> {
+    let x = node.input_shape(0)?;
+    let w = node.input_shape(1)?;
+    let y = node.output_shape(0)?;
+    let c = &a.conv;
+    if x.len() < 3 || w.len() != x.len() || c.group == 0 {
+        return Err(node.unsupported("X, W and group do not describe a transposed convolution"));
+    }
+    let n = x.len() - 2;
+    if n > MAX_SPATIAL {
+        return Err(node.unsupported(format!(
+            "{n} spatial axes (the compiled kernel handles 1 to {MAX_SPATIAL})"
+        )));
+    }
+    let kernel = kernel_of(&c.kernel_shape, &w);
+    let strides = per_axis(&c.strides, n, 1);
+    let dilations = per_axis(&c.dilations, n, 1);
+    let output_padding = per_axis(&a.output_padding, n, 0);
+    let pads = split_pads(&c.pads, n);
+    let mut axes = Vec::with_capacity(n);
+    for i in 0..n {
+        let (stride, dilation) = (strides[i] as i64, dilations[i] as i64);
+        let extent = (kernel[i] as i64 - 1) * dilation + 1;
+        let natural = (x[2 + i] as i64 - 1) * stride + output_padding[i] as i64 + extent;
+        // SAME_UPPER puts the odd padding element at the end, every other mode at the start.
+        let split = |total: i64, upper: bool| {
+            let half = total.div_euclid(2);
+            if upper {
+                (half, total - half)
+            } else {
+                (total - half, half)
+            }
+        };
+        let upper = c.auto_pad == AutoPad::SameUpper;
+        let (pb, pe) = if !a.output_shape.is_empty() {
+            split(natural - a.output_shape[i] as i64, upper)
+        } else {
+            match c.auto_pad {
+                AutoPad::SameUpper | AutoPad::SameLower => split(natural - x[2 + i] as i64 * stride, upper),
+                AutoPad::Valid => (0, 0),
+                AutoPad::NotSet => (pads[i].0 as i64, pads[i].1 as i64),
+            }
+        };
+        let out = natural - pb - pe;
+        if out < 0 {
+            return Err(node.unsupported("the output extent is negative"));
+        }
+        axes.push(Axis {
+            kernel: kernel[i],
+            stride: strides[i],
+            dilation: dilations[i],
+            pad_begin: pb,
+            pad_end: pe,
+            input: out as usize,
+            output: x[2 + i],
+        });
+    }
+    check_extents(node, &axes, |a| a.input, &y[2..])?;
+    let mut iattr = vec![c.group as i64, n as i64];
+    iattr.extend(axes.iter().flat_map(Axis::attrs));
+    Ok(UkCall::new("conv_transpose")
+        .iattr(iattr)
+        .scratch(conv_scratch(node, &x, &w, &y)?))
+}
+
+// ---------------------------------------------------------------------------------------------
+// MatMul / Gemm
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Clone, Copy, PartialEq)]
+enum Acc {
+    F32,
+    F64,
+    I64,
+}
+
+fn acc_of(d: DType) -> Acc {
+    match d {
+        DType::F64 => Acc::F64,
+        d if d.is_float() => Acc::F32,
+        _ => Acc::I64,
+    }
+}
+
+impl Acc {
+    fn size(self) -> usize {
+        if self == Acc::F32 {
+            4
+        } else {
+            8
+        }
+    }
+
+    /// Whether a tensor of `d` is used as is (else converted into scratch).
+    fn direct(self, d: DType) -> bool {
+        matches!(
+            (self, d),
+            (Acc::F32, DType::F32) | (Acc::F64, DType::F64) | (Acc::I64, DType::I64 | DType::U64)
+        )
+    }
+}
+
+fn numeric_dtype(node: &NodeInfo) -> Result<DType> {
+    let d = node
+        .input_dtype(0)
+        .ok_or_else(|| node.unsupported("input A is missing"))?;
+    if d == DType::Bool {
+        return Err(node.unsupported("bool operands are not supported"));
+    }
+    Ok(d)
+}
+
+fn matmul(node: &NodeInfo) -> Result<UkCall> {
+    let dt = numeric_dtype(node)?;
+    let a = node.input_shape(0)?;
+    let b = node.input_shape(1)?;
+    let y = node.output_shape(0)?;
+    if a.is_empty() || b.is_empty() {
+        return Err(node.unsupported("MatMul needs inputs of rank >= 1"));
+    }
+    let (a_batch, m, k) = match a.len() {
+        1 => (vec![], 1, a[0]),
+        r => (a[..r - 2].to_vec(), a[r - 2], a[r - 1]),
+    };
+    let (b_batch, kb, n) = match b.len() {
+        1 => (vec![], b[0], 1),
+        r => (b[..r - 2].to_vec(), b[r - 2], b[r - 1]),
+    };
+    if k != kb {
+        return Err(node.unsupported("inner dimensions differ"));
+    }
+    let mut iattr;
+    if b_batch.is_empty() {
+        // Every matrix of A multiplies the same B: fold A's batch into rows.
+        let rows = a_batch.iter().product::<usize>() * m;
+        iattr = vec![rows as i64, k as i64, n as i64, 0];
+    } else {
+        let r = a_batch.len().max(b_batch.len());
+        let pad = |v: &[usize]| -> Vec<usize> {
+            let mut p = vec![1; r - v.len()];
+            p.extend_from_slice(v);
+            p
+        };
+        let (ab, bb) = (pad(&a_batch), pad(&b_batch));
+        let dims: Vec<usize> = ab.iter().zip(&bb).map(|(&x, &y)| x.max(y)).collect();
+        let strides = |v: &[usize]| -> Vec<i64> {
+            let mut s = vec![0i64; r];
+            let mut acc = 1usize;
+            for i in (0..r).rev() {
+                s[i] = if v[i] == 1 { 0 } else { acc as i64 };
+                acc *= v[i];
+            }
+            s
+        };
+        iattr = vec![m as i64, k as i64, n as i64, r as i64];
+        iattr.extend(dims.iter().map(|&d| d as i64));
+        iattr.extend(strides(&ab));
+        iattr.extend(strides(&bb));
+    }
+    let acc = acc_of(dt);
+    let mut c = Carve::default();
+    for shape in [&a, &b] {
+        if !acc.direct(dt) {
+            c.take(shape.iter().product::<usize>() * acc.size());
+        }
+    }
+    if !acc.direct(dt) {
+        c.take(y.iter().product::<usize>() * acc.size());
+    }
+    Ok(UkCall::new("matmul").iattr(iattr).scratch(c.0))
+}
+
+fn gemm(node: &NodeInfo, alpha: f32, beta: f32, trans_a: bool, trans_b: bool) -> Result<UkCall> {
+    let dt = numeric_dtype(node)?;
+    let a = node.input_shape(0)?;
+    let b = node.input_shape(1)?;
+    if a.len() != 2 || b.len() != 2 {
+        return Err(node.unsupported("Gemm needs 2-D A and B"));
+    }
+    let (m, k) = if trans_a { (a[1], a[0]) } else { (a[0], a[1]) };
+    let (kb, n) = if trans_b { (b[1], b[0]) } else { (b[0], b[1]) };
+    if k != kb {
+        return Err(node.unsupported("inner dimensions differ"));
+    }
+    let (c0, c1, c_len) = match node.has_input(2) {
+        false => (0, 0, 0),
+        true => {
+            let c = node.input_shape(2)?;
+            let len = c.iter().product::<usize>();
+            match c.len() {
+                0 => (1, 1, len),
+                1 => (1, c[0], len),
+                2 => (c[0], c[1], len),
+                _ => return Err(node.unsupported("C does not broadcast to [M, N]")),
+            }
+        }
+    };
+    let acc = acc_of(dt);
+    let sz = acc.size();
+    let mut s = Carve::default();
+    if !acc.direct(dt) {
+        s.take(m * k * sz);
+        s.take(k * n * sz);
+    }
+    if trans_a {
+        s.take(m * k * sz);
+    }
+    if trans_b {
+        s.take(k * n * sz);
+    }
+    if !acc.direct(dt) {
+        s.take(m * n * sz);
+    }
+    if c_len > 0 && beta != 0.0 && acc != Acc::I64 && !acc.direct(dt) {
+        s.take(c_len * sz);
+    }
+    Ok(UkCall::new("gemm")
+        .iattr([
+            m as i64,
+            k as i64,
+            n as i64,
+            trans_a as i64,
+            trans_b as i64,
+            c0 as i64,
+            c1 as i64,
+        ])
+        .fattr([f64::from(alpha), f64::from(beta)])
+        .scratch(s.0))
 }

@@ -1,0 +1,153 @@
+//! The compiled path for end-to-end tests: compile a model with kiln-codegen to an executable
+//! and run it as a user would (`./model --input NAME=FILE.npy --output-dir DIR`), each run in
+//! its own process so a crash or hang in generated code fails one case, not the suite.
+
+use kiln_codegen::{CompileOptions, Emit, Silent, TargetDesc};
+use kiln_frontend::{load_model, ImportOptions, Model};
+use kiln_ir::{Graph, Tensor};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long one compiled run may take before it counts as a hang.
+const RUN_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Whether every value the graph computes has a static shape.
+pub fn fully_static(graph: &Graph) -> bool {
+    graph
+        .nodes()
+        .iter()
+        .all(|n| n.outputs.iter().all(|o| o.ty.is_static()))
+}
+
+/// A scratch folder removed on drop.
+pub struct WorkDir(pub PathBuf);
+
+impl WorkDir {
+    pub fn new(tag: &str) -> WorkDir {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("kiln-test-{}-{n}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create work dir");
+        WorkDir(dir)
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Compiles `graph` to `out` for the host with `emit`.
+pub fn compile_graph(
+    graph: &Graph,
+    name: &str,
+    emit: Emit,
+    out: &Path,
+) -> Result<kiln_codegen::Summary, String> {
+    let target = TargetDesc::host().map_err(|e| e.to_string())?;
+    let opts = CompileOptions {
+        name: name.to_string(),
+        target,
+        emit,
+        cc: std::env::var("CC").unwrap_or_else(|_| "cc".into()),
+    };
+    kiln_codegen::compile(graph, &opts, out, &mut Silent).map_err(|e| format!("compile: {e}"))
+}
+
+/// Runs a compiled executable on named inputs; returns its outputs in graph order.
+pub fn run_executable(
+    exe: &Path,
+    graph: &Graph,
+    inputs: &[(String, Tensor)],
+    dir: &Path,
+    threads: usize,
+) -> Result<Vec<Tensor>, String> {
+    let mut cmd = Command::new(exe);
+    for (i, (name, t)) in inputs.iter().enumerate() {
+        let p = dir.join(format!("input{i}.npy"));
+        kiln_frontend::npy::write_npy(&p, t).map_err(|e| format!("write input: {e}"))?;
+        cmd.arg("--input").arg(format!("{name}={}", p.display()));
+    }
+    let out_dir = dir.join("out");
+    cmd.arg("--output-dir")
+        .arg(&out_dir)
+        .arg("--threads")
+        .arg(threads.to_string());
+    cmd.stdout(Stdio::null()).stderr(Stdio::piped());
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().map_err(|e| e.to_string())? {
+            break s;
+        }
+        if start.elapsed() > RUN_TIMEOUT {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!(
+                "compiled model did not finish in {} s",
+                RUN_TIMEOUT.as_secs()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    let mut stderr = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        use std::io::Read;
+        let _ = e.read_to_string(&mut stderr);
+    }
+    if !status.success() {
+        return Err(format!("compiled model failed ({status}): {}", stderr.trim()));
+    }
+    graph
+        .outputs()
+        .iter()
+        .map(|o| {
+            let p = out_dir.join(kiln_frontend::npy::output_file_name(&o.name));
+            kiln_frontend::npy::read_npy(&p).map_err(|e| format!("output '{}': {e}", o.name))
+        })
+        .collect()
+}
+
+/// An ahead-of-time compiler needs shape-determining operands (Reshape shapes, Slice starts,
+/// Resize scales, TopK's k, Tile repeats, ...) at compile time. Tests pass them as graph inputs,
+/// so when `model` is not fully static, the small inputs (rank ≤ 1, ≤ 64 elements) are bound as
+/// constants — what a user does with `kiln compile --bind NAME=FILE`. Returns the model to
+/// compile and the inputs left to pass at run time (names and tensors, graph order).
+pub fn bind_shape_inputs(
+    model_path: &Path,
+    opts: &ImportOptions,
+    model: Model,
+    inputs: Vec<(String, Tensor)>,
+) -> Result<(Model, Vec<(String, Tensor)>), String> {
+    if fully_static(&model.graph) {
+        return Ok((model, inputs));
+    }
+    let (bound, runtime): (Vec<_>, Vec<_>) = inputs
+        .into_iter()
+        .partition(|(_, t)| t.rank() <= 1 && t.len() <= 64);
+    let mut opts = opts.clone();
+    opts.weights.extend(bound);
+    let model = load_model(model_path, &opts).map_err(|e| format!("import with bound inputs: {e}"))?;
+    Ok((model, runtime))
+}
+
+/// The compiled backend for ONNX node cases (see [`bind_shape_inputs`]).
+pub fn node_case_backend(
+    model_path: &Path,
+    model: &Model,
+    inputs: Vec<Tensor>,
+) -> Result<Vec<Tensor>, String> {
+    let names: Vec<String> = model.graph.input_types().map(|(n, _)| n.to_string()).collect();
+    let named: Vec<(String, Tensor)> = names.into_iter().zip(inputs).collect();
+    let model = load_model(model_path, &ImportOptions::default()).map_err(|e| format!("import: {e}"))?;
+    let (model, runtime) = bind_shape_inputs(model_path, &ImportOptions::default(), model, named)?;
+    let work = WorkDir::new("case");
+    let exe = work.0.join("model");
+    compile_graph(&model.graph, "model", Emit::Exe, &exe)?;
+    run_executable(&exe, &model.graph, &runtime, &work.0, 1)
+}
