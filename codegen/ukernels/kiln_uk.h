@@ -81,8 +81,8 @@ KILN_UK_INLINE uint16_t kiln_f32_to_f16(float f) { /* round to nearest even */
     if (ax < 0x33000000u) return (uint16_t)sign;
     uint32_t man = (ax & 0x7fffff) | 0x800000;
     int shift = 126 - (int)(ax >> 23);
-    uint32_t r = man >> (shift + 1);
-    uint32_t rem = man & ((1u << (shift + 1)) - 1), half = 1u << shift;
+    uint32_t r = man >> shift;
+    uint32_t rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
     if (rem > half || (rem == half && (r & 1))) r++;
     return (uint16_t)(sign | r);
   }
