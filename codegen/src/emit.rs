@@ -185,7 +185,10 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
         crate::llvm::set_kernel_attributes(self.cx, f, self.parts.target);
         let entry = self.cx.append_basic_block(f, "entry");
         self.builder.position_at_end(entry);
-        let info = NodeInfo::new(self.parts.graph, k.node);
+        let mut info = NodeInfo::new(self.parts.graph, k.node);
+        if let Some((slot, v)) = k.extra {
+            info = info.with_extra(slot, v);
+        }
         match &k.imp {
             KernelImpl::Generated(g) => {
                 let kb = KernelBuilder {

@@ -6,6 +6,7 @@ mod archive;
 pub mod control;
 pub mod emit;
 pub mod error;
+pub mod fuse;
 pub mod gen;
 pub mod header;
 pub mod llvm;
@@ -191,7 +192,15 @@ pub fn compile(
         kernel_lines: plan
             .kernels
             .iter()
-            .map(|k| format!("{} ({}): {}", k.node_name, k.op_name, k.describe()))
+            .map(|k| {
+                let fused: Vec<&str> = k.fused.iter().map(|n| graph.node(*n).op.name()).collect();
+                let with = if fused.is_empty() {
+                    String::new()
+                } else {
+                    format!(" + {}", fused.join(" + "))
+                };
+                format!("{} ({}{with}): {}", k.node_name, k.op_name, k.describe())
+            })
             .collect(),
     })
 }

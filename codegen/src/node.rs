@@ -9,6 +9,9 @@ pub struct NodeInfo<'g> {
     pub graph: &'g Graph,
     pub id: NodeId,
     pub node: &'g Node,
+    /// An extra input a fused kernel reads (a residual), at input index `.0`; indices between
+    /// the node's own inputs and it are absent.
+    pub extra: Option<(usize, ValueId)>,
 }
 
 impl<'g> NodeInfo<'g> {
@@ -17,6 +20,15 @@ impl<'g> NodeInfo<'g> {
             graph,
             id,
             node: graph.node(id),
+            extra: None,
+        }
+    }
+
+    /// The node with `value` as an extra input at index `slot` (at least its input count).
+    pub fn with_extra(self, slot: usize, value: ValueId) -> NodeInfo<'g> {
+        NodeInfo {
+            extra: Some((slot.max(self.node.inputs.len()), value)),
+            ..self
         }
     }
 
@@ -29,7 +41,10 @@ impl<'g> NodeInfo<'g> {
     }
 
     pub fn n_inputs(&self) -> usize {
-        self.node.inputs.len()
+        match self.extra {
+            Some((slot, _)) => slot + 1,
+            None => self.node.inputs.len(),
+        }
     }
 
     pub fn n_outputs(&self) -> usize {
@@ -38,7 +53,10 @@ impl<'g> NodeInfo<'g> {
 
     /// Input `i`, or None when it is absent (optional) or beyond the node's inputs.
     pub fn input(&self, i: usize) -> Option<ValueId> {
-        self.node.inputs.get(i).copied().flatten()
+        match self.extra {
+            Some((slot, v)) if i == slot => Some(v),
+            _ => self.node.inputs.get(i).copied().flatten(),
+        }
     }
 
     pub fn has_input(&self, i: usize) -> bool {

@@ -47,6 +47,10 @@ pub struct Kernel {
     pub packed: Vec<u64>,
     /// Arena offset of the kernel's shared scratch, if any.
     pub scratch: Option<u64>,
+    /// A fused kernel's extra input (input index, value): the residual of an epilogue.
+    pub extra: Option<(usize, ValueId)>,
+    /// Nodes fused into this kernel after `node`, for reports.
+    pub fused: Vec<NodeId>,
 }
 
 impl Kernel {
@@ -162,6 +166,17 @@ pub fn build(graph: &Graph, target: &TargetDesc) -> Result<Plan> {
         }
         storage.insert(id.out(0), Storage::Input(i));
     }
+    let chains = crate::fuse::find_chains(graph);
+    let mut chain_of_anchor: HashMap<NodeId, usize> = HashMap::new();
+    let mut chain_of_absorbed: HashMap<NodeId, usize> = HashMap::new();
+    for (c, chain) in chains.iter().enumerate() {
+        chain_of_anchor.insert(chain.anchor, c);
+        for &n in &chain.absorbed {
+            chain_of_absorbed.insert(n, c);
+        }
+    }
+    // Fused kernels wait here until the last node of their chain is reached.
+    let mut pending: HashMap<usize, Kernel> = HashMap::new();
     for id in graph.node_ids() {
         if !live[id.index()] {
             continue;
@@ -169,6 +184,28 @@ pub fn build(graph: &Graph, target: &TargetDesc) -> Result<Plan> {
         let node = graph.node(id);
         if matches!(node.op, Op::Input) {
             continue;
+        }
+        if let Some(&c) = chain_of_absorbed.get(&id) {
+            if chains[c].absorbed.last() == Some(&id) {
+                if let Some(k) = pending.remove(&c) {
+                    kernels.push(k);
+                }
+            }
+            continue;
+        }
+        if let Some(&c) = chain_of_anchor.get(&id) {
+            match fused_kernel(graph, id, &chains[c], target, &mut weights) {
+                Some(k) => {
+                    pending.insert(c, k);
+                    continue;
+                }
+                None => {
+                    // Not fusable after all: the chain's nodes get kernels of their own.
+                    for n in &chains[c].absorbed {
+                        chain_of_absorbed.remove(n);
+                    }
+                }
+            }
         }
         let n_out = node.outputs.len() as u32;
         let all_known = (0..n_out).all(|o| graph.known_value(id.out(o)).is_some());
@@ -213,6 +250,8 @@ pub fn build(graph: &Graph, target: &TargetDesc) -> Result<Plan> {
             outputs: (0..n_out).map(|o| id.out(o)).collect(),
             packed,
             scratch: None,
+            extra: None,
+            fused: vec![],
         });
     }
     match unsupported.len() {
@@ -276,6 +315,55 @@ pub fn build(graph: &Graph, target: &TargetDesc) -> Result<Plan> {
         weights,
         arena_bytes,
         thread_scratch_bytes,
+    })
+}
+
+/// The generated kernel for `chain` (anchor plus epilogue), or None if the generator declines.
+fn fused_kernel(
+    graph: &Graph,
+    anchor: NodeId,
+    chain: &crate::fuse::Chain,
+    target: &TargetDesc,
+    weights: &mut Vec<u8>,
+) -> Option<Kernel> {
+    let node = graph.node(anchor);
+    let mut info = NodeInfo::new(graph, anchor);
+    if info.output_shape(0).is_err() {
+        return None;
+    }
+    let slot = match node.op {
+        Op::Conv(_) => 3,
+        _ => node.inputs.len(),
+    }
+    .max(node.inputs.len());
+    if let Some(r) = chain.residual {
+        info = info.with_extra(slot, r);
+    }
+    let g = gen::gemm::lower_fused(&info, target, chain.epilogue(graph, slot))
+        .ok()
+        .flatten()?;
+    let mut inputs: Vec<Option<ValueId>> = (0..info.n_inputs()).map(|i| info.input(i)).collect();
+    for (i, inp) in inputs.iter_mut().enumerate() {
+        if !g.reads_input(i) {
+            *inp = None;
+        }
+    }
+    let packed = g
+        .packed_constants()
+        .iter()
+        .map(|p| push_weights(weights, &p.bytes))
+        .collect();
+    Some(Kernel {
+        node: anchor,
+        node_name: node.name.clone(),
+        op_name: node.op.name(),
+        imp: KernelImpl::Generated(g),
+        inputs,
+        outputs: vec![chain.output],
+        packed,
+        scratch: None,
+        extra: info.extra,
+        fused: chain.absorbed.clone(),
     })
 }
 

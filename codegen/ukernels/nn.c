@@ -159,12 +159,48 @@ static int64_t padded_count(const win_axis *a, int64_t pad_end, int64_t o) {
   return n;
 }
 
+/* MaxPool of one f32 plane, 2-D, no dilation, no Indices output: the common CNN case. Taps
+   outside the input are skipped (as -inf); the first maximum wins and NaN never replaces a
+   value, like the generic path. Interior outputs take the unchecked inner loop. */
+static void maxpool2d_f32_plane(const win_axis *ax, const float *x, float *y) {
+  const win_axis *r = &ax[1], *c = &ax[2];
+  for (int64_t oh = 0; oh < r->out; oh++) {
+    int64_t h0 = oh * r->stride - r->pad;
+    int64_t kh_lo = h0 < 0 ? -h0 : 0, kh_hi = r->in - h0 < r->k ? r->in - h0 : r->k;
+    float *yrow = y + oh * c->out;
+    for (int64_t ow = 0; ow < c->out; ow++) {
+      int64_t w0 = ow * c->stride - c->pad;
+      int64_t kw_lo = w0 < 0 ? -w0 : 0, kw_hi = c->in - w0 < c->k ? c->in - w0 : c->k;
+      int found = 0;
+      float best = 0;
+      for (int64_t kh = kh_lo; kh < kh_hi; kh++) {
+        const float *xr = x + (h0 + kh) * c->in + w0;
+        for (int64_t kw = kw_lo; kw < kw_hi; kw++) {
+          float v = xr[kw];
+          if (!found || v > best) {
+            best = v;
+            found = 1;
+          }
+        }
+      }
+      yrow[ow] = found ? best : -__builtin_inff();
+    }
+  }
+}
+
 static void pool_task(void *data, int64_t plane, int64_t tid) {
   (void)tid;
   const pool_job *j = data;
   const kiln_uk_args *a = j->a;
   const win_axis *ax = j->ax;
   int64_t dt = a->in[0].dtype;
+  if (j->kind == 0 && dt == KILN_F32 && a->n_out == 1 && ax[0].in == 1 && ax[0].out == 1 && ax[0].k == 1 &&
+      ax[1].dil == 1 && ax[2].dil == 1) {
+    int64_t in_plane = ax[1].in * ax[2].in, out_plane = ax[1].out * ax[2].out;
+    maxpool2d_f32_plane(ax, (const float *)a->in[0].data + plane * in_plane,
+                        (float *)a->out[0].data + plane * out_plane);
+    return;
+  }
   int64_t in_plane = ax[0].in * ax[1].in * ax[2].in;
   int64_t out_plane = ax[0].out * ax[1].out * ax[2].out;
   int64_t xoff = plane * in_plane, yoff = plane * out_plane;

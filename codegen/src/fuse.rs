@@ -1,0 +1,198 @@
+//! Epilogue fusion at kernel selection: a Conv or MatMul whose only consumer is a chain of
+//! `Add` (a residual of the same shape, or for MatMul a constant per-column bias) and an
+//! activation (Relu, Clip with constant bounds, Sigmoid, SiLU as `x * sigmoid(x)`, HardSwish)
+//! runs as one kernel that applies them to the output tile while it is in registers.
+//! The chain's intermediate values are never stored. The kernel runs at the position of the
+//! chain's last node, where every input it reads (the residual included) has been computed.
+
+use crate::gen::gemm::{Activation, Bias, Epilogue, Residual};
+use kiln_ir::{Binary, DType, Graph, NodeId, Op, Unary, ValueId};
+use std::collections::HashMap;
+
+/// A fusable chain starting at `anchor`.
+pub struct Chain {
+    pub anchor: NodeId,
+    /// The absorbed nodes in order; the last one's output is the kernel's output.
+    pub absorbed: Vec<NodeId>,
+    pub output: ValueId,
+    pub residual: Option<ValueId>,
+    /// A constant per-column bias for a MatMul.
+    pub col_bias: Option<Vec<f32>>,
+    pub activation: Activation,
+}
+
+impl Chain {
+    /// The epilogue for the anchor's generated kernel (the Conv's own bias included).
+    pub fn epilogue(&self, graph: &Graph, residual_slot: usize) -> Epilogue {
+        let anchor = graph.node(self.anchor);
+        let bias = match (&anchor.op, &self.col_bias) {
+            (_, Some(b)) => Bias::PerCol(b.clone()),
+            (Op::Conv(_), None) => match anchor
+                .inputs
+                .get(2)
+                .copied()
+                .flatten()
+                .and_then(|b| graph.known_value(b))
+            {
+                Some(b) => Bias::PerRow(b.to_f64_vec().iter().map(|&v| v as f32).collect()),
+                None => Bias::None,
+            },
+            _ => Bias::None,
+        };
+        Epilogue::new(
+            bias,
+            self.residual.map(|_| Residual::Input(residual_slot)),
+            self.activation,
+        )
+    }
+}
+
+fn consumers(graph: &Graph) -> (HashMap<ValueId, Vec<NodeId>>, HashMap<ValueId, usize>) {
+    let mut by_value: HashMap<ValueId, Vec<NodeId>> = HashMap::new();
+    for (id, n) in graph.node_ids().zip(graph.nodes()) {
+        for v in n.inputs.iter().flatten() {
+            by_value.entry(*v).or_default().push(id);
+        }
+    }
+    let uses = kiln_ir::rewrite::use_counts(graph);
+    (by_value, uses)
+}
+
+fn is_f32(graph: &Graph, v: ValueId) -> bool {
+    graph.value_type(v).dtype == DType::F32
+}
+
+/// Finds the chains of every Conv/MatMul anchor (at most one per anchor).
+pub fn find_chains(graph: &Graph) -> Vec<Chain> {
+    let (by_value, uses) = consumers(graph);
+    let sole = |v: ValueId| -> Option<NodeId> {
+        match (uses.get(&v), by_value.get(&v)) {
+            (Some(1), Some(c)) if c.len() == 1 => Some(c[0]),
+            _ => None,
+        }
+    };
+    let mut chains = vec![];
+    // A node joins at most one chain (an Add of two convolutions could join either).
+    let mut claimed = std::collections::HashSet::new();
+    for (id, node) in graph.node_ids().zip(graph.nodes()) {
+        let is_matmul = matches!(node.op, Op::MatMul);
+        if !(matches!(node.op, Op::Conv(_)) || is_matmul) || node.outputs.len() != 1 {
+            continue;
+        }
+        let mut cur = id.out(0);
+        if !is_f32(graph, cur) {
+            continue;
+        }
+        let mut chain = Chain {
+            anchor: id,
+            absorbed: vec![],
+            output: cur,
+            residual: None,
+            col_bias: None,
+            activation: Activation::None,
+        };
+        loop {
+            // SiLU: the value feeds exactly a Sigmoid and the Mul of itself with that Sigmoid.
+            if let (Some(2), Some(cs)) = (uses.get(&cur), by_value.get(&cur)) {
+                if cs.len() == 2 {
+                    let sig = cs
+                        .iter()
+                        .copied()
+                        .find(|&c| matches!(graph.node(c).op, Op::Unary(Unary::Sigmoid)));
+                    let mul = cs
+                        .iter()
+                        .copied()
+                        .find(|&c| matches!(graph.node(c).op, Op::Binary(Binary::Mul)));
+                    if let (Some(s), Some(m)) = (sig, mul) {
+                        let sv = s.out(0);
+                        let mn = graph.node(m);
+                        let operands: Vec<ValueId> = mn.inputs.iter().flatten().copied().collect();
+                        let free = !claimed.contains(&s) && !claimed.contains(&m);
+                        if free && sole(sv) == Some(m) && operands.contains(&cur) && operands.contains(&sv) {
+                            chain.absorbed.extend([s, m]);
+                            chain.activation = Activation::Silu;
+                            cur = m.out(0);
+                        }
+                    }
+                }
+                break;
+            }
+            let Some(c) = sole(cur).filter(|c| !claimed.contains(c)) else {
+                break;
+            };
+            let cn = graph.node(c);
+            let other = |cn: &kiln_ir::Node| -> Option<ValueId> {
+                let ins: Vec<ValueId> = cn.inputs.iter().flatten().copied().collect();
+                match ins.as_slice() {
+                    [a, b] if *a == cur && *b != cur => Some(*b),
+                    [a, b] if *b == cur && *a != cur => Some(*a),
+                    _ => None,
+                }
+            };
+            let out_ty = graph.value_type(cur).clone();
+            match &cn.op {
+                Op::Binary(Binary::Add) if chain.activation == Activation::None => {
+                    let Some(o) = other(cn) else { break };
+                    let oty = graph.value_type(o);
+                    if chain.residual.is_none() && oty == &out_ty && graph.known_value(o).is_none() {
+                        chain.residual = Some(o);
+                    } else if let (true, None, Some(t)) = (is_matmul, &chain.col_bias, graph.known_value(o)) {
+                        let n = *out_ty
+                            .fixed_shape()
+                            .and_then(|s| s.last().copied())
+                            .as_ref()
+                            .unwrap_or(&0);
+                        if t.dtype() != DType::F32
+                            || t.len() != n
+                            || t.shape().iter().rev().skip(1).any(|&d| d != 1)
+                        {
+                            break;
+                        }
+                        chain.col_bias = Some(t.to_f64_vec().iter().map(|&v| v as f32).collect());
+                    } else {
+                        break;
+                    }
+                    if graph.value_type(c.out(0)) != &out_ty {
+                        break;
+                    }
+                }
+                Op::Unary(Unary::Relu) if chain.activation == Activation::None => {
+                    chain.activation = Activation::Relu
+                }
+                Op::Unary(Unary::HardSwish) if chain.activation == Activation::None => {
+                    chain.activation = Activation::HardSwish
+                }
+                Op::Unary(Unary::Sigmoid) if chain.activation == Activation::None => {
+                    chain.activation = Activation::Sigmoid
+                }
+                Op::Clip if chain.activation == Activation::None => {
+                    let bound = |i: usize, dflt: f32| -> Option<f32> {
+                        match cn.inputs.get(i).copied().flatten() {
+                            None => Some(dflt),
+                            Some(v) => graph
+                                .known_value(v)
+                                .and_then(|t| t.to_f64_vec().first().map(|&x| x as f32)),
+                        }
+                    };
+                    let (Some(min), Some(max)) = (bound(1, f32::NEG_INFINITY), bound(2, f32::INFINITY))
+                    else {
+                        break;
+                    };
+                    chain.activation = Activation::Clip { min, max };
+                }
+                _ => break,
+            }
+            chain.absorbed.push(c);
+            cur = c.out(0);
+            if chain.activation != Activation::None {
+                break;
+            }
+        }
+        if !chain.absorbed.is_empty() {
+            claimed.extend(chain.absorbed.iter().copied());
+            chain.output = cur;
+            chains.push(chain);
+        }
+    }
+    chains
+}
