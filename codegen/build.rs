@@ -23,7 +23,11 @@ const UNITS: &[(&str, &[&str], bool)] = &[
     ("uk_movement", &["ukernels/movement.c"], false),
     ("uk_nn", &["ukernels/nn.c"], false),
     ("uk_misc", &["ukernels/misc.c"], false),
-    ("rt_core", &["../runtime-stub/c/runtime.c"], true),
+    (
+        "rt_core",
+        &["../runtime-stub/c/runtime.c", "../runtime-stub/c/error_context.c"],
+        true,
+    ),
     (
         "rt_exe",
         &["../runtime-stub/c/exe_main.c", "../runtime-stub/c/npy.c"],

@@ -22,6 +22,8 @@ struct Cli {
 enum Command {
     /// Show a model's inputs, outputs, opset, operators, parameters and estimated FLOPs.
     Inspect(commands::inspect::Args),
+    /// Compile a model to an executable, a static library + C header, an object, LLVM IR or assembly.
+    Compile(commands::compile::Args),
     /// Run a model on input files and write or show its outputs.
     Run(commands::run::Args),
 }
@@ -30,6 +32,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Inspect(args) => commands::inspect::run(args),
+        Command::Compile(args) => commands::compile::run(args),
         Command::Run(args) => commands::run::run(args),
     };
     match result {
@@ -69,10 +72,14 @@ fn one_line(e: &anyhow::Error) -> String {
     msg
 }
 
-/// Exit status: 2 usage (clap), 3 the model is invalid or unsupported, 1 anything else.
+/// Exit status: 2 usage (clap), 3 the model is invalid or unsupported (also by the backend),
+/// 1 anything else.
 fn exit_code(e: &anyhow::Error) -> u8 {
-    match e.downcast_ref::<kiln_frontend::FrontendError>() {
-        Some(_) => 3,
-        None => 1,
+    if e.downcast_ref::<kiln_frontend::FrontendError>().is_some() {
+        return 3;
+    }
+    match e.downcast_ref::<kiln_codegen::CodegenError>() {
+        Some(c) if c.is_unsupported() => 3,
+        _ => 1,
     }
 }

@@ -60,20 +60,7 @@ pub fn read_tensor_file(path: &Path) -> Result<Tensor> {
     }
 }
 
-/// The output file name of an output value: characters outside `[A-Za-z0-9._-]` become `_`.
-pub fn output_file_name(name: &str) -> String {
-    let base: String = name
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    format!("{base}.npy")
-}
+pub use kiln_frontend::npy::output_file_name;
 
 /// A one-line summary of a tensor's values: type, a few leading values, min/max/mean.
 pub fn summarize(t: &Tensor) -> String {

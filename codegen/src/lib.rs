@@ -1,13 +1,225 @@
 //! kiln-codegen: lowers a typed graph to kernels, plans memory, emits LLVM IR with inkwell,
-//! links the micro-kernel and runtime bitcode, and writes artifacts (object, executable,
-//! static library + C header, LLVM IR, assembly).
+//! links the micro-kernel and runtime bitcode, and writes artifacts (executable, static library
+//! + C header, object, LLVM IR, assembly).
 
+mod archive;
+pub mod control;
+pub mod emit;
 pub mod error;
 pub mod gen;
+pub mod header;
 pub mod llvm;
 pub mod node;
+pub mod plan;
 pub mod target;
 pub mod uk;
 
 pub use error::CodegenError;
 pub use target::TargetDesc;
+
+use error::Result;
+use inkwell::context::Context;
+use inkwell::passes::PassBuilderOptions;
+use inkwell::targets::FileType;
+use inkwell::OptimizationLevel;
+use kiln_ir::Graph;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// What `kiln compile` writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Emit {
+    /// A self-contained executable (linked with the system C compiler).
+    Exe,
+    /// `libNAME.a` and `NAME.h`.
+    StaticLib,
+    /// A relocatable object file with the model and its runtime.
+    Obj,
+    /// Optimized LLVM IR (text).
+    LlvmIr,
+    /// Assembly for the target.
+    Asm,
+}
+
+pub struct CompileOptions {
+    /// The model name: the exported API's prefix (a C identifier).
+    pub name: String,
+    pub target: TargetDesc,
+    pub emit: Emit,
+    /// The system C compiler used to link executables (`cc` unless `$CC` says otherwise).
+    pub cc: String,
+}
+
+/// The compile phases, for progress display.
+pub trait Progress {
+    fn phase(&mut self, name: &str);
+    fn kernel(&mut self, index: usize, total: usize);
+}
+
+/// No progress display.
+pub struct Silent;
+
+impl Progress for Silent {
+    fn phase(&mut self, _: &str) {}
+    fn kernel(&mut self, _: usize, _: usize) {}
+}
+
+/// What a compilation produced.
+#[derive(Clone, Debug)]
+pub struct Summary {
+    pub files: Vec<PathBuf>,
+    pub kernels: usize,
+    pub generated_kernels: usize,
+    pub weights_bytes: u64,
+    pub arena_bytes: u64,
+    pub thread_scratch_bytes: u64,
+    pub target: String,
+    /// One line per kernel: node name, operator, implementation.
+    pub kernel_lines: Vec<String>,
+}
+
+/// Compiles `graph` and writes the artifact at `out` (for a static library, `out` is the
+/// directory-and-stem: `dir/name` gives `dir/libname.a` and `dir/name.h`).
+pub fn compile(
+    graph: &Graph,
+    opts: &CompileOptions,
+    out: &Path,
+    progress: &mut dyn Progress,
+) -> Result<Summary> {
+    progress.phase("plan");
+    let lowered = control::lower_control_flow(graph)?;
+    let graph = lowered.as_ref().unwrap_or(graph);
+    let plan = plan::build(graph, &opts.target)?;
+    let api = emit::Api {
+        prefix: header::c_ident(&opts.name),
+    };
+    let parts = emit::ModuleParts {
+        graph,
+        plan: &plan,
+        target: &opts.target,
+        api: &api,
+        model_name: &opts.name,
+        with_main: opts.emit == Emit::Exe,
+    };
+    progress.phase("codegen");
+    let cx = Context::create();
+    let module = emit::build_module(&cx, &parts, &mut |i, n| progress.kernel(i, n))?;
+    progress.phase("llvm");
+    let tm = opts.target.target_machine(OptimizationLevel::Aggressive)?;
+    module
+        .run_passes("default<O3>", &tm, PassBuilderOptions::create())
+        .map_err(|e| CodegenError::internal(format!("LLVM optimization: {e}")))?;
+    llvm::verify(&module)?;
+
+    let write = |path: &Path, bytes: &[u8]| -> Result<()> {
+        std::fs::write(path, bytes)
+            .map_err(|e| CodegenError::Io(format!("cannot write {}: {e}", path.display())))
+    };
+    let object = |ft: FileType| -> Result<Vec<u8>> {
+        let buf = tm
+            .write_to_memory_buffer(&module, ft)
+            .map_err(|e| CodegenError::internal(format!("LLVM code generation: {e}")))?;
+        Ok(buf.as_slice().to_vec())
+    };
+    let mut files = vec![];
+    match opts.emit {
+        Emit::LlvmIr => {
+            write(out, module.print_to_string().to_bytes())?;
+            files.push(out.to_path_buf());
+        }
+        Emit::Asm => {
+            write(out, &object(FileType::Assembly)?)?;
+            files.push(out.to_path_buf());
+        }
+        Emit::Obj => {
+            write(out, &object(FileType::Object)?)?;
+            files.push(out.to_path_buf());
+        }
+        Emit::Exe => {
+            let obj = object(FileType::Object)?;
+            progress.phase("link");
+            link_executable(&opts.cc, &obj, out)?;
+            files.push(out.to_path_buf());
+        }
+        Emit::StaticLib => {
+            let obj = object(FileType::Object)?;
+            progress.phase("archive");
+            let dir = out
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
+            let stem = out
+                .file_name()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| api.prefix.clone());
+            let lib = dir.join(format!("lib{stem}.a"));
+            let member = format!("{}.o", truncate(&api.prefix, 13));
+            write(&lib, &archive::write_archive(&member, &obj, &api.exported(false)))?;
+            let h = dir.join(format!("{stem}.h"));
+            let text = header::header(
+                &api,
+                &opts.name,
+                &opts.target.triple,
+                &emit::signature_inputs(graph),
+                &emit::signature_outputs(graph),
+                plan.arena_bytes,
+                plan.thread_scratch_bytes,
+            );
+            write(&h, text.as_bytes())?;
+            files.push(lib);
+            files.push(h);
+        }
+    }
+    let generated_kernels = plan
+        .kernels
+        .iter()
+        .filter(|k| matches!(k.imp, plan::KernelImpl::Generated(_)))
+        .count();
+    Ok(Summary {
+        files,
+        kernels: plan.kernels.len(),
+        generated_kernels,
+        weights_bytes: plan.weights.len() as u64,
+        arena_bytes: plan.arena_bytes,
+        thread_scratch_bytes: plan.thread_scratch_bytes,
+        target: opts.target.describe(),
+        kernel_lines: plan
+            .kernels
+            .iter()
+            .map(|k| format!("{} ({}): {}", k.node_name, k.op_name, k.describe()))
+            .collect(),
+    })
+}
+
+fn truncate(s: &str, n: usize) -> &str {
+    match s.char_indices().nth(n) {
+        Some((i, _)) => &s[..i],
+        None => s,
+    }
+}
+
+/// Links the object into an executable with the system C compiler.
+fn link_executable(cc: &str, obj: &[u8], out: &Path) -> Result<()> {
+    let dir = std::env::temp_dir().join(format!("kiln-link-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| CodegenError::Io(format!("cannot create {}: {e}", dir.display())))?;
+    let obj_path = dir.join("model.o");
+    std::fs::write(&obj_path, obj)
+        .map_err(|e| CodegenError::Io(format!("cannot write {}: {e}", obj_path.display())))?;
+    let result = Command::new(cc)
+        .arg("-o")
+        .arg(out)
+        .arg(&obj_path)
+        .args(["-lpthread", "-lm", "-Wl,--build-id=none"])
+        .output();
+    let _ = std::fs::remove_dir_all(&dir);
+    let output = result
+        .map_err(|e| CodegenError::Io(format!("cannot run the C compiler '{cc}' to link: {e} (set $CC)")))?;
+    if !output.status.success() {
+        return Err(CodegenError::Io(format!(
+            "linking with '{cc}' failed: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        )));
+    }
+    Ok(())
+}

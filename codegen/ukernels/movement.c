@@ -1,2 +1,528 @@
-/* Micro-kernels for the movement family. See kiln_uk.h for the contract. */
+/* Micro-kernels for the movement family. See kiln_uk.h for the contract.
+ *
+ * Pure movement is dtype-generic: elements are copied by size. Shapes, strides and index maps
+ * are computed at compile time by codegen/src/uk/movement.rs (which merges contiguous dims
+ * first), so these loops only walk what is left. Indices read from runtime inputs are always
+ * range-checked before use. */
 #include "kiln_uk.h"
+
+typedef int64_t i64;
+
+/* Ranks after dim merging; views (Tile, DepthToSpace) double a rank at most. */
+#define MV_MAX_RANK 32
+/* Copies smaller than this stay on the calling thread: waking workers costs more. */
+#define MV_PAR_BYTES (256 * 1024)
+/* Transpose tile edge in elements: 16 x 4 bytes is one cache line per row. */
+#define MV_TILE 16
+
+KILN_UK_INLINE void mv_copy_elem(char *d, const char *s, i64 esize) {
+  switch (esize) {
+  case 1: *(uint8_t *)d = *(const uint8_t *)s; break;
+  case 2: *(uint16_t *)d = *(const uint16_t *)s; break;
+  case 4: *(uint32_t *)d = *(const uint32_t *)s; break;
+  default: *(uint64_t *)d = *(const uint64_t *)s; break;
+  }
+}
+
+/* n elements from s (byte stride ss) to d (byte stride ds). The switch sits outside the loop
+   so each case vectorises on its own. */
+KILN_UK_INLINE void mv_copy_row(char *d, i64 ds, const char *s, i64 ss, i64 n, i64 esize) {
+  switch (esize) {
+  case 1:
+    for (i64 j = 0; j < n; j++) *(uint8_t *)(d + j * ds) = *(const uint8_t *)(s + j * ss);
+    break;
+  case 2:
+    for (i64 j = 0; j < n; j++) *(uint16_t *)(d + j * ds) = *(const uint16_t *)(s + j * ss);
+    break;
+  case 4:
+    for (i64 j = 0; j < n; j++) *(uint32_t *)(d + j * ds) = *(const uint32_t *)(s + j * ss);
+    break;
+  default:
+    for (i64 j = 0; j < n; j++) *(uint64_t *)(d + j * ds) = *(const uint64_t *)(s + j * ss);
+    break;
+  }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Strided copy: Transpose, Slice, Concat, Split, Expand, Tile, DepthToSpace, SpaceToDepth.
+ *
+ * iattr: [esize, n_copies, then per copy:
+ *         src_input, dst_output, src_off, dst_off, block, rank, dims[rank], src_strides[rank],
+ *         dst_strides[rank]]
+ * Offsets and strides are in bytes (source strides may be negative or 0). Each index of `dims`
+ * copies `block` contiguous bytes; when block == esize the innermost dim is an element loop, and
+ * when the dim before it is contiguous in the source (a transpose of the last two axes) the
+ * pair is walked in tiles. */
+
+typedef struct mv_copy {
+  const char *src;
+  char *dst;
+  i64 esize, block, rank, inner; /* inner: dims walked inside one outer step (0, 1 or 2) */
+  const i64 *dims, *ss, *ds;
+  i64 n_outer;
+} mv_copy;
+
+static void mv_copy_range(const mv_copy *c, i64 lo, i64 hi) {
+  i64 outer_rank = c->rank - c->inner;
+  i64 idx[MV_MAX_RANK];
+  const char *s = c->src;
+  char *d = c->dst;
+  i64 rem = lo;
+  for (i64 k = outer_rank - 1; k >= 0; k--) {
+    idx[k] = rem % c->dims[k];
+    rem /= c->dims[k];
+    s += idx[k] * c->ss[k];
+    d += idx[k] * c->ds[k];
+  }
+  const i64 es = c->esize, r = c->rank;
+  for (i64 o = lo; o < hi; o++) {
+    if (c->inner == 0) {
+      __builtin_memcpy(d, s, (size_t)c->block);
+    } else if (c->inner == 1) {
+      mv_copy_row(d, c->ds[r - 1], s, c->ss[r - 1], c->dims[r - 1], es);
+    } else {
+      /* dims[r-2] is contiguous in the source, dims[r-1] in the destination. */
+      i64 na = c->dims[r - 2], nb = c->dims[r - 1];
+      i64 dsa = c->ds[r - 2], ssb = c->ss[r - 1];
+      for (i64 a0 = 0; a0 < na; a0 += MV_TILE) {
+        i64 a1 = a0 + MV_TILE < na ? a0 + MV_TILE : na;
+        for (i64 b0 = 0; b0 < nb; b0 += MV_TILE) {
+          i64 b1 = b0 + MV_TILE < nb ? b0 + MV_TILE : nb;
+          for (i64 a = a0; a < a1; a++)
+            mv_copy_row(d + a * dsa + b0 * es, es, s + a * es + b0 * ssb, ssb, b1 - b0, es);
+        }
+      }
+    }
+    for (i64 k = outer_rank - 1; k >= 0; k--) {
+      s += c->ss[k];
+      d += c->ds[k];
+      if (++idx[k] < c->dims[k]) break;
+      s -= idx[k] * c->ss[k];
+      d -= idx[k] * c->ds[k];
+      idx[k] = 0;
+    }
+  }
+}
+
+typedef struct mv_par {
+  const mv_copy *c;
+  i64 n_tasks;
+} mv_par;
+
+static void mv_copy_task(void *data, i64 i, i64 tid) {
+  (void)tid;
+  const mv_par *p = (const mv_par *)data;
+  i64 n = p->c->n_outer;
+  mv_copy_range(p->c, n * i / p->n_tasks, n * (i + 1) / p->n_tasks);
+}
+
+int32_t kiln_uk_copy(const kiln_uk_args *a) {
+  const i64 *at = a->iattr;
+  i64 esize = at[0], n_copies = at[1];
+  at += 2;
+  for (i64 ci = 0; ci < n_copies; ci++) {
+    mv_copy c;
+    i64 src_in = at[0], dst_out = at[1];
+    c.src = (const char *)a->in[src_in].data + at[2];
+    c.dst = (char *)a->out[dst_out].data + at[3];
+    c.esize = esize;
+    c.block = at[4];
+    c.rank = at[5];
+    c.dims = at + 6;
+    c.ss = c.dims + c.rank;
+    c.ds = c.ss + c.rank;
+    at = c.ds + c.rank;
+    i64 r = c.rank;
+    if (c.block != esize || r == 0)
+      c.inner = 0;
+    else if (r >= 2 && c.ds[r - 1] == esize && c.ss[r - 2] == esize && c.ss[r - 1] != esize)
+      c.inner = 2;
+    else
+      c.inner = 1;
+    i64 total = c.block, n_outer = 1;
+    for (i64 k = 0; k < r; k++) {
+      total *= c.dims[k];
+      if (k < r - c.inner) n_outer *= c.dims[k];
+    }
+    c.n_outer = n_outer;
+    if (total == 0) continue;
+    i64 threads = kiln_rt_num_threads(a->ctx);
+    if (total >= MV_PAR_BYTES && threads > 1 && n_outer > 1) {
+      mv_par p = {&c, n_outer < threads * 4 ? n_outer : threads * 4};
+      kiln_rt_parallel_for(a->ctx, mv_copy_task, &p, p.n_tasks);
+    } else {
+      mv_copy_range(&c, 0, n_outer);
+    }
+  }
+  return KILN_UK_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Per-axis index maps: Pad (every mode; the maps come from the known pads).
+ *
+ * iattr: [esize, rank, out_dims[rank], in_strides[rank] (bytes), maps (out_dims[k] entries per
+ *         axis: source index, or -1 for the fill value), run_lo, run_hi]
+ * On the last axis, outputs [run_lo, run_hi) read consecutive source elements (one memcpy).
+ * Inputs: data, pads, constant_value? (its first element is the fill; absent = zero). */
+int32_t kiln_uk_gather_axes(const kiln_uk_args *a) {
+  const i64 *at = a->iattr;
+  i64 es = at[0], r = at[1];
+  const i64 *od = at + 2, *st = od + r;
+  const i64 *maps[MV_MAX_RANK];
+  const i64 *m = st + r;
+  for (i64 k = 0; k < r; k++) {
+    maps[k] = m;
+    m += od[k];
+  }
+  i64 run_lo = m[0], run_hi = m[1];
+  uint64_t fill = 0;
+  if (a->n_in > 2 && a->in[2].data && a->in[2].numel > 0) __builtin_memcpy(&fill, a->in[2].data, (size_t)es);
+  const char *src = (const char *)a->in[0].data;
+  char *dst = (char *)a->out[0].data;
+  if (a->out[0].numel == 0) return KILN_UK_OK;
+  if (r == 0) {
+    __builtin_memcpy(dst, src, (size_t)es);
+    return KILN_UK_OK;
+  }
+  i64 inner = od[r - 1], rows = a->out[0].numel / inner;
+  const i64 *lm = maps[r - 1];
+  i64 idx[MV_MAX_RANK] = {0};
+  for (i64 row = 0; row < rows; row++, dst += inner * es) {
+    i64 off = 0;
+    int filled = 0;
+    for (i64 k = 0; k < r - 1; k++) {
+      i64 s = maps[k][idx[k]];
+      if (s < 0) filled = 1;
+      off += s * st[k];
+    }
+    if (filled) {
+      for (i64 j = 0; j < inner; j++) mv_copy_elem(dst + j * es, (const char *)&fill, es);
+    } else {
+      const char *srow = src + off;
+      for (i64 j = 0; j < inner; j++) {
+        if (j == run_lo && run_hi > run_lo) {
+          __builtin_memcpy(dst + j * es, srow + lm[j] * st[r - 1], (size_t)((run_hi - run_lo) * es));
+          j = run_hi - 1;
+          continue;
+        }
+        i64 s = lm[j];
+        mv_copy_elem(dst + j * es, s < 0 ? (const char *)&fill : srow + s * st[r - 1], es);
+      }
+    }
+    for (i64 k = r - 2; k >= 0; k--) {
+      if (++idx[k] < od[k]) break;
+      idx[k] = 0;
+    }
+  }
+  return KILN_UK_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Gather family. Indices are i32 or i64 runtime values; negative ones count from the back. */
+
+KILN_UK_INLINE int mv_index(const kiln_uk_args *a, const kiln_tensor *t, i64 i, i64 dim, i64 *out) {
+  i64 v = kiln_load_i64(t->data, t->dtype, i);
+  i64 w = v < 0 ? v + dim : v;
+  if (w < 0 || w >= dim) {
+    kiln_rt_set_error(a->ctx, "index %lld out of range [-%lld, %lld)", (long long)v, (long long)dim,
+                      (long long)dim);
+    return KILN_UK_EINDEX;
+  }
+  *out = w;
+  return 0;
+}
+
+/* Gather. iattr: [outer, axis_dim, n_indices, inner_bytes]. */
+int32_t kiln_uk_gather(const kiln_uk_args *a) {
+  i64 outer = a->iattr[0], dim = a->iattr[1], n = a->iattr[2], inner = a->iattr[3];
+  const char *src = (const char *)a->in[0].data;
+  char *dst = (char *)a->out[0].data;
+  const kiln_tensor *it = &a->in[1];
+  for (i64 j = 0; j < n; j++) {
+    i64 w;
+    if (mv_index(a, it, j, dim, &w)) return KILN_UK_EINDEX;
+    for (i64 o = 0; o < outer; o++)
+      __builtin_memcpy(dst + (o * n + j) * inner, src + (o * dim + w) * inner, (size_t)inner);
+  }
+  return KILN_UK_OK;
+}
+
+/* Flat data offsets (elements) of GatherElements/ScatterElements: the index tensor's position
+   with the axis coordinate replaced by its value. iattr from `at`: [axis, rank, idx_dims[rank],
+   data_strides[rank] (elements), data_axis_dim]. Calls f(ctx, element, offset). */
+#define MV_ELEMENTS_LOOP(a, at, BODY)                                                        \
+  do {                                                                                     \
+    i64 ax_ = (at)[0], r_ = (at)[1];                                                       \
+    const i64 *id_ = (at) + 2, *ds_ = id_ + r_;                                            \
+    i64 adim_ = ds_[r_];                                                                   \
+    const kiln_tensor *it_ = &(a)->in[1];                                                  \
+    i64 pos_[MV_MAX_RANK] = {0};                                                           \
+    for (i64 e_ = 0; e_ < it_->numel; e_++) {                                              \
+      i64 w_;                                                                              \
+      if (mv_index(a, it_, e_, adim_, &w_)) return KILN_UK_EINDEX;                         \
+      i64 off_ = 0;                                                                        \
+      for (i64 k_ = 0; k_ < r_; k_++) off_ += (k_ == ax_ ? w_ : pos_[k_]) * ds_[k_];       \
+      {                                                                                    \
+        i64 elem = e_, off = off_;                                                         \
+        BODY;                                                                              \
+      }                                                                                    \
+      for (i64 k_ = r_ - 1; k_ >= 0; k_--) {                                               \
+        if (++pos_[k_] < id_[k_]) break;                                                   \
+        pos_[k_] = 0;                                                                      \
+      }                                                                                    \
+    }                                                                                      \
+  } while (0)
+
+int32_t kiln_uk_gather_elements(const kiln_uk_args *a) {
+  i64 es = kiln_dtype_size(a->out[0].dtype);
+  const char *src = (const char *)a->in[0].data;
+  char *dst = (char *)a->out[0].data;
+  MV_ELEMENTS_LOOP(a, a->iattr, mv_copy_elem(dst + elem * es, src + off * es, es));
+  return KILN_UK_OK;
+}
+
+/* Offset (elements) of index tuple t of GatherND/ScatterND. iattr from `at`: [k, per_batch,
+   batch_stride, dims[k], strides[k]]. */
+KILN_UK_INLINE int mv_nd_offset(const kiln_uk_args *a, const i64 *at, i64 t, i64 *off) {
+  i64 k = at[0], per_batch = at[1], batch_stride = at[2];
+  const i64 *dims = at + 3, *st = dims + k;
+  i64 o = (t / per_batch) * batch_stride;
+  for (i64 j = 0; j < k; j++) {
+    i64 w;
+    if (mv_index(a, &a->in[1], t * k + j, dims[j], &w)) return KILN_UK_EINDEX;
+    o += w * st[j];
+  }
+  *off = o;
+  return 0;
+}
+
+/* GatherND. iattr: [tuples, slice (elements), k, per_batch, batch_stride, dims[k], strides[k]]. */
+int32_t kiln_uk_gather_nd(const kiln_uk_args *a) {
+  i64 tuples = a->iattr[0], slice = a->iattr[1];
+  i64 es = kiln_dtype_size(a->out[0].dtype);
+  const char *src = (const char *)a->in[0].data;
+  char *dst = (char *)a->out[0].data;
+  for (i64 t = 0; t < tuples; t++) {
+    i64 off;
+    if (mv_nd_offset(a, a->iattr + 2, t, &off)) return KILN_UK_EINDEX;
+    __builtin_memcpy(dst + t * slice * es, src + off * es, (size_t)(slice * es));
+  }
+  return KILN_UK_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Scatter family: the output starts as a copy of the data, then updates are combined in index
+ * order. Reduction codes: 0 none, 1 add, 2 mul, 3 max, 4 min. Integers wrap, f16/bf16 round
+ * each step through f32, bool uses or/and. ScatterND's max/min propagate NaN (numpy maximum);
+ * ScatterElements' keep the current value unless the update compares greater/less. */
+
+#define MV_RED_INT(T, UT)                                                                   \
+  {                                                                                        \
+    T x = ((T *)o)[i], y = ((const T *)u)[j], z;                                           \
+    switch (r) {                                                                           \
+    case 1: z = (T)((UT)x + (UT)y); break;                                                 \
+    case 2: z = (T)((UT)x * (UT)y); break;                                                 \
+    case 3: z = y > x ? y : x; break;                                                      \
+    case 4: z = y < x ? y : x; break;                                                      \
+    default: z = y; break;                                                                 \
+    }                                                                                      \
+    ((T *)o)[i] = z;                                                                       \
+  }                                                                                        \
+  break
+
+KILN_UK_INLINE float mv_red_float(i64 r, float x, float y, int nan_prop) {
+  int nan = nan_prop && (x != x || y != y);
+  switch (r) {
+  case 1: return x + y;
+  case 2: return x * y;
+  case 3: return nan ? (x != x ? x : y) : (y > x ? y : x);
+  case 4: return nan ? (x != x ? x : y) : (y < x ? y : x);
+  default: return y;
+  }
+}
+
+KILN_UK_INLINE double mv_red_double(i64 r, double x, double y, int nan_prop) {
+  int nan = nan_prop && (x != x || y != y);
+  switch (r) {
+  case 1: return x + y;
+  case 2: return x * y;
+  case 3: return nan ? (x != x ? x : y) : (y > x ? y : x);
+  case 4: return nan ? (x != x ? x : y) : (y < x ? y : x);
+  default: return y;
+  }
+}
+
+static void mv_reduce(i64 dt, i64 r, void *o, i64 i, const void *u, i64 j, int nan_prop) {
+  switch (dt) {
+  case KILN_BOOL: {
+    uint8_t x = ((uint8_t *)o)[i], y = ((const uint8_t *)u)[j], z;
+    switch (r) {
+    case 1: z = x || y; break;
+    case 2: z = x && y; break;
+    case 3: z = y > x ? y : x; break;
+    case 4: z = y < x ? y : x; break;
+    default: z = y; break;
+    }
+    ((uint8_t *)o)[i] = z;
+    break;
+  }
+  case KILN_U8: MV_RED_INT(uint8_t, uint32_t);
+  case KILN_I8: MV_RED_INT(int8_t, uint32_t);
+  case KILN_U16: MV_RED_INT(uint16_t, uint32_t);
+  case KILN_I16: MV_RED_INT(int16_t, uint32_t);
+  case KILN_U32: MV_RED_INT(uint32_t, uint32_t);
+  case KILN_I32: MV_RED_INT(int32_t, uint32_t);
+  case KILN_U64: MV_RED_INT(uint64_t, uint64_t);
+  case KILN_I64: MV_RED_INT(int64_t, uint64_t);
+  case KILN_F16: {
+    float x = kiln_f16_to_f32(((uint16_t *)o)[i]), y = kiln_f16_to_f32(((const uint16_t *)u)[j]);
+    ((uint16_t *)o)[i] = kiln_f32_to_f16(mv_red_float(r, x, y, nan_prop));
+    break;
+  }
+  case KILN_BF16: {
+    float x = kiln_bf16_to_f32(((uint16_t *)o)[i]), y = kiln_bf16_to_f32(((const uint16_t *)u)[j]);
+    ((uint16_t *)o)[i] = kiln_f32_to_bf16(mv_red_float(r, x, y, nan_prop));
+    break;
+  }
+  case KILN_F32: ((float *)o)[i] = mv_red_float(r, ((float *)o)[i], ((const float *)u)[j], nan_prop); break;
+  default: ((double *)o)[i] = mv_red_double(r, ((double *)o)[i], ((const double *)u)[j], nan_prop); break;
+  }
+}
+
+/* ScatterND. iattr: [reduction, tuples, slice (elements), k, per_batch(=1), batch_stride(=0),
+   dims[k], strides[k]]. Inputs: data, indices, updates. */
+int32_t kiln_uk_scatter_nd(const kiln_uk_args *a) {
+  i64 red = a->iattr[0], tuples = a->iattr[1], slice = a->iattr[2];
+  i64 dt = a->out[0].dtype, es = kiln_dtype_size(dt);
+  char *dst = (char *)a->out[0].data;
+  __builtin_memcpy(dst, a->in[0].data, (size_t)(a->out[0].numel * es));
+  const char *upd = (const char *)a->in[2].data;
+  for (i64 t = 0; t < tuples; t++) {
+    i64 off;
+    if (mv_nd_offset(a, a->iattr + 3, t, &off)) return KILN_UK_EINDEX;
+    if (red == 0)
+      __builtin_memcpy(dst + off * es, upd + t * slice * es, (size_t)(slice * es));
+    else
+      for (i64 j = 0; j < slice; j++) mv_reduce(dt, red, dst, off + j, upd, t * slice + j, 1);
+  }
+  return KILN_UK_OK;
+}
+
+/* ScatterElements. iattr: [reduction, axis, rank, idx_dims[rank], data_strides[rank],
+   data_axis_dim]. Inputs: data, indices, updates (shape of indices). */
+int32_t kiln_uk_scatter_elements(const kiln_uk_args *a) {
+  i64 red = a->iattr[0];
+  i64 dt = a->out[0].dtype, es = kiln_dtype_size(dt);
+  char *dst = (char *)a->out[0].data;
+  __builtin_memcpy(dst, a->in[0].data, (size_t)(a->out[0].numel * es));
+  const char *upd = (const char *)a->in[2].data;
+  MV_ELEMENTS_LOOP(a, a->iattr + 1, mv_reduce(dt, red, dst, off, upd, elem, 0));
+  return KILN_UK_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Generators. */
+
+/* ConstantOfShape. iattr: [esize, value bits (little-endian, in the low esize bytes)]. */
+int32_t kiln_uk_fill(const kiln_uk_args *a) {
+  i64 es = a->iattr[0];
+  uint64_t v = (uint64_t)a->iattr[1];
+  char *dst = (char *)a->out[0].data;
+  i64 n = a->out[0].numel;
+  switch (es) {
+  case 1: for (i64 i = 0; i < n; i++) ((uint8_t *)dst)[i] = (uint8_t)v; break;
+  case 2: for (i64 i = 0; i < n; i++) ((uint16_t *)dst)[i] = (uint16_t)v; break;
+  case 4: for (i64 i = 0; i < n; i++) ((uint32_t *)dst)[i] = (uint32_t)v; break;
+  default: for (i64 i = 0; i < n; i++) ((uint64_t *)dst)[i] = v; break;
+  }
+  return KILN_UK_OK;
+}
+
+/* EyeLike. iattr: [rows, cols, k]. */
+int32_t kiln_uk_eye_like(const kiln_uk_args *a) {
+  i64 rows = a->iattr[0], cols = a->iattr[1], k = a->iattr[2];
+  i64 dt = a->out[0].dtype;
+  char *dst = (char *)a->out[0].data;
+  __builtin_memset(dst, 0, (size_t)(rows * cols * kiln_dtype_size(dt)));
+  for (i64 i = 0; i < rows; i++) {
+    i64 j = i + k;
+    if (j >= 0 && j < cols) kiln_store_i64(dst, dt, i * cols + j, 1);
+  }
+  return KILN_UK_OK;
+}
+
+/* Trilu. iattr: [upper, k, rows, cols]. Inputs: x, k? (read at run time when present). */
+int32_t kiln_uk_trilu(const kiln_uk_args *a) {
+  i64 upper = a->iattr[0], k = a->iattr[1], rows = a->iattr[2], cols = a->iattr[3];
+  if (a->n_in > 1 && a->in[1].data && a->in[1].numel > 0) k = kiln_load_i64(a->in[1].data, a->in[1].dtype, 0);
+  i64 es = kiln_dtype_size(a->out[0].dtype);
+  const char *src = (const char *)a->in[0].data;
+  char *dst = (char *)a->out[0].data;
+  i64 n = a->out[0].numel;
+  if (rows == 0 || cols == 0) return KILN_UK_OK;
+  i64 mats = n / (rows * cols);
+  for (i64 m = 0; m < mats; m++) {
+    for (i64 i = 0; i < rows; i++) {
+      i64 base = (m * rows + i) * cols;
+      /* kept columns: j >= i + k (upper) or j <= i + k (lower) */
+      i64 lim = i + k;
+      i64 lo = upper ? (lim < 0 ? 0 : lim > cols ? cols : lim) : 0;
+      i64 hi = upper ? cols : (lim + 1 < 0 ? 0 : lim + 1 > cols ? cols : lim + 1);
+      __builtin_memset(dst + base * es, 0, (size_t)(lo * es));
+      __builtin_memcpy(dst + (base + lo) * es, src + (base + lo) * es, (size_t)((hi - lo) * es));
+      __builtin_memset(dst + (base + hi) * es, 0, (size_t)((cols - hi) * es));
+    }
+  }
+  return KILN_UK_OK;
+}
+
+/* Range with runtime start/limit/delta; the output length was fixed at compile time and must
+   match. */
+int32_t kiln_uk_range(const kiln_uk_args *a) {
+  i64 dt = a->out[0].dtype, n = a->out[0].numel;
+  if (kiln_dtype_is_float(dt)) {
+    double s = kiln_load_f64(a->in[0].data, dt, 0), l = kiln_load_f64(a->in[1].data, dt, 0);
+    double d = kiln_load_f64(a->in[2].data, dt, 0);
+    double len = d == 0 ? -1 : __builtin_ceil((l - s) / d);
+    if (len < 0) len = d == 0 ? -1 : 0;
+    if (len != (double)n)
+      return kiln_uk_fail(a, KILN_UK_EVALUE, "Range(%g, %g, %g) does not have the compiled length %lld", s, l, d,
+                          (long long)n);
+    for (i64 i = 0; i < n; i++) kiln_store_f64(a->out[0].data, dt, i, s + (double)i * d);
+  } else {
+    i64 s = kiln_load_i64(a->in[0].data, dt, 0), l = kiln_load_i64(a->in[1].data, dt, 0);
+    i64 d = kiln_load_i64(a->in[2].data, dt, 0);
+    __int128 len = -1;
+    if (d != 0) {
+      __int128 num = (__int128)l - s, q = num / d;
+      if (num % d != 0 && ((num < 0) == (d < 0))) q++;
+      len = q < 0 ? 0 : q;
+    }
+    if (len != n)
+      return kiln_uk_fail(a, KILN_UK_EVALUE, "Range(%lld, %lld, %lld) does not have the compiled length %lld",
+                          (long long)s, (long long)l, (long long)d, (long long)n);
+    for (i64 i = 0; i < n; i++) kiln_store_i64(a->out[0].data, dt, i, (i64)((uint64_t)s + (uint64_t)i * (uint64_t)d));
+  }
+  return KILN_UK_OK;
+}
+
+/* OneHot. iattr: [depth, inner]. Inputs: indices, depth, values [off, on]. Indices that are
+   out of range or not integral leave their row at off_value, as the ONNX reference does. */
+int32_t kiln_uk_one_hot(const kiln_uk_args *a) {
+  i64 depth = a->iattr[0], inner = a->iattr[1];
+  i64 es = kiln_dtype_size(a->out[0].dtype);
+  const kiln_tensor *it = &a->in[0];
+  const char *vals = (const char *)a->in[2].data;
+  char *dst = (char *)a->out[0].data;
+  i64 n = a->out[0].numel;
+  for (i64 i = 0; i < n; i++) mv_copy_elem(dst + i * es, vals, es);
+  if (inner <= 0) inner = 1;
+  for (i64 f = 0; f < it->numel; f++) {
+    double v = kiln_load_f64(it->data, it->dtype, f);
+    if (v < 0) v += (double)depth;
+    if (!(v >= 0 && v < (double)depth && v == __builtin_trunc(v))) continue;
+    i64 o = f / inner, j = f % inner;
+    mv_copy_elem(dst + ((o * depth + (i64)v) * inner + j) * es, vals + es, es);
+  }
+  return KILN_UK_OK;
+}

@@ -182,6 +182,21 @@ pub fn write_npy(path: &Path, t: &Tensor) -> std::io::Result<()> {
     std::fs::write(path, to_npy_bytes(t))
 }
 
+/// The output file name of an output value: characters outside `[A-Za-z0-9._-]` become `_`.
+pub fn output_file_name(name: &str) -> String {
+    let base: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("{base}.npy")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,20 +1,399 @@
-/* The executable entry of a compiled model. */
+/* The executable entry of a compiled model: the command line of `kiln run`, for one model. */
 #define _GNU_SOURCE
+#include "kiln_npy.h"
 #include "kiln_rt.h"
 
+#include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define EXIT_RUNTIME 1
+#define EXIT_USAGE 2
+
+static void print_type(FILE *out, const kiln_io_desc *d) {
+  char buf[1024];
+  kiln_stub_format_type(buf, sizeof buf, d->dtype, d->rank, d->dims);
+  fputs(buf, out);
+}
+
+/* "x: f32[1,3], y: i64[2]", as kiln run lists a model's inputs. */
+static void print_inputs(FILE *out, const kiln_model_desc *desc) {
+  for (int32_t i = 0; i < desc->n_inputs; i++) {
+    fprintf(out, "%s%s: ", i ? ", " : "", desc->inputs[i].name);
+    print_type(out, &desc->inputs[i]);
+  }
+}
+
+static void usage(FILE *out, const char *prog, const kiln_model_desc *desc) {
+  fprintf(out,
+          "%s: the model '%s', compiled by kiln %s for %s\n\n"
+          "Usage: %s --input NAME=FILE.npy ... [options]\n\n"
+          "Options:\n"
+          "  -i, --input NAME=FILE  an input value (.npy); may be repeated; a bare FILE is enough\n"
+          "                         for single-input models\n"
+          "  -o, --output-dir DIR   write each output to DIR/<output name>.npy (created if missing)\n"
+          "      --bench N          one warm-up run, then N timed runs; prints the median latency\n"
+          "      --threads N        worker threads (default: one per CPU this process may use)\n"
+          "      --info             print the model's signature as JSON\n"
+          "  -q, --quiet            print nothing but errors (and the --bench latency)\n"
+          "  -h, --help             print this help\n"
+          "  -V, --version          print the version\n\n"
+          "Inputs:\n",
+          prog, desc->name, desc->kiln_version, desc->target_triple, prog);
+  for (int32_t i = 0; i < desc->n_inputs; i++) {
+    fprintf(out, "  %s: ", desc->inputs[i].name);
+    print_type(out, &desc->inputs[i]);
+    fprintf(out, "%s\n", desc->inputs[i].dtype == KILN_BF16 ? " (given as a float32 .npy)" : "");
+  }
+  fprintf(out, "Outputs:\n");
+  for (int32_t i = 0; i < desc->n_outputs; i++) {
+    fprintf(out, "  %s: ", desc->outputs[i].name);
+    print_type(out, &desc->outputs[i]);
+    fprintf(out, "%s\n", desc->outputs[i].dtype == KILN_BF16 ? " (written as float32)" : "");
+  }
+}
+
+static int usage_error(const kiln_model_desc *desc, const char *msg, const char *arg, int list_inputs) {
+  fprintf(stderr, "error: %s", msg);
+  if (arg) fprintf(stderr, "%s", arg);
+  if (list_inputs) {
+    fprintf(stderr, " (the model's inputs: ");
+    print_inputs(stderr, desc);
+    fprintf(stderr, ")");
+  }
+  fprintf(stderr, "\n");
+  return EXIT_USAGE;
+}
+
+static int parse_count(const char *s, long min, long max, long *out) {
+  char *end;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (errno || end == s || *end || v < min || v > max) return -1;
+  *out = v;
+  return 0;
+}
+
+/* kiln run's output file name: characters outside [A-Za-z0-9._-] become '_' (one per Unicode
+   character, so a UTF-8 sequence gives one '_'). */
+static char *output_file_name(const char *dir, const char *name) {
+  size_t dl = strlen(dir), nl = strlen(name);
+  char *path = malloc(dl + nl + 6);
+  if (!path) return NULL;
+  memcpy(path, dir, dl);
+  size_t k = dl;
+  if (dl > 0 && dir[dl - 1] != '/') path[k++] = '/';
+  for (const unsigned char *p = (const unsigned char *)name; *p; p++) {
+    unsigned char c = *p;
+    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+        c == '_' || c == '-')
+      path[k++] = (char)c;
+    else if ((c & 0xc0) != 0x80)
+      path[k++] = '_';
+  }
+  memcpy(path + k, ".npy", 5);
+  return path;
+}
+
+/* mkdir -p */
+static int make_dirs(const char *dir, char *err, size_t errlen) {
+  size_t n = strlen(dir);
+  char *p = malloc(n + 1);
+  if (!p) return -1;
+  memcpy(p, dir, n + 1);
+  for (size_t i = 1; i <= n; i++) {
+    if (p[i] != '/' && p[i] != 0) continue;
+    char saved = p[i];
+    p[i] = 0;
+    if (mkdir(p, 0777) != 0 && errno != EEXIST) {
+      snprintf(err, errlen, "cannot create %s: %s", p, strerror(errno));
+      free(p);
+      return -1;
+    }
+    p[i] = saved;
+  }
+  free(p);
+  struct stat st;
+  if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+    snprintf(err, errlen, "cannot create %s: not a directory", dir);
+    return -1;
+  }
+  return 0;
+}
+
+/* Rust's f64 formatting as kiln run uses it: integers without a fraction, others with six
+   decimals. */
+static void format_value(char *buf, size_t len, double x) {
+  if (isnan(x))
+    snprintf(buf, len, "NaN");
+  else if (isinf(x))
+    snprintf(buf, len, x > 0 ? "inf" : "-inf");
+  else if (x == trunc(x) && fabs(x) < 1e15)
+    snprintf(buf, len, "%.0f", x);
+  else
+    snprintf(buf, len, "%.6f", x);
+}
+
+/* "f32[1,1000] [0.1, 0.2, ...]  min .. max .. mean ..", as kiln run prints an output. */
+static void summarize(FILE *out, const kiln_io_desc *d, const void *data) {
+  int64_t esize = kiln_stub_dtype_size(d->dtype);
+  int64_t n = esize ? d->bytes / esize : 0;
+  char v[64];
+  fprintf(out, "%s: ", d->name);
+  print_type(out, d);
+  fprintf(out, " [");
+  for (int64_t i = 0; i < n && i < 6; i++) {
+    format_value(v, sizeof v, kiln_stub_element_f64(d->dtype, data, i));
+    fprintf(out, "%s%s", i ? ", " : "", v);
+  }
+  fprintf(out, "%s]", n > 6 ? ", ..." : "");
+  if (n > 1) {
+    double mn = INFINITY, mx = -INFINITY, sum = 0;
+    int64_t finite = 0;
+    for (int64_t i = 0; i < n; i++) {
+      double x = kiln_stub_element_f64(d->dtype, data, i);
+      if (!isfinite(x)) continue;
+      mn = x < mn ? x : mn;
+      mx = x > mx ? x : mx;
+      sum += x;
+      finite++;
+    }
+    if (finite > 0) {
+      format_value(v, sizeof v, mn);
+      fprintf(out, "  min %s", v);
+      format_value(v, sizeof v, mx);
+      fprintf(out, " max %s", v);
+      format_value(v, sizeof v, sum / (double)finite);
+      fprintf(out, " mean %s", v);
+    }
+  }
+  fprintf(out, "\n");
+}
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static void *alloc_tensor(int64_t bytes) {
+  void *p = NULL;
+  /* Zero-size tensors still get a distinct, aligned pointer. */
+  size_t n = (size_t)((bytes + 63) & ~(int64_t)63);
+  if (posix_memalign(&p, 64, n ? n : 64) != 0) return NULL;
+  return p;
+}
 
 int kiln_exe_main(int argc, char **argv, const kiln_model_desc *desc) {
-  (void)argc;
-  (void)argv;
-  kiln_ctx *ctx = kiln_rt_create(desc, 0);
+  const char *prog = argc > 0 && argv[0] ? argv[0] : desc->name;
+  const char *output_dir = NULL;
+  long bench = 0, threads = 0;
+  int quiet = 0;
+  int32_t n_in = desc->n_inputs, n_out = desc->n_outputs;
+  const char **files = calloc((size_t)(n_in > 0 ? n_in : 1), sizeof *files);
+  void **ins = calloc((size_t)(n_in > 0 ? n_in : 1), sizeof *ins);
+  void **outs = calloc((size_t)(n_out > 0 ? n_out : 1), sizeof *outs);
+  kiln_ctx *ctx = NULL;
+  int rc = EXIT_RUNTIME;
+  if (!files || !ins || !outs) {
+    fprintf(stderr, "error: out of memory\n");
+    goto done;
+  }
+
+  for (int a = 1; a < argc; a++) {
+    const char *arg = argv[a];
+    const char *val = NULL;
+    /* Options with a value take it from "--opt=VALUE" or the next argument. */
+    const char *long_opts[] = {"--input", "--output-dir", "--bench", "--threads"};
+    const char *short_opts[] = {"-i", "-o", NULL, "-t"};
+    int which = -1;
+    for (int k = 0; k < 4; k++) {
+      size_t l = strlen(long_opts[k]);
+      if (strncmp(arg, long_opts[k], l) == 0 && (arg[l] == 0 || arg[l] == '=')) {
+        which = k;
+        val = arg[l] == '=' ? arg + l + 1 : NULL;
+      } else if (short_opts[k] && strcmp(arg, short_opts[k]) == 0) {
+        which = k;
+      }
+    }
+    if (which >= 0 && !val) {
+      if (a + 1 >= argc) {
+        rc = usage_error(desc, "missing value after ", arg, 0);
+        goto done;
+      }
+      val = argv[++a];
+    }
+    if (which == 0) {
+      const char *eq = strchr(val, '=');
+      int32_t idx = -1;
+      const char *file = NULL;
+      if (eq) {
+        for (int32_t i = 0; i < n_in; i++) {
+          size_t l = strlen(desc->inputs[i].name);
+          if ((size_t)(eq - val) == l && strncmp(val, desc->inputs[i].name, l) == 0) idx = i;
+        }
+        file = eq + 1;
+      }
+      if (idx < 0 && n_in == 1 && (!eq || access(val, F_OK) == 0)) {
+        idx = 0;
+        file = val;
+      }
+      if (idx < 0) {
+        char msg[512];
+        if (eq) {
+          snprintf(msg, sizeof msg, "the model has no input '%.*s'", (int)(eq - val), val);
+          rc = usage_error(desc, msg, NULL, 1);
+        } else {
+          snprintf(msg, sizeof msg, "--input '%s': expected NAME=FILE", val);
+          rc = usage_error(desc, msg, NULL, 1);
+        }
+        goto done;
+      }
+      if (files[idx]) {
+        rc = usage_error(desc, "input given twice: ", desc->inputs[idx].name, 0);
+        goto done;
+      }
+      files[idx] = file;
+    } else if (which == 1) {
+      output_dir = val;
+    } else if (which == 2) {
+      if (parse_count(val, 1, 1000000000, &bench) != 0) {
+        rc = usage_error(desc, "--bench expects a number of runs >= 1, got ", val, 0);
+        goto done;
+      }
+    } else if (which == 3) {
+      if (parse_count(val, 0, 1 << 20, &threads) != 0) {
+        rc = usage_error(desc, "--threads expects a number >= 0 (0: one per CPU), got ", val, 0);
+        goto done;
+      }
+    } else if (strcmp(arg, "--info") == 0) {
+      printf("%s\n", desc->signature_json);
+      rc = 0;
+      goto done;
+    } else if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
+      usage(stdout, prog, desc);
+      rc = 0;
+      goto done;
+    } else if (strcmp(arg, "--version") == 0 || strcmp(arg, "-V") == 0) {
+      printf("%s (compiled by kiln %s for %s%s%s)\n", desc->name, desc->kiln_version, desc->target_triple,
+             desc->cpu_features && *desc->cpu_features ? ", CPU features " : "",
+             desc->cpu_features ? desc->cpu_features : "");
+      rc = 0;
+      goto done;
+    } else if (strcmp(arg, "--quiet") == 0 || strcmp(arg, "-q") == 0) {
+      quiet = 1;
+    } else {
+      fprintf(stderr, "error: unexpected argument '%s' (run %s --help for usage)\n", arg, prog);
+      rc = EXIT_USAGE;
+      goto done;
+    }
+  }
+  {
+    char missing[1024];
+    size_t k = 0;
+    missing[0] = 0;
+    for (int32_t i = 0; i < n_in; i++) {
+      if (files[i] || k >= sizeof missing) continue;
+      int w = snprintf(missing + k, sizeof missing - k, "%s%s", k ? ", " : "", desc->inputs[i].name);
+      if (w > 0) k += (size_t)w;
+    }
+    if (k > 0) {
+      rc = usage_error(desc, "missing --input for ", missing, 1);
+      goto done;
+    }
+  }
+
+  ctx = kiln_rt_create(desc, (int32_t)threads);
   if (!ctx) {
     fprintf(stderr, "error: %s\n", kiln_rt_create_error());
-    return 1;
+    goto done;
   }
-  printf("%s\n", desc->signature_json);
+  char err[1536];
+  for (int32_t i = 0; i < n_in; i++) {
+    ins[i] = alloc_tensor(desc->inputs[i].bytes);
+    if (!ins[i]) {
+      fprintf(stderr, "error: out of memory for input '%s'\n", desc->inputs[i].name);
+      goto done;
+    }
+    if (kiln_npy_read(files[i], &desc->inputs[i], ins[i], err, sizeof err) != 0) {
+      fprintf(stderr, "error: %s\n", err);
+      goto done;
+    }
+  }
+  for (int32_t i = 0; i < n_out; i++) {
+    outs[i] = alloc_tensor(desc->outputs[i].bytes);
+    if (!outs[i]) {
+      fprintf(stderr, "error: out of memory for output '%s'\n", desc->outputs[i].name);
+      goto done;
+    }
+  }
+  if (output_dir && make_dirs(output_dir, err, sizeof err) != 0) {
+    fprintf(stderr, "error: %s\n", err);
+    goto done;
+  }
+
+  double elapsed = 0;
+  double *times = NULL;
+  for (long r = bench > 0 ? -1 : 0; r < (bench > 0 ? bench : 1); r++) {
+    double t0 = now_ms();
+    if (desc->run(ctx, (const void *const *)ins, (void *const *)outs) != 0) {
+      const char *e = kiln_rt_last_error(ctx);
+      fprintf(stderr, "error: %s\n", e && *e ? e : "the model failed without saying why");
+      free(times);
+      goto done;
+    }
+    elapsed = now_ms() - t0;
+    if (bench > 0 && r >= 0) {
+      if (!times && !(times = malloc((size_t)bench * sizeof *times))) {
+        fprintf(stderr, "error: out of memory\n");
+        goto done;
+      }
+      times[r] = elapsed;
+    }
+  }
+
+  for (int32_t i = 0; i < n_out; i++) {
+    if (output_dir) {
+      char *path = output_file_name(output_dir, desc->outputs[i].name);
+      if (!path || kiln_npy_write(path, &desc->outputs[i], outs[i], err, sizeof err) != 0) {
+        fprintf(stderr, "error: %s\n", path ? err : "out of memory");
+        free(path);
+        free(times);
+        goto done;
+      }
+      free(path);
+    }
+    if (!quiet) summarize(stdout, &desc->outputs[i], outs[i]);
+  }
+  if (bench > 0) {
+    qsort(times, (size_t)bench, sizeof *times, cmp_double);
+    double median = bench % 2 ? times[bench / 2] : (times[bench / 2 - 1] + times[bench / 2]) / 2;
+    printf("latency: median %.3f ms, min %.3f ms over %ld runs, %lld threads\n", median, times[0], bench,
+           (long long)kiln_rt_num_threads(ctx));
+    free(times);
+  } else if (!quiet) {
+    fprintf(stderr, "run took %.3f ms on %lld threads%s%s\n", elapsed, (long long)kiln_rt_num_threads(ctx),
+            output_dir ? ", outputs written to " : "", output_dir ? output_dir : "");
+  }
+  fflush(stdout);
+  rc = ferror(stdout) ? EXIT_RUNTIME : 0;
+
+done:
   kiln_rt_destroy(ctx);
-  return 0;
+  for (int32_t i = 0; ins && i < n_in; i++) free(ins[i]);
+  for (int32_t i = 0; outs && i < n_out; i++) free(outs[i]);
+  free(files);
+  free(ins);
+  free(outs);
+  return rc;
 }

@@ -81,6 +81,9 @@ void *kiln_rt_arena(kiln_ctx *ctx);
 void kiln_rt_set_error(kiln_ctx *ctx, const char *fmt, ...);
 /* The last error of this context, "" if none. */
 const char *kiln_rt_last_error(kiln_ctx *ctx);
+/* Prefixes the context's last error with the node that failed (generated code calls this when a
+   kernel returns non-zero). */
+void kiln_rt_error_context(kiln_ctx *ctx, const char *node, const char *op);
 
 /* Calls fn(data, i, tid) for every i in [0, n), spread over the context's threads; returns when
    all calls are done. tid is in [0, kiln_rt_num_threads(ctx)) and identifies the calling

@@ -1,46 +1,388 @@
-/* kiln runtime core: contexts, errors, the thread pool. See kiln_rt.h. */
+/* kiln runtime core: contexts, errors, the CPU feature check, the thread pool. See kiln_rt.h. */
 #define _GNU_SOURCE
 #include "kiln_rt.h"
 
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
+#define KILN_MAX_THREADS 256
+/* How long an idle worker (and a caller waiting for stragglers) spins before sleeping. A model
+   runs ~50-300 kernels back to back; the gaps between them are far shorter than this, so
+   workers stay awake for the whole run and a sleep/wake (tens of µs each) is paid once. */
+#define KILN_SPIN_NS 100000
+
+/* Why the last kiln_rt_create on this thread failed: the only mutable global. */
+static _Thread_local char create_error[320];
+
+typedef struct kiln_pool kiln_pool;
 
 struct kiln_ctx {
   const kiln_model_desc *desc;
   void *arena;
   void *thread_scratch;
   int64_t num_threads;
+  kiln_pool *pool; /* NULL when single-threaded */
   char error[512];
 };
 
-static _Thread_local char create_error[256];
+/* ---- CPU features ------------------------------------------------------------------------ */
+
+#if defined(__x86_64__) || defined(__i386__)
+/* 1: present, 0: absent, -1: a name this check does not know (skipped). */
+static int x86_has(const char *name) {
+  unsigned a, b, c, d;
+  unsigned l1c = 0, l7b = 0, l71a = 0, max = __get_cpuid_max(0, NULL);
+  if (max >= 1 && __get_cpuid(1, &a, &b, &c, &d)) l1c = c;
+  if (max >= 7) {
+    __cpuid_count(7, 0, a, b, c, d);
+    l7b = b;
+    if (a >= 1) {
+      __cpuid_count(7, 1, a, b, c, d);
+      l71a = a;
+    }
+  }
+  /* The instructions also need the OS to save the wider registers (XCR0). */
+  unsigned long long xcr0 = 0;
+  if (l1c & (1u << 27)) { /* OSXSAVE */
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    xcr0 = ((unsigned long long)hi << 32) | lo;
+  }
+  int avx_os = (xcr0 & 0x6) == 0x6;
+  int avx512_os = avx_os && (xcr0 & 0xe0) == 0xe0;
+  static const struct {
+    const char *name;
+    int reg; /* 1: leaf 1 ecx, 7: leaf 7.0 ebx, 71: leaf 7.1 eax */
+    int bit;
+    int needs; /* 0: nothing, 1: AVX state, 2: AVX-512 state */
+  } table[] = {
+      {"sse3", 1, 0, 0},       {"ssse3", 1, 9, 0},       {"sse4.1", 1, 19, 0},
+      {"sse4.2", 1, 20, 0},    {"popcnt", 1, 23, 0},     {"avx", 1, 28, 1},
+      {"fma", 1, 12, 1},       {"f16c", 1, 29, 1},       {"bmi", 7, 3, 0},
+      {"avx2", 7, 5, 1},       {"bmi2", 7, 8, 0},        {"avx512f", 7, 16, 2},
+      {"avx512dq", 7, 17, 2},  {"avx512ifma", 7, 21, 2}, {"avx512cd", 7, 28, 2},
+      {"avx512bw", 7, 30, 2},  {"avx512vl", 7, 31, 2},   {"avx512bf16", 71, 5, 2},
+      {"avxvnni", 71, 4, 1},
+  };
+  for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
+    if (strcmp(table[i].name, name) != 0) continue;
+    unsigned reg = table[i].reg == 1 ? l1c : table[i].reg == 7 ? l7b : l71a;
+    if (!(reg & (1u << table[i].bit))) return 0;
+    if (table[i].needs == 1 && !avx_os) return 0;
+    if (table[i].needs == 2 && !avx512_os) return 0;
+    return 1;
+  }
+  return -1;
+}
+#endif
+
+/* Checks every feature of the comma-separated list (entries may carry LLVM's '+'; '-' entries
+   are features the code avoids, so nothing to check). Returns 0, or -1 with create_error set. */
+static int check_cpu_features(const char *list) {
+  if (!list) return 0;
+  const char *p = list;
+  while (*p) {
+    while (*p == ',' || *p == ' ') p++;
+    const char *start = p;
+    while (*p && *p != ',') p++;
+    size_t len = (size_t)(p - start);
+    while (len > 0 && start[len - 1] == ' ') len--;
+    if (len == 0) continue;
+    if (start[0] == '-') continue;
+    if (start[0] == '+') {
+      start++;
+      len--;
+    }
+    char name[64];
+    if (len == 0 || len >= sizeof name) continue;
+    memcpy(name, start, len);
+    name[len] = 0;
+#if defined(__x86_64__) || defined(__i386__)
+    if (x86_has(name) == 0) {
+      snprintf(create_error, sizeof create_error,
+               "this program was compiled for a CPU with %s, which this CPU lacks (compile with "
+               "--cpu for this machine, e.g. --cpu native, or an older CPU)",
+               name);
+      return -1;
+    }
+#endif
+  }
+  return 0;
+}
+
+/* ---- thread pool ------------------------------------------------------------------------- */
+
+/* One job at a time. `state` holds the job's sequence number (high 32 bits), whether it is open
+   for joining (JOB_OPEN) and how many workers are inside it (low bits). The caller publishes
+   fn/data/n and a new open sequence number; an idle worker joins with a CAS while the job is
+   open, claims indices from `next`, and leaves. When the caller runs out of indices it closes
+   the job and waits only for the workers inside it: a worker that was descheduled or asleep and
+   never joined costs the caller nothing, and no worker reads fn/data/n after the caller returns. */
+#define JOB_OPEN (1ull << 31)
+#define JOB_ACTIVE (JOB_OPEN - 1)
+
+struct kiln_pool {
+  kiln_ctx *ctx;
+  int nworkers;
+  int started;
+  pthread_t threads[KILN_MAX_THREADS];
+
+  kiln_task_fn fn;
+  void *data;
+  int64_t n;
+  /* Each hot atomic on its own cache line: workers hammer `next` while the others poll `state`. */
+  _Alignas(64) int64_t next;    /* atomic */
+  _Alignas(64) uint64_t state;  /* atomic */
+  _Alignas(64) unsigned seq;    /* the caller's last sequence number (caller only) */
+  int stop;                     /* atomic */
+
+  /* Sleeping: workers wait on `wake` for a new sequence number, the caller on `done`. */
+  pthread_mutex_t mu;
+  pthread_cond_t wake;
+  pthread_cond_t done;
+  int sleeping_workers; /* atomic */
+  int caller_sleeping;  /* atomic */
+};
+
+typedef struct {
+  kiln_pool *pool;
+  int64_t tid;
+} kiln_worker_arg;
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ volatile("yield");
+#endif
+}
+
+/* One step of a spin-wait. After KILN_PURE_SPIN_NS of pure spinning, yield as well: when there
+   are more runnable threads than cores (other processes, or --threads above the core count), the
+   thread being waited for may need this core. Kernels usually follow each other within a few
+   µs, so the pure spin catches them without a system call. */
+#define KILN_PURE_SPIN_NS 20000
+static inline void spin_step(int yielding) {
+  cpu_relax();
+  if (yielding) sched_yield();
+}
+
+static inline int64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static inline unsigned state_seq(uint64_t s) { return (unsigned)(s >> 32); }
+
+static void run_indices(kiln_pool *p, int64_t tid) {
+  kiln_task_fn fn = p->fn;
+  void *data = p->data;
+  int64_t n = p->n;
+  for (;;) {
+    int64_t i = __atomic_fetch_add(&p->next, 1, __ATOMIC_RELAXED);
+    if (i >= n) break;
+    fn(data, i, tid);
+  }
+}
+
+/* Joins job `seq` if it is still open; returns whether it did. */
+static int try_join(kiln_pool *p, unsigned seq) {
+  uint64_t s = __atomic_load_n(&p->state, __ATOMIC_ACQUIRE);
+  while (state_seq(s) == seq && (s & JOB_OPEN)) {
+    if (__atomic_compare_exchange_n(&p->state, &s, s + 1, 1, __ATOMIC_ACQUIRE, __ATOMIC_ACQUIRE))
+      return 1;
+  }
+  return 0;
+}
+
+static void leave(kiln_pool *p) {
+  uint64_t s = __atomic_sub_fetch(&p->state, 1, __ATOMIC_SEQ_CST);
+  if ((s & JOB_ACTIVE) == 0 && !(s & JOB_OPEN) && __atomic_load_n(&p->caller_sleeping, __ATOMIC_SEQ_CST)) {
+    pthread_mutex_lock(&p->mu);
+    pthread_cond_signal(&p->done);
+    pthread_mutex_unlock(&p->mu);
+  }
+}
+
+static void *worker_main(void *argp) {
+  kiln_worker_arg *arg = argp;
+  kiln_pool *p = arg->pool;
+  int64_t tid = arg->tid;
+  unsigned seen = 0;
+  for (;;) {
+    unsigned g = state_seq(__atomic_load_n(&p->state, __ATOMIC_ACQUIRE));
+    if (g == seen) {
+      int64_t start = now_ns(), t = start;
+      for (unsigned k = 1;; k++) {
+        spin_step(t - start > KILN_PURE_SPIN_NS);
+        g = state_seq(__atomic_load_n(&p->state, __ATOMIC_ACQUIRE));
+        if (g != seen) break;
+        if ((k & 63) == 0 && (t = now_ns()) - start > KILN_SPIN_NS) {
+          pthread_mutex_lock(&p->mu);
+          __atomic_fetch_add(&p->sleeping_workers, 1, __ATOMIC_SEQ_CST);
+          while ((g = state_seq(__atomic_load_n(&p->state, __ATOMIC_SEQ_CST))) == seen)
+            pthread_cond_wait(&p->wake, &p->mu);
+          __atomic_fetch_sub(&p->sleeping_workers, 1, __ATOMIC_SEQ_CST);
+          pthread_mutex_unlock(&p->mu);
+          break;
+        }
+      }
+    }
+    seen = g;
+    if (__atomic_load_n(&p->stop, __ATOMIC_ACQUIRE)) break;
+    if (try_join(p, g)) {
+      run_indices(p, tid);
+      leave(p);
+    }
+  }
+  return NULL;
+}
+
+/* Publishes a new open job (or the stop request) and wakes sleeping workers. */
+static void pool_post(kiln_pool *p) {
+  p->seq++;
+  __atomic_store_n(&p->state, (uint64_t)p->seq << 32 | JOB_OPEN, __ATOMIC_SEQ_CST);
+  if (__atomic_load_n(&p->sleeping_workers, __ATOMIC_SEQ_CST) > 0) {
+    pthread_mutex_lock(&p->mu);
+    pthread_cond_broadcast(&p->wake);
+    pthread_mutex_unlock(&p->mu);
+  }
+}
+
+/* Closes the current job and waits for the workers inside it. */
+static void pool_finish(kiln_pool *p) {
+  uint64_t s = __atomic_and_fetch(&p->state, ~JOB_OPEN, __ATOMIC_ACQ_REL);
+  if ((s & JOB_ACTIVE) == 0) return;
+  int64_t start = now_ns(), t = start;
+  for (unsigned k = 1;; k++) {
+    spin_step(t - start > KILN_PURE_SPIN_NS);
+    if ((__atomic_load_n(&p->state, __ATOMIC_ACQUIRE) & JOB_ACTIVE) == 0) return;
+    if ((k & 63) == 0 && (t = now_ns()) - start > KILN_SPIN_NS) break;
+  }
+  pthread_mutex_lock(&p->mu);
+  __atomic_store_n(&p->caller_sleeping, 1, __ATOMIC_SEQ_CST);
+  while ((__atomic_load_n(&p->state, __ATOMIC_SEQ_CST) & JOB_ACTIVE) != 0) pthread_cond_wait(&p->done, &p->mu);
+  __atomic_store_n(&p->caller_sleeping, 0, __ATOMIC_SEQ_CST);
+  pthread_mutex_unlock(&p->mu);
+}
+
+static void pool_destroy(kiln_pool *p) {
+  if (!p) return;
+  if (p->started > 0) {
+    __atomic_store_n(&p->stop, 1, __ATOMIC_SEQ_CST);
+    pool_post(p);
+    for (int i = 0; i < p->started; i++) pthread_join(p->threads[i], NULL);
+  }
+  pthread_cond_destroy(&p->done);
+  pthread_cond_destroy(&p->wake);
+  pthread_mutex_destroy(&p->mu);
+  free(p);
+}
+
+static kiln_worker_arg *worker_args(kiln_pool *p) { return (kiln_worker_arg *)(p + 1); }
+
+static kiln_pool *pool_create(kiln_ctx *ctx, int nworkers) {
+  size_t bytes = sizeof(kiln_pool) + (size_t)nworkers * sizeof(kiln_worker_arg);
+  kiln_pool *p = NULL;
+  if (posix_memalign((void **)&p, 64, bytes) != 0) p = NULL;
+  if (p) memset(p, 0, bytes);
+  if (!p) {
+    snprintf(create_error, sizeof create_error, "out of memory");
+    return NULL;
+  }
+  p->ctx = ctx;
+  pthread_mutex_init(&p->mu, NULL);
+  pthread_cond_init(&p->wake, NULL);
+  pthread_cond_init(&p->done, NULL);
+  p->nworkers = nworkers;
+  for (int i = 0; i < nworkers; i++) {
+    kiln_worker_arg *a = &worker_args(p)[i];
+    a->pool = p;
+    a->tid = i + 1;
+    int rc = pthread_create(&p->threads[i], NULL, worker_main, a);
+    if (rc != 0) {
+      snprintf(create_error, sizeof create_error, "cannot start worker thread %d of %d: %s", i + 1,
+               nworkers, strerror(rc));
+      pool_destroy(p);
+      return NULL;
+    }
+    p->started++;
+  }
+  return p;
+}
+
+/* ---- contexts ---------------------------------------------------------------------------- */
 
 static void *alloc64(int64_t bytes) {
   if (bytes <= 0) return NULL;
+  if (bytes > INT64_MAX - 63) return NULL;
   void *p = NULL;
   if (posix_memalign(&p, 64, (size_t)((bytes + 63) & ~(int64_t)63)) != 0) return NULL;
   return p;
 }
 
+static int online_cpus(void) {
+  cpu_set_t set;
+  /* The CPUs this process may run on (a container or taskset may allow fewer than are online). */
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (int)(n > KILN_MAX_THREADS ? KILN_MAX_THREADS : n) : 1;
+}
+
 kiln_ctx *kiln_rt_create(const kiln_model_desc *desc, int32_t num_threads) {
+  create_error[0] = 0;
+  if (!desc) {
+    snprintf(create_error, sizeof create_error, "no model description");
+    return NULL;
+  }
+  if (check_cpu_features(desc->cpu_features) != 0) return NULL;
   kiln_ctx *ctx = calloc(1, sizeof *ctx);
   if (!ctx) {
     snprintf(create_error, sizeof create_error, "out of memory");
     return NULL;
   }
   ctx->desc = desc;
-  ctx->num_threads = 1;
-  (void)num_threads;
+  int threads = num_threads > 0 ? num_threads : online_cpus();
+  if (threads > KILN_MAX_THREADS) threads = KILN_MAX_THREADS;
+  ctx->num_threads = threads;
+  int64_t per = desc->thread_scratch_bytes;
+  if (desc->arena_bytes < 0 || per < 0 || (per > 0 && per > INT64_MAX / 64 / threads)) {
+    snprintf(create_error, sizeof create_error, "bad model description: working memory sizes");
+    free(ctx);
+    return NULL;
+  }
+  per = (per + 63) & ~(int64_t)63;
   ctx->arena = alloc64(desc->arena_bytes);
-  ctx->thread_scratch = alloc64(desc->thread_scratch_bytes * ctx->num_threads);
-  if ((desc->arena_bytes > 0 && !ctx->arena) || (desc->thread_scratch_bytes > 0 && !ctx->thread_scratch)) {
-    snprintf(create_error, sizeof create_error, "cannot allocate %lld bytes of working memory",
-             (long long)(desc->arena_bytes + desc->thread_scratch_bytes));
+  ctx->thread_scratch = alloc64(per * threads);
+  if ((desc->arena_bytes > 0 && !ctx->arena) || (per > 0 && !ctx->thread_scratch)) {
+    snprintf(create_error, sizeof create_error,
+             "cannot allocate %lld bytes of working memory (%lld arena + %lld per thread x %d threads)",
+             (long long)(desc->arena_bytes + per * threads), (long long)desc->arena_bytes,
+             (long long)per, threads);
     kiln_rt_destroy(ctx);
     return NULL;
+  }
+  if (threads > 1) {
+    ctx->pool = pool_create(ctx, threads - 1);
+    if (!ctx->pool) {
+      kiln_rt_destroy(ctx);
+      return NULL;
+    }
   }
   return ctx;
 }
@@ -49,6 +391,7 @@ const char *kiln_rt_create_error(void) { return create_error; }
 
 void kiln_rt_destroy(kiln_ctx *ctx) {
   if (!ctx) return;
+  pool_destroy(ctx->pool);
   free(ctx->arena);
   free(ctx->thread_scratch);
   free(ctx);
@@ -67,12 +410,24 @@ void kiln_rt_set_error(kiln_ctx *ctx, const char *fmt, ...) {
 const char *kiln_rt_last_error(kiln_ctx *ctx) { return ctx->error; }
 
 void kiln_rt_parallel_for(kiln_ctx *ctx, kiln_task_fn fn, void *data, int64_t n) {
-  (void)ctx;
-  for (int64_t i = 0; i < n; i++) fn(data, i, 0);
+  if (n <= 0) return;
+  kiln_pool *p = ctx->pool;
+  if (n == 1 || !p) {
+    for (int64_t i = 0; i < n; i++) fn(data, i, 0);
+    return;
+  }
+  p->fn = fn;
+  p->data = data;
+  p->n = n;
+  __atomic_store_n(&p->next, 0, __ATOMIC_RELAXED);
+  pool_post(p);
+  run_indices(p, 0);
+  pool_finish(p);
 }
 
 int64_t kiln_rt_num_threads(kiln_ctx *ctx) { return ctx->num_threads; }
 
 void *kiln_rt_thread_scratch(kiln_ctx *ctx, int64_t tid) {
-  return (char *)ctx->thread_scratch + tid * ctx->desc->thread_scratch_bytes;
+  int64_t per = (ctx->desc->thread_scratch_bytes + 63) & ~(int64_t)63;
+  return (char *)ctx->thread_scratch + tid * per;
 }

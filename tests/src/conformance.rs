@@ -38,11 +38,16 @@ pub struct CaseResult {
     pub outcome: Result<(), String>,
 }
 
-/// Runs a model on concrete inputs and returns its outputs.
-pub type Backend = dyn Fn(&kiln_frontend::Model, Vec<Tensor>) -> Result<Vec<Tensor>, String> + Sync;
+/// Runs a model on concrete inputs and returns its outputs; gets the model's path too (for
+/// backends that re-import it, e.g. with some inputs bound as constants).
+pub type Backend = dyn Fn(&Path, &kiln_frontend::Model, Vec<Tensor>) -> Result<Vec<Tensor>, String> + Sync;
 
 /// The reference backend: `ir::eval`.
-pub fn reference_backend(model: &kiln_frontend::Model, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, String> {
+pub fn reference_backend(
+    _path: &Path,
+    model: &kiln_frontend::Model,
+    inputs: Vec<Tensor>,
+) -> Result<Vec<Tensor>, String> {
     kiln_ir::eval::eval_graph(&model.graph, inputs).map_err(|e| e.to_string())
 }
 
@@ -54,8 +59,8 @@ fn read_pb(path: &Path) -> Result<Tensor, String> {
 
 /// Runs one case folder through `backend`.
 pub fn run_case(dir: &Path, backend: &Backend) -> Result<(), String> {
-    let model =
-        load_model(&dir.join("model.onnx"), &ImportOptions::default()).map_err(|e| format!("import: {e}"))?;
+    let model_path = dir.join("model.onnx");
+    let model = load_model(&model_path, &ImportOptions::default()).map_err(|e| format!("import: {e}"))?;
     let mut sets: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(|e| e.to_string())?
         .filter_map(|e| e.ok())
@@ -75,7 +80,7 @@ pub fn run_case(dir: &Path, backend: &Backend) -> Result<(), String> {
             }
             inputs.push(read_pb(&p).map_err(|e| format!("input {i}: {e}"))?);
         }
-        let outputs = backend(&model, inputs)?;
+        let outputs = backend(&model_path, &model, inputs)?;
         for (i, actual) in outputs.iter().enumerate() {
             let p = set.join(format!("output_{i}.pb"));
             let expected = read_pb(&p).map_err(|e| format!("expected output {i}: {e}"))?;
@@ -283,4 +288,65 @@ pub fn case_in_scope(dir: &Path) -> bool {
             .all(|t| kiln_frontend::onnx::tensor::dtype_from_onnx(t.data_type).is_ok())
     }
     graph_ok(g)
+}
+
+/// Selects the cases whose folder name contains `KILN_CONFORMANCE_FILTER` (all when unset).
+pub fn filtered_cases(cases: Vec<PathBuf>) -> (Vec<PathBuf>, Option<String>) {
+    let filter = std::env::var("KILN_CONFORMANCE_FILTER").ok();
+    let cases = match &filter {
+        Some(f) => cases
+            .into_iter()
+            .filter(|c| c.file_name().unwrap().to_string_lossy().contains(f.as_str()))
+            .collect(),
+        None => cases,
+    };
+    (cases, filter)
+}
+
+/// Compares results with a manifest of expected passes: an unexpected failure, an unexpected
+/// pass or a listed case that was not run fails. `KILN_BLESS=1` rewrites the manifest first;
+/// with a filter only the summary is printed. Prints `<suite>: N passed, M failed`.
+pub fn check_manifest(suite: &str, results: &[CaseResult], manifest: &Path, header: &str, filtered: bool) {
+    let passed: BTreeSet<String> = results
+        .iter()
+        .filter(|r| r.outcome.is_ok())
+        .map(|r| r.name.clone())
+        .collect();
+    let failed: Vec<&CaseResult> = results.iter().filter(|r| r.outcome.is_err()).collect();
+    let verbose = std::env::var_os("KILN_VERBOSE").is_some() || filtered;
+    if verbose {
+        for r in &failed {
+            eprintln!("FAIL {}: {}", r.name, r.outcome.as_ref().unwrap_err());
+        }
+    }
+    if filtered {
+        println!("{suite}: {} passed, {} failed", passed.len(), failed.len());
+        return;
+    }
+    if std::env::var_os("KILN_BLESS").is_some() {
+        write_manifest(manifest, header, &passed).expect("write manifest");
+        println!("blessed {} cases into {}", passed.len(), manifest.display());
+    }
+    let expected = read_manifest(manifest);
+    let unexpected_fail: Vec<&&CaseResult> = failed.iter().filter(|r| expected.contains(&r.name)).collect();
+    let all_names: BTreeSet<&String> = results.iter().map(|r| &r.name).collect();
+    let unexpected_pass: Vec<&String> = passed.iter().filter(|n| !expected.contains(*n)).collect();
+    let missing: Vec<&String> = expected.iter().filter(|n| !all_names.contains(n)).collect();
+    for r in &unexpected_fail {
+        eprintln!("UNEXPECTED FAIL {}: {}", r.name, r.outcome.as_ref().unwrap_err());
+    }
+    for n in &unexpected_pass {
+        eprintln!("UNEXPECTED PASS {n} (add it to the manifest: KILN_BLESS=1)");
+    }
+    for n in &missing {
+        eprintln!("MISSING CASE {n} (listed in the manifest but not run)");
+    }
+    println!("{suite}: {} passed, {} failed", passed.len(), failed.len());
+    assert!(
+        unexpected_fail.is_empty() && unexpected_pass.is_empty() && missing.is_empty(),
+        "{} unexpected failures, {} unexpected passes, {} missing cases",
+        unexpected_fail.len(),
+        unexpected_pass.len(),
+        missing.len()
+    );
 }

@@ -2,8 +2,10 @@
 //! conformance case runner.
 
 pub mod compare;
+pub mod compiled;
 pub mod conformance;
 pub mod fixtures;
+pub mod staticlib;
 
 use std::path::PathBuf;
 

@@ -15,14 +15,7 @@ fn onnx_node_tests_reference() {
         "no ONNX node test cases in {}: generate them with `python3 scripts/gen_node_tests.py` (the README's test command does this)",
         dir.display()
     );
-    let filter = std::env::var("KILN_CONFORMANCE_FILTER").ok();
-    let cases: Vec<_> = match &filter {
-        Some(f) => cases
-            .into_iter()
-            .filter(|c| c.file_name().unwrap().to_string_lossy().contains(f.as_str()))
-            .collect(),
-        None => cases,
-    };
+    let (cases, filter) = filtered_cases(cases);
     let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let results = run_all(&cases, &reference_backend, threads);
     let passed: BTreeSet<String> = results
@@ -30,8 +23,6 @@ fn onnx_node_tests_reference() {
         .filter(|r| r.outcome.is_ok())
         .map(|r| r.name.clone())
         .collect();
-    let failed: Vec<&CaseResult> = results.iter().filter(|r| r.outcome.is_err()).collect();
-
     let in_scope: Vec<bool> = cases.iter().map(|c| case_in_scope(c)).collect();
     let scope_total = in_scope.iter().filter(|&&b| b).count();
     let scope_passed = results
@@ -39,12 +30,6 @@ fn onnx_node_tests_reference() {
         .zip(&in_scope)
         .filter(|(r, &s)| s && r.outcome.is_ok())
         .count();
-    let verbose = std::env::var_os("KILN_VERBOSE").is_some() || filter.is_some();
-    for r in &failed {
-        if verbose {
-            eprintln!("FAIL {}: {}", r.name, r.outcome.as_ref().unwrap_err());
-        }
-    }
     println!(
         "reference conformance: {} of {} cases pass ({:.1}%); in scope: {} of {} ({:.1}%)",
         passed.len(),
@@ -56,44 +41,12 @@ fn onnx_node_tests_reference() {
     );
 
     let manifest_path = kiln_tests::repo_root().join("tests/conformance/eval_manifest.txt");
-    if filter.is_some() {
-        println!("conformance: {} passed, {} failed", passed.len(), failed.len());
-        return;
-    }
-    if std::env::var_os("KILN_BLESS").is_some() {
-        write_manifest(
-            &manifest_path,
-            "ONNX node test cases that pass through ir::eval (reference interpreter).\n\
-             Regenerate with: KILN_BLESS=1 cargo test -p kiln-tests --test conformance",
-            &passed,
-        )
-        .expect("write manifest");
-        println!("blessed {} cases into {}", passed.len(), manifest_path.display());
-    }
-    let expected = read_manifest(&manifest_path);
-    let unexpected_fail: Vec<&CaseResult> = failed
-        .iter()
-        .copied()
-        .filter(|r| expected.contains(&r.name))
-        .collect();
-    let all_names: BTreeSet<&String> = results.iter().map(|r| &r.name).collect();
-    let unexpected_pass: Vec<&String> = passed.iter().filter(|n| !expected.contains(*n)).collect();
-    let missing: Vec<&String> = expected.iter().filter(|n| !all_names.contains(n)).collect();
-    for r in &unexpected_fail {
-        eprintln!("UNEXPECTED FAIL {}: {}", r.name, r.outcome.as_ref().unwrap_err());
-    }
-    for n in &unexpected_pass {
-        eprintln!("UNEXPECTED PASS {n} (add it to the manifest: KILN_BLESS=1)");
-    }
-    for n in &missing {
-        eprintln!("MISSING CASE {n} (listed in the manifest but not generated)");
-    }
-    println!("conformance: {} passed, {} failed", passed.len(), failed.len());
-    assert!(
-        unexpected_fail.is_empty() && unexpected_pass.is_empty() && missing.is_empty(),
-        "{} unexpected failures, {} unexpected passes, {} missing cases",
-        unexpected_fail.len(),
-        unexpected_pass.len(),
-        missing.len()
+    check_manifest(
+        "conformance",
+        &results,
+        &manifest_path,
+        "ONNX node test cases that pass through ir::eval (reference interpreter).\n\
+         Regenerate with: KILN_BLESS=1 cargo test -p kiln-tests --test conformance",
+        filter.is_some(),
     );
 }

@@ -1,2 +1,3 @@
+pub mod compile;
 pub mod inspect;
 pub mod run;

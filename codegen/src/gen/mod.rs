@@ -212,6 +212,9 @@ pub fn runtime_fn<'ctx>(cx: &'ctx Context, module: &Module<'ctx>, name: &str) ->
         "kiln_rt_arena" => ptr.fn_type(&[ptr.into()], false),
         "kiln_rt_set_error" => cx.void_type().fn_type(&[ptr.into(), ptr.into()], true),
         "kiln_rt_last_error" => ptr.fn_type(&[ptr.into()], false),
+        "kiln_rt_error_context" => cx
+            .void_type()
+            .fn_type(&[ptr.into(), ptr.into(), ptr.into()], false),
         "kiln_rt_create" => ptr.fn_type(&[ptr.into(), i32t.into()], false),
         "kiln_rt_create_error" => ptr.fn_type(&[], false),
         "kiln_rt_destroy" => cx.void_type().fn_type(&[ptr.into()], false),

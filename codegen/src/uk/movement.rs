@@ -1,10 +1,563 @@
 //! Micro-kernel lowering for the movement family (see `codegen/ukernels/movement.c`).
+//!
+//! Everything that is a fixed map from output to input positions (Transpose, Slice, Concat,
+//! Split, Expand, Tile, DepthToSpace, SpaceToDepth) becomes one strided copy (`kiln_uk_copy`):
+//! shapes are static, so the strides are computed here, contiguous dims are merged, and the C
+//! loop only walks what is left, copying whole contiguous blocks at a time. Ops driven by
+//! runtime indices (Gather*, Scatter*, OneHot) get their own kernels, which check every index.
 
 use super::UkCall;
 use crate::error::Result;
 use crate::node::NodeInfo;
+use kiln_ir::{Op, PadMode, ScatterReduction, Tensor};
+
+/// Must match MV_MAX_RANK in movement.c.
+const MAX_RANK: usize = 32;
 
 pub fn lower(node: &NodeInfo) -> Result<Option<UkCall>> {
-    let _ = node;
-    Ok(None)
+    let call = match node.op() {
+        Op::Transpose { perm } => transpose(node, perm)?,
+        Op::Slice => slice(node)?,
+        Op::Concat { axis } => concat(node, *axis)?,
+        Op::Split { axis, .. } => split(node, *axis)?,
+        Op::Expand => expand(node)?,
+        Op::Tile => tile(node)?,
+        Op::DepthToSpace { block_size, crd } => depth_to_space(node, *block_size, *crd)?,
+        Op::SpaceToDepth { block_size, crd } => space_to_depth(node, *block_size, *crd)?,
+        Op::Gather { axis } => gather(node, *axis)?,
+        Op::GatherElements { axis } => gather_elements(node, *axis)?,
+        Op::GatherND { batch_dims } => gather_nd(node, *batch_dims)?,
+        Op::ScatterND { reduction } => scatter_nd(node, *reduction)?,
+        Op::ScatterElements { axis, reduction } => scatter_elements(node, *axis, *reduction)?,
+        Op::Pad { mode } => pad(node, *mode)?,
+        Op::ConstantOfShape { value } => constant_of_shape(node, value)?,
+        Op::EyeLike { k, .. } => {
+            let s = node.output_shape(0)?;
+            UkCall::new("eye_like").iattr([s[0] as i64, s[1] as i64, *k])
+        }
+        Op::Trilu { upper } => trilu(node, *upper)?,
+        Op::Range => UkCall::new("range"),
+        Op::OneHot { axis } => one_hot(node, *axis)?,
+        _ => return Ok(None),
+    };
+    Ok(Some(call))
+}
+
+fn strides(shape: &[usize]) -> Vec<i64> {
+    let mut s = vec![1i64; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * shape[i + 1] as i64;
+    }
+    s
+}
+
+fn numel(shape: &[usize]) -> usize {
+    shape.iter().product()
+}
+
+fn norm_axis(node: &NodeInfo, axis: i64, rank: usize) -> Result<usize> {
+    let a = if axis < 0 { axis + rank as i64 } else { axis };
+    if a < 0 || a >= rank as i64 {
+        return Err(node.unsupported(format!("axis {axis} is out of range for rank {rank}")));
+    }
+    Ok(a as usize)
+}
+
+fn elem_size(node: &NodeInfo) -> i64 {
+    node.output_type(0).dtype.size_bytes() as i64
+}
+
+fn known_i64s(node: &NodeInfo, i: usize, what: &str) -> Result<Option<Vec<i64>>> {
+    if !node.has_input(i) {
+        return Ok(None);
+    }
+    match node.known(i) {
+        Some(t) => Ok(Some(t.to_i64_vec())),
+        None => Err(node.unsupported(format!("{what} must be known at compile time"))),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Strided copies.
+
+/// One strided copy, in elements: output position `p` (over `dims`) of output `dst_out` at
+/// `dst_off + p·ds` takes input `src_in` at `src_off + p·ss`.
+struct Copy {
+    src_in: usize,
+    dst_out: usize,
+    src_off: i64,
+    dst_off: i64,
+    dims: Vec<usize>,
+    ss: Vec<i64>,
+    ds: Vec<i64>,
+}
+
+impl Copy {
+    /// A copy into the whole of output `dst_out` (contiguous) from a view of input `src_in`.
+    fn into_output(src_in: usize, dst_out: usize, src_off: i64, dims: Vec<usize>, ss: Vec<i64>) -> Copy {
+        let ds = strides(&dims);
+        Copy {
+            src_in,
+            dst_out,
+            src_off,
+            dst_off: 0,
+            dims,
+            ss,
+            ds,
+        }
+    }
+}
+
+/// Packs copies for `kiln_uk_copy` after dropping unit dims, merging dims that are contiguous
+/// in both source and destination, and ordering a transposed pair innermost for tiling.
+fn copy_call(node: &NodeInfo, esize: i64, copies: Vec<Copy>) -> Result<UkCall> {
+    let mut iattr = vec![esize, 0];
+    let mut n = 0;
+    for c in copies {
+        if c.dims.contains(&0) {
+            continue;
+        }
+        let mut dims: Vec<usize> = vec![];
+        let mut ss: Vec<i64> = vec![];
+        let mut ds: Vec<i64> = vec![];
+        for k in 0..c.dims.len() {
+            if c.dims[k] == 1 {
+                continue;
+            }
+            if let (Some(&d), Some(&s), Some(&t)) = (dims.last(), ss.last(), ds.last()) {
+                // The previous (outer) dim steps exactly over this one in both tensors.
+                let dk = c.dims[k] as i64;
+                if s == c.ss[k] * dk && t == c.ds[k] * dk {
+                    let last = dims.len() - 1;
+                    dims[last] = d * c.dims[k];
+                    ss[last] = c.ss[k];
+                    ds[last] = c.ds[k];
+                    continue;
+                }
+            }
+            dims.push(c.dims[k]);
+            ss.push(c.ss[k]);
+            ds.push(c.ds[k]);
+        }
+        let mut block = esize;
+        if ss.last() == Some(&1) && ds.last() == Some(&1) {
+            block = esize * dims.pop().unwrap_or(1) as i64;
+            ss.pop();
+            ds.pop();
+        }
+        let r = dims.len();
+        if block == esize && r >= 2 && ds[r - 1] == 1 && ss[r - 1] != 1 {
+            if let Some(j) = (0..r - 1).rev().find(|&j| ss[j] == 1) {
+                // Loop order is free in a copy: put the source-contiguous dim next to the
+                // destination-contiguous one so the kernel walks the pair in tiles.
+                let (d, s, t) = (dims.remove(j), ss.remove(j), ds.remove(j));
+                dims.insert(r - 2, d);
+                ss.insert(r - 2, s);
+                ds.insert(r - 2, t);
+            }
+        }
+        if r > MAX_RANK {
+            return Err(node.unsupported(format!("copy of rank {r} exceeds the kernel's {MAX_RANK}")));
+        }
+        iattr.extend([
+            c.src_in as i64,
+            c.dst_out as i64,
+            c.src_off * esize,
+            c.dst_off * esize,
+            block,
+            r as i64,
+        ]);
+        iattr.extend(dims.iter().map(|&d| d as i64));
+        iattr.extend(ss.iter().map(|&s| s * esize));
+        iattr.extend(ds.iter().map(|&s| s * esize));
+        n += 1;
+    }
+    iattr[1] = n;
+    Ok(UkCall::new("copy").iattr(iattr))
+}
+
+fn transpose(node: &NodeInfo, perm: &[usize]) -> Result<UkCall> {
+    let in_shape = node.input_shape(0)?;
+    let st = strides(&in_shape);
+    let dims: Vec<usize> = perm.iter().map(|&p| in_shape[p]).collect();
+    let ss = perm.iter().map(|&p| st[p]).collect();
+    copy_call(node, elem_size(node), vec![Copy::into_output(0, 0, 0, dims, ss)])
+}
+
+/// Start and length along an axis of extent `dim`, with ONNX clamping (as ir's `slice_range`).
+fn slice_range(dim: usize, start: i64, end: i64, step: i64) -> (i64, i64) {
+    let d = dim as i128;
+    let wrap = |v: i64| if v < 0 { v as i128 + d } else { v as i128 };
+    let (s, e, st) = (wrap(start), wrap(end), step as i128);
+    if dim == 0 {
+        return (0, 0);
+    }
+    let (s, len) = if st > 0 {
+        let (s, e) = (s.clamp(0, d), e.clamp(0, d));
+        (s, if e > s { (e - s + st - 1) / st } else { 0 })
+    } else {
+        let (s, e) = (s.clamp(0, d - 1), e.clamp(-1, d - 1));
+        (s, if s > e { (s - e - st - 1) / -st } else { 0 })
+    };
+    (s as i64, len as i64)
+}
+
+fn slice(node: &NodeInfo) -> Result<UkCall> {
+    let in_shape = node.input_shape(0)?;
+    let out_shape = node.output_shape(0)?;
+    let rank = in_shape.len();
+    let starts = known_i64s(node, 1, "starts")?.unwrap_or_default();
+    let ends = known_i64s(node, 2, "ends")?.unwrap_or_default();
+    let axes = known_i64s(node, 3, "axes")?;
+    let steps = known_i64s(node, 4, "steps")?;
+    let n = starts.len();
+    if ends.len() != n
+        || axes.as_ref().is_some_and(|a| a.len() != n)
+        || steps.as_ref().is_some_and(|s| s.len() != n)
+    {
+        return Err(node.unsupported("starts, ends, axes and steps differ in length"));
+    }
+    let mut spec = vec![(0i64, i64::MAX, 1i64); rank];
+    for i in 0..n {
+        let a = match &axes {
+            Some(ax) => norm_axis(node, ax[i], rank)?,
+            None => i,
+        };
+        let step = steps.as_ref().map_or(1, |s| s[i]);
+        if step == 0 {
+            return Err(node.unsupported("slice step cannot be 0"));
+        }
+        spec[a] = (starts[i], ends[i], step);
+    }
+    let st = strides(&in_shape);
+    let mut off = 0;
+    let mut ss = vec![];
+    for (k, &(s, e, step)) in spec.iter().enumerate() {
+        let d = in_shape[k];
+        let (begin, len) = slice_range(d, s, e, step);
+        if len as usize != out_shape[k] {
+            return Err(node.unsupported(format!(
+                "slice of axis {k} has {len} elements but the output type says {}",
+                out_shape[k]
+            )));
+        }
+        if len > 0 {
+            off += begin * st[k];
+        }
+        // |step| > extent reads one element at most: clamping keeps the stride small.
+        let step = step.clamp(-(d as i64).max(1), (d as i64).max(1));
+        ss.push(step * st[k]);
+    }
+    copy_call(
+        node,
+        elem_size(node),
+        vec![Copy::into_output(0, 0, off, out_shape, ss)],
+    )
+}
+
+fn concat(node: &NodeInfo, axis: i64) -> Result<UkCall> {
+    let out_shape = node.output_shape(0)?;
+    let a = norm_axis(node, axis, out_shape.len())?;
+    let ds = strides(&out_shape);
+    let mut copies = vec![];
+    let mut pos = 0;
+    for i in 0..node.n_inputs() {
+        let s = node.input_shape(i)?;
+        copies.push(Copy {
+            src_in: i,
+            dst_out: 0,
+            src_off: 0,
+            dst_off: pos as i64 * ds[a],
+            ss: strides(&s),
+            ds: ds.clone(),
+            dims: s.clone(),
+        });
+        pos += s[a];
+    }
+    copy_call(node, elem_size(node), copies)
+}
+
+fn split(node: &NodeInfo, axis: i64) -> Result<UkCall> {
+    let in_shape = node.input_shape(0)?;
+    let a = norm_axis(node, axis, in_shape.len())?;
+    let ss = strides(&in_shape);
+    let mut copies = vec![];
+    let mut pos = 0;
+    for o in 0..node.n_outputs() {
+        let s = node.output_shape(o)?;
+        copies.push(Copy::into_output(0, o, pos as i64 * ss[a], s.clone(), ss.clone()));
+        pos += s[a];
+    }
+    copy_call(node, elem_size(node), copies)
+}
+
+fn expand(node: &NodeInfo) -> Result<UkCall> {
+    let in_shape = node.input_shape(0)?;
+    let out_shape = node.output_shape(0)?;
+    let st = strides(&in_shape);
+    let lead = out_shape.len() - in_shape.len();
+    let ss = (0..out_shape.len())
+        .map(|k| {
+            if k < lead || in_shape[k - lead] == 1 {
+                0
+            } else {
+                st[k - lead]
+            }
+        })
+        .collect();
+    copy_call(
+        node,
+        elem_size(node),
+        vec![Copy::into_output(0, 0, 0, out_shape, ss)],
+    )
+}
+
+/// Tile as a copy from the view `[r0, d0, r1, d1, ...]` whose repeat dims have stride 0.
+fn tile(node: &NodeInfo) -> Result<UkCall> {
+    let in_shape = node.input_shape(0)?;
+    let out_shape = node.output_shape(0)?;
+    let st = strides(&in_shape);
+    let mut dims = vec![];
+    let mut ss = vec![];
+    for k in 0..in_shape.len() {
+        let d = in_shape[k];
+        let reps = out_shape[k].checked_div(d).unwrap_or(0);
+        dims.extend([reps, d]);
+        ss.extend([0, st[k]]);
+    }
+    copy_call(node, elem_size(node), vec![Copy::into_output(0, 0, 0, dims, ss)])
+}
+
+/// A reshape-transpose-reshape: the input viewed as `view`, axes permuted by `perm`.
+fn permuted(node: &NodeInfo, view: &[usize], perm: &[usize]) -> Result<UkCall> {
+    let st = strides(view);
+    let dims = perm.iter().map(|&p| view[p]).collect();
+    let ss = perm.iter().map(|&p| st[p]).collect();
+    copy_call(node, elem_size(node), vec![Copy::into_output(0, 0, 0, dims, ss)])
+}
+
+fn dims4(node: &NodeInfo) -> Result<[usize; 4]> {
+    match node.input_shape(0)?.as_slice() {
+        &[n, c, h, w] => Ok([n, c, h, w]),
+        s => Err(node.unsupported(format!("needs a 4-D input, got {s:?}"))),
+    }
+}
+
+fn depth_to_space(node: &NodeInfo, b: usize, crd: bool) -> Result<UkCall> {
+    let [n, c, h, w] = dims4(node)?;
+    let c2 = c / (b * b).max(1);
+    if crd {
+        permuted(node, &[n, c2, b, b, h, w], &[0, 1, 4, 2, 5, 3])
+    } else {
+        permuted(node, &[n, b, b, c2, h, w], &[0, 3, 4, 1, 5, 2])
+    }
+}
+
+fn space_to_depth(node: &NodeInfo, b: usize, crd: bool) -> Result<UkCall> {
+    let [n, c, h, w] = dims4(node)?;
+    let b = b.max(1);
+    let view = [n, c, h / b, b, w / b, b];
+    if crd {
+        permuted(node, &view, &[0, 1, 3, 5, 2, 4])
+    } else {
+        permuted(node, &view, &[0, 3, 5, 1, 2, 4])
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Runtime indices.
+
+fn gather(node: &NodeInfo, axis: i64) -> Result<UkCall> {
+    let d = node.input_shape(0)?;
+    let idx = node.input_shape(1)?;
+    let a = norm_axis(node, axis, d.len())?;
+    let inner = numel(&d[a + 1..]) as i64 * elem_size(node);
+    Ok(UkCall::new("gather").iattr([numel(&d[..a]) as i64, d[a] as i64, numel(&idx) as i64, inner]))
+}
+
+/// `[axis, rank, idx_dims, data_strides, data_axis_dim]` for the elements kernels.
+fn elements_attrs(node: &NodeInfo, axis: i64) -> Result<Vec<i64>> {
+    let d = node.input_shape(0)?;
+    let idx = node.input_shape(1)?;
+    let a = norm_axis(node, axis, d.len())?;
+    if idx.len() != d.len() || d.len() > MAX_RANK {
+        return Err(node.unsupported(format!("indices {idx:?} do not match the data {d:?}")));
+    }
+    let mut v = vec![a as i64, d.len() as i64];
+    v.extend(idx.iter().map(|&x| x as i64));
+    v.extend(strides(&d));
+    v.push(d[a] as i64);
+    Ok(v)
+}
+
+fn gather_elements(node: &NodeInfo, axis: i64) -> Result<UkCall> {
+    Ok(UkCall::new("gather_elements").iattr(elements_attrs(node, axis)?))
+}
+
+/// `[tuples, slice, k, per_batch, batch_stride, dims[k], strides[k]]` for GatherND/ScatterND.
+fn nd_attrs(node: &NodeInfo, b: usize) -> Result<Vec<i64>> {
+    let d = node.input_shape(0)?;
+    let idx = node.input_shape(1)?;
+    let q = idx.len();
+    let k = *idx
+        .last()
+        .ok_or_else(|| node.unsupported("indices must have rank >= 1"))?;
+    if b + k > d.len() {
+        return Err(node.unsupported("index tuples are longer than the data rank"));
+    }
+    let ds = strides(&d);
+    let per_batch = numel(&idx[b.min(q - 1)..q - 1]).max(1);
+    let batch_stride = if b == 0 { 0 } else { ds[b - 1] };
+    let mut v = vec![
+        numel(&idx[..q - 1]) as i64,
+        numel(&d[b + k..]) as i64,
+        k as i64,
+        per_batch as i64,
+        batch_stride,
+    ];
+    v.extend(d[b..b + k].iter().map(|&x| x as i64));
+    v.extend(&ds[b..b + k]);
+    Ok(v)
+}
+
+fn gather_nd(node: &NodeInfo, b: usize) -> Result<UkCall> {
+    Ok(UkCall::new("gather_nd").iattr(nd_attrs(node, b)?))
+}
+
+fn reduction_code(r: ScatterReduction) -> i64 {
+    match r {
+        ScatterReduction::None => 0,
+        ScatterReduction::Add => 1,
+        ScatterReduction::Mul => 2,
+        ScatterReduction::Max => 3,
+        ScatterReduction::Min => 4,
+    }
+}
+
+fn scatter_nd(node: &NodeInfo, r: ScatterReduction) -> Result<UkCall> {
+    Ok(UkCall::new("scatter_nd")
+        .iattr([reduction_code(r)])
+        .iattr(nd_attrs(node, 0)?))
+}
+
+fn scatter_elements(node: &NodeInfo, axis: i64, r: ScatterReduction) -> Result<UkCall> {
+    Ok(UkCall::new("scatter_elements")
+        .iattr([reduction_code(r)])
+        .iattr(elements_attrs(node, axis)?))
+}
+
+fn one_hot(node: &NodeInfo, axis: i64) -> Result<UkCall> {
+    let idx = node.input_shape(0)?;
+    let out = node.output_shape(0)?;
+    let a = norm_axis(node, axis, idx.len() + 1)?;
+    Ok(UkCall::new("one_hot").iattr([out[a] as i64, numel(&idx[a..]) as i64]))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pad and generators.
+
+/// Source index along one axis for each output position (None: the fill value), as ir's
+/// `pad_axis_map`.
+fn pad_axis_map(d: usize, (b, e): (i64, i64), out: usize, mode: PadMode) -> Option<Vec<i64>> {
+    let crop_b = (-(b as i128)).max(0);
+    let crop_e = (-(e as i128)).max(0);
+    let c = d as i128 - crop_b - crop_e;
+    if c < 0 || (c == 0 && out > 0 && mode != PadMode::Constant) {
+        return None;
+    }
+    let pb = (b as i128).max(0);
+    Some(
+        (0..out as i128)
+            .map(|o| {
+                let i = o - pb;
+                let src = if (0..c).contains(&i) {
+                    Some(i)
+                } else {
+                    match mode {
+                        PadMode::Constant => None,
+                        PadMode::Edge => Some(i.clamp(0, c - 1)),
+                        PadMode::Wrap => Some(i.rem_euclid(c)),
+                        PadMode::Reflect if c == 1 => Some(0),
+                        PadMode::Reflect => {
+                            let period = 2 * (c - 1);
+                            let m = i.rem_euclid(period);
+                            Some(if m >= c { period - m } else { m })
+                        }
+                    }
+                };
+                src.map_or(-1, |s| (s + crop_b) as i64)
+            })
+            .collect(),
+    )
+}
+
+fn pad(node: &NodeInfo, mode: PadMode) -> Result<UkCall> {
+    let in_shape = node.input_shape(0)?;
+    let out_shape = node.output_shape(0)?;
+    let rank = in_shape.len();
+    if rank > MAX_RANK {
+        return Err(node.unsupported(format!("rank {rank} exceeds the kernel's {MAX_RANK}")));
+    }
+    let pads = known_i64s(node, 1, "pads")?.unwrap_or_default();
+    let axes: Vec<usize> = match known_i64s(node, 3, "axes")? {
+        Some(a) => a
+            .iter()
+            .map(|&x| norm_axis(node, x, rank))
+            .collect::<Result<_>>()?,
+        None => (0..rank).collect(),
+    };
+    if pads.len() != 2 * axes.len() {
+        return Err(node.unsupported(format!("pads {pads:?} must have 2 entries per padded axis")));
+    }
+    let mut amounts = vec![(0, 0); rank];
+    for (i, &a) in axes.iter().enumerate() {
+        amounts[a] = (pads[i], pads[axes.len() + i]);
+    }
+    let esize = elem_size(node);
+    let mut iattr = vec![esize, rank as i64];
+    iattr.extend(out_shape.iter().map(|&d| d as i64));
+    iattr.extend(strides(&in_shape).iter().map(|&s| s * esize));
+    let mut last = vec![];
+    for k in 0..rank {
+        let m = pad_axis_map(in_shape[k], amounts[k], out_shape[k], mode)
+            .ok_or_else(|| node.unsupported(format!("pads {:?} do not fit axis {k}", amounts[k])))?;
+        iattr.extend(&m);
+        last = m;
+    }
+    // The longest run of consecutive source indices on the last axis becomes one memcpy.
+    let (mut best, mut j) = ((0, 0), 0);
+    while j < last.len() {
+        let mut e = j + 1;
+        if last[j] >= 0 {
+            while e < last.len() && last[e] == last[e - 1] + 1 {
+                e += 1;
+            }
+            if e - j > best.1 - best.0 {
+                best = (j, e);
+            }
+        }
+        j = e;
+    }
+    iattr.extend([best.0 as i64, best.1 as i64]);
+    Ok(UkCall::new("gather_axes").iattr(iattr))
+}
+
+fn constant_of_shape(node: &NodeInfo, value: &Tensor) -> Result<UkCall> {
+    let bytes = value.to_le_bytes();
+    let esize = elem_size(node);
+    if bytes.len() != esize as usize {
+        return Err(node.unsupported("value must hold exactly one element"));
+    }
+    let mut bits = [0u8; 8];
+    bits[..bytes.len()].copy_from_slice(&bytes);
+    Ok(UkCall::new("fill").iattr([esize, i64::from_le_bytes(bits)]))
+}
+
+fn trilu(node: &NodeInfo, upper: bool) -> Result<UkCall> {
+    let s = node.input_shape(0)?;
+    if s.len() < 2 {
+        return Err(node.unsupported("Trilu needs rank >= 2"));
+    }
+    let (rows, cols) = (s[s.len() - 2], s[s.len() - 1]);
+    Ok(UkCall::new("trilu").iattr([upper as i64, 0, rows as i64, cols as i64]))
 }

@@ -1,0 +1,214 @@
+//! `kiln compile`: a model to an executable, a static library + header, an object, LLVM IR or
+//! assembly.
+
+use crate::model_args::ModelArgs;
+use anyhow::{Context, Result};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use kiln_codegen::{CompileOptions, Emit, Progress, TargetDesc};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum EmitArg {
+    /// A self-contained executable (the default).
+    Exe,
+    /// A static library libNAME.a and its C header NAME.h.
+    Staticlib,
+    /// A relocatable object file.
+    Obj,
+    /// Optimized LLVM IR (text).
+    LlvmIr,
+    /// Assembly.
+    Asm,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+
+    /// Output path. Default: the model name in the current folder (exe), NAME.o/.ll/.s, or
+    /// libNAME.a + NAME.h for a static library (then -o is DIR/NAME).
+    #[arg(long, short = 'o', value_name = "PATH")]
+    pub output: Option<PathBuf>,
+
+    /// What to write.
+    #[arg(long, value_enum, default_value = "exe")]
+    pub emit: EmitArg,
+
+    /// The model's name: prefix of the C API (NAME_create, NAME_run, ...). Default: the model
+    /// file's stem.
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
+
+    /// Target CPU (e.g. x86-64-v3, znver4, skylake-avx512, neoverse-v1). Default: this machine's.
+    #[arg(long, value_name = "CPU")]
+    pub cpu: Option<String>,
+
+    /// Target triple (x86_64-unknown-linux-gnu, aarch64-unknown-linux-gnu). Default: this machine's.
+    #[arg(long = "target-triple", value_name = "TRIPLE")]
+    pub target_triple: Option<String>,
+
+    /// Freeze a graph input to a value known at compile time: NAME=FILE (.npy or .pb).
+    /// May be given several times.
+    #[arg(long = "bind", value_name = "NAME=FILE")]
+    pub bind: Vec<String>,
+
+    /// Print nothing but errors.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
+
+    /// List every kernel (node, operator, implementation) after compiling.
+    #[arg(long)]
+    pub list_kernels: bool,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let start = Instant::now();
+    let mut progress = Bars::new(args.quiet);
+    progress.phase("import");
+    let mut opts = args.model.import_options()?;
+    for spec in &args.bind {
+        let (name, file) = spec
+            .split_once('=')
+            .with_context(|| format!("--bind '{spec}': expected NAME=FILE"))?;
+        let t =
+            crate::tensors::read_tensor_file(Path::new(file)).with_context(|| format!("--bind {name}"))?;
+        opts.weights.push((name.to_string(), t));
+    }
+    let model = kiln_frontend::load_model(&args.model.model, &opts)
+        .map_err(anyhow::Error::from)
+        .with_context(|| format!("{}", args.model.model.display()))?;
+    let target = TargetDesc::select(args.target_triple.as_deref(), args.cpu.as_deref())?;
+    let stem = args
+        .model
+        .model
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".to_string());
+    // A model file called model.onnx is better named after its folder.
+    let default_name = if stem == "model" {
+        args.model
+            .model
+            .canonicalize()
+            .ok()
+            .and_then(|p| {
+                p.parent()
+                    .and_then(|d| d.file_name())
+                    .map(|d| d.to_string_lossy().into_owned())
+            })
+            .unwrap_or(stem)
+    } else {
+        stem
+    };
+    let name = args.name.clone().unwrap_or(default_name);
+    let emit = match args.emit {
+        EmitArg::Exe => Emit::Exe,
+        EmitArg::Staticlib => Emit::StaticLib,
+        EmitArg::Obj => Emit::Obj,
+        EmitArg::LlvmIr => Emit::LlvmIr,
+        EmitArg::Asm => Emit::Asm,
+    };
+    let ident = kiln_codegen::header::c_ident(&name);
+    let out = args.output.clone().unwrap_or_else(|| match emit {
+        Emit::Exe | Emit::StaticLib => PathBuf::from(&ident),
+        Emit::Obj => PathBuf::from(format!("{ident}.o")),
+        Emit::LlvmIr => PathBuf::from(format!("{ident}.ll")),
+        Emit::Asm => PathBuf::from(format!("{ident}.s")),
+    });
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
+    let copts = CompileOptions {
+        name: name.clone(),
+        target,
+        emit,
+        cc,
+    };
+    let summary = kiln_codegen::compile(&model.graph, &copts, &out, &mut progress)
+        .with_context(|| format!("{}", args.model.model.display()))?;
+    progress.finish();
+    if !args.quiet {
+        let files: Vec<String> = summary.files.iter().map(|f| f.display().to_string()).collect();
+        eprintln!(
+            "compiled {name} for {} in {:.1} s → {}",
+            summary.target,
+            start.elapsed().as_secs_f64(),
+            files.join(", ")
+        );
+        eprintln!(
+            "  {} kernels ({} generated, {} from the kernel library), weights {}, arena {}, per-thread scratch {}",
+            summary.kernels,
+            summary.generated_kernels,
+            summary.kernels - summary.generated_kernels,
+            bytes(summary.weights_bytes),
+            bytes(summary.arena_bytes),
+            bytes(summary.thread_scratch_bytes)
+        );
+    }
+    if args.list_kernels {
+        for line in &summary.kernel_lines {
+            crate::emit(&format!("{line}\n"));
+        }
+    }
+    Ok(())
+}
+
+fn bytes(n: u64) -> String {
+    match n {
+        n if n >= 1 << 20 => format!("{:.1} MiB", n as f64 / (1u64 << 20) as f64),
+        n if n >= 1 << 10 => format!("{:.1} KiB", n as f64 / 1024.0),
+        n => format!("{n} B"),
+    }
+}
+
+/// Progress on stderr: a spinner naming the phase, a bar while kernels are generated. Hidden
+/// when stderr is not a terminal (indicatif's default) or with --quiet.
+struct Bars {
+    bar: ProgressBar,
+}
+
+impl Bars {
+    fn new(quiet: bool) -> Bars {
+        let bar = ProgressBar::new_spinner();
+        if quiet {
+            bar.set_draw_target(ProgressDrawTarget::hidden());
+        }
+        bar.enable_steady_tick(Duration::from_millis(100));
+        Bars { bar }
+    }
+
+    fn finish(&mut self) {
+        self.bar.finish_and_clear();
+    }
+}
+
+impl Progress for Bars {
+    fn phase(&mut self, name: &str) {
+        let msg = match name {
+            "import" => "importing the model",
+            "plan" => "selecting kernels and planning memory",
+            "codegen" => "generating kernels",
+            "llvm" => "optimizing and generating machine code (LLVM)",
+            "link" => "linking",
+            "archive" => "writing the static library",
+            other => other,
+        };
+        self.bar
+            .set_style(ProgressStyle::with_template("{spinner} {msg} [{elapsed}]").expect("valid template"));
+        self.bar.set_message(msg.to_string());
+    }
+
+    fn kernel(&mut self, index: usize, total: usize) {
+        if index == 0 {
+            self.bar.set_length(total as u64);
+            self.bar.set_position(0);
+            self.bar.set_style(
+                ProgressStyle::with_template("{spinner} generating kernels {bar:30} {pos}/{len} [{elapsed}]")
+                    .expect("valid template"),
+            );
+        }
+        self.bar.set_position(index as u64 + 1);
+    }
+}

@@ -1,0 +1,712 @@
+//! Builds the LLVM module of a compiled model: the weights blob, one function per kernel, the
+//! run function that calls them in order, the model descriptor the runtime reads, and the
+//! exported C API (`NAME_create`, `NAME_run`, ...). The micro-kernel and runtime bitcode is
+//! linked in, everything but the API is made internal, and the module is verified.
+
+use crate::error::{CodegenError, Result};
+use crate::gen::{llvm, runtime_fn, KernelBuilder};
+use crate::node::NodeInfo;
+use crate::plan::{Kernel, KernelImpl, Plan, Storage};
+use crate::target::TargetDesc;
+use crate::uk::UkCall;
+use inkwell::builder::Builder;
+use inkwell::context::Context;
+use inkwell::module::{Linkage, Module};
+use inkwell::types::{BasicTypeEnum, StructType};
+use inkwell::values::{BasicValueEnum, FunctionValue, GlobalValue, PointerValue};
+use inkwell::{AddressSpace, IntPredicate};
+use kiln_ir::{Graph, TensorType};
+
+/// The C API of one model: the names every artifact exports.
+pub struct Api {
+    pub prefix: String,
+}
+
+impl Api {
+    pub fn symbol(&self, what: &str) -> String {
+        format!("{}_{what}", self.prefix)
+    }
+
+    pub fn exported(&self, with_main: bool) -> Vec<String> {
+        let mut v: Vec<String> = [
+            "create",
+            "destroy",
+            "run",
+            "run_generic",
+            "last_error",
+            "workspace_size",
+            "info",
+        ]
+        .iter()
+        .map(|w| self.symbol(w))
+        .collect();
+        if with_main {
+            v.push("main".to_string());
+        }
+        v
+    }
+}
+
+pub struct ModuleParts<'a> {
+    pub graph: &'a Graph,
+    pub plan: &'a Plan,
+    pub target: &'a TargetDesc,
+    pub api: &'a Api,
+    pub model_name: &'a str,
+    pub with_main: bool,
+}
+
+/// Emits the whole module (unoptimized but verified). `on_kernel(i, n)` reports progress.
+pub fn build_module<'ctx>(
+    cx: &'ctx Context,
+    parts: &ModuleParts<'_>,
+    on_kernel: &mut dyn FnMut(usize, usize),
+) -> Result<Module<'ctx>> {
+    let module = cx.create_module(parts.model_name);
+    let tm = parts
+        .target
+        .target_machine(inkwell::OptimizationLevel::Aggressive)?;
+    module.set_triple(&tm.get_triple());
+    module.set_data_layout(&tm.get_target_data().get_data_layout());
+    let e = Emitter {
+        cx,
+        module: &module,
+        builder: cx.create_builder(),
+        parts,
+    };
+    let weights = e.weights_global();
+    let mut kernel_fns = vec![];
+    let n = parts.plan.kernels.len();
+    for (i, k) in parts.plan.kernels.iter().enumerate() {
+        on_kernel(i, n);
+        kernel_fns.push(e.kernel_function(i, k)?);
+    }
+    let run = e.run_function(&kernel_fns, weights)?;
+    let desc = e.model_desc(run)?;
+    e.api_functions(desc)?;
+    if parts.with_main {
+        e.main_function(desc)?;
+    }
+
+    crate::llvm::link_units(cx, &module, parts.target, "uk_")?;
+    crate::llvm::link_units(cx, &module, parts.target, "rt_core")?;
+    if parts.with_main {
+        crate::llvm::link_units(cx, &module, parts.target, "rt_exe")?;
+    }
+    for k in &parts.plan.kernels {
+        if let KernelImpl::Ukernel(c) = &k.imp {
+            let name = format!("kiln_uk_{}", c.symbol);
+            if module
+                .get_function(&name)
+                .is_none_or(|f| f.count_basic_blocks() == 0)
+            {
+                return Err(CodegenError::internal(format!(
+                    "micro-kernel {name} (for node '{}') is not in the kernel library",
+                    k.node_name
+                )));
+            }
+        }
+    }
+    crate::llvm::retarget_all(cx, &module, parts.target);
+    crate::llvm::internalize(&module, &parts.api.exported(parts.with_main));
+    crate::llvm::verify(&module)?;
+    Ok(module)
+}
+
+struct Emitter<'a, 'ctx> {
+    cx: &'ctx Context,
+    module: &'a Module<'ctx>,
+    builder: Builder<'ctx>,
+    parts: &'a ModuleParts<'a>,
+}
+
+impl<'a, 'ctx> Emitter<'a, 'ctx> {
+    fn ptr(&self) -> inkwell::types::PointerType<'ctx> {
+        self.cx.ptr_type(AddressSpace::default())
+    }
+
+    fn const_global(&self, name: &str, value: BasicValueEnum<'ctx>, align: u32) -> GlobalValue<'ctx> {
+        let g = self.module.add_global(value.get_type(), None, name);
+        g.set_initializer(&value);
+        g.set_constant(true);
+        g.set_linkage(Linkage::Private);
+        g.set_unnamed_addr(true);
+        g.set_alignment(align);
+        g
+    }
+
+    fn cstring(&self, name: &str, s: &str) -> PointerValue<'ctx> {
+        let v = self.cx.const_string(s.as_bytes(), true);
+        self.const_global(name, v.into(), 1).as_pointer_value()
+    }
+
+    fn i64_array(&self, name: &str, vals: &[i64]) -> PointerValue<'ctx> {
+        let t = self.cx.i64_type();
+        let vals: Vec<_> = vals.iter().map(|&v| t.const_int(v as u64, true)).collect();
+        let arr = if vals.is_empty() {
+            t.const_array(&[t.const_zero()])
+        } else {
+            t.const_array(&vals)
+        };
+        self.const_global(name, arr.into(), 8).as_pointer_value()
+    }
+
+    fn f64_array(&self, name: &str, vals: &[f64]) -> PointerValue<'ctx> {
+        let t = self.cx.f64_type();
+        let vals: Vec<_> = vals.iter().map(|&v| t.const_float(v)).collect();
+        let arr = if vals.is_empty() {
+            t.const_array(&[t.const_zero()])
+        } else {
+            t.const_array(&vals)
+        };
+        self.const_global(name, arr.into(), 8).as_pointer_value()
+    }
+
+    fn weights_global(&self) -> GlobalValue<'ctx> {
+        let bytes = &self.parts.plan.weights;
+        let data = if bytes.is_empty() {
+            vec![0u8]
+        } else {
+            bytes.clone()
+        };
+        let v = self.cx.const_string(&data, false);
+        let g = self.const_global("kiln.weights", v.into(), 64);
+        g.set_unnamed_addr(false);
+        g
+    }
+
+    /// `i32 kernel(ptr ctx, ptr args)` for kernel `i`.
+    fn kernel_function(&self, i: usize, k: &Kernel) -> Result<FunctionValue<'ctx>> {
+        let ptr = self.ptr();
+        let ty = self.cx.i32_type().fn_type(&[ptr.into(), ptr.into()], false);
+        let f = self
+            .module
+            .add_function(&format!("kiln.k{i}"), ty, Some(Linkage::Internal));
+        crate::llvm::set_kernel_attributes(self.cx, f, self.parts.target);
+        let entry = self.cx.append_basic_block(f, "entry");
+        self.builder.position_at_end(entry);
+        let info = NodeInfo::new(self.parts.graph, k.node);
+        match &k.imp {
+            KernelImpl::Generated(g) => {
+                let kb = KernelBuilder {
+                    cx: self.cx,
+                    module: self.module,
+                    builder: &self.builder,
+                    function: f,
+                    target: self.parts.target,
+                    node: &info,
+                    n_inputs: k.inputs.len(),
+                    n_outputs: k.outputs.len(),
+                    n_packed: k.packed.len(),
+                };
+                g.emit(&kb)?;
+            }
+            KernelImpl::Ukernel(call) => self.ukernel_body(i, f, k, call)?,
+        }
+        Ok(f)
+    }
+
+    fn tensor_type(&self) -> StructType<'ctx> {
+        let (p, i) = (self.ptr().into(), self.cx.i64_type().into());
+        self.cx.struct_type(&[p, p, i, i, i], false)
+    }
+
+    fn uk_args_type(&self) -> StructType<'ctx> {
+        let (p, i): (BasicTypeEnum, BasicTypeEnum) = (self.ptr().into(), self.cx.i64_type().into());
+        self.cx.struct_type(&[p, i, p, i, p, i, p, i, p, p], false)
+    }
+
+    /// Fills `kiln_tensor` descriptors and `kiln_uk_args`, calls `kiln_uk_<symbol>`.
+    fn ukernel_body(&self, i: usize, f: FunctionValue<'ctx>, k: &Kernel, call: &UkCall) -> Result<()> {
+        let b = &self.builder;
+        let graph = self.parts.graph;
+        let i64t = self.cx.i64_type();
+        let tt = self.tensor_type();
+        let args = f.get_nth_param(1).expect("args").into_pointer_value();
+        let ctx = f.get_nth_param(0).expect("ctx").into_pointer_value();
+        let load_arg = |slot: usize| -> Result<PointerValue<'ctx>> {
+            let p = unsafe {
+                b.build_in_bounds_gep(self.ptr(), args, &[i64t.const_int(slot as u64, false)], "p")
+            }
+            .map_err(llvm)?;
+            Ok(b.build_load(self.ptr(), p, "a")
+                .map_err(llvm)?
+                .into_pointer_value())
+        };
+        let describe = |tensors: PointerValue<'ctx>,
+                        idx: usize,
+                        slot: usize,
+                        ty: Option<&TensorType>,
+                        tag: &str|
+         -> Result<()> {
+            let t = unsafe { b.build_in_bounds_gep(tt, tensors, &[i64t.const_int(idx as u64, false)], "t") }
+                .map_err(llvm)?;
+            let (data, dims, rank, dtype, numel) = match ty {
+                Some(ty) => {
+                    let shape: Vec<i64> = ty
+                        .fixed_shape()
+                        .unwrap_or_default()
+                        .iter()
+                        .map(|&d| d as i64)
+                        .collect();
+                    let numel: i64 = shape.iter().product();
+                    let dims = self.i64_array(&format!("kiln.k{i}.{tag}{idx}.dims"), &shape);
+                    (
+                        load_arg(slot)?,
+                        dims,
+                        shape.len() as u64,
+                        ty.dtype as u64,
+                        numel as u64,
+                    )
+                }
+                None => (self.ptr().const_null(), self.ptr().const_null(), 0, 0, 0),
+            };
+            let fields: [BasicValueEnum; 5] = [
+                data.into(),
+                dims.into(),
+                i64t.const_int(rank, false).into(),
+                i64t.const_int(dtype, false).into(),
+                i64t.const_int(numel, false).into(),
+            ];
+            for (fi, v) in fields.iter().enumerate() {
+                let p = b.build_struct_gep(tt, t, fi as u32, "f").map_err(llvm)?;
+                b.build_store(p, *v).map_err(llvm)?;
+            }
+            Ok(())
+        };
+        let n_in = k.inputs.len();
+        let n_out = k.outputs.len();
+        let ins = b
+            .build_array_alloca(tt, i64t.const_int(n_in.max(1) as u64, false), "ins")
+            .map_err(llvm)?;
+        let outs = b
+            .build_array_alloca(tt, i64t.const_int(n_out.max(1) as u64, false), "outs")
+            .map_err(llvm)?;
+        for (idx, v) in k.inputs.iter().enumerate() {
+            describe(ins, idx, idx, v.map(|v| graph.value_type(v)), "in")?;
+        }
+        for (idx, v) in k.outputs.iter().enumerate() {
+            describe(outs, idx, n_in + idx, Some(graph.value_type(*v)), "out")?;
+        }
+        let scratch = match k.scratch {
+            Some(_) => load_arg(n_in + n_out)?,
+            None => self.ptr().const_null(),
+        };
+        let at = self.uk_args_type();
+        let a = b.build_alloca(at, "ukargs").map_err(llvm)?;
+        let fields: [BasicValueEnum; 10] = [
+            ins.into(),
+            i64t.const_int(n_in as u64, false).into(),
+            outs.into(),
+            i64t.const_int(n_out as u64, false).into(),
+            self.i64_array(&format!("kiln.k{i}.iattr"), &call.iattr).into(),
+            i64t.const_int(call.iattr.len() as u64, false).into(),
+            self.f64_array(&format!("kiln.k{i}.fattr"), &call.fattr).into(),
+            i64t.const_int(call.fattr.len() as u64, false).into(),
+            scratch.into(),
+            ctx.into(),
+        ];
+        for (fi, v) in fields.iter().enumerate() {
+            let p = b.build_struct_gep(at, a, fi as u32, "f").map_err(llvm)?;
+            b.build_store(p, *v).map_err(llvm)?;
+        }
+        let name = format!("kiln_uk_{}", call.symbol);
+        let uk = self.module.get_function(&name).unwrap_or_else(|| {
+            let ty = self.cx.i32_type().fn_type(&[self.ptr().into()], false);
+            self.module.add_function(&name, ty, Some(Linkage::External))
+        });
+        let rc = b.build_call(uk, &[a.into()], "rc").map_err(llvm)?;
+        let rc = rc
+            .try_as_basic_value()
+            .basic()
+            .ok_or_else(|| CodegenError::internal("ukernel returns i32"))?;
+        b.build_return(Some(&rc)).map_err(llvm)?;
+        Ok(())
+    }
+
+    /// `i32 run(ptr ctx, ptr inputs, ptr outputs)`: every kernel in order, then output copies.
+    fn run_function(
+        &self,
+        kernels: &[FunctionValue<'ctx>],
+        weights: GlobalValue<'ctx>,
+    ) -> Result<FunctionValue<'ctx>> {
+        let b = &self.builder;
+        let ptr = self.ptr();
+        let i64t = self.cx.i64_type();
+        let i32t = self.cx.i32_type();
+        let ty = i32t.fn_type(&[ptr.into(), ptr.into(), ptr.into()], false);
+        let f = self.module.add_function("kiln.run", ty, Some(Linkage::Internal));
+        crate::llvm::set_kernel_attributes(self.cx, f, self.parts.target);
+        let entry = self.cx.append_basic_block(f, "entry");
+        b.position_at_end(entry);
+        let ctx = f.get_nth_param(0).expect("ctx").into_pointer_value();
+        let inputs = f.get_nth_param(1).expect("inputs").into_pointer_value();
+        let outputs = f.get_nth_param(2).expect("outputs").into_pointer_value();
+        let arena = b
+            .build_call(
+                runtime_fn(self.cx, self.module, "kiln_rt_arena"),
+                &[ctx.into()],
+                "arena",
+            )
+            .map_err(llvm)?
+            .try_as_basic_value()
+            .basic()
+            .ok_or_else(|| CodegenError::internal("kiln_rt_arena returns a pointer"))?
+            .into_pointer_value();
+        let plan = self.parts.plan;
+        let max_args = plan
+            .kernels
+            .iter()
+            .map(|k| k.inputs.len() + k.outputs.len() + k.packed.len() + 1)
+            .max()
+            .unwrap_or(1);
+        let args = b
+            .build_array_alloca(ptr, i64t.const_int(max_args as u64, false), "args")
+            .map_err(llvm)?;
+        let locate = |s: Storage| -> Result<PointerValue<'ctx>> {
+            let gep = |base: PointerValue<'ctx>, off: u64| unsafe {
+                b.build_in_bounds_gep(self.cx.i8_type(), base, &[i64t.const_int(off, false)], "p")
+            };
+            let load = |arr: PointerValue<'ctx>, i: usize| -> Result<PointerValue<'ctx>> {
+                let p = unsafe { b.build_in_bounds_gep(ptr, arr, &[i64t.const_int(i as u64, false)], "pp") }
+                    .map_err(llvm)?;
+                Ok(b.build_load(ptr, p, "io").map_err(llvm)?.into_pointer_value())
+            };
+            match s {
+                Storage::Input(i) => load(inputs, i),
+                Storage::Output(i) => load(outputs, i),
+                Storage::Arena(off) => gep(arena, off).map_err(llvm),
+                Storage::Weights(off) => gep(weights.as_pointer_value(), off).map_err(llvm),
+            }
+        };
+        for (i, (k, kf)) in plan.kernels.iter().zip(kernels).enumerate() {
+            let mut slots: Vec<Option<Storage>> = vec![];
+            for v in &k.inputs {
+                slots.push(match v {
+                    Some(v) => Some(plan.storage_of(*v)?),
+                    None => None,
+                });
+            }
+            for v in &k.outputs {
+                slots.push(Some(plan.storage_of(*v)?));
+            }
+            for off in &k.packed {
+                slots.push(Some(Storage::Weights(*off)));
+            }
+            slots.push(k.scratch.map(Storage::Arena));
+            for (slot, s) in slots.iter().enumerate() {
+                let p = match s {
+                    Some(s) => locate(*s)?,
+                    None => ptr.const_null(),
+                };
+                let dst = unsafe {
+                    b.build_in_bounds_gep(ptr, args, &[i64t.const_int(slot as u64, false)], "slot")
+                }
+                .map_err(llvm)?;
+                b.build_store(dst, p).map_err(llvm)?;
+            }
+            let rc = b
+                .build_call(*kf, &[ctx.into(), args.into()], "rc")
+                .map_err(llvm)?
+                .try_as_basic_value()
+                .basic()
+                .ok_or_else(|| CodegenError::internal("kernel returns i32"))?
+                .into_int_value();
+            let failed = b
+                .build_int_compare(IntPredicate::NE, rc, i32t.const_zero(), "failed")
+                .map_err(llvm)?;
+            let fail_bb = self.cx.append_basic_block(f, &format!("fail{i}"));
+            let next_bb = self.cx.append_basic_block(f, &format!("after{i}"));
+            b.build_conditional_branch(failed, fail_bb, next_bb)
+                .map_err(llvm)?;
+            b.position_at_end(fail_bb);
+            let node = self.cstring(&format!("kiln.k{i}.node"), &k.node_name);
+            let op = self.cstring(&format!("kiln.k{i}.op"), k.op_name);
+            b.build_call(
+                runtime_fn(self.cx, self.module, "kiln_rt_error_context"),
+                &[ctx.into(), node.into(), op.into()],
+                "",
+            )
+            .map_err(llvm)?;
+            b.build_return(Some(&rc)).map_err(llvm)?;
+            b.position_at_end(next_bb);
+        }
+        for c in &plan.output_copies {
+            let src = locate(c.from)?;
+            let dst = locate(Storage::Output(c.output))?;
+            b.build_memcpy(dst, 1, src, 1, i64t.const_int(c.bytes, false))
+                .map_err(llvm)?;
+        }
+        b.build_return(Some(&i32t.const_zero())).map_err(llvm)?;
+        Ok(f)
+    }
+
+    fn io_descs(&self, tag: &str, items: &[(String, TensorType)]) -> Result<PointerValue<'ctx>> {
+        let (p, i32t, i64t) = (self.ptr(), self.cx.i32_type(), self.cx.i64_type());
+        let st = self.cx.struct_type(
+            &[p.into(), i32t.into(), i32t.into(), p.into(), i64t.into()],
+            false,
+        );
+        let mut vals = vec![];
+        for (n, (name, ty)) in items.iter().enumerate() {
+            let shape: Vec<i64> = ty
+                .fixed_shape()
+                .ok_or_else(|| {
+                    CodegenError::unsupported(
+                        name,
+                        "graph",
+                        format!("{tag} '{name}' has a dynamic shape {ty}; bind it with --input-shape"),
+                    )
+                })?
+                .iter()
+                .map(|&d| d as i64)
+                .collect();
+            let bytes = ty.size_bytes().unwrap_or(0) as u64;
+            vals.push(st.const_named_struct(&[
+                self.cstring(&format!("kiln.{tag}{n}.name"), name).into(),
+                i32t.const_int(ty.dtype as u64, false).into(),
+                i32t.const_int(shape.len() as u64, false).into(),
+                self.i64_array(&format!("kiln.{tag}{n}.dims"), &shape).into(),
+                i64t.const_int(bytes, false).into(),
+            ]));
+        }
+        if vals.is_empty() {
+            return Ok(p.const_null());
+        }
+        let arr = st.const_array(&vals);
+        Ok(self
+            .const_global(&format!("kiln.{tag}s"), arr.into(), 8)
+            .as_pointer_value())
+    }
+
+    fn model_desc(&self, run: FunctionValue<'ctx>) -> Result<GlobalValue<'ctx>> {
+        let parts = self.parts;
+        let (p, i32t, i64t) = (self.ptr(), self.cx.i32_type(), self.cx.i64_type());
+        let inputs = signature_inputs(parts.graph);
+        let outputs = signature_outputs(parts.graph);
+        let st = self.cx.struct_type(
+            &[
+                p.into(),
+                p.into(),
+                p.into(),
+                p.into(),
+                p.into(),
+                i32t.into(),
+                i32t.into(),
+                p.into(),
+                p.into(),
+                i64t.into(),
+                i64t.into(),
+                i64t.into(),
+                p.into(),
+            ],
+            false,
+        );
+        let sig = signature_json(parts, &inputs, &outputs);
+        let value = st.const_named_struct(&[
+            self.cstring("kiln.name", parts.model_name).into(),
+            self.cstring("kiln.version", env!("CARGO_PKG_VERSION")).into(),
+            self.cstring("kiln.triple", &parts.target.triple).into(),
+            self.cstring(
+                "kiln.cpu_features",
+                &parts.target.required_cpu_features().join(","),
+            )
+            .into(),
+            self.cstring("kiln.signature", &sig).into(),
+            i32t.const_int(inputs.len() as u64, false).into(),
+            i32t.const_int(outputs.len() as u64, false).into(),
+            self.io_descs("input", &inputs)?.into(),
+            self.io_descs("output", &outputs)?.into(),
+            i64t.const_int(parts.plan.arena_bytes, false).into(),
+            i64t.const_int(parts.plan.thread_scratch_bytes, false).into(),
+            i64t.const_int(parts.plan.kernels.len() as u64, false).into(),
+            run.as_global_value().as_pointer_value().into(),
+        ]);
+        Ok(self.const_global("kiln.model", value.into(), 8))
+    }
+
+    fn exported_fn(&self, name: &str, ty: inkwell::types::FunctionType<'ctx>) -> FunctionValue<'ctx> {
+        let f = self.module.add_function(name, ty, Some(Linkage::External));
+        crate::llvm::set_kernel_attributes(self.cx, f, self.parts.target);
+        let entry = self.cx.append_basic_block(f, "entry");
+        self.builder.position_at_end(entry);
+        f
+    }
+
+    fn call_rt(&self, name: &str, args: &[BasicValueEnum<'ctx>]) -> Result<Option<BasicValueEnum<'ctx>>> {
+        let f = runtime_fn(self.cx, self.module, name);
+        let args: Vec<_> = args.iter().map(|a| (*a).into()).collect();
+        Ok(self
+            .builder
+            .build_call(f, &args, "r")
+            .map_err(llvm)?
+            .try_as_basic_value()
+            .basic())
+    }
+
+    /// NAME_create / destroy / run / run_generic / last_error / workspace_size / info.
+    fn api_functions(&self, desc: GlobalValue<'ctx>) -> Result<()> {
+        let b = &self.builder;
+        let api = self.parts.api;
+        let (p, i32t, i64t) = (self.ptr(), self.cx.i32_type(), self.cx.i64_type());
+        let run = self.module.get_function("kiln.run").expect("run emitted");
+
+        let f = self.exported_fn(&api.symbol("create"), p.fn_type(&[i32t.into()], false));
+        let threads = f.get_nth_param(0).expect("threads");
+        let ctx = self
+            .call_rt("kiln_rt_create", &[desc.as_pointer_value().into(), threads])?
+            .expect("ptr");
+        b.build_return(Some(&ctx)).map_err(llvm)?;
+
+        let f = self.exported_fn(
+            &api.symbol("destroy"),
+            self.cx.void_type().fn_type(&[p.into()], false),
+        );
+        self.call_rt("kiln_rt_destroy", &[f.get_nth_param(0).expect("ctx")])?;
+        b.build_return(None).map_err(llvm)?;
+
+        // A null context has no error of its own: report why create failed.
+        let f = self.exported_fn(&api.symbol("last_error"), p.fn_type(&[p.into()], false));
+        let ctx = f.get_nth_param(0).expect("ctx").into_pointer_value();
+        let is_null = b.build_is_null(ctx, "null").map_err(llvm)?;
+        let (bn, bc) = (
+            self.cx.append_basic_block(f, "null"),
+            self.cx.append_basic_block(f, "ctx"),
+        );
+        b.build_conditional_branch(is_null, bn, bc).map_err(llvm)?;
+        b.position_at_end(bn);
+        let e = self.call_rt("kiln_rt_create_error", &[])?.expect("ptr");
+        b.build_return(Some(&e)).map_err(llvm)?;
+        b.position_at_end(bc);
+        let e = self.call_rt("kiln_rt_last_error", &[ctx.into()])?.expect("ptr");
+        b.build_return(Some(&e)).map_err(llvm)?;
+
+        let plan = self.parts.plan;
+        let f = self.exported_fn(&api.symbol("workspace_size"), i64t.fn_type(&[], false));
+        b.build_return(Some(&i64t.const_int(plan.arena_bytes, false)))
+            .map_err(llvm)?;
+
+        let inputs = signature_inputs(self.parts.graph);
+        let outputs = signature_outputs(self.parts.graph);
+        let sig = signature_json(self.parts, &inputs, &outputs);
+        let _ = f;
+        let f = self.exported_fn(&api.symbol("info"), p.fn_type(&[], false));
+        let _ = f;
+        let s = self.cstring("kiln.info", &sig);
+        b.build_return(Some(&s)).map_err(llvm)?;
+
+        let guarded_run =
+            |f: FunctionValue<'ctx>, ins: PointerValue<'ctx>, outs: PointerValue<'ctx>| -> Result<()> {
+                let ctx = f.get_nth_param(0).expect("ctx").into_pointer_value();
+                let is_null = b.build_is_null(ctx, "null").map_err(llvm)?;
+                let (bn, bc) = (
+                    self.cx.append_basic_block(f, "null"),
+                    self.cx.append_basic_block(f, "ok"),
+                );
+                b.build_conditional_branch(is_null, bn, bc).map_err(llvm)?;
+                b.position_at_end(bn);
+                b.build_return(Some(&i32t.const_int(u64::MAX, true)))
+                    .map_err(llvm)?;
+                b.position_at_end(bc);
+                let rc = b
+                    .build_call(run, &[ctx.into(), ins.into(), outs.into()], "rc")
+                    .map_err(llvm)?
+                    .try_as_basic_value()
+                    .basic()
+                    .expect("i32");
+                b.build_return(Some(&rc)).map_err(llvm)?;
+                Ok(())
+            };
+
+        let f = self.exported_fn(
+            &api.symbol("run_generic"),
+            i32t.fn_type(&[p.into(), p.into(), p.into()], false),
+        );
+        let ins = f.get_nth_param(1).expect("inputs").into_pointer_value();
+        let outs = f.get_nth_param(2).expect("outputs").into_pointer_value();
+        guarded_run(f, ins, outs)?;
+
+        let n_in = inputs.len();
+        let n_out = outputs.len();
+        let params: Vec<_> = std::iter::repeat_n(p.into(), 1 + n_in + n_out).collect();
+        let f = self.exported_fn(&api.symbol("run"), i32t.fn_type(&params, false));
+        let ins = b
+            .build_array_alloca(p, i64t.const_int(n_in.max(1) as u64, false), "ins")
+            .map_err(llvm)?;
+        let outs = b
+            .build_array_alloca(p, i64t.const_int(n_out.max(1) as u64, false), "outs")
+            .map_err(llvm)?;
+        for i in 0..n_in + n_out {
+            let (arr, idx) = if i < n_in { (ins, i) } else { (outs, i - n_in) };
+            let slot = unsafe { b.build_in_bounds_gep(p, arr, &[i64t.const_int(idx as u64, false)], "s") }
+                .map_err(llvm)?;
+            b.build_store(slot, f.get_nth_param(1 + i as u32).expect("param"))
+                .map_err(llvm)?;
+        }
+        guarded_run(f, ins, outs)?;
+        Ok(())
+    }
+
+    fn main_function(&self, desc: GlobalValue<'ctx>) -> Result<()> {
+        let (p, i32t) = (self.ptr(), self.cx.i32_type());
+        let f = self.exported_fn("main", i32t.fn_type(&[i32t.into(), p.into()], false));
+        let argc = f.get_nth_param(0).expect("argc");
+        let argv = f.get_nth_param(1).expect("argv");
+        let rc = self
+            .call_rt("kiln_exe_main", &[argc, argv, desc.as_pointer_value().into()])?
+            .expect("i32");
+        self.builder.build_return(Some(&rc)).map_err(llvm)?;
+        Ok(())
+    }
+}
+
+pub fn signature_inputs(graph: &Graph) -> Vec<(String, TensorType)> {
+    graph
+        .input_types()
+        .map(|(n, t)| (n.to_string(), t.clone()))
+        .collect()
+}
+
+pub fn signature_outputs(graph: &Graph) -> Vec<(String, TensorType)> {
+    graph
+        .outputs()
+        .iter()
+        .map(|o| (o.name.clone(), graph.value_type(o.value).clone()))
+        .collect()
+}
+
+fn io_json(items: &[(String, TensorType)]) -> serde_json::Value {
+    serde_json::Value::Array(
+        items
+            .iter()
+            .map(|(name, ty)| {
+                serde_json::json!({
+                    "name": name,
+                    "dtype": kiln_runtime::DTYPE_NAMES[ty.dtype as usize],
+                    "shape": ty.fixed_shape().unwrap_or_default(),
+                })
+            })
+            .collect(),
+    )
+}
+
+/// The model's signature as printed by `--info` and `NAME_info()`.
+pub fn signature_json(
+    parts: &ModuleParts<'_>,
+    inputs: &[(String, TensorType)],
+    outputs: &[(String, TensorType)],
+) -> String {
+    serde_json::json!({
+        "name": parts.model_name,
+        "kiln_version": env!("CARGO_PKG_VERSION"),
+        "target": parts.target.triple,
+        "cpu": parts.target.cpu,
+        "cpu_features": parts.target.required_cpu_features(),
+        "inputs": io_json(inputs),
+        "outputs": io_json(outputs),
+        "kernels": parts.plan.kernels.len(),
+        "weights_bytes": parts.plan.weights.len(),
+        "arena_bytes": parts.plan.arena_bytes,
+    })
+    .to_string()
+}

@@ -1,0 +1,117 @@
+//! The C header shipped with a static library: the model's API, each input and output
+//! documented with name, dtype and shape.
+
+use crate::emit::Api;
+use kiln_ir::{DType, TensorType};
+
+fn c_type(dt: DType) -> &'static str {
+    match dt {
+        DType::Bool | DType::U8 => "uint8_t",
+        DType::I8 => "int8_t",
+        DType::U16 | DType::F16 | DType::BF16 => "uint16_t",
+        DType::I16 => "int16_t",
+        DType::U32 => "uint32_t",
+        DType::I32 => "int32_t",
+        DType::U64 => "uint64_t",
+        DType::I64 => "int64_t",
+        DType::F32 => "float",
+        DType::F64 => "double",
+    }
+}
+
+/// A C identifier from a tensor name (`input.1` → `input_1`).
+pub fn c_ident(name: &str) -> String {
+    let mut s: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if s.is_empty() || s.starts_with(|c: char| c.is_ascii_digit()) {
+        s.insert(0, '_');
+    }
+    s
+}
+
+fn doc_line(ty: &TensorType, name: &str, what: &str) -> String {
+    let shape = ty.fixed_shape().unwrap_or_default();
+    let n: usize = shape.iter().product();
+    format!(
+        " *   {what} {:<24} {}  ({} elements, {} bytes)\n",
+        format!("\"{name}\""),
+        ty,
+        n,
+        ty.size_bytes().unwrap_or(0)
+    )
+}
+
+pub fn header(
+    api: &Api,
+    model_name: &str,
+    target: &str,
+    inputs: &[(String, TensorType)],
+    outputs: &[(String, TensorType)],
+    arena_bytes: u64,
+    thread_scratch_bytes: u64,
+) -> String {
+    let p = &api.prefix;
+    let guard = format!("{}_H", p.to_uppercase());
+    let mut s = String::new();
+    s.push_str(&format!(
+        "/*\n * {p}.h — the model \"{model_name}\" compiled by kiln {} for {target}.\n *\n",
+        env!("CARGO_PKG_VERSION")
+    ));
+    s.push_str(" * Tensors are dense, row-major (C order); float16/bfloat16 are passed as their 16-bit\n");
+    s.push_str(" * patterns (uint16_t), bool as uint8_t (0 or 1).\n *\n");
+    for (n, ty) in inputs {
+        s.push_str(&doc_line(ty, n, "input "));
+    }
+    for (n, ty) in outputs {
+        s.push_str(&doc_line(ty, n, "output"));
+    }
+    s.push_str(&format!(
+        " *\n * Link: cc app.c lib{p}.a -lpthread -lm\n * Each context owns {arena_bytes} bytes of working memory plus {thread_scratch_bytes} per thread;\n"
+    ));
+    s.push_str(" * contexts share nothing mutable, so several may run at once (one run per context at a time).\n */\n");
+    s.push_str(&format!(
+        "#ifndef {guard}\n#define {guard}\n\n#include <stddef.h>\n#include <stdint.h>\n\n"
+    ));
+    s.push_str("#ifdef __cplusplus\nextern \"C\" {\n#endif\n\n");
+    s.push_str(&format!("typedef struct {p}_ctx {p}_ctx;\n\n"));
+    s.push_str(&format!(
+        "/* Creates a context with num_threads threads (<= 0: one per online CPU). Returns NULL on\n   failure (e.g. the CPU lacks a required feature); {p}_last_error(NULL) says why. */\n{p}_ctx *{p}_create(int32_t num_threads);\n\n"
+    ));
+    s.push_str(&format!("void {p}_destroy({p}_ctx *ctx);\n\n"));
+    let mut params = vec![format!("{p}_ctx *ctx")];
+    for (n, ty) in inputs {
+        params.push(format!("const {} *{}", c_type(ty.dtype), c_ident(n)));
+    }
+    for (n, ty) in outputs {
+        params.push(format!("{} *{}", c_type(ty.dtype), c_ident(n)));
+    }
+    s.push_str(&format!(
+        "/* Runs the model once. Returns 0, or non-zero with {p}_last_error(ctx) set. */\nint32_t {p}_run({});\n\n",
+        params.join(", ")
+    ));
+    s.push_str(&format!(
+        "/* Same, with inputs[i] / outputs[i] pointing at graph input / output i in the order above. */\nint32_t {p}_run_generic({p}_ctx *ctx, const void *const *inputs, void *const *outputs);\n\n"
+    ));
+    s.push_str(&format!(
+        "/* The last error of ctx (\"\" if none), or why {p}_create failed when ctx is NULL. */\nconst char *{p}_last_error({p}_ctx *ctx);\n\n"
+    ));
+    s.push_str(&format!("/* Bytes of working memory each context allocates (excluding per-thread scratch). */\nint64_t {p}_workspace_size(void);\n\n"));
+    s.push_str(&format!("/* The signature as JSON: name, inputs, outputs (name, dtype, shape), target. */\nconst char *{p}_info(void);\n\n"));
+    s.push_str(&format!(
+        "#define {}_NUM_INPUTS {}\n#define {}_NUM_OUTPUTS {}\n\n",
+        p.to_uppercase(),
+        inputs.len(),
+        p.to_uppercase(),
+        outputs.len()
+    ));
+    s.push_str("#ifdef __cplusplus\n}\n#endif\n#endif\n");
+    s
+}

@@ -1,0 +1,423 @@
+//! Scheduling and memory planning: which kernel runs each node, and where every value lives.
+//!
+//! Nodes run in the graph's (topological) order. Constants and values known at compile time go
+//! into the weights blob; views (Reshape, Flatten, Squeeze, Unsqueeze, Identity) share their
+//! input's storage; every other value gets an offset in one arena, assigned from lifetimes so
+//! values that are never alive together share bytes. Nothing is allocated while the model runs.
+
+use crate::error::{CodegenError, Result};
+use crate::gen::{self, GeneratedKernel};
+use crate::node::NodeInfo;
+use crate::target::TargetDesc;
+use crate::uk::{self, UkCall};
+use kiln_ir::{Graph, NodeId, Op, Tensor, ValueId};
+use std::collections::HashMap;
+
+pub const ALIGN: u64 = 64;
+
+/// Where a value's bytes are at run time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Storage {
+    /// The caller's buffer for graph input `i`.
+    Input(usize),
+    /// The caller's buffer for graph output `i`.
+    Output(usize),
+    /// An offset in the context's arena.
+    Arena(u64),
+    /// An offset in the read-only weights blob.
+    Weights(u64),
+}
+
+pub enum KernelImpl {
+    Generated(Box<dyn GeneratedKernel>),
+    Ukernel(UkCall),
+}
+
+pub struct Kernel {
+    pub node: NodeId,
+    /// The node's name and operator, for messages and reports.
+    pub node_name: String,
+    pub op_name: &'static str,
+    pub imp: KernelImpl,
+    /// One entry per node input; None for absent optional inputs (and weights a generated
+    /// kernel reads only in packed form).
+    pub inputs: Vec<Option<ValueId>>,
+    pub outputs: Vec<ValueId>,
+    /// Offsets of packed constants in the weights blob.
+    pub packed: Vec<u64>,
+    /// Arena offset of the kernel's shared scratch, if any.
+    pub scratch: Option<u64>,
+}
+
+impl Kernel {
+    pub fn describe(&self) -> String {
+        match &self.imp {
+            KernelImpl::Generated(g) => g.describe(),
+            KernelImpl::Ukernel(c) => format!("kiln_uk_{}", c.symbol),
+        }
+    }
+}
+
+/// A copy into a graph output buffer at the end of a run (an output that is a graph input, a
+/// constant, a view of another value, or listed twice).
+pub struct OutputCopy {
+    pub output: usize,
+    pub from: Storage,
+    pub bytes: u64,
+}
+
+pub struct Plan {
+    pub kernels: Vec<Kernel>,
+    pub storage: HashMap<ValueId, Storage>,
+    pub output_copies: Vec<OutputCopy>,
+    pub weights: Vec<u8>,
+    pub arena_bytes: u64,
+    pub thread_scratch_bytes: u64,
+}
+
+impl Plan {
+    pub fn storage_of(&self, v: ValueId) -> Result<Storage> {
+        self.storage
+            .get(&v)
+            .copied()
+            .ok_or_else(|| CodegenError::internal(format!("no storage planned for value {v:?}")))
+    }
+}
+
+fn is_view(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze | Op::Unsqueeze | Op::Identity
+    )
+}
+
+/// The value whose bytes `v` shares: itself, or for a view of a compile-time constant too big
+/// to be propagated as a known value, the constant behind the chain of views.
+fn known_root(graph: &Graph, mut v: ValueId) -> ValueId {
+    while graph.known_value(v).is_none() {
+        let node = graph.node(v.node);
+        match node.inputs.first().copied().flatten() {
+            Some(src) if is_view(&node.op) => v = src,
+            _ => break,
+        }
+    }
+    v
+}
+
+fn align(x: u64) -> u64 {
+    x.div_ceil(ALIGN) * ALIGN
+}
+
+/// Appends bytes to the weights blob at a 64-byte aligned offset.
+fn push_weights(weights: &mut Vec<u8>, bytes: &[u8]) -> u64 {
+    let off = align(weights.len() as u64);
+    weights.resize(off as usize, 0);
+    weights.extend_from_slice(bytes);
+    off
+}
+
+/// Which values the graph outputs depend on: nodes outside this set are dead.
+fn live_nodes(graph: &Graph) -> Vec<bool> {
+    let mut live = vec![false; graph.len()];
+    for o in graph.outputs() {
+        live[o.value.node.index()] = true;
+    }
+    for id in graph.node_ids().collect::<Vec<_>>().into_iter().rev() {
+        if live[id.index()] {
+            for v in graph.node(id).inputs.iter().flatten() {
+                live[v.node.index()] = true;
+            }
+        }
+    }
+    live
+}
+
+fn value_bytes(graph: &Graph, v: ValueId) -> Result<u64> {
+    let ty = graph.value_type(v);
+    ty.size_bytes()
+        .map(|b| b as u64)
+        .ok_or_else(|| CodegenError::internal(format!("value '{}' has no static size", graph.value_name(v))))
+}
+
+/// Selects a kernel for every live node and plans memory. Reports every node that cannot be
+/// compiled, not just the first.
+pub fn build(graph: &Graph, target: &TargetDesc) -> Result<Plan> {
+    let live = live_nodes(graph);
+    let mut storage: HashMap<ValueId, Storage> = HashMap::new();
+    let mut weights = Vec::new();
+    let mut kernels = Vec::new();
+    let mut unsupported = Vec::new();
+
+    for (i, &id) in graph.inputs().iter().enumerate() {
+        let out = &graph.node(id).outputs[0];
+        if !out.ty.is_static() {
+            return Err(CodegenError::unsupported(
+                &out.name,
+                "graph input",
+                format!(
+                    "input '{}' has shape {} with dimensions unknown at compile time; fix them with --input-shape {}=D0,D1,...",
+                    out.name, out.ty, out.name
+                ),
+            ));
+        }
+        storage.insert(id.out(0), Storage::Input(i));
+    }
+    for id in graph.node_ids() {
+        if !live[id.index()] {
+            continue;
+        }
+        let node = graph.node(id);
+        if matches!(node.op, Op::Input) {
+            continue;
+        }
+        let n_out = node.outputs.len() as u32;
+        let all_known = (0..n_out).all(|o| graph.known_value(id.out(o)).is_some());
+        if all_known {
+            // Stored in the weights blob only if a kernel or a graph output reads it (below).
+            continue;
+        }
+        let info = NodeInfo::new(graph, id);
+        if let Some(e) = (0..n_out as usize).find_map(|o| info.output_shape(o).err()) {
+            unsupported.push(e);
+            continue;
+        }
+        // A view shares its input's bytes; plan_arena gives it the input's storage.
+        if is_view(&node.op) && node.inputs.first().copied().flatten().is_some() {
+            continue;
+        }
+        let imp = match select(&info, target) {
+            Ok(imp) => imp,
+            Err(e) => {
+                unsupported.push(e);
+                continue;
+            }
+        };
+        let mut inputs = node.inputs.clone();
+        let mut packed = vec![];
+        if let KernelImpl::Generated(g) = &imp {
+            for (i, inp) in inputs.iter_mut().enumerate() {
+                if !g.reads_input(i) {
+                    *inp = None;
+                }
+            }
+            for p in g.packed_constants() {
+                packed.push(push_weights(&mut weights, &p.bytes));
+            }
+        }
+        kernels.push(Kernel {
+            node: id,
+            node_name: node.name.clone(),
+            op_name: node.op.name(),
+            imp,
+            inputs,
+            outputs: (0..n_out).map(|o| id.out(o)).collect(),
+            packed,
+            scratch: None,
+        });
+    }
+    match unsupported.len() {
+        0 => {}
+        1 => return Err(unsupported.remove(0)),
+        _ => return Err(CodegenError::UnsupportedNodes(unsupported)),
+    }
+
+    // Constants read by kernels (weights, and known inputs of kernels) go into the blob.
+    for k in &kernels {
+        for v in k.inputs.iter().flatten() {
+            let v = known_root(graph, *v);
+            if storage.contains_key(&v) {
+                continue;
+            }
+            let Some(t) = graph.known_value(v) else { continue };
+            storage.insert(v, Storage::Weights(push_weights(&mut weights, &t.to_le_bytes())));
+        }
+    }
+
+    // Graph outputs produced directly by a kernel are written into the caller's buffer.
+    let mut output_copies = vec![];
+    let kernel_outputs: HashMap<ValueId, usize> = kernels
+        .iter()
+        .enumerate()
+        .flat_map(|(k, kern)| kern.outputs.iter().map(move |v| (*v, k)))
+        .collect();
+    let mut copy_later = vec![];
+    for (j, o) in graph.outputs().iter().enumerate() {
+        if kernel_outputs.contains_key(&o.value) && !storage.contains_key(&o.value) {
+            storage.insert(o.value, Storage::Output(j));
+        } else {
+            copy_later.push((j, o.value));
+        }
+    }
+
+    let (arena_bytes, thread_scratch_bytes) =
+        plan_arena(graph, &mut kernels, &mut storage, &kernel_outputs, &copy_later)?;
+    for &(_, v) in &copy_later {
+        let v = known_root(graph, v);
+        if !storage.contains_key(&v) {
+            if let Some(t) = graph.known_value(v) {
+                storage.insert(v, Storage::Weights(push_weights(&mut weights, &t.to_le_bytes())));
+            }
+        }
+    }
+    for (j, v) in copy_later {
+        let from = *storage
+            .get(&v)
+            .ok_or_else(|| CodegenError::internal(format!("graph output {j} has no storage")))?;
+        output_copies.push(OutputCopy {
+            output: j,
+            from,
+            bytes: value_bytes(graph, v)?,
+        });
+    }
+    Ok(Plan {
+        kernels,
+        storage,
+        output_copies,
+        weights,
+        arena_bytes,
+        thread_scratch_bytes,
+    })
+}
+
+fn select(info: &NodeInfo, target: &TargetDesc) -> Result<KernelImpl> {
+    if let Some(g) = gen::lower(info, target)? {
+        return Ok(KernelImpl::Generated(g));
+    }
+    if let Some(c) = uk::lower(info)? {
+        return Ok(KernelImpl::Ukernel(c));
+    }
+    Err(info.unsupported("the CPU backend does not compile this operator yet"))
+}
+
+/// Assigns arena offsets to kernel outputs (and views of them) and kernel scratch by lifetime.
+/// Returns the arena size and the per-thread scratch size.
+fn plan_arena(
+    graph: &Graph,
+    kernels: &mut [Kernel],
+    storage: &mut HashMap<ValueId, Storage>,
+    kernel_outputs: &HashMap<ValueId, usize>,
+    copy_later: &[(usize, ValueId)],
+) -> Result<(u64, u64)> {
+    // Views alias their source: resolve every value to the kernel output that owns its bytes.
+    let mut root: HashMap<ValueId, ValueId> = HashMap::new();
+    for id in graph.node_ids() {
+        let node = graph.node(id);
+        if is_view(&node.op) && !kernel_outputs.contains_key(&id.out(0)) {
+            if let Some(src) = node.inputs.first().copied().flatten() {
+                let r = root.get(&src).copied().unwrap_or(src);
+                root.insert(id.out(0), r);
+            }
+        }
+    }
+    let root_of = |v: ValueId| root.get(&v).copied().unwrap_or(v);
+
+    // Lifetime of each arena buffer, in kernel steps: [first, last].
+    struct Buf {
+        size: u64,
+        first: usize,
+        last: usize,
+        owner: Owner,
+    }
+    enum Owner {
+        Value(ValueId),
+        Scratch(usize),
+    }
+    let mut bufs: Vec<Buf> = vec![];
+    let mut index: HashMap<ValueId, usize> = HashMap::new();
+    let mut thread_scratch = 0u64;
+    for (k, kern) in kernels.iter().enumerate() {
+        for &v in &kern.outputs {
+            if storage.contains_key(&v) {
+                continue; // a graph output buffer
+            }
+            index.insert(v, bufs.len());
+            bufs.push(Buf {
+                size: align(value_bytes(graph, v)?.max(1)),
+                first: k,
+                last: k,
+                owner: Owner::Value(v),
+            });
+        }
+        if let KernelImpl::Generated(g) = &kern.imp {
+            let s = g.scratch();
+            thread_scratch = thread_scratch.max(align(s.per_thread_bytes));
+            if s.shared_bytes > 0 {
+                bufs.push(Buf {
+                    size: align(s.shared_bytes),
+                    first: k,
+                    last: k,
+                    owner: Owner::Scratch(k),
+                });
+            }
+        }
+        if let KernelImpl::Ukernel(c) = &kern.imp {
+            if c.scratch_bytes > 0 {
+                bufs.push(Buf {
+                    size: align(c.scratch_bytes),
+                    first: k,
+                    last: k,
+                    owner: Owner::Scratch(k),
+                });
+            }
+        }
+    }
+    for (k, kern) in kernels.iter().enumerate() {
+        for v in kern.inputs.iter().flatten() {
+            if let Some(&b) = index.get(&root_of(*v)) {
+                bufs[b].last = bufs[b].last.max(k);
+            }
+        }
+    }
+    for (_, v) in copy_later {
+        if let Some(&b) = index.get(&root_of(*v)) {
+            bufs[b].last = kernels.len();
+        }
+    }
+
+    // Greedy by size (largest first): the lowest offset that overlaps no placed buffer whose
+    // lifetime intersects. Ties keep schedule order, so the plan is deterministic.
+    let mut order: Vec<usize> = (0..bufs.len()).collect();
+    order.sort_by(|&a, &b| bufs[b].size.cmp(&bufs[a].size).then(a.cmp(&b)));
+    let mut placed: Vec<(u64, u64, usize, usize)> = vec![]; // offset, size, first, last
+    let mut offsets = vec![0u64; bufs.len()];
+    let mut arena = 0u64;
+    for &b in &order {
+        let buf = &bufs[b];
+        let mut conflicts: Vec<(u64, u64)> = placed
+            .iter()
+            .filter(|p| p.2 <= buf.last && buf.first <= p.3)
+            .map(|p| (p.0, p.1))
+            .collect();
+        conflicts.sort();
+        let mut off = 0u64;
+        for (o, s) in conflicts {
+            if off + buf.size <= o {
+                break;
+            }
+            off = off.max(o + s);
+        }
+        offsets[b] = off;
+        placed.push((off, buf.size, buf.first, buf.last));
+        arena = arena.max(off + buf.size);
+    }
+    for (b, buf) in bufs.iter().enumerate() {
+        match buf.owner {
+            Owner::Value(v) => {
+                storage.insert(v, Storage::Arena(offsets[b]));
+            }
+            Owner::Scratch(k) => kernels[k].scratch = Some(offsets[b]),
+        }
+    }
+    // Views take their root's storage.
+    for (v, r) in &root {
+        if let Some(&s) = storage.get(r) {
+            storage.entry(*v).or_insert(s);
+        }
+    }
+    Ok((arena, thread_scratch))
+}
+
+/// The tensors of values known at compile time that a report may want to show.
+pub fn known_tensor(graph: &Graph, v: ValueId) -> Option<&Tensor> {
+    graph.known_value(v)
+}

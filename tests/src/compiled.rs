@@ -1,0 +1,154 @@
+//! The compiled path for end-to-end tests: compile a model with kiln-codegen to an executable
+//! and run it as a user would (`./model --input NAME=FILE.npy --output-dir DIR`), each run in
+//! its own process so a crash or hang in generated code fails one case, not the suite.
+
+use kiln_codegen::{CompileOptions, Emit, Silent, TargetDesc};
+use kiln_frontend::{load_model, ImportOptions, Model};
+use kiln_ir::{Graph, Tensor};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long one compiled run may take before it counts as a hang.
+const RUN_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Whether every value the graph computes has a static shape.
+pub fn fully_static(graph: &Graph) -> bool {
+    graph
+        .nodes()
+        .iter()
+        .all(|n| n.outputs.iter().all(|o| o.ty.is_static()))
+}
+
+/// A scratch folder removed on drop.
+pub struct WorkDir(pub PathBuf);
+
+impl WorkDir {
+    pub fn new(tag: &str) -> WorkDir {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("kiln-test-{}-{n}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create work dir");
+        WorkDir(dir)
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Compiles `graph` to `out` for the host with `emit`.
+pub fn compile_graph(
+    graph: &Graph,
+    name: &str,
+    emit: Emit,
+    out: &Path,
+) -> Result<kiln_codegen::Summary, String> {
+    let target = TargetDesc::host().map_err(|e| e.to_string())?;
+    let opts = CompileOptions {
+        name: name.to_string(),
+        target,
+        emit,
+        cc: std::env::var("CC").unwrap_or_else(|_| "cc".into()),
+    };
+    kiln_codegen::compile(graph, &opts, out, &mut Silent).map_err(|e| format!("compile: {e}"))
+}
+
+/// Runs a compiled executable on named inputs; returns its outputs in graph order.
+pub fn run_executable(
+    exe: &Path,
+    graph: &Graph,
+    inputs: &[(String, Tensor)],
+    dir: &Path,
+    threads: usize,
+) -> Result<Vec<Tensor>, String> {
+    let mut cmd = Command::new(exe);
+    for (i, (name, t)) in inputs.iter().enumerate() {
+        let p = dir.join(format!("input{i}.npy"));
+        kiln_frontend::npy::write_npy(&p, t).map_err(|e| format!("write input: {e}"))?;
+        cmd.arg("--input").arg(format!("{name}={}", p.display()));
+    }
+    let out_dir = dir.join("out");
+    cmd.arg("--output-dir")
+        .arg(&out_dir)
+        .arg("--threads")
+        .arg(threads.to_string());
+    cmd.stdout(Stdio::null()).stderr(Stdio::piped());
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().map_err(|e| e.to_string())? {
+            break s;
+        }
+        if start.elapsed() > RUN_TIMEOUT {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!(
+                "compiled model did not finish in {} s",
+                RUN_TIMEOUT.as_secs()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    let mut stderr = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        use std::io::Read;
+        let _ = e.read_to_string(&mut stderr);
+    }
+    if !status.success() {
+        return Err(format!("compiled model failed ({status}): {}", stderr.trim()));
+    }
+    graph
+        .outputs()
+        .iter()
+        .map(|o| {
+            let p = out_dir.join(kiln_frontend::npy::output_file_name(&o.name));
+            kiln_frontend::npy::read_npy(&p).map_err(|e| format!("output '{}': {e}", o.name))
+        })
+        .collect()
+}
+
+/// Compiles `model` to an executable and runs it on `inputs` (graph input order).
+pub fn compile_and_run(model: &Model, inputs: Vec<Tensor>, threads: usize) -> Result<Vec<Tensor>, String> {
+    let work = WorkDir::new("run");
+    let exe = work.0.join("model");
+    compile_graph(&model.graph, "model", Emit::Exe, &exe)?;
+    let names: Vec<String> = model.graph.input_types().map(|(n, _)| n.to_string()).collect();
+    let named: Vec<(String, Tensor)> = names.into_iter().zip(inputs).collect();
+    run_executable(&exe, &model.graph, &named, &work.0, threads)
+}
+
+/// The compiled backend for ONNX node cases. Node cases pass shape-determining operands (Reshape
+/// shapes, Slice starts, Resize scales, TopK's k, ...) as graph inputs; an ahead-of-time compiler
+/// needs them at compile time, so when the graph is not fully static the small (rank ≤ 1, ≤ 64
+/// elements) inputs are bound as constants, as a user would with `kiln compile --bind`.
+pub fn node_case_backend(
+    model_path: &Path,
+    model: &Model,
+    inputs: Vec<Tensor>,
+) -> Result<Vec<Tensor>, String> {
+    if fully_static(&model.graph) {
+        return compile_and_run(model, inputs, 1);
+    }
+    let names: Vec<String> = model.graph.input_types().map(|(n, _)| n.to_string()).collect();
+    let mut bound = vec![];
+    let mut runtime = vec![];
+    for (name, t) in names.into_iter().zip(inputs) {
+        if t.rank() <= 1 && t.len() <= 64 {
+            bound.push((name, t));
+        } else {
+            runtime.push(t);
+        }
+    }
+    let opts = ImportOptions {
+        weights: bound,
+        ..ImportOptions::default()
+    };
+    let bound_model = load_model(model_path, &opts).map_err(|e| format!("import with bound inputs: {e}"))?;
+    compile_and_run(&bound_model, runtime, 1)
+}

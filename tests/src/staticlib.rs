@@ -1,0 +1,92 @@
+//! Running a model compiled as a static library from a C program (`tests/c/run_model.c`), as
+//! an application embedding kiln's output would.
+
+use crate::compiled::{compile_graph, WorkDir};
+use kiln_codegen::Emit;
+use kiln_ir::{Graph, Tensor};
+use std::path::Path;
+use std::process::Command;
+
+pub fn cc() -> String {
+    std::env::var("CC").unwrap_or_else(|_| "cc".into())
+}
+
+/// Builds a C program from `sources` linked with the static libraries in `libs`.
+pub fn build_c_program(
+    sources: &[&Path],
+    defines: &[String],
+    include: &Path,
+    libs: &[&Path],
+    out: &Path,
+) -> Result<(), String> {
+    let mut cmd = Command::new(cc());
+    cmd.args(["-O1", "-Wall", "-Werror", "-o"]).arg(out);
+    cmd.arg("-I").arg(include);
+    for d in defines {
+        cmd.arg(format!("-D{d}"));
+    }
+    cmd.args(sources).args(libs).args(["-lpthread", "-lm"]);
+    let o = cmd.output().map_err(|e| format!("cannot run {}: {e}", cc()))?;
+    if !o.status.success() {
+        return Err(format!("C build failed: {}", String::from_utf8_lossy(&o.stderr)));
+    }
+    Ok(())
+}
+
+/// Compiles `graph` to `libNAME.a` + `NAME.h`, builds run_model.c against it, runs it on
+/// `inputs` (graph order) and returns the outputs.
+pub fn compile_and_run_staticlib(
+    graph: &Graph,
+    name: &str,
+    inputs: &[Tensor],
+    threads: usize,
+) -> Result<Vec<Tensor>, String> {
+    let work = WorkDir::new("lib");
+    let dir = &work.0;
+    compile_graph(graph, name, Emit::StaticLib, &dir.join(name))?;
+    let driver = crate::repo_root().join("tests/c/run_model.c");
+    let exe = dir.join("run_model");
+    build_c_program(
+        &[&driver],
+        &[
+            format!("KILN_HEADER=\"{name}.h\""),
+            format!("KILN_API(x)={name}_##x"),
+        ],
+        dir,
+        &[&dir.join(format!("lib{name}.a"))],
+        &exe,
+    )?;
+    let mut cmd = Command::new(&exe);
+    cmd.arg(threads.to_string());
+    for (i, t) in inputs.iter().enumerate() {
+        let p = dir.join(format!("in{i}.bin"));
+        std::fs::write(&p, t.to_le_bytes()).map_err(|e| e.to_string())?;
+        cmd.arg(p);
+    }
+    cmd.arg("--");
+    let outs: Vec<_> = graph
+        .outputs()
+        .iter()
+        .map(|o| graph.value_type(o.value).clone())
+        .collect();
+    for (i, ty) in outs.iter().enumerate() {
+        let p = dir.join(format!("out{i}.bin"));
+        cmd.arg(format!("{}:{}", p.display(), ty.size_bytes().unwrap_or(0)));
+    }
+    let o = cmd.output().map_err(|e| e.to_string())?;
+    if !o.status.success() {
+        return Err(format!(
+            "run_model failed ({}): {}",
+            o.status,
+            String::from_utf8_lossy(&o.stderr).trim()
+        ));
+    }
+    outs.iter()
+        .enumerate()
+        .map(|(i, ty)| {
+            let bytes = std::fs::read(dir.join(format!("out{i}.bin"))).map_err(|e| e.to_string())?;
+            let shape = ty.fixed_shape().ok_or("dynamic output shape")?;
+            Tensor::from_le_bytes(ty.dtype, shape, &bytes).map_err(|e| e.to_string())
+        })
+        .collect()
+}

@@ -1,0 +1,117 @@
+//! Embedding compiled models in C programs: two different models linked into one program
+//! (symbols are prefixed per model, nothing else is exported), concurrent contexts of one
+//! model, and byte-identical artifacts from repeated compilations.
+
+use kiln_codegen::Emit;
+use kiln_tests::compare::compare;
+use kiln_tests::compiled::{compile_graph, WorkDir};
+use kiln_tests::fixtures::{load_manifest, Fixture};
+use kiln_tests::staticlib::build_c_program;
+use std::process::Command;
+
+fn fixture(name: &str) -> Fixture {
+    load_manifest()
+        .expect("manifest")
+        .into_iter()
+        .find(|f| f.name == name)
+        .unwrap_or_else(|| panic!("fixture {name} missing"))
+}
+
+#[test]
+fn two_models_link_into_one_c_program() {
+    let work = WorkDir::new("two");
+    let dir = &work.0;
+    let mut defines = vec![];
+    let mut args = vec![];
+    let mut expected = vec![];
+    for (tag, name) in [("a", "resnet_basic_tiny"), ("b", "lstm_classifier")] {
+        let f = fixture(name);
+        let model = f.load().expect("load");
+        let g = &model.graph;
+        assert_eq!(
+            (g.inputs().len(), g.outputs().len()),
+            (1, 1),
+            "{name}: the program expects one input and one output"
+        );
+        let api = format!("model_{tag}");
+        compile_graph(g, &api, Emit::StaticLib, &dir.join(&api)).expect("compile");
+        let (in_name, in_ty) = g.input_types().next().unwrap();
+        let input = f.read_inputs().unwrap().remove(in_name).unwrap();
+        let out = &g.outputs()[0];
+        let in_path = dir.join(format!("{tag}_in.bin"));
+        std::fs::write(&in_path, input.to_le_bytes()).unwrap();
+        let up = tag.to_uppercase();
+        defines.push(format!("{up}_IN_BYTES={}", in_ty.size_bytes().unwrap()));
+        defines.push(format!(
+            "{up}_OUT_BYTES={}",
+            g.value_type(out.value).size_bytes().unwrap()
+        ));
+        args.push(in_path);
+        args.push(dir.join(format!("{tag}_out.bin")));
+        expected.push((
+            f.read_expected().unwrap().remove(&out.name).unwrap(),
+            g.value_type(out.value).clone(),
+        ));
+    }
+    let exe = dir.join("two_models");
+    let src = kiln_tests::repo_root().join("tests/c/two_models.c");
+    build_c_program(
+        &[&src],
+        &defines,
+        dir,
+        &[&dir.join("libmodel_a.a"), &dir.join("libmodel_b.a")],
+        &exe,
+    )
+    .expect("a C program linking both models builds");
+    let o = Command::new(&exe).args(&args).output().expect("run");
+    assert!(
+        o.status.success(),
+        "two_models failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    for (i, (want, ty)) in expected.iter().enumerate() {
+        let bytes = std::fs::read(&args[2 * i + 1]).unwrap();
+        let got = kiln_ir::Tensor::from_le_bytes(ty.dtype, ty.fixed_shape().unwrap(), &bytes).unwrap();
+        compare(want, &got).unwrap_or_else(|e| panic!("model {i}: {e}"));
+    }
+}
+
+#[test]
+fn static_library_exports_only_prefixed_symbols() {
+    let work = WorkDir::new("syms");
+    let f = fixture("resnet_basic_tiny");
+    let model = f.load().unwrap();
+    compile_graph(&model.graph, "tiny", Emit::StaticLib, &work.0.join("tiny")).unwrap();
+    let o = Command::new("nm")
+        .args(["-g", "--defined-only"])
+        .arg(work.0.join("libtiny.a"))
+        .output()
+        .expect("nm (binutils) is installed");
+    let text = String::from_utf8_lossy(&o.stdout);
+    let symbols: Vec<&str> = text.lines().filter_map(|l| l.split_whitespace().nth(2)).collect();
+    assert!(symbols.contains(&"tiny_run"), "tiny_run exported: {symbols:?}");
+    let foreign: Vec<&&str> = symbols.iter().filter(|s| !s.starts_with("tiny_")).collect();
+    assert!(
+        foreign.is_empty(),
+        "symbols without the model prefix: {foreign:?}"
+    );
+}
+
+#[test]
+fn compiling_twice_gives_identical_artifacts() {
+    let f = fixture("mobilenetv2_tiny");
+    let model = f.load().unwrap();
+    for (emit, file) in [(Emit::Exe, "m"), (Emit::StaticLib, "libm.a")] {
+        let (w1, w2) = (WorkDir::new("det1"), WorkDir::new("det2"));
+        compile_graph(&model.graph, "m", emit, &w1.0.join("m")).unwrap();
+        compile_graph(&model.graph, "m", emit, &w2.0.join("m")).unwrap();
+        let a = std::fs::read(w1.0.join(file)).unwrap();
+        let b = std::fs::read(w2.0.join(file)).unwrap();
+        assert!(
+            a == b,
+            "{file}: two compilations differ ({} vs {} bytes)",
+            a.len(),
+            b.len()
+        );
+    }
+}
