@@ -106,6 +106,11 @@ pub fn compile(
     let module = emit::build_module(&cx, &parts, &mut |i, n| progress.kernel(i, n))?;
     progress.phase("llvm");
     let tm = opts.target.target_machine(OptimizationLevel::Aggressive)?;
+    // Drop the kernel library and runtime functions this model does not use before the
+    // expensive pipeline, which would otherwise optimize all of them.
+    module
+        .run_passes("globaldce", &tm, PassBuilderOptions::create())
+        .map_err(|e| CodegenError::internal(format!("LLVM optimization: {e}")))?;
     module
         .run_passes("default<O3>", &tm, PassBuilderOptions::create())
         .map_err(|e| CodegenError::internal(format!("LLVM optimization: {e}")))?;
@@ -200,7 +205,9 @@ fn truncate(s: &str, n: usize) -> &str {
 
 /// Links the object into an executable with the system C compiler.
 fn link_executable(cc: &str, obj: &[u8], out: &Path) -> Result<()> {
-    let dir = std::env::temp_dir().join(format!("kiln-link-{}", std::process::id()));
+    static LINKS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = LINKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("kiln-link-{}-{n}", std::process::id()));
     std::fs::create_dir_all(&dir)
         .map_err(|e| CodegenError::Io(format!("cannot create {}: {e}", dir.display())))?;
     let obj_path = dir.join("model.o");

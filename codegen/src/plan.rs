@@ -253,10 +253,10 @@ pub fn build(graph: &Graph, target: &TargetDesc) -> Result<Plan> {
         plan_arena(graph, &mut kernels, &mut storage, &kernel_outputs, &copy_later)?;
     for &(_, v) in &copy_later {
         let v = known_root(graph, v);
-        if !storage.contains_key(&v) {
-            if let Some(t) = graph.known_value(v) {
-                storage.insert(v, Storage::Weights(push_weights(&mut weights, &t.to_le_bytes())));
-            }
+        if let (std::collections::hash_map::Entry::Vacant(e), Some(t)) =
+            (storage.entry(v), graph.known_value(v))
+        {
+            e.insert(Storage::Weights(push_weights(&mut weights, &t.to_le_bytes())));
         }
     }
     for (j, v) in copy_later {

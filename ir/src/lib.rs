@@ -13,6 +13,7 @@ mod graph;
 pub mod op;
 pub mod ops;
 mod print;
+pub mod rewrite;
 pub mod tensor;
 mod types;
 mod verify;

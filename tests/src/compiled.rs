@@ -40,7 +40,7 @@ impl Drop for WorkDir {
     }
 }
 
-/// Compiles `graph` to `out` for the host with `emit`.
+/// Optimizes `graph` with the CPU pipeline and compiles it to `out` for the host with `emit`.
 pub fn compile_graph(
     graph: &Graph,
     name: &str,
@@ -54,7 +54,11 @@ pub fn compile_graph(
         emit,
         cc: std::env::var("CC").unwrap_or_else(|_| "cc".into()),
     };
-    kiln_codegen::compile(graph, &opts, out, &mut Silent).map_err(|e| format!("compile: {e}"))
+    let mut graph = graph.clone();
+    kiln_optimizer::cpu_pipeline()
+        .run(&mut graph)
+        .map_err(|e| format!("optimize: {e}"))?;
+    kiln_codegen::compile(&graph, &opts, out, &mut Silent).map_err(|e| format!("compile: {e}"))
 }
 
 /// Runs a compiled executable on named inputs; returns its outputs in graph order.
@@ -113,42 +117,41 @@ pub fn run_executable(
         .collect()
 }
 
-/// Compiles `model` to an executable and runs it on `inputs` (graph input order).
-pub fn compile_and_run(model: &Model, inputs: Vec<Tensor>, threads: usize) -> Result<Vec<Tensor>, String> {
-    let work = WorkDir::new("run");
-    let exe = work.0.join("model");
-    compile_graph(&model.graph, "model", Emit::Exe, &exe)?;
-    let names: Vec<String> = model.graph.input_types().map(|(n, _)| n.to_string()).collect();
-    let named: Vec<(String, Tensor)> = names.into_iter().zip(inputs).collect();
-    run_executable(&exe, &model.graph, &named, &work.0, threads)
+/// An ahead-of-time compiler needs shape-determining operands (Reshape shapes, Slice starts,
+/// Resize scales, TopK's k, Tile repeats, ...) at compile time. Tests pass them as graph inputs,
+/// so when `model` is not fully static, the small inputs (rank ≤ 1, ≤ 64 elements) are bound as
+/// constants — what a user does with `kiln compile --bind NAME=FILE`. Returns the model to
+/// compile and the inputs left to pass at run time (names and tensors, graph order).
+pub fn bind_shape_inputs(
+    model_path: &Path,
+    opts: &ImportOptions,
+    model: Model,
+    inputs: Vec<(String, Tensor)>,
+) -> Result<(Model, Vec<(String, Tensor)>), String> {
+    if fully_static(&model.graph) {
+        return Ok((model, inputs));
+    }
+    let (bound, runtime): (Vec<_>, Vec<_>) = inputs
+        .into_iter()
+        .partition(|(_, t)| t.rank() <= 1 && t.len() <= 64);
+    let mut opts = opts.clone();
+    opts.weights.extend(bound);
+    let model = load_model(model_path, &opts).map_err(|e| format!("import with bound inputs: {e}"))?;
+    Ok((model, runtime))
 }
 
-/// The compiled backend for ONNX node cases. Node cases pass shape-determining operands (Reshape
-/// shapes, Slice starts, Resize scales, TopK's k, ...) as graph inputs; an ahead-of-time compiler
-/// needs them at compile time, so when the graph is not fully static the small (rank ≤ 1, ≤ 64
-/// elements) inputs are bound as constants, as a user would with `kiln compile --bind`.
+/// The compiled backend for ONNX node cases (see [`bind_shape_inputs`]).
 pub fn node_case_backend(
     model_path: &Path,
     model: &Model,
     inputs: Vec<Tensor>,
 ) -> Result<Vec<Tensor>, String> {
-    if fully_static(&model.graph) {
-        return compile_and_run(model, inputs, 1);
-    }
     let names: Vec<String> = model.graph.input_types().map(|(n, _)| n.to_string()).collect();
-    let mut bound = vec![];
-    let mut runtime = vec![];
-    for (name, t) in names.into_iter().zip(inputs) {
-        if t.rank() <= 1 && t.len() <= 64 {
-            bound.push((name, t));
-        } else {
-            runtime.push(t);
-        }
-    }
-    let opts = ImportOptions {
-        weights: bound,
-        ..ImportOptions::default()
-    };
-    let bound_model = load_model(model_path, &opts).map_err(|e| format!("import with bound inputs: {e}"))?;
-    compile_and_run(&bound_model, runtime, 1)
+    let named: Vec<(String, Tensor)> = names.into_iter().zip(inputs).collect();
+    let model = load_model(model_path, &ImportOptions::default()).map_err(|e| format!("import: {e}"))?;
+    let (model, runtime) = bind_shape_inputs(model_path, &ImportOptions::default(), model, named)?;
+    let work = WorkDir::new("case");
+    let exe = work.0.join("model");
+    compile_graph(&model.graph, "model", Emit::Exe, &exe)?;
+    run_executable(&exe, &model.graph, &runtime, &work.0, 1)
 }

@@ -2,7 +2,7 @@
 //! C (`tests/c/run_model.c`), matches the outputs onnxruntime recorded (per-dtype tolerances).
 
 use kiln_tests::compare::compare;
-use kiln_tests::compiled::{compile_graph, run_executable, WorkDir};
+use kiln_tests::compiled::{bind_shape_inputs, compile_graph, run_executable, WorkDir};
 use kiln_tests::fixtures::{load_manifest, Fixture};
 use kiln_tests::staticlib::compile_and_run_staticlib;
 use std::sync::Mutex;
@@ -15,9 +15,8 @@ enum Artifact {
 
 fn check(f: &Fixture, artifact: Artifact) -> anyhow::Result<()> {
     let model = f.load()?;
-    let graph = &model.graph;
     let mut inputs = f.read_inputs()?;
-    let names: Vec<String> = graph.input_types().map(|(n, _)| n.to_string()).collect();
+    let names: Vec<String> = model.graph.input_types().map(|(n, _)| n.to_string()).collect();
     let ordered: Vec<(String, kiln_ir::Tensor)> = names
         .iter()
         .map(|n| {
@@ -27,6 +26,9 @@ fn check(f: &Fixture, artifact: Artifact) -> anyhow::Result<()> {
             Ok((n.clone(), t))
         })
         .collect::<anyhow::Result<_>>()?;
+    let (model, ordered) = bind_shape_inputs(&f.path(&f.model), &f.import_options()?, model, ordered)
+        .map_err(anyhow::Error::msg)?;
+    let graph = &model.graph;
     let outputs = match artifact {
         Artifact::Executable => {
             let work = WorkDir::new(&f.name);

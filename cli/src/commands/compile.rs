@@ -58,6 +58,10 @@ pub struct Args {
     #[arg(long, short = 'q')]
     pub quiet: bool,
 
+    /// Skip an optimizer pass (e.g. fold-batchnorm). May be given several times.
+    #[arg(long = "disable-pass", value_name = "PASS")]
+    pub disable_pass: Vec<String>,
+
     /// List every kernel (node, operator, implementation) after compiling.
     #[arg(long)]
     pub list_kernels: bool,
@@ -79,6 +83,19 @@ pub fn run(args: Args) -> Result<()> {
     let model = kiln_frontend::load_model(&args.model.model, &opts)
         .map_err(anyhow::Error::from)
         .with_context(|| format!("{}", args.model.model.display()))?;
+    progress.phase("passes");
+    let mut graph = model.graph;
+    let mut passes = kiln_optimizer::cpu_pipeline();
+    for p in &args.disable_pass {
+        if !passes.pass_names().contains(&p.as_str()) {
+            anyhow::bail!(
+                "--disable-pass {p}: no such pass (passes: {})",
+                passes.pass_names().join(", ")
+            );
+        }
+        passes.disable(p);
+    }
+    passes.run(&mut graph)?;
     let target = TargetDesc::select(args.target_triple.as_deref(), args.cpu.as_deref())?;
     let stem = args
         .model
@@ -126,7 +143,7 @@ pub fn run(args: Args) -> Result<()> {
         emit,
         cc,
     };
-    let summary = kiln_codegen::compile(&model.graph, &copts, &out, &mut progress)
+    let summary = kiln_codegen::compile(&graph, &copts, &out, &mut progress)
         .with_context(|| format!("{}", args.model.model.display()))?;
     progress.finish();
     if !args.quiet {
@@ -188,6 +205,7 @@ impl Progress for Bars {
     fn phase(&mut self, name: &str) {
         let msg = match name {
             "import" => "importing the model",
+            "passes" => "optimizing the graph",
             "plan" => "selecting kernels and planning memory",
             "codegen" => "generating kernels",
             "llvm" => "optimizing and generating machine code (LLVM)",

@@ -7,7 +7,11 @@
 //! `[inputs..., outputs..., packed constants..., shared scratch]` (absent optional inputs are
 //! null). The function returns 0, or non-zero after `kiln_rt_set_error`.
 
+pub mod dwconv;
+mod emit;
 pub mod gemm;
+#[cfg(test)]
+mod testing;
 
 use crate::error::{CodegenError, Result};
 use crate::node::NodeInfo;

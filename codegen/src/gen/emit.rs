@@ -1,0 +1,394 @@
+//! Small IR-building helpers shared by the generated kernels: constants, pointer arithmetic on
+//! f32 buffers, vectors, intrinsics and structured control flow (counted loops, if/else).
+
+use super::llvm;
+use crate::error::Result;
+use inkwell::builder::Builder;
+use inkwell::context::Context;
+use inkwell::intrinsics::Intrinsic;
+use inkwell::module::Module;
+use inkwell::types::{BasicType, BasicTypeEnum, VectorType};
+use inkwell::values::BasicValue;
+use inkwell::values::{
+    BasicMetadataValueEnum, BasicValueEnum, FloatValue, FunctionValue, IntValue, PointerValue, VectorValue,
+};
+use inkwell::{AddressSpace, FloatPredicate, IntPredicate};
+
+pub(crate) struct Emit<'a, 'ctx> {
+    pub cx: &'ctx Context,
+    pub module: &'a Module<'ctx>,
+    pub b: &'a Builder<'ctx>,
+    pub f: FunctionValue<'ctx>,
+}
+
+impl<'a, 'ctx> Emit<'a, 'ctx> {
+    pub fn new(
+        cx: &'ctx Context,
+        module: &'a Module<'ctx>,
+        b: &'a Builder<'ctx>,
+        f: FunctionValue<'ctx>,
+    ) -> Self {
+        Emit { cx, module, b, f }
+    }
+
+    pub fn ptr_ty(&self) -> inkwell::types::PointerType<'ctx> {
+        self.cx.ptr_type(AddressSpace::default())
+    }
+
+    pub fn vty(&self, lanes: u32) -> VectorType<'ctx> {
+        self.cx.f32_type().vec_type(lanes)
+    }
+
+    pub fn i64c(&self, v: i64) -> IntValue<'ctx> {
+        self.cx.i64_type().const_int(v as u64, true)
+    }
+
+    pub fn i32c(&self, v: i32) -> IntValue<'ctx> {
+        self.cx.i32_type().const_int(v as u32 as u64, true)
+    }
+
+    pub fn f32c(&self, v: f32) -> FloatValue<'ctx> {
+        self.cx.f32_type().const_float(v as f64)
+    }
+
+    pub fn add(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> Result<IntValue<'ctx>> {
+        self.b.build_int_add(a, b, "").map_err(llvm)
+    }
+
+    pub fn sub(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> Result<IntValue<'ctx>> {
+        self.b.build_int_sub(a, b, "").map_err(llvm)
+    }
+
+    pub fn mul(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> Result<IntValue<'ctx>> {
+        self.b.build_int_mul(a, b, "").map_err(llvm)
+    }
+
+    pub fn mulc(&self, a: IntValue<'ctx>, c: i64) -> Result<IntValue<'ctx>> {
+        if c == 1 {
+            return Ok(a);
+        }
+        self.mul(a, self.i64c(c))
+    }
+
+    pub fn addc(&self, a: IntValue<'ctx>, c: i64) -> Result<IntValue<'ctx>> {
+        if c == 0 {
+            return Ok(a);
+        }
+        self.add(a, self.i64c(c))
+    }
+
+    pub fn udivc(&self, a: IntValue<'ctx>, c: i64) -> Result<IntValue<'ctx>> {
+        if c == 1 {
+            return Ok(a);
+        }
+        self.b.build_int_unsigned_div(a, self.i64c(c), "").map_err(llvm)
+    }
+
+    pub fn uremc(&self, a: IntValue<'ctx>, c: i64) -> Result<IntValue<'ctx>> {
+        if c == 1 {
+            return Ok(self.i64c(0));
+        }
+        self.b.build_int_unsigned_rem(a, self.i64c(c), "").map_err(llvm)
+    }
+
+    pub fn icmp(&self, p: IntPredicate, a: IntValue<'ctx>, b: IntValue<'ctx>) -> Result<IntValue<'ctx>> {
+        self.b.build_int_compare(p, a, b, "").map_err(llvm)
+    }
+
+    /// Unsigned minimum of two i64 values.
+    pub fn umin(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> Result<IntValue<'ctx>> {
+        let lt = self.icmp(IntPredicate::ULT, a, b)?;
+        Ok(self.b.build_select(lt, a, b, "").map_err(llvm)?.into_int_value())
+    }
+
+    /// `p + i` f32 elements.
+    pub fn gep_f32(&self, p: PointerValue<'ctx>, i: IntValue<'ctx>) -> Result<PointerValue<'ctx>> {
+        // SAFETY (of the IR): callers index inside the buffers the kernel was planned for.
+        unsafe { self.b.build_in_bounds_gep(self.cx.f32_type(), p, &[i], "") }.map_err(llvm)
+    }
+
+    pub fn gep_f32c(&self, p: PointerValue<'ctx>, i: i64) -> Result<PointerValue<'ctx>> {
+        if i == 0 {
+            return Ok(p);
+        }
+        self.gep_f32(p, self.i64c(i))
+    }
+
+    pub fn gep_ptr(&self, p: PointerValue<'ctx>, i: i64) -> Result<PointerValue<'ctx>> {
+        // SAFETY (of the IR): an index into an array of pointers the kernel built.
+        unsafe { self.b.build_in_bounds_gep(self.ptr_ty(), p, &[self.i64c(i)], "") }.map_err(llvm)
+    }
+
+    pub fn load_ptr(&self, p: PointerValue<'ctx>) -> Result<PointerValue<'ctx>> {
+        Ok(self
+            .b
+            .build_load(self.ptr_ty(), p, "")
+            .map_err(llvm)?
+            .into_pointer_value())
+    }
+
+    pub fn load_f32(&self, p: PointerValue<'ctx>) -> Result<FloatValue<'ctx>> {
+        Ok(self
+            .b
+            .build_load(self.cx.f32_type(), p, "")
+            .map_err(llvm)?
+            .into_float_value())
+    }
+
+    pub fn store<V: inkwell::values::BasicValue<'ctx>>(&self, p: PointerValue<'ctx>, v: V) -> Result<()> {
+        let st = self.b.build_store(p, v).map_err(llvm)?;
+        // Buffers are only guaranteed f32-aligned (packed constants, offsets into tensors).
+        st.set_alignment(4).map_err(llvm)?;
+        Ok(())
+    }
+
+    pub fn load_vec(&self, p: PointerValue<'ctx>, lanes: u32) -> Result<VectorValue<'ctx>> {
+        let v = self.b.build_load(self.vty(lanes), p, "").map_err(llvm)?;
+        v.as_instruction_value()
+            .expect("load is an instruction")
+            .set_alignment(4)
+            .map_err(llvm)?;
+        Ok(v.into_vector_value())
+    }
+
+    pub fn splat(&self, x: FloatValue<'ctx>, lanes: u32) -> Result<VectorValue<'ctx>> {
+        let ty = self.vty(lanes);
+        let v = self
+            .b
+            .build_insert_element(ty.get_poison(), x, self.i32c(0), "")
+            .map_err(llvm)?;
+        let mask = self.cx.i32_type().vec_type(lanes).const_zero();
+        self.b
+            .build_shuffle_vector(v, ty.get_poison(), mask, "")
+            .map_err(llvm)
+    }
+
+    pub fn splat_i32(&self, x: IntValue<'ctx>, lanes: u32) -> Result<VectorValue<'ctx>> {
+        let ty = self.cx.i32_type().vec_type(lanes);
+        let v = self
+            .b
+            .build_insert_element(ty.get_poison(), x, self.i32c(0), "")
+            .map_err(llvm)?;
+        let mask = self.cx.i32_type().vec_type(lanes).const_zero();
+        self.b
+            .build_shuffle_vector(v, ty.get_poison(), mask, "")
+            .map_err(llvm)
+    }
+
+    /// `<0, 1, ..., lanes-1>` as i32.
+    pub fn iota_i32(&self, lanes: u32) -> VectorValue<'ctx> {
+        let vals: Vec<IntValue> = (0..lanes).map(|i| self.i32c(i as i32)).collect();
+        VectorType::const_vector(&vals)
+    }
+
+    pub fn zero_vec(&self, lanes: u32) -> VectorValue<'ctx> {
+        self.vty(lanes).const_zero()
+    }
+
+    /// Calls an overloaded intrinsic.
+    pub fn intrinsic(
+        &self,
+        name: &str,
+        types: &[BasicTypeEnum<'ctx>],
+        args: &[BasicMetadataValueEnum<'ctx>],
+    ) -> Result<BasicValueEnum<'ctx>> {
+        let i = Intrinsic::find(name)
+            .ok_or_else(|| crate::error::CodegenError::internal(format!("no intrinsic {name}")))?;
+        let decl = i
+            .get_declaration(self.module, types)
+            .ok_or_else(|| crate::error::CodegenError::internal(format!("cannot declare {name}")))?;
+        let call = self.b.build_call(decl, args, "").map_err(llvm)?;
+        call.try_as_basic_value()
+            .basic()
+            .ok_or_else(|| crate::error::CodegenError::internal(format!("{name} returns nothing")))
+    }
+
+    pub fn fma(
+        &self,
+        a: VectorValue<'ctx>,
+        b: VectorValue<'ctx>,
+        c: VectorValue<'ctx>,
+    ) -> Result<VectorValue<'ctx>> {
+        let ty = a.get_type().as_basic_type_enum();
+        Ok(self
+            .intrinsic("llvm.fma", &[ty], &[a.into(), b.into(), c.into()])?
+            .into_vector_value())
+    }
+
+    pub fn fadd(&self, a: VectorValue<'ctx>, b: VectorValue<'ctx>) -> Result<VectorValue<'ctx>> {
+        self.b.build_float_add(a, b, "").map_err(llvm)
+    }
+
+    pub fn fmul(&self, a: VectorValue<'ctx>, b: VectorValue<'ctx>) -> Result<VectorValue<'ctx>> {
+        self.b.build_float_mul(a, b, "").map_err(llvm)
+    }
+
+    pub fn fcmp(
+        &self,
+        p: FloatPredicate,
+        a: VectorValue<'ctx>,
+        b: VectorValue<'ctx>,
+    ) -> Result<VectorValue<'ctx>> {
+        self.b.build_float_compare(p, a, b, "").map_err(llvm)
+    }
+
+    pub fn vselect(
+        &self,
+        m: VectorValue<'ctx>,
+        a: VectorValue<'ctx>,
+        b: VectorValue<'ctx>,
+    ) -> Result<VectorValue<'ctx>> {
+        Ok(self
+            .b
+            .build_select(m, a, b, "")
+            .map_err(llvm)?
+            .into_vector_value())
+    }
+
+    /// `llvm.masked.load` of `lanes` f32 from `p`; masked-off lanes are 0 and not accessed.
+    pub fn masked_load(
+        &self,
+        p: PointerValue<'ctx>,
+        mask: VectorValue<'ctx>,
+        lanes: u32,
+    ) -> Result<VectorValue<'ctx>> {
+        let vt = self.vty(lanes);
+        Ok(self
+            .intrinsic(
+                "llvm.masked.load",
+                &[vt.into(), self.ptr_ty().into()],
+                &[p.into(), self.i32c(4).into(), mask.into(), vt.const_zero().into()],
+            )?
+            .into_vector_value())
+    }
+
+    /// `llvm.masked.gather` of f32 at `base + idx[j]` (i32 element indices); masked-off lanes are 0.
+    pub fn masked_gather(
+        &self,
+        base: PointerValue<'ctx>,
+        idx: VectorValue<'ctx>,
+        mask: VectorValue<'ctx>,
+        lanes: u32,
+    ) -> Result<VectorValue<'ctx>> {
+        let i64t = self.cx.i64_type();
+        let base_i = self.b.build_ptr_to_int(base, i64t, "").map_err(llvm)?;
+        let base_v = {
+            let v = self
+                .b
+                .build_insert_element(i64t.vec_type(lanes).get_poison(), base_i, self.i32c(0), "")
+                .map_err(llvm)?;
+            let m = self.cx.i32_type().vec_type(lanes).const_zero();
+            self.b
+                .build_shuffle_vector(v, i64t.vec_type(lanes).get_poison(), m, "")
+                .map_err(llvm)?
+        };
+        let idx64 = self
+            .b
+            .build_int_s_extend(idx, i64t.vec_type(lanes), "")
+            .map_err(llvm)?;
+        let four = VectorType::const_vector(&vec![i64t.const_int(4, false); lanes as usize]);
+        let off = self.b.build_int_mul(idx64, four, "").map_err(llvm)?;
+        let addr = self.b.build_int_add(base_v, off, "").map_err(llvm)?;
+        let ptrs = self
+            .b
+            .build_int_to_ptr(addr, self.ptr_ty().vec_type(lanes), "")
+            .map_err(llvm)?;
+        let vt = self.vty(lanes);
+        Ok(self
+            .intrinsic(
+                "llvm.masked.gather",
+                &[vt.into(), self.ptr_ty().vec_type(lanes).into()],
+                &[
+                    ptrs.into(),
+                    self.i32c(4).into(),
+                    mask.into(),
+                    vt.const_zero().into(),
+                ],
+            )?
+            .into_vector_value())
+    }
+
+    /// An alloca in the function's entry block (so SROA promotes it).
+    pub fn entry_alloca<T: BasicType<'ctx>>(&self, ty: T, name: &str) -> Result<PointerValue<'ctx>> {
+        let entry = self
+            .f
+            .get_first_basic_block()
+            .expect("function has an entry block");
+        let tmp = self.cx.create_builder();
+        match entry.get_first_instruction() {
+            Some(i) => tmp.position_before(&i),
+            None => tmp.position_at_end(entry),
+        }
+        let a = tmp.build_alloca(ty, name).map_err(llvm)?;
+        a.as_instruction_value()
+            .expect("alloca is an instruction")
+            .set_alignment(64)
+            .map_err(llvm)?;
+        Ok(a)
+    }
+
+    /// `for (i = start; i < end; i += step) body(i)` with an unsigned i64 counter.
+    pub fn for_range(
+        &self,
+        start: IntValue<'ctx>,
+        end: IntValue<'ctx>,
+        step: i64,
+        mut body: impl FnMut(IntValue<'ctx>) -> Result<()>,
+    ) -> Result<()> {
+        let pre = self.b.get_insert_block().expect("builder is positioned");
+        let head = self.cx.append_basic_block(self.f, "loop");
+        let bodyb = self.cx.append_basic_block(self.f, "body");
+        let exit = self.cx.append_basic_block(self.f, "exit");
+        let enter = self.icmp(IntPredicate::ULT, start, end)?;
+        self.b.build_conditional_branch(enter, head, exit).map_err(llvm)?;
+        self.b.position_at_end(head);
+        let phi = self.b.build_phi(self.cx.i64_type(), "i").map_err(llvm)?;
+        phi.add_incoming(&[(&start, pre)]);
+        let i = phi.as_basic_value().into_int_value();
+        self.b.build_unconditional_branch(bodyb).map_err(llvm)?;
+        self.b.position_at_end(bodyb);
+        body(i)?;
+        let next = self.addc(i, step)?;
+        let latch = self.b.get_insert_block().expect("builder is positioned");
+        phi.add_incoming(&[(&next, latch)]);
+        let more = self.icmp(IntPredicate::ULT, next, end)?;
+        self.b.build_conditional_branch(more, head, exit).map_err(llvm)?;
+        self.b.position_at_end(exit);
+        Ok(())
+    }
+
+    pub fn for_n(&self, n: i64, body: impl FnMut(IntValue<'ctx>) -> Result<()>) -> Result<()> {
+        self.for_range(self.i64c(0), self.i64c(n), 1, body)
+    }
+
+    pub fn if_then(&self, cond: IntValue<'ctx>, then: impl FnOnce() -> Result<()>) -> Result<()> {
+        let t = self.cx.append_basic_block(self.f, "then");
+        let join = self.cx.append_basic_block(self.f, "join");
+        self.b.build_conditional_branch(cond, t, join).map_err(llvm)?;
+        self.b.position_at_end(t);
+        then()?;
+        self.b.build_unconditional_branch(join).map_err(llvm)?;
+        self.b.position_at_end(join);
+        Ok(())
+    }
+
+    pub fn if_else(
+        &self,
+        cond: IntValue<'ctx>,
+        then: impl FnOnce() -> Result<()>,
+        otherwise: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        let t = self.cx.append_basic_block(self.f, "then");
+        let e = self.cx.append_basic_block(self.f, "else");
+        let join = self.cx.append_basic_block(self.f, "join");
+        self.b.build_conditional_branch(cond, t, e).map_err(llvm)?;
+        self.b.position_at_end(t);
+        then()?;
+        self.b.build_unconditional_branch(join).map_err(llvm)?;
+        self.b.position_at_end(e);
+        otherwise()?;
+        self.b.build_unconditional_branch(join).map_err(llvm)?;
+        self.b.position_at_end(join);
+        Ok(())
+    }
+}

@@ -1,0 +1,667 @@
+//! JIT harness for the generated kernels: builds a one-node graph, lowers it, emits and optimizes
+//! the kernel for the host, runs it through MCJIT with a small stand-in runtime
+//! (`parallel_for` on std threads, per-thread scratch), and compares with `kiln_ir`'s evaluator.
+
+use super::gemm::{Activation, Bias, Epilogue};
+use super::{GeneratedKernel, KernelBuilder};
+use crate::node::NodeInfo;
+use crate::target::TargetDesc;
+use inkwell::context::Context;
+use inkwell::passes::PassBuilderOptions;
+use inkwell::OptimizationLevel;
+use kiln_ir::{AutoPad, ConvAttrs, DType, Dim, Graph, NodeId, Op, Tensor, TensorType, ValueId};
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
+
+struct TestCtx {
+    threads: usize,
+    scratch: Vec<*mut u8>,
+    pool: Pool,
+}
+
+type TaskFn = unsafe extern "C" fn(*mut c_void, i64, i64);
+
+/// A persistent spinning pool, like the runtime's: workers wait for a new generation, then
+/// take task indices from a shared counter.
+#[derive(Default)]
+struct Pool {
+    gen: AtomicUsize,
+    done: AtomicUsize,
+    next: AtomicI64,
+    n: AtomicI64,
+    f: AtomicUsize,
+    data: AtomicUsize,
+    stop: AtomicBool,
+}
+
+impl Pool {
+    fn work(&self, tid: usize) {
+        let n = self.n.load(Ordering::Acquire);
+        // SAFETY: `f` was stored from a TaskFn by rt_parallel_for before the generation bump.
+        let f: TaskFn = unsafe { std::mem::transmute::<usize, TaskFn>(self.f.load(Ordering::Acquire)) };
+        let data = self.data.load(Ordering::Acquire) as *mut c_void;
+        loop {
+            let i = self.next.fetch_add(1, Ordering::AcqRel);
+            if i >= n {
+                break;
+            }
+            // SAFETY: the task function and data come from the kernel that called parallel_for.
+            unsafe { f(data, i, tid as i64) };
+        }
+    }
+
+    fn worker(&self, tid: usize) {
+        let mut seen = 0;
+        loop {
+            let mut spins = 0u32;
+            loop {
+                if self.stop.load(Ordering::Acquire) {
+                    return;
+                }
+                let g = self.gen.load(Ordering::Acquire);
+                if g != seen {
+                    seen = g;
+                    break;
+                }
+                spins += 1;
+                if spins > 1000 {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+            self.work(tid);
+            self.done.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+}
+
+unsafe extern "C" fn rt_parallel_for(ctx: *mut c_void, f: TaskFn, data: *mut c_void, n: i64) {
+    // SAFETY: the harness passes its own TestCtx as the kernel's ctx.
+    let cx = unsafe { &*(ctx as *const TestCtx) };
+    let p = &cx.pool;
+    p.f.store(f as usize, Ordering::Release);
+    p.data.store(data as usize, Ordering::Release);
+    p.n.store(n, Ordering::Release);
+    p.next.store(0, Ordering::Release);
+    p.done.store(0, Ordering::Release);
+    p.gen.fetch_add(1, Ordering::AcqRel);
+    p.work(0);
+    while p.done.load(Ordering::Acquire) < cx.threads - 1 {
+        std::hint::spin_loop();
+    }
+}
+
+unsafe extern "C" fn rt_thread_scratch(ctx: *mut c_void, tid: i64) -> *mut c_void {
+    // SAFETY: the harness passes its own TestCtx as the kernel's ctx.
+    let cx = unsafe { &*(ctx as *const TestCtx) };
+    cx.scratch[tid as usize] as *mut c_void
+}
+
+unsafe extern "C" fn rt_set_error(_ctx: *mut c_void, _fmt: *const c_void) {}
+
+/// Compiles `kernel` for `node` and runs it `reps` times on `inputs` (one slice per node input;
+/// constants included). Returns the output and the mean seconds per run.
+pub(crate) fn run_kernel(
+    kernel: &dyn GeneratedKernel,
+    node: &NodeInfo,
+    target: &TargetDesc,
+    inputs: &[Option<Vec<f32>>],
+    out_len: usize,
+    threads: usize,
+    reps: usize,
+) -> (Vec<f32>, f64) {
+    let cx = Context::create();
+    let module = cx.create_module("kiln_test");
+    let tm = target.target_machine(OptimizationLevel::Aggressive).unwrap();
+    module.set_triple(&tm.get_triple());
+    module.set_data_layout(&tm.get_target_data().get_data_layout());
+    let ptr = cx.ptr_type(inkwell::AddressSpace::default());
+    let fty = cx.i32_type().fn_type(&[ptr.into(), ptr.into()], false);
+    let f = module.add_function("kern", fty, None);
+    crate::llvm::set_kernel_attributes(&cx, f, target);
+    let builder = cx.create_builder();
+    let entry = cx.append_basic_block(f, "entry");
+    builder.position_at_end(entry);
+    let packed = kernel.packed_constants();
+    let kb = KernelBuilder {
+        cx: &cx,
+        module: &module,
+        builder: &builder,
+        function: f,
+        target,
+        node,
+        n_inputs: node.n_inputs(),
+        n_outputs: 1,
+        n_packed: packed.len(),
+    };
+    kernel.emit(&kb).unwrap();
+    crate::llvm::verify(&module).unwrap();
+    module
+        .run_passes("default<O3>", &tm, PassBuilderOptions::create())
+        .unwrap();
+    crate::llvm::verify(&module).unwrap();
+    if let Some(path) = std::env::var_os("KILN_DUMP_ASM") {
+        let asm = tm
+            .write_to_memory_buffer(&module, inkwell::targets::FileType::Assembly)
+            .unwrap();
+        std::fs::write(path, asm.as_slice()).unwrap();
+    }
+    let ee = module
+        .create_jit_execution_engine(OptimizationLevel::Aggressive)
+        .unwrap();
+    for (name, addr) in [
+        ("kiln_rt_parallel_for", rt_parallel_for as *const () as usize),
+        ("kiln_rt_thread_scratch", rt_thread_scratch as *const () as usize),
+        ("kiln_rt_set_error", rt_set_error as *const () as usize),
+    ] {
+        if let Some(g) = module.get_function(name) {
+            ee.add_global_mapping(&g, addr);
+        }
+    }
+    let scratch_bytes = kernel.scratch().per_thread_bytes.max(64) as usize;
+    let layout = std::alloc::Layout::from_size_align(scratch_bytes, 64).unwrap();
+    // SAFETY: non-zero size; freed below with the same layout.
+    let scratch: Vec<*mut u8> = (0..threads)
+        .map(|_| unsafe { std::alloc::alloc(layout) })
+        .collect();
+    let tcx = TestCtx {
+        threads,
+        scratch,
+        pool: Pool::default(),
+    };
+    assert_eq!(kernel.scratch().shared_bytes, 0);
+    let mut out = vec![f32::NAN; out_len];
+    let packed_f: Vec<Vec<u8>> = packed.iter().map(|p| p.bytes.clone()).collect();
+    let mut args: Vec<*mut c_void> = inputs
+        .iter()
+        .map(|x| {
+            x.as_ref()
+                .map_or(std::ptr::null_mut(), |v| v.as_ptr() as *mut c_void)
+        })
+        .collect();
+    args.push(out.as_mut_ptr() as *mut c_void);
+    args.extend(packed_f.iter().map(|p| p.as_ptr() as *mut c_void));
+    type Kern = unsafe extern "C" fn(*mut c_void, *const *mut c_void) -> i32;
+    // SAFETY: "kern" has the kernel signature; args matches the layout the kernel was built for.
+    let kf = unsafe { ee.get_function::<Kern>("kern") }.unwrap();
+    let mut secs = f64::INFINITY;
+    std::thread::scope(|sc| {
+        for tid in 1..threads {
+            let pool = &tcx.pool;
+            sc.spawn(move || pool.worker(tid));
+        }
+        let call = || {
+            // SAFETY: as above.
+            unsafe { kf.call(&tcx as *const TestCtx as *mut c_void, args.as_ptr()) }
+        };
+        assert_eq!(call(), 0);
+        for _ in 0..reps {
+            let t0 = std::time::Instant::now();
+            call();
+            secs = secs.min(t0.elapsed().as_secs_f64());
+        }
+        tcx.pool.stop.store(true, Ordering::Release);
+    });
+    for p in &tcx.scratch {
+        // SAFETY: allocated above with `layout`.
+        unsafe { std::alloc::dealloc(*p, layout) };
+    }
+    (out, secs)
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> f32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.next()).collect()
+    }
+}
+
+fn ty(shape: &[usize]) -> TensorType {
+    TensorType::new(DType::F32, shape.iter().map(|&d| Dim::Fixed(d)).collect())
+}
+
+/// A one-node test case: graph, node, and the data of each node input.
+struct Case {
+    g: Graph,
+    id: NodeId,
+    data: Vec<Option<Vec<f32>>>,
+    graph_inputs: Vec<Tensor>,
+}
+
+struct CaseBuilder {
+    g: Graph,
+    rng: Rng,
+    vals: Vec<Option<ValueId>>,
+    data: Vec<Option<Vec<f32>>>,
+    graph_inputs: Vec<Tensor>,
+}
+
+impl CaseBuilder {
+    fn new(seed: u64) -> Self {
+        CaseBuilder {
+            g: Graph::new("t"),
+            rng: Rng(seed),
+            vals: vec![],
+            data: vec![],
+            graph_inputs: vec![],
+        }
+    }
+
+    /// Adds a node input: a graph input (runtime) or a constant.
+    fn operand(mut self, shape: &[usize], constant: bool) -> Self {
+        let n: usize = shape.iter().product();
+        let v = self.rng.vec(n);
+        let name = format!("in{}", self.vals.len());
+        let id = if constant {
+            self.g
+                .add_const(name, Tensor::from_vec(shape.to_vec(), v.clone()))
+        } else {
+            self.graph_inputs
+                .push(Tensor::from_vec(shape.to_vec(), v.clone()));
+            self.g.add_input(name, ty(shape))
+        };
+        self.vals.push(Some(id));
+        self.data.push(Some(v));
+        self
+    }
+
+    fn absent(mut self) -> Self {
+        self.vals.push(None);
+        self.data.push(None);
+        self
+    }
+
+    fn node(mut self, op: Op) -> Case {
+        let y = self.g.add("n", op, self.vals.clone(), "y").unwrap();
+        self.g.add_output("y", y);
+        Case {
+            id: y.node,
+            g: self.g,
+            data: self.data,
+            graph_inputs: self.graph_inputs,
+        }
+    }
+}
+
+impl Case {
+    fn reference(&self) -> Vec<f32> {
+        let out = kiln_ir::eval::eval_graph(&self.g, self.graph_inputs.clone()).unwrap();
+        out[0].as_slice::<f32>().unwrap().to_vec()
+    }
+
+    fn run(&self, epi: Option<Epilogue>, threads: usize) -> Vec<f32> {
+        let node = NodeInfo::new(&self.g, self.id);
+        let target = TargetDesc::host().unwrap();
+        let k = match epi {
+            None => super::gemm::lower(&node, &target),
+            Some(e) => super::gemm::lower_fused(&node, &target, e),
+        }
+        .unwrap()
+        .unwrap_or_else(|| panic!("not lowered: {:?}", self.g.node(self.id).op));
+        let n: usize = node.output_shape(0).unwrap().iter().product();
+        run_kernel(k.as_ref(), &node, &target, &self.data, n, threads, 0).0
+    }
+
+    fn check(&self, what: &str) {
+        let want = self.reference();
+        for threads in [1, 2] {
+            let got = self.run(None, threads);
+            compare(what, &got, &want);
+        }
+    }
+}
+
+fn compare(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= 1e-5 + 1e-4 * w.abs(),
+            "{what}: element {i}: got {g}, want {w}"
+        );
+    }
+}
+
+fn conv(kernel: [usize; 2], strides: [usize; 2], pads: [usize; 4], dil: [usize; 2], group: usize) -> Op {
+    Op::Conv(ConvAttrs {
+        kernel_shape: kernel.to_vec(),
+        strides: strides.to_vec(),
+        pads: pads.to_vec(),
+        dilations: dil.to_vec(),
+        group,
+        auto_pad: AutoPad::NotSet,
+    })
+}
+
+#[test]
+fn matmul_shapes() {
+    let shapes = [
+        (1, 1, 1),
+        (5, 7, 3),
+        (13, 17, 29),
+        (6, 16, 8),
+        (64, 64, 64),
+        (100, 37, 300),
+        (7, 600, 33),
+    ];
+    for (i, &(m, k, n)) in shapes.iter().enumerate() {
+        for (ca, cb) in [(false, true), (false, false), (true, false)] {
+            let case = CaseBuilder::new(i as u64)
+                .operand(&[m, k], ca)
+                .operand(&[k, n], cb)
+                .node(Op::MatMul);
+            case.check(&format!("matmul {m}x{k}x{n} const A {ca} B {cb}"));
+        }
+    }
+}
+
+#[test]
+fn matmul_batched_and_vectors() {
+    let cases: &[(&[usize], &[usize], bool)] = &[
+        (&[2, 3, 5, 7], &[7, 9], true),
+        (&[2, 3, 5, 7], &[7, 9], false),
+        (&[2, 1, 5, 7], &[3, 7, 4], false),
+        (&[3, 5, 7], &[3, 7, 20], true),
+        (&[7], &[7, 5], true),
+        (&[3, 7], &[7], false),
+        (&[4, 9, 19], &[19], false),
+    ];
+    for (i, (a, b, cb)) in cases.iter().enumerate() {
+        let case = CaseBuilder::new(100 + i as u64)
+            .operand(a, false)
+            .operand(b, *cb)
+            .node(Op::MatMul);
+        case.check(&format!("matmul {a:?} x {b:?} const B {cb}"));
+    }
+}
+
+#[test]
+fn gemm_variants() {
+    let (m, k, n) = (11, 23, 19);
+    for trans_a in [false, true] {
+        for trans_b in [false, true] {
+            for (cshape, cconst) in [
+                (None, false),
+                (Some(vec![n]), true),
+                (Some(vec![m, 1]), true),
+                (Some(vec![m, n]), true),
+                (Some(vec![]), true),
+                (Some(vec![m, n]), false),
+            ] {
+                for bconst in [true, false] {
+                    let sa = if trans_a { [k, m] } else { [m, k] };
+                    let sb = if trans_b { [n, k] } else { [k, n] };
+                    let mut cb = CaseBuilder::new(7).operand(&sa, false).operand(&sb, bconst);
+                    cb = match &cshape {
+                        Some(s) => cb.operand(s, cconst),
+                        None => cb.absent(),
+                    };
+                    let beta = if cconst { 0.5 } else { 1.0 };
+                    let case = cb.node(Op::Gemm {
+                        alpha: 1.5,
+                        beta,
+                        trans_a,
+                        trans_b,
+                    });
+                    case.check(&format!(
+                        "gemm tA {trans_a} tB {trans_b} C {cshape:?} const {cconst} B const {bconst}"
+                    ));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn conv_shapes() {
+    // (n, c, h, w, m, k, stride, pad, dilation, group)
+    let cases = [
+        (1, 3, 9, 11, 5, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
+        (2, 4, 8, 8, 8, [1, 1], [1, 1], [0, 0, 0, 0], [1, 1], 1),
+        (1, 16, 7, 7, 13, [1, 1], [2, 2], [0, 0, 0, 0], [1, 1], 1),
+        (1, 3, 23, 23, 16, [7, 7], [2, 2], [3, 3, 3, 3], [1, 1], 1),
+        (1, 5, 12, 10, 7, [3, 3], [1, 1], [2, 1, 0, 2], [2, 2], 1),
+        (1, 6, 13, 9, 6, [3, 2], [2, 1], [1, 0, 1, 1], [1, 2], 2),
+        (2, 8, 6, 6, 12, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 4),
+        (1, 32, 20, 20, 33, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
+        (1, 64, 9, 9, 40, [3, 3], [2, 2], [1, 1, 1, 1], [1, 1], 1),
+        (1, 300, 5, 5, 7, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
+    ];
+    for (i, &(n, c, h, w, m, k, s, p, d, g)) in cases.iter().enumerate() {
+        for bias in [true, false] {
+            let mut cb = CaseBuilder::new(200 + i as u64)
+                .operand(&[n, c, h, w], false)
+                .operand(&[m, c / g, k[0], k[1]], true);
+            if bias {
+                cb = cb.operand(&[m], true);
+            }
+            let case = cb.node(conv(k, s, p, d, g));
+            case.check(&format!("conv case {i} bias {bias}"));
+        }
+    }
+}
+
+#[test]
+fn depthwise_shapes() {
+    // (n, c, h, w, k, stride, pad, dilation)
+    let cases = [
+        (1, 8, 14, 14, 3, 1, 1, 1),
+        (1, 5, 15, 13, 3, 2, 1, 1),
+        (2, 3, 7, 7, 5, 1, 2, 1),
+        (1, 4, 17, 19, 5, 2, 2, 1),
+        (1, 6, 40, 41, 3, 1, 1, 1),
+        (1, 6, 11, 12, 3, 3, 0, 2),
+    ];
+    for (i, &(n, c, h, w, k, s, p, d)) in cases.iter().enumerate() {
+        let case = CaseBuilder::new(300 + i as u64)
+            .operand(&[n, c, h, w], false)
+            .operand(&[c, 1, k, k], true)
+            .operand(&[c], true)
+            .node(conv([k, k], [s, s], [p, p, p, p], [d, d], c));
+        case.check(&format!("depthwise case {i}"));
+    }
+}
+
+#[test]
+fn fused_epilogues() {
+    let case = CaseBuilder::new(400)
+        .operand(&[1, 8, 10, 10], false)
+        .operand(&[12, 8, 3, 3], true)
+        .operand(&[12], true)
+        .node(conv([3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1));
+    let want = case.reference();
+    let bias: Vec<f32> = case.data[2].clone().unwrap();
+    type Reference = fn(f32) -> f32;
+    let acts: [(Activation, Reference); 5] = [
+        (Activation::Relu, |x| x.max(0.0)),
+        (Activation::Clip { min: -0.2, max: 0.3 }, |x| x.clamp(-0.2, 0.3)),
+        (Activation::Sigmoid, |x| 1.0 / (1.0 + (-x).exp())),
+        (Activation::Silu, |x| x / (1.0 + (-x).exp())),
+        (Activation::HardSwish, |x| x * (x / 6.0 + 0.5).clamp(0.0, 1.0)),
+    ];
+    for (act, f) in acts {
+        let epi = Epilogue::new(Bias::PerRow(bias.clone()), None, act);
+        let got = case.run(Some(epi), 2);
+        let want: Vec<f32> = want.iter().map(|&x| f(x)).collect();
+        compare(&format!("{act:?}"), &got, &want);
+    }
+    // Depthwise with Relu6.
+    let case = CaseBuilder::new(401)
+        .operand(&[1, 8, 10, 10], false)
+        .operand(&[8, 1, 3, 3], true)
+        .operand(&[8], true)
+        .node(conv([3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 8));
+    let want: Vec<f32> = case.reference().iter().map(|x| x.clamp(0.0, 6.0)).collect();
+    let bias = case.data[2].clone().unwrap();
+    let epi = Epilogue::new(Bias::PerRow(bias), None, Activation::Clip { min: 0.0, max: 6.0 });
+    compare("dw relu6", &case.run(Some(epi), 2), &want);
+}
+
+/// The kernels also build (and pass the verifier) for AVX-512 and the portable ISA.
+#[test]
+fn other_isas_verify() {
+    let targets = [
+        TargetDesc::select(None, Some("znver4")).unwrap(),
+        TargetDesc::select(None, Some("x86-64")).unwrap(),
+        TargetDesc::select(Some("aarch64-unknown-linux-gnu"), Some("neoverse-n1")).unwrap(),
+    ];
+    let cases = [
+        CaseBuilder::new(1)
+            .operand(&[1, 8, 10, 10], false)
+            .operand(&[12, 8, 3, 3], true)
+            .operand(&[12], true)
+            .node(conv([3, 3], [2, 2], [1, 1, 1, 1], [1, 1], 1)),
+        CaseBuilder::new(2)
+            .operand(&[1, 8, 10, 10], false)
+            .operand(&[8, 1, 3, 3], true)
+            .node(conv([3, 3], [2, 2], [1, 1, 1, 1], [1, 1], 8)),
+        CaseBuilder::new(3)
+            .operand(&[3, 20, 30], false)
+            .operand(&[30, 17], false)
+            .node(Op::MatMul),
+    ];
+    for target in &targets {
+        for case in &cases {
+            let node = NodeInfo::new(&case.g, case.id);
+            let k = super::gemm::lower(&node, target).unwrap().unwrap();
+            let cx = Context::create();
+            let module = cx.create_module("t");
+            let tm = target.target_machine(OptimizationLevel::Aggressive).unwrap();
+            module.set_triple(&tm.get_triple());
+            module.set_data_layout(&tm.get_target_data().get_data_layout());
+            let ptr = cx.ptr_type(inkwell::AddressSpace::default());
+            let f = module.add_function(
+                "kern",
+                cx.i32_type().fn_type(&[ptr.into(), ptr.into()], false),
+                None,
+            );
+            crate::llvm::set_kernel_attributes(&cx, f, target);
+            let builder = cx.create_builder();
+            builder.position_at_end(cx.append_basic_block(f, "entry"));
+            let kb = KernelBuilder {
+                cx: &cx,
+                module: &module,
+                builder: &builder,
+                function: f,
+                target,
+                node: &node,
+                n_inputs: node.n_inputs(),
+                n_outputs: 1,
+                n_packed: k.packed_constants().len(),
+            };
+            k.emit(&kb).unwrap();
+            crate::llvm::verify(&module).unwrap();
+            module
+                .run_passes("default<O3>", &tm, PassBuilderOptions::create())
+                .unwrap();
+            crate::llvm::verify(&module).unwrap();
+            tm.write_to_memory_buffer(&module, inkwell::targets::FileType::Object)
+                .unwrap();
+        }
+    }
+}
+
+/// GFLOP/s on ResNet/BERT-like layers: `cargo test -p kiln-codegen --release gemm_speed -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn gemm_speed() {
+    let layers: Vec<(&str, Case, f64)> = vec![
+        (
+            "conv 64->64 3x3 56x56",
+            CaseBuilder::new(1)
+                .operand(&[1, 64, 56, 56], false)
+                .operand(&[64, 64, 3, 3], true)
+                .operand(&[64], true)
+                .node(conv([3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1)),
+            2.0 * 64.0 * 64.0 * 9.0 * 56.0 * 56.0,
+        ),
+        (
+            "conv 1x1 256->64 56x56",
+            CaseBuilder::new(2)
+                .operand(&[1, 256, 56, 56], false)
+                .operand(&[64, 256, 1, 1], true)
+                .operand(&[64], true)
+                .node(conv([1, 1], [1, 1], [0, 0, 0, 0], [1, 1], 1)),
+            2.0 * 64.0 * 256.0 * 56.0 * 56.0,
+        ),
+        (
+            "conv 512->512 3x3 7x7",
+            CaseBuilder::new(3)
+                .operand(&[1, 512, 7, 7], false)
+                .operand(&[512, 512, 3, 3], true)
+                .operand(&[512], true)
+                .node(conv([3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1)),
+            2.0 * 512.0 * 512.0 * 9.0 * 49.0,
+        ),
+        (
+            "matmul 128x768 x 768x768",
+            CaseBuilder::new(4)
+                .operand(&[128, 768], false)
+                .operand(&[768, 768], true)
+                .node(Op::MatMul),
+            2.0 * 128.0 * 768.0 * 768.0,
+        ),
+        (
+            "dwconv 3x3/1 32ch 112x112",
+            CaseBuilder::new(5)
+                .operand(&[1, 32, 112, 112], false)
+                .operand(&[32, 1, 3, 3], true)
+                .operand(&[32], true)
+                .node(conv([3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 32)),
+            2.0 * 32.0 * 9.0 * 112.0 * 112.0,
+        ),
+    ];
+    let target = TargetDesc::host().unwrap();
+    let filter = std::env::var("KILN_SPEED_FILTER").unwrap_or_default();
+    for (name, case, flops) in layers.iter().filter(|l| l.0.contains(&filter)) {
+        let node = NodeInfo::new(&case.g, case.id);
+        let k = super::gemm::lower(&node, &target).unwrap().unwrap();
+        let n: usize = node.output_shape(0).unwrap().iter().product();
+        for threads in [1, 2] {
+            let reps = (6e10 / flops).clamp(20.0, 400.0) as usize;
+            let (_, secs) = run_kernel(k.as_ref(), &node, &target, &case.data, n, threads, reps);
+            println!(
+                "{name:28} {threads} thr: {:8.3} ms {:7.1} GFLOP/s   [{}]",
+                secs * 1e3,
+                flops / secs / 1e9,
+                k.describe()
+            );
+        }
+    }
+}
+
+#[test]
+fn conv_auto_pad_and_defaults() {
+    for (i, auto_pad) in [AutoPad::SameUpper, AutoPad::SameLower, AutoPad::Valid]
+        .into_iter()
+        .enumerate()
+    {
+        for (c, g) in [(6, 1), (6, 6)] {
+            let case = CaseBuilder::new(500 + i as u64)
+                .operand(&[1, c, 10, 9], false)
+                .operand(&[6, c / g, 4, 3], true)
+                .node(Op::Conv(ConvAttrs {
+                    kernel_shape: vec![],
+                    strides: vec![2, 2],
+                    pads: vec![],
+                    dilations: vec![],
+                    group: g,
+                    auto_pad,
+                }));
+            case.check(&format!("conv auto_pad {auto_pad:?} group {g}"));
+        }
+    }
+    // Batched MatMul with a constant, batched A.
+    let case = CaseBuilder::new(510)
+        .operand(&[3, 5, 7], true)
+        .operand(&[3, 7, 9], false)
+        .node(Op::MatMul);
+    case.check("matmul const batched A");
+}

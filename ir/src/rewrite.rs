@@ -1,0 +1,70 @@
+//! Rebuilding a graph node by node with substitutions: the way passes rewrite the IR. The graph
+//! is an append-only arena in topological order, so a rewrite copies it, letting a callback
+//! replace any node with other nodes (or with values already in the new graph).
+
+use crate::{Graph, IrError, Node, NodeId, Op, ValueId};
+use std::collections::HashMap;
+
+/// What the callback decides for one node.
+pub enum Rewrite {
+    /// Copy the node unchanged.
+    Keep,
+    /// The node's outputs are these values of the new graph.
+    Replace(Vec<ValueId>),
+}
+
+/// Copies `src` into a new graph. For every node except inputs, `f(dst, id, node, inputs)` is
+/// called with the node's inputs already mapped into `dst`; it may add nodes to `dst` and
+/// return `Rewrite::Replace` with the values standing for the node's outputs.
+pub fn rebuild(
+    src: &Graph,
+    mut f: impl FnMut(&mut Graph, NodeId, &Node, &[Option<ValueId>]) -> Result<Rewrite, IrError>,
+) -> Result<Graph, IrError> {
+    let mut dst = Graph::new(src.name.clone());
+    let mut map: HashMap<ValueId, ValueId> = HashMap::new();
+    for &id in src.inputs() {
+        let out = &src.node(id).outputs[0];
+        map.insert(id.out(0), dst.add_input(out.name.clone(), out.ty.clone()));
+    }
+    for (id, node) in src.node_ids().zip(src.nodes()) {
+        if let Op::Input = node.op {
+            continue;
+        }
+        let inputs: Vec<Option<ValueId>> = node.inputs.iter().map(|v| v.map(|v| map[&v])).collect();
+        let outs = match f(&mut dst, id, node, &inputs)? {
+            Rewrite::Replace(v) => v,
+            Rewrite::Keep => match &node.op {
+                Op::Constant(c) => {
+                    vec![dst.add_const(node.outputs[0].name.clone(), src.consts()[c.0 as usize].clone())]
+                }
+                op => dst.add_node(
+                    node.name.clone(),
+                    op.clone(),
+                    inputs,
+                    node.outputs.iter().map(|o| o.name.clone()).collect(),
+                )?,
+            },
+        };
+        for (o, v) in outs.into_iter().enumerate() {
+            map.insert(id.out(o as u32), v);
+        }
+    }
+    for o in src.outputs() {
+        dst.add_output(o.name.clone(), map[&o.value]);
+    }
+    Ok(dst)
+}
+
+/// How many times each value is used (as a node input or a graph output).
+pub fn use_counts(graph: &Graph) -> HashMap<ValueId, usize> {
+    let mut uses = HashMap::new();
+    for n in graph.nodes() {
+        for v in n.inputs.iter().flatten() {
+            *uses.entry(*v).or_insert(0) += 1;
+        }
+    }
+    for o in graph.outputs() {
+        *uses.entry(o.value).or_insert(0) += 1;
+    }
+    uses
+}
