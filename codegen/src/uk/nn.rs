@@ -809,3 +809,67 @@ fn attention(node: &NodeInfo, a: &AttentionAttrs) -> Result<UkCall> {
         .fattr([s, f64::from(a.softcap)])
         .scratch(c.0))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_ir::{Graph, NodeId, TensorType};
+
+    /// Lowers a one-node graph over inputs of the given f32 shapes.
+    fn lower_one(op: Op, shapes: &[&[usize]]) -> UkCall {
+        let mut g = Graph::new("t");
+        let ins: Vec<_> = shapes
+            .iter()
+            .enumerate()
+            .map(|(i, s)| Some(g.add_input(format!("x{i}"), TensorType::fixed(DType::F32, s))))
+            .collect();
+        let y = g.add("n", op, ins, "y").unwrap();
+        g.add_output("y", y);
+        let info = NodeInfo::new(&g, NodeId(shapes.len() as u32));
+        lower(&info).unwrap().unwrap()
+    }
+
+    #[test]
+    fn same_upper_pool_pads_the_end() {
+        let op = Op::Pool(PoolAttrs {
+            kind: PoolKind::Max,
+            kernel_shape: vec![2, 3],
+            strides: vec![2, 2],
+            pads: vec![],
+            dilations: vec![],
+            auto_pad: AutoPad::SameUpper,
+            ceil_mode: false,
+            storage_order: 0,
+        });
+        let call = lower_one(op, &[&[1, 1, 5, 5]]);
+        // 3 outputs per axis; padding 1 (kernel 2) and 2 (kernel 3), odd element at the end.
+        assert_eq!(call.iattr, vec![0, 2, 0, 0, 2, 2, 1, 0, 1, 3, 2, 1, 1, 1]);
+    }
+
+    #[test]
+    fn einsum_diagonal_adds_strides_and_broadcast_is_zero() {
+        let call = lower_one(
+            Op::Einsum {
+                equation: "ii->i".into(),
+            },
+            &[&[3, 3]],
+        );
+        assert_eq!(call.iattr, vec![1, 1, 1, 3, 4]);
+        let call = lower_one(
+            Op::Einsum {
+                equation: "ij,ij->i".into(),
+            },
+            &[&[2, 3], &[1, 3]],
+        );
+        // Labels i (output) then j; the second operand broadcasts i.
+        assert_eq!(call.iattr, vec![2, 2, 1, 2, 3, 3, 1, 0, 1]);
+    }
+
+    #[test]
+    fn matmul_broadcasts_batches_and_folds_a_shared_b() {
+        let call = lower_one(Op::MatMul, &[&[2, 1, 3, 4], &[3, 4, 5]]);
+        assert_eq!(call.iattr, vec![3, 4, 5, 2, 2, 3, 1, 0, 0, 1]);
+        let call = lower_one(Op::MatMul, &[&[2, 3, 4], &[4]]);
+        assert_eq!(call.iattr, vec![6, 4, 1, 0]);
+    }
+}
