@@ -20,7 +20,6 @@
  * ------------------------------------------------------------------------------------------- */
 
 static int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
-static int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
 
 /* Takes `bytes` from a 64-byte aligned scratch cursor (the Rust side sizes scratch with the same
    rounding: see `Carve` in nn.rs). */
@@ -745,5 +744,372 @@ int32_t kiln_uk_gemm(const kiln_uk_args *a) {
     }
   }
   store_acc(y, j.y, kind);
+  return KILN_UK_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Einsum
+ *
+ * iattr: n_ops, L (labels), n_out (output labels: the first n_out labels, in output order),
+ *        extents[L], then per operand its element stride for each label[L] (0 where the operand
+ *        lacks the label or broadcasts it; a label repeated in one operand adds its strides,
+ *        which reads the diagonal).
+ * in: the operands; out: Y (row-major over the output labels).
+ * Every output element sums, over the contracted labels, the product of the operands: in f64
+ * for floats, wrapping 64-bit for integers.
+ * ------------------------------------------------------------------------------------------- */
+
+#define EINSUM_MAX_OPS 16
+#define EINSUM_MAX_LABELS 64
+#define EINSUM_CHUNK 256
+
+typedef struct {
+  const kiln_uk_args *a;
+  int64_t n_ops, L, n_out, total_out, total_red;
+  const int64_t *ext, *str;
+} einsum_job;
+
+static void einsum_task(void *data, int64_t chunk, int64_t tid) {
+  (void)tid;
+  const einsum_job *j = data;
+  const kiln_uk_args *a = j->a;
+  int64_t L = j->L, n_out = j->n_out, n_ops = j->n_ops;
+  int is_int = !kiln_dtype_is_float(a->out[0].dtype);
+  int64_t end = imin(j->total_out, (chunk + 1) * EINSUM_CHUNK);
+  for (int64_t o = chunk * EINSUM_CHUNK; o < end; o++) {
+    int64_t base[EINSUM_MAX_OPS], off[EINSUM_MAX_OPS], idx[EINSUM_MAX_LABELS];
+    for (int64_t q = 0; q < n_ops; q++) base[q] = 0;
+    int64_t rem = o;
+    for (int64_t l = n_out - 1; l >= 0; l--) {
+      int64_t i = rem % j->ext[l];
+      rem /= j->ext[l];
+      for (int64_t q = 0; q < n_ops; q++) base[q] += i * j->str[q * L + l];
+    }
+    for (int64_t l = n_out; l < L; l++) idx[l] = 0;
+    for (int64_t q = 0; q < n_ops; q++) off[q] = base[q];
+    double fs = 0;
+    uint64_t is = 0;
+    for (int64_t r = 0; r < j->total_red; r++) {
+      if (is_int) {
+        uint64_t p = 1;
+        for (int64_t q = 0; q < n_ops; q++) p *= (uint64_t)kiln_load_i64(a->in[q].data, a->in[q].dtype, off[q]);
+        is += p;
+      } else {
+        double p = 1;
+        for (int64_t q = 0; q < n_ops; q++) p *= kiln_load_f64(a->in[q].data, a->in[q].dtype, off[q]);
+        fs += p;
+      }
+      /* Odometer over the contracted labels, moving the operand offsets along. */
+      for (int64_t l = L - 1; l >= n_out; l--) {
+        idx[l]++;
+        for (int64_t q = 0; q < n_ops; q++) off[q] += j->str[q * L + l];
+        if (idx[l] < j->ext[l]) break;
+        for (int64_t q = 0; q < n_ops; q++) off[q] -= idx[l] * j->str[q * L + l];
+        idx[l] = 0;
+      }
+    }
+    if (is_int)
+      kiln_store_i64(a->out[0].data, a->out[0].dtype, o, (int64_t)is);
+    else
+      kiln_store_f64(a->out[0].data, a->out[0].dtype, o, fs);
+  }
+}
+
+int32_t kiln_uk_einsum(const kiln_uk_args *a) {
+  einsum_job j;
+  j.a = a;
+  j.n_ops = a->iattr[0];
+  j.L = a->iattr[1];
+  j.n_out = a->iattr[2];
+  j.ext = a->iattr + 3;
+  j.str = a->iattr + 3 + j.L;
+  j.total_out = 1;
+  for (int64_t l = 0; l < j.n_out; l++) j.total_out *= j.ext[l];
+  j.total_red = 1;
+  for (int64_t l = j.n_out; l < j.L; l++) j.total_red *= j.ext[l];
+  kiln_rt_parallel_for(a->ctx, einsum_task, &j, (j.total_out + EINSUM_CHUNK - 1) / EINSUM_CHUNK);
+  return KILN_UK_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Det
+ *
+ * iattr: M. in: X [*, M, M]; out: Y [*]. scratch: one M x M f64 matrix per batch entry.
+ * LU decomposition with partial pivoting (the last of equal pivots wins, as in ir).
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct {
+  const kiln_uk_args *a;
+  int64_t m;
+  double *work;
+} det_job;
+
+static void det_task(void *data, int64_t bi, int64_t tid) {
+  (void)tid;
+  const det_job *j = data;
+  const kiln_tensor *x = &j->a->in[0];
+  int64_t m = j->m;
+  double *w = j->work + bi * m * m;
+  for (int64_t i = 0; i < m * m; i++) w[i] = kiln_load_f64(x->data, x->dtype, bi * m * m + i);
+  double det = 1.0;
+  for (int64_t c = 0; c < m; c++) {
+    int64_t p = c;
+    for (int64_t i = c + 1; i < m; i++)
+      if (__builtin_fabs(w[i * m + c]) >= __builtin_fabs(w[p * m + c])) p = i;
+    if (w[p * m + c] == 0.0) {
+      det = 0.0;
+      break;
+    }
+    if (p != c) {
+      for (int64_t k = 0; k < m; k++) {
+        double t = w[p * m + k];
+        w[p * m + k] = w[c * m + k];
+        w[c * m + k] = t;
+      }
+      det = -det;
+    }
+    double piv = w[c * m + c];
+    det *= piv;
+    for (int64_t i = c + 1; i < m; i++) {
+      double f = w[i * m + c] / piv;
+      for (int64_t k = c; k < m; k++) w[i * m + k] -= f * w[c * m + k];
+    }
+  }
+  kiln_store_f64(j->a->out[0].data, j->a->out[0].dtype, bi, det);
+}
+
+int32_t kiln_uk_det(const kiln_uk_args *a) {
+  det_job j;
+  j.a = a;
+  j.m = a->iattr[0];
+  j.work = a->scratch;
+  kiln_rt_parallel_for(a->ctx, det_task, &j, a->out[0].numel);
+  return KILN_UK_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * RotaryEmbedding
+ *
+ * iattr: interleaved, rotary_dim (resolved), three_d, batch, seq, heads, head_size.
+ * in: X ([B, H, S, D] or [B, S, H*D]), cos_cache, sin_cache, position_ids? (i64 [B, S]).
+ * out: Y like X. Computed in f64 and rounded once.
+ * ------------------------------------------------------------------------------------------- */
+
+int32_t kiln_uk_rotary_embedding(const kiln_uk_args *a) {
+  int64_t inter = a->iattr[0], rd = a->iattr[1], three_d = a->iattr[2];
+  int64_t b = a->iattr[3], q = a->iattr[4], h = a->iattr[5], d = a->iattr[6];
+  int64_t half = rd / 2;
+  const kiln_tensor *x = &a->in[0], *cs = &a->in[1], *sn = &a->in[2], *y = &a->out[0];
+  const int64_t *pos = has_in(a, 3) ? a->in[3].data : NULL;
+  if (pos) {
+    int64_t rows = cs->dims[0];
+    for (int64_t i = 0; i < b * q; i++)
+      if (pos[i] < 0 || pos[i] >= rows)
+        return kiln_uk_fail(a, KILN_UK_EINDEX, "RotaryEmbedding: position id %lld is outside the %lld cache rows",
+                            (long long)pos[i], (long long)rows);
+  }
+  int64_t dt = x->dtype;
+  for (int64_t bi = 0; bi < b; bi++)
+    for (int64_t qi = 0; qi < q; qi++) {
+      int64_t row = (pos ? pos[bi * q + qi] : bi * q + qi) * half;
+      for (int64_t hi = 0; hi < h; hi++) {
+        int64_t base = three_d ? (bi * q + qi) * h * d + hi * d : ((bi * h + hi) * q + qi) * d;
+        for (int64_t i = rd; i < d; i++) kiln_store_f64(y->data, dt, base + i, kiln_load_f64(x->data, dt, base + i));
+        for (int64_t jj = 0; jj < half; jj++) {
+          int64_t i1 = inter ? 2 * jj : jj, i2 = inter ? 2 * jj + 1 : jj + half;
+          double x1 = kiln_load_f64(x->data, dt, base + i1), x2 = kiln_load_f64(x->data, dt, base + i2);
+          double c = kiln_load_f64(cs->data, cs->dtype, row + jj), s = kiln_load_f64(sn->data, sn->dtype, row + jj);
+          kiln_store_f64(y->data, dt, base + i1, c * x1 - s * x2);
+          kiln_store_f64(y->data, dt, base + i2, s * x1 + c * x2);
+        }
+      }
+    }
+  return KILN_UK_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Attention (ONNX opsets 23-25; a port of ir/src/ops/attention.rs)
+ *
+ * iattr: 0 three_d, 1 B, 2 Hq, 3 Hkv, 4 Sq, 5 Skv, 6 past, 7 Dk, 8 Dv, 9 is_causal,
+ *        10 qk_matmul_output_mode, 11 left_window, 12 right_window, 13-16 rounding dtype codes
+ *        of the operator, the softcapped scores, the biased scores and the softmax,
+ *        17 mask kind (0 none, 1 bool, 2 float), 18-21 mask shape padded to 4-D with leading 1s.
+ * fattr: 0 sqrt(scale) before rounding, 1 softcap (<= 0: none).
+ * in: Q, K, V, attn_mask?, past_key?, past_value?, nonpad_kv_seqlen? (i64 [B]).
+ * out: Y, present_key?, present_value?, qk_matmul_output?.
+ * scratch (f64): K scaled [B, Hkv, T, Dk], V [B, Hkv, T, Dv], and per (batch, head) task a
+ *                score row [T], a query row [Dk] and an output row [Dv].
+ *
+ * Values are f64 rounded to the stage's dtype wherever the reference rounds, so f16/bf16
+ * results match it; one task per (batch, query head).
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct {
+  const kiln_uk_args *a;
+  int64_t three_d, B, Hq, Hkv, Sq, Skv, past, T, Dk, Dv, causal, mode, left, right;
+  int64_t r, rc, rb, rs, mask_kind, mstr[4], mlen;
+  const int64_t *nonpad;
+  double s, softcap;
+  double *ks, *vs, *work;
+} attn_job;
+
+/* Element d of row s of head h of batch b in a Q/K/V input ([B, H, S, D] or [B, S, H*D]). */
+static double attn_in(const attn_job *j, const kiln_tensor *t, int64_t heads, int64_t seq, int64_t dim,
+                      int64_t b, int64_t h, int64_t s, int64_t d) {
+  int64_t off = j->three_d ? (b * seq + s) * heads * dim + h * dim + d : ((b * heads + h) * seq + s) * dim + d;
+  return kiln_load_f64(t->data, t->dtype, off);
+}
+
+static double attn_bias(const attn_job *j, int64_t b, int64_t h, int64_t i, int64_t jj) {
+  const kiln_uk_args *a = j->a;
+  double v = 0;
+  if (j->mask_kind) {
+    if (jj >= j->mlen) {
+      v = -__builtin_inf();
+    } else {
+      const kiln_tensor *m = &a->in[3];
+      double mv = kiln_load_f64(m->data, m->dtype, b * j->mstr[0] + h * j->mstr[1] + i * j->mstr[2] + jj * j->mstr[3]);
+      v = j->mask_kind == 1 ? (mv != 0 ? 0.0 : -__builtin_inf()) : mv;
+    }
+  }
+  /* nonpad_kv_seqlen never comes with a past (the type check rejects it). */
+  int64_t offset = j->nonpad ? j->nonpad[b] - j->Sq : j->past;
+  int64_t pos = i + offset;
+  if (j->causal && jj > pos) v += -__builtin_inf();
+  if ((j->left >= 0 && pos - jj > j->left) || (j->right >= 0 && jj - pos > j->right)) v += -__builtin_inf();
+  if (j->nonpad && jj >= j->nonpad[b]) v += -__builtin_inf();
+  return v;
+}
+
+/* Fills the scaled K and the V buffers (past ++ new) and the present_key/present_value outputs. */
+static void attn_kv_task(void *data, int64_t bh, int64_t tid) {
+  (void)tid;
+  const attn_job *j = data;
+  const kiln_uk_args *a = j->a;
+  int64_t b = bh / j->Hkv, h = bh % j->Hkv;
+  const kiln_tensor *pk = has_in(a, 4) ? &a->in[4] : NULL, *pv = has_in(a, 5) ? &a->in[5] : NULL;
+  const kiln_tensor *ok = a->n_out > 1 && a->out[1].data ? &a->out[1] : NULL;
+  const kiln_tensor *ov = a->n_out > 2 && a->out[2].data ? &a->out[2] : NULL;
+  for (int64_t s = 0; s < j->T; s++) {
+    int64_t row = bh * j->T + s;
+    for (int64_t d = 0; d < j->Dk; d++) {
+      double v = s < j->past ? kiln_load_f64(pk->data, pk->dtype, (bh * j->past + s) * j->Dk + d)
+                             : attn_in(j, &a->in[1], j->Hkv, j->Skv, j->Dk, b, h, s - j->past, d);
+      if (ok) kiln_store_f64(ok->data, ok->dtype, row * j->Dk + d, v);
+      j->ks[row * j->Dk + d] = round_to(j->r, v * j->s);
+    }
+    for (int64_t d = 0; d < j->Dv; d++) {
+      double v = s < j->past ? kiln_load_f64(pv->data, pv->dtype, (bh * j->past + s) * j->Dv + d)
+                             : attn_in(j, &a->in[2], j->Hkv, j->Skv, j->Dv, b, h, s - j->past, d);
+      if (ov) kiln_store_f64(ov->data, ov->dtype, row * j->Dv + d, v);
+      j->vs[row * j->Dv + d] = v;
+    }
+  }
+}
+
+static void attn_task(void *data, int64_t bh, int64_t tid) {
+  (void)tid;
+  const attn_job *j = data;
+  const kiln_uk_args *a = j->a;
+  int64_t b = bh / j->Hq, h = bh % j->Hq, T = j->T;
+  int64_t kbase = (b * j->Hkv + h / (j->Hq / j->Hkv)) * T;
+  double *row = j->work + bh * (T + j->Dk + j->Dv), *qrow = row + T, *yrow = qrow + j->Dk;
+  const kiln_tensor *qk = a->n_out > 3 && a->out[3].data ? &a->out[3] : NULL;
+  const kiln_tensor *y = &a->out[0];
+  double ninf = -__builtin_inf();
+  for (int64_t i = 0; i < j->Sq; i++) {
+    for (int64_t d = 0; d < j->Dk; d++)
+      qrow[d] = round_to(j->r, attn_in(j, &a->in[0], j->Hq, j->Sq, j->Dk, b, h, i, d) * j->s);
+    int64_t qk_row = (bh * j->Sq + i) * T;
+    int all_masked = 1;
+    for (int64_t jj = 0; jj < T; jj++) {
+      const double *krow = j->ks + (kbase + jj) * j->Dk;
+      double dot = 0;
+      for (int64_t d = 0; d < j->Dk; d++) dot += qrow[d] * krow[d];
+      double raw = round_to(j->r, dot), capped = raw;
+      if (j->softcap > 0) {
+        double c = j->softcap;
+        capped = round_to(j->rc, round_to(j->rc, __builtin_tanh(round_to(j->rc, raw / c))) * c);
+      }
+      double bv = attn_bias(j, b, h, i, jj);
+      all_masked &= bv == ninf;
+      double wb = round_to(j->rb, capped + bv);
+      if (qk) {
+        double out = j->mode == 0 ? raw : j->mode == 1 ? round_to(j->r, capped) : round_to(j->r, wb);
+        kiln_store_f64(qk->data, qk->dtype, qk_row + jj, out);
+      }
+      row[jj] = round_to(j->rs, wb);
+    }
+    /* Softmax as the reference computes it: a fully masked row gives zeros, not NaN. */
+    double mx = ninf;
+    for (int64_t jj = 0; jj < T; jj++) {
+      double x = row[jj];
+      mx = (x != x || mx != mx) ? __builtin_nan("") : (x > mx ? x : mx);
+    }
+    double safe = mx == ninf ? 0.0 : mx, sum = 0;
+    for (int64_t jj = 0; jj < T; jj++) {
+      row[jj] = round_to(j->rs, round_to(j->rs, __builtin_exp(round_to(j->rs, row[jj] - safe))));
+      sum += row[jj];
+    }
+    sum = round_to(j->rs, sum);
+    if (sum == 0.0) sum = 1.0;
+    for (int64_t jj = 0; jj < T; jj++) {
+      double p = all_masked ? 0.0 : round_to(j->r, round_to(j->rs, row[jj] / sum));
+      row[jj] = p;
+      if (qk && j->mode == 3) kiln_store_f64(qk->data, qk->dtype, qk_row + jj, p);
+    }
+    for (int64_t d = 0; d < j->Dv; d++) yrow[d] = 0;
+    for (int64_t jj = 0; jj < T; jj++) {
+      double p = row[jj];
+      const double *vrow = j->vs + (kbase + jj) * j->Dv;
+      for (int64_t d = 0; d < j->Dv; d++) yrow[d] += p * vrow[d];
+    }
+    for (int64_t d = 0; d < j->Dv; d++) {
+      int64_t off = j->three_d ? (b * j->Sq + i) * j->Hq * j->Dv + h * j->Dv + d : ((bh * j->Sq) + i) * j->Dv + d;
+      kiln_store_f64(y->data, y->dtype, off, round_to(j->r, yrow[d]));
+    }
+  }
+}
+
+int32_t kiln_uk_attention(const kiln_uk_args *a) {
+  const int64_t *ia = a->iattr;
+  attn_job j;
+  j.a = a;
+  j.three_d = ia[0];
+  j.B = ia[1];
+  j.Hq = ia[2];
+  j.Hkv = ia[3];
+  j.Sq = ia[4];
+  j.Skv = ia[5];
+  j.past = ia[6];
+  j.T = j.past + j.Skv;
+  j.Dk = ia[7];
+  j.Dv = ia[8];
+  j.causal = ia[9];
+  j.mode = ia[10];
+  j.left = ia[11];
+  j.right = ia[12];
+  j.r = ia[13];
+  j.rc = ia[14];
+  j.rb = ia[15];
+  j.rs = ia[16];
+  j.mask_kind = ia[17];
+  /* Mask strides for [B, Hq, Sq, len] (0 where broadcast); the last axis may be shorter than T. */
+  int64_t acc = 1;
+  for (int ax = 3; ax >= 0; ax--) {
+    int64_t n = ia[18 + ax];
+    j.mstr[ax] = (n == 1 && ax < 3) ? 0 : acc;
+    acc *= n;
+  }
+  j.mlen = ia[21];
+  j.nonpad = has_in(a, 6) ? a->in[6].data : NULL;
+  j.s = round_to(j.r, a->fattr[0]);
+  j.softcap = a->fattr[1];
+  char *cur = a->scratch;
+  j.ks = carve(&cur, j.B * j.Hkv * j.T * j.Dk * 8);
+  j.vs = carve(&cur, j.B * j.Hkv * j.T * j.Dv * 8);
+  j.work = carve(&cur, j.B * j.Hq * (j.T + j.Dk + j.Dv) * 8);
+  kiln_rt_parallel_for(a->ctx, attn_kv_task, &j, j.B * j.Hkv);
+  kiln_rt_parallel_for(a->ctx, attn_task, &j, j.B * j.Hq);
   return KILN_UK_OK;
 }

@@ -9,7 +9,9 @@
 use super::UkCall;
 use crate::error::Result;
 use crate::node::NodeInfo;
-use kiln_ir::{AutoPad, ConvAttrs, ConvTransposeAttrs, DType, Op, PoolAttrs, PoolKind};
+use kiln_ir::{
+    AttentionAttrs, AutoPad, ConvAttrs, ConvTransposeAttrs, DType, MiscOp, Op, PoolAttrs, PoolKind,
+};
 
 /// Spatial axes the C kernels handle (they pad fewer with unit axes).
 const MAX_SPATIAL: usize = 3;
@@ -27,6 +29,14 @@ pub fn lower(node: &NodeInfo) -> Result<Option<UkCall>> {
             trans_a,
             trans_b,
         } => gemm(node, *alpha, *beta, *trans_a, *trans_b).map(Some),
+        Op::Einsum { equation } => einsum(node, equation).map(Some),
+        Op::Attention(a) => attention(node, a).map(Some),
+        Op::Misc(MiscOp::Det) => det(node).map(Some),
+        Op::Misc(MiscOp::RotaryEmbedding {
+            interleaved,
+            rotary_dim,
+            num_heads,
+        }) => rotary(node, *interleaved, *rotary_dim, *num_heads).map(Some),
         _ => Ok(None),
     }
 }
@@ -515,4 +525,351 @@ fn gemm(node: &NodeInfo, alpha: f32, beta: f32, trans_a: bool, trans_b: bool) ->
         ])
         .fattr([f64::from(alpha), f64::from(beta)])
         .scratch(s.0))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Einsum
+// ---------------------------------------------------------------------------------------------
+
+/// Label ids: `A-Z` 0..26, `a-z` 26..52, the ellipsis' broadcast axes `ELLIPSIS_BASE + i`
+/// (right-aligned across operands), as in ir's parser.
+const ELLIPSIS_BASE: usize = 52;
+/// Operands the C kernel accepts (`EINSUM_MAX_OPS`).
+const EINSUM_MAX_OPS: usize = 16;
+
+struct Term {
+    labels: Vec<usize>,
+    ellipsis_at: Option<usize>,
+}
+
+fn parse_term(node: &NodeInfo, s: &str) -> Result<Term> {
+    let mut labels = vec![];
+    let mut ellipsis_at = None;
+    let bytes = s.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            c @ b'A'..=b'Z' => labels.push((c - b'A') as usize),
+            c @ b'a'..=b'z' => labels.push((c - b'a') as usize + 26),
+            b'.' if s[i..].starts_with("...") && ellipsis_at.is_none() => {
+                ellipsis_at = Some(labels.len());
+                i += 2;
+            }
+            _ => return Err(node.unsupported(format!("malformed Einsum term '{s}'"))),
+        }
+        i += 1;
+    }
+    Ok(Term { labels, ellipsis_at })
+}
+
+/// Each operand's axis labels and the output's labels.
+fn parse_einsum(node: &NodeInfo, equation: &str, ranks: &[usize]) -> Result<(Vec<Vec<usize>>, Vec<usize>)> {
+    let eq: String = equation.chars().filter(|c| *c != ' ').collect();
+    let (lhs, rhs) = match eq.split_once("->") {
+        Some((l, r)) => (l, Some(r)),
+        None => (eq.as_str(), None),
+    };
+    let terms = lhs
+        .split(',')
+        .map(|t| parse_term(node, t))
+        .collect::<Result<Vec<_>>>()?;
+    if terms.len() != ranks.len() {
+        return Err(node.unsupported("the equation's terms do not match the inputs"));
+    }
+    let mut ell_dims = vec![];
+    for (t, &rank) in terms.iter().zip(ranks) {
+        match (rank.checked_sub(t.labels.len()), t.ellipsis_at) {
+            (Some(e), Some(_)) => ell_dims.push(e),
+            (Some(0), None) => ell_dims.push(0),
+            _ => return Err(node.unsupported("a term does not match its input's rank")),
+        }
+    }
+    let ell_rank = ell_dims.iter().copied().max().unwrap_or(0);
+    let expand = |t: &Term, n_ell: usize| -> Vec<usize> {
+        let mut out = t.labels.clone();
+        if let Some(at) = t.ellipsis_at {
+            out.splice(at..at, (ell_rank - n_ell..ell_rank).map(|i| ELLIPSIS_BASE + i));
+        }
+        out
+    };
+    let operands: Vec<Vec<usize>> = terms.iter().zip(&ell_dims).map(|(t, &e)| expand(t, e)).collect();
+    let output = match rhs {
+        Some(r) => {
+            let t = parse_term(node, r)?;
+            if t.ellipsis_at.is_none() && ell_rank > 0 {
+                return Err(node.unsupported("the output has no '...' for the broadcast axes"));
+            }
+            expand(&t, ell_rank)
+        }
+        None => {
+            let mut count = [0usize; ELLIPSIS_BASE];
+            for t in &terms {
+                for &l in &t.labels {
+                    count[l] += 1;
+                }
+            }
+            let mut out: Vec<usize> = (0..ell_rank).map(|i| ELLIPSIS_BASE + i).collect();
+            out.extend((0..ELLIPSIS_BASE).filter(|&l| count[l] == 1));
+            out
+        }
+    };
+    Ok((operands, output))
+}
+
+fn einsum(node: &NodeInfo, equation: &str) -> Result<UkCall> {
+    let n_ops = node.n_inputs();
+    if n_ops == 0 || n_ops > EINSUM_MAX_OPS {
+        return Err(node.unsupported(format!(
+            "{n_ops} operands (the compiled kernel takes 1 to {EINSUM_MAX_OPS})"
+        )));
+    }
+    let shapes = (0..n_ops)
+        .map(|i| node.input_shape(i))
+        .collect::<Result<Vec<_>>>()?;
+    let ranks: Vec<usize> = shapes.iter().map(Vec::len).collect();
+    let (operands, output) = parse_einsum(node, equation, &ranks)?;
+    // Extent of every label: equal across operands, or 1 broadcast against the others.
+    let mut ext: std::collections::BTreeMap<usize, usize> = Default::default();
+    for (labels, shape) in operands.iter().zip(&shapes) {
+        for (&l, &d) in labels.iter().zip(shape) {
+            let e = ext.entry(l).or_insert(d);
+            if *e == 1 {
+                *e = d;
+            } else if d != 1 && d != *e {
+                return Err(node.unsupported("operand extents of one label differ"));
+            }
+        }
+    }
+    let mut order = output.clone();
+    order.extend(ext.keys().copied().filter(|l| !output.contains(l)));
+    let extent = |l: usize| ext.get(&l).copied().unwrap_or(1);
+    let mut iattr = vec![n_ops as i64, order.len() as i64, output.len() as i64];
+    iattr.extend(order.iter().map(|&l| extent(l) as i64));
+    for (labels, shape) in operands.iter().zip(&shapes) {
+        let mut strides = vec![0i64; order.len()];
+        let mut acc = 1usize;
+        for ax in (0..labels.len()).rev() {
+            let l = labels[ax];
+            if !(shape[ax] == 1 && extent(l) != 1) {
+                let pos = order.iter().position(|&x| x == l).unwrap_or(0);
+                strides[pos] += acc as i64;
+            }
+            acc *= shape[ax];
+        }
+        iattr.extend(strides);
+    }
+    Ok(UkCall::new("einsum").iattr(iattr))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Det, RotaryEmbedding
+// ---------------------------------------------------------------------------------------------
+
+fn det(node: &NodeInfo) -> Result<UkCall> {
+    let x = node.input_shape(0)?;
+    let r = x.len();
+    if r < 2 || x[r - 1] != x[r - 2] {
+        return Err(node.unsupported("Det needs a [*, M, M] input"));
+    }
+    let m = x[r - 1];
+    let mut c = Carve::default();
+    c.take(x.iter().product::<usize>() * 8);
+    Ok(UkCall::new("det").iattr([m as i64]).scratch(c.0))
+}
+
+fn rotary(node: &NodeInfo, interleaved: bool, rotary_dim: usize, num_heads: usize) -> Result<UkCall> {
+    let x = node.input_shape(0)?;
+    let (three_d, b, q, h, d) = match *x.as_slice() {
+        [b, h, q, d] => (false, b, q, h, d),
+        [b, q, hidden] if num_heads > 0 && hidden % num_heads == 0 => {
+            (true, b, q, num_heads, hidden / num_heads)
+        }
+        _ => return Err(node.unsupported("X must be [B, H, S, D], or [B, S, H*D] with num_heads")),
+    };
+    let rd = if rotary_dim == 0 { d } else { rotary_dim };
+    if rd > d || rd % 2 != 0 {
+        return Err(node.unsupported("rotary_embedding_dim must be even and at most the head size"));
+    }
+    let cos = node.input_shape(1)?;
+    let ok = match node.has_input(3) {
+        true => cos.len() == 2 && node.input_shape(3)? == [b, q],
+        false => cos.len() == 3 && cos[..2] == [b, q],
+    };
+    if !ok || cos.last() != Some(&(rd / 2)) || node.input_shape(2)? != cos {
+        return Err(node.unsupported("the cos/sin caches or position_ids do not fit X"));
+    }
+    Ok(UkCall::new("rotary_embedding").iattr([
+        interleaved as i64,
+        rd as i64,
+        three_d as i64,
+        b as i64,
+        q as i64,
+        h as i64,
+        d as i64,
+    ]))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attention
+// ---------------------------------------------------------------------------------------------
+
+/// The wider of two float dtypes, as numpy promotes them (f16 with bf16 gives f32).
+fn promote(a: DType, b: DType) -> DType {
+    match (a, b) {
+        _ if a == b => a,
+        (DType::F64, _) | (_, DType::F64) => DType::F64,
+        _ => DType::F32,
+    }
+}
+
+fn attention(node: &NodeInfo, a: &AttentionAttrs) -> Result<UkCall> {
+    let dt = node
+        .input_dtype(0)
+        .ok_or_else(|| node.unsupported("Q is missing"))?;
+    let (q, k, v) = (node.input_shape(0)?, node.input_shape(1)?, node.input_shape(2)?);
+    let bad = || node.unsupported("Q, K and V do not fit together");
+    let (three_d, b, hq, hkv, sq, skv, dk, dv) = match (q.as_slice(), k.as_slice(), v.as_slice()) {
+        (&[b, sq, qh], &[_, skv, kh], &[_, _, vh]) => {
+            let (hq, hkv) = (a.q_num_heads, a.kv_num_heads);
+            if hq == 0 || hkv == 0 || qh % hq != 0 || kh % hkv != 0 || vh % hkv != 0 {
+                return Err(bad());
+            }
+            (true, b, hq, hkv, sq, skv, qh / hq, vh / hkv)
+        }
+        (&[b, hq, sq, dk], &[_, hkv, skv, _], &[_, _, _, dv]) => (false, b, hq, hkv, sq, skv, dk, dv),
+        _ => return Err(bad()),
+    };
+    if hkv == 0 || hq % hkv != 0 {
+        return Err(bad());
+    }
+    let past = match node.has_input(4) {
+        true => node.input_shape(4)?.get(2).copied().ok_or_else(bad)?,
+        false => 0,
+    };
+    let total = past + skv;
+    let (mask_kind, mask_shape, bias_dtype) = match node.input_type(3) {
+        None => (0, [1; 4], dt),
+        Some(m) => {
+            let s = node.input_shape(3)?;
+            if s.is_empty() || s.len() > 4 {
+                return Err(node.unsupported("attn_mask must have rank 1 to 4"));
+            }
+            let mut shape = [1usize; 4];
+            shape[4 - s.len()..].copy_from_slice(&s);
+            let full = [b, hq, sq, total];
+            if shape[3] > total || (0..3).any(|i| shape[i] != 1 && shape[i] != full[i]) {
+                return Err(node.unsupported("attn_mask does not broadcast to [B, Hq, Sq, T]"));
+            }
+            match m.dtype {
+                DType::Bool => (1, shape, dt),
+                d if d.is_float() => (2, shape, promote(dt, d)),
+                _ => return Err(node.unsupported("attn_mask must be bool or float")),
+            }
+        }
+    };
+    let capped = if a.softcap > 0.0 {
+        promote(dt, DType::F32)
+    } else {
+        dt
+    };
+    let biased = promote(capped, bias_dtype);
+    let softmax = a.softmax_precision.unwrap_or(biased);
+    // sqrt(scale) is taken in f32 when the scale is given (it is an f32 attribute).
+    let s = match a.scale {
+        Some(s) => f64::from(s.sqrt()),
+        None => (1.0 / (dk as f64).sqrt()).sqrt(),
+    };
+    let mut iattr = vec![
+        three_d as i64,
+        b as i64,
+        hq as i64,
+        hkv as i64,
+        sq as i64,
+        skv as i64,
+        past as i64,
+        dk as i64,
+        dv as i64,
+        a.is_causal as i64,
+        a.qk_matmul_output_mode,
+        a.left_window_size,
+        a.right_window_size,
+        dt as i64,
+        capped as i64,
+        biased as i64,
+        softmax as i64,
+        mask_kind,
+    ];
+    iattr.extend(mask_shape.iter().map(|&d| d as i64));
+    let mut c = Carve::default();
+    c.take(b * hkv * total * dk * 8);
+    c.take(b * hkv * total * dv * 8);
+    c.take(b * hq * (total + dk + dv) * 8);
+    Ok(UkCall::new("attention")
+        .iattr(iattr)
+        .fattr([s, f64::from(a.softcap)])
+        .scratch(c.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_ir::{Graph, NodeId, TensorType};
+
+    /// Lowers a one-node graph over inputs of the given f32 shapes.
+    fn lower_one(op: Op, shapes: &[&[usize]]) -> UkCall {
+        let mut g = Graph::new("t");
+        let ins: Vec<_> = shapes
+            .iter()
+            .enumerate()
+            .map(|(i, s)| Some(g.add_input(format!("x{i}"), TensorType::fixed(DType::F32, s))))
+            .collect();
+        let y = g.add("n", op, ins, "y").unwrap();
+        g.add_output("y", y);
+        let info = NodeInfo::new(&g, NodeId(shapes.len() as u32));
+        lower(&info).unwrap().unwrap()
+    }
+
+    #[test]
+    fn same_upper_pool_pads_the_end() {
+        let op = Op::Pool(PoolAttrs {
+            kind: PoolKind::Max,
+            kernel_shape: vec![2, 3],
+            strides: vec![2, 2],
+            pads: vec![],
+            dilations: vec![],
+            auto_pad: AutoPad::SameUpper,
+            ceil_mode: false,
+            storage_order: 0,
+        });
+        let call = lower_one(op, &[&[1, 1, 5, 5]]);
+        // 3 outputs per axis; padding 1 (kernel 2) and 2 (kernel 3), odd element at the end.
+        assert_eq!(call.iattr, vec![0, 2, 0, 0, 2, 2, 1, 0, 1, 3, 2, 1, 1, 1]);
+    }
+
+    #[test]
+    fn einsum_diagonal_adds_strides_and_broadcast_is_zero() {
+        let call = lower_one(
+            Op::Einsum {
+                equation: "ii->i".into(),
+            },
+            &[&[3, 3]],
+        );
+        assert_eq!(call.iattr, vec![1, 1, 1, 3, 4]);
+        let call = lower_one(
+            Op::Einsum {
+                equation: "ij,ij->i".into(),
+            },
+            &[&[2, 3], &[1, 3]],
+        );
+        // Labels i (output) then j; the second operand broadcasts i.
+        assert_eq!(call.iattr, vec![2, 2, 1, 2, 3, 3, 1, 0, 1]);
+    }
+
+    #[test]
+    fn matmul_broadcasts_batches_and_folds_a_shared_b() {
+        let call = lower_one(Op::MatMul, &[&[2, 1, 3, 4], &[3, 4, 5]]);
+        assert_eq!(call.iattr, vec![3, 4, 5, 2, 2, 3, 1, 0, 0, 1]);
+        let call = lower_one(Op::MatMul, &[&[2, 3, 4], &[4]]);
+        assert_eq!(call.iattr, vec![6, 4, 1, 0]);
+    }
 }
