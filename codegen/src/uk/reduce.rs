@@ -148,7 +148,10 @@ fn known_scalar(node: &NodeInfo, idx: usize, what: &str) -> Result<i64> {
 fn reduce(node: &NodeInfo, kind: ReduceKind, noop_with_empty_axes: bool) -> Result<UkCall> {
     let shape = node.input_shape(0)?;
     // An axes input of static length 0 is empty whether or not its value is known.
-    let axes_len = node.input_type(1).and_then(|t| t.fixed_shape()).map(|s| product(&s));
+    let axes_len = node
+        .input_type(1)
+        .and_then(|t| t.fixed_shape())
+        .map(|s| product(&s));
     let axes = match node.known(1) {
         Some(t) => t.to_i64_vec(),
         None if !node.has_input(1) || axes_len == Some(0) => vec![],
