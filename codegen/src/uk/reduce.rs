@@ -147,12 +147,15 @@ fn known_scalar(node: &NodeInfo, idx: usize, what: &str) -> Result<i64> {
 
 fn reduce(node: &NodeInfo, kind: ReduceKind, noop_with_empty_axes: bool) -> Result<UkCall> {
     let shape = node.input_shape(0)?;
-    let axes = if node.has_input(1) {
-        node.known(1)
-            .ok_or_else(|| node.unsupported("axes must be known at compile time"))?
-            .to_i64_vec()
-    } else {
-        vec![]
+    // An axes input of static length 0 is empty whether or not its value is known.
+    let axes_len = node
+        .input_type(1)
+        .and_then(|t| t.fixed_shape())
+        .map(|s| product(&s));
+    let axes = match node.known(1) {
+        Some(t) => t.to_i64_vec(),
+        None if !node.has_input(1) || axes_len == Some(0) => vec![],
+        None => return Err(node.unsupported("axes must be known at compile time")),
     };
     let mask = if axes.is_empty() {
         vec![!noop_with_empty_axes; shape.len()]
