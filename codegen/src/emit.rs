@@ -164,12 +164,10 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
 
     fn weights_global(&self) -> GlobalValue<'ctx> {
         let bytes = &self.parts.plan.weights;
-        let data = if bytes.is_empty() {
-            vec![0u8]
-        } else {
-            bytes.clone()
-        };
-        let v = self.cx.const_string(&data, false);
+        // An empty array would make a zero-sized global; one byte keeps the symbol valid.
+        let v = self
+            .cx
+            .const_string(if bytes.is_empty() { &[0u8] } else { bytes }, false);
         let g = self.const_global("kiln.weights", v.into(), 64);
         g.set_unnamed_addr(false);
         g

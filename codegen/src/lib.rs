@@ -121,11 +121,9 @@ pub fn compile(
         std::fs::write(path, bytes)
             .map_err(|e| CodegenError::Io(format!("cannot write {}: {e}", path.display())))
     };
-    let object = |ft: FileType| -> Result<Vec<u8>> {
-        let buf = tm
-            .write_to_memory_buffer(&module, ft)
-            .map_err(|e| CodegenError::internal(format!("LLVM code generation: {e}")))?;
-        Ok(buf.as_slice().to_vec())
+    let object = |ft: FileType| -> Result<inkwell::memory_buffer::MemoryBuffer> {
+        tm.write_to_memory_buffer(&module, ft)
+            .map_err(|e| CodegenError::internal(format!("LLVM code generation: {e}")))
     };
     let mut files = vec![];
     match opts.emit {
@@ -134,21 +132,22 @@ pub fn compile(
             files.push(out.to_path_buf());
         }
         Emit::Asm => {
-            write(out, &object(FileType::Assembly)?)?;
+            write(out, object(FileType::Assembly)?.as_slice())?;
             files.push(out.to_path_buf());
         }
         Emit::Obj => {
-            write(out, &object(FileType::Object)?)?;
+            write(out, object(FileType::Object)?.as_slice())?;
             files.push(out.to_path_buf());
         }
         Emit::Exe => {
             let obj = object(FileType::Object)?;
             progress.phase("link");
-            link_executable(&opts.cc, &obj, out)?;
+            link_executable(&opts.cc, obj.as_slice(), out)?;
             files.push(out.to_path_buf());
         }
         Emit::StaticLib => {
             let obj = object(FileType::Object)?;
+            let obj = obj.as_slice();
             progress.phase("archive");
             let dir = out
                 .parent()
@@ -160,7 +159,7 @@ pub fn compile(
                 .unwrap_or_else(|| api.prefix.clone());
             let lib = dir.join(format!("lib{stem}.a"));
             let member = format!("{}.o", truncate(&api.prefix, 13));
-            write(&lib, &archive::write_archive(&member, &obj, &api.exported(false)))?;
+            write(&lib, &archive::write_archive(&member, obj, &api.exported(false)))?;
             let h = dir.join(format!("{stem}.h"));
             let text = header::header(
                 &api,
