@@ -591,16 +591,25 @@ int32_t kiln_uk_topk(const kiln_uk_args *a) {
 /* ---------------------------------------------------------------------------------------------
  * CumSum / CumProd
  *
- * kiln_uk_cumulative: in[0] x, in[1] axis (known, unused), out[0].
- * iattr: [outer, n, inner, prod, exclusive, reverse]
+ * kiln_uk_cumulative: in[0] x, in[1] axis (integer scalar), out[0].
+ * iattr: [prod, exclusive, reverse, axis, rank, dims...]  axis: normalized when known at
+ * compile time, -1 to read in[1] at run time.
  * Floats accumulate in double and round each output once; integers wrap in the element type.
  * ------------------------------------------------------------------------------------------- */
 
 KILN_UK_INLINE void cumulative_body(const kiln_uk_args *a, int64_t dt) {
   const void *x = a->in[0].data;
   void *y = a->out[0].data;
-  int64_t outer = a->iattr[0], n = a->iattr[1], inner = a->iattr[2], prod = a->iattr[3], excl = a->iattr[4],
-          rev = a->iattr[5];
+  int64_t prod = a->iattr[0], excl = a->iattr[1], rev = a->iattr[2], axis = a->iattr[3], rank = a->iattr[4];
+  const int64_t *dims = a->iattr + 5;
+  if (axis < 0) axis = kiln_load_i64(a->in[1].data, a->in[1].dtype, 0);
+  if (axis < 0) axis += rank;
+  int64_t outer = 1, n = 1, inner = 1;
+  for (int64_t d = 0; d < rank; d++) {
+    if (d < axis) outer *= dims[d];
+    else if (d == axis) n = dims[d];
+    else inner *= dims[d];
+  }
   int is_float = kiln_dtype_is_float(dt);
   double facc[BLOCK];
   uint64_t iacc[BLOCK];
@@ -632,6 +641,11 @@ KILN_UK_INLINE void cumulative_body(const kiln_uk_args *a, int64_t dt) {
 }
 
 int32_t kiln_uk_cumulative(const kiln_uk_args *a) {
+  if (a->iattr[3] < 0) {
+    int64_t axis = kiln_load_i64(a->in[1].data, a->in[1].dtype, 0), rank = a->iattr[4];
+    if (axis < -rank || axis >= rank)
+      return kiln_uk_fail(a, KILN_UK_EVALUE, "axis %lld is out of range for rank %lld", (long long)axis, (long long)rank);
+  }
 #define CUMULATIVE_CALL(DT) return (cumulative_body(a, DT), 0)
   DISPATCH_ALL(a->in[0].dtype, CUMULATIVE_CALL)
 #undef CUMULATIVE_CALL

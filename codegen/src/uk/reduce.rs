@@ -202,17 +202,24 @@ fn topk(node: &NodeInfo, axis: i64, largest: bool) -> Result<UkCall> {
 
 fn cumulative(node: &NodeInfo, prod: bool, exclusive: bool, reverse: bool) -> Result<UkCall> {
     let shape = node.input_shape(0)?;
-    let axis = known_scalar(node, 1, "the axis input")?;
-    let a = norm_axis(node, axis, shape.len())?;
-    let [outer, n, inner] = split_at(&shape, a);
-    Ok(UkCall::new("cumulative").iattr([
-        outer,
-        n,
-        inner,
+    // A run-time axis (-1) is read and checked by the kernel.
+    let axis = match node.known(1) {
+        Some(_) => i(norm_axis(
+            node,
+            known_scalar(node, 1, "the axis input")?,
+            shape.len(),
+        )?),
+        None => -1,
+    };
+    let mut iattr = vec![
         i64::from(prod),
         i64::from(exclusive),
         i64::from(reverse),
-    ]))
+        axis,
+        i(shape.len()),
+    ];
+    iattr.extend(shape.iter().map(|&d| i(d)));
+    Ok(UkCall::new("cumulative").iattr(iattr))
 }
 
 fn softmax(node: &NodeInfo, axis: i64, coerce_2d: bool, kind: i64) -> Result<UkCall> {
