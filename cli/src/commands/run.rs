@@ -20,9 +20,14 @@ pub struct Args {
     #[arg(long, short = 'o', value_name = "DIR")]
     pub output_dir: Option<PathBuf>,
 
-    /// Run the reference interpreter (ir::eval) instead of compiled code.
+    /// Run the reference interpreter (ir::eval) instead of compiling the model for this
+    /// machine and running the compiled code.
     #[arg(long)]
     pub reference: bool,
+
+    /// Threads for the compiled run (default: one per CPU).
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
 
     /// Print nothing but errors.
     #[arg(long, short = 'q')]
@@ -30,10 +35,10 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    if !args.reference {
-        bail!("this build of kiln runs models through the reference interpreter only: pass --reference");
-    }
     let model = args.model.load()?;
+    if !args.reference {
+        return run_compiled(&args, model);
+    }
     let inputs = read_inputs(&model.graph, &args.inputs)?;
     let start = Instant::now();
     let outputs = kiln_ir::eval::eval_graph_named(&model.graph, inputs)
@@ -58,6 +63,46 @@ pub fn run(args: Args) -> Result<()> {
             None => String::new(),
         };
         eprintln!("reference run took {:.3} s{written}", elapsed.as_secs_f64());
+    }
+    Ok(())
+}
+
+/// Compiles the model for this machine into a temporary executable and runs it on the inputs:
+/// the same code `kiln compile` would produce, without keeping the artifact.
+fn run_compiled(args: &Args, model: kiln_frontend::Model) -> Result<()> {
+    let inputs = read_inputs(&model.graph, &args.inputs)?;
+    let mut graph = model.graph;
+    kiln_optimizer::cpu_pipeline().run(&mut graph)?;
+    let dir = tempfile::tempdir().context("cannot create a temporary folder")?;
+    let exe = dir.path().join("model");
+    let opts = kiln_codegen::CompileOptions {
+        name: "model".to_string(),
+        target: kiln_codegen::TargetDesc::host()?,
+        emit: kiln_codegen::Emit::Exe,
+        cc: std::env::var("CC").unwrap_or_else(|_| "cc".to_string()),
+    };
+    kiln_codegen::compile(&graph, &opts, &exe, &mut kiln_codegen::Silent)
+        .with_context(|| format!("{}", args.model.model.display()))?;
+    let mut cmd = std::process::Command::new(&exe);
+    for (i, (name, _)) in graph.input_types().enumerate() {
+        let t = &inputs[name];
+        let path = dir.path().join(format!("input{i}.npy"));
+        kiln_frontend::npy::write_npy(&path, t)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        cmd.arg("--input").arg(format!("{name}={}", path.display()));
+    }
+    if let Some(d) = &args.output_dir {
+        cmd.arg("--output-dir").arg(d);
+    }
+    if let Some(t) = args.threads {
+        cmd.arg("--threads").arg(t.to_string());
+    }
+    if args.quiet {
+        cmd.arg("--quiet");
+    }
+    let status = cmd.status().context("cannot run the compiled model")?;
+    if !status.success() {
+        bail!("the compiled model failed ({status})");
     }
     Ok(())
 }
