@@ -36,8 +36,8 @@ pub struct Args {
     #[arg(long, value_enum, default_value = "exe")]
     pub emit: EmitArg,
 
-    /// The model's name: prefix of the C API (NAME_create, NAME_run, ...). Default: the model
-    /// file's stem.
+    /// The model's name: prefix of the C API (NAME_create, NAME_run, ...), made a C identifier.
+    /// Default: the model file's stem (for a file named model.onnx, its folder's name).
     #[arg(long, value_name = "NAME")]
     pub name: Option<String>,
 
