@@ -112,7 +112,12 @@ pub fn run_executable(
         .iter()
         .map(|o| {
             let p = out_dir.join(kiln_frontend::npy::output_file_name(&o.name));
-            kiln_frontend::npy::read_npy(&p).map_err(|e| format!("output '{}': {e}", o.name))
+            let t = kiln_frontend::npy::read_npy(&p).map_err(|e| format!("output '{}': {e}", o.name))?;
+            // numpy has no bfloat16: the artifact writes bf16 outputs as float32 (exactly).
+            Ok(match graph.value_type(o.value).dtype {
+                kiln_ir::DType::BF16 if t.dtype() == kiln_ir::DType::F32 => t.cast(kiln_ir::DType::BF16),
+                _ => t,
+            })
         })
         .collect()
 }
