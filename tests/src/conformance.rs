@@ -290,13 +290,17 @@ pub fn case_in_scope(dir: &Path) -> bool {
     graph_ok(g)
 }
 
-/// Selects the cases whose folder name contains `KILN_CONFORMANCE_FILTER` (all when unset).
+/// Selects the cases whose folder name contains one of the comma-separated substrings of
+/// `KILN_CONFORMANCE_FILTER` (all when unset).
 pub fn filtered_cases(cases: Vec<PathBuf>) -> (Vec<PathBuf>, Option<String>) {
     let filter = std::env::var("KILN_CONFORMANCE_FILTER").ok();
     let cases = match &filter {
         Some(f) => cases
             .into_iter()
-            .filter(|c| c.file_name().unwrap().to_string_lossy().contains(f.as_str()))
+            .filter(|c| {
+                let name = c.file_name().unwrap().to_string_lossy();
+                f.split(',').any(|part| name.contains(part))
+            })
             .collect(),
         None => cases,
     };
