@@ -583,18 +583,17 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
         b.build_return(Some(&e)).map_err(llvm)?;
 
         let plan = self.parts.plan;
-        let f = self.exported_fn(&api.symbol("workspace_size"), i64t.fn_type(&[], false));
+        self.exported_fn(&api.symbol("workspace_size"), i64t.fn_type(&[], false));
         b.build_return(Some(&i64t.const_int(plan.arena_bytes, false)))
             .map_err(llvm)?;
 
-        let inputs = signature_inputs(self.parts.graph);
-        let outputs = signature_outputs(self.parts.graph);
-        let sig = signature_json(self.parts, &inputs, &outputs);
-        let _ = f;
-        let f = self.exported_fn(&api.symbol("info"), p.fn_type(&[], false));
-        let _ = f;
-        let s = self.cstring("kiln.info", &sig);
-        b.build_return(Some(&s)).map_err(llvm)?;
+        // The same JSON string the descriptor points at (--info prints that one).
+        self.exported_fn(&api.symbol("info"), p.fn_type(&[], false));
+        let sig = self
+            .module
+            .get_global("kiln.signature")
+            .ok_or_else(|| CodegenError::internal("the model descriptor's signature is emitted first"))?;
+        b.build_return(Some(&sig.as_pointer_value())).map_err(llvm)?;
 
         let guarded_run =
             |f: FunctionValue<'ctx>, ins: PointerValue<'ctx>, outs: PointerValue<'ctx>| -> Result<()> {
@@ -627,8 +626,8 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
         let outs = f.get_nth_param(2).expect("outputs").into_pointer_value();
         guarded_run(f, ins, outs)?;
 
-        let n_in = inputs.len();
-        let n_out = outputs.len();
+        let n_in = self.parts.graph.inputs().len();
+        let n_out = self.parts.graph.outputs().len();
         let params: Vec<_> = std::iter::repeat_n(p.into(), 1 + n_in + n_out).collect();
         let f = self.exported_fn(&api.symbol("run"), i32t.fn_type(&params, false));
         let ins = b

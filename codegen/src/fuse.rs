@@ -137,11 +137,7 @@ pub fn find_chains(graph: &Graph) -> Vec<Chain> {
                     if chain.residual.is_none() && oty == &out_ty && graph.known_value(o).is_none() {
                         chain.residual = Some(o);
                     } else if let (true, None, Some(t)) = (is_matmul, &chain.col_bias, graph.known_value(o)) {
-                        let n = *out_ty
-                            .fixed_shape()
-                            .and_then(|s| s.last().copied())
-                            .as_ref()
-                            .unwrap_or(&0);
+                        let n = out_ty.fixed_shape().and_then(|s| s.last().copied()).unwrap_or(0);
                         if t.dtype() != DType::F32
                             || t.len() != n
                             || t.shape().iter().rev().skip(1).any(|&d| d != 1)

@@ -10,7 +10,7 @@ use crate::gen::{self, GeneratedKernel};
 use crate::node::NodeInfo;
 use crate::target::TargetDesc;
 use crate::uk::{self, UkCall};
-use kiln_ir::{Graph, NodeId, Op, Tensor, ValueId};
+use kiln_ir::{Graph, NodeId, Op, ValueId};
 use std::collections::HashMap;
 
 pub const ALIGN: u64 = 64;
@@ -503,9 +503,4 @@ fn plan_arena(
         }
     }
     Ok((arena, thread_scratch))
-}
-
-/// The tensors of values known at compile time that a report may want to show.
-pub fn known_tensor(graph: &Graph, v: ValueId) -> Option<&Tensor> {
-    graph.known_value(v)
 }

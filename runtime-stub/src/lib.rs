@@ -8,14 +8,6 @@ pub const DTYPE_NAMES: [&str; 13] = [
     "float32", "float64",
 ];
 
-/// Field order of `kiln_io_desc`: name (ptr), dtype (i32), rank (i32), dims (ptr), bytes (i64).
-pub const IO_DESC_FIELDS: usize = 5;
-
-/// Field order of `kiln_model_desc`: name, kiln_version, target_triple, cpu_features,
-/// signature_json (5 × ptr), n_inputs, n_outputs (2 × i32), inputs, outputs (2 × ptr),
-/// arena_bytes, thread_scratch_bytes, n_kernels (3 × i64), run (ptr).
-pub const MODEL_DESC_FIELDS: usize = 13;
-
 /// The C header, for tools that want to show or ship it.
 pub const KILN_RT_H: &str = include_str!("../c/kiln_rt.h");
 

@@ -1,8 +1,8 @@
 /* Runs a model compiled by kiln as a static library, the way an application embeds it.
  * Built by the tests with: cc -DKILN_HEADER='"NAME.h"' -DKILN_API(x)=NAME_##x run_model.c libNAME.a
- * Usage: run_model THREADS IN0.bin ... -- OUT0.bin ...
- * Inputs and outputs are raw little-endian tensors in graph order; sizes come from NAME_info()
- * being trusted by the caller (the test writes exactly the bytes the header documents). */
+ * Usage: run_model THREADS IN0.bin ... -- OUT0.bin:BYTES ...
+ * Inputs and outputs are raw little-endian tensors in graph order; the caller writes each input
+ * with exactly the bytes the header documents and gives each output's size. */
 #include KILN_HEADER
 
 #include <stdio.h>

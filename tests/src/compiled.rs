@@ -20,6 +20,9 @@ pub fn fully_static(graph: &Graph) -> bool {
         .all(|n| n.outputs.iter().all(|o| o.ty.is_static()))
 }
 
+/// Tensors with the graph input names they are for, in graph order.
+pub type NamedTensors = Vec<(String, Tensor)>;
+
 /// A scratch folder removed on drop.
 pub struct WorkDir(pub PathBuf);
 
@@ -125,16 +128,16 @@ pub fn run_executable(
 /// An ahead-of-time compiler needs shape-determining operands (Reshape shapes, Slice starts,
 /// Resize scales, TopK's k, Tile repeats, ...) at compile time. Tests pass them as graph inputs,
 /// so when `model` is not fully static, the small inputs (rank ≤ 1, ≤ 64 elements) are bound as
-/// constants — what a user does with `kiln compile --bind NAME=FILE`. Returns the model to
-/// compile and the inputs left to pass at run time (names and tensors, graph order).
+/// constants — what a user does with `kiln compile --bind NAME=FILE`. Returns the re-imported
+/// model (None: compile `model` as it is) and the inputs left to pass at run time (graph order).
 pub fn bind_shape_inputs(
     model_path: &Path,
     opts: &ImportOptions,
-    model: Model,
+    model: &Model,
     inputs: Vec<(String, Tensor)>,
-) -> Result<(Model, Vec<(String, Tensor)>), String> {
+) -> Result<(Option<Model>, NamedTensors), String> {
     if fully_static(&model.graph) {
-        return Ok((model, inputs));
+        return Ok((None, inputs));
     }
     let (bound, runtime): (Vec<_>, Vec<_>) = inputs
         .into_iter()
@@ -142,7 +145,7 @@ pub fn bind_shape_inputs(
     let mut opts = opts.clone();
     opts.weights.extend(bound);
     let model = load_model(model_path, &opts).map_err(|e| format!("import with bound inputs: {e}"))?;
-    Ok((model, runtime))
+    Ok((Some(model), runtime))
 }
 
 /// The compiled backend for ONNX node cases (see [`bind_shape_inputs`]).
@@ -153,10 +156,10 @@ pub fn node_case_backend(
 ) -> Result<Vec<Tensor>, String> {
     let names: Vec<String> = model.graph.input_types().map(|(n, _)| n.to_string()).collect();
     let named: Vec<(String, Tensor)> = names.into_iter().zip(inputs).collect();
-    let model = load_model(model_path, &ImportOptions::default()).map_err(|e| format!("import: {e}"))?;
-    let (model, runtime) = bind_shape_inputs(model_path, &ImportOptions::default(), model, named)?;
+    let (bound, runtime) = bind_shape_inputs(model_path, &ImportOptions::default(), model, named)?;
+    let graph = &bound.as_ref().unwrap_or(model).graph;
     let work = WorkDir::new("case");
     let exe = work.0.join("model");
-    compile_graph(&model.graph, "model", Emit::Exe, &exe)?;
-    run_executable(&exe, &model.graph, &runtime, &work.0, 1)
+    compile_graph(graph, "model", Emit::Exe, &exe)?;
+    run_executable(&exe, graph, &runtime, &work.0, 1)
 }

@@ -26,9 +26,9 @@ fn check(f: &Fixture, artifact: Artifact) -> anyhow::Result<()> {
             Ok((n.clone(), t))
         })
         .collect::<anyhow::Result<_>>()?;
-    let (model, ordered) = bind_shape_inputs(&f.path(&f.model), &f.import_options()?, model, ordered)
+    let (bound, ordered) = bind_shape_inputs(&f.path(&f.model), &f.import_options()?, &model, ordered)
         .map_err(anyhow::Error::msg)?;
-    let graph = &model.graph;
+    let graph = &bound.as_ref().unwrap_or(&model).graph;
     let outputs = match artifact {
         Artifact::Executable => {
             let work = WorkDir::new(&f.name);
