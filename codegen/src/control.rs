@@ -5,9 +5,9 @@
 //! What cannot be lowered statically is reported naming the node.
 
 use crate::error::{CodegenError, Result};
+use kiln_ir::rewrite::{copy_into, Rewrite};
 use kiln_ir::{Graph, Node, Op, Tensor, ValueId};
 use std::collections::HashMap;
-use std::sync::Arc;
 
 /// Unrolling beyond this many body copies would blow up compile time and code size.
 const MAX_UNROLLED_NODES: usize = 20_000;
@@ -52,7 +52,7 @@ fn copy_nodes(
     prefix: &str,
     budget: &mut usize,
 ) -> Result<()> {
-    for (id, node) in src.node_ids().zip(src.nodes()) {
+    copy_into(dst, src, map, prefix, |dst, _, node, inputs| {
         if *budget == 0 {
             return Err(ir_err(
                 node,
@@ -60,36 +60,26 @@ fn copy_nodes(
             ));
         }
         *budget -= 1;
-        let inputs: Vec<Option<ValueId>> = node.inputs.iter().map(|v| v.map(|v| map[&v])).collect();
         let name = format!("{prefix}{}", node.name);
-        let outs: Vec<ValueId> = match &node.op {
-            Op::Input => continue,
-            Op::Constant(c) => {
-                let t: Arc<Tensor> = src.consts()[c.0 as usize].clone();
-                vec![dst.add_const(format!("{prefix}{}", node.outputs[0].name), t)]
-            }
+        Ok(match &node.op {
             Op::If {
                 then_branch,
                 else_branch,
-            } => lower_if(dst, node, &name, &inputs, then_branch, else_branch, budget)?,
+            } => Rewrite::Replace(lower_if(
+                dst,
+                node,
+                &name,
+                inputs,
+                then_branch,
+                else_branch,
+                budget,
+            )?),
             Op::Loop { body, num_carried } => {
-                lower_loop(dst, node, &name, &inputs, body, *num_carried, budget)?
+                Rewrite::Replace(lower_loop(dst, node, &name, inputs, body, *num_carried, budget)?)
             }
-            op => {
-                let names = node
-                    .outputs
-                    .iter()
-                    .map(|o| format!("{prefix}{}", o.name))
-                    .collect();
-                dst.add_node(name, op.clone(), inputs, names)
-                    .map_err(|e| ir_err(node, e))?
-            }
-        };
-        for (o, v) in outs.into_iter().enumerate() {
-            map.insert(id.out(o as u32), v);
-        }
-    }
-    Ok(())
+            _ => Rewrite::Keep,
+        })
+    })
 }
 
 /// Inlines `body` with its inputs bound to `args`; returns its outputs.

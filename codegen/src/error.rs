@@ -43,3 +43,14 @@ impl CodegenError {
 }
 
 pub type Result<T, E = CodegenError> = std::result::Result<T, E>;
+
+/// Graph-building errors while codegen rewrites a graph name the node: the model cannot be
+/// compiled as it is.
+impl From<kiln_ir::IrError> for CodegenError {
+    fn from(e: kiln_ir::IrError) -> CodegenError {
+        match e {
+            kiln_ir::IrError::Node { node, op, msg } => CodegenError::Unsupported { node, op, msg },
+            other => CodegenError::internal(other),
+        }
+    }
+}

@@ -18,7 +18,7 @@ pub enum Rewrite {
 /// return `Rewrite::Replace` with the values standing for the node's outputs.
 pub fn rebuild(
     src: &Graph,
-    mut f: impl FnMut(&mut Graph, NodeId, &Node, &[Option<ValueId>]) -> Result<Rewrite, IrError>,
+    f: impl FnMut(&mut Graph, NodeId, &Node, &[Option<ValueId>]) -> Result<Rewrite, IrError>,
 ) -> Result<Graph, IrError> {
     let mut dst = Graph::new(src.name.clone());
     let mut map: HashMap<ValueId, ValueId> = HashMap::new();
@@ -26,22 +26,43 @@ pub fn rebuild(
         let out = &src.node(id).outputs[0];
         map.insert(id.out(0), dst.add_input(out.name.clone(), out.ty.clone()));
     }
+    copy_into(&mut dst, src, &mut map, "", f)?;
+    for o in src.outputs() {
+        dst.add_output(o.name.clone(), map[&o.value]);
+    }
+    Ok(dst)
+}
+
+/// Copies the nodes of `src` (not its inputs, whose values `map` must already hold) into
+/// `dst`, node and value names prefixed with `prefix` (for inlined subgraphs), through the
+/// callback as in [`rebuild`]. `map` receives every copied value; `dst`'s outputs are untouched.
+pub fn copy_into<E: From<IrError>>(
+    dst: &mut Graph,
+    src: &Graph,
+    map: &mut HashMap<ValueId, ValueId>,
+    prefix: &str,
+    mut f: impl FnMut(&mut Graph, NodeId, &Node, &[Option<ValueId>]) -> Result<Rewrite, E>,
+) -> Result<(), E> {
     for (id, node) in src.node_ids().zip(src.nodes()) {
         if let Op::Input = node.op {
             continue;
         }
         let inputs: Vec<Option<ValueId>> = node.inputs.iter().map(|v| v.map(|v| map[&v])).collect();
-        let outs = match f(&mut dst, id, node, &inputs)? {
+        let outs = match f(dst, id, node, &inputs)? {
             Rewrite::Replace(v) => v,
             Rewrite::Keep => match &node.op {
-                Op::Constant(c) => {
-                    vec![dst.add_const(node.outputs[0].name.clone(), src.consts()[c.0 as usize].clone())]
-                }
+                Op::Constant(c) => vec![dst.add_const(
+                    format!("{prefix}{}", node.outputs[0].name),
+                    src.consts()[c.0 as usize].clone(),
+                )],
                 op => dst.add_node(
-                    node.name.clone(),
+                    format!("{prefix}{}", node.name),
                     op.clone(),
                     inputs,
-                    node.outputs.iter().map(|o| o.name.clone()).collect(),
+                    node.outputs
+                        .iter()
+                        .map(|o| format!("{prefix}{}", o.name))
+                        .collect(),
                 )?,
             },
         };
@@ -49,10 +70,7 @@ pub fn rebuild(
             map.insert(id.out(o as u32), v);
         }
     }
-    for o in src.outputs() {
-        dst.add_output(o.name.clone(), map[&o.value]);
-    }
-    Ok(dst)
+    Ok(())
 }
 
 /// How many times each value is used (as a node input or a graph output).
