@@ -49,6 +49,9 @@ pub struct CompileOptions {
     pub emit: Emit,
     /// The system C compiler used to link executables (`cc` unless `$CC` says otherwise).
     pub cc: String,
+    /// Group nodes into fused kernels (epilogues, elementwise chains). Off with
+    /// `--disable-pass fuse`, to measure what fusion buys or to bisect a wrong result.
+    pub fusion: bool,
 }
 
 /// The compile phases, for progress display.
@@ -90,7 +93,7 @@ pub fn compile(
     progress.phase("plan");
     let lowered = control::lower_control_flow(graph)?;
     let graph = lowered.as_ref().unwrap_or(graph);
-    let plan = plan::build(graph, &opts.target)?;
+    let plan = plan::build(graph, &opts.target, opts.fusion)?;
     let api = emit::Api {
         prefix: header::c_ident(&opts.name),
     };

@@ -145,7 +145,7 @@ fn value_bytes(graph: &Graph, v: ValueId) -> Result<u64> {
 
 /// Selects a kernel for every live node and plans memory. Reports every node that cannot be
 /// compiled, not just the first.
-pub fn build(graph: &Graph, target: &TargetDesc) -> Result<Plan> {
+pub fn build(graph: &Graph, target: &TargetDesc, fusion: bool) -> Result<Plan> {
     let live = live_nodes(graph);
     let mut storage: HashMap<ValueId, Storage> = HashMap::new();
     let mut weights = Vec::new();
@@ -166,7 +166,11 @@ pub fn build(graph: &Graph, target: &TargetDesc) -> Result<Plan> {
         }
         storage.insert(id.out(0), Storage::Input(i));
     }
-    let chains = crate::fuse::find_chains(graph);
+    let chains = if fusion {
+        crate::fuse::find_chains(graph)
+    } else {
+        Vec::new()
+    };
     let mut chain_of_anchor: HashMap<NodeId, usize> = HashMap::new();
     let mut chain_of_absorbed: HashMap<NodeId, usize> = HashMap::new();
     for (c, chain) in chains.iter().enumerate() {

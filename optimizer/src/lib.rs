@@ -5,6 +5,9 @@
 //! name. Pipelines are plain functions per target.
 
 pub mod passes;
+pub mod pipelines;
+
+pub use pipelines::{Layout, PipelineOptions, Precision};
 
 use kiln_ir::{Graph, IrError};
 use std::time::{Duration, Instant};
@@ -87,7 +90,7 @@ impl PassManager {
     }
 }
 
-/// The CPU pipeline.
+/// The CPU pipeline with default options.
 pub fn cpu_pipeline() -> PassManager {
-    PassManager::new().with(passes::fold_batchnorm::FoldBatchNorm)
+    pipelines::cpu(&PipelineOptions::default())
 }

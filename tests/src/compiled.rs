@@ -52,6 +52,7 @@ pub fn compile_graph(
 ) -> Result<kiln_codegen::Summary, String> {
     let target = TargetDesc::host().map_err(|e| e.to_string())?;
     let opts = CompileOptions {
+        fusion: true,
         name: name.to_string(),
         target,
         emit,

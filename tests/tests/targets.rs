@@ -19,6 +19,7 @@ fn model() -> kiln_frontend::Model {
 fn compile_for(triple: Option<&str>, cpu: Option<&str>, emit: Emit, out: &Path) {
     let target = TargetDesc::select(triple, cpu).expect("target");
     let opts = CompileOptions {
+        fusion: true,
         name: "m".into(),
         target,
         emit,

@@ -5,6 +5,7 @@ use crate::model_args::ModelArgs;
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kiln_codegen::{CompileOptions, Emit, Progress, TargetDesc};
+use kiln_optimizer::{Layout, PipelineOptions, Precision};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -21,6 +22,39 @@ pub enum EmitArg {
     /// Assembly.
     Asm,
 }
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum LayoutArg {
+    /// The model's own layout.
+    Nchw,
+    /// Channels-last.
+    Nhwc,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum PrecisionArg {
+    F32,
+    Bf16,
+}
+
+/// The optimizer options from the command line.
+pub fn pipeline_options(layout: Option<LayoutArg>, precision: PrecisionArg) -> PipelineOptions {
+    PipelineOptions {
+        layout: match layout {
+            Some(LayoutArg::Nchw) => Layout::Nchw,
+            Some(LayoutArg::Nhwc) => Layout::Nhwc,
+            None => Layout::default(),
+        },
+        precision: match precision {
+            PrecisionArg::F32 => Precision::F32,
+            PrecisionArg::Bf16 => Precision::Bf16,
+        },
+    }
+}
+
+/// Fusion happens in two places (the `fuse` pass and kernel grouping in codegen); disabling
+/// `fuse` turns off both.
+pub const FUSE_PASS: &str = "fuse";
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -58,6 +92,15 @@ pub struct Args {
     #[arg(long, short = 'q')]
     pub quiet: bool,
 
+    /// Activation layout for convolutions and their neighbours. Default: the one measured
+    /// fastest for the target.
+    #[arg(long, value_enum, value_name = "LAYOUT")]
+    pub layout: Option<LayoutArg>,
+
+    /// Compute precision of MatMul/Conv/Gemm/attention (f32 accumulation either way).
+    #[arg(long, value_enum, default_value = "f32")]
+    pub precision: PrecisionArg,
+
     /// Skip an optimizer pass (e.g. fold-batchnorm). May be given several times.
     #[arg(long = "disable-pass", value_name = "PASS")]
     pub disable_pass: Vec<String>,
@@ -85,16 +128,18 @@ pub fn run(args: Args) -> Result<()> {
         .with_context(|| format!("{}", args.model.model.display()))?;
     progress.phase("passes");
     let mut graph = model.graph;
-    let mut passes = kiln_optimizer::cpu_pipeline();
+    let mut passes = kiln_optimizer::pipelines::cpu(&pipeline_options(args.layout, args.precision));
+    let mut known = passes.pass_names();
+    if !known.contains(&FUSE_PASS) {
+        known.push(FUSE_PASS);
+    }
     for p in &args.disable_pass {
-        if !passes.pass_names().contains(&p.as_str()) {
-            anyhow::bail!(
-                "--disable-pass {p}: no such pass (passes: {})",
-                passes.pass_names().join(", ")
-            );
+        if !known.contains(&p.as_str()) {
+            anyhow::bail!("--disable-pass {p}: no such pass (passes: {})", known.join(", "));
         }
         passes.disable(p);
     }
+    let fusion = !args.disable_pass.iter().any(|p| p == FUSE_PASS);
     passes.run(&mut graph)?;
     let target = TargetDesc::select(args.target_triple.as_deref(), args.cpu.as_deref())?;
     let stem = args
@@ -142,6 +187,7 @@ pub fn run(args: Args) -> Result<()> {
         target,
         emit,
         cc,
+        fusion,
     };
     let summary = kiln_codegen::compile(&graph, &copts, &out, &mut progress)
         .with_context(|| format!("{}", args.model.model.display()))?;

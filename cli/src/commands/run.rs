@@ -76,6 +76,7 @@ fn run_compiled(args: &Args, model: kiln_frontend::Model) -> Result<()> {
     let dir = tempfile::tempdir().context("cannot create a temporary folder")?;
     let exe = dir.path().join("model");
     let opts = kiln_codegen::CompileOptions {
+        fusion: true,
         name: "model".to_string(),
         target: kiln_codegen::TargetDesc::host()?,
         emit: kiln_codegen::Emit::Exe,
