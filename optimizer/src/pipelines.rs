@@ -33,5 +33,5 @@ pub struct PipelineOptions {
 
 /// The CPU pipeline.
 pub fn cpu(_opts: &PipelineOptions) -> PassManager {
-    PassManager::new().with(passes::fold_batchnorm::FoldBatchNorm)
+    PassManager::new().with(passes::freeze::Freeze)
 }

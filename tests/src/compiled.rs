@@ -50,18 +50,44 @@ pub fn compile_graph(
     emit: Emit,
     out: &Path,
 ) -> Result<kiln_codegen::Summary, String> {
+    compile_graph_without(graph, name, emit, out, &[])
+}
+
+/// The name under which `--disable-pass` turns off codegen's kernel grouping.
+pub const FUSE_PASS: &str = "fuse";
+
+/// Whether `--disable-pass NAME` means something for the default CPU pipeline: one of its
+/// passes, or `fuse` (codegen's kernel grouping, whether or not a `fuse` pass exists).
+pub fn pass_exists(name: &str) -> bool {
+    name == FUSE_PASS || kiln_optimizer::cpu_pipeline().pass_names().contains(&name)
+}
+
+/// [`compile_graph`] with the passes named in `disabled` turned off, as `kiln compile
+/// --disable-pass` does (`fuse` also turns off codegen's kernel grouping).
+pub fn compile_graph_without(
+    graph: &Graph,
+    name: &str,
+    emit: Emit,
+    out: &Path,
+    disabled: &[&str],
+) -> Result<kiln_codegen::Summary, String> {
     let target = TargetDesc::host().map_err(|e| e.to_string())?;
     let opts = CompileOptions {
-        fusion: true,
+        fusion: !disabled.contains(&FUSE_PASS),
         name: name.to_string(),
         target,
         emit,
         cc: std::env::var("CC").unwrap_or_else(|_| "cc".into()),
     };
     let mut graph = graph.clone();
-    kiln_optimizer::cpu_pipeline()
-        .run(&mut graph)
-        .map_err(|e| format!("optimize: {e}"))?;
+    let mut passes = kiln_optimizer::cpu_pipeline();
+    for p in disabled {
+        if !pass_exists(p) {
+            return Err(format!("no such pass '{p}'"));
+        }
+        passes.disable(p);
+    }
+    passes.run(&mut graph).map_err(|e| format!("optimize: {e}"))?;
     kiln_codegen::compile(&graph, &opts, out, &mut Silent).map_err(|e| format!("compile: {e}"))
 }
 

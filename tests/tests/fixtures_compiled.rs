@@ -1,8 +1,11 @@
 //! Every fixture model compiled by kiln, as an executable and as a static library driven from
 //! C (`tests/c/run_model.c`), matches the outputs onnxruntime recorded (per-dtype tolerances).
+//! The `*_off` variants compile each fixture with one optimizer pass disabled (executables
+//! only, to keep the cost down): every pass must be optional, and a wrong result that goes away
+//! with a pass off points at that pass.
 
 use kiln_tests::compare::compare;
-use kiln_tests::compiled::{bind_shape_inputs, compile_graph, run_executable, WorkDir};
+use kiln_tests::compiled::{bind_shape_inputs, compile_graph_without, pass_exists, run_executable, WorkDir};
 use kiln_tests::fixtures::{load_manifest, Fixture};
 use kiln_tests::staticlib::compile_and_run_staticlib;
 use std::sync::Mutex;
@@ -13,7 +16,7 @@ enum Artifact {
     StaticLib,
 }
 
-fn check(f: &Fixture, artifact: Artifact) -> anyhow::Result<()> {
+fn check(f: &Fixture, artifact: Artifact, disabled: &[&str]) -> anyhow::Result<()> {
     let model = f.load()?;
     let mut inputs = f.read_inputs()?;
     let names: Vec<String> = model.graph.input_types().map(|(n, _)| n.to_string()).collect();
@@ -33,10 +36,12 @@ fn check(f: &Fixture, artifact: Artifact) -> anyhow::Result<()> {
         Artifact::Executable => {
             let work = WorkDir::new(&f.name);
             let exe = work.0.join(&f.name);
-            compile_graph(graph, &f.name, kiln_codegen::Emit::Exe, &exe).map_err(anyhow::Error::msg)?;
+            compile_graph_without(graph, &f.name, kiln_codegen::Emit::Exe, &exe, disabled)
+                .map_err(anyhow::Error::msg)?;
             run_executable(&exe, graph, &ordered, &work.0, 2).map_err(anyhow::Error::msg)?
         }
         Artifact::StaticLib => {
+            assert!(disabled.is_empty(), "pass-off variants compile executables only");
             let tensors: Vec<_> = ordered.into_iter().map(|(_, t)| t).collect();
             compile_and_run_staticlib(graph, &f.name, &tensors, 2).map_err(anyhow::Error::msg)?
         }
@@ -51,7 +56,7 @@ fn check(f: &Fixture, artifact: Artifact) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn check_all(artifact: Artifact, label: &str) {
+fn check_all(artifact: Artifact, label: &str, disabled: &[&str]) {
     let fixtures = load_manifest().expect("fixtures/manifest.json");
     assert!(!fixtures.is_empty(), "no fixtures in the manifest");
     let filter = std::env::var("KILN_FIXTURE_FILTER").ok();
@@ -71,7 +76,7 @@ fn check_all(artifact: Artifact, label: &str) {
                     *n - 1
                 };
                 let Some(f) = fixtures.get(i) else { break };
-                match check(f, artifact) {
+                match check(f, artifact, disabled) {
                     Ok(()) => println!("ok   {}", f.name),
                     Err(e) => {
                         println!("FAIL {}: {e:#}", f.name);
@@ -92,10 +97,46 @@ fn check_all(artifact: Artifact, label: &str) {
 
 #[test]
 fn fixtures_compiled_to_executables_match_onnxruntime() {
-    check_all(Artifact::Executable, "compiled fixtures (executables)");
+    check_all(Artifact::Executable, "compiled fixtures (executables)", &[]);
 }
 
 #[test]
 fn fixtures_compiled_to_static_libraries_match_onnxruntime() {
-    check_all(Artifact::StaticLib, "compiled fixtures (static libraries)");
+    check_all(Artifact::StaticLib, "compiled fixtures (static libraries)", &[]);
+}
+
+/// Every fixture compiled to an executable with `pass` disabled. A pass this branch's pipeline
+/// does not have (yet) is skipped with a note, so the test is ready when the pass lands.
+fn check_pass_off(pass: &str) {
+    if !pass_exists(pass) {
+        println!("skipped: no pass '{pass}' in the CPU pipeline");
+        return;
+    }
+    let start = std::time::Instant::now();
+    check_all(
+        Artifact::Executable,
+        &format!("compiled fixtures with '{pass}' off (executables)"),
+        &[pass],
+    );
+    println!("'{pass}' off: {:.1} s", start.elapsed().as_secs_f64());
+}
+
+#[test]
+fn fixtures_with_freeze_off() {
+    check_pass_off("freeze");
+}
+
+#[test]
+fn fixtures_with_channels_last_off() {
+    check_pass_off("channels-last");
+}
+
+#[test]
+fn fixtures_with_bf16_autocast_off() {
+    check_pass_off("bf16-autocast");
+}
+
+#[test]
+fn fixtures_with_fuse_off() {
+    check_pass_off("fuse");
 }

@@ -101,9 +101,14 @@ pub struct Args {
     #[arg(long, value_enum, default_value = "f32")]
     pub precision: PrecisionArg,
 
-    /// Skip an optimizer pass (e.g. fold-batchnorm). May be given several times.
+    /// Skip an optimizer pass (e.g. freeze). May be given several times.
     #[arg(long = "disable-pass", value_name = "PASS")]
     pub disable_pass: Vec<String>,
+
+    /// Print the graph after a pass (or after every pass: `all`) to stderr, or with PASS=FILE
+    /// to a file. May be given several times.
+    #[arg(long = "print-after", value_name = "PASS[=FILE]")]
+    pub print_after: Vec<kiln_optimizer::PrintAfter>,
 
     /// List every kernel (node, operator, implementation) after compiling.
     #[arg(long)]
@@ -138,6 +143,11 @@ pub fn run(args: Args) -> Result<()> {
             anyhow::bail!("--disable-pass {p}: no such pass (passes: {})", known.join(", "));
         }
         passes.disable(p);
+    }
+    for spec in &args.print_after {
+        passes
+            .print_after(spec.clone())
+            .map_err(|e| anyhow::anyhow!("--print-after {}: {e}", spec.pass))?;
     }
     let fusion = !args.disable_pass.iter().any(|p| p == FUSE_PASS);
     passes.run(&mut graph)?;

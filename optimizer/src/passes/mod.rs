@@ -1,3 +1,3 @@
 //! One file per pass.
 
-pub mod fold_batchnorm;
+pub mod freeze;
