@@ -700,3 +700,121 @@ pub fn to_table(r: &Report) -> String {
     out.push_str(&table(&["buffer", "offset", "bytes", "kernels alive"], &rows));
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_codegen::{CompileOptions, Emit, TargetDesc};
+    use kiln_ir::{Binary, DType, Tensor, TensorType, Unary};
+
+    fn find<'a>(r: &'a Report, name: &str) -> &'a NodeInfo {
+        r.nodes
+            .iter()
+            .find(|n| n.name == name)
+            .unwrap_or_else(|| panic!("node {name} not in the report"))
+    }
+
+    /// The optimized graph is written by hand as a pass would leave it, so each way a node can
+    /// disappear is checked without depending on a pass implementation.
+    #[test]
+    fn classifies_what_the_passes_did() {
+        let ty = TensorType::fixed(DType::F32, &[1, 4]);
+        let c = || Tensor::from_vec(vec![1, 4], vec![1f32, 2., 3., 4.]);
+        let add = |g: &mut Graph, n: &str, a, b, o: &str| {
+            g.add(n, Op::Binary(Binary::Add), vec![Some(a), Some(b)], o)
+                .unwrap()
+        };
+
+        let mut g0 = Graph::new("g");
+        let x = g0.add_input("x", ty.clone());
+        let c1 = g0.add_const("c1", c());
+        let c2 = g0.add_const("c2", c());
+        let k = add(&mut g0, "fold", c1, c2, "k");
+        let a = add(&mut g0, "add", x, k, "a");
+        let id = g0.add("id", Op::Identity, vec![Some(a)], "id_out").unwrap();
+        let r1 = g0
+            .add("relu1", Op::Unary(Unary::Relu), vec![Some(id)], "r1")
+            .unwrap();
+        let r2 = g0
+            .add("relu2", Op::Unary(Unary::Relu), vec![Some(id)], "r2")
+            .unwrap();
+        let s = add(&mut g0, "sum", r1, r2, "s");
+        g0.add("dead", Op::Unary(Unary::Neg), vec![Some(x)], "dead_out")
+            .unwrap();
+        let m = g0
+            .add("mul", Op::Binary(Binary::Mul), vec![Some(s), Some(x)], "y_val")
+            .unwrap();
+        g0.add_output("y", m);
+
+        let mut g1 = Graph::new("g");
+        let x = g1.add_input("x", ty);
+        let k = g1.add_const("k", Tensor::from_vec(vec![1, 4], vec![2f32, 4., 6., 8.]));
+        let a = add(&mut g1, "add", x, k, "a");
+        let r1 = g1
+            .add("relu1", Op::Unary(Unary::Relu), vec![Some(a)], "r1")
+            .unwrap();
+        let s = add(&mut g1, "fused_sum", r1, r1, "s2");
+        let m = g1
+            .add(
+                "mul_renamed",
+                Op::Binary(Binary::Mul),
+                vec![Some(s), Some(x)],
+                "y_val",
+            )
+            .unwrap();
+        g1.add_output("y", m);
+
+        let opts = CompileOptions {
+            name: "g".into(),
+            target: TargetDesc::host().unwrap(),
+            emit: Emit::Obj,
+            cc: "cc".into(),
+            fusion: false,
+        };
+        let summary = kiln_codegen::plan_only(&g1, &opts).unwrap();
+        let r = build_report(&Inputs {
+            model_path: Path::new("g.onnx"),
+            name: "g",
+            options: OptionsInfo {
+                layout: "nchw".into(),
+                precision: "f32".into(),
+                disabled_passes: vec![],
+                fusion: false,
+            },
+            original: &g0,
+            optimized: &g1,
+            passes: &[],
+            summary: &summary,
+        });
+        assert_eq!(r.schema, SCHEMA);
+        assert_eq!(r.summary.nodes_before_passes, 8);
+        assert_eq!(r.summary.nodes_after_passes, 4);
+        assert_eq!(r.summary.kernels, 4);
+        assert_eq!(find(&r, "fold").status, "constant");
+        assert_eq!(find(&r, "add").status, "kernel");
+        assert_eq!(find(&r, "add").kernel, Some(0));
+        assert_eq!(find(&r, "id").status, "identity");
+        assert_eq!(find(&r, "id").into.as_deref(), Some("add"));
+        assert_eq!(find(&r, "relu2").status, "cse");
+        assert_eq!(find(&r, "relu2").into.as_deref(), Some("relu1"));
+        assert_eq!(find(&r, "relu2").kernel, Some(1));
+        assert_eq!(find(&r, "dead").status, "dead");
+        assert_eq!(find(&r, "sum").status, "rewritten");
+        assert_eq!(find(&r, "sum").into, None);
+        let mul = find(&r, "mul");
+        assert_eq!(mul.status, "rewritten");
+        assert_eq!(mul.into.as_deref(), Some("mul_renamed"));
+        assert_eq!(mul.kernel, Some(3));
+        assert_eq!(mul.dtype.as_deref(), Some("f32"));
+        // The pass-created node is in a kernel but is not one of the model's.
+        assert!(!r.kernels[2].nodes[0].original);
+        assert!(r.kernels[0].nodes[0].original);
+        assert_eq!(r.summary.node_status.values().sum::<usize>(), 8);
+    }
+
+    #[test]
+    fn table_aligns_columns() {
+        let t = table(&["a", "bb"], &[vec!["xyz".into(), "1".into()]]);
+        assert_eq!(t, "  a    bb\n  xyz  1\n");
+    }
+}
