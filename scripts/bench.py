@@ -13,11 +13,19 @@ For each model of bench-models/ (made by `.venv/bin/python fixtures/make_benchma
      a warm-up; OpenVINO: CPU, INFERENCE_NUM_THREADS=T, latency hint, N runs after a warm-up.
      Each round gives a median; the table shows the median of the rounds' medians.
 
-Prints a markdown table. Usage, from the repository root (the script creates and then uses
+With --variants, each model is also compiled with one pass family off or one option changed
+(VARIANTS below: `--disable-pass freeze|channels-last|fuse`, `--layout nchw|nhwc`, `--precision
+bf16`, bf16 with `--disable-pass bf16-autocast`); every variant runs in the same interleaved
+rounds and a second table shows its kernel count (from `kiln compile --report`), latency and
+the ratio to the default compile, with its output error. Variants this kiln does not accept
+(an option missing from `kiln compile --help`, an unknown pass) are listed as unavailable.
+
+Prints markdown tables. Usage, from the repository root (the script creates and then uses
 .venv-bench with scripts/bench-requirements.txt):
 
     python3 scripts/bench.py [--models resnet50 bert_encoder] [--threads 2] [--runs 10]
                              [--rounds 3] [--json bench.json] [--kiln target/release/kiln]
+                             [--variants [NAME ...]]
 """
 from __future__ import annotations
 
@@ -34,6 +42,17 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV = os.path.join(ROOT, ".venv-bench")
 REQUIREMENTS = os.path.join(ROOT, "scripts", "bench-requirements.txt")
+# name -> extra `kiln compile` flags. Each is compared with the default compile (no flags).
+VARIANTS = {
+    "no-freeze": ["--disable-pass", "freeze"],
+    "no-channels-last": ["--disable-pass", "channels-last"],
+    "no-fuse": ["--disable-pass", "fuse"],
+    "nchw": ["--layout", "nchw"],
+    "nhwc": ["--layout", "nhwc"],
+    "bf16": ["--precision", "bf16"],
+    # What the autocast pass buys at bf16 (without it, bf16 should compile like f32).
+    "bf16-no-autocast": ["--precision", "bf16", "--disable-pass", "bf16-autocast"],
+}
 LATENCY = re.compile(r"latency: median ([0-9.]+) ms, min ([0-9.]+) ms over (\d+) runs, (\d+) threads")
 
 
@@ -70,6 +89,9 @@ def parse_args() -> argparse.Namespace:
                     help="where executables and outputs go (default: %(default)s)")
     ap.add_argument("--no-openvino", action="store_true", help="skip OpenVINO")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    ap.add_argument("--variants", nargs="*", metavar="NAME",
+                    help=f"also compile and time each model with these variants (none named: all of "
+                         f"{', '.join(VARIANTS)})")
     ap.add_argument("--no-venv", action="store_true",
                     help="run with this Python as it is (onnxruntime and openvino already installed)")
     return ap.parse_args()
@@ -84,12 +106,36 @@ def load_manifest(models_dir: str) -> dict:
         return {e["name"]: e for e in json.load(f)}
 
 
-def compile_model(kiln: str, model: str, exe: str) -> float:
+class Unavailable(Exception):
+    """This kiln does not accept a variant's flags."""
+
+
+def compile_flags(kiln: str) -> set[str]:
+    """The long options `kiln compile` accepts."""
+    r = subprocess.run([kiln, "compile", "--help"], capture_output=True, text=True)
+    return set(re.findall(r"(--[a-z][a-z0-9-]*)", r.stdout))
+
+
+def compile_model(kiln: str, model: str, exe: str, flags: list[str] | None = None,
+                  report: str | None = None) -> float:
+    cmd = [kiln, "compile", model, "-o", exe, *(flags or [])]
+    if report:
+        cmd += ["--report", report]
     t0 = time.perf_counter()
-    r = subprocess.run([kiln, "compile", model, "-o", exe], capture_output=True, text=True)
+    r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
+        if "no such pass" in r.stderr:
+            raise Unavailable(r.stderr.strip().splitlines()[-1])
         raise RuntimeError(f"kiln compile failed:\n{r.stderr.strip()}")
     return time.perf_counter() - t0
+
+
+def kernel_count(report: str | None) -> int | None:
+    if not report or not os.path.exists(report):
+        return None
+    with open(report) as f:
+        r = json.load(f)
+    return r.get("summary", {}).get("kernels")
 
 
 def kiln_round(exe: str, inputs: dict, runs: int, threads: int, output_dir: str | None = None) -> float:
@@ -142,7 +188,26 @@ def sanitize(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", name)
 
 
-def bench_model(args, entry: dict) -> dict:
+def output_error(entry: dict, mdir: str, out_dir: str, ort_out: dict) -> tuple[float, float]:
+    """Max |diff| and the smallest cosine similarity of kiln's outputs against the reference."""
+    import numpy as np
+
+    diff, cosine = 0.0, 1.0
+    for out, ref in ort_out.items():
+        expected = entry.get("outputs", {}).get(out)
+        ref = np.load(os.path.join(mdir, expected)) if expected else ref
+        got = np.load(os.path.join(out_dir, sanitize(out) + ".npy"))
+        if got.shape != ref.shape:
+            raise RuntimeError(f"output '{out}': kiln gives shape {got.shape}, expected {ref.shape}")
+        if got.size:
+            g, r = got.astype(np.float64).ravel(), ref.astype(np.float64).ravel()
+            diff = max(diff, float(np.max(np.abs(g - r))))
+            norm = float(np.linalg.norm(g) * np.linalg.norm(r))
+            cosine = min(cosine, float(g @ r / norm) if norm else float(np.array_equal(g, r)))
+    return diff, cosine
+
+
+def bench_model(args, entry: dict, flags: set[str]) -> dict:
     import numpy as np
 
     name = entry["name"]
@@ -154,7 +219,29 @@ def bench_model(args, entry: dict) -> dict:
     out_dir = os.path.join(args.out_dir, f"{name}.out")
     res = {"model": name, "threads": args.threads, "runs": args.runs, "rounds": args.rounds}
 
-    res["compile_s"] = compile_model(args.kiln, model, exe)
+    report = exe + ".report.json" if "--report" in flags else None
+    res["compile_s"] = compile_model(args.kiln, model, exe, report=report)
+    res["kernels"] = kernel_count(report)
+
+    # Variants: compiled up front, timed in the same rounds as the default.
+    variants = []
+    for v in args.variants or []:
+        vflags = VARIANTS[v]
+        var = {"variant": v, "flags": " ".join(vflags), "exe": f"{exe}.{v}", "out_dir": f"{exe}.{v}.out"}
+        missing = [f for f in vflags if f.startswith("--") and f not in flags]
+        try:
+            if missing:
+                raise Unavailable(f"kiln compile has no {', '.join(missing)}")
+            vreport = f"{exe}.{v}.report.json" if report else None
+            var["compile_s"] = compile_model(args.kiln, model, var["exe"], vflags, vreport)
+            var["kernels"] = kernel_count(vreport)
+        except Unavailable as e:
+            var["unavailable"] = str(e)
+        except RuntimeError as e:
+            var["error"] = str(e)
+        variants.append(var)
+    timed_variants = [v for v in variants if "compile_s" in v]
+
     sess = ort_session(model, args.threads)
     ort_out = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
     ov_req = None
@@ -166,24 +253,40 @@ def bench_model(args, entry: dict) -> dict:
 
     times = {"kiln": [], "ort": [], "openvino": []}
     for rnd in range(args.rounds):
-        times["kiln"].append(kiln_round(exe, inputs, args.runs, args.threads, out_dir if rnd == 0 else None))
+        # The kiln executables start in a different order each round, so no variant always
+        # runs first (cold caches) or right after a slow one.
+        order = [None, *timed_variants]
+        shift = rnd % len(order)
+        for v in order[shift:] + order[:shift]:
+            if v is None:
+                times["kiln"].append(kiln_round(exe, inputs, args.runs, args.threads, out_dir if rnd == 0 else None))
+                continue
+            if "error" in v:
+                continue
+            try:
+                t = kiln_round(v["exe"], inputs, args.runs, args.threads, v["out_dir"] if rnd == 0 else None)
+                v.setdefault("round_ms", []).append(t)
+            except RuntimeError as e:
+                v["error"] = str(e)
         times["ort"].append(timed(lambda: sess.run(None, feeds), args.runs))
         if ov_req is not None:
             times["openvino"].append(timed(lambda: ov_req.infer(feeds), args.runs))
 
-    diff = 0.0
-    for out, ref in ort_out.items():
-        expected = entry.get("outputs", {}).get(out)
-        ref = np.load(os.path.join(mdir, expected)) if expected else ref
-        got = np.load(os.path.join(out_dir, sanitize(out) + ".npy"))
-        if got.shape != ref.shape:
-            raise RuntimeError(f"output '{out}': kiln gives shape {got.shape}, expected {ref.shape}")
-        if got.size:
-            diff = max(diff, float(np.max(np.abs(got.astype(np.float64) - ref.astype(np.float64)))))
-    res["max_abs_diff"] = diff
+    res["max_abs_diff"], res["cosine"] = output_error(entry, mdir, out_dir, ort_out)
     for k, v in times.items():
         res[f"{k}_ms"] = statistics.median(v) if v else None
         res[f"{k}_round_ms"] = v
+    for v in timed_variants:
+        if "error" in v:
+            continue
+        v["ms"] = statistics.median(v["round_ms"])
+        v["vs_default"] = v["ms"] / res["kiln_ms"] if res["kiln_ms"] else None
+        try:
+            v["max_abs_diff"], v["cosine"] = output_error(entry, mdir, v["out_dir"], ort_out)
+        except Exception as e:
+            v["error"] = f"output check: {e}"
+    if args.variants is not None:
+        res["variants"] = [{k: x for k, x in v.items() if k not in ("exe", "out_dir")} for v in variants]
     return res
 
 
@@ -193,6 +296,27 @@ def fmt(x, spec: str) -> str:
 
 def ratio(a, b) -> str:
     return "n/a" if a is None or b is None or b == 0 else f"{a / b:.2f}"
+
+
+def print_variants(results: list) -> None:
+    print("\nPass families and options: each variant against the default compile (same rounds)\n")
+    print("| model | variant | flags | kernels | kiln ms | vs default | max abs diff | cosine |")
+    print("|---|---|---|---:|---:|---:|---:|---:|")
+    for r in results:
+        if "error" in r:
+            continue
+        print(f"| {r['model']} | default | | {fmt(r.get('kernels'), 'd')} | {r['kiln_ms']:.3f} | 1.00 | "
+              f"{r['max_abs_diff']:.2e} | {r['cosine']:.6f} |")
+        for v in r.get("variants", []):
+            head = f"| {r['model']} | {v['variant']} | `{v['flags']}` |"
+            if "unavailable" in v:
+                print(f"{head} n/a | unavailable: {v['unavailable']} | | | |")
+            elif "error" in v:
+                msg = v["error"].splitlines()[-1][:120].replace("|", "\\|")
+                print(f"{head} {fmt(v.get('kernels'), 'd')} | failed: {msg} | | | |")
+            else:
+                print(f"{head} {fmt(v.get('kernels'), 'd')} | {v['ms']:.3f} | {fmt(v['vs_default'], '.2f')} | "
+                      f"{v['max_abs_diff']:.2e} | {v['cosine']:.6f} |")
 
 
 def main() -> int:
@@ -207,11 +331,17 @@ def main() -> int:
     if not os.path.exists(args.kiln):
         sys.exit(f"error: {args.kiln} not found: build it with `cargo build --release -p kiln-cli`")
     os.makedirs(args.out_dir, exist_ok=True)
+    if args.variants is not None:
+        unknown = [v for v in args.variants if v not in VARIANTS]
+        if unknown:
+            sys.exit(f"error: unknown variant(s) {', '.join(unknown)} (known: {', '.join(VARIANTS)})")
+        args.variants = args.variants or list(VARIANTS)
+    flags = compile_flags(args.kiln)
 
     results, failures = [], 0
     for n in names:
         try:
-            r = bench_model(args, manifest[n])
+            r = bench_model(args, manifest[n], flags)
         except Exception as e:
             print(f"{n}: {e}", file=sys.stderr)
             failures += 1
@@ -231,6 +361,8 @@ def main() -> int:
         print(f"| {r['model']} | {r['kiln_ms']:.3f} | {r['ort_ms']:.3f} | {fmt(r['openvino_ms'], '.3f')} | "
               f"{ratio(r['kiln_ms'], r['ort_ms'])} | {ratio(r['kiln_ms'], r['openvino_ms'])} | "
               f"{r['compile_s']:.1f} | {r['max_abs_diff']:.2e} |")
+    if args.variants:
+        print_variants(results)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

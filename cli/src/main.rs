@@ -26,6 +26,9 @@ enum Command {
     Compile(commands::compile::Args),
     /// Run a model on input files and write or show its outputs.
     Run(commands::run::Args),
+    /// Show where every node of a model goes when compiled (kernels, fusion, layout, dtype,
+    /// memory plan, CPU features) without generating code. Takes the `compile` options.
+    Explain(commands::explain::Args),
 }
 
 fn main() -> ExitCode {
@@ -34,6 +37,7 @@ fn main() -> ExitCode {
         Command::Inspect(args) => commands::inspect::run(args),
         Command::Compile(args) => commands::compile::run(args),
         Command::Run(args) => commands::run::run(args),
+        Command::Explain(args) => commands::explain::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

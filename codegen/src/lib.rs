@@ -12,6 +12,7 @@ pub mod header;
 pub mod llvm;
 pub mod node;
 pub mod plan;
+pub mod report;
 pub mod target;
 pub mod uk;
 
@@ -80,6 +81,17 @@ pub struct Summary {
     pub target: String,
     /// One line per kernel: node name, operator, implementation.
     pub kernel_lines: Vec<String>,
+    /// The planner's decisions in detail (kernels, nodes, memory, target).
+    pub report: report::PlanReport,
+}
+
+/// Plans `graph` (kernel selection and memory) without generating code: what [`compile`] would
+/// build, for reports. Cheap next to the LLVM pipeline.
+pub fn plan_only(graph: &Graph, opts: &CompileOptions) -> Result<Summary> {
+    let lowered = control::lower_control_flow(graph)?;
+    let graph = lowered.as_ref().unwrap_or(graph);
+    let plan = plan::build(graph, &opts.target, opts.fusion)?;
+    Ok(summarize(graph, &plan, &opts.target, vec![]))
 }
 
 /// Compiles `graph` and writes the artifact at `out` (for a static library, `out` is the
@@ -178,19 +190,23 @@ pub fn compile(
             files.push(h);
         }
     }
+    Ok(summarize(graph, &plan, &opts.target, files))
+}
+
+fn summarize(graph: &Graph, plan: &plan::Plan, target: &TargetDesc, files: Vec<PathBuf>) -> Summary {
     let generated_kernels = plan
         .kernels
         .iter()
         .filter(|k| matches!(k.imp, plan::KernelImpl::Generated(_)))
         .count();
-    Ok(Summary {
+    Summary {
         files,
         kernels: plan.kernels.len(),
         generated_kernels,
         weights_bytes: plan.weights.len() as u64,
         arena_bytes: plan.arena_bytes,
         thread_scratch_bytes: plan.thread_scratch_bytes,
-        target: opts.target.describe(),
+        target: target.describe(),
         kernel_lines: plan
             .kernels
             .iter()
@@ -204,7 +220,8 @@ pub fn compile(
                 format!("{} ({}{with}): {}", k.node_name, k.op_name, k.describe())
             })
             .collect(),
-    })
+        report: report::build(graph, plan, target),
+    }
 }
 
 fn truncate(s: &str, n: usize) -> &str {

@@ -77,6 +77,28 @@ pub struct Plan {
     pub weights: Vec<u8>,
     pub arena_bytes: u64,
     pub thread_scratch_bytes: u64,
+    /// Every arena buffer with its placement and lifetime, for reports.
+    pub buffers: Vec<ArenaBuffer>,
+}
+
+/// What an arena buffer holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BufferOwner {
+    /// A kernel output (views of it share the bytes).
+    Value(ValueId),
+    /// The shared scratch of kernel `k`.
+    Scratch(usize),
+}
+
+/// One arena buffer: bytes [offset, offset + size), alive from kernel `first` to kernel `last`
+/// (inclusive; `last == kernels.len()` means until the final copy into an output buffer).
+#[derive(Clone, Debug)]
+pub struct ArenaBuffer {
+    pub owner: BufferOwner,
+    pub offset: u64,
+    pub size: u64,
+    pub first: usize,
+    pub last: usize,
 }
 
 impl Plan {
@@ -88,7 +110,7 @@ impl Plan {
     }
 }
 
-fn is_view(op: &Op) -> bool {
+pub(crate) fn is_view(op: &Op) -> bool {
     matches!(
         op,
         Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze | Op::Unsqueeze | Op::Identity
@@ -121,7 +143,7 @@ fn push_weights(weights: &mut Vec<u8>, bytes: &[u8]) -> u64 {
 }
 
 /// Which values the graph outputs depend on: nodes outside this set are dead.
-fn live_nodes(graph: &Graph) -> Vec<bool> {
+pub(crate) fn live_nodes(graph: &Graph) -> Vec<bool> {
     let mut live = vec![false; graph.len()];
     for o in graph.outputs() {
         live[o.value.node.index()] = true;
@@ -292,7 +314,7 @@ pub fn build(graph: &Graph, target: &TargetDesc, fusion: bool) -> Result<Plan> {
         }
     }
 
-    let (arena_bytes, thread_scratch_bytes) =
+    let (arena_bytes, thread_scratch_bytes, buffers) =
         plan_arena(graph, &mut kernels, &mut storage, &kernel_outputs, &copy_later)?;
     for &(_, v) in &copy_later {
         let v = known_root(graph, v);
@@ -319,6 +341,7 @@ pub fn build(graph: &Graph, target: &TargetDesc, fusion: bool) -> Result<Plan> {
         weights,
         arena_bytes,
         thread_scratch_bytes,
+        buffers,
     })
 }
 
@@ -382,14 +405,14 @@ fn select(info: &NodeInfo, target: &TargetDesc) -> Result<KernelImpl> {
 }
 
 /// Assigns arena offsets to kernel outputs (and views of them) and kernel scratch by lifetime.
-/// Returns the arena size and the per-thread scratch size.
+/// Returns the arena size, the per-thread scratch size and the placed buffers.
 fn plan_arena(
     graph: &Graph,
     kernels: &mut [Kernel],
     storage: &mut HashMap<ValueId, Storage>,
     kernel_outputs: &HashMap<ValueId, usize>,
     copy_later: &[(usize, ValueId)],
-) -> Result<(u64, u64)> {
+) -> Result<(u64, u64, Vec<ArenaBuffer>)> {
     // Views alias their source: resolve every value to the kernel output that owns its bytes.
     let mut root: HashMap<ValueId, ValueId> = HashMap::new();
     for id in graph.node_ids() {
@@ -408,12 +431,9 @@ fn plan_arena(
         size: u64,
         first: usize,
         last: usize,
-        owner: Owner,
+        owner: BufferOwner,
     }
-    enum Owner {
-        Value(ValueId),
-        Scratch(usize),
-    }
+    use BufferOwner as Owner;
     let mut bufs: Vec<Buf> = vec![];
     let mut index: HashMap<ValueId, usize> = HashMap::new();
     let mut thread_scratch = 0u64;
@@ -492,6 +512,7 @@ fn plan_arena(
         placed.push((off, buf.size, buf.first, buf.last));
         arena = arena.max(off + buf.size);
     }
+    let mut placed_bufs = Vec::with_capacity(bufs.len());
     for (b, buf) in bufs.iter().enumerate() {
         match buf.owner {
             Owner::Value(v) => {
@@ -499,6 +520,13 @@ fn plan_arena(
             }
             Owner::Scratch(k) => kernels[k].scratch = Some(offsets[b]),
         }
+        placed_bufs.push(ArenaBuffer {
+            owner: buf.owner,
+            offset: offsets[b],
+            size: buf.size,
+            first: buf.first,
+            last: buf.last,
+        });
     }
     // Views take their root's storage.
     for (v, r) in &root {
@@ -506,5 +534,5 @@ fn plan_arena(
             storage.entry(*v).or_insert(s);
         }
     }
-    Ok((arena, thread_scratch))
+    Ok((arena, thread_scratch, placed_bufs))
 }

@@ -113,9 +113,27 @@ pub struct Args {
     /// List every kernel (node, operator, implementation) after compiling.
     #[arg(long)]
     pub list_kernels: bool,
+
+    /// Write a JSON report (schema kiln.report/1, docs/report.md): every node's kernel,
+    /// layout and dtype, fusion groups, what the passes removed, the memory plan, the target.
+    #[arg(long, value_name = "FILE.json")]
+    pub report: Option<PathBuf>,
+}
+
+/// What `build` does after planning: generate code, or only explain the plan (`kiln explain`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Compile,
+    ExplainTable,
+    ExplainJson,
 }
 
 pub fn run(args: Args) -> Result<()> {
+    build(args, Mode::Compile)
+}
+
+pub fn build(args: Args, mode: Mode) -> Result<()> {
+    let explain = mode != Mode::Compile;
     let start = Instant::now();
     let mut progress = Bars::new(args.quiet);
     progress.phase("import");
@@ -150,7 +168,9 @@ pub fn run(args: Args) -> Result<()> {
             .map_err(|e| anyhow::anyhow!("--print-after {}: {e}", spec.pass))?;
     }
     let fusion = !args.disable_pass.iter().any(|p| p == FUSE_PASS);
-    passes.run(&mut graph)?;
+    // The report compares the imported graph with the optimized one.
+    let original = (explain || args.report.is_some()).then(|| graph.clone());
+    let pass_stats = passes.run(&mut graph)?;
     let target = TargetDesc::select(args.target_triple.as_deref(), args.cpu.as_deref())?;
     let stem = args
         .model
@@ -188,7 +208,7 @@ pub fn run(args: Args) -> Result<()> {
         Emit::LlvmIr => PathBuf::from(format!("{ident}.ll")),
         Emit::Asm => PathBuf::from(format!("{ident}.s")),
     });
-    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty() && !explain) {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
@@ -199,9 +219,41 @@ pub fn run(args: Args) -> Result<()> {
         cc,
         fusion,
     };
-    let summary = kiln_codegen::compile(&graph, &copts, &out, &mut progress)
-        .with_context(|| format!("{}", args.model.model.display()))?;
+    let summary = if explain {
+        kiln_codegen::plan_only(&graph, &copts)
+    } else {
+        kiln_codegen::compile(&graph, &copts, &out, &mut progress)
+    }
+    .with_context(|| format!("{}", args.model.model.display()))?;
     progress.finish();
+    if let Some(original) = &original {
+        let popts = pipeline_options(args.layout, args.precision);
+        let report = crate::commands::explain::build_report(&crate::commands::explain::Inputs {
+            model_path: &args.model.model,
+            name: &name,
+            options: crate::commands::explain::OptionsInfo {
+                layout: format!("{:?}", popts.layout).to_lowercase(),
+                precision: format!("{:?}", popts.precision).to_lowercase(),
+                disabled_passes: args.disable_pass.clone(),
+                fusion,
+            },
+            original,
+            optimized: &graph,
+            passes: &pass_stats,
+            summary: &summary,
+        });
+        if let Some(path) = &args.report {
+            crate::commands::explain::write_json(&report, path)?;
+        }
+        match mode {
+            Mode::ExplainTable => crate::emit(&crate::commands::explain::to_table(&report)),
+            Mode::ExplainJson => crate::emit(&crate::commands::explain::to_json(&report)),
+            Mode::Compile => {}
+        }
+    }
+    if explain {
+        return Ok(());
+    }
     if !args.quiet {
         let files: Vec<String> = summary.files.iter().map(|f| f.display().to_string()).collect();
         eprintln!(
@@ -228,7 +280,7 @@ pub fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
-fn bytes(n: u64) -> String {
+pub fn bytes(n: u64) -> String {
     match n {
         n if n >= 1 << 20 => format!("{:.1} MiB", n as f64 / (1u64 << 20) as f64),
         n if n >= 1 << 10 => format!("{:.1} KiB", n as f64 / 1024.0),

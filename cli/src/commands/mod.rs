@@ -1,3 +1,4 @@
 pub mod compile;
+pub mod explain;
 pub mod inspect;
 pub mod run;

@@ -1,0 +1,259 @@
+//! What the planner decided, in plain data: kernels and the nodes each implements, what became
+//! of every node of the planned graph, the arena buffers with their lifetimes, and what the
+//! target is assumed to have. `kiln compile --report` and `kiln explain` are built from it.
+
+use crate::plan::{self, BufferOwner, KernelImpl, Plan, Storage};
+use crate::target::{Isa, TargetDesc};
+use kiln_ir::{Graph, Layout, NodeId, Op, TensorType, ValueId};
+use std::collections::HashMap;
+
+/// A value's type as reports show it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ValueInfo {
+    pub name: String,
+    pub dtype: String,
+    /// Fixed extents; symbolic dimensions are shown by name.
+    pub shape: Vec<String>,
+    /// `row-major` or `channels-last`.
+    pub layout: &'static str,
+}
+
+impl ValueInfo {
+    pub fn new(name: &str, ty: &TensorType) -> ValueInfo {
+        ValueInfo {
+            name: name.to_string(),
+            dtype: ty.dtype.to_string(),
+            shape: ty.shape.iter().map(|d| d.to_string()).collect(),
+            layout: layout_name(ty.layout),
+        }
+    }
+}
+
+pub fn layout_name(l: Layout) -> &'static str {
+    match l {
+        Layout::RowMajor => "row-major",
+        Layout::ChannelsLast => "channels-last",
+    }
+}
+
+/// One kernel of the plan, in execution order.
+#[derive(Clone, Debug)]
+pub struct KernelReport {
+    /// Generated kernel description, or the `kiln_uk_*` symbol of a kernel-library call.
+    pub implementation: String,
+    /// Generated (LLVM IR emitted for this model) or from the kernel library.
+    pub generated: bool,
+    /// The nodes it implements: the anchor first, then the nodes fused into it, as (name, op).
+    pub nodes: Vec<(String, &'static str)>,
+    pub inputs: Vec<ValueInfo>,
+    pub outputs: Vec<ValueInfo>,
+    /// Arena offset of the kernel's shared scratch.
+    pub scratch_offset: Option<u64>,
+}
+
+/// What became of one node of the planned graph.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NodeFate {
+    /// A graph input.
+    Input,
+    /// Implemented by kernel `kernel`; `fused` when it is not the kernel's anchor node.
+    Kernel { kernel: usize, fused: bool },
+    /// Its value is known at compile time (a constant, or folded shape arithmetic): stored in
+    /// the weights blob when something reads it, no kernel runs.
+    Constant,
+    /// A view (Reshape, Flatten, Squeeze, Unsqueeze, Identity): shares the bytes of `of`.
+    View { of: String },
+    /// No graph output depends on it: not compiled.
+    Dead,
+}
+
+/// One node of the planned graph (after optimizer passes and control-flow lowering).
+#[derive(Clone, Debug)]
+pub struct NodeReport {
+    pub name: String,
+    pub op: &'static str,
+    pub fate: NodeFate,
+    /// Type of the node's first output (None for nodes without outputs).
+    pub output: Option<ValueInfo>,
+}
+
+/// Where an arena buffer's bytes are and when they are alive (kernel indices, inclusive).
+#[derive(Clone, Debug)]
+pub struct BufferReport {
+    /// The value's name, or None for a kernel's scratch.
+    pub value: Option<String>,
+    /// For scratch: the kernel that uses it.
+    pub scratch_of: Option<usize>,
+    pub offset: u64,
+    pub size: u64,
+    pub first: usize,
+    /// `kernels.len()` means alive until the final copies into output buffers.
+    pub last: usize,
+}
+
+/// A graph output and where its bytes come from.
+#[derive(Clone, Debug)]
+pub struct OutputReport {
+    pub name: String,
+    /// `kernel` (written in place by the kernel producing it) or `copy` (copied at the end of a
+    /// run from an input, a constant, a view or another output).
+    pub written_by: &'static str,
+}
+
+#[derive(Clone, Debug)]
+pub struct TargetReport {
+    pub triple: String,
+    pub cpu: String,
+    /// The LLVM feature string given explicitly (empty: the CPU's defaults).
+    pub llvm_features: String,
+    /// The widest vector instruction set the kernels use: `portable`, `avx2`, `avx512`.
+    pub isa: &'static str,
+    /// CPU features the artifact checks for at start-up.
+    pub required_cpu_features: Vec<&'static str>,
+    pub avx512_bf16: bool,
+}
+
+/// The planner's decisions.
+#[derive(Clone, Debug)]
+pub struct PlanReport {
+    pub kernels: Vec<KernelReport>,
+    /// Every node of the planned graph, in graph order.
+    pub nodes: Vec<NodeReport>,
+    pub buffers: Vec<BufferReport>,
+    pub outputs: Vec<OutputReport>,
+    pub target: TargetReport,
+}
+
+pub fn target_report(t: &TargetDesc) -> TargetReport {
+    TargetReport {
+        triple: t.triple.clone(),
+        cpu: t.cpu.clone(),
+        llvm_features: t.features.clone(),
+        isa: match t.isa {
+            Isa::Portable => "portable",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+        },
+        required_cpu_features: t.required_cpu_features(),
+        avx512_bf16: t.has_avx512_bf16,
+    }
+}
+
+fn value_info(graph: &Graph, v: ValueId) -> ValueInfo {
+    ValueInfo::new(graph.value_name(v), graph.value_type(v))
+}
+
+pub fn build(graph: &Graph, plan: &Plan, target: &TargetDesc) -> PlanReport {
+    let mut kernel_of: HashMap<NodeId, (usize, bool)> = HashMap::new();
+    let kernels = plan
+        .kernels
+        .iter()
+        .enumerate()
+        .map(|(k, kern)| {
+            kernel_of.insert(kern.node, (k, false));
+            for &n in &kern.fused {
+                kernel_of.insert(n, (k, true));
+            }
+            let mut nodes = vec![(kern.node_name.clone(), kern.op_name)];
+            nodes.extend(kern.fused.iter().map(|&n| {
+                let node = graph.node(n);
+                (node.name.clone(), node.op.name())
+            }));
+            // A fused kernel's residual (`extra`) is already one of its inputs.
+            let inputs: Vec<ValueInfo> = kern
+                .inputs
+                .iter()
+                .flatten()
+                .map(|&v| value_info(graph, v))
+                .collect();
+            KernelReport {
+                implementation: kern.describe(),
+                generated: matches!(kern.imp, KernelImpl::Generated(_)),
+                nodes,
+                inputs,
+                outputs: kern.outputs.iter().map(|&v| value_info(graph, v)).collect(),
+                scratch_offset: kern.scratch,
+            }
+        })
+        .collect();
+
+    let live = plan::live_nodes(graph);
+    let nodes = graph
+        .node_ids()
+        .map(|id| {
+            let node = graph.node(id);
+            let n_out = node.outputs.len() as u32;
+            let fate = if let Some(&(kernel, fused)) = kernel_of.get(&id) {
+                NodeFate::Kernel { kernel, fused }
+            } else if matches!(node.op, Op::Input) {
+                NodeFate::Input
+            } else if !live[id.index()] {
+                NodeFate::Dead
+            } else if (0..n_out).all(|o| graph.known_value(id.out(o)).is_some()) {
+                NodeFate::Constant
+            } else if let Some(src) = node
+                .inputs
+                .first()
+                .copied()
+                .flatten()
+                .filter(|_| plan::is_view(&node.op))
+            {
+                NodeFate::View {
+                    of: graph.value_name(src).to_string(),
+                }
+            } else {
+                // The planner compiles every live node that is not known or a view; anything
+                // else would have been an error. Constant sources end up here too.
+                NodeFate::Constant
+            };
+            NodeReport {
+                name: node.name.clone(),
+                op: node.op.name(),
+                fate,
+                output: (n_out > 0).then(|| value_info(graph, id.out(0))),
+            }
+        })
+        .collect();
+
+    let buffers = plan
+        .buffers
+        .iter()
+        .map(|b| BufferReport {
+            value: match b.owner {
+                BufferOwner::Value(v) => Some(graph.value_name(v).to_string()),
+                BufferOwner::Scratch(_) => None,
+            },
+            scratch_of: match b.owner {
+                BufferOwner::Value(_) => None,
+                BufferOwner::Scratch(k) => Some(k),
+            },
+            offset: b.offset,
+            size: b.size,
+            first: b.first,
+            last: b.last,
+        })
+        .collect();
+
+    let copied: Vec<usize> = plan.output_copies.iter().map(|c| c.output).collect();
+    let outputs = graph
+        .outputs()
+        .iter()
+        .enumerate()
+        .map(|(j, o)| OutputReport {
+            name: o.name.clone(),
+            written_by: if !copied.contains(&j) && plan.storage.get(&o.value) == Some(&Storage::Output(j)) {
+                "kernel"
+            } else {
+                "copy"
+            },
+        })
+        .collect();
+
+    PlanReport {
+        kernels,
+        nodes,
+        buffers,
+        outputs,
+        target: target_report(target),
+    }
+}
