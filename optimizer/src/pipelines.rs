@@ -33,5 +33,7 @@ pub struct PipelineOptions {
 
 /// The CPU pipeline.
 pub fn cpu(_opts: &PipelineOptions) -> PassManager {
-    PassManager::new().with(passes::fold_batchnorm::FoldBatchNorm)
+    PassManager::new()
+        .with(passes::fold_batchnorm::FoldBatchNorm)
+        .with(passes::fuse::Fuse)
 }
