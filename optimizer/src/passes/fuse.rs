@@ -619,7 +619,10 @@ impl<'g> Cx<'g> {
             let ms = mt.fixed_shape()?;
             let full = [b, h, sq, skv];
             if mt.dtype != DType::F32
+                || ms.is_empty()
                 || ms.len() > 4
+                // Attention masks keys past a shorter mask instead of broadcasting it.
+                || ms[ms.len() - 1] != skv
                 || ms
                     .iter()
                     .rev()
