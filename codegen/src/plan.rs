@@ -463,6 +463,7 @@ fn plan_arena(
             }
         }
         if let KernelImpl::Ukernel(c) = &kern.imp {
+            thread_scratch = thread_scratch.max(align(c.thread_scratch_bytes));
             if c.scratch_bytes > 0 {
                 bufs.push(Buf {
                     size: align(c.scratch_bytes),

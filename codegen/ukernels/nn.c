@@ -10,6 +10,7 @@
  * fewer are padded with leading unit axes so that one loop nest serves 1-D to 3-D.
  */
 #include "kiln_uk.h"
+#include "kiln_math.h"
 
 #include <float.h>
 
@@ -1111,5 +1112,193 @@ int32_t kiln_uk_attention(const kiln_uk_args *a) {
   j.work = carve(&cur, j.B * j.Hq * (j.T + j.Dk + j.Dv) * 8);
   kiln_rt_parallel_for(a->ctx, attn_kv_task, &j, j.B * j.Hkv);
   kiln_rt_parallel_for(a->ctx, attn_task, &j, j.B * j.Hq);
+  return KILN_UK_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Attention, f32 fast path: no KV cache, softcap, sliding window, QK output or nonpad lengths
+ * (the lowering picks kiln_uk_attention for those), f32 Q/K/V, mask none, bool or f32.
+ *
+ * iattr: 0 three_d, 1 B, 2 Hq, 3 Hkv, 4 Sq, 5 T, 6 Dk, 7 Dv, 8 is_causal, 9 mask kind (0 none,
+ *        1 bool, 2 f32), 10-13 mask shape padded to 4-D, 14 query rows per task, 15 T padded
+ *        to a multiple of AF_NC.
+ * fattr: 0 scale.
+ * in: Q, K, V ([B, H, S, D], or [B, S, H*D] when three_d), attn_mask?. out: Y.
+ * thread scratch: Kᵀ [Dk, Tp] and the scores of a row block [rows, Tp], f32.
+ *
+ * One task per (batch, head, block of query rows): the block's scores against every key live
+ * in the thread's scratch, so the [Sq, T] matrix of all heads is never stored. Scores are
+ * Q·Kᵀ·scale (the operator scales Q and K by sqrt(scale) each; the results differ by
+ * rounding), accumulated in f32 by 4x16 register tiles written with vector types.
+ * ------------------------------------------------------------------------------------------- */
+
+#define AF_NC 16
+typedef float af_v8 __attribute__((vector_size(32), aligned(4)));
+
+typedef struct {
+  const kiln_uk_args *a;
+  int64_t three_d, B, Hq, Hkv, Sq, T, Dk, Dv, causal, mask_kind, mstr[4], mlen, rows, Tp, blocks;
+  float scale;
+} af_job;
+
+/* Macros, not functions: vector arguments would change the ABI of a non-inlined helper. */
+#define af_load(p) (*(const af_v8 *)(p))
+#define af_store(p, v) (*(af_v8 *)(p) = (v))
+
+/* sc[r][j0..j0+16] = scale * sum_d q_r[d] * kt[d][j0..] for nr (1 or 4) rows. */
+static void af_scores_tile(const float *const *q, int nr, const float *kt, int64_t Tp, int64_t Dk, int64_t j0,
+                           float *sc, float scale) {
+  af_v8 acc[4][2] = {{{0}}};
+  for (int64_t d = 0; d < Dk; d++) {
+    af_v8 k0 = af_load(kt + d * Tp + j0), k1 = af_load(kt + d * Tp + j0 + 8);
+    for (int r = 0; r < 4; r++) {
+      if (r < nr) {
+        float qs = q[r][d];
+        acc[r][0] += k0 * qs;
+        acc[r][1] += k1 * qs;
+      }
+    }
+  }
+  for (int r = 0; r < nr; r++) {
+    af_store(sc + r * Tp + j0, acc[r][0] * scale);
+    af_store(sc + r * Tp + j0 + 8, acc[r][1] * scale);
+  }
+}
+
+/* y_r[d0..d0+16] = sum_j p_r[j] * v_j[d0..] for nr (1 or 4) rows. */
+static void af_out_tile(const float *p, int nr, int64_t Tp, const float *v, int64_t vstride, int64_t T, int64_t d0,
+                        float *const *y) {
+  af_v8 acc[4][2] = {{{0}}};
+  for (int64_t j = 0; j < T; j++) {
+    af_v8 v0 = af_load(v + j * vstride + d0), v1 = af_load(v + j * vstride + d0 + 8);
+    for (int r = 0; r < 4; r++) {
+      if (r < nr) {
+        float ps = p[r * Tp + j];
+        acc[r][0] += v0 * ps;
+        acc[r][1] += v1 * ps;
+      }
+    }
+  }
+  for (int r = 0; r < nr; r++) {
+    af_store(y[r] + d0, acc[r][0]);
+    af_store(y[r] + d0 + 8, acc[r][1]);
+  }
+}
+
+static void af_task(void *data, int64_t task, int64_t tid) {
+  const af_job *j = data;
+  const kiln_uk_args *a = j->a;
+  int64_t bh = task / j->blocks, i0 = (task % j->blocks) * j->rows;
+  int64_t b = bh / j->Hq, h = bh % j->Hq, hk = h / (j->Hq / j->Hkv);
+  int64_t nrows = imin(j->rows, j->Sq - i0), T = j->T, Tp = j->Tp, Dk = j->Dk, Dv = j->Dv;
+  const float *Q = a->in[0].data, *K = a->in[1].data, *V = a->in[2].data;
+  float *Y = a->out[0].data;
+  int64_t qs, ks, vs, ys;
+  const float *q0, *k0, *v0;
+  float *y0;
+  if (j->three_d) {
+    qs = j->Hq * Dk, ks = j->Hkv * Dk, vs = j->Hkv * Dv, ys = j->Hq * Dv;
+    q0 = Q + b * j->Sq * qs + h * Dk;
+    k0 = K + b * T * ks + hk * Dk;
+    v0 = V + b * T * vs + hk * Dv;
+    y0 = Y + b * j->Sq * ys + h * Dv;
+  } else {
+    qs = Dk, ks = Dk, vs = Dv, ys = Dv;
+    q0 = Q + bh * j->Sq * Dk;
+    k0 = K + (b * j->Hkv + hk) * T * Dk;
+    v0 = V + (b * j->Hkv + hk) * T * Dv;
+    y0 = Y + bh * j->Sq * Dv;
+  }
+  float *kt = kiln_rt_thread_scratch(a->ctx, tid);
+  float *sc = kt + Dk * Tp;
+  for (int64_t t = 0; t < T; t++)
+    for (int64_t d = 0; d < Dk; d++) kt[d * Tp + t] = k0[t * ks + d];
+  for (int64_t d = 0; d < Dk; d++)
+    for (int64_t t = T; t < Tp; t++) kt[d * Tp + t] = 0;
+  /* Scores. */
+  for (int64_t r = 0; r < nrows;) {
+    int nr = nrows - r >= 4 ? 4 : 1;
+    const float *qr[4];
+    for (int k = 0; k < 4; k++) qr[k] = q0 + (i0 + r + (k < nr ? k : 0)) * qs;
+    for (int64_t jj = 0; jj < Tp; jj += AF_NC) af_scores_tile(qr, nr, kt, Tp, Dk, jj, sc + r * Tp, j->scale);
+    r += nr;
+  }
+  /* Mask and softmax, row by row; a row with every key masked gives zeros, as the reference. */
+  const kiln_tensor *m = j->mask_kind ? &a->in[3] : NULL;
+  float ninf = -__builtin_inff();
+  for (int64_t r = 0; r < nrows; r++) {
+    int64_t i = i0 + r;
+    float *row = sc + r * Tp;
+    if (m) {
+      int64_t mo = b * j->mstr[0] + h * j->mstr[1] + i * j->mstr[2];
+      if (j->mask_kind == 1) {
+        const uint8_t *mb = (const uint8_t *)m->data + mo;
+        for (int64_t t = 0; t < j->mlen; t++) row[t] = mb[t * j->mstr[3]] ? row[t] : ninf;
+      } else {
+        const float *mf = (const float *)m->data + mo;
+        for (int64_t t = 0; t < j->mlen; t++) row[t] += mf[t * j->mstr[3]];
+      }
+      for (int64_t t = j->mlen; t < T; t++) row[t] = ninf;
+    }
+    if (j->causal)
+      for (int64_t t = i + 1; t < T; t++) row[t] = ninf;
+    float mx = ninf;
+    for (int64_t t = 0; t < T; t++) mx = row[t] > mx ? row[t] : mx;
+    float sum = 0;
+    if (mx == ninf) {
+      for (int64_t t = 0; t < Tp; t++) row[t] = 0;
+      continue;
+    }
+    for (int64_t t = 0; t < T; t++) {
+      float e = kiln_expf(row[t] - mx);
+      row[t] = e;
+      sum += e;
+    }
+    float inv = 1.0f / sum;
+    for (int64_t t = 0; t < T; t++) row[t] *= inv;
+  }
+  /* Output rows: vector tiles of 16 columns, then the remaining columns one by one. */
+  int64_t dv16 = Dv / AF_NC * AF_NC;
+  for (int64_t r = 0; r < nrows;) {
+    int nr = nrows - r >= 4 ? 4 : 1;
+    float *yr[4];
+    for (int k = 0; k < 4; k++) yr[k] = y0 + (i0 + r + (k < nr ? k : 0)) * ys;
+    for (int64_t d = 0; d < dv16; d += AF_NC) af_out_tile(sc + r * Tp, nr, Tp, v0, vs, T, d, yr);
+    for (int k = 0; k < nr; k++)
+      for (int64_t d = dv16; d < Dv; d++) {
+        float acc = 0;
+        for (int64_t t = 0; t < T; t++) acc += sc[(r + k) * Tp + t] * v0[t * vs + d];
+        yr[k][d] = acc;
+      }
+    r += nr;
+  }
+}
+
+int32_t kiln_uk_attention_f32(const kiln_uk_args *a) {
+  const int64_t *ia = a->iattr;
+  af_job j;
+  j.a = a;
+  j.three_d = ia[0];
+  j.B = ia[1];
+  j.Hq = ia[2];
+  j.Hkv = ia[3];
+  j.Sq = ia[4];
+  j.T = ia[5];
+  j.Dk = ia[6];
+  j.Dv = ia[7];
+  j.causal = ia[8];
+  j.mask_kind = ia[9];
+  int64_t acc = 1;
+  for (int ax = 3; ax >= 0; ax--) {
+    int64_t n = ia[10 + ax];
+    j.mstr[ax] = (n == 1 && ax < 3) ? 0 : acc;
+    acc *= n;
+  }
+  j.mlen = ia[13];
+  j.rows = ia[14];
+  j.Tp = ia[15];
+  j.blocks = (j.Sq + j.rows - 1) / j.rows;
+  j.scale = (float)a->fattr[0];
+  kiln_rt_parallel_for(a->ctx, af_task, &j, j.B * j.Hq * j.blocks);
   return KILN_UK_OK;
 }

@@ -31,7 +31,18 @@ pub struct PipelineOptions {
     pub precision: Precision,
 }
 
-/// The CPU pipeline.
-pub fn cpu(_opts: &PipelineOptions) -> PassManager {
-    PassManager::new().with(passes::freeze::Freeze)
+/// Every pass a pipeline may run, in pipeline order (for `--disable-pass`/`--print-after`
+/// validation: a pass the options leave out is still a valid name).
+pub const PASS_NAMES: &[&str] = &["freeze", "channels-last", "bf16-autocast", "fuse"];
+
+/// The CPU pipeline: freeze → channels-last (NHWC only) → bf16 autocast (bf16 only) → fuse.
+pub fn cpu(opts: &PipelineOptions) -> PassManager {
+    let mut pm = PassManager::new().with(passes::freeze::Freeze);
+    if opts.layout == Layout::Nhwc {
+        pm = pm.with(passes::channels_last::ChannelsLast);
+    }
+    if opts.precision == Precision::Bf16 {
+        pm = pm.with(passes::bf16_autocast::Bf16Autocast);
+    }
+    pm.with(passes::fuse::Fuse)
 }

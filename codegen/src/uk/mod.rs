@@ -23,6 +23,8 @@ pub struct UkCall {
     pub fattr: Vec<f64>,
     /// Bytes of scratch the call needs for the duration of the kernel (0 for none).
     pub scratch_bytes: u64,
+    /// Bytes of scratch private to each worker thread (`kiln_rt_thread_scratch`), 0 for none.
+    pub thread_scratch_bytes: u64,
 }
 
 impl UkCall {
@@ -32,6 +34,7 @@ impl UkCall {
             iattr: vec![],
             fattr: vec![],
             scratch_bytes: 0,
+            thread_scratch_bytes: 0,
         }
     }
 
@@ -47,6 +50,11 @@ impl UkCall {
 
     pub fn scratch(mut self, bytes: u64) -> UkCall {
         self.scratch_bytes = bytes;
+        self
+    }
+
+    pub fn thread_scratch(mut self, bytes: u64) -> UkCall {
+        self.thread_scratch_bytes = bytes;
         self
     }
 }

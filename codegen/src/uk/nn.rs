@@ -747,6 +747,9 @@ fn attention(node: &NodeInfo, a: &AttentionAttrs) -> Result<UkCall> {
         false => 0,
     };
     let total = past + skv;
+    if let Some(call) = attention_f32(node, a, dt, three_d, [b, hq, hkv, sq, total, dk, dv])? {
+        return Ok(call);
+    }
     let (mask_kind, mask_shape, bias_dtype) = match node.input_type(3) {
         None => (0, [1; 4], dt),
         Some(m) => {
@@ -808,6 +811,72 @@ fn attention(node: &NodeInfo, a: &AttentionAttrs) -> Result<UkCall> {
         .iattr(iattr)
         .fattr([s, f64::from(a.softcap)])
         .scratch(c.0))
+}
+
+/// Query rows per task of the f32 attention kernel: enough to amortise transposing K.
+const ATTN_ROWS: usize = 64;
+
+/// The f32 kernel (`kiln_uk_attention_f32`) for the plain operator: f32 throughout, no KV
+/// cache, softcap, sliding window, QK output or nonpad lengths; None otherwise.
+fn attention_f32(
+    node: &NodeInfo,
+    a: &AttentionAttrs,
+    dt: DType,
+    three_d: bool,
+    [b, hq, hkv, sq, t, dk, dv]: [usize; 7],
+) -> Result<Option<UkCall>> {
+    let extra = (4..7).any(|i| node.has_input(i)) || node.n_outputs() > 1;
+    let plain = a.softcap <= 0.0
+        && a.left_window_size < 0
+        && a.right_window_size < 0
+        && matches!(a.softmax_precision, None | Some(DType::F32));
+    if dt != DType::F32 || extra || !plain || (1..3).any(|i| node.input_dtype(i) != Some(DType::F32)) {
+        return Ok(None);
+    }
+    let (mask_kind, mask_shape) = match node.input_type(3) {
+        None => (0, [1; 4]),
+        Some(m) => {
+            let s = node.input_shape(3)?;
+            let kind = match m.dtype {
+                DType::Bool => 1,
+                DType::F32 => 2,
+                _ => return Ok(None),
+            };
+            if s.is_empty() || s.len() > 4 {
+                return Ok(None);
+            }
+            let mut shape = [1usize; 4];
+            shape[4 - s.len()..].copy_from_slice(&s);
+            let full = [b, hq, sq, t];
+            if shape[3] > t || (0..3).any(|i| shape[i] != 1 && shape[i] != full[i]) {
+                return Ok(None);
+            }
+            (kind, shape)
+        }
+    };
+    let scale = a.scale.map_or(1.0 / (dk as f64).sqrt(), f64::from);
+    let rows = ATTN_ROWS.min(sq.max(1));
+    let tp = t.div_ceil(16) * 16;
+    let mut iattr = vec![
+        three_d as i64,
+        b as i64,
+        hq as i64,
+        hkv as i64,
+        sq as i64,
+        t as i64,
+        dk as i64,
+        dv as i64,
+        a.is_causal as i64,
+        mask_kind,
+    ];
+    iattr.extend(mask_shape.iter().map(|&d| d as i64));
+    iattr.extend([rows as i64, tp as i64]);
+    Ok(Some(
+        UkCall::new("attention_f32")
+            .iattr(iattr)
+            .fattr([scale])
+            .thread_scratch(((dk + rows) * tp * 4) as u64),
+    ))
 }
 
 #[cfg(test)]

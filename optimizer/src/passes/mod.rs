@@ -1,3 +1,6 @@
 //! One file per pass.
 
+pub mod bf16_autocast;
+pub mod channels_last;
 pub mod freeze;
+pub mod fuse;
