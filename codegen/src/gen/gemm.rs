@@ -844,14 +844,7 @@ pub(crate) fn activation<'ctx>(
             let above = e.fcmp(FloatPredicate::OGT, x, hi)?;
             e.vselect(above, hi, x)
         };
-    let sigmoid = |x: VectorValue<'ctx>| -> Result<VectorValue<'ctx>> {
-        let neg = e.b.build_float_neg(x, "").map_err(llvm)?;
-        let ex = e
-            .intrinsic("llvm.exp", &[x.get_type().into()], &[neg.into()])?
-            .into_vector_value();
-        let den = e.fadd(ex, c(1.0)?)?;
-        e.b.build_float_div(c(1.0)?, den, "").map_err(llvm)
-    };
+    let sigmoid = |x: VectorValue<'ctx>| super::vmath::sigmoid(e, x);
     match act {
         Activation::None => Ok(x),
         Activation::Relu => {

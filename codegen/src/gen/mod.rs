@@ -12,6 +12,7 @@ mod emit;
 pub mod gemm;
 #[cfg(test)]
 mod testing;
+mod vmath;
 
 use crate::error::{CodegenError, Result};
 use crate::node::NodeInfo;
