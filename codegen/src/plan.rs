@@ -179,6 +179,43 @@ pub fn build(graph: &Graph, target: &TargetDesc, fusion: bool) -> Result<Plan> {
             chain_of_absorbed.insert(n, c);
         }
     }
+    // Elementwise groups around the epilogue chains, lowered up front: a group's members
+    // before its last node are skipped as the schedule reaches them.
+    let mut ew_kernels: HashMap<NodeId, Kernel> = HashMap::new();
+    let mut ew_member: std::collections::HashSet<NodeId> = std::collections::HashSet::new();
+    if fusion {
+        let mut claimed: std::collections::HashSet<NodeId> = std::collections::HashSet::new();
+        for chain in &chains {
+            claimed.insert(chain.anchor);
+            claimed.extend(chain.absorbed.iter().copied());
+        }
+        for group in crate::fuse::find_elementwise_groups(graph, &claimed) {
+            let &root = group.last().expect("groups are not empty");
+            if !live[root.index()] {
+                continue;
+            }
+            let Some((g, ext)) = gen::elementwise::lower_group(graph, &group, target) else {
+                continue;
+            };
+            let node = graph.node(root);
+            ew_member.extend(group.iter().copied());
+            ew_kernels.insert(
+                root,
+                Kernel {
+                    node: root,
+                    node_name: node.name.clone(),
+                    op_name: node.op.name(),
+                    imp: KernelImpl::Generated(g),
+                    inputs: ext.into_iter().map(Some).collect(),
+                    outputs: vec![root.out(0)],
+                    packed: vec![],
+                    scratch: None,
+                    extra: None,
+                    fused: group[..group.len() - 1].to_vec(),
+                },
+            );
+        }
+    }
     // Fused kernels wait here until the last node of their chain is reached.
     let mut pending: HashMap<usize, Kernel> = HashMap::new();
     for id in graph.node_ids() {
@@ -187,6 +224,12 @@ pub fn build(graph: &Graph, target: &TargetDesc, fusion: bool) -> Result<Plan> {
         }
         let node = graph.node(id);
         if matches!(node.op, Op::Input) {
+            continue;
+        }
+        if ew_member.contains(&id) {
+            if let Some(k) = ew_kernels.remove(&id) {
+                kernels.push(k);
+            }
             continue;
         }
         if let Some(&c) = chain_of_absorbed.get(&id) {
