@@ -19,6 +19,10 @@ pub struct Chain {
     /// A constant per-column bias for a MatMul.
     pub col_bias: Option<Vec<f32>>,
     pub activation: Activation,
+    /// A GlobalAveragePool of the chain's output computed by the same kernel (a depthwise
+    /// convolution has each channel's plane in cache when it finishes it). The output is still
+    /// stored for its other users.
+    pub pool: Option<NodeId>,
 }
 
 impl Chain {
@@ -39,11 +43,13 @@ impl Chain {
             },
             _ => Bias::None,
         };
-        Epilogue::new(
+        let mut epi = Epilogue::new(
             bias,
             self.residual.map(|_| Residual::Input(residual_slot)),
             self.activation,
-        )
+        );
+        epi.pool_mean = self.pool.is_some();
+        epi
     }
 }
 
@@ -90,6 +96,7 @@ pub fn find_chains(graph: &Graph) -> Vec<Chain> {
             residual: None,
             col_bias: None,
             activation: Activation::None,
+            pool: None,
         };
         loop {
             // SiLU: the value feeds exactly a Sigmoid and the Mul of itself with that Sigmoid.
@@ -184,8 +191,21 @@ pub fn find_chains(graph: &Graph) -> Vec<Chain> {
                 break;
             }
         }
-        if !chain.absorbed.is_empty() {
+        let grouped = matches!(&node.op, Op::Conv(a) if a.group > 1);
+        if grouped && graph.value_type(cur).rank() == 4 {
+            chain.pool = by_value.get(&cur).and_then(|cs| {
+                cs.iter().copied().find(|&c| {
+                    matches!(
+                        graph.node(c).op,
+                        Op::GlobalPool(kiln_ir::PoolKind::Average { .. })
+                    ) && !claimed.contains(&c)
+                        && is_f32(graph, c.out(0))
+                })
+            });
+        }
+        if !chain.absorbed.is_empty() || chain.pool.is_some() {
             claimed.extend(chain.absorbed.iter().copied());
+            claimed.extend(chain.pool);
             chain.output = cur;
             chains.push(chain);
         }

@@ -175,7 +175,7 @@ pub fn build(graph: &Graph, target: &TargetDesc, fusion: bool) -> Result<Plan> {
     let mut chain_of_absorbed: HashMap<NodeId, usize> = HashMap::new();
     for (c, chain) in chains.iter().enumerate() {
         chain_of_anchor.insert(chain.anchor, c);
-        for &n in &chain.absorbed {
+        for &n in chain.absorbed.iter().chain(&chain.pool) {
             chain_of_absorbed.insert(n, c);
         }
     }
@@ -188,6 +188,7 @@ pub fn build(graph: &Graph, target: &TargetDesc, fusion: bool) -> Result<Plan> {
         for chain in &chains {
             claimed.insert(chain.anchor);
             claimed.extend(chain.absorbed.iter().copied());
+            claimed.extend(chain.pool);
         }
         for group in crate::fuse::find_elementwise_groups(graph, &claimed) {
             let &root = group.last().expect("groups are not empty");
@@ -241,14 +242,34 @@ pub fn build(graph: &Graph, target: &TargetDesc, fusion: bool) -> Result<Plan> {
             continue;
         }
         if let Some(&c) = chain_of_anchor.get(&id) {
-            match fused_kernel(graph, id, &chains[c], target, &mut weights) {
+            let chain = &chains[c];
+            let mut fused = fused_kernel(graph, id, chain, target, &mut weights);
+            if fused.is_none() && chain.pool.is_some() {
+                // The pooling stays a kernel of its own; the epilogue may still fuse.
+                chain_of_absorbed.remove(&chain.pool.expect("checked"));
+                let plain = crate::fuse::Chain {
+                    pool: None,
+                    absorbed: chain.absorbed.clone(),
+                    col_bias: chain.col_bias.clone(),
+                    ..*chain
+                };
+                if !plain.absorbed.is_empty() {
+                    fused = fused_kernel(graph, id, &plain, target, &mut weights);
+                }
+            }
+            match fused {
+                // Run at the chain's last node (every input ready), or now if it has none.
+                Some(k) if chain.absorbed.is_empty() => {
+                    kernels.push(k);
+                    continue;
+                }
                 Some(k) => {
                     pending.insert(c, k);
                     continue;
                 }
                 None => {
                     // Not fusable after all: the chain's nodes get kernels of their own.
-                    for n in &chains[c].absorbed {
+                    for n in chain.absorbed.iter().chain(&chain.pool) {
                         chain_of_absorbed.remove(n);
                     }
                 }
@@ -406,11 +427,13 @@ fn fused_kernel(
         op_name: node.op.name(),
         imp: KernelImpl::Generated(g),
         inputs,
-        outputs: vec![chain.output],
+        outputs: std::iter::once(chain.output)
+            .chain(chain.pool.map(|p| p.out(0)))
+            .collect(),
         packed,
         scratch: None,
         extra: info.extra,
-        fused: chain.absorbed.clone(),
+        fused: chain.absorbed.iter().copied().chain(chain.pool).collect(),
     })
 }
 

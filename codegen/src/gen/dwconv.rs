@@ -43,6 +43,8 @@ pub struct DwConvKernel {
     plane_w: usize,
     activation: Activation,
     has_bias: bool,
+    /// A second output: each channel's mean (a fused GlobalAveragePool).
+    pool: bool,
     packed: Vec<PackedConst>,
     n_inputs: usize,
 }
@@ -95,6 +97,7 @@ pub(crate) fn lower(
         plane_w,
         activation: epi.activation,
         has_bias: bias.is_some(),
+        pool: epi.pool_mean,
         packed,
         n_inputs: node.n_inputs(),
     })))
@@ -104,8 +107,19 @@ impl GeneratedKernel for DwConvKernel {
     fn describe(&self) -> String {
         let g = &self.g;
         format!(
-            "dwconv{}x{}/{} C={} {}x{} -> {}x{} lanes={} unroll={} rows={}",
-            g.kh, g.kw, g.sh, g.c, g.h, g.w, g.oh, g.ow, self.lanes, self.unroll, self.rows
+            "dwconv{}x{}/{} C={} {}x{} -> {}x{} lanes={} unroll={} rows={}{}",
+            g.kh,
+            g.kw,
+            g.sh,
+            g.c,
+            g.h,
+            g.w,
+            g.oh,
+            g.ow,
+            self.lanes,
+            self.unroll,
+            self.rows,
+            if self.pool { " + mean" } else { "" }
         )
     }
 
@@ -164,7 +178,8 @@ impl DwConvKernel {
         let ch = e.uremc(t, g.c as i64)?;
         let x = e.gep_f32(slot(0)?, e.mulc(t, (g.h * g.w) as i64)?)?;
         let y = e.gep_f32(slot(self.n_inputs)?, e.mulc(t, (g.oh * g.ow) as i64)?)?;
-        let wts = e.gep_f32(slot(self.n_inputs + 1)?, e.mulc(ch, (g.kh * g.kw) as i64)?)?;
+        let n_out = 1 + usize::from(self.pool);
+        let wts = e.gep_f32(slot(self.n_inputs + n_out)?, e.mulc(ch, (g.kh * g.kw) as i64)?)?;
         let plane = k.thread_scratch(b, ctx, tid)?;
 
         b.build_memset(plane, 64, e.cx.i8_type().const_zero(), e.i64c(ph_ * pw_ * 4))
@@ -185,7 +200,10 @@ impl DwConvKernel {
             .map(|i| e.splat(e.load_f32(e.gep_f32c(wts, i as i64)?)?, lanes))
             .collect::<Result<_>>()?;
         let bias = if self.has_bias {
-            e.splat(e.load_f32(e.gep_f32(slot(self.n_inputs + 2)?, ch)?)?, lanes)?
+            e.splat(
+                e.load_f32(e.gep_f32(slot(self.n_inputs + n_out + 1)?, ch)?)?,
+                lanes,
+            )?
         } else {
             e.zero_vec(lanes)
         };
@@ -281,6 +299,45 @@ impl DwConvKernel {
         e.for_n(full_blocks as i64, |blk| row_block(e.mulc(blk, rb as i64)?, rb))?;
         if g.oh % rb != 0 {
             row_block(e.i64c((full_blocks * rb) as i64), g.oh % rb)?;
+        }
+        if self.pool {
+            // The channel's plane was just written and is still in cache: sum it in
+            // `lanes`-wide partial sums, then the tail, in a fixed order (deterministic).
+            let n = (g.oh * g.ow) as i64;
+            let nv = n / l * l;
+            let acc = e.entry_alloca(e.vty(lanes), "poolacc")?;
+            e.store(acc, e.zero_vec(lanes))?;
+            e.for_range(e.i64c(0), e.i64c(nv), l, |i| {
+                let v = e.load_vec(e.gep_f32(y, i)?, lanes)?;
+                let a = b
+                    .build_load(e.vty(lanes), acc, "")
+                    .map_err(llvm)?
+                    .into_vector_value();
+                e.store(acc, e.fadd(a, v)?)
+            })?;
+            let a = b
+                .build_load(e.vty(lanes), acc, "")
+                .map_err(llvm)?
+                .into_vector_value();
+            let mut sum = e.f32c(0.0);
+            for j in 0..lanes {
+                let x = b
+                    .build_extract_element(a, e.i32c(j as i32), "")
+                    .map_err(llvm)?
+                    .into_float_value();
+                sum = b.build_float_add(sum, x, "").map_err(llvm)?;
+            }
+            let sacc = e.entry_alloca(e.cx.f32_type(), "poolsum")?;
+            e.store(sacc, sum)?;
+            e.for_range(e.i64c(nv), e.i64c(n), 1, |i| {
+                let s = e.load_f32(sacc)?;
+                let x = e.load_f32(e.gep_f32(y, i)?)?;
+                e.store(sacc, b.build_float_add(s, x, "").map_err(llvm)?)
+            })?;
+            let mean = b
+                .build_float_mul(e.load_f32(sacc)?, e.f32c(1.0 / n as f32), "")
+                .map_err(llvm)?;
+            e.store(e.gep_f32(slot(self.n_inputs + 1)?, t)?, mean)?;
         }
         Ok(())
     }
