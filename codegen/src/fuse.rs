@@ -7,7 +7,7 @@
 
 use crate::gen::gemm::{Activation, Bias, Epilogue, Residual};
 use kiln_ir::{Binary, DType, Graph, NodeId, Op, Unary, ValueId};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// A fusable chain starting at `anchor`.
 pub struct Chain {
@@ -19,6 +19,10 @@ pub struct Chain {
     /// A constant per-column bias for a MatMul.
     pub col_bias: Option<Vec<f32>>,
     pub activation: Activation,
+    /// A GlobalAveragePool of the chain's output computed by the same kernel (a depthwise
+    /// convolution has each channel's plane in cache when it finishes it). The output is still
+    /// stored for its other users.
+    pub pool: Option<NodeId>,
 }
 
 impl Chain {
@@ -39,11 +43,13 @@ impl Chain {
             },
             _ => Bias::None,
         };
-        Epilogue::new(
+        let mut epi = Epilogue::new(
             bias,
             self.residual.map(|_| Residual::Input(residual_slot)),
             self.activation,
-        )
+        );
+        epi.pool_mean = self.pool.is_some();
+        epi
     }
 }
 
@@ -73,7 +79,7 @@ pub fn find_chains(graph: &Graph) -> Vec<Chain> {
     };
     let mut chains = vec![];
     // A node joins at most one chain (an Add of two convolutions could join either).
-    let mut claimed = std::collections::HashSet::new();
+    let mut claimed = HashSet::new();
     for (id, node) in graph.node_ids().zip(graph.nodes()) {
         let is_matmul = matches!(node.op, Op::MatMul);
         if !(matches!(node.op, Op::Conv(_)) || is_matmul) || node.outputs.len() != 1 {
@@ -90,6 +96,7 @@ pub fn find_chains(graph: &Graph) -> Vec<Chain> {
             residual: None,
             col_bias: None,
             activation: Activation::None,
+            pool: None,
         };
         loop {
             // SiLU: the value feeds exactly a Sigmoid and the Mul of itself with that Sigmoid.
@@ -184,11 +191,93 @@ pub fn find_chains(graph: &Graph) -> Vec<Chain> {
                 break;
             }
         }
-        if !chain.absorbed.is_empty() {
+        let grouped = matches!(&node.op, Op::Conv(a) if a.group > 1);
+        if grouped && graph.value_type(cur).rank() == 4 {
+            chain.pool = by_value.get(&cur).and_then(|cs| {
+                cs.iter().copied().find(|&c| {
+                    matches!(
+                        graph.node(c).op,
+                        Op::GlobalPool(kiln_ir::PoolKind::Average { .. })
+                    ) && !claimed.contains(&c)
+                        && is_f32(graph, c.out(0))
+                })
+            });
+        }
+        if !chain.absorbed.is_empty() || chain.pool.is_some() {
             claimed.extend(chain.absorbed.iter().copied());
+            claimed.extend(chain.pool);
             chain.output = cur;
             chains.push(chain);
         }
     }
     chains
+}
+
+/// Groups of elementwise nodes for one generated loop each (see `gen::elementwise`), in graph
+/// order within a group, the last node's output being the group's output. A node joins the
+/// group of a consumer when every use of its output is inside that group and it is not a graph
+/// output, so the intermediates need no storage. Nodes in `claimed` (epilogues) stay out.
+/// A single node is a group of its own only if it computes f32 (the others keep their library
+/// kernels).
+pub fn find_elementwise_groups(graph: &Graph, claimed: &HashSet<NodeId>) -> Vec<Vec<NodeId>> {
+    let (by_value, uses) = consumers(graph);
+    let outputs: HashSet<ValueId> = graph.outputs().iter().map(|o| o.value).collect();
+    let ids: Vec<NodeId> = graph.node_ids().collect();
+    let candidate: HashSet<NodeId> = ids
+        .iter()
+        .copied()
+        .filter(|&id| {
+            let node = graph.node(id);
+            node.op.family() == kiln_ir::OpFamily::Elementwise
+                && !claimed.contains(&id)
+                && node.outputs.len() == 1
+                && graph.known_value(id.out(0)).is_none()
+                && crate::gen::elementwise::supports(graph, id)
+        })
+        .collect();
+    let mut member: HashSet<NodeId> = HashSet::new();
+    let mut groups = vec![];
+    // Roots are taken from the end, so a group grows backwards from its output.
+    for &root in ids.iter().rev() {
+        if !candidate.contains(&root) || member.contains(&root) {
+            continue;
+        }
+        let mut group: HashSet<NodeId> = HashSet::from([root]);
+        loop {
+            let mut grew = false;
+            let inside: Vec<NodeId> = group.iter().copied().collect();
+            for n in inside {
+                for v in graph.node(n).inputs.iter().flatten() {
+                    let p = v.node;
+                    if group.contains(&p) || member.contains(&p) || !candidate.contains(&p) {
+                        continue;
+                    }
+                    if outputs.contains(v) {
+                        continue;
+                    }
+                    let all_inside = by_value.get(v).is_some_and(|cs| {
+                        cs.len() == uses.get(v).copied().unwrap_or(0) && cs.iter().all(|c| group.contains(c))
+                    });
+                    if all_inside {
+                        group.insert(p);
+                        grew = true;
+                    }
+                }
+            }
+            if !grew {
+                break;
+            }
+        }
+        // A lone f32 node runs generated too: the loop is specialised to its shapes, where the
+        // library kernel walks a generic broadcast plan.
+        let lone_f32 = graph.value_type(root.out(0)).dtype == DType::F32;
+        if group.len() >= 2 || lone_f32 {
+            let mut g: Vec<NodeId> = group.into_iter().collect();
+            g.sort_by_key(|n| n.index());
+            member.extend(g.iter().copied());
+            groups.push(g);
+        }
+    }
+    groups.reverse();
+    groups
 }

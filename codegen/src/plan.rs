@@ -197,8 +197,46 @@ pub fn build(graph: &Graph, target: &TargetDesc, fusion: bool) -> Result<Plan> {
     let mut chain_of_absorbed: HashMap<NodeId, usize> = HashMap::new();
     for (c, chain) in chains.iter().enumerate() {
         chain_of_anchor.insert(chain.anchor, c);
-        for &n in &chain.absorbed {
+        for &n in chain.absorbed.iter().chain(&chain.pool) {
             chain_of_absorbed.insert(n, c);
+        }
+    }
+    // Elementwise groups around the epilogue chains, lowered up front: a group's members
+    // before its last node are skipped as the schedule reaches them.
+    let mut ew_kernels: HashMap<NodeId, Kernel> = HashMap::new();
+    let mut ew_member: std::collections::HashSet<NodeId> = std::collections::HashSet::new();
+    if fusion {
+        let mut claimed: std::collections::HashSet<NodeId> = std::collections::HashSet::new();
+        for chain in &chains {
+            claimed.insert(chain.anchor);
+            claimed.extend(chain.absorbed.iter().copied());
+            claimed.extend(chain.pool);
+        }
+        for group in crate::fuse::find_elementwise_groups(graph, &claimed) {
+            let &root = group.last().expect("groups are not empty");
+            if !live[root.index()] {
+                continue;
+            }
+            let Some((g, ext)) = gen::elementwise::lower_group(graph, &group, target) else {
+                continue;
+            };
+            let node = graph.node(root);
+            ew_member.extend(group.iter().copied());
+            ew_kernels.insert(
+                root,
+                Kernel {
+                    node: root,
+                    node_name: node.name.clone(),
+                    op_name: node.op.name(),
+                    imp: KernelImpl::Generated(g),
+                    inputs: ext.into_iter().map(Some).collect(),
+                    outputs: vec![root.out(0)],
+                    packed: vec![],
+                    scratch: None,
+                    extra: None,
+                    fused: group[..group.len() - 1].to_vec(),
+                },
+            );
         }
     }
     // Fused kernels wait here until the last node of their chain is reached.
@@ -211,6 +249,12 @@ pub fn build(graph: &Graph, target: &TargetDesc, fusion: bool) -> Result<Plan> {
         if matches!(node.op, Op::Input) {
             continue;
         }
+        if ew_member.contains(&id) {
+            if let Some(k) = ew_kernels.remove(&id) {
+                kernels.push(k);
+            }
+            continue;
+        }
         if let Some(&c) = chain_of_absorbed.get(&id) {
             if chains[c].absorbed.last() == Some(&id) {
                 if let Some(k) = pending.remove(&c) {
@@ -220,14 +264,34 @@ pub fn build(graph: &Graph, target: &TargetDesc, fusion: bool) -> Result<Plan> {
             continue;
         }
         if let Some(&c) = chain_of_anchor.get(&id) {
-            match fused_kernel(graph, id, &chains[c], target, &mut weights) {
+            let chain = &chains[c];
+            let mut fused = fused_kernel(graph, id, chain, target, &mut weights);
+            if fused.is_none() && chain.pool.is_some() {
+                // The pooling stays a kernel of its own; the epilogue may still fuse.
+                chain_of_absorbed.remove(&chain.pool.expect("checked"));
+                let plain = crate::fuse::Chain {
+                    pool: None,
+                    absorbed: chain.absorbed.clone(),
+                    col_bias: chain.col_bias.clone(),
+                    ..*chain
+                };
+                if !plain.absorbed.is_empty() {
+                    fused = fused_kernel(graph, id, &plain, target, &mut weights);
+                }
+            }
+            match fused {
+                // Run at the chain's last node (every input ready), or now if it has none.
+                Some(k) if chain.absorbed.is_empty() => {
+                    kernels.push(k);
+                    continue;
+                }
                 Some(k) => {
                     pending.insert(c, k);
                     continue;
                 }
                 None => {
                     // Not fusable after all: the chain's nodes get kernels of their own.
-                    for n in &chains[c].absorbed {
+                    for n in chain.absorbed.iter().chain(&chain.pool) {
                         chain_of_absorbed.remove(n);
                     }
                 }
@@ -386,11 +450,13 @@ fn fused_kernel(
         op_name: node.op.name(),
         imp: KernelImpl::Generated(g),
         inputs,
-        outputs: vec![chain.output],
+        outputs: std::iter::once(chain.output)
+            .chain(chain.pool.map(|p| p.out(0)))
+            .collect(),
         packed,
         scratch: None,
         extra: info.extra,
-        fused: chain.absorbed.clone(),
+        fused: chain.absorbed.iter().copied().chain(chain.pool).collect(),
     })
 }
 

@@ -36,11 +36,15 @@ pub struct DwConvKernel {
     lanes: u32,
     /// Vectors per chunk of an output row.
     unroll: usize,
+    /// Output rows per block.
+    rows: usize,
     /// Padded plane extents.
     plane_h: usize,
     plane_w: usize,
     activation: Activation,
     has_bias: bool,
+    /// A second output: each channel's mean (a fused GlobalAveragePool).
+    pool: bool,
     packed: Vec<PackedConst>,
     n_inputs: usize,
 }
@@ -63,6 +67,8 @@ pub(crate) fn lower(
     let lanes = target.f32_lanes();
     let l = lanes as usize;
     let unroll = g.ow.div_ceil(l).clamp(1, 4);
+    // About 8 accumulators: two FMA pipes of latency 4.
+    let rows = (8 / unroll).clamp(1, g.oh.max(1));
     let cw = unroll * l;
     let nchunks = g.ow.div_ceil(cw);
     // Furthest column read: the last chunk's last lane at the last tap, plus one for the
@@ -86,10 +92,12 @@ pub(crate) fn lower(
         g,
         lanes,
         unroll,
+        rows,
         plane_h,
         plane_w,
         activation: epi.activation,
         has_bias: bias.is_some(),
+        pool: epi.pool_mean,
         packed,
         n_inputs: node.n_inputs(),
     })))
@@ -99,8 +107,19 @@ impl GeneratedKernel for DwConvKernel {
     fn describe(&self) -> String {
         let g = &self.g;
         format!(
-            "dwconv{}x{}/{} C={} {}x{} -> {}x{} lanes={} unroll={}",
-            g.kh, g.kw, g.sh, g.c, g.h, g.w, g.oh, g.ow, self.lanes, self.unroll
+            "dwconv{}x{}/{} C={} {}x{} -> {}x{} lanes={} unroll={} rows={}{}",
+            g.kh,
+            g.kw,
+            g.sh,
+            g.c,
+            g.h,
+            g.w,
+            g.oh,
+            g.ow,
+            self.lanes,
+            self.unroll,
+            self.rows,
+            if self.pool { " + mean" } else { "" }
         )
     }
 
@@ -159,7 +178,8 @@ impl DwConvKernel {
         let ch = e.uremc(t, g.c as i64)?;
         let x = e.gep_f32(slot(0)?, e.mulc(t, (g.h * g.w) as i64)?)?;
         let y = e.gep_f32(slot(self.n_inputs)?, e.mulc(t, (g.oh * g.ow) as i64)?)?;
-        let wts = e.gep_f32(slot(self.n_inputs + 1)?, e.mulc(ch, (g.kh * g.kw) as i64)?)?;
+        let n_out = 1 + usize::from(self.pool);
+        let wts = e.gep_f32(slot(self.n_inputs + n_out)?, e.mulc(ch, (g.kh * g.kw) as i64)?)?;
         let plane = k.thread_scratch(b, ctx, tid)?;
 
         b.build_memset(plane, 64, e.cx.i8_type().const_zero(), e.i64c(ph_ * pw_ * 4))
@@ -180,7 +200,10 @@ impl DwConvKernel {
             .map(|i| e.splat(e.load_f32(e.gep_f32c(wts, i as i64)?)?, lanes))
             .collect::<Result<_>>()?;
         let bias = if self.has_bias {
-            e.splat(e.load_f32(e.gep_f32(slot(self.n_inputs + 2)?, ch)?)?, lanes)?
+            e.splat(
+                e.load_f32(e.gep_f32(slot(self.n_inputs + n_out + 1)?, ch)?)?,
+                lanes,
+            )?
         } else {
             e.zero_vec(lanes)
         };
@@ -192,20 +215,33 @@ impl DwConvKernel {
         let even: Vec<_> = (0..lanes).map(|i| i32t.const_int(2 * i as u64, false)).collect();
         let even = inkwell::types::VectorType::const_vector(&even);
 
-        e.for_n(g.oh as i64, |oh| {
-            let rowbase = e.gep_f32(plane, e.mulc(oh, g.sh as i64 * pw_)?)?;
-            let yrow = e.gep_f32(y, e.mulc(oh, g.ow as i64)?)?;
+        // Output rows are computed `rows` at a time: rows x unroll independent accumulators
+        // hide the FMA latency even on 7- and 14-wide planes, and each loaded input vector
+        // feeds every output row of the block whose window covers it.
+        let rb = self.rows;
+        let full_blocks = g.oh / rb;
+        let row_block = |oh0: inkwell::values::IntValue<'ctx>, r: usize| -> Result<()> {
+            let rowbase = e.gep_f32(plane, e.mulc(oh0, g.sh as i64 * pw_)?)?;
+            let yrow = e.gep_f32(y, e.mulc(oh0, g.ow as i64)?)?;
             e.for_n(nchunks, |chunk| {
                 let ow0 = e.mulc(chunk, cw)?;
-                let mut acc = vec![bias; u];
-                for kh in 0..g.kh {
+                let mut acc = vec![vec![bias; u]; r];
+                let in_rows = (r - 1) * g.sh + (g.kh - 1) * g.dh + 1;
+                for ir in 0..in_rows {
+                    // Output rows i of the block reading input row ir, with their tap row.
+                    let users: Vec<(usize, usize)> = (0..r)
+                        .filter_map(|i| {
+                            let d = ir.checked_sub(i * g.sh)?;
+                            (d % g.dh == 0 && d / g.dh < g.kh).then_some((i, d / g.dh))
+                        })
+                        .collect();
+                    if users.is_empty() {
+                        continue;
+                    }
                     for kw in 0..g.kw {
-                        let off = e.addc(
-                            e.mulc(ow0, g.sw as i64)?,
-                            (kh * g.dh) as i64 * pw_ + (kw * g.dw) as i64,
-                        )?;
+                        let off = e.addc(e.mulc(ow0, g.sw as i64)?, ir as i64 * pw_ + (kw * g.dw) as i64)?;
                         let p = e.gep_f32(rowbase, off)?;
-                        for (ui, a) in acc.iter_mut().enumerate() {
+                        for ui in 0..u {
                             let pu = e.gep_f32c(p, ui as i64 * l * g.sw as i64)?;
                             let v = match g.sw {
                                 1 => e.load_vec(pu, lanes)?,
@@ -224,37 +260,85 @@ impl DwConvKernel {
                                     v
                                 }
                             };
-                            *a = e.fma(wv[kh * g.kw + kw], v, *a)?;
+                            for &(i, kh) in &users {
+                                acc[i][ui] = e.fma(wv[kh * g.kw + kw], v, acc[i][ui])?;
+                            }
                         }
                     }
                 }
-                let acc: Vec<VectorValue> = acc
-                    .into_iter()
-                    .map(|a| activation(e, self.activation, a, lanes))
-                    .collect::<Result<_>>()?;
                 let full = e.icmp(IntPredicate::ULE, e.addc(ow0, cw)?, e.i64c(g.ow as i64))?;
-                let dst = e.gep_f32(yrow, ow0)?;
-                e.if_else(
-                    full,
-                    || {
-                        for (ui, a) in acc.iter().enumerate() {
-                            e.store(e.gep_f32c(dst, ui as i64 * l)?, *a)?;
-                        }
-                        Ok(())
-                    },
-                    || {
-                        for (ui, a) in acc.iter().enumerate() {
-                            e.store(e.gep_f32c(tmp, ui as i64 * l)?, *a)?;
-                        }
-                        let rest = e.sub(e.i64c(g.ow as i64), ow0)?;
-                        e.for_range(e.i64c(0), rest, 1, |j| {
-                            let v = e.load_f32(e.gep_f32(tmp, j)?)?;
-                            e.store(e.gep_f32(dst, j)?, v)
-                        })
-                    },
-                )
+                for (i, acc) in acc.into_iter().enumerate() {
+                    let acc: Vec<VectorValue> = acc
+                        .into_iter()
+                        .map(|a| activation(e, self.activation, a, lanes))
+                        .collect::<Result<_>>()?;
+                    let dst = e.gep_f32(yrow, e.addc(ow0, (i * g.ow) as i64)?)?;
+                    e.if_else(
+                        full,
+                        || {
+                            for (ui, a) in acc.iter().enumerate() {
+                                e.store(e.gep_f32c(dst, ui as i64 * l)?, *a)?;
+                            }
+                            Ok(())
+                        },
+                        || {
+                            for (ui, a) in acc.iter().enumerate() {
+                                e.store(e.gep_f32c(tmp, ui as i64 * l)?, *a)?;
+                            }
+                            let rest = e.sub(e.i64c(g.ow as i64), ow0)?;
+                            e.for_range(e.i64c(0), rest, 1, |j| {
+                                let v = e.load_f32(e.gep_f32(tmp, j)?)?;
+                                e.store(e.gep_f32(dst, j)?, v)
+                            })
+                        },
+                    )?;
+                }
+                Ok(())
             })
-        })?;
+        };
+        e.for_n(full_blocks as i64, |blk| row_block(e.mulc(blk, rb as i64)?, rb))?;
+        if g.oh % rb != 0 {
+            row_block(e.i64c((full_blocks * rb) as i64), g.oh % rb)?;
+        }
+        if self.pool {
+            // The channel's plane was just written and is still in cache: sum it in
+            // `lanes`-wide partial sums, then the tail, in a fixed order (deterministic).
+            let n = (g.oh * g.ow) as i64;
+            let nv = n / l * l;
+            let acc = e.entry_alloca(e.vty(lanes), "poolacc")?;
+            e.store(acc, e.zero_vec(lanes))?;
+            e.for_range(e.i64c(0), e.i64c(nv), l, |i| {
+                let v = e.load_vec(e.gep_f32(y, i)?, lanes)?;
+                let a = b
+                    .build_load(e.vty(lanes), acc, "")
+                    .map_err(llvm)?
+                    .into_vector_value();
+                e.store(acc, e.fadd(a, v)?)
+            })?;
+            let a = b
+                .build_load(e.vty(lanes), acc, "")
+                .map_err(llvm)?
+                .into_vector_value();
+            let mut sum = e.f32c(0.0);
+            for j in 0..lanes {
+                let x = b
+                    .build_extract_element(a, e.i32c(j as i32), "")
+                    .map_err(llvm)?
+                    .into_float_value();
+                sum = b.build_float_add(sum, x, "").map_err(llvm)?;
+            }
+            let sacc = e.entry_alloca(e.cx.f32_type(), "poolsum")?;
+            e.store(sacc, sum)?;
+            e.for_range(e.i64c(nv), e.i64c(n), 1, |i| {
+                let s = e.load_f32(sacc)?;
+                let x = e.load_f32(e.gep_f32(y, i)?)?;
+                e.store(sacc, b.build_float_add(s, x, "").map_err(llvm)?)
+            })?;
+            let mean = b
+                .build_float_mul(e.load_f32(sacc)?, e.f32c(1.0 / n as f32), "")
+                .map_err(llvm)?;
+            e.store(e.gep_f32(slot(self.n_inputs + 1)?, t)?, mean)?;
+        }
         Ok(())
     }
 }

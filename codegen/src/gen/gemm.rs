@@ -68,6 +68,9 @@ pub struct Epilogue {
     pub bias: Bias,
     pub residual: Option<Residual>,
     pub activation: Activation,
+    /// Also write the per-channel mean of the result (a fused GlobalAveragePool) as a second
+    /// output; only the depthwise kernel does.
+    pub pool_mean: bool,
 }
 
 impl Default for Epilogue {
@@ -77,6 +80,7 @@ impl Default for Epilogue {
             bias: Bias::None,
             residual: None,
             activation: Activation::None,
+            pool_mean: false,
         }
     }
 }
@@ -90,6 +94,7 @@ impl Epilogue {
             bias,
             residual,
             activation,
+            pool_mean: false,
         }
     }
 }
@@ -242,6 +247,9 @@ pub fn lower_fused(
     }
     let ot = node.output_type(0);
     if ot.dtype != DType::F32 || ot.layout != Layout::RowMajor || !ot.is_static() {
+        return Ok(None);
+    }
+    if epi.pool_mean && !matches!(node.op(), Op::Conv(_)) {
         return Ok(None);
     }
     if epi.residual.is_some() && matches!(node.op(), Op::Gemm { .. }) {
@@ -676,6 +684,9 @@ fn lower_conv(
     if g == c && g == m && cg == 1 && g > 1 {
         return super::dwconv::lower(node, target, epi, &w, geo.into_dw(nb, c));
     }
+    if epi.pool_mean {
+        return Ok(None);
+    }
     if c % g != 0 || m % g != 0 || cg != c / g || ys[1] != m {
         return Ok(None);
     }
@@ -844,14 +855,7 @@ pub(crate) fn activation<'ctx>(
             let above = e.fcmp(FloatPredicate::OGT, x, hi)?;
             e.vselect(above, hi, x)
         };
-    let sigmoid = |x: VectorValue<'ctx>| -> Result<VectorValue<'ctx>> {
-        let neg = e.b.build_float_neg(x, "").map_err(llvm)?;
-        let ex = e
-            .intrinsic("llvm.exp", &[x.get_type().into()], &[neg.into()])?
-            .into_vector_value();
-        let den = e.fadd(ex, c(1.0)?)?;
-        e.b.build_float_div(c(1.0)?, den, "").map_err(llvm)
-    };
+    let sigmoid = |x: VectorValue<'ctx>| super::vmath::sigmoid(e, x);
     match act {
         Activation::None => Ok(x),
         Activation::Relu => {

@@ -8,10 +8,12 @@
 //! null). The function returns 0, or non-zero after `kiln_rt_set_error`.
 
 pub mod dwconv;
+pub mod elementwise;
 mod emit;
 pub mod gemm;
 #[cfg(test)]
 mod testing;
+mod vmath;
 
 use crate::error::{CodegenError, Result};
 use crate::node::NodeInfo;

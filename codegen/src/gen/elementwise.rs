@@ -1,0 +1,930 @@
+//! Elementwise groups as one generated loop: a connected set of elementwise nodes (Unary,
+//! Binary, Clip, Where, Cast) whose intermediate values have no users outside the set is
+//! computed per element of the group's output, the intermediates living only in registers.
+//!
+//! numpy broadcasting composes (an input broadcast to an intermediate shape, and that shape to
+//! the output's, is the input broadcast to the output's shape directly), so every external
+//! input is read through strides relative to the output shape, 0 on broadcast axes. Adjacent
+//! axes that every input reads the same way are merged; the loop runs over the outer axes, and
+//! explicitly vectorised (`lanes` elements, then a one-lane tail) over the innermost one, where
+//! each input is either contiguous (vector load) or constant (one load, splat).
+
+use super::emit::Emit;
+use super::{llvm, vmath, GeneratedKernel, KernelBuilder};
+use crate::error::{CodegenError, Result};
+use crate::target::TargetDesc;
+use inkwell::types::{BasicTypeEnum, VectorType};
+use inkwell::values::{BasicValue, BasicValueEnum, IntValue, PointerValue, VectorValue};
+use inkwell::{FloatPredicate, IntPredicate};
+use kiln_ir::{Binary, DType, Graph, NodeId, Op, Unary, ValueId};
+use std::collections::HashMap;
+
+/// Where a step reads an operand.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Src {
+    /// External input `i` of the kernel.
+    Input(usize),
+    /// The result of an earlier step.
+    Step(usize),
+    /// A scalar constant known at compile time (the operand's dtype).
+    Const(f64),
+}
+
+#[derive(Clone, Debug)]
+struct Step {
+    op: Op,
+    args: Vec<Option<Src>>,
+    /// dtypes of the operands (None for an absent optional operand) and of the result.
+    arg_types: Vec<Option<DType>>,
+    dtype: DType,
+}
+
+#[derive(Debug)]
+pub struct EwKernel {
+    /// Merged output axes (all > 1, at least one).
+    dims: Vec<usize>,
+    /// Per external input: its element strides on the merged axes (0 = broadcast).
+    strides: Vec<Vec<usize>>,
+    in_types: Vec<DType>,
+    steps: Vec<Step>,
+    lanes: u32,
+    what: String,
+}
+
+fn supported_dtype(d: DType) -> bool {
+    matches!(d, DType::F32 | DType::I32 | DType::I64 | DType::Bool)
+}
+
+/// Whether the generator computes `node` (its operator on its operand and result dtypes).
+pub fn supports(graph: &Graph, id: NodeId) -> bool {
+    let node = graph.node(id);
+    if node.outputs.len() != 1 || !graph.value_type(id.out(0)).is_static() {
+        return false;
+    }
+    let out = graph.value_type(id.out(0)).dtype;
+    let ins: Vec<Option<DType>> = node
+        .inputs
+        .iter()
+        .map(|v| v.map(|v| graph.value_type(v).dtype))
+        .collect();
+    if !supported_dtype(out) || ins.iter().flatten().any(|d| !supported_dtype(*d)) {
+        return false;
+    }
+    if node
+        .inputs
+        .iter()
+        .flatten()
+        .any(|v| !graph.value_type(*v).is_static())
+    {
+        return false;
+    }
+    let x = ins.first().copied().flatten();
+    let float = x == Some(DType::F32);
+    let int = matches!(x, Some(DType::I32 | DType::I64));
+    match &node.op {
+        Op::Unary(u) => match u {
+            Unary::Abs | Unary::Neg | Unary::Relu => float || int,
+            Unary::Not => x == Some(DType::Bool),
+            Unary::Sigmoid
+            | Unary::Exp
+            | Unary::Tanh
+            | Unary::Sqrt
+            | Unary::Reciprocal
+            | Unary::Floor
+            | Unary::Ceil
+            | Unary::Round
+            | Unary::HardSwish
+            | Unary::LeakyRelu { .. }
+            | Unary::HardSigmoid { .. }
+            | Unary::Swish { .. } => float,
+            _ => false,
+        },
+        Op::Binary(b) => {
+            if ins.len() != 2 || ins[0] != ins[1] {
+                return false;
+            }
+            match b {
+                Binary::Add | Binary::Sub | Binary::Mul | Binary::Min | Binary::Max => float || int,
+                Binary::Div => float,
+                Binary::Less | Binary::LessOrEqual | Binary::Greater | Binary::GreaterOrEqual => float || int,
+                Binary::Equal => true,
+                Binary::And | Binary::Or | Binary::Xor => x == Some(DType::Bool),
+                _ => false,
+            }
+        }
+        Op::Where => ins.len() == 3 && ins[0] == Some(DType::Bool) && ins[1] == ins[2],
+        Op::Clip => {
+            (float || int)
+                && node.inputs.iter().skip(1).flatten().all(|v| {
+                    graph.value_type(*v).dtype == x.unwrap_or(DType::F32)
+                        && graph
+                            .value_type(*v)
+                            .fixed_shape()
+                            .is_some_and(|s| s.iter().product::<usize>() == 1)
+                })
+        }
+        // A float to integer conversion is left to the kernel library (out-of-range values).
+        Op::Cast { to } => !(x == Some(DType::F32) && matches!(to, DType::I32 | DType::I64)),
+        _ => false,
+    }
+}
+
+/// Lowers a group (nodes in graph order; the last one's output is the kernel's output).
+/// Returns the kernel and its external inputs, or None if the group cannot be generated.
+pub fn lower_group(
+    graph: &Graph,
+    nodes: &[NodeId],
+    target: &TargetDesc,
+) -> Option<(Box<dyn GeneratedKernel>, Vec<ValueId>)> {
+    let root = *nodes.last()?;
+    let out_shape = graph.value_type(root.out(0)).fixed_shape()?;
+    let step_of: HashMap<ValueId, usize> = nodes.iter().enumerate().map(|(i, n)| (n.out(0), i)).collect();
+    let mut ext: Vec<ValueId> = vec![];
+    let mut steps = vec![];
+    for &n in nodes {
+        let node = graph.node(n);
+        let mut args = vec![];
+        let mut arg_types = vec![];
+        for v in &node.inputs {
+            let Some(v) = *v else {
+                args.push(None);
+                arg_types.push(None);
+                continue;
+            };
+            arg_types.push(Some(graph.value_type(v).dtype));
+            let src = if let Some(&s) = step_of.get(&v) {
+                Src::Step(s)
+            } else if let Some(t) = graph.known_value(v).filter(|t| t.len() == 1) {
+                Src::Const(*t.to_f64_vec().first()?)
+            } else {
+                let i = ext.iter().position(|e| *e == v).unwrap_or_else(|| {
+                    ext.push(v);
+                    ext.len() - 1
+                });
+                Src::Input(i)
+            };
+            args.push(Some(src));
+        }
+        steps.push(Step {
+            op: node.op.clone(),
+            args,
+            arg_types,
+            dtype: graph.value_type(n.out(0)).dtype,
+        });
+    }
+    // Full strides of every input on the output's axes.
+    let rank = out_shape.len();
+    let mut full: Vec<Vec<usize>> = vec![];
+    for &v in &ext {
+        let s = graph.value_type(v).fixed_shape()?;
+        if s.len() > rank {
+            return None;
+        }
+        let mut st = vec![0usize; rank];
+        let mut acc = 1;
+        for (k, &d) in s.iter().enumerate().rev() {
+            let axis = rank - s.len() + k;
+            if d == out_shape[axis] && d != 1 {
+                st[axis] = acc;
+            } else if d != 1 {
+                return None;
+            }
+            acc *= d;
+        }
+        full.push(st);
+    }
+    // Drop unit axes, then merge neighbours read alike by every input.
+    let mut dims: Vec<usize> = vec![];
+    let mut strides: Vec<Vec<usize>> = vec![vec![]; ext.len()];
+    for axis in 0..rank {
+        let d = out_shape[axis];
+        if d == 1 {
+            continue;
+        }
+        let mergeable = !dims.is_empty()
+            && full.iter().zip(&strides).all(|(f, s)| {
+                let prev = *s.last().expect("one stride per kept axis");
+                prev == f[axis] * d
+            });
+        if mergeable {
+            *dims.last_mut().expect("not empty") *= d;
+            for (f, s) in full.iter().zip(strides.iter_mut()) {
+                *s.last_mut().expect("not empty") = f[axis];
+            }
+        } else {
+            dims.push(d);
+            for (f, s) in full.iter().zip(strides.iter_mut()) {
+                s.push(f[axis]);
+            }
+        }
+    }
+    if dims.is_empty() {
+        dims.push(1);
+        for s in strides.iter_mut() {
+            s.push(0);
+        }
+    }
+    let total: usize = dims.iter().product();
+    if total >= (1 << 40) {
+        return None;
+    }
+    let in_types = ext.iter().map(|v| graph.value_type(*v).dtype).collect();
+    let ops: Vec<&str> = nodes.iter().map(|n| graph.node(*n).op.name()).collect();
+    let what = format!(
+        "elementwise[{}] {:?} lanes={}",
+        ops.join(","),
+        dims,
+        target.f32_lanes()
+    );
+    Some((
+        Box::new(EwKernel {
+            dims,
+            strides,
+            in_types,
+            steps,
+            lanes: target.f32_lanes(),
+            what,
+        }),
+        ext,
+    ))
+}
+
+/// Elements per task: enough work to amortize the task, few enough to balance two threads.
+const TASK_ELEMS: usize = 8192;
+
+impl GeneratedKernel for EwKernel {
+    fn describe(&self) -> String {
+        self.what.clone()
+    }
+
+    fn emit(&self, k: &KernelBuilder<'_, '_>) -> Result<()> {
+        let (rows_per_task, blocks, block) = self.split();
+        let rows: usize = self.dims[..self.dims.len() - 1].iter().product();
+        let tasks = rows.div_ceil(rows_per_task) * blocks;
+        let task = k.new_task_function("task");
+        let tb = k.cx.create_builder();
+        let entry = k.cx.append_basic_block(task, "entry");
+        tb.position_at_end(entry);
+        let e = Emit::new(k.cx, k.module, &tb, task);
+        self.emit_task(&e, rows, rows_per_task, blocks, block)?;
+        tb.build_return(None).map_err(llvm)?;
+
+        let me = Emit::new(k.cx, k.module, k.builder, k.function);
+        let args = k
+            .function
+            .get_nth_param(1)
+            .expect("kernel has args")
+            .into_pointer_value();
+        k.parallel_for(task, args, me.i64c(tasks as i64))?;
+        k.ret_ok()
+    }
+}
+
+impl EwKernel {
+    /// (rows per task, blocks per row, block length) for the innermost axis.
+    fn split(&self) -> (usize, usize, usize) {
+        let inner = *self.dims.last().expect("at least one axis");
+        if inner >= 2 * TASK_ELEMS {
+            let block = TASK_ELEMS.div_ceil(self.lanes as usize) * self.lanes as usize;
+            (1, inner.div_ceil(block), block)
+        } else {
+            ((TASK_ELEMS / inner).max(1), 1, inner)
+        }
+    }
+
+    fn emit_task(
+        &self,
+        e: &Emit<'_, '_>,
+        rows: usize,
+        rows_per_task: usize,
+        blocks: usize,
+        block: usize,
+    ) -> Result<()> {
+        let f = e.f;
+        let args = f.get_nth_param(0).expect("task data").into_pointer_value();
+        let t = f.get_nth_param(1).expect("task index").into_int_value();
+        let n_in = self.in_types.len();
+        let bases: Vec<PointerValue> = (0..=n_in)
+            .map(|i| e.load_ptr(e.gep_ptr(args, i as i64)?))
+            .collect::<Result<_>>()?;
+        let inner = *self.dims.last().expect("at least one axis") as i64;
+        let (row0, j0, j1) = if blocks > 1 {
+            let row = e.udivc(t, blocks as i64)?;
+            let blk = e.uremc(t, blocks as i64)?;
+            let j0 = e.mulc(blk, block as i64)?;
+            (row, j0, e.umin(e.addc(j0, block as i64)?, e.i64c(inner))?)
+        } else {
+            (e.mulc(t, rows_per_task as i64)?, e.i64c(0), e.i64c(inner))
+        };
+        let row1 = if blocks > 1 {
+            e.addc(row0, 1)?
+        } else {
+            e.umin(e.addc(row0, rows_per_task as i64)?, e.i64c(rows.max(1) as i64))?
+        };
+        let outer = &self.dims[..self.dims.len() - 1];
+        e.for_range(row0, row1, 1, |row| {
+            // Element offsets of this row in every input and in the output.
+            let mut offs: Vec<IntValue> = vec![e.i64c(0); n_in];
+            let mut rem = row;
+            for (ax, &d) in outer.iter().enumerate().rev() {
+                let coord = e.uremc(rem, d as i64)?;
+                rem = e.udivc(rem, d as i64)?;
+                for (i, o) in offs.iter_mut().enumerate() {
+                    let s = self.strides[i][ax];
+                    if s != 0 {
+                        *o = e.add(*o, e.mulc(coord, s as i64)?)?;
+                    }
+                }
+            }
+            let out_off = e.mulc(row, inner)?;
+            let l = self.lanes as i64;
+            // Vector body, then a one-lane tail.
+            let nvec = e.sub(j1, j0)?;
+            let nvec = e.mulc(e.udivc(nvec, l)?, l)?;
+            let jv = e.add(j0, nvec)?;
+            e.for_range(j0, jv, l, |j| {
+                self.emit_elements(e, &bases, &offs, out_off, j, self.lanes)
+            })?;
+            e.for_range(jv, j1, 1, |j| self.emit_elements(e, &bases, &offs, out_off, j, 1))
+        })
+    }
+
+    /// Computes and stores `n` consecutive output elements starting at innermost index `j`.
+    fn emit_elements<'ctx>(
+        &self,
+        e: &Emit<'_, 'ctx>,
+        bases: &[PointerValue<'ctx>],
+        offs: &[IntValue<'ctx>],
+        out_off: IntValue<'ctx>,
+        j: IntValue<'ctx>,
+        n: u32,
+    ) -> Result<()> {
+        let last = self.dims.len() - 1;
+        let mut loaded: HashMap<usize, VectorValue<'ctx>> = HashMap::new();
+        let mut vals: Vec<VectorValue<'ctx>> = vec![];
+        for step in &self.steps {
+            let mut ops = vec![];
+            for (a, ty) in step.args.iter().zip(&step.arg_types) {
+                let (Some(a), Some(ty)) = (a, ty) else {
+                    ops.push(None);
+                    continue;
+                };
+                let v = match *a {
+                    Src::Step(s) => vals[s],
+                    Src::Const(c) => const_vec(e, *ty, c, n),
+                    Src::Input(i) => match loaded.get(&i) {
+                        Some(v) => *v,
+                        None => {
+                            let contiguous = self.strides[i][last] != 0;
+                            let idx = if contiguous {
+                                e.add(offs[i], e.mulc(j, self.strides[i][last] as i64)?)?
+                            } else {
+                                offs[i]
+                            };
+                            let v = load(e, bases[i], self.in_types[i], idx, if contiguous { n } else { 1 })?;
+                            let v = if contiguous { v } else { splat(e, v, n)? };
+                            loaded.insert(i, v);
+                            v
+                        }
+                    },
+                };
+                ops.push(Some(v));
+            }
+            vals.push(emit_op(e, step, &ops, n)?);
+        }
+        let out = *vals.last().expect("a group has a node");
+        let dtype = self.steps.last().expect("a group has a node").dtype;
+        let out_idx = e.add(out_off, j)?;
+        store(e, bases[self.in_types.len()], dtype, out_idx, out)
+    }
+}
+
+/// The in-register element type: i1 for bool.
+fn reg_type<'ctx>(e: &Emit<'_, 'ctx>, d: DType) -> BasicTypeEnum<'ctx> {
+    match d {
+        DType::F32 => e.cx.f32_type().into(),
+        DType::I32 => e.cx.i32_type().into(),
+        DType::I64 => e.cx.i64_type().into(),
+        _ => e.cx.bool_type().into(),
+    }
+}
+
+/// The in-memory element type: one byte for bool.
+fn mem_type<'ctx>(e: &Emit<'_, 'ctx>, d: DType) -> BasicTypeEnum<'ctx> {
+    match d {
+        DType::Bool => e.cx.i8_type().into(),
+        _ => reg_type(e, d),
+    }
+}
+
+fn vec_of<'ctx>(t: BasicTypeEnum<'ctx>, n: u32) -> VectorType<'ctx> {
+    match t {
+        BasicTypeEnum::FloatType(f) => f.vec_type(n),
+        BasicTypeEnum::IntType(i) => i.vec_type(n),
+        other => panic!("no vector of {other:?}"),
+    }
+}
+
+fn const_vec<'ctx>(e: &Emit<'_, 'ctx>, d: DType, c: f64, n: u32) -> VectorValue<'ctx> {
+    let s: BasicValueEnum = match d {
+        DType::F32 => e.cx.f32_type().const_float(f64::from(c as f32)).into(),
+        DType::I32 => e.cx.i32_type().const_int(c as i64 as u64, true).into(),
+        DType::I64 => e.cx.i64_type().const_int(c as i64 as u64, true).into(),
+        _ => e.cx.bool_type().const_int(u64::from(c != 0.0), false).into(),
+    };
+    VectorType::const_vector(&vec![s; n as usize])
+}
+
+fn elem_ptr<'ctx>(
+    e: &Emit<'_, 'ctx>,
+    base: PointerValue<'ctx>,
+    d: DType,
+    idx: IntValue<'ctx>,
+) -> Result<PointerValue<'ctx>> {
+    // SAFETY (of the IR): indices stay inside the tensors the plan gave the kernel.
+    unsafe { e.b.build_in_bounds_gep(mem_type(e, d), base, &[idx], "") }.map_err(llvm)
+}
+
+fn elem_align(d: DType) -> u32 {
+    match d {
+        DType::Bool => 1,
+        DType::I64 => 8,
+        _ => 4,
+    }
+}
+
+/// Loads `n` elements as an `n`-lane register vector.
+fn load<'ctx>(
+    e: &Emit<'_, 'ctx>,
+    base: PointerValue<'ctx>,
+    d: DType,
+    idx: IntValue<'ctx>,
+    n: u32,
+) -> Result<VectorValue<'ctx>> {
+    let p = elem_ptr(e, base, d, idx)?;
+    let v = e.b.build_load(vec_of(mem_type(e, d), n), p, "").map_err(llvm)?;
+    v.as_instruction_value()
+        .expect("load is an instruction")
+        .set_alignment(elem_align(d))
+        .map_err(llvm)?;
+    let v = v.into_vector_value();
+    if d == DType::Bool {
+        let zero = vec_of(e.cx.i8_type().into(), n).const_zero();
+        return e.b.build_int_compare(IntPredicate::NE, v, zero, "").map_err(llvm);
+    }
+    Ok(v)
+}
+
+fn store<'ctx>(
+    e: &Emit<'_, 'ctx>,
+    base: PointerValue<'ctx>,
+    d: DType,
+    idx: IntValue<'ctx>,
+    v: VectorValue<'ctx>,
+) -> Result<()> {
+    let n = v.get_type().get_size();
+    let v = if d == DType::Bool {
+        e.b.build_int_z_extend(v, e.cx.i8_type().vec_type(n), "")
+            .map_err(llvm)?
+    } else {
+        v
+    };
+    let p = elem_ptr(e, base, d, idx)?;
+    let st = e.b.build_store(p, v).map_err(llvm)?;
+    st.set_alignment(elem_align(d)).map_err(llvm)?;
+    Ok(())
+}
+
+fn splat<'ctx>(e: &Emit<'_, 'ctx>, v: VectorValue<'ctx>, n: u32) -> Result<VectorValue<'ctx>> {
+    if n == 1 {
+        return Ok(v);
+    }
+    let mask = e.cx.i32_type().vec_type(n).const_zero();
+    e.b.build_shuffle_vector(v, v.get_type().get_poison(), mask, "")
+        .map_err(llvm)
+}
+
+fn fconst<'ctx>(e: &Emit<'_, 'ctx>, x: f32, n: u32) -> VectorValue<'ctx> {
+    const_vec(e, DType::F32, f64::from(x), n)
+}
+
+fn select<'ctx>(
+    e: &Emit<'_, 'ctx>,
+    m: VectorValue<'ctx>,
+    a: VectorValue<'ctx>,
+    b: VectorValue<'ctx>,
+) -> Result<VectorValue<'ctx>> {
+    Ok(e.b.build_select(m, a, b, "").map_err(llvm)?.into_vector_value())
+}
+
+fn fintr<'ctx>(e: &Emit<'_, 'ctx>, name: &str, args: &[VectorValue<'ctx>]) -> Result<VectorValue<'ctx>> {
+    let a: Vec<_> = args.iter().map(|v| (*v).into()).collect();
+    Ok(e.intrinsic(name, &[args[0].get_type().into()], &a)?
+        .into_vector_value())
+}
+
+/// `lo <= x <= hi` as the reference does it: ordered compares, so NaN stays NaN.
+fn fclamp<'ctx>(
+    e: &Emit<'_, 'ctx>,
+    x: VectorValue<'ctx>,
+    lo: Option<VectorValue<'ctx>>,
+    hi: Option<VectorValue<'ctx>>,
+) -> Result<VectorValue<'ctx>> {
+    let mut x = x;
+    if let Some(lo) = lo {
+        x = select(e, e.fcmp(FloatPredicate::OLT, x, lo)?, lo, x)?;
+    }
+    if let Some(hi) = hi {
+        x = select(e, e.fcmp(FloatPredicate::OGT, x, hi)?, hi, x)?;
+    }
+    Ok(x)
+}
+
+fn emit_op<'ctx>(
+    e: &Emit<'_, 'ctx>,
+    step: &Step,
+    ops: &[Option<VectorValue<'ctx>>],
+    n: u32,
+) -> Result<VectorValue<'ctx>> {
+    let b = e.b;
+    let x = ops.first().copied().flatten().ok_or_else(|| {
+        CodegenError::internal(format!(
+            "elementwise {} without its first operand",
+            step.op.name()
+        ))
+    })?;
+    let xt = step.arg_types[0].unwrap_or(DType::F32);
+    let float = xt == DType::F32;
+    let operand = |i: usize| -> Result<VectorValue<'ctx>> {
+        ops.get(i).copied().flatten().ok_or_else(|| {
+            CodegenError::internal(format!("elementwise {} without operand {i}", step.op.name()))
+        })
+    };
+    let fzero = fconst(e, 0.0, n);
+    let izero = x.get_type().const_zero();
+    match &step.op {
+        Op::Unary(u) => match (u, float) {
+            (Unary::Abs, true) => vmath::fabs(e, x),
+            (Unary::Abs, false) => {
+                let neg = b.build_int_neg(x, "").map_err(llvm)?;
+                let lt = b
+                    .build_int_compare(IntPredicate::SLT, x, izero, "")
+                    .map_err(llvm)?;
+                select(e, lt, neg, x)
+            }
+            (Unary::Neg, true) => b.build_float_neg(x, "").map_err(llvm),
+            (Unary::Neg, false) => b.build_int_neg(x, "").map_err(llvm),
+            (Unary::Relu, true) => select(e, e.fcmp(FloatPredicate::OLT, x, fzero)?, fzero, x),
+            (Unary::Relu, false) => {
+                let lt = b
+                    .build_int_compare(IntPredicate::SLT, x, izero, "")
+                    .map_err(llvm)?;
+                select(e, lt, izero, x)
+            }
+            (Unary::Not, _) => b.build_not(x, "").map_err(llvm),
+            (Unary::Sigmoid, _) => vmath::sigmoid(e, x),
+            (Unary::Exp, _) => vmath::exp(e, x),
+            (Unary::Tanh, _) => vmath::tanh(e, x),
+            (Unary::Sqrt, _) => fintr(e, "llvm.sqrt", &[x]),
+            (Unary::Reciprocal, _) => b.build_float_div(fconst(e, 1.0, n), x, "").map_err(llvm),
+            (Unary::Floor, _) => fintr(e, "llvm.floor", &[x]),
+            (Unary::Ceil, _) => fintr(e, "llvm.ceil", &[x]),
+            (Unary::Round, _) => fintr(e, "llvm.roundeven", &[x]),
+            (Unary::HardSwish, _) => {
+                let t = e.fma(x, fconst(e, 1.0 / 6.0, n), fconst(e, 0.5, n))?;
+                let t = fclamp(e, t, Some(fzero), Some(fconst(e, 1.0, n)))?;
+                e.fmul(x, t)
+            }
+            (Unary::LeakyRelu { alpha }, _) => {
+                let ax = e.fmul(x, fconst(e, *alpha, n))?;
+                select(e, e.fcmp(FloatPredicate::OLT, x, fzero)?, ax, x)
+            }
+            (Unary::HardSigmoid { alpha, beta }, _) => {
+                let t = e.fma(x, fconst(e, *alpha, n), fconst(e, *beta, n))?;
+                fclamp(e, t, Some(fzero), Some(fconst(e, 1.0, n)))
+            }
+            (Unary::Swish { alpha }, _) => {
+                let s = vmath::sigmoid(e, e.fmul(x, fconst(e, *alpha, n))?)?;
+                e.fmul(x, s)
+            }
+            _ => Err(CodegenError::internal(format!(
+                "elementwise generator: no {}",
+                u.name()
+            ))),
+        },
+        Op::Binary(bop) => {
+            let y = operand(1)?;
+            let boolean = xt == DType::Bool;
+            let ip = |p| b.build_int_compare(p, x, y, "").map_err(llvm);
+            match (bop, float) {
+                (Binary::Add, true) => e.fadd(x, y),
+                (Binary::Sub, true) => b.build_float_sub(x, y, "").map_err(llvm),
+                (Binary::Mul, true) => e.fmul(x, y),
+                (Binary::Div, true) => b.build_float_div(x, y, "").map_err(llvm),
+                (Binary::Min, true) => fintr(e, "llvm.minimum", &[x, y]),
+                (Binary::Max, true) => fintr(e, "llvm.maximum", &[x, y]),
+                (Binary::Equal, true) => e.fcmp(FloatPredicate::OEQ, x, y),
+                (Binary::Less, true) => e.fcmp(FloatPredicate::OLT, x, y),
+                (Binary::LessOrEqual, true) => e.fcmp(FloatPredicate::OLE, x, y),
+                (Binary::Greater, true) => e.fcmp(FloatPredicate::OGT, x, y),
+                (Binary::GreaterOrEqual, true) => e.fcmp(FloatPredicate::OGE, x, y),
+                (Binary::Add, false) => b.build_int_add(x, y, "").map_err(llvm),
+                (Binary::Sub, false) => b.build_int_sub(x, y, "").map_err(llvm),
+                (Binary::Mul, false) => b.build_int_mul(x, y, "").map_err(llvm),
+                (Binary::Min, false) => select(e, ip(IntPredicate::SLT)?, x, y),
+                (Binary::Max, false) => select(e, ip(IntPredicate::SGT)?, x, y),
+                (Binary::Equal, false) => ip(IntPredicate::EQ),
+                (Binary::Less, false) if !boolean => ip(IntPredicate::SLT),
+                (Binary::LessOrEqual, false) if !boolean => ip(IntPredicate::SLE),
+                (Binary::Greater, false) if !boolean => ip(IntPredicate::SGT),
+                (Binary::GreaterOrEqual, false) if !boolean => ip(IntPredicate::SGE),
+                (Binary::And, false) => b.build_and(x, y, "").map_err(llvm),
+                (Binary::Or, false) => b.build_or(x, y, "").map_err(llvm),
+                (Binary::Xor, false) => b.build_xor(x, y, "").map_err(llvm),
+                _ => Err(CodegenError::internal(format!(
+                    "elementwise generator: no {} on {}",
+                    bop.name(),
+                    xt.name()
+                ))),
+            }
+        }
+        Op::Where => select(e, x, operand(1)?, operand(2)?),
+        Op::Clip => {
+            let lo = ops.get(1).copied().flatten();
+            let hi = ops.get(2).copied().flatten();
+            if float {
+                fclamp(e, x, lo, hi)
+            } else {
+                let mut x = x;
+                if let Some(lo) = lo {
+                    let m = b.build_int_compare(IntPredicate::SLT, x, lo, "").map_err(llvm)?;
+                    x = select(e, m, lo, x)?;
+                }
+                if let Some(hi) = hi {
+                    let m = b.build_int_compare(IntPredicate::SGT, x, hi, "").map_err(llvm)?;
+                    x = select(e, m, hi, x)?;
+                }
+                Ok(x)
+            }
+        }
+        Op::Cast { to } => cast(e, x, xt, *to, n),
+        other => Err(CodegenError::internal(format!(
+            "elementwise generator: {} is not elementwise",
+            other.name()
+        ))),
+    }
+}
+
+fn cast<'ctx>(
+    e: &Emit<'_, 'ctx>,
+    x: VectorValue<'ctx>,
+    from: DType,
+    to: DType,
+    n: u32,
+) -> Result<VectorValue<'ctx>> {
+    let b = e.b;
+    if from == to {
+        return Ok(x);
+    }
+    let dst = vec_of(reg_type(e, to), n);
+    match (from, to) {
+        (DType::F32, DType::Bool) => e.fcmp(FloatPredicate::UNE, x, fconst(e, 0.0, n)),
+        (_, DType::Bool) => b
+            .build_int_compare(IntPredicate::NE, x, x.get_type().const_zero(), "")
+            .map_err(llvm),
+        (DType::Bool, DType::F32) => b.build_unsigned_int_to_float(x, dst, "").map_err(llvm),
+        (DType::Bool, _) => b.build_int_z_extend(x, dst, "").map_err(llvm),
+        (_, DType::F32) => b.build_signed_int_to_float(x, dst, "").map_err(llvm),
+        (DType::I32, DType::I64) => b.build_int_s_extend(x, dst, "").map_err(llvm),
+        (DType::I64, DType::I32) => b.build_int_truncate(x, dst, "").map_err(llvm),
+        _ => Err(CodegenError::internal(format!(
+            "elementwise generator: no Cast from {} to {}",
+            from.name(),
+            to.name()
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::NodeInfo;
+    use kiln_ir::{Dim, Tensor, TensorType};
+
+    /// A graph under construction with its runtime inputs' data.
+    struct G {
+        g: Graph,
+        data: Vec<Tensor>,
+        seed: u64,
+    }
+
+    impl G {
+        fn new() -> G {
+            G {
+                g: Graph::new("ew"),
+                data: vec![],
+                seed: 7,
+            }
+        }
+
+        fn rand(&mut self, n: usize) -> Vec<f32> {
+            (0..n)
+                .map(|_| {
+                    self.seed = self
+                        .seed
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    ((self.seed >> 40) as f32 / (1u64 << 24) as f32) * 8.0 - 4.0
+                })
+                .collect()
+        }
+
+        fn input(&mut self, dtype: DType, shape: &[usize]) -> ValueId {
+            let n: usize = shape.iter().product();
+            let r = self.rand(n);
+            let s = shape.to_vec();
+            let t = match dtype {
+                DType::F32 => Tensor::from_vec(s, r),
+                DType::I32 => Tensor::from_vec(s, r.iter().map(|x| (x * 1000.0) as i32).collect()),
+                DType::I64 => Tensor::from_vec(s, r.iter().map(|x| (x * 1e6) as i64).collect()),
+                _ => Tensor::from_vec(s, r.iter().map(|x| *x > 0.0).collect::<Vec<bool>>()),
+            };
+            self.data.push(t);
+            let ty = TensorType::new(dtype, shape.iter().map(|&d| Dim::Fixed(d)).collect());
+            self.g.add_input(format!("in{}", self.data.len()), ty)
+        }
+
+        fn op(&mut self, op: Op, ins: &[ValueId]) -> ValueId {
+            let n = self.g.len();
+            self.g
+                .add(
+                    format!("n{n}"),
+                    op,
+                    ins.iter().map(|v| Some(*v)).collect(),
+                    format!("v{n}"),
+                )
+                .unwrap()
+        }
+
+        fn konst(&mut self, t: Tensor) -> ValueId {
+            let n = self.g.len();
+            self.g.add_const(format!("c{n}"), t)
+        }
+
+        /// Groups the graph's elementwise nodes (as the planner does), generates the one group
+        /// that must cover them all, runs it on 1 and 2 threads and compares with the evaluator.
+        fn check(mut self, out: ValueId, expect_nodes: usize) {
+            self.g.add_output("y", out);
+            let want = kiln_ir::eval::eval_graph(&self.g, self.data.clone())
+                .unwrap()
+                .remove(0);
+            let groups = crate::fuse::find_elementwise_groups(&self.g, &Default::default());
+            assert_eq!(groups.len(), 1, "one group");
+            assert_eq!(groups[0].len(), expect_nodes, "every node in the group");
+            assert_eq!(*groups[0].last().unwrap(), out.node);
+            let target = TargetDesc::host().unwrap();
+            let (k, ext) = lower_group(&self.g, &groups[0], &target).expect("lowered");
+            // The harness passes f32 buffers: carry every dtype's bytes in them.
+            let words = |b: Vec<u8>| -> Vec<f32> {
+                let mut b = b;
+                b.resize(b.len().div_ceil(4) * 4 + 4, 0);
+                b.chunks(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect()
+            };
+            let inputs: Vec<Option<Vec<f32>>> = ext
+                .iter()
+                .map(|v| {
+                    let t = match self.g.known_value(*v) {
+                        Some(t) => t.clone(),
+                        None => {
+                            let i = self.g.inputs().iter().position(|n| n.out(0) == *v).unwrap();
+                            self.data[i].clone()
+                        }
+                    };
+                    Some(words(t.to_le_bytes()))
+                })
+                .collect();
+            let want_bytes = want.to_le_bytes();
+            let node = NodeInfo::new(&self.g, out.node);
+            for threads in [1, 2] {
+                let (got, _) = super::super::testing::run_kernel(
+                    k.as_ref(),
+                    &node,
+                    &target,
+                    &inputs,
+                    want_bytes.len().div_ceil(4) + 1,
+                    threads,
+                    0,
+                );
+                let got: Vec<u8> = got
+                    .iter()
+                    .flat_map(|x| x.to_le_bytes())
+                    .take(want_bytes.len())
+                    .collect();
+                if want.dtype() == DType::F32 {
+                    let w = want.as_slice::<f32>().unwrap();
+                    for (i, c) in got.chunks(4).enumerate() {
+                        let g = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                        assert!(
+                            (g - w[i]).abs() <= 1e-6 + 2e-6 * w[i].abs() || (g.is_nan() && w[i].is_nan()),
+                            "{}: element {i}: got {g}, want {}",
+                            k.describe(),
+                            w[i]
+                        );
+                    }
+                } else {
+                    assert_eq!(got, want_bytes, "{}", k.describe());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn f32_chain_with_broadcast_inputs() {
+        let mut g = G::new();
+        let x = g.input(DType::F32, &[2, 3, 4, 13]);
+        let s = g.input(DType::F32, &[3, 1, 1]);
+        let c = g.input(DType::F32, &[13]);
+        let m = g.op(Op::Binary(Binary::Mul), &[x, s]);
+        let a = g.op(Op::Binary(Binary::Add), &[m, c]);
+        let t = g.op(Op::Unary(Unary::Sigmoid), &[a]);
+        let u = g.op(Op::Binary(Binary::Mul), &[a, t]);
+        let e = g.op(Op::Unary(Unary::Tanh), &[u]);
+        let h = g.op(Op::Unary(Unary::HardSwish), &[e]);
+        g.check(h, 6);
+    }
+
+    #[test]
+    fn f32_transcendentals_and_scalar_constants() {
+        let mut g = G::new();
+        let x = g.input(DType::F32, &[5, 37]);
+        let k = g.konst(Tensor::scalar(0.25f32));
+        let d = g.op(Op::Binary(Binary::Div), &[x, k]);
+        let e = g.op(Op::Unary(Unary::Exp), &[d]);
+        let ab = g.op(Op::Unary(Unary::Abs), &[x]);
+        let sq = g.op(Op::Unary(Unary::Sqrt), &[ab]);
+        let mx = g.op(Op::Binary(Binary::Max), &[e, sq]);
+        let lo = g.konst(Tensor::scalar(-1.0f32));
+        let hi = g.konst(Tensor::scalar(100.0f32));
+        let cl = g.op(Op::Clip, &[mx, lo, hi]);
+        let lr = g.op(Op::Unary(Unary::LeakyRelu { alpha: 0.1 }), &[cl]);
+        g.check(lr, 6);
+    }
+
+    #[test]
+    fn integer_arithmetic_is_exact() {
+        for dtype in [DType::I32, DType::I64] {
+            let mut g = G::new();
+            let a = g.input(dtype, &[3, 17]);
+            let b = g.input(dtype, &[17]);
+            let s = g.op(Op::Binary(Binary::Add), &[a, b]);
+            let m = g.op(Op::Binary(Binary::Mul), &[s, a]);
+            let n = g.op(Op::Unary(Unary::Neg), &[m]);
+            let r = g.op(Op::Binary(Binary::Max), &[n, b]);
+            let ab = g.op(Op::Unary(Unary::Abs), &[r]);
+            g.check(ab, 5);
+        }
+    }
+
+    #[test]
+    fn comparisons_produce_bool() {
+        let mut g = G::new();
+        let x = g.input(DType::F32, &[4, 19]);
+        let y = g.input(DType::F32, &[19]);
+        let f = g.input(DType::Bool, &[4, 1]);
+        let lt = g.op(Op::Binary(Binary::Less), &[x, y]);
+        let a = g.op(Op::Binary(Binary::And), &[lt, f]);
+        let n = g.op(Op::Unary(Unary::Not), &[a]);
+        let i = g.input(DType::I64, &[4, 19]);
+        let z = g.konst(Tensor::scalar(0i64));
+        let ge = g.op(Op::Binary(Binary::GreaterOrEqual), &[i, z]);
+        let o = g.op(Op::Binary(Binary::Xor), &[n, ge]);
+        g.check(o, 5);
+    }
+
+    #[test]
+    fn where_and_casts() {
+        let mut g = G::new();
+        let x = g.input(DType::F32, &[3, 2, 21]);
+        let q = g.input(DType::I32, &[2, 21]);
+        let z = g.konst(Tensor::scalar(0.0f32));
+        let c = g.op(Op::Binary(Binary::Greater), &[x, z]);
+        let qf = g.op(Op::Cast { to: DType::F32 }, &[q]);
+        let w = g.op(Op::Where, &[c, x, qf]);
+        let cb = g.op(Op::Cast { to: DType::I64 }, &[c]);
+        let cf = g.op(Op::Cast { to: DType::F32 }, &[cb]);
+        let y = g.op(Op::Binary(Binary::Sub), &[w, cf]);
+        g.check(y, 6);
+    }
+
+    #[test]
+    fn large_rows_split_into_blocks() {
+        let mut g = G::new();
+        let x = g.input(DType::F32, &[3, 40003]);
+        let b = g.input(DType::F32, &[3, 1]);
+        let a = g.op(Op::Binary(Binary::Add), &[x, b]);
+        let r = g.op(Op::Unary(Unary::Relu), &[a]);
+        g.check(r, 2);
+    }
+}
