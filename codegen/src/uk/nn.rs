@@ -840,6 +840,7 @@ mod tests {
             auto_pad: AutoPad::SameUpper,
             ceil_mode: false,
             storage_order: 0,
+            channels_last: false,
         });
         let call = lower_one(op, &[&[1, 1, 5, 5]]);
         // 3 outputs per axis; padding 1 (kernel 2) and 2 (kernel 3), odd element at the end.
