@@ -295,6 +295,94 @@ int32_t kiln_uk_pool(const kiln_uk_args *a) {
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * Channels-last MaxPool / AveragePool (f32, 2-D)
+ *
+ * iattr: kind (0 max, 1 average), count_include_pad,
+ *        then for H and W: kernel, stride, dilation, pad_begin, pad_end.
+ * in: X [N, H, W, C]; out: Y [N, OH, OW, C]. One task per output row; every tap is a
+ * contiguous run of C channels, so the inner loops vectorize along C. Max keeps the first
+ * tap's value unless a later one is greater (NaN never replaces a value), like `pool`.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct {
+  const kiln_uk_args *a;
+  int64_t kind, cip, c;
+  int64_t k[2], s[2], d[2], pb[2], pe[2], in[2], out[2];
+} pool_nhwc_job;
+
+/* Taps of output o on axis i that lie in the input or its explicit padding. */
+static int64_t nhwc_padded_count(const pool_nhwc_job *j, int i, int64_t o) {
+  int64_t n = 0;
+  for (int64_t k = 0; k < j->k[i]; k++) {
+    int64_t s = o * j->s[i] + k * j->d[i] - j->pb[i];
+    if (s >= -j->pb[i] && s < j->in[i] + j->pe[i]) n++;
+  }
+  return n;
+}
+
+static void pool_nhwc_task(void *data, int64_t row, int64_t tid) {
+  (void)tid;
+  const pool_nhwc_job *j = data;
+  const int64_t C = j->c, H = j->in[0], W = j->in[1], OH = j->out[0], OW = j->out[1];
+  const int64_t n = row / OH, oh = row % OH;
+  const float *x = (const float *)j->a->in[0].data + n * H * W * C;
+  float *y = (float *)j->a->out[0].data + row * OW * C;
+  const int64_t h0 = oh * j->s[0] - j->pb[0];
+  for (int64_t ow = 0; ow < OW; ow++, y += C) {
+    const int64_t w0 = ow * j->s[1] - j->pb[1];
+    int64_t cnt = 0;
+    for (int64_t kh = 0; kh < j->k[0]; kh++) {
+      const int64_t ih = h0 + kh * j->d[0];
+      if (ih < 0 || ih >= H) continue;
+      for (int64_t kw = 0; kw < j->k[1]; kw++) {
+        const int64_t iw = w0 + kw * j->d[1];
+        if (iw < 0 || iw >= W) continue;
+        const float *restrict xp = x + (ih * W + iw) * C;
+        float *restrict yp = y;
+        if (cnt == 0) {
+          for (int64_t c = 0; c < C; c++) yp[c] = xp[c];
+        } else if (j->kind == 0) {
+          for (int64_t c = 0; c < C; c++) yp[c] = xp[c] > yp[c] ? xp[c] : yp[c];
+        } else {
+          for (int64_t c = 0; c < C; c++) yp[c] += xp[c];
+        }
+        cnt++;
+      }
+    }
+    if (j->kind == 0) {
+      if (cnt == 0)
+        for (int64_t c = 0; c < C; c++) y[c] = -__builtin_inff();
+      continue;
+    }
+    int64_t div = j->cip ? nhwc_padded_count(j, 0, oh) * nhwc_padded_count(j, 1, ow) : cnt;
+    if (cnt == 0)
+      for (int64_t c = 0; c < C; c++) y[c] = 0.0f;
+    const float fd = (float)div;
+    for (int64_t c = 0; c < C; c++) y[c] = y[c] / fd;
+  }
+}
+
+int32_t kiln_uk_pool_nhwc(const kiln_uk_args *a) {
+  pool_nhwc_job j;
+  j.a = a;
+  j.kind = a->iattr[0];
+  j.cip = a->iattr[1];
+  j.c = a->in[0].dims[3];
+  for (int i = 0; i < 2; i++) {
+    const int64_t *p = a->iattr + 2 + 5 * i;
+    j.k[i] = p[0];
+    j.s[i] = p[1];
+    j.d[i] = p[2];
+    j.pb[i] = p[3];
+    j.pe[i] = p[4];
+    j.in[i] = a->in[0].dims[1 + i];
+    j.out[i] = a->out[0].dims[1 + i];
+  }
+  kiln_rt_parallel_for(a->ctx, pool_nhwc_task, &j, a->out[0].dims[0] * j.out[0]);
+  return KILN_UK_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
  * GlobalMaxPool / GlobalAveragePool / GlobalLpPool
  *
  * iattr: kind (0 max, 1 average, 2 lp). fattr: p (lp).

@@ -157,6 +157,9 @@ pub struct ConvAttrs {
     pub dilations: Vec<usize>,
     pub group: usize,
     pub auto_pad: AutoPad,
+    /// X and Y are `[N, spatial..., C]` (channels-last) instead of `[N, C, spatial...]`; W and
+    /// B keep the ONNX layout (codegen re-lays weights out when it packs them).
+    pub channels_last: bool,
 }
 
 #[derive(Clone, PartialEq, Eq, Hash, Debug, Default)]
@@ -185,6 +188,9 @@ pub struct PoolAttrs {
     pub ceil_mode: bool,
     /// MaxPool's optional `Indices` output: column-major (1) or row-major (0) flattening.
     pub storage_order: u8,
+    /// X and Y are `[N, spatial..., C]` (channels-last) instead of `[N, C, spatial...]`.
+    /// Indices (MaxPool's second output) still number elements of the NCHW input.
+    pub channels_last: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]

@@ -97,5 +97,6 @@ pub fn op_label(op: &Op) -> String {
             .trim();
         let _ = write!(out, "{}", attrs.replace("{ ", "{").replace(" }", "}"));
     }
-    out
+    // The channels-first default is the ONNX layout: only the channels-last form is spelled out.
+    out.replace(", channels_last: false", "")
 }

@@ -145,6 +145,9 @@ enum Operand {
     Strided { input: usize, rs: usize, cs: usize },
     /// The im2col matrix of a convolution input (B only).
     Im2col { input: usize, g: ConvGeom },
+    /// The im2col matrix of a channels-last convolution input (A only): row = output pixel,
+    /// k = (kh, kw, c) (see `conv_nhwc`).
+    Im2colNhwc { input: usize, g: ConvGeom },
 }
 
 /// Convolution geometry for im2col (per group: `c` is the group's input channels).
@@ -674,6 +677,9 @@ fn lower_conv(
     let Some(w) = f32s(node, 1) else {
         return Ok(None);
     };
+    if attrs.channels_last {
+        return lower_conv_nhwc(node, target, tile, epi, attrs, &w);
+    }
     let (nb, c, h, wd) = (xs[0], xs[1], xs[2], xs[3]);
     let (m, cg, kh, kw) = (ws[0], ws[1], ws[2], ws[3]);
     let g = attrs.group.max(1);
@@ -744,6 +750,94 @@ fn lower_conv(
         packed: vec![to_bytes(&packed_w)],
         unread,
         what: format!("conv{kh}x{kw}/{}", geo.sh),
+    };
+    b.finish(node, target, tile, epi)
+}
+
+/// A channels-last convolution (X `[N,H,W,C]`, Y `[N,OH,OW,M]`): M = output pixels, N = output
+/// channels (B = weights, re-laid out to `[(kh,kw,c), m]` and packed), K = KH·KW·C. A 1×1
+/// stride-1 convolution is a plain matmul of the input over all images; others pack A from the
+/// input with runs of contiguous channels per tap. The bias is per column. Depthwise
+/// convolutions go to `conv_nhwc::lower_dw`; other grouped ones are not handled.
+fn lower_conv_nhwc(
+    node: &NodeInfo,
+    target: &TargetDesc,
+    tile: Tile,
+    mut epi: Epilogue,
+    attrs: &ConvAttrs,
+    w: &[f32],
+) -> Result<Option<Box<dyn GeneratedKernel>>> {
+    let xs = node.input_shape(0)?;
+    let ws = node.input_shape(1)?;
+    let ys = node.output_shape(0)?;
+    let (nb, h, wd, c) = (xs[0], xs[1], xs[2], xs[3]);
+    let (m, cg, kh, kw) = (ws[0], ws[1], ws[2], ws[3]);
+    let g = attrs.group.max(1);
+    let (oh, ow) = (ys[1], ys[2]);
+    let Some(geo) = conv_geometry(attrs, h, wd, kh, kw, oh, ow) else {
+        return Err(node.unsupported("convolution window does not match the output shape"));
+    };
+    if g == c && g == m && cg == 1 && g > 1 {
+        return super::conv_nhwc::lower_dw(node, target, epi, w, geo.into_dw(nb, c));
+    }
+    if g != 1 || cg != c || ys[3] != m {
+        return Ok(None);
+    }
+    epi.bias = match epi.bias {
+        Bias::PerRow(v) if v.len() != m => {
+            return Err(node.unsupported(format!("bias has {} values for {m} output channels", v.len())))
+        }
+        Bias::PerRow(v) => Bias::PerCol(v),
+        other => other,
+    };
+    let k = kh * kw * c;
+    let taps = kh * kw;
+    let mut wt = vec![0f32; k * m];
+    for mo in 0..m {
+        for ci in 0..c {
+            for t in 0..taps {
+                wt[(t * c + ci) * m + mo] = w[(mo * c + ci) * taps + t];
+            }
+        }
+    }
+    let packed = pack_b(&wt, k, m, m, 1, tile.nr(), 1.0);
+    let pointwise =
+        kh == 1 && kw == 1 && geo.sh == 1 && geo.sw == 1 && geo.ph == 0 && geo.pw == 0 && oh == h && ow == wd;
+    let mut unread = vec![1];
+    if node.has_input(2) {
+        unread.push(2);
+    }
+    let (rows, a, batch) = if pointwise {
+        let a = Operand::Strided {
+            input: 0,
+            rs: c,
+            cs: 1,
+        };
+        (nb * oh * ow, a, vec![])
+    } else {
+        let a = Operand::Im2colNhwc {
+            input: 0,
+            g: ConvGeom { c, ..geo },
+        };
+        let batch = vec![BatchDim {
+            extent: nb,
+            a: h * wd * c,
+            b: 0,
+            c: oh * ow * m,
+            bias_row: 0,
+        }];
+        (oh * ow, a, batch)
+    };
+    let b = Builder {
+        m: rows,
+        n: m,
+        k,
+        batch,
+        a,
+        b: Operand::Packed { slot: 0 },
+        packed: vec![to_bytes(&packed)],
+        unread,
+        what: format!("conv{kh}x{kw}/{} nhwc", geo.sh),
     };
     b.finish(node, target, tile, epi)
 }
@@ -944,7 +1038,9 @@ impl GemmKernel {
     fn slot_of(&self, op: &Operand) -> usize {
         match op {
             Operand::Packed { slot } => self.n_inputs + 1 + slot,
-            Operand::Strided { input, .. } | Operand::Im2col { input, .. } => *input,
+            Operand::Strided { input, .. }
+            | Operand::Im2col { input, .. }
+            | Operand::Im2colNhwc { input, .. } => *input,
         }
     }
 
@@ -1309,6 +1405,11 @@ impl GemmKernel {
         k0: IntValue<'ctx>,
         kc: IntValue<'ctx>,
     ) -> Result<()> {
+        if let Operand::Im2colNhwc { g, .. } = self.a {
+            let mr = self.tile.mr as i64;
+            let g = g.into_dw(1, g.c);
+            return super::conv_nhwc::pack_a_im2col(e, dst, src, row, k0, kc, mr, self.m as i64, &g);
+        }
         let Operand::Strided { rs, cs, .. } = self.a else {
             return Err(crate::error::CodegenError::internal(
                 "A panel packing needs a strided A",
@@ -1382,7 +1483,7 @@ impl GemmKernel {
                 }
             }
             Operand::Im2col { g, .. } => self.pack_im2col(e, dst, src, col, cols, valid, k0, kc, g),
-            Operand::Packed { .. } => Err(crate::error::CodegenError::internal(
+            Operand::Packed { .. } | Operand::Im2colNhwc { .. } => Err(crate::error::CodegenError::internal(
                 "packed B is not packed at run time",
             )),
         }

@@ -7,6 +7,7 @@
 //! `[inputs..., outputs..., packed constants..., shared scratch]` (absent optional inputs are
 //! null). The function returns 0, or non-zero after `kiln_rt_set_error`.
 
+pub mod conv_nhwc;
 pub mod dwconv;
 pub mod elementwise;
 mod emit;

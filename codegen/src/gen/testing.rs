@@ -337,6 +337,7 @@ fn conv(kernel: [usize; 2], strides: [usize; 2], pads: [usize; 4], dil: [usize; 
         dilations: dil.to_vec(),
         group,
         auto_pad: AutoPad::NotSet,
+        channels_last: false,
     })
 }
 
@@ -654,6 +655,7 @@ fn conv_auto_pad_and_defaults() {
                     dilations: vec![],
                     group: g,
                     auto_pad,
+                    channels_last: false,
                 }));
             case.check(&format!("conv auto_pad {auto_pad:?} group {g}"));
         }

@@ -216,6 +216,9 @@ fn check_extents(node: &NodeInfo, axes: &[Axis], f: impl Fn(&Axis) -> usize, wan
 fn pool(node: &NodeInfo, p: &PoolAttrs) -> Result<UkCall> {
     let x = node.input_shape(0)?;
     let y = node.output_shape(0)?;
+    if p.channels_last {
+        return pool_nhwc(node, p, &x, &y);
+    }
     if x.len() < 3 {
         return Err(node.unsupported("input must have shape [N, C, spatial...]"));
     }
@@ -234,6 +237,28 @@ fn pool(node: &NodeInfo, p: &PoolAttrs) -> Result<UkCall> {
     let mut iattr = vec![kind, axes.len() as i64, cip as i64, i64::from(p.storage_order)];
     iattr.extend(axes.iter().flat_map(Axis::attrs));
     Ok(UkCall::new("pool").iattr(iattr).fattr([lp]))
+}
+
+/// A channels-last 2-D max/average pool of f32 (`kiln_uk_pool_nhwc`).
+fn pool_nhwc(node: &NodeInfo, p: &PoolAttrs, x: &[usize], y: &[usize]) -> Result<UkCall> {
+    if x.len() != 4 || y.len() != 4 || node.input_dtype(0) != Some(DType::F32) || node.n_outputs() != 1 {
+        return Err(node.unsupported("a channels-last pool needs a 4-D f32 input and one output"));
+    }
+    let axes = conv_axes(
+        node,
+        &x[1..3],
+        &p.kernel_shape,
+        (&p.strides, &p.dilations, &p.pads, p.auto_pad, p.ceil_mode),
+        &y[1..3],
+    )?;
+    let (kind, cip) = match p.kind {
+        PoolKind::Max => (0, false),
+        PoolKind::Average { count_include_pad } => (1, count_include_pad),
+        PoolKind::Lp { .. } => return Err(node.unsupported("channels-last LpPool is not implemented")),
+    };
+    let mut iattr = vec![kind, cip as i64];
+    iattr.extend(axes.iter().flat_map(Axis::attrs));
+    Ok(UkCall::new("pool_nhwc").iattr(iattr))
 }
 
 fn global_pool(node: &NodeInfo, kind: PoolKind) -> Result<UkCall> {
@@ -281,6 +306,11 @@ fn conv(node: &NodeInfo, a: &ConvAttrs) -> Result<UkCall> {
     let y = node.output_shape(0)?;
     if x.len() < 3 || w.len() != x.len() || a.group == 0 {
         return Err(node.unsupported("X, W and group do not describe a convolution"));
+    }
+    if a.channels_last {
+        return Err(node.unsupported(
+            "a channels-last convolution runs only as a generated f32 kernel (dense or depthwise)",
+        ));
     }
     let kernel = kernel_of(&a.kernel_shape, &w);
     let axes = conv_axes(
@@ -909,6 +939,7 @@ mod tests {
             auto_pad: AutoPad::SameUpper,
             ceil_mode: false,
             storage_order: 0,
+            channels_last: false,
         });
         let call = lower_one(op, &[&[1, 1, 5, 5]]);
         // 3 outputs per axis; padding 1 (kernel 2) and 2 (kernel 3), odd element at the end.

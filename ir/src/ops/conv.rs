@@ -23,6 +23,22 @@ use gemm::{Float, Mat};
 use std::borrow::Cow;
 
 pub(crate) fn infer(op: &Op, cx: &InferCtx) -> Result<Vec<TensorType>, OpError> {
+    if let Some(first) = channels_first(op) {
+        // Channels-last: the same window over the NCHW view of X, outputs laid out back.
+        let x = to_first_type(cx.ty(0)?)?;
+        let mut inputs = cx.inputs.clone();
+        inputs[0] = Some(&x);
+        let mut values = cx.values.clone();
+        if let Some(v) = values.first_mut() {
+            *v = None;
+        }
+        let inner = InferCtx {
+            inputs,
+            values,
+            num_outputs: cx.num_outputs,
+        };
+        return infer(&first, &inner)?.iter().map(to_last_type).collect();
+    }
     match op {
         Op::Conv(a) => infer_conv(a, cx),
         Op::ConvTranspose(a) => infer_conv_transpose(a, cx),
@@ -33,6 +49,21 @@ pub(crate) fn infer(op: &Op, cx: &InferCtx) -> Result<Vec<TensorType>, OpError> 
 }
 
 pub(crate) fn eval(op: &Op, cx: &EvalCtx) -> Result<Vec<Tensor>, OpError> {
+    if let Some(first) = channels_first(op) {
+        let x = permute(cx.input(0)?, false)?;
+        let mut inputs = cx.inputs.clone();
+        inputs[0] = Some(&x);
+        let out_types: Vec<TensorType> = cx
+            .out_types
+            .iter()
+            .map(to_first_type)
+            .collect::<Result<_, _>>()?;
+        let inner = EvalCtx {
+            inputs,
+            out_types: &out_types,
+        };
+        return eval(&first, &inner)?.iter().map(|t| permute(t, true)).collect();
+    }
     match op {
         Op::Conv(a) => eval_conv(a, cx),
         Op::ConvTranspose(a) => eval_conv_transpose(a, cx),
@@ -40,6 +71,73 @@ pub(crate) fn eval(op: &Op, cx: &EvalCtx) -> Result<Vec<Tensor>, OpError> {
         Op::GlobalPool(kind) => pool::eval_global(*kind, cx),
         _ => crate::bail!("{} is not a convolution or pooling operator", op.name()),
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Channels-last (NHWC) variants
+// ---------------------------------------------------------------------------------------------
+
+/// The channels-first form of a channels-last Conv/Pool, or None for a channels-first op.
+fn channels_first(op: &Op) -> Option<Op> {
+    match op {
+        Op::Conv(a) if a.channels_last => Some(Op::Conv(ConvAttrs {
+            channels_last: false,
+            ..a.clone()
+        })),
+        Op::Pool(a) if a.channels_last => Some(Op::Pool(crate::PoolAttrs {
+            channels_last: false,
+            ..a.clone()
+        })),
+        _ => None,
+    }
+}
+
+/// `[N, spatial..., C]` → `[N, C, spatial...]` (or back with `to_last`).
+fn perm(rank: usize, to_last: bool) -> Vec<usize> {
+    let mut p = vec![0];
+    if to_last {
+        p.extend(2..rank);
+        p.push(1);
+    } else {
+        p.push(rank - 1);
+        p.extend(1..rank - 1);
+    }
+    p
+}
+
+fn check_rank(rank: usize) -> Result<(), OpError> {
+    if rank < 3 {
+        crate::bail!("a channels-last input needs rank 3 or more, got rank {rank}");
+    }
+    Ok(())
+}
+
+fn to_first_type(t: &TensorType) -> Result<TensorType, OpError> {
+    check_rank(t.rank())?;
+    let p = perm(t.rank(), false);
+    Ok(util::with_shape(t, p.iter().map(|&i| t.shape[i].clone()).collect()))
+}
+
+fn to_last_type(t: &TensorType) -> Result<TensorType, OpError> {
+    check_rank(t.rank())?;
+    let p = perm(t.rank(), true);
+    Ok(util::with_shape(t, p.iter().map(|&i| t.shape[i].clone()).collect()))
+}
+
+/// The tensor in the other layout (NCHW → NHWC when `to_last`), through the Transpose kernel.
+fn permute(t: &Tensor, to_last: bool) -> Result<Tensor, OpError> {
+    check_rank(t.shape().len())?;
+    let op = Op::Transpose {
+        perm: perm(t.shape().len(), to_last),
+    };
+    let ty = [t.tensor_type()];
+    let cx = EvalCtx {
+        inputs: vec![Some(t)],
+        out_types: &ty,
+    };
+    super::eval(&op, &cx)?
+        .pop()
+        .ok_or_else(|| OpError::new("Transpose returned no tensor"))
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -69,6 +69,7 @@ pub(super) fn conv_attrs(cx: &NodeCtx) -> Result<ConvAttrs> {
         dilations: list(cx, "dilations", true)?,
         group: usize::try_from(group).map_err(|_| cx.err("group is too large"))?,
         auto_pad: auto_pad(cx)?,
+        channels_last: false,
     })
 }
 
@@ -132,6 +133,7 @@ fn pool(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
         auto_pad: auto_pad(cx)?,
         ceil_mode: flag(cx, "ceil_mode")?,
         storage_order: storage_order as u8,
+        channels_last: false,
     };
     let x = cx.input(0)?;
     // MaxPool's optional Indices output is produced when the node declares it.

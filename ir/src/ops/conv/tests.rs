@@ -133,6 +133,7 @@ fn attrs(
         dilations: dilations.to_vec(),
         group,
         auto_pad,
+        channels_last: false,
     }
 }
 
@@ -470,6 +471,7 @@ fn pool(kind: PoolKind, kernel: &[usize], strides: &[usize], pads: &[usize], cei
         auto_pad: AutoPad::NotSet,
         ceil_mode,
         storage_order: 0,
+        channels_last: false,
     }
 }
 
@@ -625,6 +627,7 @@ fn random_geometries_agree_with_definitions_or_are_rejected() {
             dilations: if g.below(2) == 0 { vec![] } else { g.list(sp, 3) },
             group,
             auto_pad: random_auto_pad(&mut g),
+            channels_last: false,
         };
         let x = tensor(DType::F32, &x_shape, 1);
         let w = tensor(DType::F32, &w_shape, 2);
@@ -675,6 +678,7 @@ fn random_geometries_agree_with_definitions_or_are_rejected() {
                 auto_pad: a.auto_pad,
                 ceil_mode: g.below(2) == 1,
                 storage_order: g.below(2) as u8,
+                channels_last: false,
             };
             let n_out = if kind == PoolKind::Max { 1 + g.below(2) } else { 1 };
             let _ = run(&Op::Pool(p), &[Some(&x)], n_out);
@@ -696,6 +700,7 @@ fn absurd_attributes_are_errors() {
         auto_pad: AutoPad::NotSet,
         ceil_mode: true,
         storage_order: 0,
+        channels_last: false,
     };
     for a in [
         p(huge, vec![huge - 1, huge - 1], vec![]),

@@ -1,0 +1,295 @@
+//! Channels-last (NHWC) convolution pieces: the A-side im2col packing the GEMM kernel uses for
+//! a dense NHWC convolution (`gemm::lower_conv_nhwc`), and a direct depthwise kernel.
+//!
+//! In NHWC the channels of one pixel are contiguous, so an im2col row (one output pixel, k =
+//! (kh, kw, c)) is a sequence of contiguous channel runs, one per tap; packing copies those runs
+//! into the MR-interleaved panel. The depthwise kernel vectorizes along channels: one task per
+//! output row, a few channel vectors per step with the taps' weights laid out `[tap][C]`, and the
+//! bias, residual and activation applied in registers.
+
+use super::emit::Emit;
+use super::gemm::{activation, Activation, Bias, Epilogue, Residual};
+use super::{llvm, GeneratedKernel, KernelBuilder, PackedConst, Scratch};
+use crate::error::Result;
+use crate::node::NodeInfo;
+use crate::target::TargetDesc;
+use inkwell::values::{IntValue, PointerValue, VectorValue};
+use inkwell::IntPredicate;
+
+pub(crate) use super::dwconv::DwGeom;
+
+/// Packs rows `[row, row+mr)` (output pixels of one image) × k `[k0, k0+kc)` of the NHWC im2col
+/// matrix into `dst` (`dst[x*mr + i]`); padding taps and rows past `m` are zero.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn pack_a_im2col<'ctx>(
+    e: &Emit<'_, 'ctx>,
+    dst: PointerValue<'ctx>,
+    src: PointerValue<'ctx>,
+    row: IntValue<'ctx>,
+    k0: IntValue<'ctx>,
+    kc: IntValue<'ctx>,
+    mr: i64,
+    m: i64,
+    g: &DwGeom,
+) -> Result<()> {
+    let c = g.c as i64;
+    let end = e.add(k0, kc)?;
+    let t0 = e.udivc(k0, c)?;
+    let t1 = e.addc(e.udivc(e.addc(end, -1)?, c)?, 1)?;
+    let zero_run = |d: PointerValue<'ctx>, n: IntValue<'ctx>| -> Result<()> {
+        e.for_range(e.i64c(0), n, 1, |x| e.store(e.gep_f32(d, e.mulc(x, mr)?)?, e.f32c(0.0)))
+    };
+    for i in 0..mr {
+        let r = e.addc(row, i)?;
+        let valid = e.icmp(IntPredicate::ULT, r, e.i64c(m))?;
+        let rr = e.umin(r, e.i64c(m - 1))?;
+        let oh = e.udivc(rr, g.ow as i64)?;
+        let ow = e.uremc(rr, g.ow as i64)?;
+        // May be negative (wrapping): the unsigned bound checks below reject it.
+        let ihb = e.addc(e.mulc(oh, g.sh as i64)?, -(g.ph as i64))?;
+        let iwb = e.addc(e.mulc(ow, g.sw as i64)?, -(g.pw as i64))?;
+        e.for_range(t0, t1, 1, |t| {
+            let tc = e.mulc(t, c)?;
+            // This tap's channels inside [k0, end).
+            let lo = e.sub(e.b.build_select(e.icmp(IntPredicate::UGT, k0, tc)?, k0, tc, "").map_err(llvm)?.into_int_value(), tc)?;
+            let hi = e.sub(e.umin(end, e.addc(tc, c)?)?, tc)?;
+            let n = e.sub(hi, lo)?;
+            let d = e.gep_f32(dst, e.addc(e.mulc(e.sub(e.add(tc, lo)?, k0)?, mr)?, i)?)?;
+            let ky = e.udivc(t, g.kw as i64)?;
+            let kx = e.uremc(t, g.kw as i64)?;
+            let ih = e.add(ihb, e.mulc(ky, g.dh as i64)?)?;
+            let iw = e.add(iwb, e.mulc(kx, g.dw as i64)?)?;
+            let okh = e.icmp(IntPredicate::ULT, ih, e.i64c(g.h as i64))?;
+            let okw = e.icmp(IntPredicate::ULT, iw, e.i64c(g.w as i64))?;
+            let ok = e.b.build_and(e.b.build_and(okh, okw, "").map_err(llvm)?, valid, "").map_err(llvm)?;
+            e.if_else(
+                ok,
+                || {
+                    let pix = e.add(e.mulc(ih, g.w as i64)?, iw)?;
+                    let s = e.gep_f32(src, e.add(e.mulc(pix, c)?, lo)?)?;
+                    e.for_range(e.i64c(0), n, 1, |x| {
+                        let v = e.load_f32(e.gep_f32(s, x)?)?;
+                        e.store(e.gep_f32(d, e.mulc(x, mr)?)?, v)
+                    })
+                },
+                || zero_run(d, n),
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// Depthwise NHWC convolution (group == C == M).
+#[derive(Debug)]
+pub struct DwNhwcKernel {
+    g: DwGeom,
+    lanes: u32,
+    /// Channels padded to a multiple of `lanes` (the packed weight and bias rows).
+    cpad: usize,
+    activation: Activation,
+    has_bias: bool,
+    residual: Option<usize>,
+    packed: Vec<PackedConst>,
+    n_inputs: usize,
+}
+
+/// Vectors of channels per step (independent accumulators).
+const UNROLL: usize = 4;
+
+pub(crate) fn lower_dw(
+    node: &NodeInfo,
+    target: &TargetDesc,
+    epi: Epilogue,
+    w: &[f32],
+    g: DwGeom,
+) -> Result<Option<Box<dyn GeneratedKernel>>> {
+    if epi.scale != 1.0 {
+        return Ok(None);
+    }
+    let bias = match &epi.bias {
+        Bias::None => None,
+        Bias::PerRow(v) | Bias::PerCol(v) if v.len() == g.c => Some(v.clone()),
+        Bias::PerRow(_) | Bias::PerCol(_) => return Ok(None),
+    };
+    let residual = match &epi.residual {
+        None => None,
+        Some(Residual::Input(i)) if node.input_shape(*i)? == node.output_shape(0)? => Some(*i),
+        Some(_) => return Ok(None),
+    };
+    let total = (g.batch * g.h * g.w * g.c).max(g.batch * g.oh * g.ow * g.c);
+    if total >= (1 << 31) {
+        return Ok(None);
+    }
+    let lanes = target.f32_lanes();
+    let cpad = g.c.div_ceil(lanes as usize) * lanes as usize;
+    let taps = g.kh * g.kw;
+    let mut wt = vec![0f32; taps * cpad];
+    for ch in 0..g.c {
+        for t in 0..taps {
+            wt[t * cpad + ch] = w[ch * taps + t];
+        }
+    }
+    let bytes = |v: &[f32]| PackedConst {
+        bytes: v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+    };
+    let mut packed = vec![bytes(&wt)];
+    if let Some(mut b) = bias.clone() {
+        b.resize(cpad, 0.0);
+        packed.push(bytes(&b));
+    }
+    Ok(Some(Box::new(DwNhwcKernel {
+        g,
+        lanes,
+        cpad,
+        activation: epi.activation,
+        has_bias: bias.is_some(),
+        residual,
+        packed,
+        n_inputs: node.n_inputs(),
+    })))
+}
+
+impl GeneratedKernel for DwNhwcKernel {
+    fn describe(&self) -> String {
+        let g = &self.g;
+        format!(
+            "dwconv{}x{}/{} nhwc C={} {}x{} -> {}x{} lanes={}",
+            g.kh, g.kw, g.sh, g.c, g.h, g.w, g.oh, g.ow, self.lanes
+        )
+    }
+
+    fn packed_constants(&self) -> Vec<PackedConst> {
+        self.packed.clone()
+    }
+
+    fn reads_input(&self, i: usize) -> bool {
+        i == 0 || Some(i) == self.residual
+    }
+
+    fn scratch(&self) -> Scratch {
+        Scratch::default()
+    }
+
+    fn emit(&self, k: &KernelBuilder<'_, '_>) -> Result<()> {
+        let task = k.new_task_function("task");
+        let tb = k.cx.create_builder();
+        let entry = k.cx.append_basic_block(task, "entry");
+        tb.position_at_end(entry);
+        let e = Emit::new(k.cx, k.module, &tb, task);
+        self.emit_task(&e)?;
+        tb.build_return(None).map_err(llvm)?;
+
+        let me = Emit::new(k.cx, k.module, k.builder, k.function);
+        let data = me.entry_alloca(me.ptr_ty().array_type(2), "taskdata")?;
+        me.store(data, k.ctx())?;
+        let args = k
+            .function
+            .get_nth_param(1)
+            .expect("kernel has args")
+            .into_pointer_value();
+        me.store(me.gep_ptr(data, 1)?, args)?;
+        k.parallel_for(task, data, me.i64c((self.g.batch * self.g.oh) as i64))?;
+        k.ret_ok()
+    }
+}
+
+impl DwNhwcKernel {
+    fn emit_task<'ctx>(&self, e: &Emit<'_, 'ctx>) -> Result<()> {
+        let g = self.g;
+        let f = e.f;
+        let data = f.get_nth_param(0).expect("task data").into_pointer_value();
+        let t = f.get_nth_param(1).expect("task index").into_int_value();
+        let args = e.load_ptr(e.gep_ptr(data, 1)?)?;
+        let slot = |i: usize| -> Result<PointerValue<'ctx>> { e.load_ptr(e.gep_ptr(args, i as i64)?) };
+        let c = g.c as i64;
+        let n = e.udivc(t, g.oh as i64)?;
+        let oh = e.uremc(t, g.oh as i64)?;
+        let x = e.gep_f32(slot(0)?, e.mulc(n, (g.h * g.w) as i64 * c)?)?;
+        let yrow = e.gep_f32(slot(self.n_inputs)?, e.mulc(t, g.ow as i64 * c)?)?;
+        let rrow = match self.residual {
+            Some(i) => Some(e.gep_f32(slot(i)?, e.mulc(t, g.ow as i64 * c)?)?),
+            None => None,
+        };
+        let wts = slot(self.n_inputs + 1)?;
+        let bias = if self.has_bias {
+            Some(slot(self.n_inputs + 2)?)
+        } else {
+            None
+        };
+        let ihb = e.addc(e.mulc(oh, g.sh as i64)?, -(g.ph as i64))?;
+        let l = self.lanes as usize;
+        let full_blocks = g.c / (UNROLL * l);
+        let after_blocks = full_blocks * UNROLL * l;
+        let full_vecs = (g.c - after_blocks) / l;
+        let after_vecs = after_blocks + full_vecs * l;
+        // Accumulators live in allocas: the taps are conditional (padding).
+        let accs: Vec<PointerValue> = (0..UNROLL)
+            .map(|j| e.entry_alloca(e.vty(self.lanes), &format!("acc{j}")))
+            .collect::<Result<_>>()?;
+        let acc1 = e.entry_alloca(e.vty(1), "acc1")?;
+
+        e.for_n(g.ow as i64, |ow| {
+            let iwb = e.addc(e.mulc(ow, g.sw as i64)?, -(g.pw as i64))?;
+            let pix = e.mulc(ow, c)?;
+            let y = e.gep_f32(yrow, pix)?;
+            let r = match rrow {
+                Some(r) => Some(e.gep_f32(r, pix)?),
+                None => None,
+            };
+            // `u` vectors of `lanes` channels starting at channel `c0`.
+            let block = |c0: IntValue<'ctx>, lanes: u32, u: usize| -> Result<()> {
+                let acc: &[PointerValue] = if lanes == 1 { std::slice::from_ref(&acc1) } else { &accs[..u] };
+                for (j, a) in acc.iter().enumerate() {
+                    let cj = e.addc(c0, (j * lanes as usize) as i64)?;
+                    let init = match bias {
+                        Some(b) => e.load_vec(e.gep_f32(b, cj)?, lanes)?,
+                        None => e.zero_vec(lanes),
+                    };
+                    e.store(*a, init)?;
+                }
+                for ky in 0..g.kh {
+                    let ih = e.addc(ihb, (ky * g.dh) as i64)?;
+                    let okh = e.icmp(IntPredicate::ULT, ih, e.i64c(g.h as i64))?;
+                    for kx in 0..g.kw {
+                        let iw = e.addc(iwb, (kx * g.dw) as i64)?;
+                        let okw = e.icmp(IntPredicate::ULT, iw, e.i64c(g.w as i64))?;
+                        let ok = e.b.build_and(okh, okw, "").map_err(llvm)?;
+                        let tap = ky * g.kw + kx;
+                        e.if_then(ok, || {
+                            let p = e.add(e.mulc(e.add(e.mulc(ih, g.w as i64)?, iw)?, c)?, c0)?;
+                            let xp = e.gep_f32(x, p)?;
+                            let wp = e.gep_f32(wts, e.addc(c0, (tap * self.cpad) as i64)?)?;
+                            for (j, a) in acc.iter().enumerate() {
+                                let off = (j * lanes as usize) as i64;
+                                let xv = e.load_vec(e.gep_f32c(xp, off)?, lanes)?;
+                                let wv = e.load_vec(e.gep_f32c(wp, off)?, lanes)?;
+                                let cur = e.load_vec(*a, lanes)?;
+                                e.store(*a, e.fma(xv, wv, cur)?)?;
+                            }
+                            Ok(())
+                        })?;
+                    }
+                }
+                for (j, a) in acc.iter().enumerate() {
+                    let off = e.addc(c0, (j * lanes as usize) as i64)?;
+                    let mut v: VectorValue = e.load_vec(*a, lanes)?;
+                    if let Some(r) = r {
+                        v = e.fadd(v, e.load_vec(e.gep_f32(r, off)?, lanes)?)?;
+                    }
+                    v = activation(e, self.activation, v, lanes)?;
+                    e.store(e.gep_f32(y, off)?, v)?;
+                }
+                Ok(())
+            };
+            let step = (UNROLL * l) as i64;
+            e.for_range(e.i64c(0), e.i64c(after_blocks as i64), step, |c0| {
+                block(c0, self.lanes, UNROLL)
+            })?;
+            e.for_range(e.i64c(after_blocks as i64), e.i64c(after_vecs as i64), l as i64, |c0| {
+                block(c0, self.lanes, 1)
+            })?;
+            e.for_range(e.i64c(after_vecs as i64), e.i64c(c), 1, |c0| block(c0, 1, 1))
+        })?;
+        Ok(())
+    }
+}
