@@ -32,6 +32,10 @@ pub struct PipelineOptions {
 }
 
 /// The CPU pipeline.
-pub fn cpu(_opts: &PipelineOptions) -> PassManager {
-    PassManager::new().with(passes::fold_batchnorm::FoldBatchNorm)
+pub fn cpu(opts: &PipelineOptions) -> PassManager {
+    let mut pm = PassManager::new().with(passes::fold_batchnorm::FoldBatchNorm);
+    if opts.precision == Precision::Bf16 {
+        pm = pm.with(passes::bf16_autocast::Bf16Autocast);
+    }
+    pm
 }
