@@ -31,7 +31,7 @@ pub enum LayoutArg {
     Nhwc,
 }
 
-#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum PrecisionArg {
     F32,
     Bf16,
@@ -141,6 +141,8 @@ pub fn run(args: Args) -> Result<()> {
     }
     let fusion = !args.disable_pass.iter().any(|p| p == FUSE_PASS);
     passes.run(&mut graph)?;
+    let bf16 = (args.precision == PrecisionArg::Bf16)
+        .then(|| kiln_optimizer::passes::bf16_autocast::summary(&graph));
     let target = TargetDesc::select(args.target_triple.as_deref(), args.cpu.as_deref())?;
     let stem = args
         .model
@@ -209,6 +211,15 @@ pub fn run(args: Args) -> Result<()> {
             bytes(summary.arena_bytes),
             bytes(summary.thread_scratch_bytes)
         );
+        if let Some(b) = bf16 {
+            eprintln!(
+                "  bf16: {} of {} matmul/conv ops read bf16 operands (f32 accumulation), {:.1}% of {:.2} GFLOP",
+                b.bf16_ops,
+                b.matmul_ops,
+                100.0 * b.bf16_flops as f64 / b.total_flops.max(1) as f64,
+                b.total_flops as f64 / 1e9
+            );
+        }
     }
     if args.list_kernels {
         for line in &summary.kernel_lines {
