@@ -31,7 +31,7 @@ pub enum LayoutArg {
     Nhwc,
 }
 
-#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum PrecisionArg {
     F32,
     Bf16,
@@ -168,9 +168,15 @@ pub fn build(args: Args, mode: Mode) -> Result<()> {
             .map_err(|e| anyhow::anyhow!("--print-after {}: {e}", spec.pass))?;
     }
     let fusion = !args.disable_pass.iter().any(|p| p == FUSE_PASS);
+<<<<<<< HEAD
     // The report compares the imported graph with the optimized one.
     let original = (explain || args.report.is_some()).then(|| graph.clone());
     let pass_stats = passes.run(&mut graph)?;
+=======
+    passes.run(&mut graph)?;
+    let bf16 = (args.precision == PrecisionArg::Bf16)
+        .then(|| kiln_optimizer::passes::bf16_autocast::summary(&graph));
+>>>>>>> o4/bf16
     let target = TargetDesc::select(args.target_triple.as_deref(), args.cpu.as_deref())?;
     let stem = args
         .model
@@ -271,6 +277,15 @@ pub fn build(args: Args, mode: Mode) -> Result<()> {
             bytes(summary.arena_bytes),
             bytes(summary.thread_scratch_bytes)
         );
+        if let Some(b) = bf16 {
+            eprintln!(
+                "  bf16: {} of {} matmul/conv ops read bf16 operands (f32 accumulation), {:.1}% of {:.2} GFLOP",
+                b.bf16_ops,
+                b.matmul_ops,
+                100.0 * b.bf16_flops as f64 / b.total_flops.max(1) as f64,
+                b.total_flops as f64 / 1e9
+            );
+        }
     }
     if args.list_kernels {
         for line in &summary.kernel_lines {
