@@ -168,15 +168,11 @@ pub fn build(args: Args, mode: Mode) -> Result<()> {
             .map_err(|e| anyhow::anyhow!("--print-after {}: {e}", spec.pass))?;
     }
     let fusion = !args.disable_pass.iter().any(|p| p == FUSE_PASS);
-<<<<<<< HEAD
     // The report compares the imported graph with the optimized one.
     let original = (explain || args.report.is_some()).then(|| graph.clone());
     let pass_stats = passes.run(&mut graph)?;
-=======
-    passes.run(&mut graph)?;
     let bf16 = (args.precision == PrecisionArg::Bf16)
         .then(|| kiln_optimizer::passes::bf16_autocast::summary(&graph));
->>>>>>> o4/bf16
     let target = TargetDesc::select(args.target_triple.as_deref(), args.cpu.as_deref())?;
     let stem = args
         .model
