@@ -222,6 +222,7 @@ pub fn build(args: Args, mode: Mode) -> Result<()> {
         fusion,
     };
     let summary = if explain {
+        progress.phase("plan");
         kiln_codegen::plan_only(&graph, &copts)
     } else {
         kiln_codegen::compile(&graph, &copts, &out, &mut progress)
