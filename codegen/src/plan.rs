@@ -266,9 +266,9 @@ pub fn build(graph: &Graph, target: &TargetDesc, fusion: bool) -> Result<Plan> {
         if let Some(&c) = chain_of_anchor.get(&id) {
             let chain = &chains[c];
             let mut fused = fused_kernel(graph, id, chain, target, &mut weights);
-            if fused.is_none() && chain.pool.is_some() {
+            if let (None, Some(pool)) = (&fused, chain.pool) {
                 // The pooling stays a kernel of its own; the epilogue may still fuse.
-                chain_of_absorbed.remove(&chain.pool.expect("checked"));
+                chain_of_absorbed.remove(&pool);
                 let plain = crate::fuse::Chain {
                     pool: None,
                     absorbed: chain.absorbed.clone(),

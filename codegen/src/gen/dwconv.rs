@@ -241,6 +241,8 @@ impl DwConvKernel {
                     for kw in 0..g.kw {
                         let off = e.addc(e.mulc(ow0, g.sw as i64)?, ir as i64 * pw_ + (kw * g.dw) as i64)?;
                         let p = e.gep_f32(rowbase, off)?;
+                        // `ui` indexes the second axis of the row-by-vector accumulator grid.
+                        #[allow(clippy::needless_range_loop)]
                         for ui in 0..u {
                             let pu = e.gep_f32c(p, ui as i64 * l * g.sw as i64)?;
                             let v = match g.sw {
@@ -297,7 +299,7 @@ impl DwConvKernel {
             })
         };
         e.for_n(full_blocks as i64, |blk| row_block(e.mulc(blk, rb as i64)?, rb))?;
-        if g.oh % rb != 0 {
+        if !g.oh.is_multiple_of(rb) {
             row_block(e.i64c((full_blocks * rb) as i64), g.oh % rb)?;
         }
         if self.pool {

@@ -4,6 +4,9 @@
 //! an option: without a vector math library LLVM scalarizes it into one libm `expf` call per
 //! lane, which cost a third of EfficientNet-B0's run time (SiLU after every convolution).
 
+// The constants are written digit for digit as in kiln_math.h, so the two stay comparable.
+#![allow(clippy::excessive_precision)]
+
 use super::emit::Emit;
 use super::llvm;
 use crate::error::Result;
