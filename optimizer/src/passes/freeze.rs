@@ -20,7 +20,7 @@
 
 use crate::{Pass, PassReport};
 use kiln_ir::ops::{self, EvalCtx};
-use kiln_ir::tensor::TensorData;
+use kiln_ir::tensor::{LeBytes, TensorData};
 use kiln_ir::{Binary, DType, Graph, IrError, NodeId, Op, Tensor, ValueId};
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
@@ -144,8 +144,14 @@ pub fn freeze(src: &Graph) -> Result<(Graph, FreezeCounts), IrError> {
         b.dst.add_output(o.name.clone(), v);
     }
     let mut counts = b.counts;
-    let (graph, dead) = finish(&b.dst)?;
-    counts.dead = dead;
+    // Dead nodes of the source; the nodes that rewriting left unused go too, without counting
+    // (they are already counted as what replaced them).
+    counts.dead = live_nodes(src)
+        .iter()
+        .zip(src.nodes())
+        .filter(|(live, n)| !**live && n.op != Op::Input)
+        .count();
+    let graph = finish(&b.dst)?;
     Ok((graph, counts))
 }
 
@@ -164,11 +170,23 @@ struct Builder<'a> {
     counts: FreezeCounts,
 }
 
+/// A hash of the dtype, shape and up to `HASH_SAMPLES` evenly spaced elements: constants with
+/// equal hashes are compared in full, so sampling only costs a comparison on a collision, and
+/// hashing the weights of a large model stays cheap.
 fn content_hash(t: &Tensor) -> u64 {
+    const HASH_SAMPLES: usize = 1024;
+    fn sample<T: kiln_ir::Element + LeBytes>(v: &[T], h: &mut DefaultHasher) {
+        let step = v.len().div_ceil(HASH_SAMPLES).max(1);
+        let mut bytes = Vec::with_capacity(HASH_SAMPLES * 8);
+        for x in v.iter().step_by(step) {
+            x.put_le(&mut bytes);
+        }
+        bytes.hash(h);
+    }
     let mut h = DefaultHasher::new();
     t.dtype().hash(&mut h);
     t.shape().hash(&mut h);
-    t.to_le_bytes().hash(&mut h);
+    kiln_ir::with_data!(t.data(), v => sample(v, &mut h));
     h.finish()
 }
 
@@ -742,23 +760,9 @@ fn broadcast_f64(t: &Tensor, shape: &[usize]) -> Option<Vec<f64>> {
 
 /// Copies the live part of `g` (what the graph outputs depend on; inputs always stay) and
 /// gives each graph output's name to the value producing it when that value is not a graph
-/// input and no other output or value claims the name. Returns the graph and how many nodes
-/// were dropped.
-fn finish(g: &Graph) -> Result<(Graph, usize), IrError> {
-    let mut live = vec![false; g.len()];
-    for o in g.outputs() {
-        live[o.value.node.index()] = true;
-    }
-    for &i in g.inputs() {
-        live[i.index()] = true;
-    }
-    for id in g.node_ids().collect::<Vec<_>>().into_iter().rev() {
-        if live[id.index()] {
-            for v in g.node(id).inputs.iter().flatten() {
-                live[v.node.index()] = true;
-            }
-        }
-    }
+/// input and no other output or value claims the name.
+fn finish(g: &Graph) -> Result<Graph, IrError> {
+    let live = live_nodes(g);
     let mut outputs_of: HashMap<ValueId, Vec<&str>> = HashMap::new();
     for o in g.outputs() {
         outputs_of.entry(o.value).or_default().push(&o.name);
@@ -789,11 +793,9 @@ fn finish(g: &Graph) -> Result<(Graph, usize), IrError> {
         let out = &g.node(id).outputs[0];
         map.insert(id.out(0), dst.add_input(out.name.clone(), out.ty.clone()));
     }
-    let mut dead = 0;
     for id in g.node_ids() {
         let node = g.node(id);
         if !live[id.index()] {
-            dead += 1;
             continue;
         }
         match &node.op {
@@ -817,7 +819,26 @@ fn finish(g: &Graph) -> Result<(Graph, usize), IrError> {
     for o in g.outputs() {
         dst.add_output(o.name.clone(), map[&o.value]);
     }
-    Ok((dst, dead))
+    Ok(dst)
+}
+
+/// Nodes the graph outputs depend on, and the inputs (the model's API even when unused).
+fn live_nodes(g: &Graph) -> Vec<bool> {
+    let mut live = vec![false; g.len()];
+    for o in g.outputs() {
+        live[o.value.node.index()] = true;
+    }
+    for &i in g.inputs() {
+        live[i.index()] = true;
+    }
+    for id in g.node_ids().collect::<Vec<_>>().into_iter().rev() {
+        if live[id.index()] {
+            for v in g.node(id).inputs.iter().flatten() {
+                live[v.node.index()] = true;
+            }
+        }
+    }
+    live
 }
 
 #[cfg(test)]
