@@ -20,7 +20,7 @@
 
 use crate::{Pass, PassReport};
 use kiln_ir::ops::{self, EvalCtx};
-use kiln_ir::tensor::TensorData;
+use kiln_ir::tensor::{LeBytes, TensorData};
 use kiln_ir::{Binary, DType, Graph, IrError, NodeId, Op, Tensor, ValueId};
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
@@ -128,6 +128,7 @@ pub fn freeze(src: &Graph) -> Result<(Graph, FreezeCounts), IrError> {
         map: HashMap::new(),
         consts: HashMap::new(),
         cse: HashMap::new(),
+        origin: HashMap::new(),
         uses: root_use_counts(src),
         counts: FreezeCounts::default(),
     };
@@ -144,8 +145,14 @@ pub fn freeze(src: &Graph) -> Result<(Graph, FreezeCounts), IrError> {
         b.dst.add_output(o.name.clone(), v);
     }
     let mut counts = b.counts;
-    let (graph, dead) = finish(&b.dst)?;
-    counts.dead = dead;
+    // Dead nodes of the source; the nodes that rewriting left unused go too, without counting
+    // (they are already counted as what replaced them).
+    counts.dead = live_nodes(src)
+        .iter()
+        .zip(src.nodes())
+        .filter(|(live, n)| !**live && n.op != Op::Input)
+        .count();
+    let graph = finish(&b.dst)?;
     Ok((graph, counts))
 }
 
@@ -158,17 +165,31 @@ struct Builder<'a> {
     consts: HashMap<u64, Vec<ValueId>>,
     /// Operator, attributes and inputs → the first node of `dst` computing them.
     cse: HashMap<String, Vec<NodeId>>,
+    /// Value of `dst` → the source value it was first copied from (for use counts).
+    origin: HashMap<ValueId, ValueId>,
     /// Uses of each source value: weights are only rewritten for a producer used once, so
     /// folding never duplicates a convolution.
     uses: HashMap<ValueId, usize>,
     counts: FreezeCounts,
 }
 
+/// A hash of the dtype, shape and up to `HASH_SAMPLES` evenly spaced elements: constants with
+/// equal hashes are compared in full, so sampling only costs a comparison on a collision, and
+/// hashing the weights of a large model stays cheap.
 fn content_hash(t: &Tensor) -> u64 {
+    const HASH_SAMPLES: usize = 1024;
+    fn sample<T: kiln_ir::Element + LeBytes>(v: &[T], h: &mut DefaultHasher) {
+        let step = v.len().div_ceil(HASH_SAMPLES).max(1);
+        let mut bytes = Vec::with_capacity(HASH_SAMPLES * 8);
+        for x in v.iter().step_by(step) {
+            x.put_le(&mut bytes);
+        }
+        bytes.hash(h);
+    }
     let mut h = DefaultHasher::new();
     t.dtype().hash(&mut h);
     t.shape().hash(&mut h);
-    t.to_le_bytes().hash(&mut h);
+    kiln_ir::with_data!(t.data(), v => sample(v, &mut h));
     h.finish()
 }
 
@@ -360,6 +381,9 @@ impl Builder<'_> {
         if let Some(key) = key {
             self.cse.entry(key).or_default().push(outs[0].node);
         }
+        for (i, &v) in outs.iter().enumerate() {
+            self.origin.insert(v, id.out(i as u32));
+        }
         Ok(outs)
     }
 
@@ -442,8 +466,10 @@ impl Builder<'_> {
             _ => return Ok(None),
         };
         let Some(x_src) = x_src else { return Ok(None) };
-        let Some(axis) = self.producer_channel_axis(x) else {
-            return Ok(None);
+        let axis = match self.producer_channel_axis(x) {
+            Some(a) => a,
+            None if self.matmul_with_bias(x).is_some() => self.dst.value_type(x).rank() - 1,
+            None => return Ok(None),
         };
         let xty = self.dst.value_type(x);
         // The result must have x's shape and dtype: c only broadcasts along x.
@@ -491,6 +517,37 @@ impl Builder<'_> {
         }
     }
 
+    /// When `x` is `MatMul(a, W) + c` (constant weights, a per-column constant `c`, the MatMul
+    /// used only there): the MatMul's value, its source value and `c` per column.
+    fn matmul_with_bias(&self, x: ValueId) -> Option<(ValueId, ValueId, Vec<f64>)> {
+        let p = self.dst.node(x.node);
+        if p.op != Op::Binary(Binary::Add) {
+            return None;
+        }
+        let (a, b) = (p.inputs[0]?, p.inputs[1]?);
+        let (m, c) = match (self.dst.known_value(a), self.dst.known_value(b)) {
+            (None, Some(c)) => (a, c),
+            (Some(c), None) => (b, c),
+            _ => return None,
+        };
+        let xty = self.dst.value_type(x);
+        let rank = xty.rank();
+        if self.dst.node(m.node).op != Op::MatMul
+            || self.producer_channel_axis(m) != Some(rank.checked_sub(1)?)
+            || self.dst.value_type(m) != xty
+            || c.dtype() != xty.dtype
+            || c.rank() > rank
+        {
+            return None;
+        }
+        let m_src = *self.origin.get(&m)?;
+        if self.uses.get(&self.root(m_src)).copied() != Some(1) {
+            return None;
+        }
+        let bias = per_channel(c, &xty.fixed_shape()?, rank - 1)?;
+        Some((m, m_src, bias))
+    }
+
     /// Replaces `x` (= `x_src` in the source graph) by its producer with the affine map
     /// `x * scale + shift` (per channel along `axis`) folded into its weights and bias.
     /// None when the producer cannot absorb it.
@@ -503,8 +560,29 @@ impl Builder<'_> {
         shift: Option<&[f64]>,
         out_name: &str,
     ) -> Result<Option<ValueId>, IrError> {
-        if self.uses.get(&self.root(x_src)).copied() != Some(1) || self.producer_channel_axis(x) != Some(axis)
-        {
+        if self.uses.get(&self.root(x_src)).copied() != Some(1) {
+            return Ok(None);
+        }
+        if let Some((m, m_src, bias)) = self.matmul_with_bias(x) {
+            // (x W + c) * k + s = x (W k) + (c k + s): the scale goes into the weights, the
+            // two shifts merge into one per-column Add.
+            if axis + 1 != self.dst.value_type(x).rank() {
+                return Ok(None);
+            }
+            let ones = vec![1.0; bias.len()];
+            let merged: Vec<f64> = (0..bias.len())
+                .map(|j| bias[j] * scale.map_or(1.0, |k| k[j]) + shift.map_or(0.0, |s| s[j]))
+                .collect();
+            return self.fold_affine(
+                m,
+                m_src,
+                axis,
+                Some(scale.unwrap_or(&ones)),
+                Some(&merged),
+                out_name,
+            );
+        }
+        if self.producer_channel_axis(x) != Some(axis) {
             return Ok(None);
         }
         let p = self.dst.node(x.node).clone();
@@ -742,23 +820,9 @@ fn broadcast_f64(t: &Tensor, shape: &[usize]) -> Option<Vec<f64>> {
 
 /// Copies the live part of `g` (what the graph outputs depend on; inputs always stay) and
 /// gives each graph output's name to the value producing it when that value is not a graph
-/// input and no other output or value claims the name. Returns the graph and how many nodes
-/// were dropped.
-fn finish(g: &Graph) -> Result<(Graph, usize), IrError> {
-    let mut live = vec![false; g.len()];
-    for o in g.outputs() {
-        live[o.value.node.index()] = true;
-    }
-    for &i in g.inputs() {
-        live[i.index()] = true;
-    }
-    for id in g.node_ids().collect::<Vec<_>>().into_iter().rev() {
-        if live[id.index()] {
-            for v in g.node(id).inputs.iter().flatten() {
-                live[v.node.index()] = true;
-            }
-        }
-    }
+/// input and no other output or value claims the name.
+fn finish(g: &Graph) -> Result<Graph, IrError> {
+    let live = live_nodes(g);
     let mut outputs_of: HashMap<ValueId, Vec<&str>> = HashMap::new();
     for o in g.outputs() {
         outputs_of.entry(o.value).or_default().push(&o.name);
@@ -789,11 +853,9 @@ fn finish(g: &Graph) -> Result<(Graph, usize), IrError> {
         let out = &g.node(id).outputs[0];
         map.insert(id.out(0), dst.add_input(out.name.clone(), out.ty.clone()));
     }
-    let mut dead = 0;
     for id in g.node_ids() {
         let node = g.node(id);
         if !live[id.index()] {
-            dead += 1;
             continue;
         }
         match &node.op {
@@ -817,7 +879,26 @@ fn finish(g: &Graph) -> Result<(Graph, usize), IrError> {
     for o in g.outputs() {
         dst.add_output(o.name.clone(), map[&o.value]);
     }
-    Ok((dst, dead))
+    Ok(dst)
+}
+
+/// Nodes the graph outputs depend on, and the inputs (the model's API even when unused).
+fn live_nodes(g: &Graph) -> Vec<bool> {
+    let mut live = vec![false; g.len()];
+    for o in g.outputs() {
+        live[o.value.node.index()] = true;
+    }
+    for &i in g.inputs() {
+        live[i.index()] = true;
+    }
+    for id in g.node_ids().collect::<Vec<_>>().into_iter().rev() {
+        if live[id.index()] {
+            for v in g.node(id).inputs.iter().flatten() {
+                live[v.node.index()] = true;
+            }
+        }
+    }
+    live
 }
 
 #[cfg(test)]
@@ -977,6 +1058,36 @@ mod tests {
             let (new, counts) = frozen(&g);
             assert_eq!(counts.bn_folded, 1, "{op} {trans_b} {bias}: {new}");
             assert_eq!(count(&new, "BatchNormalization") + count(&new, "Mul"), 0, "{new}");
+        }
+    }
+
+    #[test]
+    fn batchnorm_and_mul_fold_into_matmul_with_bias_add() {
+        for (rank3, use_bn) in [(false, true), (true, false)] {
+            let mut g = Graph::new("t");
+            let shape: &[usize] = if rank3 { &[2, 3, 4] } else { &[3, 4] };
+            let x = g.add_input("x", TensorType::fixed(DType::F32, shape));
+            let w = cst(&mut g, "w", &[4, 5], 0.0);
+            let m = g.add("mm", Op::MatMul, vec![Some(x), Some(w)], "m").unwrap();
+            let c = cst(&mut g, "c", &[5], 3.0);
+            let a = g
+                .add("bias", Op::Binary(Binary::Add), vec![Some(c), Some(m)], "a")
+                .unwrap();
+            let y = if use_bn {
+                bn(&mut g, a, 5, "y")
+            } else {
+                let k = cst(&mut g, "k", &[1, 1, 5], 1.0);
+                g.add("mul", Op::Binary(Binary::Mul), vec![Some(a), Some(k)], "y")
+                    .unwrap()
+            };
+            g.add_output("y", y);
+            let (new, counts) = frozen(&g);
+            assert_eq!(counts.bn_folded + counts.affine_folded, 1, "{new}");
+            assert_eq!(
+                (count(&new, "MatMul"), count(&new, "Add"), new.len()),
+                (1, 1, 5),
+                "{new}"
+            );
         }
     }
 
