@@ -1,6 +1,7 @@
 //! Epilogue fusion at kernel selection: a Conv or MatMul whose only consumer is a chain of
 //! `Add` (a residual of the same shape, or for MatMul a constant per-column bias) and an
-//! activation (Relu, Clip with constant bounds, Sigmoid, SiLU as `x * sigmoid(x)`, HardSwish)
+//! activation (Relu, Clip with constant bounds, Sigmoid, SiLU as `x * sigmoid(x)`, HardSwish,
+//! GELU in its erf and tanh forms)
 //! runs as one kernel that applies them to the output tile while it is in registers.
 //! The chain's intermediate values are never stored. The kernel runs at the position of the
 //! chain's last node, where every input it reads (the residual included) has been computed.
@@ -167,6 +168,13 @@ pub fn find_chains(graph: &Graph) -> Vec<Chain> {
                 }
                 Op::Unary(Unary::Sigmoid) if chain.activation == Activation::None => {
                     chain.activation = Activation::Sigmoid
+                }
+                Op::Unary(Unary::Gelu { tanh }) if chain.activation == Activation::None => {
+                    chain.activation = if *tanh {
+                        Activation::GeluTanh
+                    } else {
+                        Activation::GeluErf
+                    }
                 }
                 Op::Clip if chain.activation == Activation::None => {
                     let bound = |i: usize, dflt: f32| -> Option<f32> {

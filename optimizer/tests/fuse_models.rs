@@ -15,6 +15,31 @@ fn repo() -> PathBuf {
         .to_path_buf()
 }
 
+/// Inputs with values in [-3, 3) from a fixed LCG, masks (named `mask`) in {0, -1e4}.
+fn pseudo_random_inputs(g: &Graph) -> HashMap<String, Tensor> {
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut next = || {
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        ((state >> 40) as f32 / (1u64 << 24) as f32) * 6.0 - 3.0
+    };
+    g.input_types()
+        .map(|(name, ty)| {
+            let shape = ty.fixed_shape().unwrap();
+            let n = shape.iter().product();
+            let data: Vec<f32> = (0..n)
+                .map(|_| match name {
+                    "mask" if next() < -1.0 => -1e4,
+                    "mask" => 0.0,
+                    _ => next(),
+                })
+                .collect();
+            (name.to_string(), Tensor::from_vec(shape, data))
+        })
+        .collect()
+}
+
 fn load(model_dir: &Path) -> (Graph, HashMap<String, Tensor>) {
     let model = kiln_frontend::load_model(&model_dir.join("model.onnx"), &ImportOptions::default()).unwrap();
     let mut inputs = HashMap::new();
@@ -45,10 +70,13 @@ fn max_diff(a: &[Tensor], b: &[Tensor]) -> f64 {
 
 /// Runs the pass and returns the fused graph after checking it against the original.
 fn fuse_and_check(dir: &str) -> (Graph, usize) {
-    let (mut g, inputs) = load(&repo().join(dir));
+    let (g, inputs) = load(&repo().join(dir));
+    check(g, inputs, dir)
+}
+
+fn check(mut g: Graph, inputs: HashMap<String, Tensor>, dir: &str) -> (Graph, usize) {
     let before = kiln_ir::eval::eval_graph_named(&g, inputs.clone()).unwrap();
     let n = Fuse.run(&mut g).unwrap();
-    eprintln!("{dir}: {n} rewrites\n{g}");
     kiln_ir::verify(&g).unwrap();
     let after = kiln_ir::eval::eval_graph_named(&g, inputs).unwrap();
     let d = max_diff(&before, &after);
@@ -90,4 +118,70 @@ fn bert_tiny_decomposed_layer_norm() {
     );
     assert_eq!(count(&g, |o| matches!(o, Op::Attention(_))), 2);
     assert_eq!(n, 8);
+}
+
+/// One golden case of `tests/golden/fuse`: the fused graph's operators (in order, sources
+/// left out) and the rewrite count; the interpreter's outputs must not change.
+fn golden(case: &str, want_ops: &[&str], want_rewrites: usize) {
+    let path = repo()
+        .join("optimizer/tests/golden/fuse")
+        .join(format!("{case}.onnx"));
+    let g = kiln_frontend::load_model(&path, &ImportOptions::default())
+        .unwrap()
+        .graph;
+    let inputs = pseudo_random_inputs(&g);
+    let (g, n) = check(g, inputs, case);
+    let ops: Vec<&str> = g
+        .nodes()
+        .iter()
+        .filter(|n| !matches!(n.op, Op::Input | Op::Constant(_)))
+        .map(|n| n.op.name())
+        .collect();
+    assert_eq!(ops, want_ops, "{case}:\n{g}");
+    assert_eq!(n, want_rewrites, "{case}");
+}
+
+#[test]
+fn golden_layer_norm() {
+    golden("layernorm_decomposed", &["LayerNormalization"], 1);
+}
+
+#[test]
+fn golden_softmax() {
+    golden("softmax_stable", &["Softmax"], 1);
+    golden("softmax_reciprocal", &["Softmax"], 1);
+}
+
+#[test]
+fn golden_gelu() {
+    golden("gelu_erf", &["Gelu"], 1);
+    golden("gelu_tanh", &["Gelu"], 1);
+}
+
+#[test]
+fn golden_attention() {
+    golden("attention_heads", &["Attention"], 1);
+    golden("attention_4d", &["Attention"], 1);
+}
+
+#[test]
+fn golden_nothing_to_fuse() {
+    // GELU with 0.6 for 0.5; a sum over two axes; a variance without its epsilon.
+    let ops = [
+        "Mul",
+        "Mul",
+        "Exp",
+        "ReduceMean",
+        "Erf",
+        "ReduceSum",
+        "Sub",
+        "Add",
+        "Div",
+        "Mul",
+        "Mul",
+        "ReduceMean",
+        "Sqrt",
+        "Div",
+    ];
+    golden("unchanged", &ops, 0);
 }

@@ -493,6 +493,12 @@ fn fused_epilogues() {
         let want: Vec<f32> = want.iter().map(|&x| f(x)).collect();
         compare(&format!("{act:?}"), &got, &want);
     }
+    // GELU, referenced by the interpreter's Gelu on the biased product.
+    for (act, tanh) in [(Activation::GeluErf, false), (Activation::GeluTanh, true)] {
+        let epi = Epilogue::new(Bias::PerRow(bias.clone()), None, act);
+        let got = case.run(Some(epi), 2);
+        compare(&format!("{act:?}"), &got, &ir_gelu(&want, tanh));
+    }
     // Depthwise with Relu6.
     let case = CaseBuilder::new(401)
         .operand(&[1, 8, 10, 10], false)
@@ -503,6 +509,18 @@ fn fused_epilogues() {
     let bias = case.data[2].clone().unwrap();
     let epi = Epilogue::new(Bias::PerRow(bias), None, Activation::Clip { min: 0.0, max: 6.0 });
     compare("dw relu6", &case.run(Some(epi), 2), &want);
+}
+
+fn ir_gelu(xs: &[f32], tanh: bool) -> Vec<f32> {
+    use kiln_ir::Unary;
+    let mut g = Graph::new("gelu");
+    let x = g.add_input("x", TensorType::fixed(DType::F32, &[xs.len()]));
+    let y = g
+        .add("y", Op::Unary(Unary::Gelu { tanh }), vec![Some(x)], "y")
+        .unwrap();
+    g.add_output("y", y);
+    let out = kiln_ir::eval::eval_graph(&g, vec![Tensor::from_vec(vec![xs.len()], xs.to_vec())]).unwrap();
+    out[0].as_slice::<f32>().unwrap().to_vec()
 }
 
 /// The kernels also build (and pass the verifier) for AVX-512 and the portable ISA.
