@@ -1,4 +1,4 @@
 //! One file per pass.
 
-pub mod fold_batchnorm;
 pub mod channels_last;
+pub mod fold_batchnorm;
