@@ -7,6 +7,7 @@ fn wconst(g: &mut Graph, name: &str, shape: &[usize], seed: f32) -> ValueId {
     g.add_const(name, Tensor::from_vec(shape.to_vec(), v))
 }
 
+#[allow(clippy::too_many_arguments)]
 fn conv(
     g: &mut Graph,
     name: &str,
