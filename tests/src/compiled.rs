@@ -80,7 +80,15 @@ pub fn compile_graph_without(
         cc: std::env::var("CC").unwrap_or_else(|_| "cc".into()),
     };
     let mut graph = graph.clone();
-    let mut passes = kiln_optimizer::cpu_pipeline();
+    // KILN_LAYOUT=nchw|nhwc runs the suites in one layout (default: the pipeline's).
+    let mut popts = kiln_optimizer::PipelineOptions::default();
+    match std::env::var("KILN_LAYOUT").as_deref() {
+        Ok("nchw") => popts.layout = kiln_optimizer::Layout::Nchw,
+        Ok("nhwc") => popts.layout = kiln_optimizer::Layout::Nhwc,
+        Ok(other) => return Err(format!("KILN_LAYOUT must be nchw or nhwc, got '{other}'")),
+        Err(_) => {}
+    }
+    let mut passes = kiln_optimizer::pipelines::cpu(&popts);
     for p in disabled {
         if !pass_exists(p) {
             return Err(format!("no such pass '{p}'"));

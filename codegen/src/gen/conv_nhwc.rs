@@ -37,7 +37,9 @@ pub(crate) fn pack_a_im2col<'ctx>(
     let t0 = e.udivc(k0, c)?;
     let t1 = e.addc(e.udivc(e.addc(end, -1)?, c)?, 1)?;
     let zero_run = |d: PointerValue<'ctx>, n: IntValue<'ctx>| -> Result<()> {
-        e.for_range(e.i64c(0), n, 1, |x| e.store(e.gep_f32(d, e.mulc(x, mr)?)?, e.f32c(0.0)))
+        e.for_range(e.i64c(0), n, 1, |x| {
+            e.store(e.gep_f32(d, e.mulc(x, mr)?)?, e.f32c(0.0))
+        })
     };
     for i in 0..mr {
         let r = e.addc(row, i)?;
@@ -51,7 +53,12 @@ pub(crate) fn pack_a_im2col<'ctx>(
         e.for_range(t0, t1, 1, |t| {
             let tc = e.mulc(t, c)?;
             // This tap's channels inside [k0, end).
-            let lo = e.sub(e.b.build_select(e.icmp(IntPredicate::UGT, k0, tc)?, k0, tc, "").map_err(llvm)?.into_int_value(), tc)?;
+            let lo = e.sub(
+                e.b.build_select(e.icmp(IntPredicate::UGT, k0, tc)?, k0, tc, "")
+                    .map_err(llvm)?
+                    .into_int_value(),
+                tc,
+            )?;
             let hi = e.sub(e.umin(end, e.addc(tc, c)?)?, tc)?;
             let n = e.sub(hi, lo)?;
             let d = e.gep_f32(dst, e.addc(e.mulc(e.sub(e.add(tc, lo)?, k0)?, mr)?, i)?)?;
@@ -61,7 +68,9 @@ pub(crate) fn pack_a_im2col<'ctx>(
             let iw = e.add(iwb, e.mulc(kx, g.dw as i64)?)?;
             let okh = e.icmp(IntPredicate::ULT, ih, e.i64c(g.h as i64))?;
             let okw = e.icmp(IntPredicate::ULT, iw, e.i64c(g.w as i64))?;
-            let ok = e.b.build_and(e.b.build_and(okh, okw, "").map_err(llvm)?, valid, "").map_err(llvm)?;
+            let ok =
+                e.b.build_and(e.b.build_and(okh, okw, "").map_err(llvm)?, valid, "")
+                    .map_err(llvm)?;
             e.if_else(
                 ok,
                 || {
@@ -238,7 +247,11 @@ impl DwNhwcKernel {
             };
             // `u` vectors of `lanes` channels starting at channel `c0`.
             let block = |c0: IntValue<'ctx>, lanes: u32, u: usize| -> Result<()> {
-                let acc: &[PointerValue] = if lanes == 1 { std::slice::from_ref(&acc1) } else { &accs[..u] };
+                let acc: &[PointerValue] = if lanes == 1 {
+                    std::slice::from_ref(&acc1)
+                } else {
+                    &accs[..u]
+                };
                 for (j, a) in acc.iter().enumerate() {
                     let cj = e.addc(c0, (j * lanes as usize) as i64)?;
                     let init = match bias {
@@ -285,9 +298,12 @@ impl DwNhwcKernel {
             e.for_range(e.i64c(0), e.i64c(after_blocks as i64), step, |c0| {
                 block(c0, self.lanes, UNROLL)
             })?;
-            e.for_range(e.i64c(after_blocks as i64), e.i64c(after_vecs as i64), l as i64, |c0| {
-                block(c0, self.lanes, 1)
-            })?;
+            e.for_range(
+                e.i64c(after_blocks as i64),
+                e.i64c(after_vecs as i64),
+                l as i64,
+                |c0| block(c0, self.lanes, 1),
+            )?;
             e.for_range(e.i64c(after_vecs as i64), e.i64c(c), 1, |c0| block(c0, 1, 1))
         })?;
         Ok(())

@@ -341,6 +341,9 @@ fn conv(kernel: [usize; 2], strides: [usize; 2], pads: [usize; 4], dil: [usize; 
     })
 }
 
+#[path = "testing_nhwc.rs"]
+mod nhwc;
+
 #[test]
 fn matmul_shapes() {
     let shapes = [

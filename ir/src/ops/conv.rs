@@ -53,11 +53,7 @@ pub(crate) fn eval(op: &Op, cx: &EvalCtx) -> Result<Vec<Tensor>, OpError> {
         let x = permute(cx.input(0)?, false)?;
         let mut inputs = cx.inputs.clone();
         inputs[0] = Some(&x);
-        let out_types: Vec<TensorType> = cx
-            .out_types
-            .iter()
-            .map(to_first_type)
-            .collect::<Result<_, _>>()?;
+        let out_types: Vec<TensorType> = cx.out_types.iter().map(to_first_type).collect::<Result<_, _>>()?;
         let inner = EvalCtx {
             inputs,
             out_types: &out_types,
@@ -115,13 +111,19 @@ fn check_rank(rank: usize) -> Result<(), OpError> {
 fn to_first_type(t: &TensorType) -> Result<TensorType, OpError> {
     check_rank(t.rank())?;
     let p = perm(t.rank(), false);
-    Ok(util::with_shape(t, p.iter().map(|&i| t.shape[i].clone()).collect()))
+    Ok(util::with_shape(
+        t,
+        p.iter().map(|&i| t.shape[i].clone()).collect(),
+    ))
 }
 
 fn to_last_type(t: &TensorType) -> Result<TensorType, OpError> {
     check_rank(t.rank())?;
     let p = perm(t.rank(), true);
-    Ok(util::with_shape(t, p.iter().map(|&i| t.shape[i].clone()).collect()))
+    Ok(util::with_shape(
+        t,
+        p.iter().map(|&i| t.shape[i].clone()).collect(),
+    ))
 }
 
 /// The tensor in the other layout (NCHW → NHWC when `to_last`), through the Transpose kernel.

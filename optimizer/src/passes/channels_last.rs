@@ -72,7 +72,13 @@ fn anchor(graph: &Graph, node: &Node) -> bool {
     }
     match &node.op {
         Op::Conv(a) => {
-            let Some(w) = node.inputs.get(1).copied().flatten().and_then(|w| graph.known_value(w)) else {
+            let Some(w) = node
+                .inputs
+                .get(1)
+                .copied()
+                .flatten()
+                .and_then(|w| graph.known_value(w))
+            else {
                 return false;
             };
             let bias_ok = match node.inputs.get(2).copied().flatten() {
@@ -97,7 +103,10 @@ fn anchor(graph: &Graph, node: &Node) -> bool {
 
 /// Elementwise operators: the layout passes through them unchanged.
 fn elementwise(op: &Op) -> bool {
-    matches!(op, Op::Unary(_) | Op::Binary(_) | Op::Clip | Op::Where | Op::Cast { .. })
+    matches!(
+        op,
+        Op::Unary(_) | Op::Binary(_) | Op::Clip | Op::Where | Op::Cast { .. }
+    )
 }
 
 struct Convert<'a> {
@@ -162,8 +171,10 @@ impl Convert<'_> {
                 Op::Conv(a) => {
                     let mut a = a.clone();
                     a.channels_last = true;
-                    let rest: Vec<Option<ValueId>> =
-                        ins[1..].iter().map(|v| v.map(|v| self.nchw(v)).transpose()).collect::<Result<_, _>>()?;
+                    let rest: Vec<Option<ValueId>> = ins[1..]
+                        .iter()
+                        .map(|v| v.map(|v| self.nchw(v)).transpose())
+                        .collect::<Result<_, _>>()?;
                     (Op::Conv(a), rest)
                 }
                 Op::Pool(p) => {
@@ -177,9 +188,10 @@ impl Convert<'_> {
                     } else {
                         ReduceKind::Mean
                     };
-                    let axes = self
-                        .dst
-                        .add_const(format!("{}_axes", node.name), Tensor::from_vec(vec![2], vec![1i64, 2]));
+                    let axes = self.dst.add_const(
+                        format!("{}_axes", node.name),
+                        Tensor::from_vec(vec![2], vec![1i64, 2]),
+                    );
                     (
                         Op::Reduce {
                             kind,
@@ -208,10 +220,14 @@ impl Convert<'_> {
             self.rewrites += 1;
             return Ok(());
         }
-        let inputs: Vec<Option<ValueId>> =
-            ins.iter().map(|v| v.map(|v| self.nchw(v)).transpose()).collect::<Result<_, _>>()?;
+        let inputs: Vec<Option<ValueId>> = ins
+            .iter()
+            .map(|v| v.map(|v| self.nchw(v)).transpose())
+            .collect::<Result<_, _>>()?;
         let names = node.outputs.iter().map(|o| o.name.clone()).collect();
-        let outs = self.dst.add_node(node.name.clone(), node.op.clone(), inputs, names)?;
+        let outs = self
+            .dst
+            .add_node(node.name.clone(), node.op.clone(), inputs, names)?;
         for (o, v) in outs.into_iter().enumerate() {
             self.first.insert(id.out(o as u32), v);
         }
@@ -269,11 +285,15 @@ impl Convert<'_> {
         let k = self.src.known_value(v).expect("checked in propagate").clone();
         let mut shape = vec![1; 4 - k.shape().len()];
         shape.extend_from_slice(k.shape());
-        let k = k.reshaped(shape).map_err(|e| IrError::Invalid(format!("channels-last: {e}")))?;
+        let k = k
+            .reshaped(shape)
+            .map_err(|e| IrError::Invalid(format!("channels-last: {e}")))?;
         let k = transpose(&k, &TO_LAST)?;
         let lead = k.shape().iter().take_while(|&&d| d == 1).count().min(3);
         let shape = k.shape()[lead..].to_vec();
-        let k = k.reshaped(shape).map_err(|e| IrError::Invalid(format!("channels-last: {e}")))?;
+        let k = k
+            .reshaped(shape)
+            .map_err(|e| IrError::Invalid(format!("channels-last: {e}")))?;
         let name = format!("{}_nhwc", self.src.value_name(v));
         self.rewrites += 1;
         Ok(self.dst.add_const(name, k))
@@ -347,7 +367,8 @@ fn transpose(t: &Tensor, perm: &[usize]) -> Result<Tensor, IrError> {
         values: vec![Some(t)],
         num_outputs: 1,
     };
-    let out_ty = kiln_ir::ops::infer(&op, &inf).map_err(|e| IrError::Invalid(format!("channels-last: {e}")))?;
+    let out_ty =
+        kiln_ir::ops::infer(&op, &inf).map_err(|e| IrError::Invalid(format!("channels-last: {e}")))?;
     let cx = EvalCtx {
         inputs: vec![Some(t)],
         out_types: &out_ty,

@@ -7,7 +7,17 @@ fn wconst(g: &mut Graph, name: &str, shape: &[usize], seed: f32) -> ValueId {
     g.add_const(name, Tensor::from_vec(shape.to_vec(), v))
 }
 
-fn conv(g: &mut Graph, name: &str, x: ValueId, m: usize, c: usize, k: usize, group: usize, stride: usize) -> ValueId {
+#[allow(clippy::too_many_arguments)]
+fn conv(
+    g: &mut Graph,
+    name: &str,
+    x: ValueId,
+    m: usize,
+    c: usize,
+    k: usize,
+    group: usize,
+    stride: usize,
+) -> ValueId {
     let w = wconst(g, &format!("{name}_w"), &[m, c / group, k, k], m as f32);
     let b = wconst(g, &format!("{name}_b"), &[m], 1.0);
     let p = k / 2;
@@ -17,7 +27,8 @@ fn conv(g: &mut Graph, name: &str, x: ValueId, m: usize, c: usize, k: usize, gro
         group,
         ..ConvAttrs::default()
     };
-    g.add(name, Op::Conv(a), vec![Some(x), Some(w), Some(b)], name).unwrap()
+    g.add(name, Op::Conv(a), vec![Some(x), Some(w), Some(b)], name)
+        .unwrap()
 }
 
 /// A small residual CNN: conv → relu → depthwise conv → add(per-channel const) → maxpool →
@@ -29,7 +40,9 @@ fn cnn() -> Graph {
     let r1 = g.add("r1", Op::Unary(Unary::Relu), vec![Some(c1)], "r1").unwrap();
     let dw = conv(&mut g, "dw", r1, 8, 8, 3, 8, 2);
     let bias = wconst(&mut g, "bias", &[8, 1, 1], 3.0);
-    let a1 = g.add("a1", Op::Binary(Binary::Add), vec![Some(dw), Some(bias)], "a1").unwrap();
+    let a1 = g
+        .add("a1", Op::Binary(Binary::Add), vec![Some(dw), Some(bias)], "a1")
+        .unwrap();
     let pool = PoolAttrs {
         kind: PoolKind::Max,
         kernel_shape: vec![3, 3],
@@ -47,11 +60,22 @@ fn cnn() -> Graph {
         .add("cat", Op::Concat { axis: 1 }, vec![Some(mp), Some(pw)], "cat")
         .unwrap();
     let c2 = conv(&mut g, "c2", cat, 12, 12, 3, 1, 1);
-    let res = g.add("res", Op::Binary(Binary::Add), vec![Some(c2), Some(cat)], "res").unwrap();
-    let gp = g
-        .add("gp", Op::GlobalPool(PoolKind::Average { count_include_pad: false }), vec![Some(res)], "gp")
+    let res = g
+        .add("res", Op::Binary(Binary::Add), vec![Some(c2), Some(cat)], "res")
         .unwrap();
-    let fl = g.add("fl", Op::Flatten { axis: 1 }, vec![Some(gp)], "fl").unwrap();
+    let gp = g
+        .add(
+            "gp",
+            Op::GlobalPool(PoolKind::Average {
+                count_include_pad: false,
+            }),
+            vec![Some(res)],
+            "gp",
+        )
+        .unwrap();
+    let fl = g
+        .add("fl", Op::Flatten { axis: 1 }, vec![Some(gp)], "fl")
+        .unwrap();
     g.add_output("y", fl);
     g.add_output("feat", res);
     g
@@ -59,7 +83,10 @@ fn cnn() -> Graph {
 
 fn input(shape: &[usize]) -> Tensor {
     let n: usize = shape.iter().product();
-    Tensor::from_vec(shape.to_vec(), (0..n).map(|i| ((i * 7919 % 113) as f32 / 56.0) - 1.0).collect())
+    Tensor::from_vec(
+        shape.to_vec(),
+        (0..n).map(|i| ((i * 7919 % 113) as f32 / 56.0) - 1.0).collect(),
+    )
 }
 
 fn assert_close(a: &[Tensor], b: &[Tensor]) {
@@ -89,7 +116,11 @@ fn cnn_runs_channels_last_with_transposes_only_at_the_edges() {
     assert_close(&got, &want);
     let convs = count(&h, |op| matches!(op, Op::Conv(a) if a.channels_last));
     assert_eq!(convs, 4, "{h}");
-    assert_eq!(count(&h, |op| matches!(op, Op::Pool(p) if p.channels_last)), 1, "{h}");
+    assert_eq!(
+        count(&h, |op| matches!(op, Op::Pool(p) if p.channels_last)),
+        1,
+        "{h}"
+    );
     assert_eq!(count(&h, |op| matches!(op, Op::Concat { axis: 3 })), 1, "{h}");
     // In: x. Out: `feat` (a graph output). The pooled features become NCHW by a Reshape.
     assert_eq!(count(&h, |op| matches!(op, Op::Transpose { .. })), 2, "{h}");
@@ -119,12 +150,26 @@ fn model_transposes_cancel_against_ours() {
     let mut g = Graph::new("tf");
     let x = g.add_input("x", TensorType::fixed(DType::F32, &[1, 6, 6, 3]));
     let t = g
-        .add("t_in", Op::Transpose { perm: vec![0, 3, 1, 2] }, vec![Some(x)], "t_in")
+        .add(
+            "t_in",
+            Op::Transpose {
+                perm: vec![0, 3, 1, 2],
+            },
+            vec![Some(x)],
+            "t_in",
+        )
         .unwrap();
     let c = conv(&mut g, "c", t, 5, 3, 3, 1, 1);
     let r = g.add("r", Op::Unary(Unary::Relu), vec![Some(c)], "r").unwrap();
     let o = g
-        .add("t_out", Op::Transpose { perm: vec![0, 2, 3, 1] }, vec![Some(r)], "t_out")
+        .add(
+            "t_out",
+            Op::Transpose {
+                perm: vec![0, 2, 3, 1],
+            },
+            vec![Some(r)],
+            "t_out",
+        )
         .unwrap();
     g.add_output("y", o);
     let mut h = g.clone();

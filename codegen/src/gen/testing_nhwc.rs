@@ -1,0 +1,79 @@
+//! Channels-last convolution kernels against the reference interpreter (a child of `testing`,
+//! whose case builder it uses).
+
+use super::*;
+
+fn conv_nhwc(kernel: [usize; 2], strides: [usize; 2], pads: [usize; 4], dil: [usize; 2], group: usize) -> Op {
+    match conv(kernel, strides, pads, dil, group) {
+        Op::Conv(a) => Op::Conv(ConvAttrs {
+            channels_last: true,
+            ..a
+        }),
+        _ => unreachable!(),
+    }
+}
+
+#[test]
+fn nhwc_conv_shapes() {
+    // (n, c, h, w, m, k, stride, pad, dilation)
+    let cases = [
+        (1, 3, 9, 11, 5, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1]),
+        (2, 4, 8, 8, 8, [1, 1], [1, 1], [0, 0, 0, 0], [1, 1]),
+        (1, 16, 7, 7, 13, [1, 1], [2, 2], [0, 0, 0, 0], [1, 1]),
+        (1, 3, 23, 23, 16, [7, 7], [2, 2], [3, 3, 3, 3], [1, 1]),
+        (1, 5, 12, 10, 7, [3, 3], [1, 1], [2, 1, 0, 2], [2, 2]),
+        (2, 32, 20, 20, 33, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1]),
+        (1, 64, 9, 9, 40, [3, 3], [2, 2], [1, 1, 1, 1], [1, 1]),
+        (1, 300, 5, 5, 7, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1]),
+        (3, 24, 6, 5, 20, [1, 1], [1, 1], [0, 0, 0, 0], [1, 1]),
+    ];
+    for (i, &(n, c, h, w, m, k, s, p, d)) in cases.iter().enumerate() {
+        for bias in [true, false] {
+            let mut cb = CaseBuilder::new(700 + i as u64)
+                .operand(&[n, h, w, c], false)
+                .operand(&[m, c, k[0], k[1]], true);
+            if bias {
+                cb = cb.operand(&[m], true);
+            }
+            let case = cb.node(conv_nhwc(k, s, p, d, 1));
+            case.check(&format!("nhwc conv case {i} bias {bias}"));
+        }
+    }
+}
+
+#[test]
+fn nhwc_depthwise_shapes() {
+    // (n, c, h, w, k, stride, pad, dilation): channel counts around the vector width and the
+    // 4-vector block, so every path (blocks, single vectors, scalar tail) runs.
+    let cases = [
+        (1, 8, 14, 14, 3, 1, 1, 1),
+        (1, 5, 15, 13, 3, 2, 1, 1),
+        (2, 3, 7, 7, 5, 1, 2, 1),
+        (1, 37, 17, 19, 5, 2, 2, 1),
+        (1, 64, 10, 11, 3, 1, 1, 1),
+        (1, 6, 11, 12, 3, 3, 0, 2),
+    ];
+    for (i, &(n, c, h, w, k, s, p, d)) in cases.iter().enumerate() {
+        let case = CaseBuilder::new(800 + i as u64)
+            .operand(&[n, h, w, c], false)
+            .operand(&[c, 1, k, k], true)
+            .operand(&[c], true)
+            .node(conv_nhwc([k, k], [s, s], [p, p, p, p], [d, d], c));
+        case.check(&format!("nhwc depthwise case {i}"));
+    }
+}
+
+#[test]
+fn nhwc_fused_epilogues() {
+    for (seed, c, m, g) in [(900, 8, 12, 1), (901, 21, 21, 21)] {
+        let case = CaseBuilder::new(seed)
+            .operand(&[1, 10, 9, c], false)
+            .operand(&[m, c / g, 3, 3], true)
+            .operand(&[m], true)
+            .node(conv_nhwc([3, 3], [1, 1], [1, 1, 1, 1], [1, 1], g));
+        let want: Vec<f32> = case.reference().iter().map(|x| x.clamp(0.0, 6.0)).collect();
+        let bias = case.data[2].clone().unwrap();
+        let epi = Epilogue::new(Bias::PerRow(bias), None, Activation::Clip { min: 0.0, max: 6.0 });
+        compare(&format!("nhwc relu6 group {g}"), &case.run(Some(epi), 2), &want);
+    }
+}
