@@ -1,4 +1,4 @@
 //! One file per pass.
 
-pub mod fold_batchnorm;
 pub mod bf16_autocast;
+pub mod fold_batchnorm;
