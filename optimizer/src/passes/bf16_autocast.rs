@@ -69,7 +69,7 @@ pub fn policy(op: &Op) -> Policy {
         | Op::If { .. } => Policy::Never,
         Op::Pool(p) if !matches!(p.kind, kiln_ir::PoolKind::Max) => Policy::Never,
         Op::Unary(u) if sensitive_unary(u) => Policy::Never,
-        Op::Binary(b) if matches!(b, kiln_ir::Binary::Pow | kiln_ir::Binary::Div) => Policy::Never,
+        Op::Binary(kiln_ir::Binary::Pow | kiln_ir::Binary::Div) => Policy::Never,
         _ => Policy::Follow,
     }
 }
@@ -103,8 +103,7 @@ fn sensitive_unary(u: &Unary) -> bool {
 fn is_depthwise(graph: &Graph, node: &Node) -> bool {
     let Op::Conv(a) = &node.op else { return false };
     let w = node.inputs.get(1).copied().flatten();
-    a.group > 1
-        && w.is_some_and(|w| graph.value_type(w).shape.get(1).and_then(|d| d.fixed()) == Some(1))
+    a.group > 1 && w.is_some_and(|w| graph.value_type(w).shape.get(1).and_then(|d| d.fixed()) == Some(1))
 }
 
 /// The node inputs an *always* op computes in bf16. Depthwise convolutions stay f32 (see
@@ -146,9 +145,7 @@ fn plan(graph: &Graph) -> (Vec<Vec<usize>>, Vec<bool>) {
     for (id, node) in graph.node_ids().zip(graph.nodes()) {
         operands[id.index()] = bf16_inputs(graph, node)
             .into_iter()
-            .filter(|&i| {
-                node.inputs[i].is_some_and(|v| graph.value_type(v).dtype == DType::F32)
-            })
+            .filter(|&i| node.inputs[i].is_some_and(|v| graph.value_type(v).dtype == DType::F32))
             .collect();
     }
     // Users of every value, to decide hoisting from the consumers backwards.
@@ -366,7 +363,12 @@ mod tests {
         // between 1 + 2^-7 and 1 + 2^-6: even is 1 + 2^-6. Just above a tie rounds up.
         let x = Tensor::from_vec(
             vec![4],
-            vec![1.0 + 2f32.powi(-8), 1.0 + 3.0 * 2f32.powi(-8), 1.0 + 2f32.powi(-8) + 2f32.powi(-20), -1.0 - 2f32.powi(-8)],
+            vec![
+                1.0 + 2f32.powi(-8),
+                1.0 + 3.0 * 2f32.powi(-8),
+                1.0 + 2f32.powi(-8) + 2f32.powi(-20),
+                -1.0 - 2f32.powi(-8),
+            ],
         );
         let r = round_bf16(&x);
         assert_eq!(
@@ -426,7 +428,10 @@ mod tests {
             for j in 0..4 {
                 let want: f32 = (0..3).map(|k| rb(xv[i * 3 + k]) * rb(wv[k * 4 + j])).sum();
                 let got = out[0].as_slice::<f32>().unwrap()[i * 4 + j];
-                assert!((got - want.max(0.0)).abs() <= 1e-6 * want.abs().max(1.0), "{got} vs {want}");
+                assert!(
+                    (got - want.max(0.0)).abs() <= 1e-6 * want.abs().max(1.0),
+                    "{got} vs {want}"
+                );
             }
         }
     }
