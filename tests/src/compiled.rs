@@ -59,7 +59,7 @@ pub const FUSE_PASS: &str = "fuse";
 /// Whether `--disable-pass NAME` means something for the default CPU pipeline: one of its
 /// passes, or `fuse` (codegen's kernel grouping, whether or not a `fuse` pass exists).
 pub fn pass_exists(name: &str) -> bool {
-    name == FUSE_PASS || kiln_optimizer::cpu_pipeline().pass_names().contains(&name)
+    kiln_optimizer::pipelines::PASS_NAMES.contains(&name)
 }
 
 /// [`compile_graph`] with the passes named in `disabled` turned off, as `kiln compile

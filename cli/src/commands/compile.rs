@@ -152,10 +152,8 @@ pub fn build(args: Args, mode: Mode) -> Result<()> {
     progress.phase("passes");
     let mut graph = model.graph;
     let mut passes = kiln_optimizer::pipelines::cpu(&pipeline_options(args.layout, args.precision));
-    let mut known = passes.pass_names();
-    if !known.contains(&FUSE_PASS) {
-        known.push(FUSE_PASS);
-    }
+    // Every pass name is valid, also one the options leave out of this pipeline.
+    let known = kiln_optimizer::pipelines::PASS_NAMES;
     for p in &args.disable_pass {
         if !known.contains(&p.as_str()) {
             anyhow::bail!("--disable-pass {p}: no such pass (passes: {})", known.join(", "));
