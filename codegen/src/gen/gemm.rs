@@ -878,11 +878,60 @@ pub(crate) fn activation<'ctx>(
             let x2 = e.fmul(x, x)?;
             let inner = e.fma(x2, c(0.044715)?, c(1.0)?)?;
             let u = e.fmul(e.fmul(x, inner)?, c(1.595_769_1)?)?;
-            let s = sigmoid(u)?;
+            // sigmoid(u) from e^-|u| (as kiln_sigmoidf), with the polynomial exponential.
+            let neg_u = e.b.build_float_neg(u, "").map_err(llvm)?;
+            let is_neg = e.fcmp(FloatPredicate::OLT, u, zero)?;
+            let minus_abs = e.vselect(is_neg, u, neg_u)?;
+            let ex = exp_poly(e, minus_abs, lanes)?;
+            let s =
+                e.b.build_float_div(c(1.0)?, e.fadd(ex, c(1.0)?)?, "")
+                    .map_err(llvm)?;
+            let s = e.vselect(is_neg, e.fmul(ex, s)?, s)?;
             e.fmul(x, s)
         }
         Activation::GeluErf => gelu_erf(e, x, lanes),
     }
+}
+
+/// e^x as `kiln_expf` in ukernels/kiln_math.h computes it (Cephes polynomial, 2^n applied in
+/// two halves). `llvm.exp` on a vector becomes one libm call per lane, which would make a
+/// fused GELU slower than the unfused, vectorised elementwise kernel.
+fn exp_poly<'ctx>(e: &Emit<'_, 'ctx>, x: VectorValue<'ctx>, lanes: u32) -> Result<VectorValue<'ctx>> {
+    let c = |v: f32| e.splat(e.f32c(v), lanes);
+    let ci = |v: i32| e.splat_i32(e.i32c(v), lanes);
+    let ity = e.cx.i32_type().vec_type(lanes);
+    let fty = e.vty(lanes);
+    let x = e.vselect(e.fcmp(FloatPredicate::OGT, x, c(89.0)?)?, c(89.0)?, x)?;
+    let x = e.vselect(e.fcmp(FloatPredicate::OLT, x, c(-104.0)?)?, c(-104.0)?, x)?;
+    let shifter = c(12_582_912.0)?;
+    let t = e.fma(x, c(std::f32::consts::LOG2_E)?, shifter)?;
+    let bits = |v: VectorValue<'ctx>| -> Result<VectorValue<'ctx>> {
+        Ok(e.b.build_bit_cast(v, ity, "").map_err(llvm)?.into_vector_value())
+    };
+    let n = e.b.build_int_sub(bits(t)?, bits(shifter)?, "").map_err(llvm)?;
+    let nf = e.b.build_float_sub(t, shifter, "").map_err(llvm)?;
+    let r = e.fma(nf, c(-0.693_359_4)?, x)?;
+    let r = e.fma(nf, c(2.121_944_4e-4)?, r)?;
+    let mut p = c(1.987_569_1e-4)?;
+    for k in [
+        1.398_199_9e-3,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        1.666_666_5e-1,
+        5.0e-1,
+    ] {
+        p = e.fma(p, r, c(k)?)?;
+    }
+    let p = e.fma(p, e.fmul(r, r)?, e.fadd(r, c(1.0)?)?)?;
+    let n1 = e.b.build_right_shift(n, ci(1)?, true, "").map_err(llvm)?;
+    let n2 = e.b.build_int_sub(n, n1, "").map_err(llvm)?;
+    let scale = |k: VectorValue<'ctx>| -> Result<VectorValue<'ctx>> {
+        let k = e.b.build_int_add(k, ci(127)?, "").map_err(llvm)?;
+        let k = e.b.build_and(k, ci(0xff)?, "").map_err(llvm)?;
+        let k = e.b.build_left_shift(k, ci(23)?, "").map_err(llvm)?;
+        Ok(e.b.build_bit_cast(k, fty, "").map_err(llvm)?.into_vector_value())
+    };
+    e.fmul(e.fmul(p, scale(n1)?)?, scale(n2)?)
 }
 
 /// `0.5·x·erfc(-x/√2)` the way `ew_gelu_erff` in ukernels/elementwise.c computes it: the odd
@@ -921,10 +970,7 @@ fn gelu_erf<'ctx>(e: &Emit<'_, 'ctx>, x: VectorValue<'ctx>, lanes: u32) -> Resul
     )?;
     let zc2 = e.fmul(zc, zc)?;
     let arg = e.b.build_float_sub(r, zc2, "").map_err(llvm)?;
-    let ex = e
-        .intrinsic("llvm.exp", &[arg.get_type().into()], &[arg.into()])?
-        .into_vector_value();
-    let tail = e.fmul(t, ex)?;
+    let tail = e.fmul(t, exp_poly(e, arg, lanes)?)?;
     let tail = sel(FloatPredicate::OGT, z, c(10.0)?, e.zero_vec(lanes), tail)?;
     let two_minus = e.b.build_float_sub(c(2.0)?, tail, "").map_err(llvm)?;
     let big = sel(FloatPredicate::OLT, x, e.zero_vec(lanes), tail, two_minus)?;
