@@ -877,7 +877,7 @@ pub(crate) fn activation<'ctx>(
         Activation::GeluTanh => {
             let x2 = e.fmul(x, x)?;
             let inner = e.fma(x2, c(0.044715)?, c(1.0)?)?;
-            let u = e.fmul(e.fmul(x, inner)?, c(1.595_769_1)?)?;
+            let u = e.fmul(e.fmul(x, inner)?, c(1.595_769)?)?;
             // sigmoid(u) from e^-|u| (as kiln_sigmoidf), with the polynomial exponential.
             let neg_u = e.b.build_float_neg(u, "").map_err(llvm)?;
             let is_neg = e.fcmp(FloatPredicate::OLT, u, zero)?;
@@ -954,7 +954,7 @@ fn gelu_erf<'ctx>(e: &Emit<'_, 'ctx>, x: VectorValue<'ctx>, lanes: u32) -> Resul
     let zc = sel(FloatPredicate::OLT, zc, c(0.875)?, c(0.875)?, zc)?;
     let den = e.fma(zc, c(0.5)?, c(1.0)?)?;
     let t = e.b.build_float_div(c(1.0)?, den, "").map_err(llvm)?;
-    let s = e.fmul(e.fadd(t, c(-0.431_159_42)?)?, c(3.780_822)?)?;
+    let s = e.fmul(e.fadd(t, c(-0.431_159_4)?)?, c(3.780_822)?)?;
     let r = poly(
         s,
         &[
@@ -984,7 +984,7 @@ fn gelu_erf<'ctx>(e: &Emit<'_, 'ctx>, x: VectorValue<'ctx>, lanes: u32) -> Resul
             -2.686_196_8e-2,
             1.128_374_1e-1,
             -3.761_263_8e-1,
-            1.128_379_2,
+            std::f32::consts::FRAC_2_SQRT_PI,
         ],
     )?;
     let small = e.fma(u, small, c(1.0)?)?;
