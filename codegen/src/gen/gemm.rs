@@ -975,9 +975,8 @@ pub(crate) fn activation<'ctx>(
         Activation::GeluTanh => {
             let x2 = e.fmul(x, x)?;
             let inner = e.fma(x2, c(0.044715)?, c(1.0)?)?;
-            let u = e.fmul(e.fmul(x, inner)?, c(1.595_769_1)?)?;
-            let s = sigmoid(u)?;
-            e.fmul(x, s)
+            let u = e.fmul(e.fmul(x, inner)?, c(1.595_769)?)?;
+            e.fmul(x, sigmoid(u)?)
         }
         Activation::GeluErf => gelu_erf(e, x, lanes),
     }
@@ -1003,7 +1002,7 @@ fn gelu_erf<'ctx>(e: &Emit<'_, 'ctx>, x: VectorValue<'ctx>, lanes: u32) -> Resul
     let zc = sel(FloatPredicate::OLT, zc, c(0.875)?, c(0.875)?, zc)?;
     let den = e.fma(zc, c(0.5)?, c(1.0)?)?;
     let t = e.b.build_float_div(c(1.0)?, den, "").map_err(llvm)?;
-    let s = e.fmul(e.fadd(t, c(-0.431_159_42)?)?, c(3.780_822)?)?;
+    let s = e.fmul(e.fadd(t, c(-0.431_159_4)?)?, c(3.780_822)?)?;
     let r = poly(
         s,
         &[
@@ -1019,10 +1018,7 @@ fn gelu_erf<'ctx>(e: &Emit<'_, 'ctx>, x: VectorValue<'ctx>, lanes: u32) -> Resul
     )?;
     let zc2 = e.fmul(zc, zc)?;
     let arg = e.b.build_float_sub(r, zc2, "").map_err(llvm)?;
-    let ex = e
-        .intrinsic("llvm.exp", &[arg.get_type().into()], &[arg.into()])?
-        .into_vector_value();
-    let tail = e.fmul(t, ex)?;
+    let tail = e.fmul(t, super::vmath::exp(e, arg)?)?;
     let tail = sel(FloatPredicate::OGT, z, c(10.0)?, e.zero_vec(lanes), tail)?;
     let two_minus = e.b.build_float_sub(c(2.0)?, tail, "").map_err(llvm)?;
     let big = sel(FloatPredicate::OLT, x, e.zero_vec(lanes), tail, two_minus)?;
@@ -1036,7 +1032,7 @@ fn gelu_erf<'ctx>(e: &Emit<'_, 'ctx>, x: VectorValue<'ctx>, lanes: u32) -> Resul
             -2.686_196_8e-2,
             1.128_374_1e-1,
             -3.761_263_8e-1,
-            1.128_379_2,
+            std::f32::consts::FRAC_2_SQRT_PI,
         ],
     )?;
     let small = e.fma(u, small, c(1.0)?)?;

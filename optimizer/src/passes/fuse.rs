@@ -367,7 +367,7 @@ impl<'g> Cx<'g> {
             }
         }
         let epsilon = eps as f32;
-        if !(epsilon >= 0.0) {
+        if epsilon.is_nan() || epsilon < 0.0 {
             return None;
         }
         Some((
