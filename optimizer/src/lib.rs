@@ -335,7 +335,8 @@ mod tests {
         let _ = std::fs::remove_file(&path);
         assert!(text.starts_with("# after freeze:"), "{text}");
         assert!(text.contains(&g.to_string()), "{text}");
-        assert_eq!(stats.len(), 1);
+        assert_eq!(stats.len(), pm.pass_names().len());
+        assert_eq!(stats[0].pass, "freeze");
         assert_eq!(stats[0].nodes_before, 2);
     }
 }
