@@ -97,6 +97,8 @@ pub struct PassInfo {
     pub nodes_before: usize,
     pub nodes_after: usize,
     pub rewrites: usize,
+    /// What the pass did, in words (e.g. "folded 12 nodes, removed 3 Identity").
+    pub summary: String,
     pub time_ms: f64,
 }
 
@@ -480,6 +482,7 @@ pub fn build_report(inp: &Inputs) -> Report {
                 nodes_before: p.nodes_before,
                 nodes_after: p.nodes_after,
                 rewrites: p.rewrites,
+                summary: p.summary.clone(),
                 time_ms: (p.time.as_secs_f64() * 1e6).round() / 1e3,
             })
             .collect(),
@@ -616,11 +619,12 @@ pub fn to_table(r: &Report) -> String {
                 p.nodes_after.to_string(),
                 p.rewrites.to_string(),
                 format!("{:.1}", p.time_ms),
+                p.summary.clone(),
             ]
         })
         .collect();
     out.push_str(&table(
-        &["pass", "nodes before", "after", "rewrites", "ms"],
+        &["pass", "nodes before", "after", "rewrites", "ms", "what"],
         &rows,
     ));
 
