@@ -5,7 +5,7 @@
 use crate::plan::{self, BufferOwner, KernelImpl, Plan, Storage};
 use crate::target::{Isa, TargetDesc};
 use kiln_ir::{Graph, Layout, NodeId, Op, TensorType, ValueId};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// A value's type as reports show it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -139,11 +139,45 @@ pub fn target_report(t: &TargetDesc) -> TargetReport {
     }
 }
 
-fn value_info(graph: &Graph, v: ValueId) -> ValueInfo {
-    ValueInfo::new(graph.value_name(v), graph.value_type(v))
+fn value_info(graph: &Graph, nhwc: &HashSet<ValueId>, v: ValueId) -> ValueInfo {
+    let mut info = ValueInfo::new(graph.value_name(v), graph.value_type(v));
+    if nhwc.contains(&v) {
+        info.layout = "channels-last";
+    }
+    info
+}
+
+/// Values stored NHWC: outputs of channels-last Conv/Pool and of NCHW→NHWC transposes, and what elementwise ops and
+/// Concat compute from them (the channels-last pass carries the layout through those). The IR
+/// type says row-major for all of them — an NHWC value simply has the NHWC shape — so the
+/// report recovers the layout from the ops.
+fn channels_last_values(graph: &Graph) -> HashSet<ValueId> {
+    let mut nhwc = HashSet::new();
+    for id in graph.node_ids() {
+        let node = graph.node(id);
+        let from_op = match &node.op {
+            Op::Conv(a) => a.channels_last,
+            Op::Pool(a) => a.channels_last,
+            Op::Transpose { perm } => perm == &[0, 2, 3, 1],
+            Op::Unary(_) | Op::Binary(_) | Op::Clip | Op::Where | Op::Cast { .. } | Op::Concat { .. } => {
+                node.inputs.iter().flatten().any(|v| nhwc.contains(v))
+            }
+            _ => false,
+        };
+        if from_op
+            || node
+                .outputs
+                .first()
+                .is_some_and(|o| o.ty.layout == Layout::ChannelsLast)
+        {
+            nhwc.insert(id.out(0));
+        }
+    }
+    nhwc
 }
 
 pub fn build(graph: &Graph, plan: &Plan, target: &TargetDesc) -> PlanReport {
+    let nhwc = channels_last_values(graph);
     let mut kernel_of: HashMap<NodeId, (usize, bool)> = HashMap::new();
     let kernels = plan
         .kernels
@@ -164,14 +198,18 @@ pub fn build(graph: &Graph, plan: &Plan, target: &TargetDesc) -> PlanReport {
                 .inputs
                 .iter()
                 .flatten()
-                .map(|&v| value_info(graph, v))
+                .map(|&v| value_info(graph, &nhwc, v))
                 .collect();
             KernelReport {
                 implementation: kern.describe(),
                 generated: matches!(kern.imp, KernelImpl::Generated(_)),
                 nodes,
                 inputs,
-                outputs: kern.outputs.iter().map(|&v| value_info(graph, v)).collect(),
+                outputs: kern
+                    .outputs
+                    .iter()
+                    .map(|&v| value_info(graph, &nhwc, v))
+                    .collect(),
                 scratch_offset: kern.scratch,
             }
         })
@@ -210,7 +248,7 @@ pub fn build(graph: &Graph, plan: &Plan, target: &TargetDesc) -> PlanReport {
                 name: node.name.clone(),
                 op: node.op.name(),
                 fate,
-                output: (n_out > 0).then(|| value_info(graph, id.out(0))),
+                output: (n_out > 0).then(|| value_info(graph, &nhwc, id.out(0))),
             }
         })
         .collect();
