@@ -86,3 +86,34 @@ pub fn use_counts(graph: &Graph) -> HashMap<ValueId, usize> {
     }
     uses
 }
+
+/// Nodes the graph outputs depend on, and the graph inputs (the model's API, even when unused).
+pub fn live_nodes(g: &Graph) -> Vec<bool> {
+    let mut live = vec![false; g.len()];
+    for o in g.outputs() {
+        live[o.value.node.index()] = true;
+    }
+    for &i in g.inputs() {
+        live[i.index()] = true;
+    }
+    for id in g.node_ids().collect::<Vec<_>>().into_iter().rev() {
+        if live[id.index()] {
+            for v in g.node(id).inputs.iter().flatten() {
+                live[v.node.index()] = true;
+            }
+        }
+    }
+    live
+}
+
+/// The graph without the nodes no output depends on (graph inputs stay).
+pub fn remove_dead(g: &Graph) -> Result<Graph, IrError> {
+    let live = live_nodes(g);
+    rebuild(g, |_, id, _, _| {
+        Ok(if live[id.index()] {
+            Rewrite::Keep
+        } else {
+            Rewrite::Replace(vec![])
+        })
+    })
+}

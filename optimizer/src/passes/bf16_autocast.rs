@@ -239,7 +239,8 @@ impl Pass for Bf16Autocast {
             )?;
             Ok(Rewrite::Replace(outs))
         })?;
-        *graph = new;
+        // The f32 weights replaced by their bf16-rounded copies are dead now.
+        *graph = kiln_ir::rewrite::remove_dead(&new)?;
         Ok(rewrites)
     }
 }

@@ -50,7 +50,7 @@ impl Pass for ChannelsLast {
         };
         cv.run()?;
         let rewrites = cv.rewrites;
-        *graph = dead_code(&cv.dst)?;
+        *graph = kiln_ir::rewrite::remove_dead(&cv.dst)?;
         Ok(rewrites)
     }
 }
@@ -375,28 +375,6 @@ fn transpose(t: &Tensor, perm: &[usize]) -> Result<Tensor, IrError> {
     };
     let mut r = kiln_ir::ops::eval(&op, &cx).map_err(|e| IrError::Invalid(format!("channels-last: {e}")))?;
     Ok(r.remove(0))
-}
-
-/// The graph without nodes no output depends on.
-fn dead_code(g: &Graph) -> Result<Graph, IrError> {
-    let mut live = vec![false; g.len()];
-    for o in g.outputs() {
-        live[o.value.node.index()] = true;
-    }
-    for id in g.node_ids().collect::<Vec<_>>().into_iter().rev() {
-        if live[id.index()] {
-            for v in g.node(id).inputs.iter().flatten() {
-                live[v.node.index()] = true;
-            }
-        }
-    }
-    rebuild(g, |_, id, _, _| {
-        Ok(if live[id.index()] {
-            Rewrite::Keep
-        } else {
-            Rewrite::Replace(vec![])
-        })
-    })
 }
 
 #[cfg(test)]

@@ -147,7 +147,7 @@ pub fn freeze(src: &Graph) -> Result<(Graph, FreezeCounts), IrError> {
     let mut counts = b.counts;
     // Dead nodes of the source; the nodes that rewriting left unused go too, without counting
     // (they are already counted as what replaced them).
-    counts.dead = live_nodes(src)
+    counts.dead = kiln_ir::rewrite::live_nodes(src)
         .iter()
         .zip(src.nodes())
         .filter(|(live, n)| !**live && n.op != Op::Input)
@@ -822,7 +822,7 @@ fn broadcast_f64(t: &Tensor, shape: &[usize]) -> Option<Vec<f64>> {
 /// gives each graph output's name to the value producing it when that value is not a graph
 /// input and no other output or value claims the name.
 fn finish(g: &Graph) -> Result<Graph, IrError> {
-    let live = live_nodes(g);
+    let live = kiln_ir::rewrite::live_nodes(g);
     let mut outputs_of: HashMap<ValueId, Vec<&str>> = HashMap::new();
     for o in g.outputs() {
         outputs_of.entry(o.value).or_default().push(&o.name);
@@ -880,25 +880,6 @@ fn finish(g: &Graph) -> Result<Graph, IrError> {
         dst.add_output(o.name.clone(), map[&o.value]);
     }
     Ok(dst)
-}
-
-/// Nodes the graph outputs depend on, and the inputs (the model's API even when unused).
-fn live_nodes(g: &Graph) -> Vec<bool> {
-    let mut live = vec![false; g.len()];
-    for o in g.outputs() {
-        live[o.value.node.index()] = true;
-    }
-    for &i in g.inputs() {
-        live[i.index()] = true;
-    }
-    for id in g.node_ids().collect::<Vec<_>>().into_iter().rev() {
-        if live[id.index()] {
-            for v in g.node(id).inputs.iter().flatten() {
-                live[v.node.index()] = true;
-            }
-        }
-    }
-    live
 }
 
 #[cfg(test)]
