@@ -16,7 +16,6 @@
 
 use crate::Pass;
 use kiln_ir::ops::{EvalCtx, InferCtx};
-use kiln_ir::rewrite::{rebuild, Rewrite};
 use kiln_ir::{DType, Dim, Graph, IrError, Node, NodeId, Op, PoolKind, ReduceKind, Tensor, ValueId};
 use std::collections::HashMap;
 
