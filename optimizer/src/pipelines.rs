@@ -35,7 +35,11 @@ pub struct PipelineOptions {
 
 /// Every pass a pipeline may run, in pipeline order (for `--disable-pass`/`--print-after`
 /// validation: a pass the options leave out is still a valid name).
-pub const PASS_NAMES: &[&str] = &["freeze", "channels-last", "bf16-autocast", "fuse"];
+pub const PASS_NAMES: &[&str] = &["freeze", "channels-last", "bf16-autocast", FUSE_PASS];
+
+/// Fusion happens in two places (the `fuse` pass and kernel grouping in codegen); disabling
+/// `fuse` turns off both (`CompileOptions::fusion`).
+pub const FUSE_PASS: &str = "fuse";
 
 /// The CPU pipeline: freeze → channels-last (NHWC only) → bf16 autocast (bf16 only) → fuse.
 pub fn cpu(opts: &PipelineOptions) -> PassManager {

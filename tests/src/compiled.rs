@@ -53,8 +53,7 @@ pub fn compile_graph(
     compile_graph_without(graph, name, emit, out, &[])
 }
 
-/// The name under which `--disable-pass` turns off codegen's kernel grouping.
-pub const FUSE_PASS: &str = "fuse";
+pub use kiln_optimizer::pipelines::FUSE_PASS;
 
 /// Whether `--disable-pass NAME` means something for the default CPU pipeline: one of its
 /// passes, or `fuse` (codegen's kernel grouping, whether or not a `fuse` pass exists).

@@ -52,9 +52,7 @@ pub fn pipeline_options(layout: Option<LayoutArg>, precision: PrecisionArg) -> P
     }
 }
 
-/// Fusion happens in two places (the `fuse` pass and kernel grouping in codegen); disabling
-/// `fuse` turns off both.
-pub const FUSE_PASS: &str = "fuse";
+use kiln_optimizer::pipelines::FUSE_PASS;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
