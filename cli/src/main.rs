@@ -1,6 +1,7 @@
 //! The `kiln` command line.
 
 mod commands;
+mod exit;
 mod model_args;
 mod tensors;
 
@@ -32,6 +33,12 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // A panic is a kiln bug: say so on one line and exit with the documented status instead of
+    // Rust's 101 and a backtrace hint.
+    std::panic::set_hook(Box::new(|info| {
+        eprintln!("error: internal error (a kiln bug, please report it with the model): {info}");
+        std::process::exit(i32::from(exit::Exit::Internal.code()));
+    }));
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Inspect(args) => commands::inspect::run(args),
@@ -43,7 +50,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {}", one_line(&e));
-            ExitCode::from(exit_code(&e))
+            ExitCode::from(exit::classify(&e).code())
         }
     }
 }
@@ -74,16 +81,4 @@ fn one_line(e: &anyhow::Error) -> String {
         }
     }
     msg
-}
-
-/// Exit status: 2 usage (clap), 3 the model is invalid or unsupported (also by the backend),
-/// 1 anything else.
-fn exit_code(e: &anyhow::Error) -> u8 {
-    if e.downcast_ref::<kiln_frontend::FrontendError>().is_some() {
-        return 3;
-    }
-    match e.downcast_ref::<kiln_codegen::CodegenError>() {
-        Some(c) if c.is_unsupported() => 3,
-        _ => 1,
-    }
 }
