@@ -1,11 +1,13 @@
 //! The `kiln` command line.
 
 mod commands;
+mod diagnostic;
 mod exit;
 mod model_args;
 mod tensors;
+mod term;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::process::ExitCode;
 
 /// kiln — an ahead-of-time compiler for trained models.
@@ -15,6 +17,11 @@ use std::process::ExitCode;
 #[derive(Parser)]
 #[command(name = "kiln", version, about, long_about = None, propagate_version = true)]
 struct Cli {
+    /// Color diagnostics on stderr: auto (when stderr is a terminal and NO_COLOR is unset),
+    /// always, never.
+    #[arg(long, value_enum, global = true, default_value = "auto", value_name = "WHEN")]
+    color: term::ColorChoice,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -36,10 +43,21 @@ fn main() -> ExitCode {
     // A panic is a kiln bug: say so on one line and exit with the documented status instead of
     // Rust's 101 and a backtrace hint.
     std::panic::set_hook(Box::new(|info| {
-        eprintln!("error: internal error (a kiln bug, please report it with the model): {info}");
+        eprintln!(
+            "{} internal error (a kiln bug, please report it with the model): {info}",
+            term::paint("error:", term::Style::Error)
+        );
         std::process::exit(i32::from(exit::Exit::Internal.code()));
     }));
-    let cli = Cli::parse();
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let color = term::choice_from_args(&args);
+    term::init(color);
+    let matches = Cli::command()
+        .color(term::clap_choice(color))
+        .get_matches_from(&args);
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let name = cli.command.name();
+    let report = cli.command.report_path().map(std::path::Path::to_path_buf);
     let result = match cli.command {
         Command::Inspect(args) => commands::inspect::run(args),
         Command::Compile(args) => commands::compile::run(args),
@@ -49,8 +67,38 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", one_line(&e));
+            let message = one_line(&e);
+            eprintln!("{} {message}", term::paint("error:", term::Style::Error));
+            // CI reads the report file whether the command worked or not: on failure it says
+            // why, where, and with which exit status.
+            if let Some(path) = report {
+                let doc = diagnostic::failure_report(name, &e, &message);
+                if let Err(w) = diagnostic::write_json(&doc, &path) {
+                    eprintln!("{} {}", term::paint("error:", term::Style::Error), one_line(&w));
+                }
+            }
             ExitCode::from(exit::classify(&e).code())
+        }
+    }
+}
+
+impl Command {
+    fn name(&self) -> &'static str {
+        match self {
+            Command::Inspect(_) => "inspect",
+            Command::Compile(_) => "compile",
+            Command::Run(_) => "run",
+            Command::Explain(_) => "explain",
+        }
+    }
+
+    /// The command's `--report FILE`, if it was given.
+    fn report_path(&self) -> Option<&std::path::Path> {
+        match self {
+            Command::Inspect(a) => a.report.as_deref(),
+            Command::Compile(a) => a.report.as_deref(),
+            Command::Run(a) => a.report.as_deref(),
+            Command::Explain(a) => a.compile.report.as_deref(),
         }
     }
 }

@@ -256,7 +256,8 @@ pub fn build(args: Args, mode: Mode) -> Result<()> {
     if !args.quiet {
         let files: Vec<String> = summary.files.iter().map(|f| f.display().to_string()).collect();
         eprintln!(
-            "compiled {name} for {} in {:.1} s → {}",
+            "{} {name} for {} in {:.1} s → {}",
+            crate::term::paint("compiled", crate::term::Style::Good),
             summary.target,
             start.elapsed().as_secs_f64(),
             files.join(", ")

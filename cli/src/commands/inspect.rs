@@ -15,6 +15,10 @@ pub struct Args {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+
+    /// Also write the JSON report to a file (schema kiln.inspect/1, docs/report.md).
+    #[arg(long, value_name = "FILE.json")]
+    pub report: Option<std::path::PathBuf>,
 }
 
 #[derive(Serialize)]
@@ -26,6 +30,8 @@ struct Value {
 
 #[derive(Serialize)]
 struct Report {
+    schema: &'static str,
+    kiln_version: &'static str,
     model: String,
     producer: String,
     ir_version: i64,
@@ -79,6 +85,8 @@ pub fn run(args: Args) -> Result<()> {
     let mut op_histogram = BTreeMap::new();
     let nodes = histogram(g, &mut op_histogram);
     let mut report = Report {
+        schema: "kiln.inspect/1",
+        kiln_version: env!("CARGO_PKG_VERSION"),
         model: path.display().to_string(),
         producer: format!("{} {}", proto.producer_name, proto.producer_version)
             .trim()
@@ -154,6 +162,9 @@ pub fn run(args: Args) -> Result<()> {
             }
             report.import_error = Some(e.to_string());
         }
+    }
+    if let Some(path) = &args.report {
+        crate::diagnostic::write_json(&report, path)?;
     }
     if args.json {
         crate::emit(&format!("{}\n", serde_json::to_string_pretty(&report)?));

@@ -1,9 +1,12 @@
 //! `kiln run`: run a model on input files.
 
+use crate::exit::{Exit, Failure};
 use crate::model_args::ModelArgs;
 use crate::tensors::{output_file_name, read_inputs, summarize};
-use anyhow::{bail, Context, Result};
-use std::path::PathBuf;
+use anyhow::{Context, Result};
+use kiln_ir::Tensor;
+use serde::Serialize;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 #[derive(clap::Args, Debug)]
@@ -32,6 +35,75 @@ pub struct Args {
     /// Print nothing but errors.
     #[arg(long, short = 'q')]
     pub quiet: bool,
+
+    /// Write a JSON report (schema kiln.run/1, docs/report.md): each output's type and value
+    /// statistics, where it was written, how long the run took.
+    #[arg(long, value_name = "FILE.json")]
+    pub report: Option<PathBuf>,
+}
+
+#[derive(Serialize)]
+struct RunReport {
+    schema: &'static str,
+    kiln_version: &'static str,
+    model: String,
+    /// "compiled" or "reference".
+    mode: &'static str,
+    /// Wall time of the run (the compiled mode includes starting the executable).
+    seconds: f64,
+    outputs: Vec<OutputReport>,
+}
+
+#[derive(Serialize)]
+struct OutputReport {
+    name: String,
+    dtype: String,
+    shape: Vec<usize>,
+    file: Option<String>,
+    min: Option<f64>,
+    max: Option<f64>,
+    mean: Option<f64>,
+    /// NaN and infinite elements.
+    non_finite: usize,
+}
+
+fn output_report(name: &str, t: &Tensor, file: Option<&Path>) -> OutputReport {
+    let v = t.to_f64_vec();
+    let finite: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+    let (min, max, mean) = if finite.is_empty() {
+        (None, None, None)
+    } else {
+        (
+            Some(finite.iter().copied().fold(f64::INFINITY, f64::min)),
+            Some(finite.iter().copied().fold(f64::NEG_INFINITY, f64::max)),
+            Some(finite.iter().sum::<f64>() / finite.len() as f64),
+        )
+    };
+    OutputReport {
+        name: name.to_string(),
+        dtype: t.dtype().to_string(),
+        shape: t.shape().to_vec(),
+        file: file.map(|f| f.display().to_string()),
+        min,
+        max,
+        mean,
+        non_finite: v.len() - finite.len(),
+    }
+}
+
+fn write_report(args: &Args, mode: &'static str, seconds: f64, outputs: Vec<OutputReport>) -> Result<()> {
+    if let Some(path) = &args.report {
+        let doc = RunReport {
+            schema: "kiln.run/1",
+            kiln_version: env!("CARGO_PKG_VERSION"),
+            model: args.model.model.display().to_string(),
+            mode,
+            seconds,
+            outputs,
+        };
+        crate::diagnostic::write_json(&doc, path)?;
+    }
+    Ok(())
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -47,16 +119,23 @@ pub fn run(args: Args) -> Result<()> {
     if let Some(dir) = &args.output_dir {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
+    let mut reports = Vec::new();
     for (out, t) in model.graph.outputs().iter().zip(&outputs) {
+        let mut file = None;
         if let Some(dir) = &args.output_dir {
             let path = dir.join(output_file_name(&out.name));
             kiln_frontend::npy::write_npy(&path, t)
                 .with_context(|| format!("cannot write {}", path.display()))?;
+            file = Some(path);
         }
         if !args.quiet {
             crate::emit(&format!("{}: {}\n", out.name, summarize(t)));
         }
+        if args.report.is_some() {
+            reports.push(output_report(&out.name, t, file.as_deref()));
+        }
     }
+    write_report(&args, "reference", elapsed.as_secs_f64(), reports)?;
     if !args.quiet {
         let written = match &args.output_dir {
             Some(d) => format!(", outputs written to {}", d.display()),
@@ -92,7 +171,14 @@ fn run_compiled(args: &Args, model: kiln_frontend::Model) -> Result<()> {
             .with_context(|| format!("cannot write {}", path.display()))?;
         cmd.arg("--input").arg(format!("{name}={}", path.display()));
     }
-    if let Some(d) = &args.output_dir {
+    // The report needs the outputs' values: have them written (to a temporary folder when the
+    // user asked for none).
+    let out_dir = match (&args.output_dir, &args.report) {
+        (Some(d), _) => Some(d.clone()),
+        (None, Some(_)) => Some(dir.path().join("outputs")),
+        (None, None) => None,
+    };
+    if let Some(d) = &out_dir {
         cmd.arg("--output-dir").arg(d);
     }
     if let Some(t) = args.threads {
@@ -101,9 +187,28 @@ fn run_compiled(args: &Args, model: kiln_frontend::Model) -> Result<()> {
     if args.quiet {
         cmd.arg("--quiet");
     }
+    let start = Instant::now();
     let status = cmd.status().context("cannot run the compiled model")?;
+    let seconds = start.elapsed().as_secs_f64();
     if !status.success() {
-        bail!("the compiled model failed ({status})");
+        // The executable has said what was wrong; its status 2 means a bad input file.
+        let exit = if status.code() == Some(2) {
+            Exit::Usage
+        } else {
+            Exit::Internal
+        };
+        return Err(Failure::new(exit, format!("the compiled model failed ({status})")).into());
+    }
+    if let (Some(d), Some(_)) = (&out_dir, &args.report) {
+        let mut reports = Vec::new();
+        for o in graph.outputs() {
+            let path = d.join(output_file_name(&o.name));
+            let t = kiln_frontend::npy::read_npy(&path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            let shown = args.output_dir.is_some().then_some(path.as_path());
+            reports.push(output_report(&o.name, &t, shown));
+        }
+        write_report(args, "compiled", seconds, reports)?;
     }
     Ok(())
 }

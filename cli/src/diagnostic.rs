@@ -1,0 +1,136 @@
+//! What an error is about, for machines: the node and operator it names, the pass it happened
+//! in, and the document `--report FILE` receives when a command fails.
+
+use crate::exit::{classify, Exit};
+use serde::Serialize;
+use std::path::Path;
+
+/// Where an error points in the model (every field `null` when the error does not say).
+#[derive(Serialize, Debug, Default, PartialEq, Eq)]
+pub struct Location {
+    pub node: Option<String>,
+    pub op: Option<String>,
+    pub pass: Option<String>,
+}
+
+/// The first node/op named along the error's chain of causes.
+pub fn locate(e: &anyhow::Error) -> Location {
+    let mut loc = Location::default();
+    for cause in e.chain() {
+        if let Some(p) = cause.downcast_ref::<kiln_optimizer::PassError>() {
+            loc.pass.get_or_insert_with(|| p.pass.to_string());
+            if loc.node.is_none() {
+                loc.node = p.node.clone();
+            }
+        }
+        let (node, op) = if let Some(f) = cause.downcast_ref::<kiln_frontend::FrontendError>() {
+            use kiln_frontend::FrontendError as F;
+            match f {
+                F::Node { node, op_type, .. } => (Some(node), Some(op_type)),
+                F::Unsupported(ops) => match ops.first() {
+                    Some(u) => (Some(&u.node), Some(&u.op_type)),
+                    None => (None, None),
+                },
+                _ => (None, None),
+            }
+        } else if let Some(c) = cause.downcast_ref::<kiln_codegen::CodegenError>() {
+            use kiln_codegen::CodegenError as C;
+            match c {
+                C::Unsupported { node, op, .. } => (Some(node), Some(op)),
+                C::UnsupportedNodes(all) => match all.first() {
+                    Some(C::Unsupported { node, op, .. }) => (Some(node), Some(op)),
+                    _ => (None, None),
+                },
+                _ => (None, None),
+            }
+        } else if let Some(kiln_ir::IrError::Node { node, op, .. }) = cause.downcast_ref() {
+            (Some(node), Some(op))
+        } else {
+            (None, None)
+        };
+        if loc.node.is_none() {
+            loc.node = node.cloned();
+        }
+        if loc.op.is_none() {
+            loc.op = op.cloned();
+        }
+    }
+    loc
+}
+
+fn exit_name(exit: Exit) -> &'static str {
+    match exit {
+        Exit::Success => "success",
+        Exit::VerifyFailed => "verification-failed",
+        Exit::Usage => "usage",
+        Exit::InvalidModel => "invalid-model",
+        Exit::Unsupported => "unsupported",
+        Exit::CompileFailed => "compile-failed",
+        Exit::Internal => "internal",
+    }
+}
+
+/// The report of a command that failed (schema `kiln.failure/1`, docs/report.md).
+#[derive(Serialize, Debug)]
+pub struct FailureReport {
+    pub schema: &'static str,
+    pub kiln_version: &'static str,
+    pub command: String,
+    pub exit_code: u8,
+    pub exit: &'static str,
+    pub error: String,
+    #[serde(flatten)]
+    pub location: Location,
+}
+
+pub fn failure_report(command: &str, e: &anyhow::Error, message: &str) -> FailureReport {
+    let exit = classify(e);
+    FailureReport {
+        schema: "kiln.failure/1",
+        kiln_version: env!("CARGO_PKG_VERSION"),
+        command: command.to_string(),
+        exit_code: exit.code(),
+        exit: exit_name(exit),
+        error: message.to_string(),
+        location: locate(e),
+    }
+}
+
+/// Writes a JSON document to `path` (pretty-printed, newline-terminated).
+pub fn write_json<T: Serialize>(value: &T, path: &Path) -> anyhow::Result<()> {
+    let mut text = serde_json::to_string_pretty(value)?;
+    text.push('\n');
+    std::fs::write(path, text).map_err(|e| {
+        anyhow::Error::new(crate::exit::Failure::new(
+            Exit::Usage,
+            format!("cannot write the report {}: {e}", path.display()),
+        ))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locates_the_node_of_a_frontend_error() {
+        let e = anyhow::Error::new(kiln_frontend::FrontendError::Node {
+            node: "conv1".into(),
+            op_type: "Conv".into(),
+            msg: "bad".into(),
+        })
+        .context("model.onnx");
+        let loc = locate(&e);
+        assert_eq!(loc.node.as_deref(), Some("conv1"));
+        assert_eq!(loc.op.as_deref(), Some("Conv"));
+        let r = failure_report("compile", &e, "x");
+        assert_eq!((r.exit_code, r.exit), (3, "invalid-model"));
+    }
+
+    #[test]
+    fn unsupported_codegen_node_is_exit_4() {
+        let e = anyhow::Error::new(kiln_codegen::CodegenError::unsupported("n", "Foo", "no"));
+        let r = failure_report("compile", &e, "x");
+        assert_eq!((r.exit_code, r.location.node.as_deref()), (4, Some("n")));
+    }
+}
