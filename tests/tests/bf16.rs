@@ -10,7 +10,7 @@
 //! match with the ordinary f32 tolerances: the pass must not change anything else.
 //!
 //! Documented exceptions (looser thresholds) are in [`thresholds`]; each says why. MobileNetV2
-//! does not reach the 0.999 yet.
+//! does not reach 0.999, and no bf16 execution can: see `thresholds`.
 
 use kiln_codegen::{CompileOptions, Emit, Silent, TargetDesc};
 use kiln_ir::{DType, Tensor};
@@ -24,9 +24,12 @@ use std::sync::Mutex;
 /// Minimum cosine similarity and maximum range-relative error for one fixture.
 fn thresholds(name: &str) -> (f64, f64) {
     match name {
-        // KNOWN MISS of the bar (cosine 0.999): measured 0.9970 with depthwise convs in
-        // bf16 and 0.9978 with them in f32 (the full-size MobileNetV2 benchmark model: 0.9971).
-        // Not understood yet; the threshold records today's value so a regression shows.
+        // Below the general bar (cosine 0.999) by the model, not by kiln: rounding every
+        // Conv/Gemm operand to bf16 with f32 accumulation — the numerics bf16 autocast promises —
+        // in onnxruntime gives cosine 0.99744 on this fixture (0.99650 on the full-size
+        // MobileNetV2), its error dominated by the first convolutions
+        // (`scripts/bf16_reference.py ... --per-layer`). kiln measures 0.9970 (full size: 0.9971).
+        // Meeting 0.999 would take keeping layers in f32, i.e. not running the model in bf16.
         "mobilenetv2_tiny" => (0.997, 0.08),
         // Cosine meets the bar (0.99916); the largest error, 4% of the logits' range, is on one
         // logit.
