@@ -37,6 +37,8 @@ enum Command {
     /// Show where every node of a model goes when compiled (kernels, fusion, layout, dtype,
     /// memory plan, CPU features) without generating code. Takes the `compile` options.
     Explain(commands::explain::Args),
+    /// Compile and run a model, compare every output and every kernel's result with the reference interpreter, and name the pass or kernel behind a mismatch (exit 1).
+    Verify(commands::verify::Args),
 }
 
 fn main() -> ExitCode {
@@ -63,6 +65,7 @@ fn main() -> ExitCode {
         Command::Compile(args) => commands::compile::run(args),
         Command::Run(args) => commands::run::run(args),
         Command::Explain(args) => commands::explain::run(args),
+        Command::Verify(args) => commands::verify::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

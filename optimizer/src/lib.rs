@@ -5,6 +5,7 @@
 //! name, records per-pass statistics and can print the graph after chosen passes. Pipelines are
 //! plain functions per target (`pipelines::cpu`).
 
+pub mod fault;
 pub mod passes;
 pub mod pipelines;
 
@@ -213,6 +214,16 @@ impl PassManager {
 
     /// Runs every enabled pass in order, verifying the graph after each.
     pub fn run(&self, graph: &mut Graph) -> Result<Vec<PassStats>, PassError> {
+        self.run_observed(graph, |_, _| {})
+    }
+
+    /// Like [`PassManager::run`], calling `after(pass, graph)` after each enabled pass (to
+    /// check the passes one by one).
+    pub fn run_observed(
+        &self,
+        graph: &mut Graph,
+        mut after: impl FnMut(&'static str, &Graph),
+    ) -> Result<Vec<PassStats>, PassError> {
         let mut stats = vec![];
         for p in &self.passes {
             let disabled = self.is_disabled(p.name());
@@ -224,10 +235,15 @@ impl PassManager {
                     summary: "disabled".to_string(),
                 }
             } else {
+                let before = fault::requested_for(p.name()).then(|| graph.clone());
                 let report = p
                     .run_with_report(graph)
                     .map_err(|e| PassError::new(p.name(), PassFailure::Run, e))?;
+                if let Some(before) = before {
+                    inject_fault(p.name(), &before, graph)?;
+                }
                 kiln_ir::verify(graph).map_err(|e| PassError::new(p.name(), PassFailure::Verify, e))?;
+                after(p.name(), graph);
                 report
             };
             let st = PassStats {
@@ -268,6 +284,19 @@ impl PassManager {
             }
         }
     }
+}
+
+/// Applies `KILN_INJECT_FAULT` after `pass`, loudly: a wrong result must never look genuine.
+fn inject_fault(pass: &'static str, before: &Graph, graph: &mut Graph) -> Result<(), PassError> {
+    let env = fault::ENV;
+    match fault::inject(before, graph).map_err(|e| PassError::new(pass, PassFailure::Run, e))? {
+        Some(f) => eprintln!(
+            "warning: {env}={pass}: injected a fault after pass '{pass}' into node '{}' ({}): {}",
+            f.node, f.op, f.how
+        ),
+        None => eprintln!("warning: {env}={pass}: pass '{pass}' created or changed no node that can be perturbed; no fault injected"),
+    }
+    Ok(())
 }
 
 /// The CPU pipeline with default options.

@@ -2,3 +2,4 @@ pub mod compile;
 pub mod explain;
 pub mod inspect;
 pub mod run;
+pub mod verify;
