@@ -30,6 +30,8 @@ enum Command {
     /// Show where every node of a model goes when compiled (kernels, fusion, layout, dtype,
     /// memory plan, CPU features) without generating code. Takes the `compile` options.
     Explain(commands::explain::Args),
+    /// Reduce a model that fails a check (a shell command, `compile` or `verify`) to the smallest model that still fails it.
+    Minify(commands::minify::Args),
 }
 
 fn main() -> ExitCode {
@@ -45,6 +47,7 @@ fn main() -> ExitCode {
         Command::Compile(args) => commands::compile::run(args),
         Command::Run(args) => commands::run::run(args),
         Command::Explain(args) => commands::explain::run(args),
+        Command::Minify(args) => commands::minify::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,4 +1,5 @@
 pub mod compile;
 pub mod explain;
 pub mod inspect;
+pub mod minify;
 pub mod run;
