@@ -49,12 +49,14 @@ fn run_ok(cmd: &mut Command) -> Output {
     out
 }
 
-/// A check that fails (exits 1) exactly when the candidate is a valid model with an `op` node.
-fn contains_op_check(op: &str) -> String {
+/// A check that fails (exits 1) exactly when the candidate is a valid model with nodes of all
+/// of `ops` (in the name order of `kiln inspect --json`'s histogram).
+fn contains_ops_check(ops: &[&str]) -> String {
+    let pattern: String = ops.iter().map(|op| format!("*'\"{op}\":'")).collect();
     format!(
         "out=$('{}' inspect --json {{}}) || exit 0; \
          case \"$out\" in *'\"import_error\": \"'*) exit 0;; esac; \
-         case \"$out\" in *'\"{op}\":'*) exit 1;; esac; exit 0",
+         case \"$out\" in {pattern}*) exit 1;; esac; exit 0",
         env!("CARGO_BIN_EXE_kiln")
     )
 }
@@ -72,7 +74,7 @@ fn reduces_a_100_node_model_to_the_op_a_shell_check_looks_for() {
 
     let out = run_ok(kiln().arg("minify").arg(&model).args([
         "--check",
-        &contains_op_check("GlobalAveragePool"),
+        &contains_ops_check(&["GlobalAveragePool"]),
         "--json",
     ]));
     let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -95,6 +97,38 @@ fn reduces_a_100_node_model_to_the_op_a_shell_check_looks_for() {
         "import onnx, sys; onnx.checker.check_model(onnx.load(sys.argv[1]), full_check=True)",
         &reduced_path.display().to_string(),
     ]));
+}
+
+/// Two operators far apart: cutting the graph alone cannot isolate them, ddmin must; the
+/// classifier weight then becomes an input.
+#[test]
+fn ddmin_keeps_two_distant_nodes_and_shrinks_constants() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = copy_fixture("efficientnet_tiny", dir.path());
+    let reduced_path = dir.path().join("two.onnx");
+    let out = run_ok(
+        kiln()
+            .arg("minify")
+            .arg(&model)
+            .args([
+                "--check",
+                &contains_ops_check(&["Gemm", "Sigmoid"]),
+                "--json",
+                "-o",
+            ])
+            .arg(&reduced_path),
+    );
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut ops = nodes(&read_model_proto(&reduced_path).unwrap());
+    ops.sort();
+    assert_eq!(ops, ["Gemm", "Sigmoid"]);
+    assert!(
+        summary["constants_shrunk"]
+            .as_object()
+            .is_some_and(|c| !c.is_empty()),
+        "{summary}"
+    );
+    run_ok(kiln().arg("inspect").arg(&reduced_path));
 }
 
 #[test]
