@@ -39,6 +39,8 @@ enum Command {
     Explain(commands::explain::Args),
     /// Compile and run a model, compare every output and every kernel's result with the reference interpreter, and name the pass or kernel behind a mismatch (exit 1).
     Verify(commands::verify::Args),
+    /// Reduce a model that fails a check (a shell command, `compile` or `verify`) to the smallest model that still fails it.
+    Minify(commands::minify::Args),
 }
 
 fn main() -> ExitCode {
@@ -66,6 +68,7 @@ fn main() -> ExitCode {
         Command::Run(args) => commands::run::run(args),
         Command::Explain(args) => commands::explain::run(args),
         Command::Verify(args) => commands::verify::run(args),
+        Command::Minify(args) => commands::minify::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

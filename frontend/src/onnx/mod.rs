@@ -112,6 +112,27 @@ pub fn import_model(model: &proto::ModelProto, base_dir: PathBuf, opts: &ImportO
     })
 }
 
+/// The type of every value of a decoded model's main graph that kiln can type, by ONNX name
+/// (see [`import::value_types`]); `base_dir` is where external data files are looked up.
+pub fn value_types(
+    model: &proto::ModelProto,
+    base_dir: PathBuf,
+    opts: &ImportOptions,
+) -> Result<std::collections::HashMap<String, kiln_ir::TensorType>> {
+    let opset = default_opset(model)?;
+    let g = model
+        .graph
+        .as_ref()
+        .ok_or_else(|| FrontendError::Model("the model has no graph".into()))?;
+    let mut ext = tensor::ExternalData::new(base_dir);
+    import::value_types(g, opset, &mut ext, opts)
+}
+
+/// Serializes a model (e.g. one built or edited through [`proto`]) to ONNX protobuf bytes.
+pub fn encode_model(model: &proto::ModelProto) -> Vec<u8> {
+    model.encode_to_vec()
+}
+
 /// Reads a serialized `TensorProto` (`.pb`, as in ONNX test data): its name and value.
 pub fn read_tensor_pb(path: &Path) -> Result<(String, Tensor)> {
     let bytes = std::fs::read(path).map_err(|source| FrontendError::Io {

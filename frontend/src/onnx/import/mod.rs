@@ -311,7 +311,7 @@ fn free_names(g: &GraphProto) -> HashSet<String> {
 }
 
 /// Every name a node reads: its inputs and the free names of its subgraphs.
-fn node_reads(n: &NodeProto) -> Vec<String> {
+pub fn node_reads(n: &NodeProto) -> Vec<String> {
     let mut names: Vec<String> = n.input.clone();
     for a in &n.attribute {
         for g in a.g.iter().chain(a.graphs.iter()) {
@@ -389,19 +389,23 @@ fn display_name(n: &NodeProto, i: usize) -> String {
 /// Every node of `g` (and its subgraphs) kiln cannot import.
 fn collect_unsupported(g: &GraphProto, opset: i64, out: &mut Vec<UnsupportedOp>) {
     for (i, n) in g.node.iter().enumerate() {
-        let default_domain = n.domain.is_empty() || n.domain == "ai.onnx";
-        if !default_domain || importer_for(&n.op_type).is_none() {
-            out.push(UnsupportedOp {
-                node: display_name(n, i),
-                op_type: n.op_type.clone(),
-                domain: n.domain.clone(),
-                opset,
-            });
-        }
-        for a in &n.attribute {
-            for sub in a.g.iter().chain(a.graphs.iter()) {
-                collect_unsupported(sub, opset, out);
-            }
+        collect_unsupported_node(n, i, opset, out);
+    }
+}
+
+fn collect_unsupported_node(n: &NodeProto, i: usize, opset: i64, out: &mut Vec<UnsupportedOp>) {
+    let default_domain = n.domain.is_empty() || n.domain == "ai.onnx";
+    if !default_domain || importer_for(&n.op_type).is_none() {
+        out.push(UnsupportedOp {
+            node: display_name(n, i),
+            op_type: n.op_type.clone(),
+            domain: n.domain.clone(),
+            opset,
+        });
+    }
+    for a in &n.attribute {
+        for sub in a.g.iter().chain(a.graphs.iter()) {
+            collect_unsupported(sub, opset, out);
         }
     }
 }
@@ -418,6 +422,19 @@ pub(crate) fn import_graph(
     if !unsupported.is_empty() {
         return Err(FrontendError::Unsupported(unsupported));
     }
+    let mut imp = main_importer(g, opset, ext, opts)?;
+    imp.import_body(g)?;
+    Ok(imp.graph)
+}
+
+/// An importer for the main graph with its inputs (`--input-shape` applied) and initializers
+/// (`--weights` applied) in scope.
+fn main_importer<'p>(
+    g: &GraphProto,
+    opset: i64,
+    ext: &'p mut ExternalData,
+    opts: &ImportOptions,
+) -> Result<GraphImporter<'p>> {
     let name = if g.name.is_empty() {
         "main".to_string()
     } else {
@@ -473,8 +490,39 @@ pub(crate) fn import_graph(
         };
         imp.scope.insert(name, v);
     }
-    imp.import_body(g)?;
-    Ok(imp.graph)
+    Ok(imp)
+}
+
+/// The type of every value of the main graph that kiln can type, by ONNX name: inputs (with
+/// `--input-shape` applied), initializers and node outputs. Unlike [`import_graph`] this does
+/// not stop at the first node it cannot import: that node's outputs, and those of nodes that
+/// depend on them, are left out, so tools that cut models apart can still type the rest.
+pub(crate) fn value_types(
+    g: &GraphProto,
+    opset: i64,
+    ext: &mut ExternalData,
+    opts: &ImportOptions,
+) -> Result<HashMap<String, TensorType>> {
+    let mut imp = main_importer(g, opset, ext, opts)?;
+    let outer_names: HashSet<&str> = imp.scope.keys().map(|s| s.as_str()).collect();
+    let order = topo_order(g, &outer_names)?;
+    for i in order {
+        let node = &g.node[i];
+        let mut unsupported = vec![];
+        collect_unsupported_node(node, i, opset, &mut unsupported);
+        let reads_known = node_reads(node)
+            .iter()
+            .all(|n| n.is_empty() || imp.scope.contains_key(n));
+        if unsupported.is_empty() && reads_known {
+            // A node that fails to import only loses its own outputs' types.
+            let _ = imp.import_node(node);
+        }
+    }
+    Ok(imp
+        .scope
+        .iter()
+        .map(|(name, &v)| (name.clone(), imp.graph.value_type(v).clone()))
+        .collect())
 }
 
 /// The declared type of an initializer (without reading its data).
