@@ -88,6 +88,13 @@ pub fn load_model(path: &Path, opts: &ImportOptions) -> Result<Model> {
     import_model(&model, base, opts)
 }
 
+/// Decodes and imports a model held in memory (a fuzzer's input, an embedded model); external
+/// data is looked up in `base_dir`, and errors name the model `<memory>`.
+pub fn import_model_bytes(bytes: &[u8], base_dir: PathBuf, opts: &ImportOptions) -> Result<Model> {
+    let model = decode_model(Bytes::copy_from_slice(bytes), Path::new("<memory>"))?;
+    import_model(&model, base_dir, opts)
+}
+
 /// Imports a decoded model; `base_dir` is where external data files are looked up.
 pub fn import_model(model: &proto::ModelProto, base_dir: PathBuf, opts: &ImportOptions) -> Result<Model> {
     let opset = default_opset(model)?;
