@@ -20,6 +20,8 @@ use kiln_ir::{Graph, TensorType};
 /// The C API of one model: the names every artifact exports.
 pub struct Api {
     pub prefix: String,
+    /// The profiling functions are part of the API (`kiln compile --profile`).
+    pub profile: bool,
 }
 
 impl Api {
@@ -40,6 +42,9 @@ impl Api {
         .iter()
         .map(|w| self.symbol(w))
         .collect();
+        if self.profile {
+            v.extend(crate::profile::API_FUNCTIONS.iter().map(|w| self.symbol(w)));
+        }
         if with_main {
             v.push("main".to_string());
         }
@@ -84,6 +89,9 @@ pub fn build_module<'ctx>(
     let run = e.run_function(&kernel_fns, weights)?;
     let desc = e.model_desc(run)?;
     e.api_functions(desc)?;
+    if parts.api.profile {
+        e.profile_gen().api_functions(parts.api, parts.target)?;
+    }
     if parts.with_main {
         e.main_function(desc)?;
     }
@@ -121,6 +129,20 @@ struct Emitter<'a, 'ctx> {
 }
 
 impl<'a, 'ctx> Emitter<'a, 'ctx> {
+    fn profile_gen(&self) -> crate::profile::Gen<'_, 'ctx> {
+        crate::profile::Gen {
+            cx: self.cx,
+            module: self.module,
+            builder: &self.builder,
+        }
+    }
+
+    /// Whether the run function times its kernels when a context turns profiling on: always in
+    /// executables (`--profile`), in libraries only when their API can turn it on.
+    fn instrumented(&self) -> bool {
+        self.parts.with_main || self.parts.api.profile
+    }
+
     fn ptr(&self) -> inkwell::types::PointerType<'ctx> {
         self.cx.ptr_type(AddressSpace::default())
     }
@@ -354,6 +376,10 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
             .basic()
             .ok_or_else(|| CodegenError::internal("kiln_rt_arena returns a pointer"))?
             .into_pointer_value();
+        let prof = match self.instrumented() {
+            true => Some(self.profile_gen().run_begin(ctx)?),
+            false => None,
+        };
         let plan = self.parts.plan;
         let max_args = plan
             .kernels
@@ -406,6 +432,9 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
                 .map_err(llvm)?;
                 b.build_store(dst, p).map_err(llvm)?;
             }
+            if let Some(prof) = prof {
+                self.profile_gen().kernel_begin(f, prof)?;
+            }
             let rc = b
                 .build_call(*kf, &[ctx.into(), args.into()], "rc")
                 .map_err(llvm)?
@@ -431,12 +460,18 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
             .map_err(llvm)?;
             b.build_return(Some(&rc)).map_err(llvm)?;
             b.position_at_end(next_bb);
+            if let Some(prof) = prof {
+                self.profile_gen().kernel_end(f, prof, i)?;
+            }
         }
         for c in &plan.output_copies {
             let src = locate(c.from)?;
             let dst = locate(Storage::Output(c.output))?;
             b.build_memcpy(dst, 1, src, 1, i64t.const_int(c.bytes, false))
                 .map_err(llvm)?;
+        }
+        if let Some(prof) = prof {
+            self.profile_gen().run_end(f, prof)?;
         }
         b.build_return(Some(&i32t.const_zero())).map_err(llvm)?;
         Ok(f)
@@ -500,10 +535,14 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
                 i64t.into(),
                 i64t.into(),
                 p.into(),
+                p.into(),
             ],
             false,
         );
         let sig = signature_json(parts, &inputs, &outputs);
+        let kernels = self
+            .profile_gen()
+            .kernel_table_global(&crate::profile::kernel_table(parts.graph, parts.plan));
         let value = st.const_named_struct(&[
             self.cstring("kiln.name", parts.model_name).into(),
             self.cstring("kiln.version", env!("CARGO_PKG_VERSION")).into(),
@@ -522,6 +561,7 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
             i64t.const_int(parts.plan.thread_scratch_bytes, false).into(),
             i64t.const_int(parts.plan.kernels.len() as u64, false).into(),
             run.as_global_value().as_pointer_value().into(),
+            kernels.into(),
         ]);
         Ok(self.const_global("kiln.model", value.into(), 8))
     }

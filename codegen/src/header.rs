@@ -57,6 +57,7 @@ pub fn header(
     outputs: &[(String, TensorType)],
     arena_bytes: u64,
     thread_scratch_bytes: u64,
+    profile: bool,
 ) -> String {
     let p = &api.prefix;
     let guard = format!("{}_H", p.to_uppercase());
@@ -105,6 +106,9 @@ pub fn header(
     ));
     s.push_str(&format!("/* Bytes of working memory each context allocates (excluding per-thread scratch). */\nint64_t {p}_workspace_size(void);\n\n"));
     s.push_str(&format!("/* The signature as JSON: name, inputs, outputs (name, dtype, shape), target. */\nconst char *{p}_info(void);\n\n"));
+    if profile {
+        s.push_str(&crate::profile::header_section(p));
+    }
     s.push_str(&format!(
         "#define {}_NUM_INPUTS {}\n#define {}_NUM_OUTPUTS {}\n\n",
         p.to_uppercase(),

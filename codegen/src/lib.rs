@@ -12,6 +12,7 @@ pub mod header;
 pub mod llvm;
 pub mod node;
 pub mod plan;
+pub mod profile;
 pub mod report;
 pub mod target;
 pub mod uk;
@@ -53,6 +54,9 @@ pub struct CompileOptions {
     /// Group nodes into fused kernels (epilogues, elementwise chains). Off with
     /// `--disable-pass fuse`, to measure what fusion buys or to bisect a wrong result.
     pub fusion: bool,
+    /// Add the profiling functions to the C API (`NAME_profile_enable`, ...). Executables can
+    /// always profile (`--profile FILE.json`); a library without them times nothing.
+    pub profile: bool,
 }
 
 /// The compile phases, for progress display.
@@ -108,6 +112,7 @@ pub fn compile(
     let plan = plan::build(graph, &opts.target, opts.fusion)?;
     let api = emit::Api {
         prefix: header::c_ident(&opts.name),
+        profile: opts.profile,
     };
     let parts = emit::ModuleParts {
         graph,
@@ -184,6 +189,7 @@ pub fn compile(
                 &emit::signature_outputs(graph),
                 plan.arena_bytes,
                 plan.thread_scratch_bytes,
+                opts.profile,
             );
             write(&h, text.as_bytes())?;
             files.push(lib);

@@ -40,6 +40,10 @@ static void usage(FILE *out, const char *prog, const kiln_model_desc *desc) {
           "      --bench N          one warm-up run, then N timed runs; prints the median latency\n"
           "      --threads N        worker threads (default: one per CPU this process may use)\n"
           "      --info             print the model's signature as JSON\n"
+          "      --profile FILE     time every kernel: write a Chrome trace (JSON, for Perfetto or\n"
+          "                         chrome://tracing) of the runs (the timed runs with --bench)\n"
+          "                         and print the kernels taking the most time to stderr\n"
+          "      --profile-top N    how many kernels that table lists (default 15, 0: all)\n"
           "  -q, --quiet            print nothing but errors (and the --bench latency)\n"
           "  -h, --help             print this help\n"
           "  -V, --version          print the version\n\n"
@@ -197,7 +201,8 @@ static void *alloc_tensor(int64_t bytes) {
 int kiln_exe_main(int argc, char **argv, const kiln_model_desc *desc) {
   const char *prog = argc > 0 && argv[0] ? argv[0] : desc->name;
   const char *output_dir = NULL;
-  long bench = 0, threads = 0;
+  long bench = 0, threads = 0, profile_top = 15;
+  const char *profile = NULL;
   int quiet = 0;
   int32_t n_in = desc->n_inputs, n_out = desc->n_outputs;
   const char **files = calloc((size_t)(n_in > 0 ? n_in : 1), sizeof *files);
@@ -214,10 +219,10 @@ int kiln_exe_main(int argc, char **argv, const kiln_model_desc *desc) {
     const char *arg = argv[a];
     const char *val = NULL;
     /* Options with a value take it from "--opt=VALUE" or the next argument. */
-    const char *long_opts[] = {"--input", "--output-dir", "--bench", "--threads"};
-    const char *short_opts[] = {"-i", "-o", NULL, "-t"};
+    const char *long_opts[] = {"--input", "--output-dir", "--bench", "--threads", "--profile", "--profile-top"};
+    const char *short_opts[] = {"-i", "-o", NULL, "-t", NULL, NULL};
     int which = -1;
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < 6; k++) {
       size_t l = strlen(long_opts[k]);
       if (strncmp(arg, long_opts[k], l) == 0 && (arg[l] == 0 || arg[l] == '=')) {
         which = k;
@@ -276,6 +281,13 @@ int kiln_exe_main(int argc, char **argv, const kiln_model_desc *desc) {
     } else if (which == 3) {
       if (parse_count(val, 0, 1 << 20, &threads) != 0) {
         rc = usage_error(desc, "--threads expects a number >= 0 (0: one per CPU), got ", val, 0);
+        goto done;
+      }
+    } else if (which == 4) {
+      profile = val;
+    } else if (which == 5) {
+      if (parse_count(val, 0, 1 << 30, &profile_top) != 0) {
+        rc = usage_error(desc, "--profile-top expects a number of kernels >= 0 (0: all), got ", val, 0);
         goto done;
       }
     } else if (strcmp(arg, "--info") == 0) {
@@ -348,6 +360,12 @@ int kiln_exe_main(int argc, char **argv, const kiln_model_desc *desc) {
   double elapsed = 0;
   double *times = NULL;
   for (long r = bench > 0 ? -1 : 0; r < (bench > 0 ? bench : 1); r++) {
+    /* The warm-up run is not profiled. */
+    if (profile && r == 0 && kiln_rt_profile_enable(ctx, 1) != 0) {
+      fprintf(stderr, "error: %s\n", kiln_rt_last_error(ctx));
+      free(times);
+      goto done;
+    }
     double t0 = now_ms();
     if (desc->run(ctx, (const void *const *)ins, (void *const *)outs) != 0) {
       const char *e = kiln_rt_last_error(ctx);
@@ -377,6 +395,18 @@ int kiln_exe_main(int argc, char **argv, const kiln_model_desc *desc) {
       free(path);
     }
     if (!quiet) summarize(stdout, &desc->outputs[i], outs[i]);
+  }
+  if (profile) {
+    kiln_rt_profile_enable(ctx, 0);
+    if (kiln_rt_profile_write_trace(ctx, profile) != 0) {
+      fprintf(stderr, "error: %s\n", kiln_rt_last_error(ctx));
+      free(times);
+      goto done;
+    }
+    if (!quiet) {
+      kiln_rt_profile_print_top(ctx, (int32_t)profile_top);
+      fprintf(stderr, "profile written to %s\n", profile);
+    }
   }
   if (bench > 0) {
     qsort(times, (size_t)bench, sizeof *times, cmp_double);

@@ -45,6 +45,16 @@ typedef struct kiln_io_desc {
 
 struct kiln_ctx;
 
+/* One kernel of the compiled model, for profiles: what it implements and what it costs. */
+typedef struct kiln_kernel_desc {
+  const char *name;           /* the graph node the kernel is planned from (kiln explain's first node) */
+  const char *op;             /* its operators, "Conv+Add+Relu" for a fused kernel */
+  const char *impl;           /* a generated kernel's description, or the kernel-library symbol */
+  int32_t n_nodes;
+  const char *const *nodes;   /* the graph nodes it implements, anchor first (n_nodes entries) */
+  int64_t flops;              /* estimated floating-point operations per call (0: data movement) */
+} kiln_kernel_desc;
+
 /* What kiln generates for every model: a constant the stub reads. */
 typedef struct kiln_model_desc {
   const char *name;               /* model name, also the API prefix */
@@ -62,6 +72,7 @@ typedef struct kiln_model_desc {
   /* Runs the model once. inputs/outputs: one pointer per graph input/output, in order.
      Returns 0, or non-zero after kiln_rt_set_error. */
   int32_t (*run)(struct kiln_ctx *ctx, const void *const *inputs, void *const *outputs);
+  const kiln_kernel_desc *kernels; /* n_kernels entries, in run order (NULL: no kernel table) */
 } kiln_model_desc;
 
 typedef struct kiln_ctx kiln_ctx;
@@ -94,8 +105,48 @@ int64_t kiln_rt_num_threads(kiln_ctx *ctx);
 /* Scratch private to worker tid: desc->thread_scratch_bytes bytes, 64-byte aligned. */
 void *kiln_rt_thread_scratch(kiln_ctx *ctx, int64_t tid);
 
+/* ---- profiling (profile.c) ----------------------------------------------------------------
+   Per-kernel timing of a context's runs, off unless turned on. The generated run function calls
+   kiln_rt_prof_run_begin once per run; it returns NULL when profiling is off, and the per-kernel
+   hooks are then skipped by one branch each. */
+typedef struct kiln_prof kiln_prof;
+
+/* Turns profiling on (clearing what was recorded) or off (keeping it for reading). Returns 0,
+   or -1 with the context's error set. */
+int32_t kiln_rt_profile_enable(struct kiln_ctx *ctx, int32_t on);
+/* Frees a context's profile (kiln_rt_destroy calls it). */
+void kiln_rt_profile_free(kiln_prof *prof);
+/* The context's profile slot (runtime.c owns the context). */
+kiln_prof **kiln_rt_profile_slot(struct kiln_ctx *ctx);
+
+/* Hooks of the generated run function. */
+kiln_prof *kiln_rt_prof_run_begin(struct kiln_ctx *ctx);
+void kiln_rt_prof_kernel_begin(kiln_prof *prof);
+void kiln_rt_prof_kernel_end(kiln_prof *prof, int64_t kernel);
+void kiln_rt_prof_run_end(kiln_prof *prof);
+
+/* What was recorded for one kernel since profiling was turned on. */
+typedef struct kiln_profile_kernel {
+  const char *name;
+  const char *op;
+  int32_t n_nodes;
+  const char *const *nodes;
+  int64_t calls;     /* timed calls (one per profiled run) */
+  int64_t total_ns;  /* their summed duration */
+  int64_t flops;     /* estimated floating-point operations per call */
+} kiln_profile_kernel;
+
+/* Fills out[0 .. min(count, max)) with the per-kernel table; returns the number of kernels
+   (out may be NULL when max is 0), or -1 when profiling was never turned on. */
+int32_t kiln_rt_profile_kernels(struct kiln_ctx *ctx, kiln_profile_kernel *out, int32_t max);
+/* Writes the recorded runs as a Chrome trace (JSON; Perfetto, chrome://tracing). Returns 0, or
+   -1 with the context's error set. */
+int32_t kiln_rt_profile_write_trace(struct kiln_ctx *ctx, const char *path);
+/* Prints the top kernels by time (top <= 0: all) as a table to stderr. */
+void kiln_rt_profile_print_top(struct kiln_ctx *ctx, int32_t top);
+
 /* The executable's entry: parses the command line (--input NAME=FILE.npy, --output-dir,
-   --bench N, --threads N, --info), validates inputs against desc, runs, writes outputs. */
+   --bench N, --threads N, --info, --profile FILE), validates inputs against desc, runs, writes outputs. */
 int kiln_exe_main(int argc, char **argv, const kiln_model_desc *desc);
 
 #ifdef __cplusplus

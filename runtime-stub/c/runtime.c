@@ -34,6 +34,7 @@ struct kiln_ctx {
   int64_t num_threads;
   kiln_pool *pool; /* NULL when single-threaded */
   char error[512];
+  kiln_prof *prof; /* per-kernel timing (profile.c); NULL until profiling is turned on */
 };
 
 /* ---- CPU features ------------------------------------------------------------------------ */
@@ -392,12 +393,14 @@ const char *kiln_rt_create_error(void) { return create_error; }
 void kiln_rt_destroy(kiln_ctx *ctx) {
   if (!ctx) return;
   pool_destroy(ctx->pool);
+  kiln_rt_profile_free(ctx->prof);
   free(ctx->arena);
   free(ctx->thread_scratch);
   free(ctx);
 }
 
 const kiln_model_desc *kiln_rt_desc(kiln_ctx *ctx) { return ctx->desc; }
+kiln_prof **kiln_rt_profile_slot(kiln_ctx *ctx) { return &ctx->prof; }
 void *kiln_rt_arena(kiln_ctx *ctx) { return ctx->arena; }
 
 void kiln_rt_set_error(kiln_ctx *ctx, const char *fmt, ...) {

@@ -11,6 +11,31 @@ pub const DTYPE_NAMES: [&str; 13] = [
 /// The C header, for tools that want to show or ship it.
 pub const KILN_RT_H: &str = include_str!("../c/kiln_rt.h");
 
+/// `kiln_kernel_desc`: one entry of the kernel table at the end of `kiln_model_desc` (what
+/// codegen's profile.rs emits).
+#[repr(C)]
+pub struct KernelDesc {
+    pub name: *const std::ffi::c_char,
+    pub op: *const std::ffi::c_char,
+    pub implementation: *const std::ffi::c_char,
+    pub n_nodes: i32,
+    pub nodes: *const *const std::ffi::c_char,
+    pub flops: i64,
+}
+
+/// `kiln_profile_kernel`: one row of a context's profile (and `NAME_profile_kernel` of a
+/// library's header, which has the same layout).
+#[repr(C)]
+pub struct ProfileKernel {
+    pub name: *const std::ffi::c_char,
+    pub op: *const std::ffi::c_char,
+    pub n_nodes: i32,
+    pub nodes: *const *const std::ffi::c_char,
+    pub calls: i64,
+    pub total_ns: i64,
+    pub flops: i64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -36,5 +61,49 @@ mod tests {
             assert!(KILN_RT_H.contains(c), "{c} missing from kiln_rt.h");
         }
         assert_eq!(DTYPE_NAMES.len(), codes.len());
+    }
+
+    /// The fields of a C struct declaration in the header, in order.
+    fn c_fields(name: &str) -> Vec<String> {
+        let start = KILN_RT_H
+            .find(&format!("typedef struct {name} {{"))
+            .unwrap_or_else(|| panic!("{name} missing"));
+        let mut body = &KILN_RT_H[start..];
+        body = &body[body.find('{').unwrap() + 1..body.find("\n}").unwrap()];
+        let mut code = String::new();
+        while let Some(c) = body.find("/*") {
+            code.push_str(&body[..c]);
+            body = &body[c + body[c..].find("*/").unwrap() + 2..];
+        }
+        code.push_str(body);
+        let ident = |s: &str| {
+            s.split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .rfind(|w| !w.is_empty())
+                .map(str::to_string)
+        };
+        code.split(';')
+            .filter_map(|decl| match decl.find("(*") {
+                // A function pointer: `int32_t (*run)(...)`.
+                Some(p) => ident(&decl[p + 2..p + 2 + decl[p..].find(')').unwrap() - 2]),
+                None => ident(decl),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn profile_structs_match() {
+        assert_eq!(
+            c_fields("kiln_kernel_desc"),
+            ["name", "op", "impl", "n_nodes", "nodes", "flops"]
+        );
+        assert_eq!(std::mem::size_of::<KernelDesc>(), 48);
+        assert_eq!(
+            c_fields("kiln_profile_kernel"),
+            ["name", "op", "n_nodes", "nodes", "calls", "total_ns", "flops"]
+        );
+        assert_eq!(std::mem::size_of::<ProfileKernel>(), 56);
+        // The kernel table is the descriptor's last field, after `run`.
+        let desc = c_fields("kiln_model_desc");
+        assert_eq!(&desc[desc.len() - 2..], ["run", "kernels"]);
     }
 }

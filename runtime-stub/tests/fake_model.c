@@ -29,9 +29,22 @@ static void add1_row(void *data, int64_t i, int64_t tid) {
   for (int k = 0; k < 4; k++) j->y[i * 4 + k] = j->x[i * 4 + k] + 1.0f;
 }
 
+/* Two kernels, timed the way generated run functions time theirs. The second one's name needs
+   escaping in JSON. */
+static const char *const add1_k0_nodes[] = {"add"};
+static const char *const add1_k1_nodes[] = {"check \"x\"\\1", "check/\xc3\xa9tape"};
+static const kiln_kernel_desc add1_kernels[] = {
+    {"add", "Add", "kiln_uk_add", 1, add1_k0_nodes, 12},
+    {"check \"x\"\\1", "Check+Check", "generated", 2, add1_k1_nodes, 0},
+};
+
 static int32_t add1_run(kiln_ctx *ctx, const void *const *inputs, void *const *outputs) {
   add1_job j = {inputs[0], outputs[0], ctx, 0};
+  kiln_prof *prof = kiln_rt_prof_run_begin(ctx);
+  if (prof) kiln_rt_prof_kernel_begin(prof);
   kiln_rt_parallel_for(ctx, add1_row, &j, 3);
+  if (prof) kiln_rt_prof_kernel_end(prof, 0);
+  if (prof) kiln_rt_prof_kernel_begin(prof);
   if (j.bad_tid) {
     kiln_rt_set_error(ctx, "thread id out of range");
     return 1;
@@ -40,6 +53,8 @@ static int32_t add1_run(kiln_ctx *ctx, const void *const *inputs, void *const *o
     kiln_rt_set_error(ctx, "node 'add' (Add): the input asked for an error");
     return 1;
   }
+  if (prof) kiln_rt_prof_kernel_end(prof, 1);
+  if (prof) kiln_rt_prof_run_end(prof);
   return 0;
 }
 
@@ -84,13 +99,13 @@ static const kiln_model_desc models[] = {
     {"add1", "0.1.0-test", "x86_64-unknown-linux-gnu", "",
      "{\"name\":\"add1\",\"inputs\":[{\"name\":\"x\",\"dtype\":\"f32\",\"shape\":[3,4]}],"
      "\"outputs\":[{\"name\":\"y/out\",\"dtype\":\"f32\",\"shape\":[3,4]}]}",
-     1, 1, add1_in, add1_out, 256, 128, 1, add1_run},
+     1, 1, add1_in, add1_out, 256, 128, 2, add1_run, add1_kernels},
     {"multi", "0.1.0-test", "x86_64-unknown-linux-gnu", "", "{\"name\":\"multi\"}", 3, 2, multi_in,
-     multi_out, 0, 0, 1, multi_run},
+     multi_out, 0, 0, 1, multi_run, NULL},
     {"bf16", "0.1.0-test", "x86_64-unknown-linux-gnu", "", "{\"name\":\"bf16\"}", 1, 1, bf16_in, bf16_out,
-     0, 0, 1, bf16_run},
+     0, 0, 1, bf16_run, NULL},
     {"avx512", "0.1.0-test", "x86_64-unknown-linux-gnu", "+avx2,+fma,avx512f,avx512bw,-sse4a,madeup",
-     "{\"name\":\"avx512\"}", 1, 1, add1_in, add1_out, 0, 0, 1, add1_run},
+     "{\"name\":\"avx512\"}", 1, 1, add1_in, add1_out, 0, 0, 1, add1_run, NULL},
 };
 
 /* ---- thread pool self-test ---- */
@@ -149,7 +164,7 @@ static void *concurrent(void *arg) {
 }
 
 static int selftest(void) {
-  static const kiln_model_desc scratchy = {"scratchy", "t", "t", "", "{}", 0, 0, NULL, NULL, 64, 128, 0, NULL};
+  static const kiln_model_desc scratchy = {"scratchy", "t", "t", "", "{}", 0, 0, NULL, NULL, 64, 128, 0, NULL, NULL};
   int failures = 0;
   int counts[] = {1, 2, 7};
   for (int k = 0; k < 3; k++) {

@@ -35,6 +35,7 @@ fn fake() -> &'static Path {
             .args(["-std=gnu11", "-O2", "-g", "-Wall", "-Wextra", "-Werror", "-I"])
             .arg(&c)
             .arg(c.join("runtime.c"))
+            .arg(c.join("profile.c"))
             .arg(c.join("npy.c"))
             .arg(c.join("exe_main.c"))
             .arg(manifest.join("tests/fake_model.c"))
@@ -404,4 +405,151 @@ fn refuses_cpus_without_the_compiled_features() {
     }
     // --info still works, so a user can see what the program needs.
     assert!(run("avx512", &["--info"], &d).status.success());
+}
+
+/// The kernel events of a trace, (kernel name, run, ts, dur), and its run events (run, ts, dur).
+type Events = (Vec<(String, u64, f64, f64)>, Vec<(u64, f64, f64)>);
+
+fn trace_events(path: &Path) -> Events {
+    let text = std::fs::read_to_string(path).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).expect("the trace is JSON");
+    assert_eq!(v["displayTimeUnit"], "ms");
+    let (mut kernels, mut runs) = (vec![], vec![]);
+    for e in v["traceEvents"].as_array().unwrap() {
+        if e["ph"] == "M" {
+            continue;
+        }
+        assert_eq!(e["ph"], "X", "{e}");
+        assert!(e["pid"].is_u64() && e["tid"].is_u64(), "{e}");
+        let (ts, dur) = (e["ts"].as_f64().unwrap(), e["dur"].as_f64().unwrap());
+        assert!(ts >= 0.0 && dur >= 0.0, "{e}");
+        let run = e["args"]["run"].as_u64().unwrap();
+        match e["cat"].as_str().unwrap() {
+            "kernel" => kernels.push((e["name"].as_str().unwrap().to_string(), run, ts, dur)),
+            "run" => runs.push((run, ts, dur)),
+            other => panic!("unexpected category {other}"),
+        }
+    }
+    (kernels, runs)
+}
+
+#[test]
+fn profile_writes_a_chrome_trace_and_a_table() {
+    let d = tempdir("profile");
+    write_npy(&d.join("x.npy"), &x34(0.0)).unwrap();
+    let o = run(
+        "add1",
+        &[
+            "-i",
+            "x.npy",
+            "--profile",
+            "p.json",
+            "--bench",
+            "4",
+            "--threads",
+            "2",
+        ],
+        &d,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (kernels, runs) = trace_events(&d.join("p.json"));
+    // The 4 timed runs (not the warm-up), each with both kernels, inside the run.
+    assert_eq!(runs.iter().map(|r| r.0).collect::<Vec<_>>(), [0, 1, 2, 3]);
+    assert_eq!(kernels.len(), 8);
+    for (i, (name, run, ts, dur)) in kernels.iter().enumerate() {
+        assert_eq!(name, ["add", "check \"x\"\\1"][i % 2]);
+        assert_eq!(*run, i as u64 / 2);
+        let (_, rts, rdur) = runs[*run as usize];
+        assert!(
+            *ts >= rts && ts + dur <= rts + rdur,
+            "kernel {i} is not inside its run"
+        );
+    }
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(d.join("p.json")).unwrap()).unwrap();
+    let check = v["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "check \"x\"\\1")
+        .unwrap();
+    let args = &check["args"];
+    assert_eq!(
+        args["nodes"],
+        serde_json::json!(["check \"x\"\\1", "check/étape"])
+    );
+    assert_eq!(args["op"], "Check+Check");
+    assert_eq!(v["otherData"]["runs"], 4);
+
+    let err = stderr(&o);
+    assert!(err.contains("profile: 2 kernels over 4 runs"), "{err}");
+    let header = err
+        .lines()
+        .position(|l| l.starts_with("rank"))
+        .expect("a table header");
+    let rows: Vec<&str> = err
+        .lines()
+        .skip(header + 1)
+        .take_while(|l| !l.starts_with("profile written"))
+        .collect();
+    assert_eq!(rows.len(), 2, "{err}");
+    assert!(
+        rows.iter().any(|r| r.contains(" add ") && r.contains('%')),
+        "{err}"
+    );
+    // The latency line is unchanged.
+    assert!(stdout(&o).contains("latency: median"), "{}", stdout(&o));
+
+    // One run without --bench; --profile-top limits the table; --quiet prints no table.
+    let o = run(
+        "add1",
+        &["-i", "x.npy", "--profile=one.json", "--profile-top", "1"],
+        &d,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (kernels, runs) = trace_events(&d.join("one.json"));
+    assert_eq!((kernels.len(), runs.len()), (2, 1));
+    let err = stderr(&o);
+    assert!(err.contains("top kernels by time"), "{err}");
+    let header = err.lines().position(|l| l.starts_with("rank")).unwrap();
+    assert!(
+        err.lines()
+            .nth(header + 2)
+            .unwrap()
+            .starts_with("profile written"),
+        "{err}"
+    );
+    let o = run("add1", &["-i", "x.npy", "--profile", "q.json", "-q"], &d);
+    assert!(
+        o.status.success() && !stderr(&o).contains("rank"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(d.join("q.json").exists());
+}
+
+#[test]
+fn profile_errors() {
+    let d = tempdir("profile_errors");
+    write_npy(&d.join("x.npy"), &x34(0.0)).unwrap();
+    let o = run("add1", &["-i", "x.npy", "--profile", "no/such/dir/p.json"], &d);
+    assert_fails(
+        &o,
+        1,
+        "error: cannot write the profile to no/such/dir/p.json: No such file",
+    );
+    let o = run("add1", &["-i", "x.npy", "--profile-top", "-1"], &d);
+    assert_fails(&o, 2, "--profile-top expects a number of kernels >= 0");
+    let o = run("add1", &["-i", "x.npy", "--profile"], &d);
+    assert_fails(&o, 2, "missing value after --profile");
+    // A failing run leaves no half-written trace behind it.
+    write_npy(
+        &d.join("bad.npy"),
+        &Tensor::from_vec(vec![3, 4], vec![-999.0f32; 12]),
+    )
+    .unwrap();
+    let o = run("add1", &["-i", "bad.npy", "--profile", "bad.json"], &d);
+    assert_fails(&o, 1, "the input asked for an error");
+    assert!(!d.join("bad.json").exists());
+    let o = run("add1", &["--help"], &d);
+    assert!(stdout(&o).contains("--profile FILE"), "{}", stdout(&o));
 }

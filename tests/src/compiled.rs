@@ -73,6 +73,7 @@ pub fn compile_graph_without(
     let target = TargetDesc::host().map_err(|e| e.to_string())?;
     let opts = CompileOptions {
         fusion: !disabled.contains(&FUSE_PASS),
+        profile: false,
         name: name.to_string(),
         target,
         emit,

@@ -93,6 +93,7 @@ fn check(f: &Fixture) -> anyhow::Result<Outcome> {
     let exe = work.0.join(&f.name);
     let copts = CompileOptions {
         fusion: true,
+        profile: false,
         name: f.name.clone(),
         target: TargetDesc::host()?,
         emit: Emit::Exe,

@@ -20,6 +20,7 @@ fn compile_for(triple: Option<&str>, cpu: Option<&str>, emit: Emit, out: &Path) 
     let target = TargetDesc::select(triple, cpu).expect("target");
     let opts = CompileOptions {
         fusion: true,
+        profile: false,
         name: "m".into(),
         target,
         emit,

@@ -112,6 +112,12 @@ pub struct Args {
     #[arg(long)]
     pub list_kernels: bool,
 
+    /// Add per-kernel profiling to a static library's C API: NAME_profile_enable,
+    /// NAME_profile_kernels (time, calls and FLOPs per kernel) and NAME_profile_write_trace
+    /// (Chrome trace JSON). Executables can always profile: ./model --profile trace.json.
+    #[arg(long)]
+    pub profile: bool,
+
     /// Write a JSON report (schema kiln.report/1, docs/report.md): every node's kernel,
     /// layout and dtype, fusion groups, what the passes removed, the memory plan, the target.
     #[arg(long, value_name = "FILE.json")]
@@ -216,6 +222,7 @@ pub fn build(args: Args, mode: Mode) -> Result<()> {
         emit,
         cc,
         fusion,
+        profile: args.profile,
     };
     let summary = if explain {
         progress.phase("plan");

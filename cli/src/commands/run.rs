@@ -156,6 +156,7 @@ fn run_compiled(args: &Args, model: kiln_frontend::Model) -> Result<()> {
     let exe = dir.path().join("model");
     let opts = kiln_codegen::CompileOptions {
         fusion: true,
+        profile: false,
         name: "model".to_string(),
         target: kiln_codegen::TargetDesc::host()?,
         emit: kiln_codegen::Emit::Exe,
