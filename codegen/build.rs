@@ -25,7 +25,11 @@ const UNITS: &[(&str, &[&str], bool)] = &[
     ("uk_misc", &["ukernels/misc.c"], false),
     (
         "rt_core",
-        &["../runtime-stub/c/runtime.c", "../runtime-stub/c/error_context.c"],
+        &[
+            "../runtime-stub/c/runtime.c",
+            "../runtime-stub/c/error_context.c",
+            "../runtime-stub/c/weights.c",
+        ],
         true,
     ),
     (

@@ -15,6 +15,7 @@ pub mod plan;
 pub mod report;
 pub mod target;
 pub mod uk;
+pub mod weights_file;
 
 pub use error::CodegenError;
 pub use target::TargetDesc;
@@ -53,6 +54,9 @@ pub struct CompileOptions {
     /// Group nodes into fused kernels (epilogues, elementwise chains). Off with
     /// `--disable-pass fuse`, to measure what fusion buys or to bisect a wrong result.
     pub fusion: bool,
+    /// Write the packed weights to this safetensors file instead of embedding them; the
+    /// artifact maps it at create time (see [`weights_file`]).
+    pub weights_out: Option<PathBuf>,
 }
 
 /// The compile phases, for progress display.
@@ -83,6 +87,16 @@ pub struct Summary {
     pub kernel_lines: Vec<String>,
     /// The planner's decisions in detail (kernels, nodes, memory, target).
     pub report: report::PlanReport,
+    /// With `weights_out`: the file written, its layout hash and content hash.
+    pub weights_file: Option<WeightsFile>,
+}
+
+/// The weights file a compilation wrote.
+#[derive(Clone, Debug)]
+pub struct WeightsFile {
+    pub path: PathBuf,
+    pub layout_hash: u64,
+    pub content_hash: u64,
 }
 
 /// Plans `graph` (kernel selection and memory) without generating code: what [`compile`] would
@@ -106,8 +120,17 @@ pub fn compile(
     let lowered = control::lower_control_flow(graph)?;
     let graph = lowered.as_ref().unwrap_or(graph);
     let plan = plan::build(graph, &opts.target, opts.fusion)?;
+    let weights_file = match &opts.weights_out {
+        Some(p) => Some(
+            p.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .ok_or_else(|| CodegenError::Io(format!("--weights-out {}: not a file name", p.display())))?,
+        ),
+        None => None,
+    };
     let api = emit::Api {
         prefix: header::c_ident(&opts.name),
+        weights_file,
     };
     let parts = emit::ModuleParts {
         graph,
@@ -119,7 +142,7 @@ pub fn compile(
     };
     progress.phase("codegen");
     let cx = Context::create();
-    let module = emit::build_module(&cx, &parts, &mut |i, n| progress.kernel(i, n))?;
+    let (module, layout_hash) = emit::build_module(&cx, &parts, &mut |i, n| progress.kernel(i, n))?;
     progress.phase("llvm");
     let tm = opts.target.target_machine(OptimizationLevel::Aggressive)?;
     // Drop the kernel library and runtime functions this model does not use before the
@@ -190,7 +213,18 @@ pub fn compile(
             files.push(h);
         }
     }
-    Ok(summarize(graph, &plan, &opts.target, files))
+    let mut summary = summarize(graph, &plan, &opts.target, files);
+    if let (Some(path), Some(layout_hash)) = (&opts.weights_out, layout_hash) {
+        progress.phase("weights");
+        let content_hash = weights_file::write(path, &opts.name, layout_hash, &plan.weights)?;
+        summary.files.push(path.clone());
+        summary.weights_file = Some(WeightsFile {
+            path: path.clone(),
+            layout_hash,
+            content_hash,
+        });
+    }
+    Ok(summary)
 }
 
 fn summarize(graph: &Graph, plan: &plan::Plan, target: &TargetDesc, files: Vec<PathBuf>) -> Summary {
@@ -221,6 +255,7 @@ fn summarize(graph: &Graph, plan: &plan::Plan, target: &TargetDesc, files: Vec<P
             })
             .collect(),
         report: report::build(graph, plan, target),
+        weights_file: None,
     }
 }
 

@@ -11,6 +11,20 @@ pub const DTYPE_NAMES: [&str; 13] = [
 /// The C header, for tools that want to show or ship it.
 pub const KILN_RT_H: &str = include_str!("../c/kiln_rt.h");
 
+/// The weights file of a build compiled with `--weights-out` (a safetensors file): the names
+/// codegen writes and `c/weights.c` reads.
+pub mod weights {
+    /// The one tensor: the packed weights blob as `U8[bytes]`.
+    pub const TENSOR: &str = "weights";
+    pub const META_MODEL: &str = "kiln.model";
+    pub const META_VERSION: &str = "kiln.version";
+    pub const META_LAYOUT_HASH: &str = "kiln.layout_hash";
+    pub const META_CONTENT_HASH: &str = "kiln.content_hash";
+    pub const META_BYTES: &str = "kiln.bytes";
+    /// The C reader, to check it uses the same names.
+    pub const WEIGHTS_C: &str = include_str!("../c/weights.c");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -36,5 +50,14 @@ mod tests {
             assert!(KILN_RT_H.contains(c), "{c} missing from kiln_rt.h");
         }
         assert_eq!(DTYPE_NAMES.len(), codes.len());
+    }
+
+    #[test]
+    fn weights_reader_uses_the_writers_names() {
+        use weights::*;
+        for key in [META_MODEL, META_VERSION, META_LAYOUT_HASH, META_CONTENT_HASH, META_BYTES] {
+            assert!(WEIGHTS_C.contains(&format!("\"{key}\"")), "{key} missing from weights.c");
+        }
+        assert!(KILN_RT_H.contains("kiln_rt_create_with_weights"));
     }
 }

@@ -35,6 +35,7 @@ fn fake() -> &'static Path {
             .args(["-std=gnu11", "-O2", "-g", "-Wall", "-Wextra", "-Werror", "-I"])
             .arg(&c)
             .arg(c.join("runtime.c"))
+            .arg(c.join("weights.c"))
             .arg(c.join("npy.c"))
             .arg(c.join("exe_main.c"))
             .arg(manifest.join("tests/fake_model.c"))

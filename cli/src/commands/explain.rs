@@ -774,6 +774,7 @@ mod tests {
             emit: Emit::Obj,
             cc: "cc".into(),
             fusion: false,
+            weights_out: None,
         };
         let summary = kiln_codegen::plan_only(&g1, &opts).unwrap();
         let r = build_report(&Inputs {
