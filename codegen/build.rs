@@ -29,6 +29,7 @@ const UNITS: &[(&str, &[&str], bool)] = &[
             "../runtime-stub/c/runtime.c",
             "../runtime-stub/c/error_context.c",
             "../runtime-stub/c/profile.c",
+            "../runtime-stub/c/weights.c",
         ],
         true,
     ),

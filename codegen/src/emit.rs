@@ -22,6 +22,9 @@ pub struct Api {
     pub prefix: String,
     /// The profiling functions are part of the API (`kiln compile --profile`).
     pub profile: bool,
+    /// The weights file's name (no folder) when the weights live outside the binary
+    /// (`--weights-out`): the API then has `NAME_create_with_weights`.
+    pub weights_file: Option<String>,
 }
 
 impl Api {
@@ -45,6 +48,9 @@ impl Api {
         if self.profile {
             v.extend(crate::profile::API_FUNCTIONS.iter().map(|w| self.symbol(w)));
         }
+        if self.weights_file.is_some() {
+            v.push(self.symbol("create_with_weights"));
+        }
         if with_main {
             v.push("main".to_string());
         }
@@ -62,11 +68,13 @@ pub struct ModuleParts<'a> {
 }
 
 /// Emits the whole module (unoptimized but verified). `on_kernel(i, n)` reports progress.
+/// With external weights (`api.weights_file`), also returns the build's layout hash
+/// ([`crate::weights_file::layout_hash`]), which the module embeds.
 pub fn build_module<'ctx>(
     cx: &'ctx Context,
     parts: &ModuleParts<'_>,
     on_kernel: &mut dyn FnMut(usize, usize),
-) -> Result<Module<'ctx>> {
+) -> Result<(Module<'ctx>, Option<u64>)> {
     let module = cx.create_module(parts.model_name);
     let tm = parts
         .target
@@ -79,7 +87,8 @@ pub fn build_module<'ctx>(
         builder: cx.create_builder(),
         parts,
     };
-    let weights = e.weights_global();
+    let external = parts.api.weights_file.is_some();
+    let weights = (!external).then(|| e.weights_global());
     let mut kernel_fns = vec![];
     let n = parts.plan.kernels.len();
     for (i, k) in parts.plan.kernels.iter().enumerate() {
@@ -87,7 +96,18 @@ pub fn build_module<'ctx>(
         kernel_fns.push(e.kernel_function(i, k)?);
     }
     let run = e.run_function(&kernel_fns, weights)?;
-    let desc = e.model_desc(run)?;
+    // Hashed before anything that embeds the hash: the kernels and the run function are all the
+    // code that reads the blob.
+    let layout_hash = external.then(|| {
+        crate::weights_file::layout_hash(
+            parts.graph,
+            parts.plan,
+            parts.target,
+            parts.model_name,
+            &module.print_to_string().to_string(),
+        )
+    });
+    let desc = e.model_desc(run, layout_hash)?;
     e.api_functions(desc)?;
     if parts.api.profile {
         e.profile_gen().api_functions(parts.api, parts.target)?;
@@ -118,7 +138,7 @@ pub fn build_module<'ctx>(
     crate::llvm::retarget_all(cx, &module, parts.target);
     crate::llvm::internalize(&module, &parts.api.exported(parts.with_main));
     crate::llvm::verify(&module)?;
-    Ok(module)
+    Ok((module, layout_hash))
 }
 
 struct Emitter<'a, 'ctx> {
@@ -348,10 +368,11 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
     }
 
     /// `i32 run(ptr ctx, ptr inputs, ptr outputs)`: every kernel in order, then output copies.
+    /// The weights are the embedded global, or (None) the context's mapped weights file.
     fn run_function(
         &self,
         kernels: &[FunctionValue<'ctx>],
-        weights: GlobalValue<'ctx>,
+        weights: Option<GlobalValue<'ctx>>,
     ) -> Result<FunctionValue<'ctx>> {
         let b = &self.builder;
         let ptr = self.ptr();
@@ -380,6 +401,20 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
             true => Some(self.profile_gen().run_begin(ctx)?),
             false => None,
         };
+        let weights = match weights {
+            Some(g) => g.as_pointer_value(),
+            None => b
+                .build_call(
+                    runtime_fn(self.cx, self.module, "kiln_rt_weights"),
+                    &[ctx.into()],
+                    "weights",
+                )
+                .map_err(llvm)?
+                .try_as_basic_value()
+                .basic()
+                .ok_or_else(|| CodegenError::internal("kiln_rt_weights returns a pointer"))?
+                .into_pointer_value(),
+        };
         let plan = self.parts.plan;
         let max_args = plan
             .kernels
@@ -403,7 +438,7 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
                 Storage::Input(i) => load(inputs, i),
                 Storage::Output(i) => load(outputs, i),
                 Storage::Arena(off) => gep(arena, off).map_err(llvm),
-                Storage::Weights(off) => gep(weights.as_pointer_value(), off).map_err(llvm),
+                Storage::Weights(off) => gep(weights, off).map_err(llvm),
             }
         };
         for (i, (k, kf)) in plan.kernels.iter().zip(kernels).enumerate() {
@@ -515,7 +550,28 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
             .as_pointer_value())
     }
 
-    fn model_desc(&self, run: FunctionValue<'ctx>) -> Result<GlobalValue<'ctx>> {
+    /// The `kiln_weights_desc` of a build with external weights, or a null pointer.
+    fn weights_desc(&self, layout_hash: Option<u64>) -> PointerValue<'ctx> {
+        let (Some(file), Some(hash)) = (&self.parts.api.weights_file, layout_hash) else {
+            return self.ptr().const_null();
+        };
+        let (p, i64t) = (self.ptr(), self.cx.i64_type());
+        let st = self.cx.struct_type(&[p.into(), p.into(), i64t.into()], false);
+        let value = st.const_named_struct(&[
+            self.cstring("kiln.weights_file", file).into(),
+            self.cstring(
+                "kiln.weights_layout_hash",
+                &crate::weights_file::hex(hash),
+            )
+            .into(),
+            i64t.const_int(self.parts.plan.weights.len() as u64, false)
+                .into(),
+        ]);
+        self.const_global("kiln.weights_desc", value.into(), 8)
+            .as_pointer_value()
+    }
+
+    fn model_desc(&self, run: FunctionValue<'ctx>, layout_hash: Option<u64>) -> Result<GlobalValue<'ctx>> {
         let parts = self.parts;
         let (p, i32t, i64t) = (self.ptr(), self.cx.i32_type(), self.cx.i64_type());
         let inputs = signature_inputs(parts.graph);
@@ -536,10 +592,12 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
                 i64t.into(),
                 p.into(),
                 p.into(),
+                // -- weights outside the binary --
+                p.into(),
             ],
             false,
         );
-        let sig = signature_json(parts, &inputs, &outputs);
+        let sig = signature_json(parts, &inputs, &outputs, layout_hash);
         let kernels = self
             .profile_gen()
             .kernel_table_global(&crate::profile::kernel_table(parts.graph, parts.plan));
@@ -562,6 +620,7 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
             i64t.const_int(parts.plan.kernels.len() as u64, false).into(),
             run.as_global_value().as_pointer_value().into(),
             kernels.into(),
+            self.weights_desc(layout_hash).into(),
         ]);
         Ok(self.const_global("kiln.model", value.into(), 8))
     }
@@ -598,6 +657,22 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
             .call_rt("kiln_rt_create", &[desc.as_pointer_value().into(), threads])?
             .expect("ptr");
         b.build_return(Some(&ctx)).map_err(llvm)?;
+
+        if api.weights_file.is_some() {
+            let f = self.exported_fn(
+                &api.symbol("create_with_weights"),
+                p.fn_type(&[p.into(), i32t.into()], false),
+            );
+            let path = f.get_nth_param(0).expect("path");
+            let threads = f.get_nth_param(1).expect("threads");
+            let ctx = self
+                .call_rt(
+                    "kiln_rt_create_with_weights",
+                    &[desc.as_pointer_value().into(), threads, path],
+                )?
+                .expect("ptr");
+            b.build_return(Some(&ctx)).map_err(llvm)?;
+        }
 
         let f = self.exported_fn(
             &api.symbol("destroy"),
@@ -735,8 +810,9 @@ pub fn signature_json(
     parts: &ModuleParts<'_>,
     inputs: &[(String, TensorType)],
     outputs: &[(String, TensorType)],
+    layout_hash: Option<u64>,
 ) -> String {
-    serde_json::json!({
+    let mut sig = serde_json::json!({
         "name": parts.model_name,
         "kiln_version": env!("CARGO_PKG_VERSION"),
         "target": parts.target.triple,
@@ -747,6 +823,10 @@ pub fn signature_json(
         "kernels": parts.plan.kernels.len(),
         "weights_bytes": parts.plan.weights.len(),
         "arena_bytes": parts.plan.arena_bytes,
-    })
-    .to_string()
+    });
+    if let (Some(file), Some(hash)) = (&parts.api.weights_file, layout_hash) {
+        sig["weights_file"] = file.as_str().into();
+        sig["weights_layout_hash"] = crate::weights_file::hex(hash).into();
+    }
+    sig.to_string()
 }

@@ -83,9 +83,14 @@ pub fn header(
     ));
     s.push_str("#ifdef __cplusplus\nextern \"C\" {\n#endif\n\n");
     s.push_str(&format!("typedef struct {p}_ctx {p}_ctx;\n\n"));
-    s.push_str(&format!(
-        "/* Creates a context with num_threads threads (<= 0: one per online CPU). Returns NULL on\n   failure (e.g. the CPU lacks a required feature); {p}_last_error(NULL) says why. */\n{p}_ctx *{p}_create(int32_t num_threads);\n\n"
-    ));
+    match &api.weights_file {
+        None => s.push_str(&format!(
+            "/* Creates a context with num_threads threads (<= 0: one per online CPU). Returns NULL on\n   failure (e.g. the CPU lacks a required feature); {p}_last_error(NULL) says why. */\n{p}_ctx *{p}_create(int32_t num_threads);\n\n"
+        )),
+        Some(file) => s.push_str(&format!(
+            "/* The weights are not in this library: they are in the file written at compile time as\n   \"{file}\" (kiln compile --weights-out). {p}_create_with_weights maps that file read-only,\n   checks that it was written for this build (layout hash) and is intact (content hash), and\n   creates a context with num_threads threads (<= 0: one per online CPU). Returns NULL on\n   failure (a missing, foreign, truncated or corrupt file; a CPU that lacks a required\n   feature); {p}_last_error(NULL) says why. The mapping is released by {p}_destroy.\n   A file written by recompiling the same model with other weight values works too. */\n{p}_ctx *{p}_create_with_weights(const char *weights_path, int32_t num_threads);\n\n/* Fails for this build (the weights file is needed): use {p}_create_with_weights. */\n{p}_ctx *{p}_create(int32_t num_threads);\n\n"
+        )),
+    }
     s.push_str(&format!("void {p}_destroy({p}_ctx *ctx);\n\n"));
     let mut params = vec![format!("{p}_ctx *ctx")];
     for (n, ty) in inputs {

@@ -16,6 +16,7 @@ pub mod profile;
 pub mod report;
 pub mod target;
 pub mod uk;
+pub mod weights_file;
 
 pub use error::CodegenError;
 pub use target::TargetDesc;
@@ -57,6 +58,9 @@ pub struct CompileOptions {
     /// Add the profiling functions to the C API (`NAME_profile_enable`, ...). Executables can
     /// always profile (`--profile FILE.json`); a library without them times nothing.
     pub profile: bool,
+    /// Write the packed weights to this safetensors file instead of embedding them; the
+    /// artifact maps it at create time (see [`weights_file`]).
+    pub weights_out: Option<PathBuf>,
 }
 
 /// The compile phases, for progress display.
@@ -87,6 +91,16 @@ pub struct Summary {
     pub kernel_lines: Vec<String>,
     /// The planner's decisions in detail (kernels, nodes, memory, target).
     pub report: report::PlanReport,
+    /// With `weights_out`: the file written, its layout hash and content hash.
+    pub weights_file: Option<WeightsFile>,
+}
+
+/// The weights file a compilation wrote.
+#[derive(Clone, Debug)]
+pub struct WeightsFile {
+    pub path: PathBuf,
+    pub layout_hash: u64,
+    pub content_hash: u64,
 }
 
 /// Plans `graph` (kernel selection and memory) without generating code: what [`compile`] would
@@ -110,9 +124,18 @@ pub fn compile(
     let lowered = control::lower_control_flow(graph)?;
     let graph = lowered.as_ref().unwrap_or(graph);
     let plan = plan::build(graph, &opts.target, opts.fusion)?;
+    let weights_file = match &opts.weights_out {
+        Some(p) => Some(
+            p.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .ok_or_else(|| CodegenError::Io(format!("--weights-out {}: not a file name", p.display())))?,
+        ),
+        None => None,
+    };
     let api = emit::Api {
         prefix: header::c_ident(&opts.name),
         profile: opts.profile,
+        weights_file,
     };
     let parts = emit::ModuleParts {
         graph,
@@ -124,7 +147,7 @@ pub fn compile(
     };
     progress.phase("codegen");
     let cx = Context::create();
-    let module = emit::build_module(&cx, &parts, &mut |i, n| progress.kernel(i, n))?;
+    let (module, layout_hash) = emit::build_module(&cx, &parts, &mut |i, n| progress.kernel(i, n))?;
     progress.phase("llvm");
     let tm = opts.target.target_machine(OptimizationLevel::Aggressive)?;
     // Drop the kernel library and runtime functions this model does not use before the
@@ -196,7 +219,18 @@ pub fn compile(
             files.push(h);
         }
     }
-    Ok(summarize(graph, &plan, &opts.target, files))
+    let mut summary = summarize(graph, &plan, &opts.target, files);
+    if let (Some(path), Some(layout_hash)) = (&opts.weights_out, layout_hash) {
+        progress.phase("weights");
+        let content_hash = weights_file::write(path, &opts.name, layout_hash, &plan.weights)?;
+        summary.files.push(path.clone());
+        summary.weights_file = Some(WeightsFile {
+            path: path.clone(),
+            layout_hash,
+            content_hash,
+        });
+    }
+    Ok(summary)
 }
 
 fn summarize(graph: &Graph, plan: &plan::Plan, target: &TargetDesc, files: Vec<PathBuf>) -> Summary {
@@ -227,6 +261,7 @@ fn summarize(graph: &Graph, plan: &plan::Plan, target: &TargetDesc, files: Vec<P
             })
             .collect(),
         report: report::build(graph, plan, target),
+        weights_file: None,
     }
 }
 

@@ -44,6 +44,9 @@ static void usage(FILE *out, const char *prog, const kiln_model_desc *desc) {
           "                         chrome://tracing) of the runs (the timed runs with --bench)\n"
           "                         and print the kernels taking the most time to stderr\n"
           "      --profile-top N    how many kernels that table lists (default 15, 0: all)\n"
+          "      --weights FILE     the weights file of a model compiled with --weights-out\n"
+          "                         (default: its compile-time name, next to this program,\n"
+          "                         then in the current directory)\n"
           "  -q, --quiet            print nothing but errors (and the --bench latency)\n"
           "  -h, --help             print this help\n"
           "  -V, --version          print the version\n\n"
@@ -179,6 +182,56 @@ static void summarize(FILE *out, const kiln_io_desc *d, const void *data) {
   fprintf(out, "\n");
 }
 
+/* --weights FILE (or --weights=FILE), taken out of argv before the other options are parsed.
+   Returns 0, or EXIT_USAGE after printing why. */
+static int take_weights_option(int *argc, char **argv, const char **path) {
+  int out = 1;
+  for (int a = 1; a < *argc; a++) {
+    const char *arg = argv[a];
+    if (strcmp(arg, "--weights") == 0) {
+      if (a + 1 >= *argc) {
+        fprintf(stderr, "error: missing value after --weights\n");
+        return EXIT_USAGE;
+      }
+      *path = argv[++a];
+    } else if (strncmp(arg, "--weights=", 10) == 0) {
+      *path = arg + 10;
+    } else {
+      argv[out++] = argv[a];
+    }
+  }
+  *argc = out;
+  return 0;
+}
+
+/* A context with the model's weights: built in, or from --weights / the default file. Prints
+   why on failure. */
+static kiln_ctx *create_context(const kiln_model_desc *desc, int32_t threads, const char *weights_path,
+                                int *rc) {
+  char found[4096], err[1024];
+  kiln_ctx *ctx;
+  if (!desc->weights) {
+    if (weights_path) {
+      fprintf(stderr, "error: --weights: this program has its weights built in (compiled without "
+                      "--weights-out)\n");
+      *rc = EXIT_USAGE;
+      return NULL;
+    }
+    ctx = kiln_rt_create(desc, threads);
+  } else {
+    if (!weights_path) {
+      if (kiln_rt_find_weights(desc, found, sizeof found, err, sizeof err) != 0) {
+        fprintf(stderr, "error: %s\n", err);
+        return NULL;
+      }
+      weights_path = found;
+    }
+    ctx = kiln_rt_create_with_weights(desc, threads, weights_path);
+  }
+  if (!ctx) fprintf(stderr, "error: %s\n", kiln_rt_create_error());
+  return ctx;
+}
+
 static double now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -212,6 +265,11 @@ int kiln_exe_main(int argc, char **argv, const kiln_model_desc *desc) {
   int rc = EXIT_RUNTIME;
   if (!files || !ins || !outs) {
     fprintf(stderr, "error: out of memory\n");
+    goto done;
+  }
+  const char *weights_path = NULL;
+  if (take_weights_option(&argc, argv, &weights_path) != 0) {
+    rc = EXIT_USAGE;
     goto done;
   }
 
@@ -328,11 +386,8 @@ int kiln_exe_main(int argc, char **argv, const kiln_model_desc *desc) {
     }
   }
 
-  ctx = kiln_rt_create(desc, (int32_t)threads);
-  if (!ctx) {
-    fprintf(stderr, "error: %s\n", kiln_rt_create_error());
-    goto done;
-  }
+  ctx = create_context(desc, (int32_t)threads, weights_path, &rc);
+  if (!ctx) goto done;
   char err[1536];
   for (int32_t i = 0; i < n_in; i++) {
     ins[i] = alloc_tensor(desc->inputs[i].bytes);

@@ -54,6 +54,13 @@ typedef struct kiln_kernel_desc {
   const char *const *nodes;   /* the graph nodes it implements, anchor first (n_nodes entries) */
   int64_t flops;              /* estimated floating-point operations per call (0: data movement) */
 } kiln_kernel_desc;
+/* Where a build compiled with --weights-out finds its packed weights: a safetensors file that
+   the context memory-maps read-only at create time (weights.c checks it against this). */
+typedef struct kiln_weights_desc {
+  const char *file_name;   /* the file's name (no folder) given at compile time */
+  const char *layout_hash; /* 16 hex digits; the file's kiln.layout_hash must be the same */
+  int64_t bytes;           /* size of the weights blob */
+} kiln_weights_desc;
 
 /* What kiln generates for every model: a constant the stub reads. */
 typedef struct kiln_model_desc {
@@ -73,6 +80,10 @@ typedef struct kiln_model_desc {
      Returns 0, or non-zero after kiln_rt_set_error. */
   int32_t (*run)(struct kiln_ctx *ctx, const void *const *inputs, void *const *outputs);
   const kiln_kernel_desc *kernels; /* n_kernels entries, in run order (NULL: no kernel table) */
+  /* -- weights outside the binary -- */
+  /* NULL: the weights are built into the artifact. Otherwise run() reads them from the mapped
+     file (kiln_rt_weights) and contexts are made with kiln_rt_create_with_weights. */
+  const kiln_weights_desc *weights;
 } kiln_model_desc;
 
 typedef struct kiln_ctx kiln_ctx;
@@ -81,6 +92,18 @@ typedef struct kiln_ctx kiln_ctx;
    is the first worker; num_threads <= 0 means the number of online CPUs). Checks first that the
    CPU has desc->cpu_features. Returns NULL on failure; kiln_rt_create_error() says why. */
 kiln_ctx *kiln_rt_create(const kiln_model_desc *desc, int32_t num_threads);
+/* The same for a model whose weights are in a separate file (desc->weights set): maps
+   weights_path read-only and checks it (safetensors header, 64-byte alignment, layout hash,
+   size, content hash) before anything else is allocated. kiln_rt_create refuses such a model,
+   and this refuses a path for a model with built-in weights. */
+kiln_ctx *kiln_rt_create_with_weights(const kiln_model_desc *desc, int32_t num_threads,
+                                      const char *weights_path);
+/* Base of the mapped weights blob (64-byte aligned); NULL for built-in weights. */
+const void *kiln_rt_weights(kiln_ctx *ctx);
+/* The executable's default weights file: desc->weights->file_name next to the executable
+   (/proc/self/exe), then in the current directory. Writes the path found and returns 0, or
+   returns -1 with a message in err. */
+int kiln_rt_find_weights(const kiln_model_desc *desc, char *path, size_t len, char *err, size_t errlen);
 /* Why the last kiln_rt_create on this thread failed (a static or thread-local string). */
 const char *kiln_rt_create_error(void);
 void kiln_rt_destroy(kiln_ctx *ctx);

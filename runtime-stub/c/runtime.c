@@ -1,6 +1,7 @@
 /* kiln runtime core: contexts, errors, the CPU feature check, the thread pool. See kiln_rt.h. */
 #define _GNU_SOURCE
 #include "kiln_rt.h"
+#include "kiln_weights.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -23,7 +24,8 @@
 #define KILN_SPIN_NS 100000
 
 /* Why the last kiln_rt_create on this thread failed: the only mutable global. */
-static _Thread_local char create_error[320];
+/* Long enough for a weights file path and two hashes. */
+static _Thread_local char create_error[1024];
 
 typedef struct kiln_pool kiln_pool;
 
@@ -35,6 +37,7 @@ struct kiln_ctx {
   kiln_pool *pool; /* NULL when single-threaded */
   char error[512];
   kiln_prof *prof; /* per-kernel timing (profile.c); NULL until profiling is turned on */
+  kiln_weights_map weights; /* the mapped weights file (--weights-out builds) */
 };
 
 /* ---- CPU features ------------------------------------------------------------------------ */
@@ -345,7 +348,45 @@ static int online_cpus(void) {
   return n > 0 ? (int)(n > KILN_MAX_THREADS ? KILN_MAX_THREADS : n) : 1;
 }
 
+/* ---- weights outside the binary --------------------------------------------------------- */
+
+/* The model's C API prefix (its name made a C identifier), for messages. */
+static void api_prefix(const char *name, char *out, size_t len) {
+  size_t k = 0;
+  if (len == 0) return;
+  if (*name >= '0' && *name <= '9' && k + 1 < len) out[k++] = '_';
+  for (; *name && k + 1 < len; name++) {
+    char c = *name;
+    int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+    out[k++] = ok ? c : '_';
+  }
+  out[k] = 0;
+}
+
+/* Maps the weights file into ctx, or checks that none is needed. Returns 0 or -1 (create_error). */
+static int attach_weights(kiln_ctx *ctx, const char *path) {
+  const kiln_model_desc *desc = ctx->desc;
+  if (!desc->weights && !path) return 0;
+  if (desc->weights && !path) {
+    char prefix[128];
+    api_prefix(desc->name, prefix, sizeof prefix);
+    snprintf(create_error, sizeof create_error,
+             "the model '%s' was compiled with its weights in a separate file (%s): create it with "
+             "%s_create_with_weights(path, num_threads)",
+             desc->name, desc->weights->file_name, prefix);
+    return -1;
+  }
+  return kiln_weights_open(desc, path, &ctx->weights, create_error, sizeof create_error);
+}
+
+const void *kiln_rt_weights(kiln_ctx *ctx) { return ctx->weights.data; }
+
 kiln_ctx *kiln_rt_create(const kiln_model_desc *desc, int32_t num_threads) {
+  return kiln_rt_create_with_weights(desc, num_threads, NULL);
+}
+
+kiln_ctx *kiln_rt_create_with_weights(const kiln_model_desc *desc, int32_t num_threads,
+                                      const char *weights_path) {
   create_error[0] = 0;
   if (!desc) {
     snprintf(create_error, sizeof create_error, "no model description");
@@ -358,6 +399,10 @@ kiln_ctx *kiln_rt_create(const kiln_model_desc *desc, int32_t num_threads) {
     return NULL;
   }
   ctx->desc = desc;
+  if (attach_weights(ctx, weights_path) != 0) {
+    free(ctx);
+    return NULL;
+  }
   int threads = num_threads > 0 ? num_threads : online_cpus();
   if (threads > KILN_MAX_THREADS) threads = KILN_MAX_THREADS;
   ctx->num_threads = threads;
@@ -394,6 +439,7 @@ void kiln_rt_destroy(kiln_ctx *ctx) {
   if (!ctx) return;
   pool_destroy(ctx->pool);
   kiln_rt_profile_free(ctx->prof);
+  kiln_weights_close(&ctx->weights);
   free(ctx->arena);
   free(ctx->thread_scratch);
   free(ctx);

@@ -36,6 +36,20 @@ pub struct ProfileKernel {
     pub flops: i64,
 }
 
+/// The weights file of a build compiled with `--weights-out` (a safetensors file): the names
+/// codegen writes and `c/weights.c` reads.
+pub mod weights {
+    /// The one tensor: the packed weights blob as `U8[bytes]`.
+    pub const TENSOR: &str = "weights";
+    pub const META_MODEL: &str = "kiln.model";
+    pub const META_VERSION: &str = "kiln.version";
+    pub const META_LAYOUT_HASH: &str = "kiln.layout_hash";
+    pub const META_CONTENT_HASH: &str = "kiln.content_hash";
+    pub const META_BYTES: &str = "kiln.bytes";
+    /// The C reader, to check it uses the same names.
+    pub const WEIGHTS_C: &str = include_str!("../c/weights.c");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -102,8 +116,17 @@ mod tests {
             ["name", "op", "n_nodes", "nodes", "calls", "total_ns", "flops"]
         );
         assert_eq!(std::mem::size_of::<ProfileKernel>(), 56);
-        // The kernel table is the descriptor's last field, after `run`.
+        // The kernel table follows `run`; the weights file's description comes last.
         let desc = c_fields("kiln_model_desc");
-        assert_eq!(&desc[desc.len() - 2..], ["run", "kernels"]);
+        assert_eq!(&desc[desc.len() - 3..], ["run", "kernels", "weights"]);
+    }
+
+    #[test]
+    fn weights_reader_uses_the_writers_names() {
+        use weights::*;
+        for key in [META_MODEL, META_VERSION, META_LAYOUT_HASH, META_CONTENT_HASH, META_BYTES] {
+            assert!(WEIGHTS_C.contains(&format!("\"{key}\"")), "{key} missing from weights.c");
+        }
+        assert!(KILN_RT_H.contains("kiln_rt_create_with_weights"));
     }
 }

@@ -99,7 +99,7 @@ static const kiln_model_desc models[] = {
     {"add1", "0.1.0-test", "x86_64-unknown-linux-gnu", "",
      "{\"name\":\"add1\",\"inputs\":[{\"name\":\"x\",\"dtype\":\"f32\",\"shape\":[3,4]}],"
      "\"outputs\":[{\"name\":\"y/out\",\"dtype\":\"f32\",\"shape\":[3,4]}]}",
-     1, 1, add1_in, add1_out, 256, 128, 2, add1_run, add1_kernels},
+     1, 1, add1_in, add1_out, 256, 128, 2, add1_run, add1_kernels, NULL},
     {"multi", "0.1.0-test", "x86_64-unknown-linux-gnu", "", "{\"name\":\"multi\"}", 3, 2, multi_in,
      multi_out, 0, 0, 1, multi_run, NULL},
     {"bf16", "0.1.0-test", "x86_64-unknown-linux-gnu", "", "{\"name\":\"bf16\"}", 1, 1, bf16_in, bf16_out,

@@ -36,6 +36,7 @@ fn fake() -> &'static Path {
             .arg(&c)
             .arg(c.join("runtime.c"))
             .arg(c.join("profile.c"))
+            .arg(c.join("weights.c"))
             .arg(c.join("npy.c"))
             .arg(c.join("exe_main.c"))
             .arg(manifest.join("tests/fake_model.c"))

@@ -78,6 +78,7 @@ pub fn compile_graph_without(
         target,
         emit,
         cc: std::env::var("CC").unwrap_or_else(|_| "cc".into()),
+        weights_out: None,
     };
     let mut graph = graph.clone();
     // KILN_LAYOUT=nchw|nhwc runs the suites in one layout (default: the pipeline's).

@@ -122,6 +122,15 @@ pub struct Args {
     /// layout and dtype, fusion groups, what the passes removed, the memory plan, the target.
     #[arg(long, value_name = "FILE.json")]
     pub report: Option<PathBuf>,
+
+    /// Keep the weights out of the artifact: write the packed weights to FILE (safetensors)
+    /// instead. The executable or library memory-maps it when a context is created and refuses
+    /// a file written for another build; recompiling the same model with new weight values
+    /// gives a file the existing artifact accepts. The executable looks for the file by this
+    /// name next to itself, then in the current directory (or takes --weights FILE); a static
+    /// library is created with NAME_create_with_weights(path, threads).
+    #[arg(long = "weights-out", value_name = "FILE.safetensors")]
+    pub weights_out: Option<PathBuf>,
 }
 
 /// What `build` does after planning: generate code, or only explain the plan (`kiln explain`).
@@ -223,6 +232,7 @@ pub fn build(args: Args, mode: Mode) -> Result<()> {
         cc,
         fusion,
         profile: args.profile,
+        weights_out: args.weights_out.clone(),
     };
     let summary = if explain {
         progress.phase("plan");
@@ -278,6 +288,14 @@ pub fn build(args: Args, mode: Mode) -> Result<()> {
             bytes(summary.arena_bytes),
             bytes(summary.thread_scratch_bytes)
         );
+        if let Some(w) = &summary.weights_file {
+            eprintln!(
+                "  weights in {} ({}, layout hash {}), mapped by the artifact when it starts",
+                w.path.display(),
+                bytes(summary.weights_bytes),
+                kiln_codegen::weights_file::hex(w.layout_hash)
+            );
+        }
         if let Some(b) = bf16 {
             eprintln!(
                 "  bf16: {} of {} matmul/conv ops read bf16 operands (f32 accumulation), {:.1}% of {:.2} GFLOP",
@@ -335,6 +353,7 @@ impl Progress for Bars {
             "llvm" => "optimizing and generating machine code (LLVM)",
             "link" => "linking",
             "archive" => "writing the static library",
+            "weights" => "writing the weights file",
             other => other,
         };
         self.bar

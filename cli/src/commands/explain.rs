@@ -775,6 +775,7 @@ mod tests {
             cc: "cc".into(),
             fusion: false,
             profile: false,
+            weights_out: None,
         };
         let summary = kiln_codegen::plan_only(&g1, &opts).unwrap();
         let r = build_report(&Inputs {

@@ -161,6 +161,7 @@ fn run_compiled(args: &Args, model: kiln_frontend::Model) -> Result<()> {
         target: kiln_codegen::TargetDesc::host()?,
         emit: kiln_codegen::Emit::Exe,
         cc: std::env::var("CC").unwrap_or_else(|_| "cc".to_string()),
+        weights_out: None,
     };
     kiln_codegen::compile(&graph, &opts, &exe, &mut kiln_codegen::Silent)
         .with_context(|| format!("{}", args.model.model.display()))?;

@@ -223,6 +223,8 @@ pub fn runtime_fn<'ctx>(cx: &'ctx Context, module: &Module<'ctx>, name: &str) ->
             .void_type()
             .fn_type(&[ptr.into(), ptr.into(), ptr.into()], false),
         "kiln_rt_create" => ptr.fn_type(&[ptr.into(), i32t.into()], false),
+        "kiln_rt_create_with_weights" => ptr.fn_type(&[ptr.into(), i32t.into(), ptr.into()], false),
+        "kiln_rt_weights" => ptr.fn_type(&[ptr.into()], false),
         "kiln_rt_create_error" => ptr.fn_type(&[], false),
         "kiln_rt_destroy" => cx.void_type().fn_type(&[ptr.into()], false),
         "kiln_exe_main" => i32t.fn_type(&[i32t.into(), ptr.into(), ptr.into()], false),
