@@ -249,3 +249,43 @@ fn expect_exit_and_max_checks() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// Reduced models stand alone: external data and `--weights` are inlined, so they load from
+/// another folder and without model arguments.
+#[test]
+fn reduced_models_stand_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let kiln_exe = env!("CARGO_BIN_EXE_kiln");
+    let with_params = format!(
+        "out=$('{kiln_exe}' inspect --json {{}}) || exit 0; \
+         case \"$out\" in *'\"import_error\": \"'*|*'\"parameters\": 0,'*) exit 0;; esac; \
+         case \"$out\" in *'\"MatMul\":'*) exit 1;; esac; exit 0"
+    );
+    let reduced = dir.path().join("ext.onnx");
+    run_ok(
+        kiln()
+            .arg("minify")
+            .arg(fixture("external_data"))
+            .args(["--check", &with_params, "-o"])
+            .arg(&reduced),
+    );
+    let out = run_ok(kiln().args(["inspect", "--json"]).arg(&reduced));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(report["parameters"].as_u64().unwrap() > 0, "{report}");
+    assert_eq!(report["nodes"], 1);
+
+    let weights_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/models/weights_safetensors");
+    let reduced = dir.path().join("w.onnx");
+    let check = contains_ops_check(&["Gemm"]);
+    run_ok(
+        kiln()
+            .arg("minify")
+            .arg(weights_dir.join("model.onnx"))
+            .arg("--weights")
+            .arg(weights_dir.join("weights.safetensors"))
+            .args(["--check", &check, "-o"])
+            .arg(&reduced),
+    );
+    assert_eq!(nodes(&read_model_proto(&reduced).unwrap()), ["Gemm"]);
+    run_ok(kiln().arg("inspect").arg(&reduced));
+}
