@@ -57,7 +57,6 @@ pub fn header(
     outputs: &[(String, TensorType)],
     arena_bytes: u64,
     thread_scratch_bytes: u64,
-    profile: bool,
 ) -> String {
     let p = &api.prefix;
     let guard = format!("{}_H", p.to_uppercase());
@@ -111,7 +110,7 @@ pub fn header(
     ));
     s.push_str(&format!("/* Bytes of working memory each context allocates (excluding per-thread scratch). */\nint64_t {p}_workspace_size(void);\n\n"));
     s.push_str(&format!("/* The signature as JSON: name, inputs, outputs (name, dtype, shape), target. */\nconst char *{p}_info(void);\n\n"));
-    if profile {
+    if api.profile {
         s.push_str(&crate::profile::header_section(p));
     }
     s.push_str(&format!(

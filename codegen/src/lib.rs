@@ -212,7 +212,6 @@ pub fn compile(
                 &emit::signature_outputs(graph),
                 plan.arena_bytes,
                 plan.thread_scratch_bytes,
-                opts.profile,
             );
             write(&h, text.as_bytes())?;
             files.push(lib);
