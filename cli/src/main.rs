@@ -71,7 +71,7 @@ fn main() -> ExitCode {
         Command::Minify(args) => commands::minify::run(args),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => ExitCode::from(exit::Exit::Success.code()),
         Err(e) => {
             let message = one_line(&e);
             eprintln!("{} {message}", term::paint("error:", term::Style::Error));
@@ -95,6 +95,8 @@ impl Command {
             Command::Compile(_) => "compile",
             Command::Run(_) => "run",
             Command::Explain(_) => "explain",
+            Command::Verify(_) => "verify",
+            Command::Minify(_) => "minify",
         }
     }
 
@@ -105,6 +107,8 @@ impl Command {
             Command::Compile(a) => a.report.as_deref(),
             Command::Run(a) => a.report.as_deref(),
             Command::Explain(a) => a.compile.report.as_deref(),
+            Command::Verify(a) => a.report.as_deref(),
+            Command::Minify(a) => a.report.as_deref(),
         }
     }
 }

@@ -67,9 +67,7 @@ pub fn clap_choice(choice: ColorChoice) -> clap::ColorChoice {
 #[derive(Clone, Copy)]
 pub enum Style {
     Error,
-    Warning,
     Good,
-    Bold,
 }
 
 /// `text` wrapped in the style's ANSI codes when color is on.
@@ -79,14 +77,7 @@ pub fn paint(text: &str, style: Style) -> String {
     }
     let code = match style {
         Style::Error => "1;31",
-        Style::Warning => "1;33",
         Style::Good => "1;32",
-        Style::Bold => "1",
     };
     format!("\x1b[{code}m{text}\x1b[0m")
-}
-
-/// Prints a warning line to stderr (`warning: ...`).
-pub fn warn(msg: &str) {
-    eprintln!("{} {msg}", paint("warning:", Style::Warning));
 }

@@ -57,6 +57,10 @@ pub struct Args {
     #[arg(long)]
     pub json: bool,
 
+    /// Also write the JSON result to a file (schema kiln.minify/1, docs/report.md).
+    #[arg(long, value_name = "FILE.json")]
+    pub report: Option<PathBuf>,
+
     /// Print no progress, only the summary (and errors).
     #[arg(long, short = 'q')]
     pub quiet: bool,
@@ -64,6 +68,8 @@ pub struct Args {
 
 #[derive(Serialize)]
 struct Summary {
+    schema: &'static str,
+    kiln_version: &'static str,
     model: String,
     output: String,
     nodes_before: usize,
@@ -180,6 +186,8 @@ pub fn run(args: Args) -> Result<()> {
         *ops.entry(base.node(i).op_type.clone()).or_insert(0) += 1;
     }
     let summary = Summary {
+        schema: "kiln.minify/1",
+        kiln_version: env!("CARGO_PKG_VERSION"),
         model: args.model.model.display().to_string(),
         output: out.display().to_string(),
         nodes_before: n,
@@ -215,6 +223,9 @@ pub fn run(args: Args) -> Result<()> {
         line.push_str(" (stopped at --max-checks; a smaller model may exist)");
     }
     eprintln!("{line}");
+    if let Some(path) = &args.report {
+        crate::diagnostic::write_json(&summary, path)?;
+    }
     if args.json {
         crate::emit(&format!("{}\n", serde_json::to_string_pretty(&summary)?));
     }

@@ -275,6 +275,8 @@ pub fn run(args: Args) -> Result<()> {
         emit: Emit::Exe,
         cc: cc.clone(),
         fusion,
+        profile: false,
+        weights_out: None,
     };
     let exe = dir.path().join("model");
     kiln_codegen::compile(compiled_graph, &copts(fusion), &exe, &mut Silent)
