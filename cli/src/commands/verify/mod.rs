@@ -372,48 +372,59 @@ pub fn run(args: Args) -> Result<()> {
         report.passes = Some(checks);
         report.culprit = Some(culprit);
         if !args.no_bisect {
-            let mut runs = vec![];
-            for &pass in &passes.pass_names() {
-                if passes.is_disabled(pass) {
-                    continue;
+            let to_try: Vec<&'static str> = passes
+                .pass_names()
+                .into_iter()
+                .filter(|p| !passes.is_disabled(p))
+                .collect();
+            let without = |pass: &'static str| -> Result<bool> {
+                let mut pm = kiln_optimizer::pipelines::cpu(&popts);
+                for p in &args.disable_pass {
+                    pm.disable(p);
                 }
-                let outcome = (|| -> Result<bool> {
-                    let mut pm = kiln_optimizer::pipelines::cpu(&popts);
-                    for p in &args.disable_pass {
-                        pm.disable(p);
-                    }
-                    pm.disable(pass);
-                    let mut g = original.clone();
-                    pm.run(&mut g)?;
-                    let fusion = fusion && pass != FUSE_PASS;
-                    let exe = dir.path().join(format!("model-without-{pass}"));
-                    kiln_codegen::compile(&g, &copts(fusion), &exe, &mut Silent)?;
-                    let out = run_exe(
-                        &exe,
-                        &dir.path().join(format!("out-without-{pass}")),
-                        &g,
-                        &input_files,
-                        args.threads,
-                    )?;
-                    Ok(original
-                        .outputs()
-                        .iter()
-                        .zip(&reference)
-                        .zip(&out)
-                        .all(|((o, want), got)| compared(&o.name, got, want, &base_tol).metrics.passed))
-                })();
-                runs.push(match outcome {
-                    Ok(m) => Disabled {
-                        pass,
-                        outputs_match: Some(m),
-                        error: None,
-                    },
-                    Err(e) => Disabled {
-                        pass,
-                        outputs_match: None,
-                        error: Some(crate::one_line(&e)),
-                    },
+                pm.disable(pass);
+                let mut g = original.clone();
+                pm.run(&mut g)?;
+                let fusion = fusion && pass != FUSE_PASS;
+                let exe = dir.path().join(format!("model-without-{pass}"));
+                kiln_codegen::compile(&g, &copts(fusion), &exe, &mut Silent)?;
+                let out_dir = dir.path().join(format!("out-without-{pass}"));
+                let out = run_exe(&exe, &out_dir, &g, &input_files, args.threads)?;
+                Ok(original
+                    .outputs()
+                    .iter()
+                    .zip(&reference)
+                    .zip(&out)
+                    .all(|((o, want), got)| compared(&o.name, got, want, &base_tol).metrics.passed))
+            };
+            // The compilations are independent: run as many at once as there are CPUs.
+            let width = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let mut runs = vec![];
+            for chunk in to_try.chunks(width) {
+                let outcomes: Vec<Result<bool>> = std::thread::scope(|s| {
+                    let handles: Vec<_> = chunk.iter().map(|&p| s.spawn(move || without(p))).collect();
+                    handles
+                        .into_iter()
+                        .map(|h| {
+                            h.join()
+                                .unwrap_or_else(|_| Err(anyhow::anyhow!("internal error (a panic)")))
+                        })
+                        .collect()
                 });
+                for (&pass, outcome) in chunk.iter().zip(outcomes) {
+                    runs.push(match outcome {
+                        Ok(m) => Disabled {
+                            pass,
+                            outputs_match: Some(m),
+                            error: None,
+                        },
+                        Err(e) => Disabled {
+                            pass,
+                            outputs_match: None,
+                            error: Some(crate::one_line(&e)),
+                        },
+                    });
+                }
             }
             report.disabled_pass_runs = Some(runs);
         }
