@@ -209,3 +209,63 @@ fn perturbation(g: &Graph, node: &Node) -> Option<Perturb> {
         .position(|v| v.is_some_and(|v| g.value_type(v).dtype.is_float() && g.known_value(v).is_none()))
         .map(Perturb::Operand)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_ir::{DType, TensorType, Unary};
+
+    fn graph(op: Unary) -> Graph {
+        let mut g = Graph::new("t");
+        let x = g.add_input("x", TensorType::fixed(DType::F32, &[4]));
+        let w = g.add_const("w", Tensor::from_vec(vec![4, 4], vec![0.5f32; 16]));
+        let m = g.add("mm", Op::MatMul, vec![Some(x), Some(w)], "m").unwrap();
+        let y = g.add("act", Op::Unary(op), vec![Some(m)], "y").unwrap();
+        g.add_output("y", y);
+        g
+    }
+
+    fn run(g: &Graph) -> Vec<f64> {
+        let x = Tensor::from_vec(vec![4], vec![0.1f32, -0.2, 0.3, 0.4]);
+        kiln_ir::eval::eval_graph(g, vec![x]).unwrap()[0].to_f64_vec()
+    }
+
+    #[test]
+    fn perturbs_the_changed_node_in_place() {
+        let before = graph(Unary::Relu);
+        let mut after = graph(Unary::Sigmoid);
+        let clean = run(&after);
+        let f = inject(&before, &mut after).unwrap().expect("a node changed");
+        assert_eq!((f.node.as_str(), f.op), ("act", "Sigmoid"));
+        kiln_ir::verify(&after).unwrap();
+        assert_ne!(run(&after), clean);
+        // The node keeps its name and output name, so a comparison by name finds it.
+        let out = after.outputs()[0].value;
+        assert_eq!(after.node(out.node).name, "act");
+        assert_eq!(after.value_name(out), "y");
+    }
+
+    #[test]
+    fn scales_a_changed_weight_and_leaves_unchanged_graphs_alone() {
+        let before = graph(Unary::Relu);
+        let mut same = before.clone();
+        assert_eq!(inject(&before, &mut same).unwrap(), None);
+        assert_eq!(same, before);
+        // A pass that rewrote the MatMul's weights (as freeze does when folding).
+        let mut after = Graph::new("t");
+        let x = after.add_input("x", TensorType::fixed(DType::F32, &[4]));
+        let w = after.add_const("w.folded", Tensor::from_vec(vec![4, 4], vec![0.25f32; 16]));
+        let m = after.add("mm", Op::MatMul, vec![Some(x), Some(w)], "m").unwrap();
+        let y = after
+            .add("act", Op::Unary(Unary::Relu), vec![Some(m)], "y")
+            .unwrap();
+        after.add_output("y", y);
+        let clean = run(&after);
+        let f = inject(&before, &mut after).unwrap().expect("the MatMul changed");
+        assert_eq!(f.node, "mm");
+        assert!(f.how.contains("constant input 1"), "{}", f.how);
+        for (got, clean) in run(&after).iter().zip(&clean) {
+            assert!((got - clean * 1.25).abs() < 1e-6, "{got} vs {clean} * 1.25");
+        }
+    }
+}

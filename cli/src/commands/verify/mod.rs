@@ -44,6 +44,11 @@ pub struct Args {
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub seed: u64,
 
+    /// Freeze a graph input to a value known at compile time: NAME=FILE (.npy or .pb), as
+    /// `kiln compile --bind` (for inputs that decide shapes). May be given several times.
+    #[arg(long = "bind", value_name = "NAME=FILE")]
+    pub bind: Vec<String>,
+
     /// Activation layout for convolutions and their neighbours, as `kiln compile --layout`.
     #[arg(long, value_enum, value_name = "LAYOUT")]
     pub layout: Option<LayoutArg>,
@@ -222,8 +227,19 @@ pub fn run(args: Args) -> Result<()> {
             );
         }
     }
-    let model = args.model.load()?;
-    let original = model.graph;
+    let mut opts = args.model.import_options()?;
+    for spec in &args.bind {
+        let (name, file) = spec
+            .split_once('=')
+            .with_context(|| format!("--bind '{spec}': expected NAME=FILE"))?;
+        let t =
+            crate::tensors::read_tensor_file(Path::new(file)).with_context(|| format!("--bind {name}"))?;
+        opts.weights.push((name.to_string(), t));
+    }
+    let original = kiln_frontend::load_model(&args.model.model, &opts)
+        .map_err(anyhow::Error::from)
+        .with_context(|| format!("{}", args.model.model.display()))?
+        .graph;
     let (inputs, input_info) = gather_inputs(&original, &args.inputs, args.seed)?;
     let reference = kiln_ir::eval::eval_graph(&original, inputs.clone()).map_err(|e| {
         anyhow::anyhow!("the reference interpreter cannot run the model on these inputs: {e}")
@@ -374,48 +390,59 @@ pub fn run(args: Args) -> Result<()> {
         report.passes = Some(checks);
         report.culprit = Some(culprit);
         if !args.no_bisect {
-            let mut runs = vec![];
-            for &pass in &passes.pass_names() {
-                if passes.is_disabled(pass) {
-                    continue;
+            let to_try: Vec<&'static str> = passes
+                .pass_names()
+                .into_iter()
+                .filter(|p| !passes.is_disabled(p))
+                .collect();
+            let without = |pass: &'static str| -> Result<bool> {
+                let mut pm = kiln_optimizer::pipelines::cpu(&popts);
+                for p in &args.disable_pass {
+                    pm.disable(p);
                 }
-                let outcome = (|| -> Result<bool> {
-                    let mut pm = kiln_optimizer::pipelines::cpu(&popts);
-                    for p in &args.disable_pass {
-                        pm.disable(p);
-                    }
-                    pm.disable(pass);
-                    let mut g = original.clone();
-                    pm.run(&mut g)?;
-                    let fusion = fusion && pass != FUSE_PASS;
-                    let exe = dir.path().join(format!("model-without-{pass}"));
-                    kiln_codegen::compile(&g, &copts(fusion), &exe, &mut Silent)?;
-                    let out = run_exe(
-                        &exe,
-                        &dir.path().join(format!("out-without-{pass}")),
-                        &g,
-                        &input_files,
-                        args.threads,
-                    )?;
-                    Ok(original
-                        .outputs()
-                        .iter()
-                        .zip(&reference)
-                        .zip(&out)
-                        .all(|((o, want), got)| compared(&o.name, got, want, &base_tol).metrics.passed))
-                })();
-                runs.push(match outcome {
-                    Ok(m) => Disabled {
-                        pass,
-                        outputs_match: Some(m),
-                        error: None,
-                    },
-                    Err(e) => Disabled {
-                        pass,
-                        outputs_match: None,
-                        error: Some(crate::one_line(&e)),
-                    },
+                pm.disable(pass);
+                let mut g = original.clone();
+                pm.run(&mut g)?;
+                let fusion = fusion && pass != FUSE_PASS;
+                let exe = dir.path().join(format!("model-without-{pass}"));
+                kiln_codegen::compile(&g, &copts(fusion), &exe, &mut Silent)?;
+                let out_dir = dir.path().join(format!("out-without-{pass}"));
+                let out = run_exe(&exe, &out_dir, &g, &input_files, args.threads)?;
+                Ok(original
+                    .outputs()
+                    .iter()
+                    .zip(&reference)
+                    .zip(&out)
+                    .all(|((o, want), got)| compared(&o.name, got, want, &base_tol).metrics.passed))
+            };
+            // The compilations are independent: run as many at once as there are CPUs.
+            let width = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let mut runs = vec![];
+            for chunk in to_try.chunks(width) {
+                let outcomes: Vec<Result<bool>> = std::thread::scope(|s| {
+                    let handles: Vec<_> = chunk.iter().map(|&p| s.spawn(move || without(p))).collect();
+                    handles
+                        .into_iter()
+                        .map(|h| {
+                            h.join()
+                                .unwrap_or_else(|_| Err(anyhow::anyhow!("internal error (a panic)")))
+                        })
+                        .collect()
                 });
+                for (&pass, outcome) in chunk.iter().zip(outcomes) {
+                    runs.push(match outcome {
+                        Ok(m) => Disabled {
+                            pass,
+                            outputs_match: Some(m),
+                            error: None,
+                        },
+                        Err(e) => Disabled {
+                            pass,
+                            outputs_match: None,
+                            error: Some(crate::one_line(&e)),
+                        },
+                    });
+                }
             }
             report.disabled_pass_runs = Some(runs);
         }
