@@ -75,7 +75,8 @@ pub fn parse_npy(bytes: &[u8], path: &str) -> Result<Tensor, NpyError> {
     let header = std::str::from_utf8(&bytes[start..end]).map_err(|_| err("header is not text".into()))?;
     let descr_s = dict_value(header, "descr").ok_or_else(|| err("header has no 'descr'".into()))?;
     let descr_s = descr_s.trim().trim_matches(|c| c == '\'' || c == '"');
-    let dtype = dtype_from_descr(descr_s).ok_or_else(|| err(format!("unsupported dtype '{descr_s}'")))?;
+    let dtype = dtype_from_descr(descr_s)
+        .ok_or_else(|| err(format!("unsupported dtype '{}'", printable(descr_s))))?;
     let fortran =
         dict_value(header, "fortran_order").ok_or_else(|| err("header has no 'fortran_order'".into()))?;
     if fortran.trim().starts_with("True") {
@@ -88,13 +89,13 @@ pub fn parse_npy(bytes: &[u8], path: &str) -> Result<Tensor, NpyError> {
     let inner = shape_s
         .strip_prefix('(')
         .and_then(|s| s.split(')').next())
-        .ok_or_else(|| err(format!("bad shape '{shape_s}'")))?;
+        .ok_or_else(|| err(format!("bad shape '{}'", printable(shape_s))))?;
     let mut shape = vec![];
     for part in inner.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let d: usize = part
             .trim_end_matches('L')
             .parse()
-            .map_err(|_| err(format!("bad dimension '{part}'")))?;
+            .map_err(|_| err(format!("bad dimension '{}'", printable(part))))?;
         shape.push(d);
     }
     let n =
@@ -116,6 +117,20 @@ pub fn parse_npy(bytes: &[u8], path: &str) -> Result<Tensor, NpyError> {
         )));
     }
     Tensor::from_le_bytes(dtype, shape, data).map_err(|e| err(e.to_string()))
+}
+
+/// Header text quoted in an error: errors are one line, so control characters (a corrupt
+/// header can hold newlines) become '?', and a long run is cut.
+fn printable(s: &str) -> String {
+    let mut out: String = s
+        .chars()
+        .take(40)
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect();
+    if s.chars().count() > 40 {
+        out.push_str("...");
+    }
+    out
 }
 
 /// The text after `'key':` up to the next top-level comma (shape tuples kept whole).

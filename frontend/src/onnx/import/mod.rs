@@ -21,7 +21,7 @@ mod shape;
 mod signal;
 mod vision;
 
-use super::proto::{AttributeProto, GraphProto, NodeProto};
+use super::proto::{attribute_type, AttributeProto, GraphProto, NodeProto};
 use super::tensor::{tensor_from_proto, tensor_type_from_proto, ExternalData};
 use crate::error::{FrontendError, Result, UnsupportedOp};
 use kiln_ir::{Dim, Graph, Op, Tensor, TensorType, ValueId};
@@ -246,8 +246,17 @@ impl<'p> GraphImporter<'p> {
             node,
             name: name.clone(),
             inputs,
+            bad_attr: std::cell::Cell::new(None),
         };
-        let outs = import(&mut cx).map_err(|e| wrap_node_error(e, &name, &node.op_type))?;
+        let result = import(&mut cx);
+        if let Some(msg) = cx.bad_attr.take() {
+            return Err(FrontendError::Node {
+                node: name,
+                op_type: node.op_type.clone(),
+                msg,
+            });
+        }
+        let outs = result.map_err(|e| wrap_node_error(e, &name, &node.op_type))?;
         if outs.len() != node.output.len() {
             return Err(FrontendError::Node {
                 node: name,
@@ -325,8 +334,20 @@ pub fn node_reads(n: &NodeProto) -> Vec<String> {
 /// is an error naming a node on it.
 fn topo_order(g: &GraphProto, available: &HashSet<&str>) -> Result<Vec<usize>> {
     let mut producer: HashMap<&str, usize> = HashMap::new();
+    let own: HashSet<&str> = g
+        .input
+        .iter()
+        .map(|v| v.name.as_str())
+        .chain(g.initializer.iter().map(|t| t.name.as_str()))
+        .collect();
     for (i, n) in g.node.iter().enumerate() {
         for o in &n.output {
+            if own.contains(o.as_str()) {
+                return Err(FrontendError::Model(format!(
+                    "value '{o}' is defined more than once: node '{}' produces it, and it is also a graph input or initializer",
+                    display_name(n, i)
+                )));
+            }
             if !o.is_empty() {
                 if let Some(prev) = producer.insert(o.as_str(), i) {
                     let _ = prev;
@@ -417,6 +438,10 @@ pub(crate) fn import_graph(
     ext: &mut ExternalData,
     opts: &ImportOptions,
 ) -> Result<Graph> {
+    if g.output.is_empty() {
+        // Nothing to compute: an exporter bug, and an artifact with no results.
+        return Err(FrontendError::Model("the graph has no outputs".into()));
+    }
     let mut unsupported = vec![];
     collect_unsupported(g, opset, &mut unsupported);
     if !unsupported.is_empty() {
@@ -544,6 +569,9 @@ pub(crate) struct NodeCtx<'a, 'p> {
     /// The node's name (the model's, or generated); used for every IR node it creates.
     pub name: String,
     inputs: Vec<Option<ValueId>>,
+    /// The first attribute read as a type other than the one it declares. The getters cannot
+    /// fail (most attributes have defaults), so import_node turns this into the node's error.
+    bad_attr: std::cell::Cell<Option<String>>,
 }
 
 #[allow(dead_code)]
@@ -609,43 +637,80 @@ impl<'a, 'p> NodeCtx<'a, 'p> {
         self.node.attribute.iter().find(|a| a.name == name)
     }
 
+    /// The attribute, if it is present and declares type `want` (or no type, as files from
+    /// before IR version 2 do). One of another type is recorded as the node's error and read as
+    /// absent.
+    fn typed(&self, name: &str, want: i32) -> Option<&'a AttributeProto> {
+        use attribute_type as at;
+        let a = self.attr(name)?;
+        if a.r#type == want || a.r#type == at::UNDEFINED {
+            return Some(a);
+        }
+        let type_name = |t: i32| match t {
+            at::FLOAT => "a float".to_string(),
+            at::INT => "an int".to_string(),
+            at::STRING => "a string".to_string(),
+            at::TENSOR => "a tensor".to_string(),
+            at::GRAPH => "a graph".to_string(),
+            at::FLOATS => "a list of floats".to_string(),
+            at::INTS => "a list of ints".to_string(),
+            at::STRINGS => "a list of strings".to_string(),
+            at::TENSORS => "a list of tensors".to_string(),
+            at::GRAPHS => "a list of graphs".to_string(),
+            t => format!("of attribute type {t}"),
+        };
+        let first = self.bad_attr.take();
+        self.bad_attr.set(first.or_else(|| {
+            Some(format!(
+                "attribute '{name}' is {}, expected {}",
+                type_name(a.r#type),
+                type_name(want)
+            ))
+        }));
+        None
+    }
+
     pub fn has_attr(&self, name: &str) -> bool {
         self.attr(name).is_some()
     }
 
     pub fn attr_i(&self, name: &str, default: i64) -> i64 {
-        self.attr(name).map(|a| a.i).unwrap_or(default)
+        self.typed(name, attribute_type::INT)
+            .map(|a| a.i)
+            .unwrap_or(default)
     }
 
     pub fn attr_opt_i(&self, name: &str) -> Option<i64> {
-        self.attr(name).map(|a| a.i)
+        self.typed(name, attribute_type::INT).map(|a| a.i)
     }
 
     pub fn attr_f(&self, name: &str, default: f32) -> f32 {
-        self.attr(name).map(|a| a.f).unwrap_or(default)
+        self.typed(name, attribute_type::FLOAT)
+            .map(|a| a.f)
+            .unwrap_or(default)
     }
 
     pub fn attr_opt_f(&self, name: &str) -> Option<f32> {
-        self.attr(name).map(|a| a.f)
+        self.typed(name, attribute_type::FLOAT).map(|a| a.f)
     }
 
     /// A string attribute (lossy UTF-8).
     pub fn attr_s(&self, name: &str, default: &str) -> String {
-        self.attr(name)
+        self.typed(name, attribute_type::STRING)
             .map(|a| String::from_utf8_lossy(&a.s).into_owned())
             .unwrap_or_else(|| default.to_string())
     }
 
     pub fn attr_ints(&self, name: &str) -> Option<Vec<i64>> {
-        self.attr(name).map(|a| a.ints.clone())
+        self.typed(name, attribute_type::INTS).map(|a| a.ints.clone())
     }
 
     pub fn attr_floats(&self, name: &str) -> Option<Vec<f32>> {
-        self.attr(name).map(|a| a.floats.clone())
+        self.typed(name, attribute_type::FLOATS).map(|a| a.floats.clone())
     }
 
     pub fn attr_strings(&self, name: &str) -> Option<Vec<String>> {
-        self.attr(name).map(|a| {
+        self.typed(name, attribute_type::STRINGS).map(|a| {
             a.strings
                 .iter()
                 .map(|s| String::from_utf8_lossy(s).into_owned())
@@ -655,14 +720,17 @@ impl<'a, 'p> NodeCtx<'a, 'p> {
 
     /// A tensor attribute (e.g. `Constant.value`, `ConstantOfShape.value`).
     pub fn attr_tensor(&mut self, name: &str) -> Result<Option<Tensor>> {
-        match self.attr(name).and_then(|a| a.t.as_ref()) {
+        match self
+            .typed(name, attribute_type::TENSOR)
+            .and_then(|a| a.t.as_ref())
+        {
             Some(t) => Ok(Some(tensor_from_proto(t, self.imp.ext.as_deref_mut())?)),
             None => Ok(None),
         }
     }
 
     pub fn attr_graph(&self, name: &str) -> Option<&'a GraphProto> {
-        self.attr(name).and_then(|a| a.g.as_ref())
+        self.typed(name, attribute_type::GRAPH).and_then(|a| a.g.as_ref())
     }
 
     /// Non-negative integer list attribute as `usize`s (error on negatives).

@@ -1,0 +1,77 @@
+//! Replays the saved inputs of the frontend's fuzz targets (fuzz/regressions/<target>/: crashers
+//! found by fuzzing, once fixed, and a sample of each corpus): every file is imported (or read as
+//! .npy) to an error or a value, never a panic.
+
+use kiln_frontend::onnx::import_model_bytes;
+use kiln_frontend::ImportOptions;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+
+fn regressions(target: &str) -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fuzz/regressions")
+        .join(target);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    assert!(
+        files.len() >= 5,
+        "only {} regression inputs in {}",
+        files.len(),
+        dir.display()
+    );
+    files
+}
+
+/// Runs `f` on every file; returns (accepted, rejected) counts, failing on any panic.
+fn replay(target: &str, f: impl Fn(&[u8]) -> Result<(), String>) -> (usize, usize) {
+    let (mut ok, mut err) = (0, 0);
+    let mut panics = vec![];
+    for p in regressions(target) {
+        let bytes = std::fs::read(&p).unwrap();
+        match catch_unwind(AssertUnwindSafe(|| f(&bytes))) {
+            Ok(Ok(())) => ok += 1,
+            Ok(Err(e)) => {
+                assert!(!e.contains('\n'), "{}: a multi-line error: {e}", p.display());
+                err += 1
+            }
+            Err(_) => panics.push(p.display().to_string()),
+        }
+    }
+    assert!(panics.is_empty(), "panicked on: {panics:?}");
+    (ok, err)
+}
+
+#[test]
+fn onnx_import_regressions() {
+    // External data resolves into an empty folder: the saved inputs must not reach real files.
+    let base = std::env::temp_dir().join(format!("kiln-fuzz-regressions-{}", std::process::id()));
+    std::fs::create_dir_all(&base).unwrap();
+    let (ok, err) = replay("onnx_import", |b| {
+        import_model_bytes(b, base.clone(), &ImportOptions::default())
+            .map(|m| {
+                let _ = kiln_ir::verify(&m.graph);
+            })
+            .map_err(|e| e.to_string())
+    });
+    let _ = std::fs::remove_dir_all(&base);
+    assert!(
+        ok > 0 && err > 0,
+        "the sample should hold models that import and ones that do not ({ok} ok, {err} rejected)"
+    );
+}
+
+#[test]
+fn npy_regressions() {
+    let (ok, err) = replay("npy_rust", |b| {
+        kiln_frontend::npy::parse_npy(b, "regression.npy")
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    });
+    assert!(
+        ok > 0 && err > 0,
+        "the sample should hold files that parse and ones that do not ({ok} ok, {err} rejected)"
+    );
+}
