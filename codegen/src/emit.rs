@@ -524,13 +524,9 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
         let st = self.cx.struct_type(&[p.into(), p.into(), i64t.into()], false);
         let value = st.const_named_struct(&[
             self.cstring("kiln.weights_file", file).into(),
-            self.cstring(
-                "kiln.weights_layout_hash",
-                &crate::weights_file::hex(hash),
-            )
-            .into(),
-            i64t.const_int(self.parts.plan.weights.len() as u64, false)
+            self.cstring("kiln.weights_layout_hash", &crate::weights_file::hex(hash))
                 .into(),
+            i64t.const_int(self.parts.plan.weights.len() as u64, false).into(),
         ]);
         self.const_global("kiln.weights_desc", value.into(), 8)
             .as_pointer_value()

@@ -55,8 +55,17 @@ mod tests {
     #[test]
     fn weights_reader_uses_the_writers_names() {
         use weights::*;
-        for key in [META_MODEL, META_VERSION, META_LAYOUT_HASH, META_CONTENT_HASH, META_BYTES] {
-            assert!(WEIGHTS_C.contains(&format!("\"{key}\"")), "{key} missing from weights.c");
+        for key in [
+            META_MODEL,
+            META_VERSION,
+            META_LAYOUT_HASH,
+            META_CONTENT_HASH,
+            META_BYTES,
+        ] {
+            assert!(
+                WEIGHTS_C.contains(&format!("\"{key}\"")),
+                "{key} missing from weights.c"
+            );
         }
         assert!(KILN_RT_H.contains("kiln_rt_create_with_weights"));
     }
