@@ -125,11 +125,12 @@ fn external_weights_match_reference_and_bad_files_are_refused() {
     assert_eq!(tensors.len(), 1);
     assert_eq!(tensors[0].1.shape(), &[blob_bytes as usize]);
 
-    // The executable shrinks by about the weights' size.
+    // The executable shrinks by about the weights' size (the linker pads each segment to a
+    // 4 KiB page, so a few pages either way).
     let size = |p: &Path| std::fs::metadata(p).unwrap().len();
     let saved = size(&embedded) as i64 - size(&exe) as i64;
     assert!(
-        (saved - blob_bytes as i64).abs() <= 8192,
+        (saved - blob_bytes as i64).abs() <= 4 * 4096,
         "embedded {} B, external {} B, weights {blob_bytes} B",
         size(&embedded),
         size(&exe)
