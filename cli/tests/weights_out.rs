@@ -125,11 +125,12 @@ fn external_weights_match_reference_and_bad_files_are_refused() {
     assert_eq!(tensors.len(), 1);
     assert_eq!(tensors[0].1.shape(), &[blob_bytes as usize]);
 
-    // The executable shrinks by about the weights' size.
+    // The executable shrinks by about the weights' size (the linker pads each segment to a
+    // 4 KiB page, so a few pages either way).
     let size = |p: &Path| std::fs::metadata(p).unwrap().len();
     let saved = size(&embedded) as i64 - size(&exe) as i64;
     assert!(
-        (saved - blob_bytes as i64).abs() <= 8192,
+        (saved - blob_bytes as i64).abs() <= 4 * 4096,
         "embedded {} B, external {} B, weights {blob_bytes} B",
         size(&embedded),
         size(&exe)
@@ -231,13 +232,14 @@ fn external_weights_match_reference_and_bad_files_are_refused() {
     // A header rewritten without kiln's padding puts the data off its alignment.
     let (mut h, at) = safetensors_header(&good);
     h["__metadata__"]["x"] = "y".into();
-    let json = h.to_string();
+    let mut json = h.to_string();
+    if (8 + json.len()) % 64 == 0 {
+        json.push(' ');
+    }
     let mut moved_data = (json.len() as u64).to_le_bytes().to_vec();
     moved_data.extend_from_slice(json.as_bytes());
     moved_data.extend_from_slice(&good[at..]);
-    if (8 + json.len()) % 64 != 0 {
-        expect_refused(&try_file(&moved_data), &["not a multiple of 64"]);
-    }
+    expect_refused(&try_file(&moved_data), &["not a multiple of 64"]);
     // The good file still works after all that.
     assert!(succeeded(&try_file(&good)));
 }

@@ -193,7 +193,7 @@ int kiln_weights_open(const kiln_model_desc *desc, const char *path, kiln_weight
   uint64_t n = 0;
   for (int i = 7; i >= 0; i--) n = n << 8 | bytes[i];
   const char *h = (const char *)bytes + 8;
-  char file_model[256] = "?", layout[32], content[32], nbytes[32];
+  char file_model[256] = "?", file_version[64] = "?", layout[32], content[32], nbytes[32];
   uint64_t begin = 0, stop = 0;
   if (n > MAX_HEADER || n + 8 > size || n < 2 || h[0] != '{') {
     snprintf(err, errlen,
@@ -212,8 +212,14 @@ int kiln_weights_open(const kiln_model_desc *desc, const char *path, kiln_weight
     goto fail;
   }
   if (header_string(h, n, "kiln.model", file_model, sizeof file_model) != 0) strcpy(file_model, "?");
+  if (header_string(h, n, "kiln.version", file_version, sizeof file_version) != 0) strcpy(file_version, "?");
   if (strcmp(layout, w->layout_hash) != 0) {
-    if (strcmp(file_model, desc->name) != 0)
+    if (strcmp(file_version, desc->kiln_version) != 0)
+      snprintf(err, errlen,
+               "the weights file %s was written by kiln %s for the model '%s', this artifact by kiln %s "
+               "(layout hash %s, this artifact expects %s); recompile or pass the matching file",
+               path, file_version, file_model, desc->kiln_version, layout, w->layout_hash);
+    else if (strcmp(file_model, desc->name) != 0)
       snprintf(err, errlen,
                "the weights file %s was written for the model '%s', not '%s' (layout hash %s, this "
                "artifact expects %s); recompile or pass the matching file",
