@@ -21,7 +21,6 @@ fn compile_for(triple: Option<&str>, cpu: Option<&str>, emit: Emit, out: &Path) 
     let opts = CompileOptions {
         fusion: true,
         profile: false,
-        weights_out: None,
         name: "m".into(),
         target,
         emit,
