@@ -438,8 +438,12 @@ mod tests {
             ..Default::default()
         };
         let g = GraphProto {
-            node: vec![node("Loop", &["", ""], &[], vec![graph_attr("body", body)])],
-            output: vec![],
+            node: vec![
+                node("Loop", &["", ""], &[], vec![graph_attr("body", body)]),
+                node("Identity", &["x"], &["y"], vec![]),
+            ],
+            input: vec![value("x", data_type::FLOAT, &[1])],
+            output: vec![value("y", data_type::FLOAT, &[1])],
             ..Default::default()
         };
         let err = import_model(&model(g, 17), ".".into(), &ImportOptions::default()).unwrap_err();
