@@ -289,3 +289,43 @@ fn reduced_models_stand_alone() {
     assert_eq!(nodes(&read_model_proto(&reduced).unwrap()), ["Gemm"]);
     run_ok(kiln().arg("inspect").arg(&reduced));
 }
+
+/// The whole chain a user follows when results are wrong: a fault injected into the fuse pass
+/// makes `kiln verify` fail on a 105-node encoder; `--check verify` reduces it to the pattern
+/// the broken rewrite produced, and verify still blames that pass on the reduced model.
+#[test]
+fn verify_check_isolates_a_broken_fusion() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = copy_fixture("bert_tiny_decomposed_ln", dir.path());
+    let before = nodes(&read_model_proto(&model).unwrap()).len();
+    assert!(before >= 100, "{before} nodes");
+    let out = run_ok(
+        kiln()
+            .arg("minify")
+            .arg(&model)
+            .args(["--check", "verify", "-q", "--json"])
+            .env("KILN_INJECT_FAULT", "fuse"),
+    );
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let reduced = PathBuf::from(summary["output"].as_str().unwrap());
+    let ops = nodes(&read_model_proto(&reduced).unwrap());
+    assert!(ops.len() <= 5, "{ops:?}");
+    let verify = kiln()
+        .arg("verify")
+        .arg(&reduced)
+        .arg("--json")
+        .env("KILN_INJECT_FAULT", "fuse")
+        .output()
+        .unwrap();
+    assert_eq!(verify.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&verify.stdout).unwrap();
+    assert_eq!(v["culprit"]["pass"], "fuse", "{v}");
+    // Without the fault the reduced model is fine: what was isolated is the fault, not noise.
+    let clean = kiln().arg("verify").arg(&reduced).output().unwrap();
+    assert_eq!(
+        clean.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&clean.stderr)
+    );
+}

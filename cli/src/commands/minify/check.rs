@@ -122,7 +122,9 @@ impl Checker {
             }
             Check::Verify => {
                 let mut c = Command::new(exe);
-                c.arg("verify").arg(model).args(extra);
+                // Whether it fails is all a candidate's check needs; finding the culprit
+                // (recompiling without each pass) is left to the user's run on the result.
+                c.arg("verify").arg(model).arg("--no-bisect").args(extra);
                 c
             }
         };
