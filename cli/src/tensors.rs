@@ -62,6 +62,49 @@ pub fn read_tensor_file(path: &Path) -> Result<Tensor> {
 
 pub use kiln_frontend::npy::output_file_name;
 
+/// Writes the graph inputs' values (in graph order) to `DIR/input<i>.npy` for a compiled
+/// executable; returns each input's name and file, for `--input NAME=FILE`.
+pub fn write_input_files<'a>(
+    dir: &Path,
+    graph: &Graph,
+    values: impl IntoIterator<Item = &'a Tensor>,
+) -> Result<Vec<(String, PathBuf)>> {
+    graph
+        .input_types()
+        .zip(values)
+        .enumerate()
+        .map(|(i, ((name, _), t))| {
+            let path = dir.join(format!("input{i}.npy"));
+            kiln_frontend::npy::write_npy(&path, t)
+                .with_context(|| format!("cannot write {}", path.display()))?;
+            Ok((name.to_string(), path))
+        })
+        .collect()
+}
+
+/// Reads the outputs a compiled executable wrote to `DIR/<output name>.npy`, in graph order.
+pub fn read_output_files(dir: &Path, graph: &Graph) -> Result<Vec<Tensor>> {
+    graph
+        .outputs()
+        .iter()
+        .map(|o| {
+            let path = dir.join(output_file_name(&o.name));
+            kiln_frontend::npy::read_npy(&path).with_context(|| format!("output '{}'", o.name))
+        })
+        .collect()
+}
+
+/// Minimum, maximum and mean of the finite values; None when there are none.
+pub fn finite_stats(v: &[f64]) -> Option<(f64, f64, f64)> {
+    let finite: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+    if finite.is_empty() {
+        return None;
+    }
+    let min = finite.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = finite.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    Some((min, max, finite.iter().sum::<f64>() / finite.len() as f64))
+}
+
 /// A one-line summary of a tensor's values: type, a few leading values, min/max/mean.
 pub fn summarize(t: &Tensor) -> String {
     let v = t.to_f64_vec();
@@ -69,11 +112,7 @@ pub fn summarize(t: &Tensor) -> String {
     let more = if v.len() > 6 { ", ..." } else { "" };
     let mut s = format!("{} [{}{more}]", t.tensor_type(), shown.join(", "));
     if v.len() > 1 {
-        let finite: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
-        if !finite.is_empty() {
-            let min = finite.iter().copied().fold(f64::INFINITY, f64::min);
-            let max = finite.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let mean = finite.iter().sum::<f64>() / finite.len() as f64;
+        if let Some((min, max, mean)) = finite_stats(&v) {
             s.push_str(&format!(
                 "  min {} max {} mean {}",
                 format_value(min),

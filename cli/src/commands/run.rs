@@ -2,7 +2,9 @@
 
 use crate::exit::{Exit, Failure};
 use crate::model_args::ModelArgs;
-use crate::tensors::{output_file_name, read_inputs, summarize};
+use crate::tensors::{
+    finite_stats, output_file_name, read_inputs, read_output_files, summarize, write_input_files,
+};
 use anyhow::{Context, Result};
 use kiln_ir::Tensor;
 use serde::Serialize;
@@ -69,25 +71,17 @@ struct OutputReport {
 
 fn output_report(name: &str, t: &Tensor, file: Option<&Path>) -> OutputReport {
     let v = t.to_f64_vec();
-    let finite: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
-    let (min, max, mean) = if finite.is_empty() {
-        (None, None, None)
-    } else {
-        (
-            Some(finite.iter().copied().fold(f64::INFINITY, f64::min)),
-            Some(finite.iter().copied().fold(f64::NEG_INFINITY, f64::max)),
-            Some(finite.iter().sum::<f64>() / finite.len() as f64),
-        )
-    };
+    let stats = finite_stats(&v);
+    let non_finite = v.iter().filter(|x| !x.is_finite()).count();
     OutputReport {
         name: name.to_string(),
         dtype: t.dtype().to_string(),
         shape: t.shape().to_vec(),
         file: file.map(|f| f.display().to_string()),
-        min,
-        max,
-        mean,
-        non_finite: v.len() - finite.len(),
+        min: stats.map(|s| s.0),
+        max: stats.map(|s| s.1),
+        mean: stats.map(|s| s.2),
+        non_finite,
     }
 }
 
@@ -166,11 +160,8 @@ fn run_compiled(args: &Args, model: kiln_frontend::Model) -> Result<()> {
     kiln_codegen::compile(&graph, &opts, &exe, &mut kiln_codegen::Silent)
         .with_context(|| format!("{}", args.model.model.display()))?;
     let mut cmd = std::process::Command::new(&exe);
-    for (i, (name, _)) in graph.input_types().enumerate() {
-        let t = &inputs[name];
-        let path = dir.path().join(format!("input{i}.npy"));
-        kiln_frontend::npy::write_npy(&path, t)
-            .with_context(|| format!("cannot write {}", path.display()))?;
+    let values = graph.input_types().map(|(name, _)| &inputs[name]);
+    for (name, path) in write_input_files(dir.path(), &graph, values)? {
         cmd.arg("--input").arg(format!("{name}={}", path.display()));
     }
     // The report needs the outputs' values: have them written (to a temporary folder when the
@@ -202,13 +193,12 @@ fn run_compiled(args: &Args, model: kiln_frontend::Model) -> Result<()> {
         return Err(Failure::new(exit, format!("the compiled model failed ({status})")).into());
     }
     if let (Some(d), Some(_)) = (&out_dir, &args.report) {
+        let values = read_output_files(d, &graph)?;
         let mut reports = Vec::new();
-        for o in graph.outputs() {
+        for (o, t) in graph.outputs().iter().zip(&values) {
             let path = d.join(output_file_name(&o.name));
-            let t = kiln_frontend::npy::read_npy(&path)
-                .with_context(|| format!("cannot read {}", path.display()))?;
             let shown = args.output_dir.is_some().then_some(path.as_path());
-            reports.push(output_report(&o.name, &t, shown));
+            reports.push(output_report(&o.name, t, shown));
         }
         write_report(args, "compiled", seconds, reports)?;
     }

@@ -16,6 +16,7 @@ mod random;
 use crate::commands::compile::{pipeline_options, LayoutArg, PrecisionArg};
 use crate::exit::{Exit, Failure};
 use crate::model_args::ModelArgs;
+use crate::tensors::{read_output_files, write_input_files};
 use anyhow::{bail, Context, Result};
 use compare::{Metrics, Tolerance};
 use kiln_codegen::plan::Plan;
@@ -283,7 +284,7 @@ pub fn run(args: Args) -> Result<()> {
     let compiled_graph = if same_plan { &probed } else { &graph };
 
     let dir = tempfile::tempdir().context("cannot create a temporary folder")?;
-    let input_files = write_inputs(dir.path(), &graph, &inputs)?;
+    let input_files = write_input_files(dir.path(), &graph, &inputs)?;
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
     let copts = |fusion: bool| CompileOptions {
         name: "model".to_string(),
@@ -559,20 +560,6 @@ fn gather_inputs(graph: &Graph, specs: &[String], seed: u64) -> Result<(Vec<Tens
     Ok((tensors, info))
 }
 
-fn write_inputs(dir: &Path, graph: &Graph, inputs: &[Tensor]) -> Result<Vec<(String, PathBuf)>> {
-    graph
-        .input_types()
-        .zip(inputs)
-        .enumerate()
-        .map(|(i, ((name, _), t))| {
-            let path = dir.join(format!("input{i}.npy"));
-            kiln_frontend::npy::write_npy(&path, t)
-                .with_context(|| format!("cannot write {}", path.display()))?;
-            Ok((name.to_string(), path))
-        })
-        .collect()
-}
-
 /// Runs a compiled executable and reads its outputs, in graph order.
 fn run_exe(
     exe: &Path,
@@ -600,14 +587,7 @@ fn run_exe(
             ),
         )));
     }
-    graph
-        .outputs()
-        .iter()
-        .map(|o| {
-            let path = out_dir.join(kiln_frontend::npy::output_file_name(&o.name));
-            kiln_frontend::npy::read_npy(&path).with_context(|| format!("output '{}'", o.name))
-        })
-        .collect()
+    read_output_files(out_dir, graph)
 }
 
 /// Whether `graph`'s outputs on `inputs` match the imported graph's reference outputs.
