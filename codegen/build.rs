@@ -7,22 +7,41 @@ use std::process::Command;
 
 /// (architecture, clang target triple, extra flags)
 const ARCHES: &[(&str, &str, &[&str])] = &[
-    ("x86_64", "x86_64-unknown-linux-gnu", &[]),
+    ("x86_64", "x86_64-unknown-linux-gnu", &["-fPIC"]),
     (
         "aarch64",
         "aarch64-unknown-linux-gnu",
-        &["-isystem", "/usr/aarch64-linux-gnu/include"],
+        &["-fPIC", "-isystem", "/usr/aarch64-linux-gnu/include"],
     ),
+    // CUDA devices: the micro-kernels run there too (see runtime-stub/c/device.c). No C
+    // library exists on the device, so everything compiled for it is freestanding.
+    ("nvptx64", "nvptx64-nvidia-cuda", &["-ffreestanding"]),
 ];
 
+/// Where a unit is compiled: for every architecture, the CPUs only (host code), or the
+/// CUDA device only.
+#[derive(PartialEq)]
+enum Runs {
+    Everywhere,
+    Cpu,
+    Device,
+}
+
 /// Bitcode units: name, sources, whether it needs the C library's headers (the runtime does;
-/// the micro-kernels are freestanding).
-const UNITS: &[(&str, &[&str], bool)] = &[
-    ("uk_elementwise", &["ukernels/elementwise.c"], false),
-    ("uk_reduce", &["ukernels/reduce.c"], false),
-    ("uk_movement", &["ukernels/movement.c"], false),
-    ("uk_nn", &["ukernels/nn.c"], false),
-    ("uk_misc", &["ukernels/misc.c"], false),
+/// the micro-kernels are freestanding), where it runs.
+const UNITS: &[(&str, &[&str], bool, Runs)] = &[
+    ("uk_elementwise", &["ukernels/elementwise.c"], false, Runs::Everywhere),
+    ("uk_reduce", &["ukernels/reduce.c"], false, Runs::Everywhere),
+    ("uk_movement", &["ukernels/movement.c"], false, Runs::Everywhere),
+    ("uk_nn", &["ukernels/nn.c"], false, Runs::Everywhere),
+    ("uk_misc", &["ukernels/misc.c"], false, Runs::Everywhere),
+    (
+        "rt_device",
+        &["../runtime-stub/c/device.c"],
+        false,
+        Runs::Device,
+    ),
+    ("rt_cuda", &["../runtime-stub/c/cuda.c"], true, Runs::Cpu),
     (
         "rt_core",
         &[
@@ -32,11 +51,13 @@ const UNITS: &[(&str, &[&str], bool)] = &[
             "../runtime-stub/c/weights.c",
         ],
         true,
+        Runs::Cpu,
     ),
     (
         "rt_exe",
         &["../runtime-stub/c/exe_main.c", "../runtime-stub/c/npy.c"],
         true,
+        Runs::Cpu,
     ),
 ];
 
@@ -55,7 +76,11 @@ fn main() {
     let mut listing =
         String::from("/// (architecture, unit, bitcode)\npub static BITCODE: &[(&str, &str, &[u8])] = &[\n");
     for (arch, triple, extra) in ARCHES {
-        for (unit, sources, needs_libc) in UNITS {
+        for (unit, sources, needs_libc, runs) in UNITS {
+            let device = *arch == "nvptx64";
+            if (device && *runs == Runs::Cpu) || (!device && *runs == Runs::Device) {
+                continue;
+            }
             if *needs_libc && *arch == "aarch64" && !aarch64_libc {
                 println!("cargo:warning=aarch64 C library headers not found (apt install libc6-dev-arm64-cross): aarch64 artifacts will lack the runtime");
                 continue;
@@ -103,7 +128,6 @@ fn compile(clang: &Path, triple: &str, extra: &[&str], src: &Path, out: &Path, m
             "-O2",
             "-emit-llvm",
             "-c",
-            "-fPIC",
         ])
         // Vectorisation and unrolling happen later, when kiln optimises the whole module for
         // the selected CPU; doing them here would fix the vector width to the baseline ISA.

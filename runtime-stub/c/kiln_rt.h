@@ -84,6 +84,10 @@ typedef struct kiln_model_desc {
   /* NULL: the weights are built into the artifact. Otherwise run() reads them from the mapped
      file (kiln_rt_weights) and contexts are made with kiln_rt_create_with_weights. */
   const kiln_weights_desc *weights;
+  /* -- CUDA -- */
+  /* NULL for a CPU model. For `--target cuda`, the PTX, the launch table and the host entry
+     points (kiln_cuda.h); kiln_rt_create then makes a context on the GPU. */
+  const struct kiln_cuda_desc *cuda;
 } kiln_model_desc;
 
 typedef struct kiln_ctx kiln_ctx;
