@@ -30,17 +30,17 @@ enum Runs {
 /// Bitcode units: name, sources, whether it needs the C library's headers (the runtime does;
 /// the micro-kernels are freestanding), where it runs.
 const UNITS: &[(&str, &[&str], bool, Runs)] = &[
-    ("uk_elementwise", &["ukernels/elementwise.c"], false, Runs::Everywhere),
+    (
+        "uk_elementwise",
+        &["ukernels/elementwise.c"],
+        false,
+        Runs::Everywhere,
+    ),
     ("uk_reduce", &["ukernels/reduce.c"], false, Runs::Everywhere),
     ("uk_movement", &["ukernels/movement.c"], false, Runs::Everywhere),
     ("uk_nn", &["ukernels/nn.c"], false, Runs::Everywhere),
     ("uk_misc", &["ukernels/misc.c"], false, Runs::Everywhere),
-    (
-        "rt_device",
-        &["../runtime-stub/c/device.c"],
-        false,
-        Runs::Device,
-    ),
+    ("rt_device", &["../runtime-stub/c/device.c"], false, Runs::Device),
     ("rt_cuda", &["../runtime-stub/c/cuda.c"], true, Runs::Cpu),
     (
         "rt_core",
@@ -121,14 +121,7 @@ fn find_clang() -> PathBuf {
 
 fn compile(clang: &Path, triple: &str, extra: &[&str], src: &Path, out: &Path, manifest: &Path) {
     let status = Command::new(clang)
-        .args([
-            "-target",
-            triple,
-            "-std=gnu11",
-            "-O2",
-            "-emit-llvm",
-            "-c",
-        ])
+        .args(["-target", triple, "-std=gnu11", "-O2", "-emit-llvm", "-c"])
         // Vectorisation and unrolling happen later, when kiln optimises the whole module for
         // the selected CPU; doing them here would fix the vector width to the baseline ISA.
         .args(["-fno-vectorize", "-fno-slp-vectorize", "-fno-unroll-loops"])

@@ -65,6 +65,33 @@ pub struct ModuleParts<'a> {
     pub api: &'a Api,
     pub model_name: &'a str,
     pub with_main: bool,
+    /// A CUDA model's device code: the kernels run on the GPU, the host module carries the PTX
+    /// and the launch table, and its run function is the runtime's `kiln_rt_cuda_run`.
+    pub cuda: Option<&'a crate::nvptx::DeviceCode>,
+}
+
+/// Emits `i32 kiln.k{i}(ptr ctx, ptr args)` for every kernel of the plan into `module` (whose
+/// triple decides where they run): the CPU module's kernels, or the bodies the CUDA device
+/// module wraps in kernel entries.
+pub(crate) fn kernel_functions<'ctx>(
+    cx: &'ctx Context,
+    module: &Module<'ctx>,
+    parts: &ModuleParts<'_>,
+    on_kernel: &mut dyn FnMut(usize, usize),
+) -> Result<Vec<FunctionValue<'ctx>>> {
+    let e = Emitter {
+        cx,
+        module,
+        builder: cx.create_builder(),
+        parts,
+    };
+    let n = parts.plan.kernels.len();
+    let mut fns = vec![];
+    for (i, k) in parts.plan.kernels.iter().enumerate() {
+        on_kernel(i, n);
+        fns.push(e.kernel_function(i, k)?);
+    }
+    Ok(fns)
 }
 
 /// Emits the whole module (unoptimized but verified). `on_kernel(i, n)` reports progress.
@@ -89,13 +116,13 @@ pub fn build_module<'ctx>(
     };
     let external = parts.api.weights_file.is_some();
     let weights = (!external).then(|| e.weights_global());
-    let mut kernel_fns = vec![];
-    let n = parts.plan.kernels.len();
-    for (i, k) in parts.plan.kernels.iter().enumerate() {
-        on_kernel(i, n);
-        kernel_fns.push(e.kernel_function(i, k)?);
-    }
-    let run = e.run_function(&kernel_fns, weights)?;
+    let run = match parts.cuda {
+        Some(_) => e.cuda_run_function()?,
+        None => {
+            let kernel_fns = kernel_functions(cx, &module, parts, on_kernel)?;
+            e.run_function(&kernel_fns, weights)?
+        }
+    };
     // Hashed before anything that embeds the hash: the kernels and the run function are all the
     // code that reads the blob.
     let layout_hash = external.then(|| {
@@ -121,7 +148,10 @@ pub fn build_module<'ctx>(
     if parts.with_main {
         crate::llvm::link_units(cx, &module, parts.target, "rt_exe")?;
     }
-    for k in &parts.plan.kernels {
+    if parts.cuda.is_some() {
+        crate::llvm::link_units(cx, &module, parts.target, "rt_cuda")?;
+    }
+    for k in parts.plan.kernels.iter().filter(|_| parts.cuda.is_none()) {
         if let KernelImpl::Ukernel(c) = &k.imp {
             let name = format!("kiln_uk_{}", c.symbol);
             if module
@@ -551,6 +581,123 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
     }
 
     /// The `kiln_weights_desc` of a build with external weights, or a null pointer.
+    /// `i32 run(ptr ctx, ptr inputs, ptr outputs)` of a CUDA model: the runtime does it all.
+    fn cuda_run_function(&self) -> Result<FunctionValue<'ctx>> {
+        let (b, ptr, i32t) = (&self.builder, self.ptr(), self.cx.i32_type());
+        let ty = i32t.fn_type(&[ptr.into(), ptr.into(), ptr.into()], false);
+        let f = self.module.add_function("kiln.run", ty, Some(Linkage::Internal));
+        crate::llvm::set_kernel_attributes(self.cx, f, self.parts.target);
+        b.position_at_end(self.cx.append_basic_block(f, "entry"));
+        let params: Vec<BasicValueEnum> = f.get_param_iter().collect();
+        let rc = self
+            .call_rt("kiln_rt_cuda_run", &params)?
+            .ok_or_else(|| CodegenError::internal("kiln_rt_cuda_run returns i32"))?;
+        b.build_return(Some(&rc)).map_err(llvm)?;
+        Ok(f)
+    }
+
+    /// `kiln_cuda_desc` (kiln_cuda.h) of a CUDA model, or null.
+    fn cuda_desc(&self) -> PointerValue<'ctx> {
+        let Some(code) = self.parts.cuda else {
+            return self.ptr().const_null();
+        };
+        let (p, i32t, i64t) = (self.ptr(), self.cx.i32_type(), self.cx.i64_type());
+        let u3 = i32t.array_type(3);
+        let kt = self
+            .cx
+            .struct_type(&[p.into(), u3.into(), u3.into(), i32t.into(), i32t.into()], false);
+        let u32s = |v: [u32; 3]| i32t.const_array(&v.map(|x| i32t.const_int(x as u64, false)));
+        let rows: Vec<_> = code
+            .launches
+            .iter()
+            .enumerate()
+            .map(|(i, l)| {
+                kt.const_named_struct(&[
+                    self.cstring(&format!("kiln.cuda.entry{i}"), &l.entry).into(),
+                    u32s(l.grid).into(),
+                    u32s(l.block).into(),
+                    i32t.const_int(l.shared_bytes as u64, false).into(),
+                    i32t.const_zero().into(),
+                ])
+            })
+            .collect();
+        let kernels = self
+            .const_global("kiln.cuda.kernels", kt.const_array(&rows).into(), 8)
+            .as_pointer_value();
+        let ct = self.cx.struct_type(
+            &[i32t.into(), i32t.into(), i64t.into(), i64t.into(), i64t.into()],
+            false,
+        );
+        let copies: Vec<_> = self
+            .parts
+            .plan
+            .output_copies
+            .iter()
+            .map(|c| {
+                let (kind, index, offset) = crate::nvptx::storage_code(c.from);
+                ct.const_named_struct(&[
+                    i32t.const_int(c.output as u64, false).into(),
+                    i32t.const_int(kind, false).into(),
+                    i64t.const_int(index, false).into(),
+                    i64t.const_int(offset, false).into(),
+                    i64t.const_int(c.bytes, false).into(),
+                ])
+            })
+            .collect();
+        let copies = self
+            .const_global("kiln.cuda.copies", ct.const_array(&copies).into(), 8)
+            .as_pointer_value();
+        let weights = match self.parts.api.weights_file {
+            Some(_) => p.const_null(),
+            None => self
+                .module
+                .get_global("kiln.weights")
+                .map(|g| g.as_pointer_value())
+                .unwrap_or_else(|| p.const_null()),
+        };
+        let fns = [
+            "kiln_rt_cuda_create",
+            "kiln_rt_cuda_run_device",
+            "kiln_rt_cuda_destroy",
+        ]
+        .map(|n| {
+            runtime_fn(self.cx, self.module, n)
+                .as_global_value()
+                .as_pointer_value()
+        });
+        let st = self.cx.struct_type(
+            &[
+                p.into(),
+                p.into(),
+                i32t.into(),
+                i32t.into(),
+                p.into(),
+                p.into(),
+                p.into(),
+                i64t.into(),
+                p.into(),
+                p.into(),
+                p.into(),
+            ],
+            false,
+        );
+        let value = st.const_named_struct(&[
+            self.cstring("kiln.cuda.ptx", &code.ptx).into(),
+            self.cstring("kiln.cuda.sm", &format!("sm_{}", code.sm)).into(),
+            i32t.const_int(code.launches.len() as u64, false).into(),
+            i32t.const_int(self.parts.plan.output_copies.len() as u64, false)
+                .into(),
+            kernels.into(),
+            copies.into(),
+            weights.into(),
+            i64t.const_int(self.parts.plan.weights.len() as u64, false).into(),
+            fns[0].into(),
+            fns[1].into(),
+            fns[2].into(),
+        ]);
+        self.const_global("kiln.cuda", value.into(), 8).as_pointer_value()
+    }
+
     fn weights_desc(&self, layout_hash: Option<u64>) -> PointerValue<'ctx> {
         let (Some(file), Some(hash)) = (&self.parts.api.weights_file, layout_hash) else {
             return self.ptr().const_null();
@@ -590,6 +737,8 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
                 p.into(),
                 // -- weights outside the binary --
                 p.into(),
+                // -- CUDA --
+                p.into(),
             ],
             false,
         );
@@ -617,6 +766,7 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
             run.as_global_value().as_pointer_value().into(),
             kernels.into(),
             self.weights_desc(layout_hash).into(),
+            self.cuda_desc().into(),
         ]);
         Ok(self.const_global("kiln.model", value.into(), 8))
     }

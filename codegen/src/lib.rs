@@ -11,6 +11,7 @@ pub mod gen;
 pub mod header;
 pub mod llvm;
 pub mod node;
+pub mod nvptx;
 pub mod plan;
 pub mod profile;
 pub mod report;
@@ -43,6 +44,8 @@ pub enum Emit {
     LlvmIr,
     /// Assembly for the target.
     Asm,
+    /// The PTX of a CUDA model's kernels (`--target cuda`).
+    Ptx,
 }
 
 pub struct CompileOptions {
@@ -61,6 +64,19 @@ pub struct CompileOptions {
     /// Write the packed weights to this safetensors file instead of embedding them; the
     /// artifact maps it at create time (see [`weights_file`]).
     pub weights_out: Option<PathBuf>,
+    /// Run the kernels on an NVIDIA GPU of this compute capability (`--target cuda --sm N`);
+    /// `target` is then the host CPU, which runs the launches.
+    pub cuda_sm: Option<u32>,
+}
+
+impl CompileOptions {
+    /// The target the kernels are planned for: the GPU of a CUDA model, else the CPU.
+    pub fn kernel_target(&self) -> Result<TargetDesc> {
+        match self.cuda_sm {
+            Some(sm) => TargetDesc::cuda(nvptx::check_sm(sm)?),
+            None => Ok(self.target.clone()),
+        }
+    }
 }
 
 /// The compile phases, for progress display.
@@ -108,8 +124,9 @@ pub struct WeightsFile {
 pub fn plan_only(graph: &Graph, opts: &CompileOptions) -> Result<Summary> {
     let lowered = control::lower_control_flow(graph)?;
     let graph = lowered.as_ref().unwrap_or(graph);
-    let plan = plan::build(graph, &opts.target, opts.fusion)?;
-    Ok(summarize(graph, &plan, &opts.target, vec![]))
+    let kernel_target = opts.kernel_target()?;
+    let plan = plan::build(graph, &kernel_target, opts.fusion)?;
+    Ok(summarize(graph, &plan, &kernel_target, vec![]))
 }
 
 /// Compiles `graph` and writes the artifact at `out` (for a static library, `out` is the
@@ -123,7 +140,28 @@ pub fn compile(
     progress.phase("plan");
     let lowered = control::lower_control_flow(graph)?;
     let graph = lowered.as_ref().unwrap_or(graph);
-    let plan = plan::build(graph, &opts.target, opts.fusion)?;
+    let kernel_target = opts.kernel_target()?;
+    if opts.emit == Emit::Ptx && opts.cuda_sm.is_none() {
+        return Err(CodegenError::Target("--emit ptx needs --target cuda".into()));
+    }
+    let plan = plan::build(graph, &kernel_target, opts.fusion)?;
+    let device_code = match opts.cuda_sm {
+        Some(_) => {
+            progress.phase("ptx");
+            Some(nvptx::build_device_code(
+                graph,
+                &plan,
+                &kernel_target,
+                &opts.name,
+            )?)
+        }
+        None => None,
+    };
+    if let (Emit::Ptx, Some(code)) = (opts.emit, &device_code) {
+        std::fs::write(out, &code.ptx)
+            .map_err(|e| CodegenError::Io(format!("cannot write {}: {e}", out.display())))?;
+        return Ok(summarize(graph, &plan, &kernel_target, vec![out.to_path_buf()]));
+    }
     let weights_file = match &opts.weights_out {
         Some(p) => Some(
             p.file_name()
@@ -144,6 +182,7 @@ pub fn compile(
         api: &api,
         model_name: &opts.name,
         with_main: opts.emit == Emit::Exe,
+        cuda: device_code.as_ref(),
     };
     progress.phase("codegen");
     let cx = Context::create();
@@ -170,6 +209,7 @@ pub fn compile(
     };
     let mut files = vec![];
     match opts.emit {
+        Emit::Ptx => unreachable!("written above"),
         Emit::LlvmIr => {
             write(out, module.print_to_string().to_bytes())?;
             files.push(out.to_path_buf());
@@ -218,7 +258,7 @@ pub fn compile(
             files.push(h);
         }
     }
-    let mut summary = summarize(graph, &plan, &opts.target, files);
+    let mut summary = summarize(graph, &plan, &kernel_target, files);
     if let (Some(path), Some(layout_hash)) = (&opts.weights_out, layout_hash) {
         progress.phase("weights");
         let content_hash = weights_file::write(path, &opts.name, layout_hash, &plan.weights)?;
@@ -285,7 +325,8 @@ fn link_executable(cc: &str, obj: &[u8], out: &Path) -> Result<()> {
         .arg("-o")
         .arg(out)
         .arg(&obj_path)
-        .args(["-lpthread", "-lm", "-Wl,--build-id=none"])
+        // libdl: a CUDA model loads the driver with dlopen (part of libc since glibc 2.34).
+        .args(["-lpthread", "-lm", "-ldl", "-Wl,--build-id=none"])
         .output();
     let _ = std::fs::remove_dir_all(&dir);
     let output = result

@@ -9,6 +9,8 @@ use inkwell::OptimizationLevel;
 pub enum Arch {
     X86_64,
     Aarch64,
+    /// NVIDIA GPUs (`--target cuda`): the device half of a CUDA model.
+    Nvptx64,
 }
 
 /// The widest vector instruction set the kernels use.
@@ -104,6 +106,27 @@ impl TargetDesc {
         })
     }
 
+    /// The device code of a CUDA model for compute capability `sm` (80 = sm_80). LLVM picks
+    /// the lowest PTX ISA version the architecture needs.
+    pub fn cuda(sm: u32) -> Result<TargetDesc> {
+        init_llvm();
+        Ok(TargetDesc {
+            triple: "nvptx64-nvidia-cuda".to_string(),
+            cpu: format!("sm_{sm}"),
+            features: String::new(),
+            arch: Arch::Nvptx64,
+            isa: Isa::Portable,
+            has_fma: true,
+            has_avx512_bf16: false,
+            is_host: false,
+        })
+    }
+
+    /// Whether this is a GPU (the CPU kernel generators decline such targets).
+    pub fn is_gpu(&self) -> bool {
+        self.arch == Arch::Nvptx64
+    }
+
     /// f32 lanes in one native vector of the selected ISA.
     pub fn f32_lanes(&self) -> u32 {
         match self.isa {
@@ -118,6 +141,7 @@ impl TargetDesc {
         match self.arch {
             Arch::X86_64 => "x86_64",
             Arch::Aarch64 => "aarch64",
+            Arch::Nvptx64 => "nvptx64",
         }
     }
 
@@ -161,6 +185,7 @@ impl TargetDesc {
             (Arch::X86_64, Isa::Avx2) => "avx2",
             (Arch::X86_64, Isa::Portable) => "sse2",
             (Arch::Aarch64, _) => "neon",
+            (Arch::Nvptx64, _) => "cuda",
         };
         format!("{} {} ({isa})", self.triple, self.cpu)
     }
@@ -199,6 +224,7 @@ fn baseline_cpu(arch: Arch) -> &'static str {
     match arch {
         Arch::X86_64 => "x86-64",
         Arch::Aarch64 => "generic",
+        Arch::Nvptx64 => "sm_80",
     }
 }
 
@@ -253,6 +279,7 @@ fn cpu_features(triple: &str, cpu: &str) -> Result<String> {
                     names.join(", ")
                 ))
             }),
+        Arch::Nvptx64 => Ok(String::new()),
         Arch::Aarch64 => {
             if aarch64.contains(&cpu) {
                 Ok("+neon".to_string())

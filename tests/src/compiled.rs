@@ -79,6 +79,7 @@ pub fn compile_graph_without(
         emit,
         cc: std::env::var("CC").unwrap_or_else(|_| "cc".into()),
         weights_out: None,
+        cuda_sm: None,
     };
     let mut graph = graph.clone();
     // KILN_LAYOUT=nchw|nhwc runs the suites in one layout (default: the pipeline's).

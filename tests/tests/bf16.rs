@@ -99,6 +99,7 @@ fn check(f: &Fixture) -> anyhow::Result<Outcome> {
         emit: Emit::Exe,
         cc: std::env::var("CC").unwrap_or_else(|_| "cc".into()),
         weights_out: None,
+        cuda_sm: None,
     };
     kiln_codegen::compile(&graph, &copts, &exe, &mut Silent).map_err(|e| anyhow::anyhow!("compile: {e}"))?;
     let outputs = run_executable(&exe, &graph, &ordered, &work.0, 2).map_err(anyhow::Error::msg)?;

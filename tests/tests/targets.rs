@@ -26,6 +26,7 @@ fn compile_for(triple: Option<&str>, cpu: Option<&str>, emit: Emit, out: &Path) 
         emit,
         cc: "cc".into(),
         weights_out: None,
+        cuda_sm: None,
     };
     kiln_codegen::compile(&model().graph, &opts, out, &mut Silent).expect("compile");
 }

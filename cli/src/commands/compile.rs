@@ -21,6 +21,16 @@ pub enum EmitArg {
     LlvmIr,
     /// Assembly.
     Asm,
+    /// PTX of the kernels (with --target cuda).
+    Ptx,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum TargetArg {
+    /// This machine's CPU, or the one named by --cpu / --target-triple.
+    Cpu,
+    /// An NVIDIA GPU (--sm); the artifact loads the CUDA driver when it starts.
+    Cuda,
 }
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -54,6 +64,17 @@ pub fn pipeline_options(layout: Option<LayoutArg>, precision: PrecisionArg) -> P
 
 use kiln_optimizer::pipelines::FUSE_PASS;
 
+impl Args {
+    /// The layout asked for, or the target's default: the GPU kernels read the model's own
+    /// (NCHW) layout, so a CUDA model keeps it unless --layout says otherwise.
+    pub fn effective_layout(&self) -> Option<LayoutArg> {
+        match (self.layout, self.target) {
+            (None, TargetArg::Cuda) => Some(LayoutArg::Nchw),
+            (layout, _) => layout,
+        }
+    }
+}
+
 #[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]
@@ -72,6 +93,15 @@ pub struct Args {
     /// Default: the model file's stem (for a file named model.onnx, its folder's name).
     #[arg(long, value_name = "NAME")]
     pub name: Option<String>,
+
+    /// Where the kernels run: the CPU, or an NVIDIA GPU through CUDA (the executable or library
+    /// still runs on this CPU and loads the CUDA driver when a context is created).
+    #[arg(long, value_enum, default_value = "cpu")]
+    pub target: TargetArg,
+
+    /// The GPU's compute capability for --target cuda: 70, 75, 80 (A100), 86, 89, 90 (H100).
+    #[arg(long, value_name = "SM", requires = "target")]
+    pub sm: Option<u32>,
 
     /// Target CPU (e.g. x86-64-v3, znver4, skylake-avx512, neoverse-v1). Default: this machine's.
     #[arg(long, value_name = "CPU")]
@@ -164,7 +194,8 @@ pub fn build(args: Args, mode: Mode) -> Result<()> {
         .with_context(|| format!("{}", args.model.model.display()))?;
     progress.phase("passes");
     let mut graph = model.graph;
-    let mut passes = kiln_optimizer::pipelines::cpu(&pipeline_options(args.layout, args.precision));
+    let layout = args.effective_layout();
+    let mut passes = kiln_optimizer::pipelines::cpu(&pipeline_options(layout, args.precision));
     // Every pass name is valid, also one the options leave out of this pipeline.
     let known = kiln_optimizer::pipelines::PASS_NAMES;
     for p in &args.disable_pass {
@@ -213,13 +244,29 @@ pub fn build(args: Args, mode: Mode) -> Result<()> {
         EmitArg::Obj => Emit::Obj,
         EmitArg::LlvmIr => Emit::LlvmIr,
         EmitArg::Asm => Emit::Asm,
+        EmitArg::Ptx => Emit::Ptx,
     };
+    if args.sm.is_some() && args.target != TargetArg::Cuda {
+        return Err(anyhow::Error::new(crate::exit::Failure::new(
+            crate::exit::Exit::Usage,
+            "--sm applies to --target cuda",
+        )));
+    }
+    if emit == Emit::Ptx && args.target != TargetArg::Cuda {
+        return Err(anyhow::Error::new(crate::exit::Failure::new(
+            crate::exit::Exit::Usage,
+            "--emit ptx needs --target cuda",
+        )));
+    }
+    let cuda_sm =
+        (args.target == TargetArg::Cuda).then(|| args.sm.unwrap_or(kiln_codegen::nvptx::DEFAULT_SM));
     let ident = kiln_codegen::header::c_ident(&name);
     let out = args.output.clone().unwrap_or_else(|| match emit {
         Emit::Exe | Emit::StaticLib => PathBuf::from(&ident),
         Emit::Obj => PathBuf::from(format!("{ident}.o")),
         Emit::LlvmIr => PathBuf::from(format!("{ident}.ll")),
         Emit::Asm => PathBuf::from(format!("{ident}.s")),
+        Emit::Ptx => PathBuf::from(format!("{ident}.ptx")),
     });
     if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty() && !explain) {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
@@ -233,6 +280,7 @@ pub fn build(args: Args, mode: Mode) -> Result<()> {
         fusion,
         profile: args.profile,
         weights_out: args.weights_out.clone(),
+        cuda_sm,
     };
     let summary = if explain {
         progress.phase("plan");
@@ -243,7 +291,7 @@ pub fn build(args: Args, mode: Mode) -> Result<()> {
     .with_context(|| format!("{}", args.model.model.display()))?;
     progress.finish();
     if let Some(original) = &original {
-        let popts = pipeline_options(args.layout, args.precision);
+        let popts = pipeline_options(layout, args.precision);
         let report = crate::commands::explain::build_report(&crate::commands::explain::Inputs {
             model_path: &args.model.model,
             name: &name,

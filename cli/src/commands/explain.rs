@@ -776,6 +776,7 @@ mod tests {
             fusion: false,
             profile: false,
             weights_out: None,
+            cuda_sm: None,
         };
         let summary = kiln_codegen::plan_only(&g1, &opts).unwrap();
         let r = build_report(&Inputs {

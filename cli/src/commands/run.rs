@@ -156,6 +156,7 @@ fn run_compiled(args: &Args, model: kiln_frontend::Model) -> Result<()> {
         emit: kiln_codegen::Emit::Exe,
         cc: std::env::var("CC").unwrap_or_else(|_| "cc".to_string()),
         weights_out: None,
+        cuda_sm: None,
     };
     kiln_codegen::compile(&graph, &opts, &exe, &mut kiln_codegen::Silent)
         .with_context(|| format!("{}", args.model.model.display()))?;

@@ -136,6 +136,9 @@ pub fn lower_group(
     nodes: &[NodeId],
     target: &TargetDesc,
 ) -> Option<(Box<dyn GeneratedKernel>, Vec<ValueId>)> {
+    if target.is_gpu() {
+        return None;
+    }
     let root = *nodes.last()?;
     let out_shape = graph.value_type(root.out(0)).fixed_shape()?;
     let step_of: HashMap<ValueId, usize> = nodes.iter().enumerate().map(|(i, n)| (n.out(0), i)).collect();

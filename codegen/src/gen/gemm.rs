@@ -245,6 +245,9 @@ pub fn lower_fused(
     target: &TargetDesc,
     epi: Epilogue,
 ) -> Result<Option<Box<dyn GeneratedKernel>>> {
+    if target.is_gpu() {
+        return Ok(None);
+    }
     for i in 0..node.n_inputs() {
         if let Some(t) = node.input_type(i) {
             if t.dtype != DType::F32 || t.layout != Layout::RowMajor || !t.is_static() {

@@ -67,6 +67,10 @@ pub trait GeneratedKernel {
 
 /// The generated kernel for `node`, or None when no generator handles it.
 pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GeneratedKernel>>> {
+    // These are CPU micro-kernels (explicit vector registers, a thread pool's tiles).
+    if target.is_gpu() {
+        return Ok(None);
+    }
     for generator in [gemm::lower] {
         if let Some(k) = generator(node, target)? {
             return Ok(Some(k));
@@ -227,6 +231,10 @@ pub fn runtime_fn<'ctx>(cx: &'ctx Context, module: &Module<'ctx>, name: &str) ->
         "kiln_rt_weights" => ptr.fn_type(&[ptr.into()], false),
         "kiln_rt_create_error" => ptr.fn_type(&[], false),
         "kiln_rt_destroy" => cx.void_type().fn_type(&[ptr.into()], false),
+        "kiln_rt_cuda_run" => i32t.fn_type(&[ptr.into(), ptr.into(), ptr.into()], false),
+        "kiln_rt_cuda_create" => ptr.fn_type(&[ptr.into(), i32t.into(), ptr.into()], false),
+        "kiln_rt_cuda_run_device" => i32t.fn_type(&[ptr.into(), ptr.into(), ptr.into(), ptr.into()], false),
+        "kiln_rt_cuda_destroy" => cx.void_type().fn_type(&[ptr.into()], false),
         "kiln_exe_main" => i32t.fn_type(&[i32t.into(), ptr.into(), ptr.into()], false),
         other => panic!("unknown runtime function {other}"),
     };

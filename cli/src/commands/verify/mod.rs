@@ -294,6 +294,7 @@ pub fn run(args: Args) -> Result<()> {
         fusion,
         profile: false,
         weights_out: None,
+        cuda_sm: None,
     };
     let exe = dir.path().join("model");
     kiln_codegen::compile(compiled_graph, &copts(fusion), &exe, &mut Silent)

@@ -1,0 +1,254 @@
+//! The device module of a CUDA model: the kernel bodies (emitted by the same code as the CPU's,
+//! for the nvptx64 triple), one PTX entry per kernel that resolves the kernel's tensors from the
+//! frame and calls the body, the device runtime (`runtime-stub/c/device.c`) and, when a library
+//! kernel needs math functions, CUDA's libdevice. Optimized with the NVPTX target machine and
+//! printed as PTX.
+
+use super::{frame, libdevice, DeviceCode, Launch};
+use crate::emit::{self, Api, ModuleParts};
+use crate::error::{CodegenError, Result};
+use crate::gen::llvm;
+use crate::plan::{Kernel, Plan, Storage};
+use crate::target::TargetDesc;
+use inkwell::builder::Builder;
+use inkwell::context::Context;
+use inkwell::module::{Linkage, Module};
+use inkwell::passes::PassBuilderOptions;
+use inkwell::targets::FileType;
+use inkwell::values::{FunctionValue, PointerValue};
+use inkwell::{AddressSpace, IntPredicate, OptimizationLevel};
+use kiln_ir::Graph;
+
+/// Generates the PTX of every kernel in `plan` for `target` (a [`TargetDesc::cuda`]).
+pub fn build(graph: &Graph, plan: &Plan, target: &TargetDesc, model_name: &str) -> Result<DeviceCode> {
+    let sm = target
+        .cpu
+        .strip_prefix("sm_")
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| CodegenError::internal(format!("not a CUDA target: {}", target.cpu)))?;
+    let cx = Context::create();
+    let module = cx.create_module(model_name);
+    let tm = target.target_machine(OptimizationLevel::Aggressive)?;
+    module.set_triple(&tm.get_triple());
+    module.set_data_layout(&tm.get_target_data().get_data_layout());
+    let api = Api {
+        prefix: crate::header::c_ident(model_name),
+        profile: false,
+        weights_file: None,
+    };
+    let parts = ModuleParts {
+        graph,
+        plan,
+        target,
+        api: &api,
+        model_name,
+        with_main: false,
+        cuda: None,
+    };
+    let bodies = emit::kernel_functions(&cx, &module, &parts, &mut |_, _| {})?;
+    let builder = cx.create_builder();
+    let mut launches = vec![];
+    for (i, (k, body)) in plan.kernels.iter().zip(&bodies).enumerate() {
+        let entry = format!("kiln_k{i}");
+        library_entry(
+            &cx,
+            &module,
+            &builder,
+            &entry,
+            i,
+            k,
+            plan,
+            *body,
+            graph.inputs().len(),
+        )?;
+        // A library kernel is written for a CPU thread pool; on the device it runs on one
+        // thread (device.c's parallel_for is a loop).
+        launches.push(Launch {
+            entry,
+            grid: [1, 1, 1],
+            block: [1, 1, 1],
+            shared_bytes: 0,
+        });
+    }
+    crate::llvm::link_units(&cx, &module, target, "uk_")?;
+    crate::llvm::link_units(&cx, &module, target, "rt_device")?;
+    let entries: Vec<String> = launches.iter().map(|l| l.entry.clone()).collect();
+    let globaldce = || {
+        crate::llvm::internalize(&module, &entries);
+        module
+            .run_passes("globaldce", &tm, PassBuilderOptions::create())
+            .map_err(|e| CodegenError::internal(format!("LLVM optimization: {e}")))
+    };
+    // Only the library functions this model calls decide whether libdevice is needed.
+    globaldce()?;
+    let uses_libdevice = libdevice::lower_math(&cx, &module)?;
+    if uses_libdevice {
+        globaldce()?;
+    }
+    crate::llvm::retarget_all(&cx, &module, target);
+    crate::llvm::verify(&module)?;
+    module
+        .run_passes("default<O3>", &tm, PassBuilderOptions::create())
+        .map_err(|e| CodegenError::internal(format!("LLVM optimization: {e}")))?;
+    crate::llvm::verify(&module)?;
+    let ptx = tm
+        .write_to_memory_buffer(&module, FileType::Assembly)
+        .map_err(|e| CodegenError::internal(format!("LLVM NVPTX code generation: {e}")))?;
+    let ptx =
+        String::from_utf8(ptx.as_slice().to_vec()).map_err(|_| CodegenError::internal("PTX is not UTF-8"))?;
+    Ok(DeviceCode {
+        ptx,
+        sm,
+        launches,
+        uses_libdevice,
+    })
+}
+
+/// Marks `f` as a kernel entry (the `nvvm.annotations` LLVM 19's NVPTX backend reads).
+pub(crate) fn mark_kernel<'ctx>(
+    cx: &'ctx Context,
+    module: &Module<'ctx>,
+    f: FunctionValue<'ctx>,
+) -> Result<()> {
+    let md = cx.metadata_node(&[
+        f.as_global_value().as_pointer_value().into(),
+        cx.metadata_string("kernel").into(),
+        cx.i32_type().const_int(1, false).into(),
+    ]);
+    module
+        .add_global_metadata("nvvm.annotations", &md)
+        .map_err(|e| CodegenError::internal(format!("nvvm.annotations: {e}")))
+}
+
+/// `void entry(ptr frame)`: builds the `args` array of kernel `i`'s body from the frame, calls
+/// it, and records a failure in the frame's error slot.
+#[allow(clippy::too_many_arguments)]
+fn library_entry<'ctx>(
+    cx: &'ctx Context,
+    module: &Module<'ctx>,
+    b: &Builder<'ctx>,
+    name: &str,
+    i: usize,
+    k: &Kernel,
+    plan: &Plan,
+    body: FunctionValue<'ctx>,
+    n_inputs: usize,
+) -> Result<()> {
+    let ptr = cx.ptr_type(AddressSpace::default());
+    let (i32t, i64t) = (cx.i32_type(), cx.i64_type());
+    let f = module.add_function(
+        name,
+        cx.void_type().fn_type(&[ptr.into()], false),
+        Some(Linkage::External),
+    );
+    mark_kernel(cx, module, f)?;
+    b.position_at_end(cx.append_basic_block(f, "entry"));
+    let frame = f.get_nth_param(0).expect("frame").into_pointer_value();
+    let slots = kernel_slots(k, plan)?;
+    let args = b
+        .build_array_alloca(ptr, i64t.const_int(slots.len().max(1) as u64, false), "args")
+        .map_err(llvm)?;
+    for (slot, s) in slots.iter().enumerate() {
+        let p = match s {
+            Some(s) => resolve(cx, b, frame, *s, n_inputs)?,
+            None => ptr.const_null(),
+        };
+        let dst = unsafe { b.build_in_bounds_gep(ptr, args, &[i64t.const_int(slot as u64, false)], "slot") }
+            .map_err(llvm)?;
+        b.build_store(dst, p).map_err(llvm)?;
+    }
+    let rc = b
+        .build_call(body, &[frame.into(), args.into()], "rc")
+        .map_err(llvm)?
+        .try_as_basic_value()
+        .basic()
+        .ok_or_else(|| CodegenError::internal("kernel returns i32"))?
+        .into_int_value();
+    let failed = b
+        .build_int_compare(IntPredicate::NE, rc, i32t.const_zero(), "failed")
+        .map_err(llvm)?;
+    let fail_bb = cx.append_basic_block(f, "fail");
+    let done_bb = cx.append_basic_block(f, "done");
+    b.build_conditional_branch(failed, fail_bb, done_bb)
+        .map_err(llvm)?;
+    b.position_at_end(fail_bb);
+    let error = load_ptr(cx, b, frame, frame::ERROR)?;
+    b.build_store(error, i32t.const_int(i as u64 + 1, false))
+        .map_err(llvm)?;
+    let code =
+        unsafe { b.build_in_bounds_gep(i32t, error, &[i64t.const_int(1, false)], "code") }.map_err(llvm)?;
+    b.build_store(code, rc).map_err(llvm)?;
+    b.build_unconditional_branch(done_bb).map_err(llvm)?;
+    b.position_at_end(done_bb);
+    b.build_return(None).map_err(llvm)?;
+    Ok(())
+}
+
+/// The storage of every `args` slot of a kernel: inputs, outputs, packed constants, scratch
+/// (the layout `gen::KernelBuilder` and the micro-kernel calls read).
+pub(crate) fn kernel_slots(k: &Kernel, plan: &Plan) -> Result<Vec<Option<Storage>>> {
+    let mut slots = vec![];
+    for v in &k.inputs {
+        slots.push(match v {
+            Some(v) => Some(plan.storage_of(*v)?),
+            None => None,
+        });
+    }
+    for v in &k.outputs {
+        slots.push(Some(plan.storage_of(*v)?));
+    }
+    slots.extend(k.packed.iter().map(|off| Some(Storage::Weights(*off))));
+    slots.push(k.scratch.map(Storage::Arena));
+    Ok(slots)
+}
+
+/// The device address of a value: a frame base plus a constant offset.
+pub(crate) fn resolve<'ctx>(
+    cx: &'ctx Context,
+    b: &Builder<'ctx>,
+    frame_ptr: PointerValue<'ctx>,
+    s: Storage,
+    n_inputs: usize,
+) -> Result<PointerValue<'ctx>> {
+    let i64t = cx.i64_type();
+    let (base, off) = match s {
+        Storage::Arena(off) => (load_ptr(cx, b, frame_ptr, frame::ARENA)?, off),
+        Storage::Weights(off) => (load_ptr(cx, b, frame_ptr, frame::WEIGHTS)?, off),
+        Storage::Input(j) => (load_ptr(cx, b, frame_ptr, frame::IO + 8 * j as u64)?, 0),
+        // Outputs follow the inputs in io[].
+        Storage::Output(j) => (
+            load_ptr(cx, b, frame_ptr, frame::IO + 8 * (n_inputs + j) as u64)?,
+            0,
+        ),
+    };
+    if off == 0 {
+        return Ok(base);
+    }
+    unsafe { b.build_in_bounds_gep(cx.i8_type(), base, &[i64t.const_int(off, false)], "p") }.map_err(llvm)
+}
+
+/// Loads the pointer at byte `offset` of the frame.
+pub(crate) fn load_ptr<'ctx>(
+    cx: &'ctx Context,
+    b: &Builder<'ctx>,
+    frame_ptr: PointerValue<'ctx>,
+    offset: u64,
+) -> Result<PointerValue<'ctx>> {
+    let ptr = cx.ptr_type(AddressSpace::default());
+    let p = unsafe {
+        b.build_in_bounds_gep(
+            cx.i8_type(),
+            frame_ptr,
+            &[cx.i64_type().const_int(offset, false)],
+            "fp",
+        )
+    }
+    .map_err(llvm)?;
+    let v = b.build_load(ptr, p, "base").map_err(llvm)?.into_pointer_value();
+    // The frame never changes during a run: let LLVM hoist and share these loads.
+    if let Some(inst) = v.as_instruction() {
+        let kind = cx.get_kind_id("invariant.load");
+        let _ = inst.set_metadata(cx.metadata_node(&[]), kind);
+    }
+    Ok(v)
+}
