@@ -164,13 +164,19 @@ fn host_runtime_runs_against_the_fake_driver() {
     assert!(err.contains("on CUDA device 0 (Fake GPU)"), "{err}");
     // Both outputs are printed (their values are whatever the fake kernels left: zeros).
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(out.contains("conv1x1: f32") && out.contains("conv3x3: f32"), "{out}");
+    assert!(
+        out.contains("conv1x1: f32") && out.contains("conv3x3: f32"),
+        "{out}"
+    );
 
     // A kernel that records a failure in the error slot: named by node and operator.
     let mut env = host.to_vec();
     env.push(("FAKE_CUDA_FAIL", "0:1"));
     let o = run(&a, &a.fake, &env, &[]);
-    assert_one_line_error(&o, "failed on the device: an index read from an input is out of range");
+    assert_one_line_error(
+        &o,
+        "failed on the device: an index read from an input is out of range",
+    );
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("kernel 0 (node '"), "{err}");
     assert!(err.contains("op Conv"), "{err}");
@@ -225,7 +231,10 @@ fn device_option_on_a_cpu_artifact_is_a_usage_error() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.contains("--device applies to models compiled with --target cuda"), "{err}");
+    assert!(
+        err.contains("--device applies to models compiled with --target cuda"),
+        "{err}"
+    );
 }
 
 const APP: &str = r#"
@@ -270,7 +279,7 @@ fn static_library_reports_no_device_and_runs_on_device_pointers() {
     let d = tmp.path();
     compile(
         &d.join("net"),
-        &["--target", "cuda", "--emit", "staticlib"],
+        &["--target", "cuda", "--emit", "staticlib", "--name", "net"],
     );
     let header = std::fs::read_to_string(d.join("net.h")).unwrap();
     assert!(header.contains("net_run_device(net_ctx *ctx, const void *const *d_inputs"));

@@ -814,7 +814,10 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
         let f = self.exported_fn(&api.symbol("create_on_device"), p.fn_type(&[i32t.into()], false));
         let device = f.get_nth_param(0).expect("device");
         let ctx = self
-            .call_rt("kiln_rt_cuda_create", &[desc.into(), device, p.const_null().into()])?
+            .call_rt(
+                "kiln_rt_cuda_create",
+                &[desc.into(), device, p.const_null().into()],
+            )?
             .expect("ptr");
         b.build_return(Some(&ctx)).map_err(llvm)?;
 
@@ -849,9 +852,7 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
         b.build_return(Some(&i32t.const_int(u64::MAX, true)))
             .map_err(llvm)?;
         b.position_at_end(bc);
-        let rc = self
-            .call_rt("kiln_rt_cuda_run_device", &params)?
-            .expect("i32");
+        let rc = self.call_rt("kiln_rt_cuda_run_device", &params)?.expect("i32");
         b.build_return(Some(&rc)).map_err(llvm)?;
         Ok(())
     }
