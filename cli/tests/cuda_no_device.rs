@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{fixture, kiln};
+use common::{fixture, kiln, one_node_model, write_model};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -202,6 +202,39 @@ fn host_runtime_runs_against_the_fake_driver() {
     assert!(String::from_utf8_lossy(&o.stdout).contains("CUDA device 0 (Fake GPU)"));
     let t = std::fs::read_to_string(&trace).unwrap();
     assert!(t.contains("Conv"), "trace without the kernels: {t}");
+}
+
+/// An output that is the input: the run copies the input to the device, into the output on the
+/// device (the plan's output copy) and back, so the values must survive the round trip.
+#[test]
+fn identity_round_trips_through_device_memory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let model = write_model(d, "id.onnx", &one_node_model("Identity", "id1"));
+    let exe = d.join("id");
+    let o = kiln()
+        .arg("compile")
+        .arg(&model)
+        .arg("-o")
+        .arg(&exe)
+        .args(["--quiet", "--target", "cuda"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let x = kiln_ir::Tensor::from_vec(vec![1, 4], vec![1.5f32, -2.0, 3.25, 7.0]);
+    kiln_frontend::npy::write_npy(&d.join("x.npy"), &x).unwrap();
+    let o = Command::new(&exe)
+        .env("KILN_CUDA_DRIVER", fake_driver(d))
+        .env("FAKE_CUDA_DEVICES", "1")
+        .env("FAKE_CUDA_HOST", "1")
+        .env_remove("KILN_CUDA_DEVICE")
+        .args(["--input", "x=x.npy", "--output-dir", "out", "--quiet"])
+        .current_dir(d)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let y = kiln_frontend::npy::read_npy(&d.join("out/y.npy")).unwrap();
+    assert_eq!(y.to_f64_vec(), vec![1.5, -2.0, 3.25, 7.0]);
 }
 
 #[test]

@@ -148,7 +148,7 @@ CUresult cuModuleLoadDataEx(void **mod, const void *image, unsigned n, int *opti
       if (options[i] == 5) snprintf(values[i], 64, "ptxas fatal   : fake failure\nsecond line");
     return INVALID_PTX;
   }
-  check(strstr(image, ".entry") != NULL, "the image is not PTX");
+  check(strstr(image, ".target sm_") != NULL, "the image is not PTX");
   ptx = image;
   modules++;
   *mod = (void *)&modules;
