@@ -202,7 +202,7 @@ pub fn build(graph: &Graph, plan: &Plan, target: &TargetDesc) -> PlanReport {
                 .collect();
             KernelReport {
                 implementation: kern.describe(),
-                generated: matches!(kern.imp, KernelImpl::Generated(_)),
+                generated: matches!(kern.imp, KernelImpl::Generated(_) | KernelImpl::Gpu(_)),
                 nodes,
                 inputs,
                 outputs: kern
