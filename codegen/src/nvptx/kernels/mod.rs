@@ -6,10 +6,15 @@ use crate::error::Result;
 use crate::node::NodeInfo;
 use crate::target::TargetDesc;
 
+/// A generator: the kernel for a node, or None when it does not handle the node.
+type Generator = fn(&NodeInfo, &TargetDesc) -> Result<Option<Box<dyn GpuKernel>>>;
+
+/// The generators in the order they are tried.
+const GENERATORS: &[Generator] = &[];
+
 /// The generated GPU kernel for `node`, or None.
 pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GpuKernel>>> {
-    let generators: [fn(&NodeInfo, &TargetDesc) -> Result<Option<Box<dyn GpuKernel>>>; 0] = [];
-    for generator in generators {
+    for generator in GENERATORS {
         if let Some(k) = generator(node, target)? {
             return Ok(Some(k));
         }
