@@ -90,6 +90,10 @@ pub fn build(graph: &Graph, plan: &Plan, target: &TargetDesc, model_name: &str) 
     }
     crate::llvm::link_units(&cx, &module, target, "uk_")?;
     crate::llvm::link_units(&cx, &module, target, "rt_device")?;
+    // Each library call has constant descriptors (dtypes, shapes, attributes): inlined, its
+    // generic dtype switches fold away. Without this the NVPTX inliner keeps the whole generic
+    // function, whose PTX is large and slow to JIT.
+    inline_library_calls(&cx, &module);
     let entries: Vec<String> = launches.iter().map(|l| l.entry.clone()).collect();
     let globaldce = || {
         crate::llvm::internalize(&module, &entries);
@@ -325,4 +329,19 @@ pub(crate) fn load_ptr<'ctx>(
         let _ = inst.set_metadata(cx.metadata_node(&[]), kind);
     }
     Ok(v)
+}
+
+/// Marks the library's kernel functions `alwaysinline`.
+fn inline_library_calls<'ctx>(cx: &'ctx Context, module: &Module<'ctx>) {
+    use inkwell::attributes::{Attribute, AttributeLoc};
+    let always = Attribute::get_named_enum_kind_id("alwaysinline");
+    let never = Attribute::get_named_enum_kind_id("noinline");
+    let mut f = module.get_first_function();
+    while let Some(func) = f {
+        f = func.get_next_function();
+        if func.count_basic_blocks() > 0 && func.get_name().to_string_lossy().starts_with("kiln_uk_") {
+            func.remove_enum_attribute(AttributeLoc::Function, never);
+            func.add_attribute(AttributeLoc::Function, cx.create_enum_attribute(always, 0));
+        }
+    }
 }
