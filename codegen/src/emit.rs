@@ -25,6 +25,9 @@ pub struct Api {
     /// The weights file's name (no folder) when the weights live outside the binary
     /// (`--weights-out`): the API then has `NAME_create_with_weights`.
     pub weights_file: Option<String>,
+    /// A CUDA model (`--target cuda`): the API adds `NAME_create_on_device` and
+    /// `NAME_run_device` (device pointers, a stream).
+    pub cuda: bool,
 }
 
 impl Api {
@@ -50,6 +53,13 @@ impl Api {
         }
         if self.weights_file.is_some() {
             v.push(self.symbol("create_with_weights"));
+        }
+        if self.cuda {
+            v.push(self.symbol("create_on_device"));
+            v.push(self.symbol("run_device"));
+            if self.weights_file.is_some() {
+                v.push(self.symbol("create_with_weights_on_device"));
+            }
         }
         if with_main {
             v.push("main".to_string());
@@ -136,6 +146,9 @@ pub fn build_module<'ctx>(
     });
     let desc = e.model_desc(run, layout_hash)?;
     e.api_functions(desc)?;
+    if parts.cuda.is_some() {
+        e.cuda_api_functions(desc)?;
+    }
     if parts.api.profile {
         e.profile_gen().api_functions(parts.api, parts.target)?;
     }
@@ -796,6 +809,59 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
             .basic())
     }
 
+    /// NAME_create_on_device / create_with_weights_on_device / run_device of a CUDA model:
+    /// straight calls into the CUDA runtime (cuda.c), which is linked into such a model.
+    fn cuda_api_functions(&self, desc: GlobalValue<'ctx>) -> Result<()> {
+        let b = &self.builder;
+        let api = self.parts.api;
+        let (p, i32t) = (self.ptr(), self.cx.i32_type());
+        let desc = desc.as_pointer_value();
+
+        let f = self.exported_fn(&api.symbol("create_on_device"), p.fn_type(&[i32t.into()], false));
+        let device = f.get_nth_param(0).expect("device");
+        let ctx = self
+            .call_rt("kiln_rt_cuda_create", &[desc.into(), device, p.const_null().into()])?
+            .expect("ptr");
+        b.build_return(Some(&ctx)).map_err(llvm)?;
+
+        if api.weights_file.is_some() {
+            let f = self.exported_fn(
+                &api.symbol("create_with_weights_on_device"),
+                p.fn_type(&[p.into(), i32t.into()], false),
+            );
+            let path = f.get_nth_param(0).expect("path");
+            let device = f.get_nth_param(1).expect("device");
+            let ctx = self
+                .call_rt("kiln_rt_cuda_create", &[desc.into(), device, path])?
+                .expect("ptr");
+            b.build_return(Some(&ctx)).map_err(llvm)?;
+        }
+
+        // A null context fails like NAME_run's: -1, nothing to record the error in.
+        let f = self.exported_fn(
+            &api.symbol("run_device"),
+            i32t.fn_type(&[p.into(), p.into(), p.into(), p.into()], false),
+        );
+        let params: Vec<BasicValueEnum> = f.get_param_iter().collect();
+        let is_null = b
+            .build_is_null(params[0].into_pointer_value(), "null")
+            .map_err(llvm)?;
+        let (bn, bc) = (
+            self.cx.append_basic_block(f, "null"),
+            self.cx.append_basic_block(f, "ok"),
+        );
+        b.build_conditional_branch(is_null, bn, bc).map_err(llvm)?;
+        b.position_at_end(bn);
+        b.build_return(Some(&i32t.const_int(u64::MAX, true)))
+            .map_err(llvm)?;
+        b.position_at_end(bc);
+        let rc = self
+            .call_rt("kiln_rt_cuda_run_device", &params)?
+            .expect("i32");
+        b.build_return(Some(&rc)).map_err(llvm)?;
+        Ok(())
+    }
+
     /// NAME_create / destroy / run / run_generic / last_error / workspace_size / info.
     fn api_functions(&self, desc: GlobalValue<'ctx>) -> Result<()> {
         let b = &self.builder;
@@ -976,6 +1042,9 @@ pub fn signature_json(
         "weights_bytes": parts.plan.weights.len(),
         "arena_bytes": parts.plan.arena_bytes,
     });
+    if let Some(code) = parts.cuda {
+        sig["device"] = format!("cuda sm_{}", code.sm).into();
+    }
     if let (Some(file), Some(hash)) = (&parts.api.weights_file, layout_hash) {
         sig["weights_file"] = file.as_str().into();
         sig["weights_layout_hash"] = crate::weights_file::hex(hash).into();

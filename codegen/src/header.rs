@@ -73,16 +73,29 @@ pub fn header(
     for (n, ty) in outputs {
         s.push_str(&doc_line(ty, n, "output"));
     }
-    s.push_str(&format!(
-        " *\n * Link: cc app.c lib{p}.a -lpthread -lm\n * Each context owns {arena_bytes} bytes of working memory plus {thread_scratch_bytes} per thread;\n"
-    ));
-    s.push_str(" * contexts share nothing mutable, so several may run at once (one run per context at a time).\n */\n");
+    if api.cuda {
+        s.push_str(&format!(
+            " *\n * Link: cc app.c lib{p}.a -lpthread -lm -ldl\n * The kernels run on an NVIDIA GPU. The CUDA driver (libcuda.so.1) is loaded with dlopen when a\n * context is created, so nothing CUDA is needed to build or link; -ldl is for dlopen (part of\n * the C library since glibc 2.34). Each context owns {arena_bytes} bytes of device memory for\n * intermediate values, plus the weights and a device copy of every input and output.\n"
+        ));
+        s.push_str(" * Contexts share nothing mutable, so several may run at once (one run per context at a time).\n */\n");
+    } else {
+        s.push_str(&format!(
+            " *\n * Link: cc app.c lib{p}.a -lpthread -lm\n * Each context owns {arena_bytes} bytes of working memory plus {thread_scratch_bytes} per thread;\n"
+        ));
+        s.push_str(" * contexts share nothing mutable, so several may run at once (one run per context at a time).\n */\n");
+    }
     s.push_str(&format!(
         "#ifndef {guard}\n#define {guard}\n\n#include <stddef.h>\n#include <stdint.h>\n\n"
     ));
     s.push_str("#ifdef __cplusplus\nextern \"C\" {\n#endif\n\n");
     s.push_str(&format!("typedef struct {p}_ctx {p}_ctx;\n\n"));
+    if api.cuda {
+        s.push_str(&cuda_create_section(p, api.weights_file.as_deref()));
+    }
     match &api.weights_file {
+        None if api.cuda => s.push_str(&format!(
+            "/* Creates a context on CUDA device $KILN_CUDA_DEVICE (default 0); num_threads is ignored.\n   Returns NULL on failure; {p}_last_error(NULL) says why. */\n{p}_ctx *{p}_create(int32_t num_threads);\n\n"
+        )),
         None => s.push_str(&format!(
             "/* Creates a context with num_threads threads (<= 0: one per online CPU). Returns NULL on\n   failure (e.g. the CPU lacks a required feature); {p}_last_error(NULL) says why. */\n{p}_ctx *{p}_create(int32_t num_threads);\n\n"
         )),
@@ -110,6 +123,11 @@ pub fn header(
     ));
     s.push_str(&format!("/* Bytes of working memory each context allocates (excluding per-thread scratch). */\nint64_t {p}_workspace_size(void);\n\n"));
     s.push_str(&format!("/* The signature as JSON: name, inputs, outputs (name, dtype, shape), target. */\nconst char *{p}_info(void);\n\n"));
+    if api.cuda {
+        s.push_str(&format!(
+            "/* Runs the model on tensors already in device memory: d_inputs[i] / d_outputs[i] are device\n   pointers (CUdeviceptr values, e.g. from cuMemAlloc or cudaMalloc, in the context's CUDA\n   device's primary context) to graph input / output i, with the sizes above. stream is a\n   CUstream / cudaStream_t the work is queued on (NULL: the context's own stream); inputs must be\n   ready on it. The call synchronizes that stream before it returns: a failure found by a kernel\n   (an index read from an input out of range) is only known from device memory, and reporting it\n   in a later call would blame the wrong run. Returns 0 with the outputs complete, or non-zero\n   with {p}_last_error(ctx) set. {p}_run copies host tensors in and out around the same launches. */\nint32_t {p}_run_device({p}_ctx *ctx, const void *const *d_inputs, void *const *d_outputs, void *stream);\n\n"
+        ));
+    }
     if api.profile {
         s.push_str(&crate::profile::header_section(p));
     }
@@ -121,5 +139,19 @@ pub fn header(
         outputs.len()
     ));
     s.push_str("#ifdef __cplusplus\n}\n#endif\n#endif\n");
+    s
+}
+
+/// `NAME_create_on_device` (and the weights-file variant) of a CUDA model.
+fn cuda_create_section(p: &str, weights_file: Option<&str>) -> String {
+    let mut s = format!(
+        "/* Creates a context on CUDA device `device` (0, 1, ...; -1: $KILN_CUDA_DEVICE, default 0):\n   loads the driver, compiles the kernels for the device, allocates device memory and copies\n   the weights there. Returns NULL on failure; {p}_last_error(NULL) says why: \"no CUDA\n   device: ...\" when the driver is missing or finds no such device, or the device is older\n   than the architecture the model was compiled for. */\n"
+    );
+    match weights_file {
+        None => s.push_str(&format!("{p}_ctx *{p}_create_on_device(int32_t device);\n\n")),
+        Some(_) => s.push_str(&format!(
+            "{p}_ctx *{p}_create_with_weights_on_device(const char *weights_path, int32_t device);\n/* Fails for this build (the weights file is needed). */\n{p}_ctx *{p}_create_on_device(int32_t device);\n\n"
+        )),
+    }
     s
 }

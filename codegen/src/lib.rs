@@ -174,6 +174,7 @@ pub fn compile(
         prefix: header::c_ident(&opts.name),
         profile: opts.profile,
         weights_file,
+        cuda: device_code.is_some(),
     };
     let parts = emit::ModuleParts {
         graph,
@@ -244,10 +245,14 @@ pub fn compile(
             let member = format!("{}.o", truncate(&api.prefix, 13));
             write(&lib, &archive::write_archive(&member, obj, &api.exported(false)))?;
             let h = dir.join(format!("{stem}.h"));
+            let target = match &device_code {
+                Some(code) => format!("CUDA sm_{} (host code: {})", code.sm, opts.target.triple),
+                None => opts.target.triple.clone(),
+            };
             let text = header::header(
                 &api,
                 &opts.name,
-                &opts.target.triple,
+                &target,
                 &emit::signature_inputs(graph),
                 &emit::signature_outputs(graph),
                 plan.arena_bytes,

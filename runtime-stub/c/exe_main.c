@@ -1,5 +1,6 @@
 /* The executable entry of a compiled model: the command line of `kiln run`, for one model. */
 #define _GNU_SOURCE
+#include "kiln_cuda.h"
 #include "kiln_npy.h"
 #include "kiln_rt.h"
 
@@ -29,7 +30,26 @@ static void print_inputs(FILE *out, const kiln_model_desc *desc) {
   }
 }
 
+/* What the model runs on: the target triple, or "CUDA sm_80" (its host code runs on the triple). */
+static const char *target_name(const kiln_model_desc *desc, char *buf, size_t len) {
+  if (!desc->cuda) return desc->target_triple;
+  snprintf(buf, len, "CUDA %s", desc->cuda->sm);
+  return buf;
+}
+
+/* "4 threads", or "CUDA device 0 (NVIDIA H100)". */
+static const char *where_ran(kiln_ctx *ctx, char *buf, size_t len) {
+  const char *name = NULL;
+  int32_t device = kiln_rt_device(ctx, &name);
+  if (device >= 0)
+    snprintf(buf, len, "CUDA device %d (%s)", device, name ? name : "?");
+  else
+    snprintf(buf, len, "%lld threads", (long long)kiln_rt_num_threads(ctx));
+  return buf;
+}
+
 static void usage(FILE *out, const char *prog, const kiln_model_desc *desc) {
+  char target[64];
   fprintf(out,
           "%s: the model '%s', compiled by kiln %s for %s\n\n"
           "Usage: %s --input NAME=FILE.npy ... [options]\n\n"
@@ -39,6 +59,8 @@ static void usage(FILE *out, const char *prog, const kiln_model_desc *desc) {
           "  -o, --output-dir DIR   write each output to DIR/<output name>.npy (created if missing)\n"
           "      --bench N          one warm-up run, then N timed runs; prints the median latency\n"
           "      --threads N        worker threads (default: one per CPU this process may use)\n"
+          "      --device N         the CUDA device to run on (CUDA models; default:\n"
+          "                         $KILN_CUDA_DEVICE, else 0)\n"
           "      --info             print the model's signature as JSON\n"
           "      --profile FILE     time every kernel: write a Chrome trace (JSON, for Perfetto or\n"
           "                         chrome://tracing) of the runs (the timed runs with --bench)\n"
@@ -51,7 +73,7 @@ static void usage(FILE *out, const char *prog, const kiln_model_desc *desc) {
           "  -h, --help             print this help\n"
           "  -V, --version          print the version\n\n"
           "Inputs:\n",
-          prog, desc->name, desc->kiln_version, desc->target_triple, prog);
+          prog, desc->name, desc->kiln_version, target_name(desc, target, sizeof target), prog);
   for (int32_t i = 0; i < desc->n_inputs; i++) {
     fprintf(out, "  %s: ", desc->inputs[i].name);
     print_type(out, &desc->inputs[i]);
@@ -206,8 +228,8 @@ static int take_weights_option(int *argc, char **argv, const char **path) {
 
 /* A context with the model's weights: built in, or from --weights / the default file. Prints
    why on failure. */
-static kiln_ctx *create_context(const kiln_model_desc *desc, int32_t threads, const char *weights_path,
-                                int *rc) {
+static kiln_ctx *create_context(const kiln_model_desc *desc, int32_t threads, int32_t device,
+                                const char *weights_path, int *rc) {
   char found[4096], err[1024];
   kiln_ctx *ctx;
   if (!desc->weights) {
@@ -217,17 +239,18 @@ static kiln_ctx *create_context(const kiln_model_desc *desc, int32_t threads, co
       *rc = EXIT_USAGE;
       return NULL;
     }
-    ctx = kiln_rt_create(desc, threads);
-  } else {
-    if (!weights_path) {
-      if (kiln_rt_find_weights(desc, found, sizeof found, err, sizeof err) != 0) {
-        fprintf(stderr, "error: %s\n", err);
-        return NULL;
-      }
-      weights_path = found;
+  } else if (!weights_path) {
+    if (kiln_rt_find_weights(desc, found, sizeof found, err, sizeof err) != 0) {
+      fprintf(stderr, "error: %s\n", err);
+      return NULL;
     }
-    ctx = kiln_rt_create_with_weights(desc, threads, weights_path);
+    weights_path = found;
   }
+  /* --device: only through the descriptor, as kiln_rt_create reaches the CUDA runtime. */
+  if (desc->cuda && device >= 0)
+    ctx = desc->cuda->create(desc, device, weights_path);
+  else
+    ctx = kiln_rt_create_with_weights(desc, threads, weights_path);
   if (!ctx) fprintf(stderr, "error: %s\n", kiln_rt_create_error());
   return ctx;
 }
@@ -254,7 +277,7 @@ static void *alloc_tensor(int64_t bytes) {
 int kiln_exe_main(int argc, char **argv, const kiln_model_desc *desc) {
   const char *prog = argc > 0 && argv[0] ? argv[0] : desc->name;
   const char *output_dir = NULL;
-  long bench = 0, threads = 0, profile_top = 15;
+  long bench = 0, threads = 0, profile_top = 15, device = -1;
   const char *profile = NULL;
   int quiet = 0;
   int32_t n_in = desc->n_inputs, n_out = desc->n_outputs;
@@ -277,10 +300,11 @@ int kiln_exe_main(int argc, char **argv, const kiln_model_desc *desc) {
     const char *arg = argv[a];
     const char *val = NULL;
     /* Options with a value take it from "--opt=VALUE" or the next argument. */
-    const char *long_opts[] = {"--input", "--output-dir", "--bench", "--threads", "--profile", "--profile-top"};
-    const char *short_opts[] = {"-i", "-o", NULL, "-t", NULL, NULL};
+    const char *long_opts[] = {"--input",   "--output-dir",  "--bench", "--threads",
+                               "--profile", "--profile-top", "--device"};
+    const char *short_opts[] = {"-i", "-o", NULL, "-t", NULL, NULL, NULL};
     int which = -1;
-    for (int k = 0; k < 6; k++) {
+    for (int k = 0; k < 7; k++) {
       size_t l = strlen(long_opts[k]);
       if (strncmp(arg, long_opts[k], l) == 0 && (arg[l] == 0 || arg[l] == '=')) {
         which = k;
@@ -348,6 +372,18 @@ int kiln_exe_main(int argc, char **argv, const kiln_model_desc *desc) {
         rc = usage_error(desc, "--profile-top expects a number of kernels >= 0 (0: all), got ", val, 0);
         goto done;
       }
+    } else if (which == 6) {
+      if (!desc->cuda) {
+        fprintf(stderr, "error: --device applies to models compiled with --target cuda; this program "
+                        "runs on the CPU (%s)\n",
+                desc->target_triple);
+        rc = EXIT_USAGE;
+        goto done;
+      }
+      if (parse_count(val, 0, 1 << 20, &device) != 0) {
+        rc = usage_error(desc, "--device expects a CUDA device number >= 0, got ", val, 0);
+        goto done;
+      }
     } else if (strcmp(arg, "--info") == 0) {
       printf("%s\n", desc->signature_json);
       rc = 0;
@@ -357,7 +393,9 @@ int kiln_exe_main(int argc, char **argv, const kiln_model_desc *desc) {
       rc = 0;
       goto done;
     } else if (strcmp(arg, "--version") == 0 || strcmp(arg, "-V") == 0) {
-      printf("%s (compiled by kiln %s for %s%s%s)\n", desc->name, desc->kiln_version, desc->target_triple,
+      char target[64];
+      printf("%s (compiled by kiln %s for %s%s%s)\n", desc->name, desc->kiln_version,
+             target_name(desc, target, sizeof target),
              desc->cpu_features && *desc->cpu_features ? ", CPU features " : "",
              desc->cpu_features ? desc->cpu_features : "");
       rc = 0;
@@ -386,7 +424,7 @@ int kiln_exe_main(int argc, char **argv, const kiln_model_desc *desc) {
     }
   }
 
-  ctx = create_context(desc, (int32_t)threads, weights_path, &rc);
+  ctx = create_context(desc, (int32_t)threads, (int32_t)device, weights_path, &rc);
   if (!ctx) goto done;
   char err[1536];
   for (int32_t i = 0; i < n_in; i++) {
@@ -466,11 +504,13 @@ int kiln_exe_main(int argc, char **argv, const kiln_model_desc *desc) {
   if (bench > 0) {
     qsort(times, (size_t)bench, sizeof *times, cmp_double);
     double median = bench % 2 ? times[bench / 2] : (times[bench / 2 - 1] + times[bench / 2]) / 2;
-    printf("latency: median %.3f ms, min %.3f ms over %ld runs, %lld threads\n", median, times[0], bench,
-           (long long)kiln_rt_num_threads(ctx));
+    char where[192];
+    printf("latency: median %.3f ms, min %.3f ms over %ld runs, %s\n", median, times[0], bench,
+           where_ran(ctx, where, sizeof where));
     free(times);
   } else if (!quiet) {
-    fprintf(stderr, "run took %.3f ms on %lld threads%s%s\n", elapsed, (long long)kiln_rt_num_threads(ctx),
+    char where[192];
+    fprintf(stderr, "run took %.3f ms on %s%s%s\n", elapsed, where_ran(ctx, where, sizeof where),
             output_dir ? ", outputs written to " : "", output_dir ? output_dir : "");
   }
   fflush(stdout);

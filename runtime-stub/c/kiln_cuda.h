@@ -86,4 +86,32 @@ typedef struct kiln_cuda_desc {
    the inputs to the device, launches every kernel, copies the outputs back, synchronizes. */
 int32_t kiln_rt_cuda_run(struct kiln_ctx *ctx, const void *const *inputs, void *const *outputs);
 
+/* cuda.c's entry points (kiln_cuda_desc.create / run_device / destroy point at them; the C API
+   of a CUDA model calls the first two by name).
+   kiln_rt_cuda_run_device synchronizes `stream` before it returns: a kernel's failure (an index
+   out of range) is only known from the error slot in device memory, and an error reported by a
+   later call would name the wrong run. The inputs must be ready on `stream` (or before the call);
+   the outputs are complete when it returns 0. One run per context at a time, as on the CPU. */
+struct kiln_ctx *kiln_rt_cuda_create(const struct kiln_model_desc *desc, int32_t device,
+                                     const char *weights_path);
+int32_t kiln_rt_cuda_run_device(struct kiln_ctx *ctx, const void *const *inputs, void *const *outputs,
+                                void *stream);
+void kiln_rt_cuda_destroy(struct kiln_ctx *ctx);
+
+/* ---- what runtime.c offers cuda.c (the context struct is private to runtime.c) ----------- */
+
+/* A context without CPU working memory: the description, the mapped weights file (when
+   weights_path is given, checked as for the CPU), num_threads for kiln_rt_num_threads. NULL
+   with kiln_rt_create_error() set on failure. */
+struct kiln_ctx *kiln_rt_ctx_new(const struct kiln_model_desc *desc, int32_t num_threads,
+                                 const char *weights_path);
+/* Sets what kiln_rt_create_error() returns (printf-style). */
+void kiln_rt_set_create_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* The context's device state (cuda.c's); kiln_rt_destroy calls desc->cuda->destroy when set. */
+void **kiln_rt_device_slot(struct kiln_ctx *ctx);
+/* The device a context runs on, for messages: kiln_rt_device returns its index (-1: the CPU)
+   and its name. */
+void kiln_rt_set_device_name(struct kiln_ctx *ctx, int32_t device, const char *name);
+int32_t kiln_rt_device(struct kiln_ctx *ctx, const char **name);
+
 #endif

@@ -1,5 +1,6 @@
 /* kiln runtime core: contexts, errors, the CPU feature check, the thread pool. See kiln_rt.h. */
 #define _GNU_SOURCE
+#include "kiln_cuda.h"
 #include "kiln_rt.h"
 #include "kiln_weights.h"
 
@@ -38,6 +39,9 @@ struct kiln_ctx {
   char error[512];
   kiln_prof *prof; /* per-kernel timing (profile.c); NULL until profiling is turned on */
   kiln_weights_map weights; /* the mapped weights file (--weights-out builds) */
+  void *device;             /* a CUDA model's device state (cuda.c), NULL for a CPU model */
+  int32_t device_index;
+  char device_name[128];
 };
 
 /* ---- CPU features ------------------------------------------------------------------------ */
@@ -385,13 +389,8 @@ kiln_ctx *kiln_rt_create(const kiln_model_desc *desc, int32_t num_threads) {
   return kiln_rt_create_with_weights(desc, num_threads, NULL);
 }
 
-kiln_ctx *kiln_rt_create_with_weights(const kiln_model_desc *desc, int32_t num_threads,
-                                      const char *weights_path) {
-  create_error[0] = 0;
-  if (!desc) {
-    snprintf(create_error, sizeof create_error, "no model description");
-    return NULL;
-  }
+/* The parts of a context every model has: the description and the mapped weights. */
+static kiln_ctx *ctx_new(const kiln_model_desc *desc, const char *weights_path) {
   if (check_cpu_features(desc->cpu_features) != 0) return NULL;
   kiln_ctx *ctx = calloc(1, sizeof *ctx);
   if (!ctx) {
@@ -399,17 +398,66 @@ kiln_ctx *kiln_rt_create_with_weights(const kiln_model_desc *desc, int32_t num_t
     return NULL;
   }
   ctx->desc = desc;
+  ctx->device_index = -1;
   if (attach_weights(ctx, weights_path) != 0) {
     free(ctx);
     return NULL;
   }
+  return ctx;
+}
+
+kiln_ctx *kiln_rt_ctx_new(const kiln_model_desc *desc, int32_t num_threads, const char *weights_path) {
+  create_error[0] = 0;
+  kiln_ctx *ctx = desc ? ctx_new(desc, weights_path) : NULL;
+  if (!desc) snprintf(create_error, sizeof create_error, "no model description");
+  if (ctx) ctx->num_threads = num_threads > 0 ? num_threads : 1;
+  return ctx;
+}
+
+void kiln_rt_set_create_error(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(create_error, sizeof create_error, fmt, ap);
+  va_end(ap);
+}
+
+void **kiln_rt_device_slot(kiln_ctx *ctx) { return &ctx->device; }
+
+void kiln_rt_set_device_name(kiln_ctx *ctx, int32_t device, const char *name) {
+  ctx->device_index = device;
+  snprintf(ctx->device_name, sizeof ctx->device_name, "%s", name ? name : "");
+}
+
+int32_t kiln_rt_device(kiln_ctx *ctx, const char **name) {
+  if (name) *name = ctx->device_name;
+  return ctx->device_index;
+}
+
+kiln_ctx *kiln_rt_create_with_weights(const kiln_model_desc *desc, int32_t num_threads,
+                                      const char *weights_path) {
+  create_error[0] = 0;
+  if (!desc) {
+    snprintf(create_error, sizeof create_error, "no model description");
+    return NULL;
+  }
+  /* A CUDA model's context lives on the GPU; its code is reached only through the descriptor,
+     so CPU artifacts never reference it. */
+  if (desc->cuda) {
+    if (!desc->cuda->create) {
+      snprintf(create_error, sizeof create_error, "bad model description: no CUDA runtime");
+      return NULL;
+    }
+    return desc->cuda->create(desc, -1, weights_path);
+  }
+  kiln_ctx *ctx = ctx_new(desc, weights_path);
+  if (!ctx) return NULL;
   int threads = num_threads > 0 ? num_threads : online_cpus();
   if (threads > KILN_MAX_THREADS) threads = KILN_MAX_THREADS;
   ctx->num_threads = threads;
   int64_t per = desc->thread_scratch_bytes;
   if (desc->arena_bytes < 0 || per < 0 || (per > 0 && per > INT64_MAX / 64 / threads)) {
     snprintf(create_error, sizeof create_error, "bad model description: working memory sizes");
-    free(ctx);
+    kiln_rt_destroy(ctx);
     return NULL;
   }
   per = (per + 63) & ~(int64_t)63;
@@ -437,6 +485,7 @@ const char *kiln_rt_create_error(void) { return create_error; }
 
 void kiln_rt_destroy(kiln_ctx *ctx) {
   if (!ctx) return;
+  if (ctx->device && ctx->desc->cuda && ctx->desc->cuda->destroy) ctx->desc->cuda->destroy(ctx);
   pool_destroy(ctx->pool);
   kiln_rt_profile_free(ctx->prof);
   kiln_weights_close(&ctx->weights);

@@ -36,6 +36,7 @@ pub fn build(graph: &Graph, plan: &Plan, target: &TargetDesc, model_name: &str) 
         prefix: crate::header::c_ident(model_name),
         profile: false,
         weights_file: None,
+        cuda: false,
     };
     let parts = ModuleParts {
         graph,
