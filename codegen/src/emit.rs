@@ -288,6 +288,12 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
                 g.emit(&kb)?;
             }
             KernelImpl::Ukernel(call) => self.ukernel_body(i, f, k, call)?,
+            // Emitted as a PTX entry of its own (nvptx::device); never called as a body.
+            KernelImpl::Gpu(_) => {
+                self.builder
+                    .build_return(Some(&self.cx.i32_type().const_zero()))
+                    .map_err(llvm)?;
+            }
         }
         Ok(f)
     }

@@ -281,7 +281,7 @@ fn summarize(graph: &Graph, plan: &plan::Plan, target: &TargetDesc, files: Vec<P
     let generated_kernels = plan
         .kernels
         .iter()
-        .filter(|k| matches!(k.imp, plan::KernelImpl::Generated(_)))
+        .filter(|k| matches!(k.imp, plan::KernelImpl::Generated(_) | plan::KernelImpl::Gpu(_)))
         .count();
     Summary {
         files,

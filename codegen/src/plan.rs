@@ -31,6 +31,8 @@ pub enum Storage {
 pub enum KernelImpl {
     Generated(Box<dyn GeneratedKernel>),
     Ukernel(UkCall),
+    /// A kernel generated for the GPU (`--target cuda`).
+    Gpu(Box<dyn crate::nvptx::GpuKernel>),
 }
 
 pub struct Kernel {
@@ -58,6 +60,7 @@ impl Kernel {
         match &self.imp {
             KernelImpl::Generated(g) => g.describe(),
             KernelImpl::Ukernel(c) => format!("kiln_uk_{}", c.symbol),
+            KernelImpl::Gpu(g) => g.describe(),
         }
     }
 }
@@ -331,6 +334,16 @@ pub fn build(graph: &Graph, target: &TargetDesc, fusion: bool) -> Result<Plan> {
                 packed.push(push_weights(&mut weights, &p.bytes));
             }
         }
+        if let KernelImpl::Gpu(g) = &imp {
+            for (i, inp) in inputs.iter_mut().enumerate() {
+                if !g.reads_input(i) {
+                    *inp = None;
+                }
+            }
+            for p in g.packed_constants() {
+                packed.push(push_weights(&mut weights, &p.bytes));
+            }
+        }
         kernels.push(Kernel {
             node: id,
             node_name: node.name.clone(),
@@ -461,6 +474,11 @@ fn fused_kernel(
 }
 
 fn select(info: &NodeInfo, target: &TargetDesc) -> Result<KernelImpl> {
+    if target.is_gpu() {
+        if let Some(g) = crate::nvptx::lower(info, target)? {
+            return Ok(KernelImpl::Gpu(g));
+        }
+    }
     if let Some(g) = gen::lower(info, target)? {
         return Ok(KernelImpl::Generated(g));
     }
@@ -522,6 +540,16 @@ fn plan_arena(
             if s.shared_bytes > 0 {
                 bufs.push(Buf {
                     size: align(s.shared_bytes),
+                    first: k,
+                    last: k,
+                    owner: Owner::Scratch(k),
+                });
+            }
+        }
+        if let KernelImpl::Gpu(g) = &kern.imp {
+            if g.scratch_bytes() > 0 {
+                bufs.push(Buf {
+                    size: align(g.scratch_bytes()),
                     first: k,
                     last: k,
                     owner: Owner::Scratch(k),

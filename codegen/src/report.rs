@@ -130,6 +130,7 @@ pub fn target_report(t: &TargetDesc) -> TargetReport {
         cpu: t.cpu.clone(),
         llvm_features: t.features.clone(),
         isa: match t.isa {
+            _ if t.is_gpu() => "ptx",
             Isa::Portable => "portable",
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
@@ -202,7 +203,7 @@ pub fn build(graph: &Graph, plan: &Plan, target: &TargetDesc) -> PlanReport {
                 .collect();
             KernelReport {
                 implementation: kern.describe(),
-                generated: matches!(kern.imp, KernelImpl::Generated(_)),
+                generated: matches!(kern.imp, KernelImpl::Generated(_) | KernelImpl::Gpu(_)),
                 nodes,
                 inputs,
                 outputs: kern

@@ -576,14 +576,22 @@ pub fn to_table(r: &Report) -> String {
         "kiln explain: {} ({}) for {} / {} ({})\n",
         r.model.path, r.model.name, t.triple, t.cpu, t.isa
     ));
-    out.push_str(&format!(
-        "  CPU features assumed: {}\n",
-        if t.cpu_features.is_empty() {
-            "baseline".to_string()
-        } else {
-            t.cpu_features.join(" ")
-        }
-    ));
+    if t.isa == "ptx" {
+        let sm = t.cpu.trim_start_matches("sm_");
+        let (major, minor) = sm.split_at(sm.len().saturating_sub(1));
+        out.push_str(&format!(
+            "  GPU: NVIDIA compute capability {major}.{minor} or newer (CUDA driver loaded at run time)\n"
+        ));
+    } else {
+        out.push_str(&format!(
+            "  CPU features assumed: {}\n",
+            if t.cpu_features.is_empty() {
+                "baseline".to_string()
+            } else {
+                t.cpu_features.join(" ")
+            }
+        ));
+    }
     out.push_str(&format!(
         "  options: layout {}, precision {}, fusion {}{}\n",
         r.options.layout,

@@ -4,11 +4,12 @@
 //! kernel needs math functions, CUDA's libdevice. Optimized with the NVPTX target machine and
 //! printed as PTX.
 
-use super::{frame, libdevice, DeviceCode, Launch};
+use super::{frame, libdevice, DeviceCode, GpuBuilder, GpuKernel, Launch, LaunchDims, Mode};
 use crate::emit::{self, Api, ModuleParts};
 use crate::error::{CodegenError, Result};
 use crate::gen::llvm;
-use crate::plan::{Kernel, Plan, Storage};
+use crate::node::NodeInfo;
+use crate::plan::{Kernel, KernelImpl, Plan, Storage};
 use crate::target::TargetDesc;
 use inkwell::builder::Builder;
 use inkwell::context::Context;
@@ -49,30 +50,51 @@ pub fn build(graph: &Graph, plan: &Plan, target: &TargetDesc, model_name: &str) 
     let bodies = emit::kernel_functions(&cx, &module, &parts, &mut |_, _| {})?;
     let builder = cx.create_builder();
     let mut launches = vec![];
+    let n_inputs = graph.inputs().len();
     for (i, (k, body)) in plan.kernels.iter().zip(&bodies).enumerate() {
         let entry = format!("kiln_k{i}");
-        library_entry(
-            &cx,
-            &module,
-            &builder,
-            &entry,
-            i,
-            k,
-            plan,
-            *body,
-            graph.inputs().len(),
-        )?;
-        // A library kernel is written for a CPU thread pool; on the device it runs on one
-        // thread (device.c's parallel_for is a loop).
+        let launch = match &k.imp {
+            KernelImpl::Gpu(g) => {
+                gpu_entry(
+                    &cx,
+                    &module,
+                    &builder,
+                    &entry,
+                    k,
+                    g.as_ref(),
+                    graph,
+                    plan,
+                    target,
+                    Mode::Device,
+                )?;
+                // SAFETY: the placeholder body of a GPU kernel is never called.
+                unsafe { body.delete() };
+                g.launch()
+            }
+            _ => {
+                library_entry(&cx, &module, &builder, &entry, i, k, plan, *body, n_inputs)?;
+                // A library kernel is written for a CPU thread pool; on the device it runs on
+                // one thread (device.c's parallel_for is a loop).
+                LaunchDims {
+                    grid: [1, 1, 1],
+                    block: [1, 1, 1],
+                    shared_bytes: 0,
+                }
+            }
+        };
         launches.push(Launch {
             entry,
-            grid: [1, 1, 1],
-            block: [1, 1, 1],
-            shared_bytes: 0,
+            grid: launch.grid,
+            block: launch.block,
+            shared_bytes: launch.shared_bytes,
         });
     }
     crate::llvm::link_units(&cx, &module, target, "uk_")?;
     crate::llvm::link_units(&cx, &module, target, "rt_device")?;
+    // Each library call has constant descriptors (dtypes, shapes, attributes): inlined, its
+    // generic dtype switches fold away. Without this the NVPTX inliner keeps the whole generic
+    // function, whose PTX is large and slow to JIT.
+    inline_library_calls(&cx, &module);
     let entries: Vec<String> = launches.iter().map(|l| l.entry.clone()).collect();
     let globaldce = || {
         crate::llvm::internalize(&module, &entries);
@@ -119,6 +141,62 @@ pub(crate) fn mark_kernel<'ctx>(
     module
         .add_global_metadata("nvvm.annotations", &md)
         .map_err(|e| CodegenError::internal(format!("nvvm.annotations: {e}")))
+}
+
+/// `void entry(ptr frame)` of a generated GPU kernel: resolves its tensors from the frame and
+/// lets the generator emit the body. `mode` Emulated builds the same entry for the host CPU
+/// (tests).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gpu_entry<'ctx>(
+    cx: &'ctx Context,
+    module: &Module<'ctx>,
+    b: &Builder<'ctx>,
+    name: &str,
+    k: &Kernel,
+    g: &dyn GpuKernel,
+    graph: &Graph,
+    plan: &Plan,
+    target: &TargetDesc,
+    mode: Mode,
+) -> Result<FunctionValue<'ctx>> {
+    let ptr = cx.ptr_type(AddressSpace::default());
+    let f = module.add_function(
+        name,
+        cx.void_type().fn_type(&[ptr.into()], false),
+        Some(Linkage::External),
+    );
+    if mode == Mode::Device {
+        mark_kernel(cx, module, f)?;
+    }
+    crate::llvm::set_kernel_attributes(cx, f, target);
+    b.position_at_end(cx.append_basic_block(f, "entry"));
+    let frame = f.get_nth_param(0).expect("frame").into_pointer_value();
+    let mut slots = vec![];
+    for s in kernel_slots(k, plan)? {
+        slots.push(match s {
+            Some(s) => Some(resolve(cx, b, frame, s, graph.inputs().len())?),
+            None => None,
+        });
+    }
+    let mut info = NodeInfo::new(graph, k.node);
+    if let Some((slot, v)) = k.extra {
+        info = info.with_extra(slot, v);
+    }
+    let gb = GpuBuilder {
+        cx,
+        module,
+        builder: b,
+        function: f,
+        target,
+        node: &info,
+        mode,
+        slots,
+        n_inputs: k.inputs.len(),
+        n_outputs: k.outputs.len(),
+        n_packed: k.packed.len(),
+    };
+    g.emit(&gb)?;
+    Ok(f)
 }
 
 /// `void entry(ptr frame)`: builds the `args` array of kernel `i`'s body from the frame, calls
@@ -252,4 +330,19 @@ pub(crate) fn load_ptr<'ctx>(
         let _ = inst.set_metadata(cx.metadata_node(&[]), kind);
     }
     Ok(v)
+}
+
+/// Marks the library's kernel functions `alwaysinline`.
+fn inline_library_calls<'ctx>(cx: &'ctx Context, module: &Module<'ctx>) {
+    use inkwell::attributes::{Attribute, AttributeLoc};
+    let always = Attribute::get_named_enum_kind_id("alwaysinline");
+    let never = Attribute::get_named_enum_kind_id("noinline");
+    let mut f = module.get_first_function();
+    while let Some(func) = f {
+        f = func.get_next_function();
+        if func.count_basic_blocks() > 0 && func.get_name().to_string_lossy().starts_with("kiln_uk_") {
+            func.remove_enum_attribute(AttributeLoc::Function, never);
+            func.add_attribute(AttributeLoc::Function, cx.create_enum_attribute(always, 0));
+        }
+    }
 }

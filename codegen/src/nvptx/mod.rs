@@ -8,7 +8,12 @@
 //! launch but the frame's contents changes between runs.
 
 mod device;
+pub mod kernel;
+mod kernels;
 mod libdevice;
+
+pub use kernel::{GpuBuilder, GpuKernel, LaunchDims, Mode, Sreg};
+pub use kernels::lower;
 
 use crate::error::{CodegenError, Result};
 use crate::plan::Storage;

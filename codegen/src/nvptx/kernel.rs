@@ -1,0 +1,246 @@
+//! Kernels generated for the GPU: the interface a generator implements ([`GpuKernel`]) and what
+//! it emits with ([`GpuBuilder`]).
+//!
+//! A generated kernel is the body of a PTX entry `void kiln_k{i}(ptr frame)`; the builder hands
+//! it the addresses of its tensors (already resolved from the frame), the thread and block
+//! indices, block barriers and the block's dynamic shared memory.
+//!
+//! The same body can be emitted for the host CPU ([`Mode::Emulated`]): the special registers,
+//! the barrier and the shared-memory base then become calls to `kiln_gpu_sreg`,
+//! `kiln_gpu_barrier` and `kiln_gpu_shared`, which a test harness implements by running each
+//! block's threads on CPU threads. That is how the kernels' index arithmetic, tiling and
+//! synchronization are tested on machines without a GPU.
+
+use crate::error::{CodegenError, Result};
+use crate::gen::{llvm, PackedConst};
+use crate::node::NodeInfo;
+use crate::target::TargetDesc;
+use inkwell::builder::Builder;
+use inkwell::context::Context;
+use inkwell::module::{Linkage, Module};
+use inkwell::values::{FunctionValue, IntValue, PointerValue};
+use inkwell::AddressSpace;
+
+/// Grid, block and dynamic shared memory of a kernel's launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchDims {
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub shared_bytes: u32,
+}
+
+pub trait GpuKernel {
+    /// A short description for reports, e.g. `gpu gemm 64x64x16 M=.. N=.. K=..`.
+    fn describe(&self) -> String;
+
+    /// How the kernel is launched.
+    fn launch(&self) -> LaunchDims;
+
+    /// Constants in the layout the kernel reads (packed weights), after the outputs.
+    fn packed_constants(&self) -> Vec<PackedConst> {
+        vec![]
+    }
+
+    /// Whether the kernel reads input `i` at run time (false for a weight it only reads
+    /// packed).
+    fn reads_input(&self, i: usize) -> bool {
+        let _ = i;
+        true
+    }
+
+    /// Bytes of scratch in the arena for the whole launch (`GpuBuilder::scratch`).
+    fn scratch_bytes(&self) -> u64 {
+        0
+    }
+
+    /// Emits the body. The builder is positioned in the entry block; every path must end
+    /// with `ret void`.
+    fn emit(&self, k: &GpuBuilder<'_, '_>) -> Result<()>;
+}
+
+/// Where the body will run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// PTX for the device.
+    Device,
+    /// The host CPU, under a test harness that emulates the grid.
+    Emulated,
+}
+
+/// A special register: thread index in the block, block index in the grid, block and grid size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sreg {
+    TidX,
+    TidY,
+    TidZ,
+    CtaidX,
+    CtaidY,
+    CtaidZ,
+    NtidX,
+    NtidY,
+    NtidZ,
+    NctaidX,
+    NctaidY,
+    NctaidZ,
+}
+
+impl Sreg {
+    const ALL: [Sreg; 12] = [
+        Sreg::TidX,
+        Sreg::TidY,
+        Sreg::TidZ,
+        Sreg::CtaidX,
+        Sreg::CtaidY,
+        Sreg::CtaidZ,
+        Sreg::NtidX,
+        Sreg::NtidY,
+        Sreg::NtidZ,
+        Sreg::NctaidX,
+        Sreg::NctaidY,
+        Sreg::NctaidZ,
+    ];
+
+    /// The code `kiln_gpu_sreg` receives in emulation (its index in this order).
+    pub fn code(self) -> u32 {
+        Sreg::ALL.iter().position(|s| *s == self).expect("listed") as u32
+    }
+
+    fn intrinsic(self) -> &'static str {
+        match self {
+            Sreg::TidX => "llvm.nvvm.read.ptx.sreg.tid.x",
+            Sreg::TidY => "llvm.nvvm.read.ptx.sreg.tid.y",
+            Sreg::TidZ => "llvm.nvvm.read.ptx.sreg.tid.z",
+            Sreg::CtaidX => "llvm.nvvm.read.ptx.sreg.ctaid.x",
+            Sreg::CtaidY => "llvm.nvvm.read.ptx.sreg.ctaid.y",
+            Sreg::CtaidZ => "llvm.nvvm.read.ptx.sreg.ctaid.z",
+            Sreg::NtidX => "llvm.nvvm.read.ptx.sreg.ntid.x",
+            Sreg::NtidY => "llvm.nvvm.read.ptx.sreg.ntid.y",
+            Sreg::NtidZ => "llvm.nvvm.read.ptx.sreg.ntid.z",
+            Sreg::NctaidX => "llvm.nvvm.read.ptx.sreg.nctaid.x",
+            Sreg::NctaidY => "llvm.nvvm.read.ptx.sreg.nctaid.y",
+            Sreg::NctaidZ => "llvm.nvvm.read.ptx.sreg.nctaid.z",
+        }
+    }
+}
+
+/// The shared-memory array every kernel's dynamic shared memory starts at.
+pub const SHARED_SYMBOL: &str = "kiln_smem";
+
+/// What a generator needs to emit one GPU kernel body.
+pub struct GpuBuilder<'a, 'ctx> {
+    pub cx: &'ctx Context,
+    pub module: &'a Module<'ctx>,
+    pub builder: &'a Builder<'ctx>,
+    pub function: FunctionValue<'ctx>,
+    pub target: &'a TargetDesc,
+    pub node: &'a NodeInfo<'a>,
+    pub mode: Mode,
+    /// The kernel's tensors: inputs, outputs, packed constants, scratch (None: absent).
+    pub slots: Vec<Option<PointerValue<'ctx>>>,
+    pub n_inputs: usize,
+    pub n_outputs: usize,
+    pub n_packed: usize,
+}
+
+impl<'a, 'ctx> GpuBuilder<'a, 'ctx> {
+    pub fn ptr_type(&self) -> inkwell::types::PointerType<'ctx> {
+        self.cx.ptr_type(AddressSpace::default())
+    }
+
+    fn slot(&self, i: usize, what: &str) -> Result<PointerValue<'ctx>> {
+        self.slots
+            .get(i)
+            .copied()
+            .flatten()
+            .ok_or_else(|| CodegenError::internal(format!("GPU kernel reads absent {what} (slot {i})")))
+    }
+
+    pub fn input(&self, i: usize) -> Result<PointerValue<'ctx>> {
+        self.slot(i, "input")
+    }
+
+    pub fn output(&self, i: usize) -> Result<PointerValue<'ctx>> {
+        self.slot(self.n_inputs + i, "output")
+    }
+
+    pub fn packed(&self, i: usize) -> Result<PointerValue<'ctx>> {
+        self.slot(self.n_inputs + self.n_outputs + i, "packed constant")
+    }
+
+    /// The kernel's arena scratch (`GpuKernel::scratch_bytes`).
+    pub fn scratch(&self) -> Result<PointerValue<'ctx>> {
+        self.slot(self.n_inputs + self.n_outputs + self.n_packed, "scratch")
+    }
+
+    /// Reads a special register (i32).
+    pub fn sreg(&self, r: Sreg) -> Result<IntValue<'ctx>> {
+        let i32t = self.cx.i32_type();
+        let (f, args): (FunctionValue<'ctx>, Vec<_>) = match self.mode {
+            Mode::Device => (self.declare(r.intrinsic(), i32t.fn_type(&[], false)), vec![]),
+            Mode::Emulated => (
+                self.declare("kiln_gpu_sreg", i32t.fn_type(&[i32t.into()], false)),
+                vec![i32t.const_int(r.code() as u64, false).into()],
+            ),
+        };
+        let v = self.builder.build_call(f, &args, "sreg").map_err(llvm)?;
+        Ok(v.try_as_basic_value()
+            .basic()
+            .ok_or_else(|| CodegenError::internal("special register read returns i32"))?
+            .into_int_value())
+    }
+
+    /// `__syncthreads()`: every thread of the block waits here.
+    pub fn barrier(&self) -> Result<()> {
+        let void = self.cx.void_type().fn_type(&[], false);
+        let f = match self.mode {
+            Mode::Device => self.declare("llvm.nvvm.barrier0", void),
+            Mode::Emulated => self.declare("kiln_gpu_barrier", void),
+        };
+        self.builder.build_call(f, &[], "").map_err(llvm)?;
+        Ok(())
+    }
+
+    /// The block's dynamic shared memory (`launch().shared_bytes` bytes, 16-byte aligned), as a
+    /// generic pointer (LLVM infers the shared address space for the loads and stores).
+    pub fn shared(&self) -> Result<PointerValue<'ctx>> {
+        match self.mode {
+            Mode::Device => {
+                let g = match self.module.get_global(SHARED_SYMBOL) {
+                    Some(g) => g,
+                    None => {
+                        let ty = self.cx.i8_type().array_type(0);
+                        let g = self
+                            .module
+                            .add_global(ty, Some(AddressSpace::from(3u16)), SHARED_SYMBOL);
+                        g.set_linkage(Linkage::External);
+                        g.set_alignment(16);
+                        g
+                    }
+                };
+                self.builder
+                    .build_address_space_cast(g.as_pointer_value(), self.ptr_type(), "smem")
+                    .map_err(llvm)
+            }
+            Mode::Emulated => {
+                let f = self.declare("kiln_gpu_shared", self.ptr_type().fn_type(&[], false));
+                let v = self.builder.build_call(f, &[], "smem").map_err(llvm)?;
+                Ok(v.try_as_basic_value()
+                    .basic()
+                    .ok_or_else(|| CodegenError::internal("kiln_gpu_shared returns a pointer"))?
+                    .into_pointer_value())
+            }
+        }
+    }
+
+    /// `ret void`.
+    pub fn ret(&self) -> Result<()> {
+        self.builder.build_return(None).map_err(llvm)?;
+        Ok(())
+    }
+
+    fn declare(&self, name: &str, ty: inkwell::types::FunctionType<'ctx>) -> FunctionValue<'ctx> {
+        self.module
+            .get_function(name)
+            .unwrap_or_else(|| self.module.add_function(name, ty, Some(Linkage::External)))
+    }
+}

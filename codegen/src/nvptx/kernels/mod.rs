@@ -1,0 +1,23 @@
+//! The GPU kernel generators, one module per operator family. `lower` picks the first that
+//! handles a node; a node none handles runs as a library kernel on one GPU thread.
+
+use super::GpuKernel;
+use crate::error::Result;
+use crate::node::NodeInfo;
+use crate::target::TargetDesc;
+
+/// A generator: the kernel for a node, or None when it does not handle the node.
+type Generator = fn(&NodeInfo, &TargetDesc) -> Result<Option<Box<dyn GpuKernel>>>;
+
+/// The generators in the order they are tried.
+const GENERATORS: &[Generator] = &[];
+
+/// The generated GPU kernel for `node`, or None.
+pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GpuKernel>>> {
+    for generator in GENERATORS {
+        if let Some(k) = generator(node, target)? {
+            return Ok(Some(k));
+        }
+    }
+    Ok(None)
+}
