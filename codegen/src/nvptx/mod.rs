@@ -8,6 +8,8 @@
 //! launch but the frame's contents changes between runs.
 
 mod device;
+#[cfg(test)]
+pub(crate) mod emulate;
 pub mod kernel;
 mod kernels;
 mod libdevice;

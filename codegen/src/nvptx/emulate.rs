@@ -1,0 +1,552 @@
+//! Runs generated GPU kernels on the host CPU, for tests on machines without a GPU.
+//!
+//! A graph is planned for `TargetDesc::cuda(80)`; every kernel must be a generated GPU kernel.
+//! Each is emitted with [`Mode::Emulated`] (the special registers, the barrier and the shared
+//! memory become calls to `kiln_gpu_sreg` / `kiln_gpu_barrier` / `kiln_gpu_shared`) into one
+//! module for the host, which MCJIT compiles. The harness lays out a `kiln_gpu_frame`
+//! (kiln_cuda.h) over host buffers and runs each launch's grid: blocks one after another, the
+//! threads of a block on OS threads that meet at a barrier, each with its own special registers
+//! and the block's zeroed shared memory. A kernel that never calls the barrier runs its threads
+//! one after another on the calling thread, which is much cheaper and equally strict: no thread
+//! may rely on another without a barrier.
+//!
+//! `check_graph` compares the outputs with `kiln_ir`'s evaluator; `ptxas_check` assembles the
+//! device PTX of the same plan with ptxas.
+
+#![allow(dead_code)] // the API for the GPU kernel tests
+
+use super::{device, frame, Mode};
+use crate::plan::{self, KernelImpl, Plan, Storage};
+use crate::target::TargetDesc;
+use inkwell::context::Context;
+use inkwell::passes::PassBuilderOptions;
+use inkwell::values::{FunctionValue, InstructionOpcode};
+use inkwell::OptimizationLevel;
+use kiln_ir::{DType, Graph, Tensor};
+use std::cell::Cell;
+use std::sync::{Condvar, Mutex};
+use std::time::Duration;
+
+/// The compute capability tests plan for.
+pub(crate) const SM: u32 = 80;
+
+/// Plans `graph` for the GPU (with fusion) and runs it in emulation. Returns the outputs and
+/// each kernel's description, in run order.
+pub(crate) fn run_graph(graph: &Graph, inputs: &[Tensor]) -> Result<(Vec<Tensor>, Vec<String>), String> {
+    run_graph_with(graph, inputs, true)
+}
+
+/// [`run_graph`] with fusion on or off.
+pub(crate) fn run_graph_with(
+    graph: &Graph,
+    inputs: &[Tensor],
+    fusion: bool,
+) -> Result<(Vec<Tensor>, Vec<String>), String> {
+    let target = TargetDesc::cuda(SM).map_err(|e| e.to_string())?;
+    let plan = plan::build(graph, &target, fusion).map_err(|e| e.to_string())?;
+    let describes: Vec<String> = plan.kernels.iter().map(|k| k.describe()).collect();
+    let outputs = run_plan(graph, &plan, &target, inputs)?;
+    Ok((outputs, describes))
+}
+
+/// Runs `graph` in emulation and compares every output with `kiln_ir::eval`. Panics with the
+/// first difference. Returns the kernels' descriptions, so tests can check which kernels ran.
+pub(crate) fn check_graph(graph: &Graph, inputs: &[Tensor]) -> Vec<String> {
+    let (got, describes) = run_graph(graph, inputs).unwrap_or_else(|e| panic!("emulation: {e}"));
+    let want = kiln_ir::eval::eval_graph(graph, inputs.to_vec()).expect("reference evaluation");
+    assert_eq!(got.len(), want.len(), "number of outputs");
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        compare(&format!("output {i} ({})", describes.join("; ")), g, w);
+    }
+    describes
+}
+
+/// Asserts `got` matches `want`: same dtype and shape; floats within rtol 1e-4 / atol 1e-5
+/// (looser for 16-bit floats), NaN where the reference is NaN; everything else exact.
+pub(crate) fn compare(what: &str, got: &Tensor, want: &Tensor) {
+    assert_eq!(got.dtype(), want.dtype(), "{what}: dtype");
+    assert_eq!(got.shape(), want.shape(), "{what}: shape");
+    let (rtol, atol) = match got.dtype() {
+        DType::F32 | DType::F64 => (1e-4, 1e-5),
+        DType::F16 => (1e-3, 1e-4),
+        DType::BF16 => (1e-2, 1e-3),
+        _ => (0.0, 0.0),
+    };
+    for (i, (g, w)) in got.to_f64_vec().iter().zip(want.to_f64_vec()).enumerate() {
+        let ok = if w.is_nan() {
+            g.is_nan()
+        } else {
+            g == &w || (g - w).abs() <= atol + rtol * w.abs()
+        };
+        assert!(ok, "{what}: element {i}: got {g}, want {w}");
+    }
+}
+
+/// Emits the device PTX of `graph`'s plan for `sm` and assembles it with ptxas. Returns false
+/// (after printing why) when ptxas is absent and `CI` is not set.
+pub(crate) fn ptxas_check(graph: &Graph, sm: u32) -> bool {
+    let Some(ptxas) = find_ptxas() else {
+        assert!(std::env::var_os("CI").is_none(), "ptxas not found and CI is set");
+        eprintln!("ptxas not found ($KILN_PTXAS or .venv's nvidia-cuda-nvcc): skipping the PTX check");
+        return false;
+    };
+    let target = TargetDesc::cuda(sm).unwrap();
+    let plan = plan::build(graph, &target, true).unwrap();
+    for k in &plan.kernels {
+        assert!(
+            matches!(k.imp, KernelImpl::Gpu(_)),
+            "kernel {} ({}) is not a generated GPU kernel",
+            k.node_name,
+            k.describe()
+        );
+    }
+    let code = device::build(graph, &plan, &target, "t").unwrap();
+    let dir = std::env::temp_dir().join(format!(
+        "kiln-ptxas-{}-{}",
+        std::process::id(),
+        PTX_SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ptx = dir.join("k.ptx");
+    std::fs::write(&ptx, &code.ptx).unwrap();
+    let out = std::process::Command::new(&ptxas)
+        .arg(format!("-arch=sm_{sm}"))
+        .arg(&ptx)
+        .arg("-o")
+        .arg(dir.join("k.cubin"))
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        out.status.success(),
+        "ptxas rejected the PTX for sm_{sm}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    true
+}
+
+static PTX_SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+fn find_ptxas() -> Option<std::path::PathBuf> {
+    if let Some(p) = std::env::var_os("KILN_PTXAS") {
+        return Some(p.into());
+    }
+    // The workspace's .venv (tests run in the crate directory).
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let lib = root.join(".venv/lib");
+    for entry in std::fs::read_dir(lib).ok()?.flatten() {
+        let p = entry.path().join("site-packages/nvidia/cuda_nvcc/bin/ptxas");
+        if p.is_file() {
+            return Some(p);
+        }
+    }
+    None
+}
+
+/// Runs every kernel of `plan` (all of them generated GPU kernels) on `inputs`.
+pub(crate) fn run_plan(
+    graph: &Graph,
+    plan: &Plan,
+    target: &TargetDesc,
+    inputs: &[Tensor],
+) -> Result<Vec<Tensor>, String> {
+    let host = TargetDesc::host().map_err(|e| e.to_string())?;
+    let cx = Context::create();
+    let module = cx.create_module("kiln_emulated");
+    let tm = host
+        .target_machine(OptimizationLevel::Default)
+        .map_err(|e| e.to_string())?;
+    module.set_triple(&tm.get_triple());
+    module.set_data_layout(&tm.get_target_data().get_data_layout());
+    let builder = cx.create_builder();
+    let mut launches = vec![];
+    for (i, k) in plan.kernels.iter().enumerate() {
+        let KernelImpl::Gpu(g) = &k.imp else {
+            return Err(format!(
+                "kernel {i} ({} '{}') is not a generated GPU kernel: {}",
+                k.op_name,
+                k.node_name,
+                k.describe()
+            ));
+        };
+        let name = format!("kiln_k{i}");
+        let f = device::gpu_entry(
+            &cx,
+            &module,
+            &builder,
+            &name,
+            k,
+            g.as_ref(),
+            graph,
+            plan,
+            target,
+            Mode::Emulated,
+        )
+        .map_err(|e| e.to_string())?;
+        let dims = g.launch();
+        check_dims(&name, &g.describe(), dims)?;
+        launches.push((name, dims, calls_barrier(f)));
+    }
+    // The entries were built for the GPU target's attributes; compile them for this CPU.
+    crate::llvm::retarget_all(&cx, &module, &host);
+    crate::llvm::verify(&module).map_err(|e| e.to_string())?;
+    module
+        .run_passes("default<O2>", &tm, PassBuilderOptions::create())
+        .map_err(|e| e.to_string())?;
+    let ee = module
+        .create_jit_execution_engine(OptimizationLevel::Default)
+        .map_err(|e| e.to_string())?;
+    for (name, addr) in [
+        ("kiln_gpu_sreg", emu_sreg as *const () as usize),
+        ("kiln_gpu_barrier", emu_barrier as *const () as usize),
+        ("kiln_gpu_shared", emu_shared as *const () as usize),
+    ] {
+        if let Some(f) = module.get_function(name) {
+            ee.add_global_mapping(&f, addr);
+        }
+    }
+
+    // Host buffers, 64-byte aligned like the device allocations.
+    if inputs.len() != graph.inputs().len() {
+        return Err(format!(
+            "{} inputs given, the graph has {}",
+            inputs.len(),
+            graph.inputs().len()
+        ));
+    }
+    let mut arena = Buf::new(plan.arena_bytes as usize);
+    let mut weights = Buf::new(plan.weights.len());
+    weights.bytes_mut()[..plan.weights.len()].copy_from_slice(&plan.weights);
+    let mut input_bufs: Vec<Buf> = inputs
+        .iter()
+        .map(|t| {
+            let b = t.to_le_bytes();
+            let mut buf = Buf::new(b.len());
+            buf.bytes_mut()[..b.len()].copy_from_slice(&b);
+            buf
+        })
+        .collect();
+    let mut out_types = vec![];
+    let mut output_bufs = vec![];
+    for o in graph.outputs() {
+        let ty = graph.value_type(o.value);
+        let shape = ty
+            .fixed_shape()
+            .ok_or_else(|| format!("output '{}' has no static shape", o.name))?;
+        let bytes = ty.size_bytes().unwrap_or(0);
+        out_types.push((ty.dtype, shape, bytes));
+        output_bufs.push(Buf::new(bytes));
+    }
+    let mut error = [0i32; 2];
+    // kiln_gpu_frame: arena, weights, error, thread scratch, io[] (inputs, then outputs).
+    let mut frame_words: Vec<usize> = vec![
+        arena.ptr() as usize,
+        weights.ptr() as usize,
+        error.as_mut_ptr() as usize,
+        0,
+    ];
+    debug_assert_eq!(frame::IO, 32);
+    frame_words.extend(input_bufs.iter_mut().map(|b| b.ptr() as usize));
+    frame_words.extend(output_bufs.iter_mut().map(|b| b.ptr() as usize));
+    let frame_addr = frame_words.as_mut_ptr() as usize;
+
+    for (name, dims, barrier) in &launches {
+        type Entry = unsafe extern "C" fn(*mut u8);
+        // SAFETY: every entry was built as `void (ptr frame)`.
+        let f = unsafe { ee.get_function::<Entry>(name) }.map_err(|e| format!("{name}: {e}"))?;
+        // SAFETY: the frame's buffers are live and sized by the plan.
+        let raw: Entry = unsafe { f.as_raw() };
+        run_grid(raw, frame_addr, *dims, *barrier);
+        if error[0] != 0 {
+            return Err(format!("kernel {} failed with code {}", error[0] - 1, error[1]));
+        }
+    }
+
+    for c in &plan.output_copies {
+        let n = c.bytes as usize;
+        let src: Vec<u8> = match c.from {
+            Storage::Input(i) => input_bufs[i].bytes()[..n].to_vec(),
+            Storage::Output(i) => output_bufs[i].bytes()[..n].to_vec(),
+            Storage::Arena(off) => arena.bytes()[off as usize..off as usize + n].to_vec(),
+            Storage::Weights(off) => weights.bytes()[off as usize..off as usize + n].to_vec(),
+        };
+        output_bufs[c.output].bytes_mut()[..n].copy_from_slice(&src);
+    }
+    let mut outs = vec![];
+    for ((dtype, shape, bytes), buf) in out_types.into_iter().zip(&output_bufs) {
+        outs.push(Tensor::from_le_bytes(dtype, shape, &buf.bytes()[..bytes]).map_err(|e| format!("{e:?}"))?);
+    }
+    Ok(outs)
+}
+
+fn check_dims(name: &str, what: &str, d: super::LaunchDims) -> Result<(), String> {
+    let threads: u64 = d.block.iter().map(|&b| b as u64).product();
+    let ok = d.grid.iter().chain(&d.block).all(|&x| x >= 1)
+        && d.grid[0] < (1 << 31)
+        && d.grid[1] <= 65535
+        && d.grid[2] <= 65535
+        && threads <= 1024
+        && d.block[2] <= 64;
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("{name} ({what}): launch {d:?} is outside CUDA's limits"))
+    }
+}
+
+/// Whether the body calls `kiln_gpu_barrier` (its threads must then run concurrently).
+fn calls_barrier(f: FunctionValue<'_>) -> bool {
+    for bb in f.get_basic_blocks() {
+        let mut inst = bb.get_first_instruction();
+        while let Some(i) = inst {
+            if i.get_opcode() == InstructionOpcode::Call {
+                let n = i.get_num_operands();
+                let callee = n
+                    .checked_sub(1)
+                    .and_then(|last| i.get_operand(last))
+                    .and_then(|o| o.value())
+                    .map(|v| v.into_pointer_value());
+                if let Some(p) = callee {
+                    if p.get_name().to_bytes() == b"kiln_gpu_barrier" {
+                        return true;
+                    }
+                }
+            }
+            inst = i.get_next_instruction();
+        }
+    }
+    false
+}
+
+/// A zeroed, 64-byte aligned host buffer (at least one block, so its address is valid).
+struct Buf(Vec<Align64>);
+
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Align64([u8; 64]);
+
+impl Buf {
+    fn new(bytes: usize) -> Buf {
+        Buf(vec![Align64([0; 64]); bytes.div_ceil(64).max(1)])
+    }
+    fn ptr(&mut self) -> *mut u8 {
+        self.0.as_mut_ptr() as *mut u8
+    }
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: Align64 is plain bytes.
+        unsafe { std::slice::from_raw_parts(self.0.as_ptr() as *const u8, self.0.len() * 64) }
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        let n = self.0.len() * 64;
+        // SAFETY: Align64 is plain bytes.
+        let all = unsafe { std::slice::from_raw_parts_mut(self.0.as_mut_ptr() as *mut u8, n) };
+        all
+    }
+}
+
+/// What the emulated special registers, barrier and shared memory read on the current thread.
+#[derive(Clone, Copy)]
+struct ThreadState {
+    /// In `Sreg::code` order: tid, ctaid, ntid, nctaid (x, y, z each).
+    sreg: [i32; 12],
+    shared: usize,
+    barrier: usize,
+}
+
+thread_local! {
+    static STATE: Cell<ThreadState> = const {
+        Cell::new(ThreadState { sreg: [0; 12], shared: 0, barrier: 0 })
+    };
+}
+
+extern "C" fn emu_sreg(code: i32) -> i32 {
+    STATE.with(|s| s.get().sreg[code as usize])
+}
+
+extern "C" fn emu_shared() -> *mut u8 {
+    STATE.with(|s| s.get().shared as *mut u8)
+}
+
+extern "C" fn emu_barrier() {
+    let b = STATE.with(|s| s.get().barrier);
+    assert!(b != 0, "barrier called by a kernel run without one");
+    // SAFETY: set by run_grid to a BlockBarrier that outlives the block's threads.
+    let b = unsafe { &*(b as *const BlockBarrier) };
+    b.wait();
+}
+
+/// `__syncthreads()` for one block. Times out (and panics) instead of hanging when a thread
+/// returned early or skipped a barrier the others reached: on a GPU that is a bug too.
+struct BlockBarrier {
+    n: usize,
+    state: Mutex<(usize, u64)>,
+    cv: Condvar,
+}
+
+impl BlockBarrier {
+    fn wait(&self) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let gen = st.1;
+        st.0 += 1;
+        if st.0 == self.n {
+            st.0 = 0;
+            st.1 += 1;
+            self.cv.notify_all();
+            return;
+        }
+        while st.1 == gen {
+            let (next, timeout) = self
+                .cv
+                .wait_timeout(st, Duration::from_secs(20))
+                .unwrap_or_else(|e| e.into_inner());
+            st = next;
+            assert!(
+                !(timeout.timed_out() && st.1 == gen),
+                "barrier: {} of {} threads arrived (a thread exited or diverged)",
+                st.0,
+                self.n
+            );
+        }
+    }
+}
+
+fn run_grid(entry: unsafe extern "C" fn(*mut u8), frame: usize, d: super::LaunchDims, barrier: bool) {
+    let [gx, gy, gz] = d.grid.map(|x| x as i32);
+    let [bx, by, bz] = d.block.map(|x| x as i32);
+    let threads = (bx * by * bz) as usize;
+    for cz in 0..gz {
+        for cy in 0..gy {
+            for cx in 0..gx {
+                let mut shared = vec![0u128; (d.shared_bytes as usize).div_ceil(16).max(1)];
+                let shared = shared.as_mut_ptr() as usize;
+                let sreg = |t: usize| {
+                    let t = t as i32;
+                    let (tx, ty, tz) = (t % bx, (t / bx) % by, t / (bx * by));
+                    [tx, ty, tz, cx, cy, cz, bx, by, bz, gx, gy, gz]
+                };
+                if !barrier {
+                    for t in 0..threads {
+                        STATE.with(|s| {
+                            s.set(ThreadState {
+                                sreg: sreg(t),
+                                shared,
+                                barrier: 0,
+                            })
+                        });
+                        // SAFETY: the frame and shared buffer outlive the call.
+                        unsafe { entry(frame as *mut u8) };
+                    }
+                    continue;
+                }
+                let bar = BlockBarrier {
+                    n: threads,
+                    state: Mutex::new((0, 0)),
+                    cv: Condvar::new(),
+                };
+                let bar_addr = &bar as *const BlockBarrier as usize;
+                std::thread::scope(|scope| {
+                    for t in 0..threads {
+                        let st = ThreadState {
+                            sreg: sreg(t),
+                            shared,
+                            barrier: bar_addr,
+                        };
+                        std::thread::Builder::new()
+                            .stack_size(256 << 10)
+                            .spawn_scoped(scope, move || {
+                                STATE.with(|s| s.set(st));
+                                // SAFETY: the frame, shared buffer and barrier outlive the scope.
+                                unsafe { entry(frame as *mut u8) };
+                            })
+                            .expect("spawning an emulated GPU thread");
+                    }
+                });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Result;
+    use crate::gen::llvm;
+    use crate::nvptx::{GpuBuilder, GpuKernel, LaunchDims, Sreg};
+    use inkwell::IntPredicate;
+    use kiln_ir::{Op, TensorType, Unary};
+
+    /// Block b's threads rotate its `block` elements by one through shared memory:
+    /// `y[b*n + t] = x[b*n + (t+1) % n]`. Exercises the special registers, the barrier and the
+    /// shared memory of several blocks.
+    struct Rotate {
+        blocks: u32,
+        block: u32,
+    }
+
+    impl GpuKernel for Rotate {
+        fn describe(&self) -> String {
+            "gpu test rotate".into()
+        }
+        fn launch(&self) -> LaunchDims {
+            LaunchDims {
+                grid: [self.blocks, 1, 1],
+                block: [self.block, 1, 1],
+                shared_bytes: 4 * self.block,
+            }
+        }
+        fn emit(&self, k: &GpuBuilder<'_, '_>) -> Result<()> {
+            let (b, f32t, i32t) = (k.builder, k.cx.f32_type(), k.cx.i32_type());
+            let tid = k.sreg(Sreg::TidX)?;
+            let bid = k.sreg(Sreg::CtaidX)?;
+            let ntid = k.sreg(Sreg::NtidX)?;
+            let base = b.build_int_mul(bid, ntid, "base").map_err(llvm)?;
+            let i = b.build_int_add(base, tid, "i").map_err(llvm)?;
+            let x = k.input(0)?;
+            let y = k.output(0)?;
+            let smem = k.shared()?;
+            let px = unsafe { b.build_gep(f32t, x, &[i], "px") }.map_err(llvm)?;
+            let v = b.build_load(f32t, px, "v").map_err(llvm)?;
+            let ps = unsafe { b.build_gep(f32t, smem, &[tid], "ps") }.map_err(llvm)?;
+            b.build_store(ps, v).map_err(llvm)?;
+            k.barrier()?;
+            let t1 = b
+                .build_int_add(tid, i32t.const_int(1, false), "t1")
+                .map_err(llvm)?;
+            let wrap = b
+                .build_int_compare(IntPredicate::EQ, t1, ntid, "wrap")
+                .map_err(llvm)?;
+            let src = b
+                .build_select(wrap, i32t.const_zero(), t1, "src")
+                .map_err(llvm)?
+                .into_int_value();
+            let ps = unsafe { b.build_gep(f32t, smem, &[src], "ps2") }.map_err(llvm)?;
+            let v = b.build_load(f32t, ps, "w").map_err(llvm)?;
+            let py = unsafe { b.build_gep(f32t, y, &[i], "py") }.map_err(llvm)?;
+            b.build_store(py, v).map_err(llvm)?;
+            k.ret()
+        }
+    }
+
+    #[test]
+    fn harness_runs_blocks_with_barrier_and_shared_memory() {
+        let (blocks, block) = (3u32, 37u32);
+        let n = (blocks * block) as usize;
+        let mut g = Graph::new("t");
+        let x = g.add_input("x", TensorType::fixed(DType::F32, &[n]));
+        let y = g.add("y", Op::Unary(Unary::Relu), vec![Some(x)], "y").unwrap();
+        g.add_output("y", y);
+        let target = TargetDesc::cuda(SM).unwrap();
+        let mut plan = plan::build(&g, &target, false).unwrap();
+        assert_eq!(plan.kernels.len(), 1);
+        plan.kernels[0].imp = KernelImpl::Gpu(Box::new(Rotate { blocks, block }));
+        let xs: Vec<f32> = (0..n).map(|i| i as f32 - 50.0).collect();
+        let out = run_plan(&g, &plan, &target, &[Tensor::from_vec(vec![n], xs.clone())]).unwrap();
+        let want: Vec<f32> = (0..n)
+            .map(|i| {
+                let (b, t) = (i / block as usize, i % block as usize);
+                xs[b * block as usize + (t + 1) % block as usize]
+            })
+            .collect();
+        compare("rotate", &out[0], &Tensor::from_vec(vec![n], want));
+    }
+}
