@@ -9,7 +9,7 @@
 
 mod device;
 pub mod kernel;
-mod kernels;
+pub(crate) mod kernels;
 mod libdevice;
 
 pub use kernel::{GpuBuilder, GpuKernel, LaunchDims, Mode, Sreg};
