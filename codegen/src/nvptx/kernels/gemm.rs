@@ -1,10 +1,10 @@
 //! MatMul, Gemm and Conv on the GPU: one shared-memory tiled f32 GEMM kernel, with a fused
 //! epilogue `y = act(alpha·acc + bias + residual)`.
 //!
-//! A block computes a `BM×BN` tile of one batch entry (grid.z) with `THREADS` threads, each
-//! holding a `TM×TN` micro-tile in registers. Per K-step the block stages a `BM×BK` slice of A
-//! (stored k-major, so the compute loop reads a column of A) and a `BK×BN` slice of B in shared
-//! memory; consecutive threads load consecutive addresses of whichever operand axis is
+//! A block computes a `bm×bn` tile (16, 32 or 64 a side, after M and N) of one batch entry
+//! (grid.z) with 256 threads, each holding a `bm/16×bn/16` micro-tile in registers. Per K-step
+//! the block stages a `bm×BK` slice of A (stored k-major, so the compute loop reads a column of
+//! A) and a `BK×bn` slice of B in shared memory; consecutive threads load consecutive addresses of whichever operand axis is
 //! contiguous in memory. A thread's micro-tile is strided (rows `ty + 16·r`, columns `tx + 16·c`):
 //! the threads of a warp read consecutive shared words of B and store consecutive output
 //! columns. Edge tiles load zeros outside M, N and K and skip the stores.
@@ -25,19 +25,50 @@ use inkwell::values::{FloatValue, IntValue, PointerValue};
 use inkwell::IntPredicate;
 use kiln_ir::{AutoPad, ConvAttrs, DType, Layout, Op};
 
-const BM: usize = 64;
-const BN: usize = 64;
 const BK: usize = 16;
-const TM: usize = 4;
-const TN: usize = 4;
-/// Threads along N and M of the block tile.
-const TX: usize = BN / TN;
-const TY: usize = BM / TM;
+/// Threads along N and along M of the block tile (256 in all).
+const TX: usize = 16;
+const TY: usize = 16;
 const THREADS: usize = TX * TY;
-/// Shared rows are padded by one word so that a k-fastest store pattern hits distinct banks.
-const SA: usize = BM + 1;
-const SB: usize = BN + 1;
-const SHARED_BYTES: usize = (BK * SA + BK * SB) * 4;
+
+/// The block tile: `bm×bn`, 16, 32 or 64 each, so that small M or N (a convolution with few
+/// output channels, a matrix-vector product) does not leave most threads idle. A thread's
+/// micro-tile is `bm/16 × bn/16`.
+#[derive(Clone, Copy, Debug)]
+struct Tile {
+    bm: usize,
+    bn: usize,
+}
+
+impl Tile {
+    fn for_shape(m: usize, n: usize) -> Tile {
+        let side = |x: usize| match x {
+            0..=16 => 16,
+            17..=32 => 32,
+            _ => 64,
+        };
+        Tile {
+            bm: side(m),
+            bn: side(n),
+        }
+    }
+    fn tm(self) -> usize {
+        self.bm / TY
+    }
+    fn tn(self) -> usize {
+        self.bn / TX
+    }
+    /// Shared rows are padded by one word so that a k-fastest store pattern hits distinct banks.
+    fn sa(self) -> usize {
+        self.bm + 1
+    }
+    fn sb(self) -> usize {
+        self.bn + 1
+    }
+    fn shared_bytes(self) -> usize {
+        (BK * self.sa() + BK * self.sb()) * 4
+    }
+}
 
 /// Where a tensor's elements come from.
 #[derive(Clone, Copy, Debug)]
@@ -90,6 +121,7 @@ struct Epi {
 
 pub struct GemmGpu {
     what: String,
+    tile: Tile,
     m: usize,
     n: usize,
     k: usize,
@@ -222,7 +254,7 @@ impl Parts {
     ) -> Result<Option<Box<dyn GpuKernel>>> {
         let (m, n) = (self.m, self.n);
         let z: usize = self.batch.iter().map(|d| d.extent).product();
-        if m == 0 || n == 0 || self.k == 0 || z == 0 || z > 65535 || m.div_ceil(BM) > 65535 {
+        if m == 0 || n == 0 || self.k == 0 || z == 0 || z > 65535 || m.div_ceil(16) > 65535 {
             return Ok(None);
         }
         let mut bias = None;
@@ -280,9 +312,12 @@ impl Parts {
                 Some((slot, 0, n, 1, 1.0))
             }
         };
+        let tile = Tile::for_shape(m, n);
         let what = format!(
-            "gpu {} {BM}x{BN}x{BK} M={m} N={n} K={} batch={z}{}",
+            "gpu {} {}x{}x{BK} M={m} N={n} K={} batch={z}{}",
             self.what,
+            tile.bm,
+            tile.bn,
             self.k,
             match epi.activation {
                 Activation::None => String::new(),
@@ -291,6 +326,7 @@ impl Parts {
         );
         Ok(Some(Box::new(GemmGpu {
             what,
+            tile,
             m,
             n,
             k: self.k,
@@ -740,9 +776,13 @@ impl GpuKernel for GemmGpu {
     fn launch(&self) -> LaunchDims {
         let z: usize = self.batch.iter().map(|d| d.extent).product();
         LaunchDims {
-            grid: [self.n.div_ceil(BN) as u32, self.m.div_ceil(BM) as u32, z as u32],
+            grid: [
+                self.n.div_ceil(self.tile.bn) as u32,
+                self.m.div_ceil(self.tile.bm) as u32,
+                z as u32,
+            ],
             block: [THREADS as u32, 1, 1],
-            shared_bytes: SHARED_BYTES as u32,
+            shared_bytes: self.tile.shared_bytes() as u32,
         }
     }
 
@@ -757,9 +797,11 @@ impl GpuKernel for GemmGpu {
     fn emit(&self, k: &GpuBuilder<'_, '_>) -> Result<()> {
         let e = Emit::new(k.cx, k.module, k.builder, k.function);
         let f32t = k.cx.f32_type();
+        let t = self.tile;
+        let (bm, bn, tm, tn, sa, sb) = (t.bm, t.bn, t.tm(), t.tn(), t.sa(), t.sb());
         let tid = sreg64(k, Sreg::TidX)?;
-        let col0 = e.mulc(sreg64(k, Sreg::CtaidX)?, BN as i64)?;
-        let row0 = e.mulc(sreg64(k, Sreg::CtaidY)?, BM as i64)?;
+        let col0 = e.mulc(sreg64(k, Sreg::CtaidX)?, bn as i64)?;
+        let row0 = e.mulc(sreg64(k, Sreg::CtaidY)?, bm as i64)?;
         let z = sreg64(k, Sreg::CtaidZ)?;
         // Operand offsets of this batch entry (last dimension fastest).
         let (mut a_off, mut b_off) = (e.i64c(0), e.i64c(0));
@@ -772,28 +814,28 @@ impl GpuKernel for GemmGpu {
         }
         let smem = k.shared()?;
         let a_sh = smem;
-        let b_sh = e.gep_f32c(smem, (BK * SA) as i64)?;
+        let b_sh = e.gep_f32c(smem, (BK * sa) as i64)?;
         let tx = e.uremc(tid, TX as i64)?;
         let ty = e.udivc(tid, TX as i64)?;
-        let acc_ty = f32t.array_type((TM * TN) as u32);
+        let acc_ty = f32t.array_type((tm * tn) as u32);
         let acc = e.entry_alloca(acc_ty, "acc")?;
-        let acc_at = |r: usize, c: usize| e.gep_f32c(acc, (r * TN + c) as i64);
-        for r in 0..TM {
-            for c in 0..TN {
+        let acc_at = |r: usize, c: usize| e.gep_f32c(acc, (r * tn + c) as i64);
+        for r in 0..tm {
+            for c in 0..tn {
                 e.store(acc_at(r, c)?, f32t.const_zero())?;
             }
         }
         let a_ptr = resolve(k, self.a.slot)?;
         let (m, n, kk) = (self.m, self.n, self.k);
         e.for_range(e.i64c(0), e.i64c(kk as i64), BK as i64, |k0| {
-            // A slice: BM×BK elements, THREADS at a time, along A's contiguous axis.
+            // A slice: bm×BK elements, THREADS at a time, along A's contiguous axis.
             let a_k_fast = self.a.cs == 1 || self.a.rs != 1;
-            for l in 0..(BM * BK) / THREADS {
+            for l in 0..(bm * BK) / THREADS {
                 let el = e.addc(tid, (l * THREADS) as i64)?;
                 let (ii, kq) = if a_k_fast {
                     (e.udivc(el, BK as i64)?, e.uremc(el, BK as i64)?)
                 } else {
-                    (e.uremc(el, BM as i64)?, e.udivc(el, BM as i64)?)
+                    (e.uremc(el, bm as i64)?, e.udivc(el, bm as i64)?)
                 };
                 let gi = e.add(row0, ii)?;
                 let gk = e.add(k0, kq)?;
@@ -803,16 +845,16 @@ impl GpuKernel for GemmGpu {
                     e.add(e.mulc(gi, self.a.rs as i64)?, e.mulc(gk, self.a.cs as i64)?)?,
                 )?;
                 let v = guarded_load(&e, a_ptr, idx, valid)?;
-                e.store(e.gep_f32(a_sh, e.add(e.mulc(kq, SA as i64)?, ii)?)?, v)?;
+                e.store(e.gep_f32(a_sh, e.add(e.mulc(kq, sa as i64)?, ii)?)?, v)?;
             }
-            // B slice: BK×BN.
+            // B slice: BK×bn.
             let b_k_fast = matches!(self.b, BSrc::Mat(bm) if bm.cs != 1 && bm.rs == 1);
-            for l in 0..(BK * BN) / THREADS {
+            for l in 0..(BK * bn) / THREADS {
                 let el = e.addc(tid, (l * THREADS) as i64)?;
                 let (kq, jj) = if b_k_fast {
                     (e.uremc(el, BK as i64)?, e.udivc(el, BK as i64)?)
                 } else {
-                    (e.udivc(el, BN as i64)?, e.uremc(el, BN as i64)?)
+                    (e.udivc(el, bn as i64)?, e.uremc(el, bn as i64)?)
                 };
                 let gk = e.add(k0, kq)?;
                 let gj = e.add(col0, jj)?;
@@ -852,18 +894,18 @@ impl GpuKernel for GemmGpu {
                     }
                 };
                 let v = guarded_load(&e, ptr, idx, valid)?;
-                e.store(e.gep_f32(b_sh, e.add(e.mulc(kq, SB as i64)?, jj)?)?, v)?;
+                e.store(e.gep_f32(b_sh, e.add(e.mulc(kq, sb as i64)?, jj)?)?, v)?;
             }
             k.barrier()?;
             for q in 0..BK {
-                let av: Vec<FloatValue> = (0..TM)
-                    .map(|r| e.load_f32(e.gep_f32(a_sh, e.addc(ty, (q * SA + r * TY) as i64)?)?))
+                let av: Vec<FloatValue> = (0..tm)
+                    .map(|r| e.load_f32(e.gep_f32(a_sh, e.addc(ty, (q * sa + r * TY) as i64)?)?))
                     .collect::<Result<_>>()?;
-                let bv: Vec<FloatValue> = (0..TN)
-                    .map(|c| e.load_f32(e.gep_f32(b_sh, e.addc(tx, (q * SB + c * TX) as i64)?)?))
+                let bv: Vec<FloatValue> = (0..tn)
+                    .map(|c| e.load_f32(e.gep_f32(b_sh, e.addc(tx, (q * sb + c * TX) as i64)?)?))
                     .collect::<Result<_>>()?;
-                for r in 0..TM {
-                    for c in 0..TN {
+                for r in 0..tm {
+                    for c in 0..tn {
                         let p = acc_at(r, c)?;
                         let s = e.load_f32(p)?;
                         let s = e
@@ -881,8 +923,8 @@ impl GpuKernel for GemmGpu {
             k.barrier()
         })?;
         let g_idx = e.uremc(z, self.groups as i64)?;
-        for r in 0..TM {
-            for c in 0..TN {
+        for r in 0..tm {
+            for c in 0..tn {
                 let i = e.add(row0, e.addc(ty, (r * TY) as i64)?)?;
                 let j = e.add(col0, e.addc(tx, (c * TX) as i64)?)?;
                 let inside = and(&e, ult(&e, i, m)?, ult(&e, j, n)?)?;
