@@ -904,15 +904,15 @@ impl GpuKernel for GemmGpu {
                 let bv: Vec<FloatValue> = (0..tn)
                     .map(|c| e.load_f32(e.gep_f32(b_sh, e.addc(tx, (q * sb + c * TX) as i64)?)?))
                     .collect::<Result<_>>()?;
-                for r in 0..tm {
-                    for c in 0..tn {
+                for (r, a) in av.iter().enumerate() {
+                    for (c, bval) in bv.iter().enumerate() {
                         let p = acc_at(r, c)?;
                         let s = e.load_f32(p)?;
                         let s = e
                             .intrinsic(
                                 "llvm.fma",
                                 &[f32t.into()],
-                                &[av[r].into(), bv[c].into(), s.into()],
+                                &[(*a).into(), (*bval).into(), s.into()],
                             )?
                             .into_float_value();
                         e.store(p, s)?;
