@@ -314,11 +314,12 @@ impl Parts {
         };
         let tile = Tile::for_shape(m, n);
         let what = format!(
-            "gpu {} {}x{}x{BK} M={m} N={n} K={} batch={z}{}",
+            "gpu {} {}x{}x{BK} M={m} N={n} K={} batch={z}{}{}",
             self.what,
             tile.bm,
             tile.bn,
             self.k,
+            if epi.residual.is_some() { " +residual" } else { "" },
             match epi.activation {
                 Activation::None => String::new(),
                 a => format!(" +{a:?}"),
@@ -1001,13 +1002,14 @@ fn dwconv(
     };
     Ok(Some(Box::new(DwConvGpu {
         what: format!(
-            "gpu dwconv{}x{}/{} C={} {}x{}{}",
+            "gpu dwconv{}x{}/{} C={} {}x{}{}{}",
             g.kh,
             g.kw,
             g.sh,
             g.c,
             g.oh,
             g.ow,
+            if residual.is_some() { " +residual" } else { "" },
             match epi.activation {
                 Activation::None => String::new(),
                 a => format!(" +{a:?}"),
@@ -1364,6 +1366,7 @@ mod tests {
                 let d = g.check(y);
                 assert_eq!(d.len(), 1, "one fused kernel: {d:?}");
                 assert_gpu(&d, "gpu conv");
+                assert_eq!(d[0].contains("+residual"), residual, "{d:?}");
 
                 // Depthwise.
                 let mut g = G::new(450 + act as u64);
