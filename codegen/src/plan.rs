@@ -443,17 +443,34 @@ fn fused_kernel(
     if let Some(r) = chain.residual {
         info = info.with_extra(slot, r);
     }
-    let g = gen::gemm::lower_fused(&info, target, chain.epilogue(graph, slot))
-        .ok()
-        .flatten()?;
+    let epilogue = chain.epilogue(graph, slot);
+    let imp = if target.is_gpu() {
+        KernelImpl::Gpu(
+            crate::nvptx::kernels::gemm::lower_fused(&info, target, epilogue)
+                .ok()
+                .flatten()?,
+        )
+    } else {
+        KernelImpl::Generated(gen::gemm::lower_fused(&info, target, epilogue).ok().flatten()?)
+    };
+    let (reads, constants) = match &imp {
+        KernelImpl::Gpu(g) => (
+            (0..info.n_inputs()).map(|i| g.reads_input(i)).collect::<Vec<_>>(),
+            g.packed_constants(),
+        ),
+        KernelImpl::Generated(g) => (
+            (0..info.n_inputs()).map(|i| g.reads_input(i)).collect(),
+            g.packed_constants(),
+        ),
+        KernelImpl::Ukernel(_) => return None,
+    };
     let mut inputs: Vec<Option<ValueId>> = (0..info.n_inputs()).map(|i| info.input(i)).collect();
-    for (i, inp) in inputs.iter_mut().enumerate() {
-        if !g.reads_input(i) {
+    for (inp, read) in inputs.iter_mut().zip(reads) {
+        if !read {
             *inp = None;
         }
     }
-    let packed = g
-        .packed_constants()
+    let packed = constants
         .iter()
         .map(|p| push_weights(weights, &p.bytes))
         .collect();
@@ -461,7 +478,7 @@ fn fused_kernel(
         node: anchor,
         node_name: node.name.clone(),
         op_name: node.op.name(),
-        imp: KernelImpl::Generated(g),
+        imp,
         inputs,
         outputs: std::iter::once(chain.output)
             .chain(chain.pool.map(|p| p.out(0)))

@@ -10,7 +10,7 @@
 pub mod conv_nhwc;
 pub mod dwconv;
 pub mod elementwise;
-mod emit;
+pub(crate) mod emit;
 pub mod gemm;
 #[cfg(test)]
 mod testing;

@@ -11,7 +11,7 @@ mod device;
 #[cfg(test)]
 pub(crate) mod emulate;
 pub mod kernel;
-mod kernels;
+pub(crate) mod kernels;
 mod libdevice;
 
 pub use kernel::{GpuBuilder, GpuKernel, LaunchDims, Mode, Sreg};

@@ -1,6 +1,8 @@
 //! The GPU kernel generators, one module per operator family. `lower` picks the first that
 //! handles a node; a node none handles runs as a library kernel on one GPU thread.
 
+pub mod gemm;
+
 use super::GpuKernel;
 use crate::error::Result;
 use crate::node::NodeInfo;
@@ -10,7 +12,7 @@ use crate::target::TargetDesc;
 type Generator = fn(&NodeInfo, &TargetDesc) -> Result<Option<Box<dyn GpuKernel>>>;
 
 /// The generators in the order they are tried.
-const GENERATORS: &[Generator] = &[];
+const GENERATORS: &[Generator] = &[gemm::lower];
 
 /// The generated GPU kernel for `node`, or None.
 pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GpuKernel>>> {

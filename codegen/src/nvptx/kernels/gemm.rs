@@ -1,0 +1,1458 @@
+//! MatMul, Gemm and Conv on the GPU: one shared-memory tiled f32 GEMM kernel, with a fused
+//! epilogue `y = act(alpha·acc + bias + residual)`.
+//!
+//! A block computes a `bm×bn` tile (16, 32 or 64 a side, after M and N) of one batch entry
+//! (grid.z) with 256 threads, each holding a `bm/16×bn/16` micro-tile in registers. Per K-step
+//! the block stages a `bm×BK` slice of A (stored k-major, so the compute loop reads a column of
+//! A) and a `BK×bn` slice of B in shared memory; consecutive threads load consecutive addresses of whichever operand axis is
+//! contiguous in memory. A thread's micro-tile is strided (rows `ty + 16·r`, columns `tx + 16·c`):
+//! the threads of a warp read consecutive shared words of B and store consecutive output
+//! columns. Edge tiles load zeros outside M, N and K and skip the stores.
+//!
+//! A convolution is the same product (implicit GEMM): A = the group's weights, B = the im2col
+//! matrix of one image and group, gathered from the input while the B slice is staged (pads
+//! read as zeros), so the im2col matrix never exists in memory. A depthwise convolution runs as
+//! a direct kernel (`DwConvGpu`), one thread per output element.
+
+use crate::error::Result;
+use crate::gen::emit::Emit;
+use crate::gen::gemm::{Activation, Bias, Epilogue, Residual};
+use crate::gen::{llvm, PackedConst};
+use crate::node::NodeInfo;
+use crate::nvptx::{GpuBuilder, GpuKernel, LaunchDims, Sreg};
+use crate::target::TargetDesc;
+use inkwell::values::{FloatValue, IntValue, PointerValue};
+use inkwell::IntPredicate;
+use kiln_ir::{AutoPad, ConvAttrs, DType, Layout, Op};
+
+const BK: usize = 16;
+/// Threads along N and along M of the block tile (256 in all).
+const TX: usize = 16;
+const TY: usize = 16;
+const THREADS: usize = TX * TY;
+
+/// The block tile: `bm×bn`, 16, 32 or 64 each, so that small M or N (a convolution with few
+/// output channels, a matrix-vector product) does not leave most threads idle. A thread's
+/// micro-tile is `bm/16 × bn/16`.
+#[derive(Clone, Copy, Debug)]
+struct Tile {
+    bm: usize,
+    bn: usize,
+}
+
+impl Tile {
+    fn for_shape(m: usize, n: usize) -> Tile {
+        let side = |x: usize| match x {
+            0..=16 => 16,
+            17..=32 => 32,
+            _ => 64,
+        };
+        Tile {
+            bm: side(m),
+            bn: side(n),
+        }
+    }
+    fn tm(self) -> usize {
+        self.bm / TY
+    }
+    fn tn(self) -> usize {
+        self.bn / TX
+    }
+    /// Shared rows are padded by one word so that a k-fastest store pattern hits distinct banks.
+    fn sa(self) -> usize {
+        self.bm + 1
+    }
+    fn sb(self) -> usize {
+        self.bn + 1
+    }
+    fn shared_bytes(self) -> usize {
+        (BK * self.sa() + BK * self.sb()) * 4
+    }
+}
+
+/// Where a tensor's elements come from.
+#[derive(Clone, Copy, Debug)]
+enum Slot {
+    Input(usize),
+    Packed(usize),
+}
+
+/// An operand matrix: element `(r, c)` of batch entry `z` at `off(z) + r·rs + c·cs`.
+#[derive(Clone, Copy, Debug)]
+struct Mat {
+    slot: Slot,
+    rs: usize,
+    cs: usize,
+}
+
+/// The im2col matrix of a 2-D convolution: row `c·KH·KW + kh·KW + kw`, column `oh·OW + ow`.
+#[derive(Clone, Copy, Debug)]
+struct Im2col {
+    input: usize,
+    g: Geom,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum BSrc {
+    Mat(Mat),
+    Im2col(Im2col),
+}
+
+/// One batch dimension: its extent and the element strides of A and B along it (0 when that
+/// operand is broadcast).
+#[derive(Clone, Copy, Debug)]
+struct BatchDim {
+    extent: usize,
+    a: usize,
+    b: usize,
+}
+
+/// The epilogue's sources, resolved to slots.
+#[derive(Clone, Debug)]
+struct Epi {
+    alpha: f32,
+    /// Bias vector and whether it is indexed by row (else by column).
+    bias: Option<(Slot, bool)>,
+    /// Residual (or Gemm's C): element `(i, j)` of batch `z` at `z·zs + i·rs + j·cs`, times
+    /// `scale`.
+    residual: Option<(Slot, usize, usize, usize, f32)>,
+    activation: Activation,
+}
+
+pub struct GemmGpu {
+    what: String,
+    tile: Tile,
+    m: usize,
+    n: usize,
+    k: usize,
+    batch: Vec<BatchDim>,
+    /// Groups of a convolution: batch entry `z` is group `z % groups` (its bias rows).
+    groups: usize,
+    a: Mat,
+    b: BSrc,
+    epi: Epi,
+    packed: Vec<PackedConst>,
+    unread: Vec<usize>,
+}
+
+/// The generator: MatMul, Gemm and Conv with their own bias.
+pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GpuKernel>>> {
+    let epi = match node.op() {
+        Op::Conv(_) => match node.known(2) {
+            Some(b) if b.dtype() == DType::F32 => Epilogue::new(
+                Bias::PerRow(b.to_f64_vec().iter().map(|&v| v as f32).collect()),
+                None,
+                Activation::None,
+            ),
+            _ => Epilogue::default(),
+        },
+        Op::MatMul | Op::Gemm { .. } => Epilogue::default(),
+        _ => return Ok(None),
+    };
+    lower_fused(node, target, epi)
+}
+
+/// `node` with the epilogue `epi` (the fusion pass supplies bias, residual, activation). For
+/// Conv, `epi.bias` replaces a constant bias input; a bias computed at run time is read as is.
+pub fn lower_fused(
+    node: &NodeInfo,
+    target: &TargetDesc,
+    epi: Epilogue,
+) -> Result<Option<Box<dyn GpuKernel>>> {
+    if !target.is_gpu() || epi.pool_mean {
+        return Ok(None);
+    }
+    for i in 0..node.n_inputs() {
+        if let Some(t) = node.input_type(i) {
+            if t.dtype != DType::F32 || t.layout != Layout::RowMajor || !t.is_static() {
+                return Ok(None);
+            }
+        }
+    }
+    let ot = node.output_type(0);
+    if node.n_outputs() != 1 || ot.dtype != DType::F32 || ot.layout != Layout::RowMajor || !ot.is_static() {
+        return Ok(None);
+    }
+    if node.output_shape(0)?.iter().product::<usize>() >= 1 << 31 {
+        return Ok(None);
+    }
+    match node.op() {
+        Op::MatMul => matmul(node, epi),
+        Op::Gemm {
+            alpha,
+            beta,
+            trans_a,
+            trans_b,
+        } => gemm(node, epi, *alpha, *beta, *trans_a, *trans_b),
+        Op::Conv(a) => conv(node, epi, a),
+        _ => Ok(None),
+    }
+}
+
+fn f32s(node: &NodeInfo, i: usize) -> Option<Vec<f32>> {
+    node.known(i)
+        .and_then(|t| t.as_slice::<f32>().map(|s| s.to_vec()))
+}
+
+fn to_bytes(v: &[f32]) -> PackedConst {
+    PackedConst {
+        bytes: v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+    }
+}
+
+fn strides(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * shape[i + 1];
+    }
+    s
+}
+
+/// Copies `count` `rows×cols` matrices (element `(r, c)` of matrix `b` at
+/// `b·rows·cols + r·rs + c·cs`) into row-major (`k_major` false) or column-major order.
+fn repack(
+    src: &[f32],
+    count: usize,
+    rows: usize,
+    cols: usize,
+    rs: usize,
+    cs: usize,
+    k_major: bool,
+) -> Vec<f32> {
+    let mut out = vec![0f32; count * rows * cols];
+    for b in 0..count {
+        for r in 0..rows {
+            for c in 0..cols {
+                let d = if k_major { c * rows + r } else { r * cols + c };
+                out[b * rows * cols + d] = src[b * rows * cols + r * rs + c * cs];
+            }
+        }
+    }
+    out
+}
+
+struct Parts {
+    m: usize,
+    n: usize,
+    k: usize,
+    batch: Vec<BatchDim>,
+    groups: usize,
+    a: Mat,
+    b: BSrc,
+    packed: Vec<PackedConst>,
+    unread: Vec<usize>,
+    what: String,
+}
+
+impl Parts {
+    /// Resolves the epilogue and checks the launch limits.
+    fn finish(
+        mut self,
+        node: &NodeInfo,
+        epi: Epilogue,
+        extra: Option<(Slot, usize, usize, usize, f32)>,
+    ) -> Result<Option<Box<dyn GpuKernel>>> {
+        let (m, n) = (self.m, self.n);
+        let z: usize = self.batch.iter().map(|d| d.extent).product();
+        if m == 0 || n == 0 || self.k == 0 || z == 0 || z > 65535 || m.div_ceil(16) > 65535 {
+            return Ok(None);
+        }
+        let mut bias = None;
+        match &epi.bias {
+            Bias::None => {}
+            Bias::PerRow(v) => {
+                if v.len() != m * self.groups {
+                    return Err(node.unsupported(format!(
+                        "row bias has {} values for {} rows",
+                        v.len(),
+                        m * self.groups
+                    )));
+                }
+                bias = Some((Slot::Packed(self.packed.len()), true));
+                self.packed.push(to_bytes(v));
+            }
+            Bias::PerCol(v) => {
+                if v.len() != n {
+                    return Err(
+                        node.unsupported(format!("column bias has {} values for {n} columns", v.len()))
+                    );
+                }
+                bias = Some((Slot::Packed(self.packed.len()), false));
+                self.packed.push(to_bytes(v));
+            }
+        }
+        // A convolution's bias computed at run time.
+        if let (Op::Conv(_), None, true) = (node.op(), &bias, node.has_input(2)) {
+            if node.known(2).is_some() {
+                // A constant bias the epilogue did not carry: not this kernel's to drop.
+                return Ok(None);
+            }
+            if node.input_shape(2)?.iter().product::<usize>() != m * self.groups {
+                return Err(node.unsupported("bias does not have one value per output channel"));
+            }
+            bias = Some((Slot::Input(2), true));
+        }
+        let residual = match (&epi.residual, extra) {
+            (None, e) => e,
+            (Some(_), Some(_)) => return Ok(None),
+            (Some(Residual::Input(i)), None) => {
+                if node.input_shape(*i)? != node.output_shape(0)? {
+                    return Err(
+                        node.unsupported(format!("residual input {i} does not have the output's shape"))
+                    );
+                }
+                Some((Slot::Input(*i), m * n, n, 1, 1.0))
+            }
+            (Some(Residual::Const(v)), None) => {
+                if v.len() != m * n {
+                    return Err(node.unsupported("constant residual is not an [M, N] matrix"));
+                }
+                let slot = Slot::Packed(self.packed.len());
+                self.packed.push(to_bytes(v));
+                Some((slot, 0, n, 1, 1.0))
+            }
+        };
+        let tile = Tile::for_shape(m, n);
+        let what = format!(
+            "gpu {} {}x{}x{BK} M={m} N={n} K={} batch={z}{}{}",
+            self.what,
+            tile.bm,
+            tile.bn,
+            self.k,
+            if epi.residual.is_some() { " +residual" } else { "" },
+            match epi.activation {
+                Activation::None => String::new(),
+                a => format!(" +{a:?}"),
+            }
+        );
+        Ok(Some(Box::new(GemmGpu {
+            what,
+            tile,
+            m,
+            n,
+            k: self.k,
+            batch: self.batch,
+            groups: self.groups,
+            a: self.a,
+            b: self.b,
+            epi: Epi {
+                alpha: epi.scale,
+                bias,
+                residual,
+                activation: epi.activation,
+            },
+            packed: self.packed,
+            unread: self.unread,
+        })))
+    }
+}
+
+fn matmul(node: &NodeInfo, epi: Epilogue) -> Result<Option<Box<dyn GpuKernel>>> {
+    let sa = node.input_shape(0)?;
+    let sb = node.input_shape(1)?;
+    if sa.is_empty() || sb.is_empty() {
+        return Ok(None);
+    }
+    let (ra, rb) = (sa.len(), sb.len());
+    let m = if ra >= 2 { sa[ra - 2] } else { 1 };
+    let k = sa[ra - 1];
+    let n = if rb >= 2 { sb[rb - 1] } else { 1 };
+    let kb = if rb >= 2 { sb[rb - 2] } else { sb[0] };
+    if k != kb {
+        return Err(node.unsupported("inner dimensions differ"));
+    }
+    let ba: Vec<usize> = if ra > 2 { sa[..ra - 2].to_vec() } else { vec![] };
+    let bb: Vec<usize> = if rb > 2 { sb[..rb - 2].to_vec() } else { vec![] };
+    let nd = ba.len().max(bb.len());
+    let pad = |v: &[usize]| -> Vec<usize> {
+        let mut r = vec![1; nd - v.len()];
+        r.extend_from_slice(v);
+        r
+    };
+    let (pa, pb) = (pad(&ba), pad(&bb));
+    let out_batch: Vec<usize> = (0..nd).map(|i| pa[i].max(pb[i])).collect();
+    let (sta, stb) = (strides(&pa), strides(&pb));
+    let mut parts = Parts {
+        m,
+        n,
+        k,
+        batch: (0..nd)
+            .map(|i| BatchDim {
+                extent: out_batch[i],
+                a: if pa[i] == 1 { 0 } else { sta[i] * m * k },
+                b: if pb[i] == 1 { 0 } else { stb[i] * k * n },
+            })
+            .collect(),
+        groups: 1,
+        a: Mat {
+            slot: Slot::Input(0),
+            rs: k,
+            cs: 1,
+        },
+        b: BSrc::Mat(Mat {
+            slot: Slot::Input(1),
+            rs: n,
+            cs: 1,
+        }),
+        packed: vec![],
+        unread: vec![],
+        what: "matmul".into(),
+    };
+    if let Some(w) = f32s(node, 1) {
+        // Already the K×N row-major layout the B loader reads best.
+        parts.b = BSrc::Mat(Mat {
+            slot: Slot::Packed(0),
+            rs: n,
+            cs: 1,
+        });
+        parts.packed.push(to_bytes(&w));
+        parts.unread.push(1);
+    } else if let Some(w) = f32s(node, 0) {
+        // K-major: consecutive threads load consecutive rows of one k into shared memory.
+        let count = pa.iter().product();
+        parts.a = Mat {
+            slot: Slot::Packed(0),
+            rs: 1,
+            cs: m,
+        };
+        parts.packed.push(to_bytes(&repack(&w, count, m, k, k, 1, true)));
+        parts.unread.push(0);
+    }
+    if parts.batch.is_empty() {
+        parts.batch.push(BatchDim {
+            extent: 1,
+            a: 0,
+            b: 0,
+        });
+    }
+    parts.finish(node, epi, None)
+}
+
+fn gemm(
+    node: &NodeInfo,
+    epi: Epilogue,
+    alpha: f32,
+    beta: f32,
+    trans_a: bool,
+    trans_b: bool,
+) -> Result<Option<Box<dyn GpuKernel>>> {
+    let sa = node.input_shape(0)?;
+    let sb = node.input_shape(1)?;
+    if sa.len() != 2 || sb.len() != 2 {
+        return Ok(None);
+    }
+    let (m, k) = if trans_a { (sa[1], sa[0]) } else { (sa[0], sa[1]) };
+    let (kb, n) = if trans_b { (sb[1], sb[0]) } else { (sb[0], sb[1]) };
+    if k != kb {
+        return Err(node.unsupported("inner dimensions differ"));
+    }
+    let (ars, acs) = if trans_a { (1, m) } else { (k, 1) };
+    let (brs, bcs) = if trans_b { (1, k) } else { (n, 1) };
+    let mut parts = Parts {
+        m,
+        n,
+        k,
+        batch: vec![BatchDim {
+            extent: 1,
+            a: 0,
+            b: 0,
+        }],
+        groups: 1,
+        a: Mat {
+            slot: Slot::Input(0),
+            rs: ars,
+            cs: acs,
+        },
+        b: BSrc::Mat(Mat {
+            slot: Slot::Input(1),
+            rs: brs,
+            cs: bcs,
+        }),
+        packed: vec![],
+        unread: vec![],
+        what: "gemm".into(),
+    };
+    if let Some(w) = f32s(node, 1) {
+        parts.b = BSrc::Mat(Mat {
+            slot: Slot::Packed(parts.packed.len()),
+            rs: n,
+            cs: 1,
+        });
+        parts.packed.push(to_bytes(&repack(&w, 1, k, n, brs, bcs, false)));
+        parts.unread.push(1);
+    }
+    if let Some(w) = f32s(node, 0) {
+        parts.a = Mat {
+            slot: Slot::Packed(parts.packed.len()),
+            rs: 1,
+            cs: m,
+        };
+        parts.packed.push(to_bytes(&repack(&w, 1, m, k, ars, acs, true)));
+        parts.unread.push(0);
+    }
+    let mut epi = epi;
+    epi.scale *= alpha;
+    // C, unidirectionally broadcast to [M, N], read in place with zero strides.
+    let mut c = None;
+    if node.has_input(2) && beta != 0.0 {
+        let sc = node.input_shape(2)?;
+        let (cr, cc) = match sc.len() {
+            0 => (1, 1),
+            1 => (1, sc[0]),
+            2 => (sc[0], sc[1]),
+            _ => return Ok(None),
+        };
+        if !(cr == 1 || cr == m) || !(cc == 1 || cc == n) {
+            return Err(node.unsupported(format!("C of shape {sc:?} does not broadcast to [{m}, {n}]")));
+        }
+        let rs = if cr == 1 { 0 } else { cc };
+        let cs = if cc == 1 { 0 } else { 1 };
+        let slot = match f32s(node, 2) {
+            Some(v) => {
+                parts.unread.push(2);
+                parts.packed.push(to_bytes(&v));
+                Slot::Packed(parts.packed.len() - 1)
+            }
+            None => Slot::Input(2),
+        };
+        c = Some((slot, 0, rs, cs, beta));
+    } else if node.has_input(2) {
+        parts.unread.push(2);
+    }
+    parts.finish(node, epi, c)
+}
+
+/// A resolved 2-D convolution window.
+#[derive(Clone, Copy, Debug)]
+struct Geom {
+    c: usize,
+    h: usize,
+    w: usize,
+    kh: usize,
+    kw: usize,
+    sh: usize,
+    sw: usize,
+    dh: usize,
+    dw: usize,
+    ph: usize,
+    pw: usize,
+    oh: usize,
+    ow: usize,
+}
+
+/// The window of `attrs` (pads from `auto_pad`), None unless it produces `oh×ow`.
+#[allow(clippy::too_many_arguments)]
+fn geometry(
+    a: &ConvAttrs,
+    c: usize,
+    h: usize,
+    w: usize,
+    kh: usize,
+    kw: usize,
+    oh: usize,
+    ow: usize,
+) -> Option<Geom> {
+    if !a.kernel_shape.is_empty() && a.kernel_shape != [kh, kw] {
+        return None;
+    }
+    let get = |v: &Vec<usize>, i: usize| if v.is_empty() { 1 } else { v[i] };
+    let (sh, sw) = (get(&a.strides, 0), get(&a.strides, 1));
+    let (dh, dw) = (get(&a.dilations, 0), get(&a.dilations, 1));
+    if sh == 0 || sw == 0 || dh == 0 || dw == 0 || kh == 0 || kw == 0 {
+        return None;
+    }
+    let axis = |input: usize, k: usize, s: usize, d: usize, i: usize| -> Option<(usize, usize)> {
+        let ext = (k - 1) * d + 1;
+        let (pb, pe) = match a.auto_pad {
+            AutoPad::NotSet if a.pads.is_empty() => (0, 0),
+            AutoPad::NotSet => (*a.pads.get(i)?, *a.pads.get(i + 2)?),
+            AutoPad::Valid => (0, 0),
+            AutoPad::SameUpper | AutoPad::SameLower => {
+                let out = input.div_ceil(s);
+                let total = ((out.max(1) - 1) * s + ext).saturating_sub(input);
+                let b = if a.auto_pad == AutoPad::SameUpper {
+                    total / 2
+                } else {
+                    total.div_ceil(2)
+                };
+                return Some((b, out));
+            }
+        };
+        let padded = input + pb + pe;
+        if padded < ext {
+            return None;
+        }
+        Some((pb, (padded - ext) / s + 1))
+    };
+    let (ph, o_h) = axis(h, kh, sh, dh, 0)?;
+    let (pw, o_w) = axis(w, kw, sw, dw, 1)?;
+    if o_h != oh || o_w != ow {
+        return None;
+    }
+    Some(Geom {
+        c,
+        h,
+        w,
+        kh,
+        kw,
+        sh,
+        sw,
+        dh,
+        dw,
+        ph,
+        pw,
+        oh,
+        ow,
+    })
+}
+
+fn conv(node: &NodeInfo, epi: Epilogue, attrs: &ConvAttrs) -> Result<Option<Box<dyn GpuKernel>>> {
+    if attrs.channels_last {
+        return Ok(None);
+    }
+    let xs = node.input_shape(0)?;
+    let ws = node.input_shape(1)?;
+    let ys = node.output_shape(0)?;
+    if xs.len() != 4 || ws.len() != 4 || ys.len() != 4 {
+        return Ok(None);
+    }
+    let Some(w) = f32s(node, 1) else {
+        return Ok(None);
+    };
+    let (nb, c, h, wd) = (xs[0], xs[1], xs[2], xs[3]);
+    let (mt, cg, kh, kw) = (ws[0], ws[1], ws[2], ws[3]);
+    let g = attrs.group.max(1);
+    if c != cg * g || mt % g != 0 || ys[1] != mt || ys[0] != nb {
+        return Err(node.unsupported("weights do not match the input channels and groups"));
+    }
+    let Some(geo) = geometry(attrs, c, h, wd, kh, kw, ys[2], ys[3]) else {
+        return Err(node.unsupported("convolution window does not match the output shape"));
+    };
+    if g == c && g == mt && g > 1 {
+        return dwconv(node, epi, &w, geo, nb);
+    }
+    let mg = mt / g;
+    let kk = cg * kh * kw;
+    let pointwise = kh == 1 && kw == 1 && geo.sh == 1 && geo.sw == 1 && geo.ph == 0 && geo.pw == 0;
+    let b = if pointwise {
+        // The input itself is the K×N matrix of an image and group.
+        BSrc::Mat(Mat {
+            slot: Slot::Input(0),
+            rs: h * wd,
+            cs: 1,
+        })
+    } else {
+        BSrc::Im2col(Im2col { input: 0, g: geo })
+    };
+    let mut unread = vec![1];
+    if node.known(2).is_some() {
+        unread.push(2);
+    }
+    let parts = Parts {
+        m: mg,
+        n: geo.oh * geo.ow,
+        k: kk,
+        batch: vec![
+            BatchDim {
+                extent: nb,
+                a: 0,
+                b: c * h * wd,
+            },
+            BatchDim {
+                extent: g,
+                a: mg * kk,
+                b: cg * h * wd,
+            },
+        ],
+        groups: g,
+        // Each group's [Mg, K] weights stored K-major ([K, Mg]).
+        a: Mat {
+            slot: Slot::Packed(0),
+            rs: 1,
+            cs: mg,
+        },
+        b,
+        packed: vec![to_bytes(&repack(&w, g, mg, kk, kk, 1, true))],
+        unread,
+        what: format!("conv{kh}x{kw}/{}", geo.sh),
+    };
+    parts.finish(node, epi, None)
+}
+
+fn resolve<'ctx>(k: &GpuBuilder<'_, 'ctx>, s: Slot) -> Result<PointerValue<'ctx>> {
+    match s {
+        Slot::Input(i) => k.input(i),
+        Slot::Packed(i) => k.packed(i),
+    }
+}
+
+/// `i64` of an `i32` special register.
+fn sreg64<'ctx>(k: &GpuBuilder<'_, 'ctx>, r: Sreg) -> Result<IntValue<'ctx>> {
+    let v = k.sreg(r)?;
+    k.builder.build_int_z_extend(v, k.cx.i64_type(), "").map_err(llvm)
+}
+
+fn select_i<'ctx>(
+    e: &Emit<'_, 'ctx>,
+    c: IntValue<'ctx>,
+    a: IntValue<'ctx>,
+    b: IntValue<'ctx>,
+) -> Result<IntValue<'ctx>> {
+    Ok(e.b.build_select(c, a, b, "").map_err(llvm)?.into_int_value())
+}
+
+fn and<'ctx>(e: &Emit<'_, 'ctx>, a: IntValue<'ctx>, b: IntValue<'ctx>) -> Result<IntValue<'ctx>> {
+    e.b.build_and(a, b, "").map_err(llvm)
+}
+
+fn ult<'ctx>(e: &Emit<'_, 'ctx>, a: IntValue<'ctx>, n: usize) -> Result<IntValue<'ctx>> {
+    e.icmp(IntPredicate::ULT, a, e.i64c(n as i64))
+}
+
+/// `valid ? p[idx] : 0`, never reading outside the buffer (an invalid lane reads element 0).
+fn guarded_load<'ctx>(
+    e: &Emit<'_, 'ctx>,
+    p: PointerValue<'ctx>,
+    idx: IntValue<'ctx>,
+    valid: IntValue<'ctx>,
+) -> Result<FloatValue<'ctx>> {
+    let safe = select_i(e, valid, idx, e.i64c(0))?;
+    let v = e.load_f32(e.gep_f32(p, safe)?)?;
+    Ok(e.b
+        .build_select(valid, v, e.f32c(0.0), "")
+        .map_err(llvm)?
+        .into_float_value())
+}
+
+/// Applies `act` to a scalar (the CPU kernels' polynomials on a one-lane vector).
+fn activate<'ctx>(e: &Emit<'_, 'ctx>, act: Activation, x: FloatValue<'ctx>) -> Result<FloatValue<'ctx>> {
+    if act == Activation::None {
+        return Ok(x);
+    }
+    let v = e.splat(x, 1)?;
+    let y = crate::gen::gemm::activation(e, act, v, 1)?;
+    Ok(e.b
+        .build_extract_element(y, e.i32c(0), "")
+        .map_err(llvm)?
+        .into_float_value())
+}
+
+impl Epi {
+    /// `act(alpha·acc + bias[bias_idx] + scale·residual[res_idx])`.
+    fn apply<'ctx>(
+        &self,
+        k: &GpuBuilder<'_, 'ctx>,
+        e: &Emit<'_, 'ctx>,
+        acc: FloatValue<'ctx>,
+        bias_idx: (IntValue<'ctx>, IntValue<'ctx>),
+        res_idx: impl FnOnce(usize, usize, usize) -> Result<IntValue<'ctx>>,
+    ) -> Result<FloatValue<'ctx>> {
+        let b = e.b;
+        let mut v = acc;
+        if self.alpha != 1.0 {
+            v = b.build_float_mul(v, e.f32c(self.alpha), "").map_err(llvm)?;
+        }
+        if let Some((slot, per_row)) = self.bias {
+            let idx = if per_row { bias_idx.0 } else { bias_idx.1 };
+            let x = e.load_f32(e.gep_f32(resolve(k, slot)?, idx)?)?;
+            v = b.build_float_add(v, x, "").map_err(llvm)?;
+        }
+        if let Some((slot, zs, rs, cs, scale)) = self.residual {
+            let idx = res_idx(zs, rs, cs)?;
+            let mut x = e.load_f32(e.gep_f32(resolve(k, slot)?, idx)?)?;
+            if scale != 1.0 {
+                x = b.build_float_mul(x, e.f32c(scale), "").map_err(llvm)?;
+            }
+            v = b.build_float_add(v, x, "").map_err(llvm)?;
+        }
+        activate(e, self.activation, v)
+    }
+}
+
+impl GpuKernel for GemmGpu {
+    fn describe(&self) -> String {
+        self.what.clone()
+    }
+
+    fn launch(&self) -> LaunchDims {
+        let z: usize = self.batch.iter().map(|d| d.extent).product();
+        LaunchDims {
+            grid: [
+                self.n.div_ceil(self.tile.bn) as u32,
+                self.m.div_ceil(self.tile.bm) as u32,
+                z as u32,
+            ],
+            block: [THREADS as u32, 1, 1],
+            shared_bytes: self.tile.shared_bytes() as u32,
+        }
+    }
+
+    fn packed_constants(&self) -> Vec<PackedConst> {
+        self.packed.clone()
+    }
+
+    fn reads_input(&self, i: usize) -> bool {
+        !self.unread.contains(&i)
+    }
+
+    fn emit(&self, k: &GpuBuilder<'_, '_>) -> Result<()> {
+        let e = Emit::new(k.cx, k.module, k.builder, k.function);
+        let f32t = k.cx.f32_type();
+        let t = self.tile;
+        let (bm, bn, tm, tn, sa, sb) = (t.bm, t.bn, t.tm(), t.tn(), t.sa(), t.sb());
+        let tid = sreg64(k, Sreg::TidX)?;
+        let col0 = e.mulc(sreg64(k, Sreg::CtaidX)?, bn as i64)?;
+        let row0 = e.mulc(sreg64(k, Sreg::CtaidY)?, bm as i64)?;
+        let z = sreg64(k, Sreg::CtaidZ)?;
+        // Operand offsets of this batch entry (last dimension fastest).
+        let (mut a_off, mut b_off) = (e.i64c(0), e.i64c(0));
+        let mut rest = z;
+        for d in self.batch.iter().rev() {
+            let idx = e.uremc(rest, d.extent as i64)?;
+            rest = e.udivc(rest, d.extent as i64)?;
+            a_off = e.add(a_off, e.mulc(idx, d.a as i64)?)?;
+            b_off = e.add(b_off, e.mulc(idx, d.b as i64)?)?;
+        }
+        let smem = k.shared()?;
+        let a_sh = smem;
+        let b_sh = e.gep_f32c(smem, (BK * sa) as i64)?;
+        let tx = e.uremc(tid, TX as i64)?;
+        let ty = e.udivc(tid, TX as i64)?;
+        let acc_ty = f32t.array_type((tm * tn) as u32);
+        let acc = e.entry_alloca(acc_ty, "acc")?;
+        let acc_at = |r: usize, c: usize| e.gep_f32c(acc, (r * tn + c) as i64);
+        for r in 0..tm {
+            for c in 0..tn {
+                e.store(acc_at(r, c)?, f32t.const_zero())?;
+            }
+        }
+        let a_ptr = resolve(k, self.a.slot)?;
+        let (m, n, kk) = (self.m, self.n, self.k);
+        e.for_range(e.i64c(0), e.i64c(kk as i64), BK as i64, |k0| {
+            // A slice: bm×BK elements, THREADS at a time, along A's contiguous axis.
+            let a_k_fast = self.a.cs == 1 || self.a.rs != 1;
+            for l in 0..(bm * BK) / THREADS {
+                let el = e.addc(tid, (l * THREADS) as i64)?;
+                let (ii, kq) = if a_k_fast {
+                    (e.udivc(el, BK as i64)?, e.uremc(el, BK as i64)?)
+                } else {
+                    (e.uremc(el, bm as i64)?, e.udivc(el, bm as i64)?)
+                };
+                let gi = e.add(row0, ii)?;
+                let gk = e.add(k0, kq)?;
+                let valid = and(&e, ult(&e, gi, m)?, ult(&e, gk, kk)?)?;
+                let idx = e.add(
+                    a_off,
+                    e.add(e.mulc(gi, self.a.rs as i64)?, e.mulc(gk, self.a.cs as i64)?)?,
+                )?;
+                let v = guarded_load(&e, a_ptr, idx, valid)?;
+                e.store(e.gep_f32(a_sh, e.add(e.mulc(kq, sa as i64)?, ii)?)?, v)?;
+            }
+            // B slice: BK×bn.
+            let b_k_fast = matches!(self.b, BSrc::Mat(bm) if bm.cs != 1 && bm.rs == 1);
+            for l in 0..(BK * bn) / THREADS {
+                let el = e.addc(tid, (l * THREADS) as i64)?;
+                let (kq, jj) = if b_k_fast {
+                    (e.uremc(el, BK as i64)?, e.udivc(el, BK as i64)?)
+                } else {
+                    (e.udivc(el, bn as i64)?, e.uremc(el, bn as i64)?)
+                };
+                let gk = e.add(k0, kq)?;
+                let gj = e.add(col0, jj)?;
+                let mut valid = and(&e, ult(&e, gk, kk)?, ult(&e, gj, n)?)?;
+                let (ptr, idx) = match self.b {
+                    BSrc::Mat(bm) => (
+                        resolve(k, bm.slot)?,
+                        e.add(
+                            b_off,
+                            e.add(e.mulc(gk, bm.rs as i64)?, e.mulc(gj, bm.cs as i64)?)?,
+                        )?,
+                    ),
+                    BSrc::Im2col(ic) => {
+                        let g = ic.g;
+                        let taps = (g.kh * g.kw) as i64;
+                        let ch = e.udivc(gk, taps)?;
+                        let t = e.uremc(gk, taps)?;
+                        let khi = e.udivc(t, g.kw as i64)?;
+                        let kwi = e.uremc(t, g.kw as i64)?;
+                        let oh = e.udivc(gj, g.ow as i64)?;
+                        let ow = e.uremc(gj, g.ow as i64)?;
+                        // Negative coordinates wrap to large unsigned values: one compare each.
+                        let ih = e.addc(
+                            e.add(e.mulc(oh, g.sh as i64)?, e.mulc(khi, g.dh as i64)?)?,
+                            -(g.ph as i64),
+                        )?;
+                        let iw = e.addc(
+                            e.add(e.mulc(ow, g.sw as i64)?, e.mulc(kwi, g.dw as i64)?)?,
+                            -(g.pw as i64),
+                        )?;
+                        valid = and(&e, valid, and(&e, ult(&e, ih, g.h)?, ult(&e, iw, g.w)?)?)?;
+                        let idx = e.add(
+                            e.mulc(ch, (g.h * g.w) as i64)?,
+                            e.add(e.mulc(ih, g.w as i64)?, iw)?,
+                        )?;
+                        (k.input(ic.input)?, e.add(b_off, idx)?)
+                    }
+                };
+                let v = guarded_load(&e, ptr, idx, valid)?;
+                e.store(e.gep_f32(b_sh, e.add(e.mulc(kq, sb as i64)?, jj)?)?, v)?;
+            }
+            k.barrier()?;
+            for q in 0..BK {
+                let av: Vec<FloatValue> = (0..tm)
+                    .map(|r| e.load_f32(e.gep_f32(a_sh, e.addc(ty, (q * sa + r * TY) as i64)?)?))
+                    .collect::<Result<_>>()?;
+                let bv: Vec<FloatValue> = (0..tn)
+                    .map(|c| e.load_f32(e.gep_f32(b_sh, e.addc(tx, (q * sb + c * TX) as i64)?)?))
+                    .collect::<Result<_>>()?;
+                for (r, a) in av.iter().enumerate() {
+                    for (c, bval) in bv.iter().enumerate() {
+                        let p = acc_at(r, c)?;
+                        let s = e.load_f32(p)?;
+                        let s = e
+                            .intrinsic(
+                                "llvm.fma",
+                                &[f32t.into()],
+                                &[(*a).into(), (*bval).into(), s.into()],
+                            )?
+                            .into_float_value();
+                        e.store(p, s)?;
+                    }
+                }
+            }
+            // The next slice overwrites what slower threads may still read.
+            k.barrier()
+        })?;
+        let g_idx = e.uremc(z, self.groups as i64)?;
+        for r in 0..tm {
+            for c in 0..tn {
+                let i = e.add(row0, e.addc(ty, (r * TY) as i64)?)?;
+                let j = e.add(col0, e.addc(tx, (c * TX) as i64)?)?;
+                let inside = and(&e, ult(&e, i, m)?, ult(&e, j, n)?)?;
+                e.if_then(inside, || {
+                    let s = e.load_f32(acc_at(r, c)?)?;
+                    let bias_row = e.add(e.mulc(g_idx, m as i64)?, i)?;
+                    let v = self.epi.apply(k, &e, s, (bias_row, j), |zs, rs, cs| {
+                        e.add(
+                            e.mulc(z, zs as i64)?,
+                            e.add(e.mulc(i, rs as i64)?, e.mulc(j, cs as i64)?)?,
+                        )
+                    })?;
+                    let o = e.add(e.mulc(z, (m * n) as i64)?, e.add(e.mulc(i, n as i64)?, j)?)?;
+                    e.store(e.gep_f32(k.output(0)?, o)?, v)
+                })?;
+            }
+        }
+        k.ret()
+    }
+}
+
+/// A depthwise convolution (groups == channels == output channels): one thread per output
+/// element, consecutive threads along a row of the output.
+pub struct DwConvGpu {
+    what: String,
+    batch: usize,
+    g: Geom,
+    epi: Epi,
+    packed: Vec<PackedConst>,
+    unread: Vec<usize>,
+}
+
+const DW_BLOCK: usize = 256;
+
+fn dwconv(
+    node: &NodeInfo,
+    epi: Epilogue,
+    w: &[f32],
+    g: Geom,
+    batch: usize,
+) -> Result<Option<Box<dyn GpuKernel>>> {
+    let total = batch * g.c * g.oh * g.ow;
+    if total.div_ceil(DW_BLOCK) >= 1 << 31 {
+        return Ok(None);
+    }
+    let mut packed = vec![to_bytes(w)];
+    let mut unread = vec![1];
+    if node.known(2).is_some() {
+        unread.push(2);
+    }
+    let bias = match &epi.bias {
+        Bias::PerRow(v) if v.len() == g.c => {
+            packed.push(to_bytes(v));
+            Some((Slot::Packed(1), true))
+        }
+        Bias::None if node.has_input(2) => {
+            if node.known(2).is_some() {
+                return Ok(None);
+            }
+            Some((Slot::Input(2), true))
+        }
+        Bias::None => None,
+        _ => return Ok(None),
+    };
+    let residual = match &epi.residual {
+        None => None,
+        Some(Residual::Input(i)) => {
+            if node.input_shape(*i)? != node.output_shape(0)? {
+                return Err(node.unsupported(format!("residual input {i} does not have the output's shape")));
+            }
+            Some((Slot::Input(*i), 0, 0, 1, 1.0))
+        }
+        Some(Residual::Const(_)) => return Ok(None),
+    };
+    Ok(Some(Box::new(DwConvGpu {
+        what: format!(
+            "gpu dwconv{}x{}/{} C={} {}x{}{}{}",
+            g.kh,
+            g.kw,
+            g.sh,
+            g.c,
+            g.oh,
+            g.ow,
+            if residual.is_some() { " +residual" } else { "" },
+            match epi.activation {
+                Activation::None => String::new(),
+                a => format!(" +{a:?}"),
+            }
+        ),
+        batch,
+        g,
+        epi: Epi {
+            alpha: epi.scale,
+            bias,
+            residual,
+            activation: epi.activation,
+        },
+        packed,
+        unread,
+    })))
+}
+
+impl GpuKernel for DwConvGpu {
+    fn describe(&self) -> String {
+        self.what.clone()
+    }
+
+    fn launch(&self) -> LaunchDims {
+        let total = self.batch * self.g.c * self.g.oh * self.g.ow;
+        LaunchDims {
+            grid: [total.div_ceil(DW_BLOCK) as u32, 1, 1],
+            block: [DW_BLOCK as u32, 1, 1],
+            shared_bytes: 0,
+        }
+    }
+
+    fn packed_constants(&self) -> Vec<PackedConst> {
+        self.packed.clone()
+    }
+
+    fn reads_input(&self, i: usize) -> bool {
+        !self.unread.contains(&i)
+    }
+
+    fn emit(&self, k: &GpuBuilder<'_, '_>) -> Result<()> {
+        let e = Emit::new(k.cx, k.module, k.builder, k.function);
+        let g = self.g;
+        let f32t = k.cx.f32_type();
+        let total = self.batch * g.c * g.oh * g.ow;
+        let tid = sreg64(k, Sreg::TidX)?;
+        let bx = sreg64(k, Sreg::CtaidX)?;
+        let idx = e.add(e.mulc(bx, DW_BLOCK as i64)?, tid)?;
+        let x = k.input(0)?;
+        let w = k.packed(0)?;
+        let acc = e.entry_alloca(f32t, "acc")?;
+        e.if_then(ult(&e, idx, total)?, || {
+            let ow = e.uremc(idx, g.ow as i64)?;
+            let t = e.udivc(idx, g.ow as i64)?;
+            let oh = e.uremc(t, g.oh as i64)?;
+            let plane = e.udivc(t, g.oh as i64)?;
+            let ch = e.uremc(plane, g.c as i64)?;
+            let x_base = e.mulc(plane, (g.h * g.w) as i64)?;
+            let w_base = e.mulc(ch, (g.kh * g.kw) as i64)?;
+            let ih0 = e.addc(e.mulc(oh, g.sh as i64)?, -(g.ph as i64))?;
+            let iw0 = e.addc(e.mulc(ow, g.sw as i64)?, -(g.pw as i64))?;
+            e.store(acc, f32t.const_zero())?;
+            e.for_n(g.kh as i64, |khi| {
+                let ih = e.add(ih0, e.mulc(khi, g.dh as i64)?)?;
+                let row_ok = ult(&e, ih, g.h)?;
+                e.for_n(g.kw as i64, |kwi| {
+                    let iw = e.add(iw0, e.mulc(kwi, g.dw as i64)?)?;
+                    let valid = and(&e, row_ok, ult(&e, iw, g.w)?)?;
+                    let xi = e.add(x_base, e.add(e.mulc(ih, g.w as i64)?, iw)?)?;
+                    let xv = guarded_load(&e, x, xi, valid)?;
+                    let wi = e.add(w_base, e.add(e.mulc(khi, g.kw as i64)?, kwi)?)?;
+                    let wv = e.load_f32(e.gep_f32(w, wi)?)?;
+                    let s = e.load_f32(acc)?;
+                    let s = e
+                        .intrinsic("llvm.fma", &[f32t.into()], &[xv.into(), wv.into(), s.into()])?
+                        .into_float_value();
+                    e.store(acc, s)
+                })
+            })?;
+            let s = e.load_f32(acc)?;
+            let v = self.epi.apply(k, &e, s, (ch, ch), |_, _, _| Ok(idx))?;
+            e.store(e.gep_f32(k.output(0)?, idx)?, v)
+        })?;
+        k.ret()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::nvptx::emulate::{check_graph, ptxas_check};
+    use kiln_ir::{AutoPad, Binary, ConvAttrs, DType, Dim, Graph, Op, Tensor, TensorType, Unary, ValueId};
+
+    struct Rng(u64);
+    impl Rng {
+        fn vec(&mut self, n: usize) -> Vec<f32> {
+            (0..n)
+                .map(|_| {
+                    self.0 = self
+                        .0
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+                })
+                .collect()
+        }
+    }
+
+    /// A graph under construction with its run-time inputs.
+    struct G {
+        g: Graph,
+        rng: Rng,
+        inputs: Vec<Tensor>,
+        names: usize,
+    }
+
+    impl G {
+        fn new(seed: u64) -> G {
+            G {
+                g: Graph::new("t"),
+                rng: Rng(seed),
+                inputs: vec![],
+                names: 0,
+            }
+        }
+
+        fn input(&mut self, shape: &[usize]) -> ValueId {
+            let v = self.rng.vec(shape.iter().product());
+            self.inputs.push(Tensor::from_vec(shape.to_vec(), v));
+            let ty = TensorType::new(DType::F32, shape.iter().map(|&d| Dim::Fixed(d)).collect());
+            self.g.add_input(format!("in{}", self.inputs.len()), ty)
+        }
+
+        fn constant(&mut self, shape: &[usize]) -> ValueId {
+            let v = self.rng.vec(shape.iter().product());
+            self.names += 1;
+            self.g
+                .add_const(format!("c{}", self.names), Tensor::from_vec(shape.to_vec(), v))
+        }
+
+        fn operand(&mut self, shape: &[usize], constant: bool) -> ValueId {
+            if constant {
+                self.constant(shape)
+            } else {
+                self.input(shape)
+            }
+        }
+
+        fn node(&mut self, op: Op, inputs: Vec<Option<ValueId>>) -> ValueId {
+            self.names += 1;
+            let n = self.names;
+            self.g.add(format!("n{n}"), op, inputs, format!("v{n}")).unwrap()
+        }
+
+        /// Checks the graph (output `y`) in emulation; returns the kernel descriptions.
+        fn check(mut self, y: ValueId) -> Vec<String> {
+            self.g.add_output("y", y);
+            check_graph(&self.g, &self.inputs)
+        }
+    }
+
+    fn conv(kernel: [usize; 2], strides: [usize; 2], pads: [usize; 4], dil: [usize; 2], group: usize) -> Op {
+        Op::Conv(ConvAttrs {
+            kernel_shape: kernel.to_vec(),
+            strides: strides.to_vec(),
+            pads: pads.to_vec(),
+            dilations: dil.to_vec(),
+            group,
+            auto_pad: AutoPad::NotSet,
+            channels_last: false,
+        })
+    }
+
+    fn assert_gpu(d: &[String], what: &str) {
+        assert!(
+            d.iter().all(|s| s.starts_with(what)),
+            "kernels {d:?}, expected {what}"
+        );
+    }
+
+    #[test]
+    fn matmul_shapes() {
+        // Not multiples of the tile; more than one block along M, N and K; size-1 dims.
+        let shapes = [
+            (1, 1, 1),
+            (5, 7, 3),
+            (13, 17, 29),
+            (70, 33, 130),
+            (1, 40, 65),
+            (65, 1, 2),
+        ];
+        for (i, &(m, k, n)) in shapes.iter().enumerate() {
+            for (ca, cb) in [(false, true), (false, false), (true, false)] {
+                let mut g = G::new(i as u64);
+                let a = g.operand(&[m, k], ca);
+                let b = g.operand(&[k, n], cb);
+                let y = g.node(Op::MatMul, vec![Some(a), Some(b)]);
+                assert_gpu(&g.check(y), "gpu matmul");
+            }
+        }
+    }
+
+    #[test]
+    fn matmul_batched_and_broadcast() {
+        let cases: &[(&[usize], &[usize], bool)] = &[
+            (&[2, 3, 5, 7], &[7, 9], true),
+            (&[2, 3, 5, 7], &[7, 9], false),
+            (&[2, 1, 5, 7], &[3, 7, 4], false),
+            (&[3, 5, 7], &[3, 7, 20], true),
+            (&[1, 70, 18], &[2, 18, 66], false),
+            (&[7], &[7, 5], true),
+            (&[3, 7], &[7], false),
+            (&[4, 9, 19], &[19], false),
+        ];
+        for (i, (a, b, cb)) in cases.iter().enumerate() {
+            let mut g = G::new(100 + i as u64);
+            let a = g.input(a);
+            let b = g.operand(b, *cb);
+            let y = g.node(Op::MatMul, vec![Some(a), Some(b)]);
+            assert_gpu(&g.check(y), "gpu matmul");
+        }
+    }
+
+    #[test]
+    fn gemm_variants() {
+        let (m, k, n) = (11, 23, 67);
+        for trans_a in [false, true] {
+            for trans_b in [false, true] {
+                for (cshape, cconst) in [
+                    (None, false),
+                    (Some(vec![n]), true),
+                    (Some(vec![m, 1]), false),
+                    (Some(vec![m, n]), true),
+                    (Some(vec![]), true),
+                    (Some(vec![m, n]), false),
+                    (Some(vec![1, n]), false),
+                ] {
+                    for (aconst, bconst) in [(false, true), (false, false), (true, false)] {
+                        let mut g = G::new(7);
+                        let a = g.operand(&if trans_a { [k, m] } else { [m, k] }, aconst);
+                        let b = g.operand(&if trans_b { [n, k] } else { [k, n] }, bconst);
+                        let c = cshape.as_ref().map(|s| g.operand(s, cconst));
+                        let op = Op::Gemm {
+                            alpha: 1.5,
+                            beta: if cconst { 0.5 } else { -1.25 },
+                            trans_a,
+                            trans_b,
+                        };
+                        let y = g.node(op, vec![Some(a), Some(b), c]);
+                        assert_gpu(&g.check(y), "gpu gemm");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn conv_shapes() {
+        // (n, c, h, w, m, kernel, stride, pads, dilation, group)
+        let cases = [
+            (1, 3, 9, 11, 5, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
+            (2, 4, 8, 8, 8, [1, 1], [1, 1], [0, 0, 0, 0], [1, 1], 1),
+            (1, 16, 7, 7, 13, [1, 1], [2, 2], [0, 0, 0, 0], [1, 1], 1),
+            (1, 3, 23, 23, 16, [7, 7], [2, 2], [3, 3, 3, 3], [1, 1], 1),
+            (1, 5, 12, 10, 7, [3, 3], [1, 1], [2, 1, 0, 2], [2, 2], 1),
+            (1, 6, 13, 9, 6, [3, 2], [2, 1], [1, 0, 1, 1], [1, 2], 2),
+            (2, 8, 6, 6, 12, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 4),
+            (1, 4, 6, 6, 8, [1, 1], [1, 1], [0, 0, 0, 0], [1, 1], 2),
+            (1, 20, 12, 12, 70, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
+        ];
+        for (i, &(n, c, h, w, m, k, s, p, d, grp)) in cases.iter().enumerate() {
+            for bias in [true, false] {
+                let mut g = G::new(200 + i as u64);
+                let x = g.input(&[n, c, h, w]);
+                let wt = g.constant(&[m, c / grp, k[0], k[1]]);
+                let b = bias.then(|| g.constant(&[m]));
+                let y = g.node(conv(k, s, p, d, grp), vec![Some(x), Some(wt), b]);
+                assert_gpu(&g.check(y), "gpu conv");
+            }
+        }
+        // A bias computed at run time.
+        let mut g = G::new(250);
+        let x = g.input(&[1, 3, 5, 5]);
+        let wt = g.constant(&[4, 3, 3, 3]);
+        let b = g.input(&[4]);
+        let y = g.node(
+            conv([3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
+            vec![Some(x), Some(wt), Some(b)],
+        );
+        assert_gpu(&g.check(y), "gpu conv");
+    }
+
+    #[test]
+    fn depthwise_shapes() {
+        // (n, c, h, w, k, stride, pad, dilation)
+        let cases = [
+            (1, 8, 14, 14, 3, 1, 1, 1),
+            (1, 5, 15, 13, 3, 2, 1, 1),
+            (2, 3, 7, 7, 5, 1, 2, 1),
+            (1, 6, 11, 12, 3, 3, 0, 2),
+            (1, 3, 30, 31, 3, 1, 1, 1),
+        ];
+        for (i, &(n, c, h, w, k, s, p, d)) in cases.iter().enumerate() {
+            let mut g = G::new(300 + i as u64);
+            let x = g.input(&[n, c, h, w]);
+            let wt = g.constant(&[c, 1, k, k]);
+            let b = g.constant(&[c]);
+            let y = g.node(
+                conv([k, k], [s, s], [p, p, p, p], [d, d], c),
+                vec![Some(x), Some(wt), Some(b)],
+            );
+            assert_gpu(&g.check(y), "gpu dwconv");
+        }
+    }
+
+    /// The activations the epilogue fuses, as graph nodes after `v`.
+    fn activate(g: &mut G, v: ValueId, which: usize) -> ValueId {
+        match which {
+            0 => g.node(Op::Unary(Unary::Relu), vec![Some(v)]),
+            1 => {
+                g.names += 1;
+                let lo = g.g.add_const(format!("lo{}", g.names), Tensor::scalar(-0.2f32));
+                let hi = g.g.add_const(format!("hi{}", g.names), Tensor::scalar(0.3f32));
+                g.node(Op::Clip, vec![Some(v), Some(lo), Some(hi)])
+            }
+            2 => g.node(Op::Unary(Unary::Sigmoid), vec![Some(v)]),
+            3 => {
+                let s = g.node(Op::Unary(Unary::Sigmoid), vec![Some(v)]);
+                g.node(Op::Binary(Binary::Mul), vec![Some(v), Some(s)])
+            }
+            4 => g.node(Op::Unary(Unary::HardSwish), vec![Some(v)]),
+            5 => g.node(Op::Unary(Unary::Gelu { tanh: false }), vec![Some(v)]),
+            _ => g.node(Op::Unary(Unary::Gelu { tanh: true }), vec![Some(v)]),
+        }
+    }
+
+    #[test]
+    fn fused_epilogues() {
+        for act in 0..7 {
+            for residual in [false, true] {
+                // Conv: bias per row, residual, activation.
+                let mut g = G::new(400 + act as u64);
+                let x = g.input(&[2, 5, 9, 7]);
+                let wt = g.constant(&[6, 5, 3, 3]);
+                let b = g.constant(&[6]);
+                let mut y = g.node(
+                    conv([3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
+                    vec![Some(x), Some(wt), Some(b)],
+                );
+                if residual {
+                    let r = g.input(&[2, 6, 9, 7]);
+                    y = g.node(Op::Binary(Binary::Add), vec![Some(y), Some(r)]);
+                }
+                let y = activate(&mut g, y, act);
+                let d = g.check(y);
+                assert_eq!(d.len(), 1, "one fused kernel: {d:?}");
+                assert_gpu(&d, "gpu conv");
+                assert_eq!(d[0].contains("+residual"), residual, "{d:?}");
+
+                // Depthwise.
+                let mut g = G::new(450 + act as u64);
+                let x = g.input(&[1, 4, 8, 9]);
+                let wt = g.constant(&[4, 1, 3, 3]);
+                let b = g.constant(&[4]);
+                let mut y = g.node(
+                    conv([3, 3], [2, 2], [1, 1, 1, 1], [1, 1], 4),
+                    vec![Some(x), Some(wt), Some(b)],
+                );
+                if residual {
+                    let r = g.input(&[1, 4, 4, 5]);
+                    y = g.node(Op::Binary(Binary::Add), vec![Some(y), Some(r)]);
+                }
+                let y = activate(&mut g, y, act);
+                let d = g.check(y);
+                assert_eq!(d.len(), 1, "one fused kernel: {d:?}");
+                assert_gpu(&d, "gpu dwconv");
+
+                // MatMul: per-column bias, residual, activation (batched).
+                let mut g = G::new(500 + act as u64);
+                let a = g.input(&[2, 17, 24]);
+                let w = g.constant(&[24, 70]);
+                let mut y = g.node(Op::MatMul, vec![Some(a), Some(w)]);
+                let bias = g.constant(&[70]);
+                y = g.node(Op::Binary(Binary::Add), vec![Some(y), Some(bias)]);
+                if residual {
+                    let r = g.input(&[2, 17, 70]);
+                    y = g.node(Op::Binary(Binary::Add), vec![Some(r), Some(y)]);
+                }
+                let y = activate(&mut g, y, act);
+                let d = g.check(y);
+                assert_eq!(d.len(), 1, "one fused kernel: {d:?}");
+                assert_gpu(&d, "gpu matmul");
+            }
+        }
+    }
+
+    #[test]
+    fn ptx_assembles() {
+        let mut graphs = vec![];
+        // Conv + residual + GELU, then a depthwise conv without bias + SiLU.
+        let mut g = G::new(600);
+        let x = g.input(&[1, 5, 9, 7]);
+        let wt = g.constant(&[6, 5, 3, 3]);
+        let b = g.constant(&[6]);
+        let y = g.node(
+            conv([3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
+            vec![Some(x), Some(wt), Some(b)],
+        );
+        let r = g.input(&[1, 6, 9, 7]);
+        let y = g.node(Op::Binary(Binary::Add), vec![Some(y), Some(r)]);
+        let y = g.node(Op::Unary(Unary::Gelu { tanh: false }), vec![Some(y)]);
+        let dw = g.constant(&[6, 1, 3, 3]);
+        let y = g.node(
+            conv([3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 6),
+            vec![Some(y), Some(dw), None],
+        );
+        let y = activate(&mut g, y, 3);
+        g.g.add_output("y", y);
+        graphs.push(g.g);
+        // Batched MatMul + GELU (tanh), Gemm with transposed B and a run-time C.
+        let mut g = G::new(601);
+        let a = g.input(&[3, 4, 10]);
+        let w = g.constant(&[10, 7]);
+        let z = g.node(Op::MatMul, vec![Some(a), Some(w)]);
+        let z = activate(&mut g, z, 6);
+        g.g.add_output("z", z);
+        let a2 = g.input(&[5, 9]);
+        let bt = g.input(&[7, 9]);
+        let c = g.input(&[7]);
+        let op = Op::Gemm {
+            alpha: 1.0,
+            beta: 1.0,
+            trans_a: false,
+            trans_b: true,
+        };
+        let z2 = g.node(op, vec![Some(a2), Some(bt), Some(c)]);
+        g.g.add_output("z2", z2);
+        graphs.push(g.g);
+        for graph in &graphs {
+            for sm in [80, 90] {
+                if !ptxas_check(graph, sm) {
+                    return;
+                }
+            }
+        }
+    }
+}
