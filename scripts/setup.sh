@@ -2,7 +2,8 @@
 # Installs what kiln needs to build and test on a fresh Debian 12 machine, idempotently:
 # LLVM 19 development packages, clang 19 with its sanitizer runtimes, a C toolchain, the aarch64 C
 # headers and valgrind (apt), and a Python virtual environment at
-# .venv with the pinned packages that generate the ONNX conformance cases.
+# .venv with the pinned packages that generate the ONNX conformance cases and CUDA's ptxas and
+# libdevice (nvidia-cuda-nvcc-cu12, for the CUDA target and its PTX checks).
 # Run as root (or with sudo available). Safe to run again: it skips what is already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."

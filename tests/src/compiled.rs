@@ -70,6 +70,30 @@ pub fn compile_graph_without(
     out: &Path,
     disabled: &[&str],
 ) -> Result<kiln_codegen::Summary, String> {
+    compile_for(graph, name, emit, out, disabled, None)
+}
+
+/// Optimizes `graph` and compiles it to `out` for an NVIDIA GPU of compute capability `sm`, as
+/// `kiln compile --target cuda --sm SM` does: `Emit::Exe` or `Emit::StaticLib` for an artifact
+/// that runs the kernels on the GPU, `Emit::Ptx` for the device code alone.
+pub fn compile_graph_cuda(
+    graph: &Graph,
+    name: &str,
+    sm: u32,
+    emit: Emit,
+    out: &Path,
+) -> Result<kiln_codegen::Summary, String> {
+    compile_for(graph, name, emit, out, &[], Some(sm))
+}
+
+fn compile_for(
+    graph: &Graph,
+    name: &str,
+    emit: Emit,
+    out: &Path,
+    disabled: &[&str],
+    cuda_sm: Option<u32>,
+) -> Result<kiln_codegen::Summary, String> {
     let target = TargetDesc::host().map_err(|e| e.to_string())?;
     let opts = CompileOptions {
         fusion: !disabled.contains(&FUSE_PASS),
@@ -79,11 +103,15 @@ pub fn compile_graph_without(
         emit,
         cc: std::env::var("CC").unwrap_or_else(|_| "cc".into()),
         weights_out: None,
-        cuda_sm: None,
+        cuda_sm,
     };
     let mut graph = graph.clone();
-    // KILN_LAYOUT=nchw|nhwc runs the suites in one layout (default: the pipeline's).
+    // KILN_LAYOUT=nchw|nhwc runs the suites in one layout (default: the pipeline's; for the GPU,
+    // the model's own, as `kiln compile --target cuda` chooses).
     let mut popts = kiln_optimizer::PipelineOptions::default();
+    if cuda_sm.is_some() {
+        popts.layout = kiln_optimizer::Layout::Nchw;
+    }
     match std::env::var("KILN_LAYOUT").as_deref() {
         Ok("nchw") => popts.layout = kiln_optimizer::Layout::Nchw,
         Ok("nhwc") => popts.layout = kiln_optimizer::Layout::Nhwc,
@@ -191,12 +219,28 @@ pub fn node_case_backend(
     model: &Model,
     inputs: Vec<Tensor>,
 ) -> Result<Vec<Tensor>, String> {
+    node_case_on(model_path, model, inputs, None)
+}
+
+/// [`node_case_backend`] with the kernels on an NVIDIA GPU of compute capability `sm`.
+pub fn node_case_backend_cuda(
+    sm: u32,
+) -> impl Fn(&Path, &Model, Vec<Tensor>) -> Result<Vec<Tensor>, String> + Sync {
+    move |path, model, inputs| node_case_on(path, model, inputs, Some(sm))
+}
+
+fn node_case_on(
+    model_path: &Path,
+    model: &Model,
+    inputs: Vec<Tensor>,
+    cuda_sm: Option<u32>,
+) -> Result<Vec<Tensor>, String> {
     let names: Vec<String> = model.graph.input_types().map(|(n, _)| n.to_string()).collect();
     let named: Vec<(String, Tensor)> = names.into_iter().zip(inputs).collect();
     let (bound, runtime) = bind_shape_inputs(model_path, &ImportOptions::default(), model, named)?;
     let graph = &bound.as_ref().unwrap_or(model).graph;
     let work = WorkDir::new("case");
     let exe = work.0.join("model");
-    compile_graph(graph, "model", Emit::Exe, &exe)?;
+    compile_for(graph, "model", Emit::Exe, &exe, &[], cuda_sm)?;
     run_executable(&exe, graph, &runtime, &work.0, 1)
 }

@@ -72,4 +72,57 @@ impl Fixture {
             .map(|(name, p)| Ok((name.clone(), kiln_frontend::npy::read_npy(&self.path(p))?)))
             .collect()
     }
+
+    /// The model as the compiled suites compile it and the inputs to run it with: small
+    /// shape-determining inputs bound as constants (see
+    /// [`bind_shape_inputs`](crate::compiled::bind_shape_inputs)), the rest in graph order.
+    pub fn prepared(&self) -> Result<(kiln_ir::Graph, crate::compiled::NamedTensors)> {
+        let model = self.load()?;
+        let mut inputs = self.read_inputs()?;
+        let ordered = model
+            .graph
+            .input_types()
+            .map(|(n, _)| {
+                let t = inputs
+                    .remove(n)
+                    .ok_or_else(|| anyhow::anyhow!("no input file for '{n}'"))?;
+                Ok((n.to_string(), t))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let (bound, runtime) = crate::compiled::bind_shape_inputs(
+            &self.path(&self.model),
+            &self.import_options()?,
+            &model,
+            ordered,
+        )
+        .map_err(anyhow::Error::msg)?;
+        Ok((bound.unwrap_or(model).graph, runtime))
+    }
+
+    /// Checks `actual` (in graph output order) against the recorded outputs.
+    pub fn check_outputs(&self, graph: &kiln_ir::Graph, actual: &[Tensor]) -> Result<()> {
+        let expected = self.read_expected()?;
+        anyhow::ensure!(
+            actual.len() == graph.outputs().len(),
+            "{} outputs expected, got {}",
+            graph.outputs().len(),
+            actual.len()
+        );
+        for (out, actual) in graph.outputs().iter().zip(actual) {
+            let want = expected
+                .get(&out.name)
+                .ok_or_else(|| anyhow::anyhow!("no expected value for output '{}'", out.name))?;
+            crate::compare::compare(want, actual)
+                .map_err(|e| anyhow::anyhow!("output '{}': {e}", out.name))?;
+        }
+        Ok(())
+    }
+
+    /// The manifest's fixtures whose name contains `$KILN_FIXTURE_FILTER` (all without it).
+    pub fn filtered(all: &[Fixture]) -> Vec<&Fixture> {
+        let filter = std::env::var("KILN_FIXTURE_FILTER").ok();
+        all.iter()
+            .filter(|f| filter.as_ref().is_none_or(|s| f.name.contains(s.as_str())))
+            .collect()
+    }
 }

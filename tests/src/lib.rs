@@ -4,6 +4,7 @@
 pub mod compare;
 pub mod compiled;
 pub mod conformance;
+pub mod cuda;
 pub mod fixtures;
 pub mod staticlib;
 

@@ -53,6 +53,14 @@ pub fn lower_math<'ctx>(cx: &'ctx Context, module: &Module<'ctx>) -> Result<bool
     if renamed.is_empty() {
         return Ok(false);
     }
+    // A KILN_LIBDEVICE that names no file is a mistake to report as such, not a reason to look
+    // elsewhere or to fail later with LLVM's read error.
+    if let Some(p) = std::env::var_os("KILN_LIBDEVICE").filter(|p| !Path::new(p).is_file()) {
+        return Err(CodegenError::Target(format!(
+            "KILN_LIBDEVICE={}: no such file; it must name CUDA's libdevice (nvvm/libdevice/libdevice.10.bc), which the model's library kernels need",
+            Path::new(&p).display()
+        )));
+    }
     let path = find().ok_or_else(|| {
         renamed.sort();
         renamed.dedup();

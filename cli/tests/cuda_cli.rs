@@ -1,0 +1,110 @@
+//! `kiln compile --target cuda` on the command line: usage errors for options that need or
+//! exclude the CUDA target, unknown compute capabilities, the default PTX file name and a
+//! libdevice that is not where `KILN_LIBDEVICE` says.
+
+mod common;
+use common::*;
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn scratch(tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("kiln-cuda-cli-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn emit_ptx_without_cuda_target_is_a_usage_error() {
+    let dir = scratch("ptx-cpu");
+    let out = kiln()
+        .args(["compile", "--emit", "ptx", "-q"])
+        .arg(fixture("gemm_opset11").join("model.onnx"))
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("--emit ptx needs --target cuda"),
+        "{}",
+        stderr(&out)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn unknown_sm_lists_the_known_ones() {
+    let dir = scratch("sm61");
+    let out = kiln()
+        .args(["compile", "--target", "cuda", "--sm", "61", "--emit", "ptx", "-q"])
+        .arg(fixture("gemm_opset11").join("model.onnx"))
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert!(!out.status.success(), "--sm 61 was accepted");
+    assert!(
+        err.contains("--sm 61") && err.contains("known: 70, 75, 80, 86, 89, 90"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "not a one-line error: {err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn sm_with_cpu_target_is_a_usage_error() {
+    let dir = scratch("sm-cpu");
+    let out = kiln()
+        .args(["compile", "--target", "cpu", "--sm", "80", "-q"])
+        .arg(fixture("gemm_opset11").join("model.onnx"))
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("--sm applies to --target cuda"),
+        "{}",
+        stderr(&out)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn emit_ptx_writes_name_dot_ptx() {
+    let dir = scratch("ptx-name");
+    let out = kiln()
+        .args(["compile", "--target", "cuda", "--emit", "ptx", "-q"])
+        .arg(fixture("gemm_opset11").join("model.onnx"))
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let ptx = std::fs::read_to_string(dir.join("gemm_opset11.ptx")).expect("gemm_opset11.ptx written");
+    assert!(ptx.contains(".entry"), "no kernel entry in the PTX");
+    assert!(ptx.contains(".target sm_80"), "not PTX for the default sm_80");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn missing_libdevice_is_named() {
+    let dir = scratch("libdevice");
+    let out = kiln()
+        .args(["compile", "--target", "cuda", "--emit", "ptx", "-q"])
+        .arg(fixture("softmax").join("model.onnx"))
+        .env("KILN_LIBDEVICE", "/nonexistent/libdevice.10.bc")
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert!(!out.status.success(), "compiled without libdevice");
+    assert!(
+        err.contains("KILN_LIBDEVICE=/nonexistent/libdevice.10.bc: no such file")
+            && err.contains("libdevice"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "not a one-line error: {err}");
+    assert!(!dir.join("softmax.ptx").exists(), "PTX written despite the error");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,127 @@
+//! Every fixture model, and every compiled-path ONNX node case, compiled for the CUDA target as
+//! an executable and run on the GPU exactly like the CPU suites (same inputs, same per-dtype
+//! tolerances). Whether there is a device is found by running one compiled CUDA executable:
+//! "no CUDA device" from its runtime skips these tests (`KILN_REQUIRE_GPU=1` makes that a
+//! failure); any other failure of that run fails them. `KILN_CUDA_SM` picks the compute
+//! capability compiled for (default: codegen's; PTX runs on that SM and newer ones).
+
+use kiln_codegen::Emit;
+use kiln_tests::compiled::{compile_graph_cuda, node_case_backend_cuda, run_executable, WorkDir};
+use kiln_tests::conformance::{cache_dir, filtered_cases, list_cases, read_manifest, run_all};
+use kiln_tests::cuda::{export_libdevice, gpu_required, no_device_reason, run_parallel};
+use kiln_tests::fixtures::{load_manifest, Fixture};
+
+fn sm() -> u32 {
+    match std::env::var("KILN_CUDA_SM") {
+        Ok(s) => s
+            .parse()
+            .unwrap_or_else(|_| panic!("KILN_CUDA_SM must be a number like 80, got '{s}'")),
+        Err(_) => kiln_codegen::nvptx::DEFAULT_SM,
+    }
+}
+
+/// Compiles `f` for the GPU and runs it; its outputs in graph order.
+fn run_fixture(f: &Fixture) -> Result<(kiln_ir::Graph, Vec<kiln_ir::Tensor>), String> {
+    let (graph, inputs) = f.prepared().map_err(|e| format!("{e:#}"))?;
+    let work = WorkDir::new(&format!("{}-cuda", f.name));
+    let exe = work.0.join(&f.name);
+    compile_graph_cuda(&graph, &f.name, sm(), Emit::Exe, &exe)?;
+    let outputs = run_executable(&exe, &graph, &inputs, &work.0, 1)?;
+    Ok((graph, outputs))
+}
+
+/// Whether a GPU runs the tests: compiles and runs the first fixture. `Err` is the skip
+/// reason; a failure other than the runtime's "no CUDA device" panics.
+fn device(fixtures: &[Fixture]) -> Result<(), String> {
+    export_libdevice();
+    let probe = fixtures.first().expect("no fixtures in the manifest");
+    let reason = match run_fixture(probe) {
+        Ok(_) => return Ok(()),
+        Err(e) => match no_device_reason(&e) {
+            Some(reason) => reason,
+            None => panic!("probing for a CUDA device with fixture '{}': {e}", probe.name),
+        },
+    };
+    assert!(
+        !gpu_required(),
+        "KILN_REQUIRE_GPU is set but the CUDA artifact found no device: {reason}"
+    );
+    Err(reason)
+}
+
+fn threads() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+}
+
+#[test]
+fn fixtures_on_gpu_match_onnxruntime() {
+    let fixtures = load_manifest().expect("fixtures/manifest.json");
+    if let Err(reason) = device(&fixtures) {
+        println!("skipped: no CUDA device ({reason})");
+        return;
+    }
+    let fixtures = Fixture::filtered(&fixtures);
+    let results = run_parallel(&fixtures, threads(), |f| {
+        let r = run_fixture(f)
+            .and_then(|(graph, outputs)| f.check_outputs(&graph, &outputs).map_err(|e| format!("{e:#}")));
+        match &r {
+            Ok(()) => println!("ok   {}", f.name),
+            Err(e) => println!("FAIL {}: {e}", f.name),
+        }
+        r
+    });
+    let failed: Vec<&str> = fixtures
+        .iter()
+        .zip(&results)
+        .filter(|(_, r)| r.is_err())
+        .map(|(f, _)| f.name.as_str())
+        .collect();
+    println!(
+        "cuda fixtures (sm_{}): {} passed, {} failed",
+        sm(),
+        fixtures.len() - failed.len(),
+        failed.len()
+    );
+    assert!(
+        failed.is_empty(),
+        "fixtures failing on the GPU: {}",
+        failed.join(", ")
+    );
+}
+
+/// The node cases the compiled CPU path passes (`tests/conformance/compiled_manifest.txt`)
+/// must pass on the GPU too.
+#[test]
+fn onnx_node_tests_on_gpu() {
+    let fixtures = load_manifest().expect("fixtures/manifest.json");
+    if let Err(reason) = device(&fixtures) {
+        println!("skipped: no CUDA device ({reason})");
+        return;
+    }
+    let dir = cache_dir();
+    let manifest = read_manifest(&kiln_tests::repo_root().join("tests/conformance/compiled_manifest.txt"));
+    let cases: Vec<_> = list_cases(&dir)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| manifest.contains(&*c.file_name().unwrap().to_string_lossy()))
+        .collect();
+    assert!(
+        !cases.is_empty(),
+        "no compiled-path ONNX node test cases in {}: generate them with `python3 scripts/gen_node_tests.py`",
+        dir.display()
+    );
+    let (cases, _) = filtered_cases(cases);
+    let backend = node_case_backend_cuda(sm());
+    let results = run_all(&cases, &backend, threads());
+    let failed: Vec<_> = results.iter().filter(|r| r.outcome.is_err()).collect();
+    for r in &failed {
+        println!("FAIL {}: {}", r.name, r.outcome.as_ref().unwrap_err());
+    }
+    println!(
+        "cuda conformance (sm_{}): {} passed, {} failed of the compiled-path cases",
+        sm(),
+        results.len() - failed.len(),
+        failed.len()
+    );
+    assert!(failed.is_empty(), "{} node cases fail on the GPU", failed.len());
+}

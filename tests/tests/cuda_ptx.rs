@@ -1,0 +1,92 @@
+//! Every fixture model compiled for the CUDA target (`--emit ptx`, the fixture suite's models
+//! and bound inputs) for sm_80 and sm_90, and each PTX assembled by `ptxas` for its SM: the PTX
+//! the driver will load must be valid, which needs no GPU. Without ptxas the test is skipped,
+//! except under CI (`$CI` set), where the PTX must be checked.
+//! `KILN_FIXTURE_FILTER=substr` runs a subset; `KILN_PTXAS` names the ptxas to use.
+
+use kiln_codegen::Emit;
+use kiln_tests::compiled::{compile_graph_cuda, WorkDir};
+use kiln_tests::cuda::{export_libdevice, ptxas, ptxas_check, run_parallel, CHECKED_SM};
+use kiln_tests::fixtures::{load_manifest, Fixture};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// One fixture for one SM: compile, then assemble. Returns the time of each step.
+fn check(f: &Fixture, sm: u32, ptxas: &Path) -> Result<(Duration, Duration), String> {
+    let (graph, _) = f.prepared().map_err(|e| format!("{e:#}"))?;
+    let work = WorkDir::new(&format!("{}-sm{sm}", f.name));
+    let ptx = work.0.join(format!("{}.ptx", f.name));
+    let start = Instant::now();
+    compile_graph_cuda(&graph, &f.name, sm, Emit::Ptx, &ptx)?;
+    let compiled = start.elapsed();
+    ptxas_check(ptxas, &ptx, sm)?;
+    Ok((compiled, start.elapsed() - compiled))
+}
+
+#[test]
+fn fixtures_ptx_assembles_with_ptxas() {
+    let Some(ptxas) = ptxas() else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "ptxas not found and CI must check PTX: install it with scripts/setup.sh (nvidia-cuda-nvcc-cu12) or set KILN_PTXAS"
+        );
+        println!("skipped: ptxas not found (scripts/setup.sh installs it)");
+        return;
+    };
+    export_libdevice();
+    let fixtures = load_manifest().expect("fixtures/manifest.json");
+    assert!(!fixtures.is_empty(), "no fixtures in the manifest");
+    let fixtures = Fixture::filtered(&fixtures);
+    let jobs: Vec<(&Fixture, u32)> = fixtures
+        .iter()
+        .flat_map(|f| CHECKED_SM.iter().map(move |&sm| (*f, sm)))
+        .collect();
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let start = Instant::now();
+    let results = run_parallel(&jobs, threads, |(f, sm)| {
+        let r = check(f, *sm, &ptxas);
+        match &r {
+            Ok((c, a)) => println!(
+                "ok   {} sm_{sm} (compile {:.2} s, ptxas {:.2} s)",
+                f.name,
+                c.as_secs_f64(),
+                a.as_secs_f64()
+            ),
+            Err(e) => println!("FAIL {} sm_{sm}: {e}", f.name),
+        }
+        r
+    });
+    let failed: Vec<String> = jobs
+        .iter()
+        .zip(&results)
+        .filter(|(_, r)| r.is_err())
+        .map(|((f, sm), _)| format!("{} (sm_{sm})", f.name))
+        .collect();
+    let mut slowest: Vec<(f64, String)> = jobs
+        .iter()
+        .zip(&results)
+        .filter_map(|((f, sm), r)| {
+            r.as_ref()
+                .ok()
+                .map(|(c, a)| ((*c + *a).as_secs_f64(), format!("{} sm_{sm}", f.name)))
+        })
+        .collect();
+    slowest.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let slowest: Vec<String> = slowest
+        .iter()
+        .take(5)
+        .map(|(t, n)| format!("{n} {t:.1} s"))
+        .collect();
+    println!(
+        "cuda ptx: {} passed, {} failed ({} fixtures × sm {:?} with {}, {} threads, {:.1} s; slowest: {})",
+        jobs.len() - failed.len(),
+        failed.len(),
+        fixtures.len(),
+        CHECKED_SM,
+        ptxas.display(),
+        threads,
+        start.elapsed().as_secs_f64(),
+        slowest.join(", ")
+    );
+    assert!(failed.is_empty(), "PTX failing: {}", failed.join(", "));
+}
