@@ -311,7 +311,7 @@ static int allocate(cuda_state *s, struct kiln_ctx *ctx, const kiln_model_desc *
     create_fail("out of memory");
     return -1;
   }
-  int64_t scratch = (desc->thread_scratch_bytes + 63) & ~(int64_t)63;
+  int64_t scratch = ((desc->thread_scratch_bytes + 63) & ~(int64_t)63) * KILN_GPU_LIBRARY_THREADS;
   struct {
     CUdeviceptr *p;
     int64_t bytes;

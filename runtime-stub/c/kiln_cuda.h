@@ -21,9 +21,14 @@ typedef struct kiln_gpu_frame {
   char *arena;            /* the context's arena (device memory) */
   const char *weights;    /* the packed weights (device memory) */
   int32_t *error;         /* error[0]: 1 + index of the first kernel that failed, error[1]: its code */
-  char *thread_scratch;   /* scratch of the (single) device thread that runs a library kernel */
+  char *thread_scratch;   /* per-thread scratch of a library kernel's threads (thread i at
+                             i * the model's thread_scratch_bytes rounded up to 64) */
   void *io[];             /* graph inputs, then graph outputs (device pointers) */
 } kiln_gpu_frame;
+
+/* Threads of the block a block-parallel library kernel runs on (device.c): the host allocates
+   thread scratch for this many. codegen's nvptx/device.rs launches with the same number. */
+#define KILN_GPU_LIBRARY_THREADS 128
 
 /* Where a value lives, for the host's copies (kind, index, offset). */
 enum kiln_cuda_storage {

@@ -73,11 +73,13 @@ pub fn build(graph: &Graph, plan: &Plan, target: &TargetDesc, model_name: &str) 
             }
             _ => {
                 library_entry(&cx, &module, &builder, &entry, i, k, plan, *body, n_inputs)?;
-                // A library kernel is written for a CPU thread pool; on the device it runs on
-                // one thread (device.c's parallel_for is a loop).
+                let threads = match &k.imp {
+                    KernelImpl::Ukernel(c) if block_parallel(c.symbol) => LIBRARY_THREADS,
+                    _ => 1,
+                };
                 LaunchDims {
                     grid: [1, 1, 1],
-                    block: [1, 1, 1],
+                    block: [threads, 1, 1],
                     shared_bytes: 0,
                 }
             }
@@ -199,6 +201,42 @@ pub(crate) fn gpu_entry<'ctx>(
     Ok(f)
 }
 
+/// Threads of a block-parallel library kernel (`KILN_GPU_LIBRARY_THREADS` in kiln_cuda.h: the
+/// host sizes the thread scratch by it).
+const LIBRARY_THREADS: u32 = 128;
+
+/// Whether micro-kernel `kiln_uk_{symbol}` may run block-parallel (runtime-stub/c/device.c):
+/// its serial code, run by every thread of the block, only computes its job and writes values
+/// that do not depend on how many threads wrote them before (no in-place update), and the
+/// work is in its `kiln_rt_parallel_for` tasks. Each was read for that; a micro-kernel not
+/// listed runs on one thread, which is always correct.
+fn block_parallel(symbol: &str) -> bool {
+    matches!(
+        symbol,
+        "ew_unary"
+            | "ew_binary"
+            | "ew_cast"
+            | "ew_clip"
+            | "ew_where"
+            | "copy"
+            | "pool"
+            | "pool_nhwc"
+            | "global_pool"
+            | "conv"
+            | "conv_transpose"
+            | "matmul"
+            | "einsum"
+            | "det"
+            | "attention"
+            | "attention_f32"
+            | "reduce"
+            | "softmax"
+            | "layernorm"
+            | "batchnorm"
+            | "groupnorm"
+    )
+}
+
 /// `void entry(ptr frame)`: builds the `args` array of kernel `i`'s body from the frame, calls
 /// it, and records a failure in the frame's error slot.
 #[allow(clippy::too_many_arguments)]
@@ -223,6 +261,17 @@ fn library_entry<'ctx>(
     mark_kernel(cx, module, f)?;
     b.position_at_end(cx.append_basic_block(f, "entry"));
     let frame = f.get_nth_param(0).expect("frame").into_pointer_value();
+    // Block-wide runtime state first (device.c): shared memory starts undefined.
+    let begin = module.get_function("kiln_rt_block_begin").unwrap_or_else(|| {
+        module.add_function(
+            "kiln_rt_block_begin",
+            cx.void_type().fn_type(&[i64t.into()], false),
+            Some(Linkage::External),
+        )
+    });
+    let stride = plan.thread_scratch_bytes.div_ceil(64) * 64;
+    b.build_call(begin, &[i64t.const_int(stride, false).into()], "")
+        .map_err(llvm)?;
     let slots = kernel_slots(k, plan)?;
     let args = b
         .build_array_alloca(ptr, i64t.const_int(slots.len().max(1) as u64, false), "args")
@@ -344,5 +393,65 @@ fn inline_library_calls<'ctx>(cx: &'ctx Context, module: &Module<'ctx>) {
             func.remove_enum_attribute(AttributeLoc::Function, never);
             func.add_attribute(AttributeLoc::Function, cx.create_enum_attribute(always, 0));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan;
+    use kiln_ir::{DType, Op, Tensor, TensorType};
+
+    #[test]
+    fn library_thread_count_matches_the_runtime_header() {
+        let header = include_str!("../../../runtime-stub/c/kiln_cuda.h");
+        assert!(
+            header.contains(&format!("#define KILN_GPU_LIBRARY_THREADS {LIBRARY_THREADS}\n")),
+            "kiln_cuda.h's KILN_GPU_LIBRARY_THREADS differs from LIBRARY_THREADS"
+        );
+    }
+
+    /// Einsum's micro-kernel is listed as block-parallel, Gather's is not: one launch of a
+    /// block of LIBRARY_THREADS, one of a single thread, each entry starting the block state.
+    #[test]
+    fn library_kernels_launch_block_parallel_only_when_listed() {
+        let mut g = Graph::new("t");
+        let a = g.add_input("a", TensorType::fixed(DType::F32, &[8, 16]));
+        let b = g.add_input("b", TensorType::fixed(DType::F32, &[16, 4]));
+        let idx = g.add_const("idx", Tensor::from_vec(vec![3], vec![2i64, 0, 7]));
+        let e = g
+            .add(
+                "mm",
+                Op::Einsum {
+                    equation: "ij,jk->ik".into(),
+                },
+                vec![Some(a), Some(b)],
+                "e",
+            )
+            .unwrap();
+        let y = g
+            .add("gather", Op::Gather { axis: 0 }, vec![Some(e), Some(idx)], "y")
+            .unwrap();
+        g.add_output("y", y);
+        let target = TargetDesc::cuda(80).unwrap();
+        let plan = plan::build(&g, &target, false).unwrap();
+        let code = build(&g, &plan, &target, "t").unwrap();
+        let blocks: Vec<(String, [u32; 3])> = plan
+            .kernels
+            .iter()
+            .zip(&code.launches)
+            .map(|(k, l)| (k.op_name.to_string(), l.block))
+            .collect();
+        assert_eq!(
+            blocks,
+            vec![
+                ("Einsum".to_string(), [LIBRARY_THREADS, 1, 1]),
+                ("Gather".to_string(), [1, 1, 1])
+            ]
+        );
+        assert!(
+            code.ptx.contains("barrier.sync 0;"),
+            "the block-parallel loop's barrier"
+        );
     }
 }
