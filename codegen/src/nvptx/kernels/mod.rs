@@ -1,5 +1,5 @@
 //! The GPU kernel generators, one module per operator family. `lower` picks the first that
-//! handles a node; a node none handles runs as a library kernel on one GPU thread.
+//! handles a node; a node none handles runs as a library kernel on one block (`nvptx/device.rs`).
 
 pub mod gemm;
 
