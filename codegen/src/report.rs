@@ -202,7 +202,16 @@ pub fn build(graph: &Graph, plan: &Plan, target: &TargetDesc) -> PlanReport {
                 .map(|&v| value_info(graph, &nhwc, v))
                 .collect();
             KernelReport {
-                implementation: kern.describe(),
+                implementation: match &kern.imp {
+                    // On a GPU a library kernel runs on one block: say how wide.
+                    KernelImpl::Ukernel(c) if target.is_gpu() => {
+                        match crate::nvptx::library_threads(c.symbol) {
+                            1 => format!("{} on one GPU thread", kern.describe()),
+                            n => format!("{} on a block of {n} threads", kern.describe()),
+                        }
+                    }
+                    _ => kern.describe(),
+                },
                 generated: matches!(kern.imp, KernelImpl::Generated(_) | KernelImpl::Gpu(_)),
                 nodes,
                 inputs,

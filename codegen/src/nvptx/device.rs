@@ -74,7 +74,7 @@ pub fn build(graph: &Graph, plan: &Plan, target: &TargetDesc, model_name: &str) 
             _ => {
                 library_entry(&cx, &module, &builder, &entry, i, k, plan, *body, n_inputs)?;
                 let threads = match &k.imp {
-                    KernelImpl::Ukernel(c) if block_parallel(c.symbol) => LIBRARY_THREADS,
+                    KernelImpl::Ukernel(c) => library_threads(c.symbol),
                     _ => 1,
                 };
                 LaunchDims {
@@ -235,6 +235,15 @@ fn block_parallel(symbol: &str) -> bool {
             | "batchnorm"
             | "groupnorm"
     )
+}
+
+/// The block size micro-kernel `kiln_uk_{symbol}` is launched with on the device.
+pub(crate) fn library_threads(symbol: &str) -> u32 {
+    if block_parallel(symbol) {
+        LIBRARY_THREADS
+    } else {
+        1
+    }
 }
 
 /// `void entry(ptr frame)`: builds the `args` array of kernel `i`'s body from the frame, calls

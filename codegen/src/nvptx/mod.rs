@@ -62,6 +62,7 @@ pub struct DeviceCode {
 }
 
 pub use device::build as build_device_code;
+pub(crate) use device::library_threads;
 
 /// `enum kiln_cuda_storage` and the (index, offset) pair of a value's storage.
 pub(crate) fn storage_code(s: Storage) -> (u64, u64, u64) {
