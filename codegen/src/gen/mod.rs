@@ -14,7 +14,7 @@ pub(crate) mod emit;
 pub mod gemm;
 #[cfg(test)]
 mod testing;
-mod vmath;
+pub(crate) mod vmath;
 
 use crate::error::{CodegenError, Result};
 use crate::node::NodeInfo;

@@ -1,0 +1,554 @@
+//! Attention on the GPU (the opset-23 `Attention` operator and the attention the fusion pass
+//! recognizes): `softmax(Q·Kᵀ·scale + mask) · V` per batch entry and head, never storing the
+//! score matrix.
+//!
+//! One thread per query row, `ROWS` rows (of one batch entry and head) a block. The block
+//! walks the keys in tiles of `TILE`: its threads stage the tile's K and V rows in shared memory
+//! (consecutive threads load consecutive elements of a row), then each thread folds the tile
+//! into its row with the online softmax — a running maximum `m`, a running sum `l` of
+//! `exp(s - m)` and the output accumulator, both rescaled by `exp(m_old - m_new)` when the
+//! maximum grows. Every thread of a warp reads the same shared word at a time (a broadcast), and
+//! the query row and the accumulator stay in registers (head sizes up to `MAX_HEAD`).
+//!
+//! The cases this kernel takes are those of the CPU's f32 attention kernel (`kiln_uk_attention_f32`:
+//! f32 operands, no KV cache, softcap or sliding window, mask absent, bool or f32): its
+//! parameters come from that kernel's lowering, so both backends accept the same models.
+
+use crate::error::Result;
+use crate::gen::emit::Emit;
+use crate::gen::llvm;
+use crate::node::NodeInfo;
+use crate::nvptx::{GpuBuilder, GpuKernel, LaunchDims, Sreg};
+use crate::target::TargetDesc;
+use inkwell::values::{FloatValue, IntValue, PointerValue};
+use inkwell::{FloatPredicate, IntPredicate};
+use kiln_ir::Op;
+
+/// Query rows (threads) per block.
+const ROWS: usize = 64;
+/// Keys per shared-memory tile.
+const TILE: usize = 32;
+/// The largest head size (Dk or Dv) whose row and accumulator are kept in registers.
+const MAX_HEAD: usize = 128;
+
+#[derive(Debug, PartialEq)]
+enum Mask {
+    None,
+    Bool,
+    F32,
+}
+
+#[derive(Debug)]
+struct AttentionGpu {
+    three_d: bool,
+    b: usize,
+    hq: usize,
+    hkv: usize,
+    sq: usize,
+    t: usize,
+    dk: usize,
+    dv: usize,
+    causal: bool,
+    mask: Mask,
+    /// Element strides of the mask over [B, Hq, Sq, keys] (0 on broadcast axes) and the number
+    /// of keys it covers (later keys are masked).
+    mask_strides: [usize; 4],
+    mask_len: usize,
+    scale: f32,
+}
+
+/// The attention kernel for `node`, or None when the CPU's f32 kernel would not take it.
+pub fn lower(node: &NodeInfo, _target: &TargetDesc) -> Result<Option<Box<dyn GpuKernel>>> {
+    if !matches!(node.node.op, Op::Attention(_)) {
+        return Ok(None);
+    }
+    let Some(call) = crate::uk::lower(node)? else {
+        return Ok(None);
+    };
+    if call.symbol != "attention_f32" {
+        return Ok(None);
+    }
+    let ia: Vec<usize> = call.iattr.iter().map(|&v| v as usize).collect();
+    let (dk, dv) = (ia[6], ia[7]);
+    let grid_y = ia[1] * ia[2];
+    if dk == 0 || dv == 0 || dk > MAX_HEAD || dv > MAX_HEAD || grid_y == 0 || grid_y > 65535 {
+        return Ok(None);
+    }
+    let mask = match call.iattr[9] {
+        0 => Mask::None,
+        1 => Mask::Bool,
+        _ => Mask::F32,
+    };
+    // Strides as the C kernel derives them from the mask shape padded to 4-D.
+    let shape = [ia[10], ia[11], ia[12], ia[13]];
+    let mut mask_strides = [0usize; 4];
+    let mut acc = 1;
+    for ax in (0..4).rev() {
+        mask_strides[ax] = if shape[ax] == 1 && ax < 3 { 0 } else { acc };
+        acc *= shape[ax];
+    }
+    Ok(Some(Box::new(AttentionGpu {
+        three_d: ia[0] != 0,
+        b: ia[1],
+        hq: ia[2],
+        hkv: ia[3],
+        sq: ia[4],
+        t: ia[5],
+        dk,
+        dv,
+        causal: ia[8] != 0,
+        mask,
+        mask_strides,
+        mask_len: shape[3],
+        scale: call.fattr[0] as f32,
+    })))
+}
+
+fn sreg64<'ctx>(k: &GpuBuilder<'_, 'ctx>, r: Sreg) -> Result<IntValue<'ctx>> {
+    let v = k.sreg(r)?;
+    k.builder.build_int_z_extend(v, k.cx.i64_type(), "").map_err(llvm)
+}
+
+fn fma<'ctx>(
+    e: &Emit<'_, 'ctx>,
+    a: FloatValue<'ctx>,
+    b: FloatValue<'ctx>,
+    c: FloatValue<'ctx>,
+) -> Result<FloatValue<'ctx>> {
+    let f32t = e.cx.f32_type();
+    Ok(
+        e.intrinsic("llvm.fma", &[f32t.into()], &[a.into(), b.into(), c.into()])?
+            .into_float_value(),
+    )
+}
+
+/// e^x by the CPU kernels' polynomial, on a one-lane vector.
+fn exp<'ctx>(e: &Emit<'_, 'ctx>, x: FloatValue<'ctx>) -> Result<FloatValue<'ctx>> {
+    let v = crate::gen::vmath::exp(e, e.splat(x, 1)?)?;
+    Ok(e.b
+        .build_extract_element(v, e.i32c(0), "")
+        .map_err(llvm)?
+        .into_float_value())
+}
+
+fn select_f<'ctx>(
+    e: &Emit<'_, 'ctx>,
+    c: IntValue<'ctx>,
+    a: FloatValue<'ctx>,
+    b: FloatValue<'ctx>,
+) -> Result<FloatValue<'ctx>> {
+    Ok(e.b.build_select(c, a, b, "").map_err(llvm)?.into_float_value())
+}
+
+impl AttentionGpu {
+    /// Element strides of a row of Q, K, V and Y.
+    fn row_strides(&self) -> (usize, usize, usize, usize) {
+        if self.three_d {
+            (
+                self.hq * self.dk,
+                self.hkv * self.dk,
+                self.hkv * self.dv,
+                self.hq * self.dv,
+            )
+        } else {
+            (self.dk, self.dk, self.dv, self.dv)
+        }
+    }
+
+    /// Stages `TILE` rows of K or V (`width` elements each, row `t` at `base + t·stride`) from
+    /// key `t0` in shared memory at `dst`; rows past the last key are zeros.
+    #[allow(clippy::too_many_arguments)]
+    fn stage<'ctx>(
+        &self,
+        e: &Emit<'_, 'ctx>,
+        tid: IntValue<'ctx>,
+        src: PointerValue<'ctx>,
+        base: IntValue<'ctx>,
+        stride: usize,
+        width: usize,
+        t0: IntValue<'ctx>,
+        dst: PointerValue<'ctx>,
+    ) -> Result<()> {
+        let total = TILE * width;
+        for l in 0..total.div_ceil(ROWS) {
+            let el = e.addc(tid, (l * ROWS) as i64)?;
+            let store = |el: IntValue<'ctx>| -> Result<()> {
+                let j = e.udivc(el, width as i64)?;
+                let d = e.uremc(el, width as i64)?;
+                let t = e.add(t0, j)?;
+                let valid = e.icmp(IntPredicate::ULT, t, e.i64c(self.t as i64))?;
+                let idx = e.add(base, e.add(e.mulc(t, stride as i64)?, d)?)?;
+                let safe =
+                    e.b.build_select(valid, idx, e.i64c(0), "")
+                        .map_err(llvm)?
+                        .into_int_value();
+                let v = e.load_f32(e.gep_f32(src, safe)?)?;
+                let v = select_f(e, valid, v, e.f32c(0.0))?;
+                e.store(e.gep_f32(dst, el)?, v)
+            };
+            if (l + 1) * ROWS <= total {
+                store(el)?;
+            } else {
+                let inside = e.icmp(IntPredicate::ULT, el, e.i64c(total as i64))?;
+                e.if_then(inside, || store(el))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl GpuKernel for AttentionGpu {
+    fn describe(&self) -> String {
+        format!(
+            "gpu attention B={} H={}/{} Sq={} T={} Dk={} Dv={}{}{}",
+            self.b,
+            self.hq,
+            self.hkv,
+            self.sq,
+            self.t,
+            self.dk,
+            self.dv,
+            if self.causal { " causal" } else { "" },
+            match self.mask {
+                Mask::None => "",
+                Mask::Bool => " +bool mask",
+                Mask::F32 => " +mask",
+            }
+        )
+    }
+
+    fn launch(&self) -> LaunchDims {
+        LaunchDims {
+            grid: [self.sq.div_ceil(ROWS).max(1) as u32, (self.b * self.hq) as u32, 1],
+            block: [ROWS as u32, 1, 1],
+            shared_bytes: (TILE * (self.dk + self.dv) * 4) as u32,
+        }
+    }
+
+    fn emit(&self, k: &GpuBuilder<'_, '_>) -> Result<()> {
+        let e = Emit::new(k.cx, k.module, k.builder, k.function);
+        let f32t = k.cx.f32_type();
+        let (dk, dv) = (self.dk, self.dv);
+        let (qs, ks, vs, ys) = self.row_strides();
+        let tid = sreg64(k, Sreg::TidX)?;
+        let i = e.add(e.mulc(sreg64(k, Sreg::CtaidX)?, ROWS as i64)?, tid)?;
+        let bh = sreg64(k, Sreg::CtaidY)?;
+        let b = e.udivc(bh, self.hq as i64)?;
+        let h = e.uremc(bh, self.hq as i64)?;
+        let hk = e.udivc(h, (self.hq / self.hkv) as i64)?;
+        let row_valid = e.icmp(IntPredicate::ULT, i, e.i64c(self.sq as i64))?;
+        // Threads past the last row still stage tiles and meet the barriers; they read row 0.
+        let ic =
+            e.b.build_select(row_valid, i, e.i64c(0), "")
+                .map_err(llvm)?
+                .into_int_value();
+        let (sq, t) = (self.sq as i64, self.t as i64);
+        let (q0, k0, v0, y0) = if self.three_d {
+            (
+                e.add(e.mulc(b, sq * qs as i64)?, e.mulc(h, dk as i64)?)?,
+                e.add(e.mulc(b, t * ks as i64)?, e.mulc(hk, dk as i64)?)?,
+                e.add(e.mulc(b, t * vs as i64)?, e.mulc(hk, dv as i64)?)?,
+                e.add(e.mulc(b, sq * ys as i64)?, e.mulc(h, dv as i64)?)?,
+            )
+        } else {
+            let kv = e.add(e.mulc(b, self.hkv as i64)?, hk)?;
+            (
+                e.mulc(bh, sq * dk as i64)?,
+                e.mulc(kv, t * dk as i64)?,
+                e.mulc(kv, t * dv as i64)?,
+                e.mulc(bh, sq * dv as i64)?,
+            )
+        };
+        let (q_ptr, k_ptr, v_ptr) = (k.input(0)?, k.input(1)?, k.input(2)?);
+        let y_ptr = k.output(0)?;
+        let smem = k.shared()?;
+        let k_sh = smem;
+        let v_sh = e.gep_f32c(smem, (TILE * dk) as i64)?;
+
+        // The query row, pre-scaled, and the accumulator: fixed-size arrays indexed by
+        // constants only, so they live in registers.
+        let q = e.entry_alloca(f32t.array_type(dk as u32), "q")?;
+        let acc = e.entry_alloca(f32t.array_type(dv as u32), "acc")?;
+        let m = e.entry_alloca(f32t, "m")?;
+        let l = e.entry_alloca(f32t, "l")?;
+        let q_row = e.add(q0, e.mulc(ic, qs as i64)?)?;
+        let scale = e.f32c(self.scale);
+        for d in 0..dk {
+            let v = e.load_f32(e.gep_f32(q_ptr, e.addc(q_row, d as i64)?)?)?;
+            let v = e.b.build_float_mul(v, scale, "").map_err(llvm)?;
+            e.store(e.gep_f32c(q, d as i64)?, v)?;
+        }
+        for d in 0..dv {
+            e.store(e.gep_f32c(acc, d as i64)?, f32t.const_zero())?;
+        }
+        let ninf = e.f32c(f32::NEG_INFINITY);
+        e.store(m, ninf)?;
+        e.store(l, f32t.const_zero())?;
+        let mask_row = match self.mask {
+            Mask::None => None,
+            _ => {
+                let [s0, s1, s2, _] = self.mask_strides;
+                Some(e.add(
+                    e.add(e.mulc(b, s0 as i64)?, e.mulc(h, s1 as i64)?)?,
+                    e.mulc(ic, s2 as i64)?,
+                )?)
+            }
+        };
+
+        e.for_range(e.i64c(0), e.i64c(t), TILE as i64, |t0| {
+            self.stage(&e, tid, k_ptr, k0, ks, dk, t0, k_sh)?;
+            self.stage(&e, tid, v_ptr, v0, vs, dv, t0, v_sh)?;
+            k.barrier()?;
+            let left = e.sub(e.i64c(t), t0)?;
+            let n = e.umin(left, e.i64c(TILE as i64))?;
+            e.for_range(e.i64c(0), n, 1, |j| {
+                let key = e.add(t0, j)?;
+                // s = q·k, four partial sums for instruction-level parallelism.
+                let krow = e.mulc(j, dk as i64)?;
+                let mut part = [f32t.const_zero(); 4];
+                for d in 0..dk {
+                    let kv = e.load_f32(e.gep_f32(k_sh, e.addc(krow, d as i64)?)?)?;
+                    let qv = e.load_f32(e.gep_f32c(q, d as i64)?)?;
+                    part[d % 4] = fma(&e, qv, kv, part[d % 4])?;
+                }
+                let s01 = e.b.build_float_add(part[0], part[1], "").map_err(llvm)?;
+                let s23 = e.b.build_float_add(part[2], part[3], "").map_err(llvm)?;
+                let mut s = e.b.build_float_add(s01, s23, "").map_err(llvm)?;
+                let mut keep = row_valid;
+                if let Some(mrow) = mask_row {
+                    let covered = e.icmp(IntPredicate::ULT, key, e.i64c(self.mask_len as i64))?;
+                    let mi = e.add(mrow, e.mulc(key, self.mask_strides[3] as i64)?)?;
+                    let mi =
+                        e.b.build_select(covered, mi, mrow, "")
+                            .map_err(llvm)?
+                            .into_int_value();
+                    let mptr = k.input(3)?;
+                    if self.mask == Mask::Bool {
+                        let byte = unsafe { e.b.build_in_bounds_gep(k.cx.i8_type(), mptr, &[mi], "") }
+                            .map_err(llvm)?;
+                        let mb =
+                            e.b.build_load(k.cx.i8_type(), byte, "")
+                                .map_err(llvm)?
+                                .into_int_value();
+                        let on =
+                            e.b.build_int_compare(IntPredicate::NE, mb, k.cx.i8_type().const_zero(), "")
+                                .map_err(llvm)?;
+                        keep =
+                            e.b.build_and(keep, e.b.build_and(covered, on, "").map_err(llvm)?, "")
+                                .map_err(llvm)?;
+                    } else {
+                        let mv = e.load_f32(e.gep_f32(mptr, mi)?)?;
+                        let mv = select_f(&e, covered, mv, e.f32c(0.0))?;
+                        s = e.b.build_float_add(s, mv, "").map_err(llvm)?;
+                        keep = e.b.build_and(keep, covered, "").map_err(llvm)?;
+                    }
+                }
+                if self.causal {
+                    let past = e.icmp(IntPredicate::ULE, key, i)?;
+                    keep = e.b.build_and(keep, past, "").map_err(llvm)?;
+                }
+                // A score of -inf (an f32 mask's way to mask) adds nothing; NaN propagates.
+                let is_ninf =
+                    e.b.build_float_compare(FloatPredicate::OEQ, s, ninf, "")
+                        .map_err(llvm)?;
+                let finite = e.b.build_not(is_ninf, "").map_err(llvm)?;
+                keep = e.b.build_and(keep, finite, "").map_err(llvm)?;
+                e.if_then(keep, || {
+                    let m_old = e.load_f32(m)?;
+                    let grows =
+                        e.b.build_float_compare(FloatPredicate::OGT, s, m_old, "")
+                            .map_err(llvm)?;
+                    let m_new = select_f(&e, grows, s, m_old)?;
+                    let corr = exp(&e, e.b.build_float_sub(m_old, m_new, "").map_err(llvm)?)?;
+                    let p = exp(&e, e.b.build_float_sub(s, m_new, "").map_err(llvm)?)?;
+                    let l_old = e.load_f32(l)?;
+                    e.store(l, fma(&e, l_old, corr, p)?)?;
+                    e.store(m, m_new)?;
+                    let vrow = e.mulc(j, dv as i64)?;
+                    for d in 0..dv {
+                        let vv = e.load_f32(e.gep_f32(v_sh, e.addc(vrow, d as i64)?)?)?;
+                        let a = e.gep_f32c(acc, d as i64)?;
+                        let scaled = e.b.build_float_mul(e.load_f32(a)?, corr, "").map_err(llvm)?;
+                        e.store(a, fma(&e, p, vv, scaled)?)?;
+                    }
+                    Ok(())
+                })
+            })?;
+            k.barrier()
+        })?;
+
+        // y = acc / l; a row with every key masked is zeros, as the reference.
+        e.if_then(row_valid, || {
+            let lv = e.load_f32(l)?;
+            let empty =
+                e.b.build_float_compare(FloatPredicate::OEQ, lv, f32t.const_zero(), "")
+                    .map_err(llvm)?;
+            let inv = e.b.build_float_div(e.f32c(1.0), lv, "").map_err(llvm)?;
+            let inv = select_f(&e, empty, f32t.const_zero(), inv)?;
+            let y_row = e.add(y0, e.mulc(i, ys as i64)?)?;
+            for d in 0..dv {
+                let a = e.load_f32(e.gep_f32c(acc, d as i64)?)?;
+                let y = e.b.build_float_mul(a, inv, "").map_err(llvm)?;
+                e.store(e.gep_f32(y_ptr, e.addc(y_row, d as i64)?)?, y)?;
+            }
+            Ok(())
+        })?;
+        k.ret()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::nvptx::emulate::{check_graph, ptxas_check};
+    use kiln_ir::{AttentionAttrs, DType, Graph, Op, Tensor, TensorType};
+
+    fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    enum MaskIn {
+        None,
+        Bool(Vec<usize>),
+        F32(Vec<usize>),
+    }
+
+    /// Attention over Q [.., Sq, ..], K/V [.., T, ..] with `hq`/`hkv` heads, 4-D or 3-D.
+    #[allow(clippy::too_many_arguments)]
+    fn graph(
+        three_d: bool,
+        (b, hq, hkv): (usize, usize, usize),
+        (sq, t): (usize, usize),
+        (dk, dv): (usize, usize),
+        causal: bool,
+        mask: MaskIn,
+    ) -> (Graph, Vec<Tensor>) {
+        let mut g = Graph::new("t");
+        let shape = |h: usize, s: usize, d: usize| {
+            if three_d {
+                vec![b, s, h * d]
+            } else {
+                vec![b, h, s, d]
+            }
+        };
+        let shapes = [shape(hq, sq, dk), shape(hkv, t, dk), shape(hkv, t, dv)];
+        let mut inputs = vec![];
+        let mut ids = vec![];
+        for (n, s) in shapes.iter().enumerate() {
+            ids.push(Some(
+                g.add_input(format!("x{n}"), TensorType::fixed(DType::F32, s)),
+            ));
+            inputs.push(Tensor::from_vec(
+                s.clone(),
+                values(s.iter().product(), n as u64 + 1),
+            ));
+        }
+        match mask {
+            MaskIn::None => {}
+            MaskIn::Bool(s) => {
+                ids.push(Some(g.add_input("mask", TensorType::fixed(DType::Bool, &s))));
+                let n: usize = s.iter().product();
+                let v: Vec<bool> = (0..n).map(|i| (i * 7 + i / 3) % 5 != 0).collect();
+                inputs.push(Tensor::from_vec(s, v));
+            }
+            MaskIn::F32(s) => {
+                ids.push(Some(g.add_input("mask", TensorType::fixed(DType::F32, &s))));
+                let n: usize = s.iter().product();
+                let mut v = values(n, 9);
+                // Some keys masked outright, as exporters write -inf.
+                for x in v.iter_mut().step_by(7) {
+                    *x = f32::NEG_INFINITY;
+                }
+                inputs.push(Tensor::from_vec(s, v));
+            }
+        }
+        let attrs = AttentionAttrs {
+            is_causal: causal,
+            q_num_heads: if three_d { hq } else { 0 },
+            kv_num_heads: if three_d { hkv } else { 0 },
+            qk_matmul_output_mode: 0,
+            scale: None,
+            softcap: 0.0,
+            softmax_precision: None,
+            left_window_size: -1,
+            right_window_size: -1,
+        };
+        let y = g.add("attn", Op::Attention(attrs), ids, "y").unwrap();
+        g.add_output("y", y);
+        (g, inputs)
+    }
+
+    fn check(g: (Graph, Vec<Tensor>)) {
+        let kernels = check_graph(&g.0, &g.1);
+        assert!(
+            kernels.iter().all(|k| k.starts_with("gpu attention")),
+            "not the GPU attention kernel: {kernels:?}"
+        );
+    }
+
+    #[test]
+    fn plain_4d_several_row_blocks_and_key_tiles() {
+        // 70 rows: two blocks, the second mostly idle; 45 keys: a full and a partial tile.
+        check(graph(false, (1, 2, 2), (70, 45), (16, 8), false, MaskIn::None));
+    }
+
+    #[test]
+    fn grouped_heads_3d_causal() {
+        check(graph(true, (2, 4, 2), (5, 5), (8, 12), true, MaskIn::None));
+    }
+
+    #[test]
+    fn bool_mask_broadcast_and_short() {
+        // [Sq, 20] broadcast over batch and heads, shorter than the 33 keys.
+        check(graph(
+            false,
+            (2, 2, 1),
+            (9, 33),
+            (8, 8),
+            false,
+            MaskIn::Bool(vec![9, 20]),
+        ));
+    }
+
+    #[test]
+    fn f32_mask_with_minus_infinity_and_causal() {
+        check(graph(
+            false,
+            (1, 2, 2),
+            (6, 6),
+            (4, 4),
+            true,
+            MaskIn::F32(vec![1, 2, 6, 6]),
+        ));
+    }
+
+    #[test]
+    fn fully_masked_rows_are_zero() {
+        // Causal with a mask that hides key 0: row 0 sees no key at all.
+        let (g, mut inputs) = graph(false, (1, 1, 1), (4, 4), (4, 4), true, MaskIn::Bool(vec![4, 4]));
+        inputs[3] = Tensor::from_vec(vec![4, 4], (0..16).map(|i| i % 4 != 0).collect::<Vec<bool>>());
+        check((g, inputs));
+    }
+
+    #[test]
+    fn ptx_assembles() {
+        let (g, _) = graph(
+            true,
+            (1, 4, 2),
+            (70, 45),
+            (64, 64),
+            true,
+            MaskIn::F32(vec![70, 45]),
+        );
+        for sm in [80, 90] {
+            ptxas_check(&g, sm);
+        }
+    }
+}
