@@ -249,7 +249,7 @@ pub(crate) fn library_threads(symbol: &str) -> u32 {
 /// `void entry(ptr frame)`: builds the `args` array of kernel `i`'s body from the frame, calls
 /// it, and records a failure in the frame's error slot.
 #[allow(clippy::too_many_arguments)]
-fn library_entry<'ctx>(
+pub(crate) fn library_entry<'ctx>(
     cx: &'ctx Context,
     module: &Module<'ctx>,
     b: &Builder<'ctx>,

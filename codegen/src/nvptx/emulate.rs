@@ -1,7 +1,6 @@
-//! Runs generated GPU kernels on the host CPU, for tests on machines without a GPU.
+//! Runs a model's GPU kernels on the host CPU, for tests on machines without a GPU.
 //!
-//! A graph is planned for `TargetDesc::cuda(80)`; every kernel must be a generated GPU kernel.
-//! Each is emitted with [`Mode::Emulated`] (the special registers, the barrier and the shared
+//! A graph is planned for `TargetDesc::cuda(80)`; each generated GPU kernel is emitted with [`Mode::Emulated`] (the special registers, the barrier and the shared
 //! memory become calls to `kiln_gpu_sreg` / `kiln_gpu_barrier` / `kiln_gpu_shared`) into one
 //! module for the host, which MCJIT compiles. The harness lays out a `kiln_gpu_frame`
 //! (kiln_cuda.h) over host buffers and runs each launch's grid: blocks one after another, the
@@ -10,12 +9,18 @@
 //! one after another on the calling thread, which is much cheaper and equally strict: no thread
 //! may rely on another without a barrier.
 //!
+//! Library kernels (the C micro-kernels) run too, compiled for the host and launched as on the
+//! device — one block of `device::library_threads` threads — with the runtime calls they make
+//! (`kiln_rt_parallel_for`, ...) answered here with `runtime-stub/c/device.c`'s semantics: every
+//! thread runs the serial code and the tasks are dealt out between barriers. On real OS threads
+//! that checks that a micro-kernel listed as block-parallel tolerates it.
+//!
 //! `check_graph` compares the outputs with `kiln_ir`'s evaluator; `ptxas_check` assembles the
 //! device PTX of the same plan with ptxas.
 
 #![allow(dead_code)] // the API for the GPU kernel tests
 
-use super::{device, frame, Mode};
+use super::{device, frame, Mode, Sreg};
 use crate::plan::{self, KernelImpl, Plan, Storage};
 use crate::target::TargetDesc;
 use inkwell::context::Context;
@@ -159,17 +164,58 @@ pub(crate) fn run_plan(
     module.set_triple(&tm.get_triple());
     module.set_data_layout(&tm.get_target_data().get_data_layout());
     let builder = cx.create_builder();
+    let api = crate::emit::Api {
+        prefix: "t".into(),
+        profile: false,
+        weights_file: None,
+        cuda: false,
+    };
+    let parts = crate::emit::ModuleParts {
+        graph,
+        plan,
+        target,
+        api: &api,
+        model_name: "t",
+        with_main: false,
+        cuda: None,
+    };
+    let bodies =
+        crate::emit::kernel_functions(&cx, &module, &parts, &mut |_, _| {}).map_err(|e| e.to_string())?;
     let mut launches = vec![];
+    let mut library = false;
     for (i, k) in plan.kernels.iter().enumerate() {
-        let KernelImpl::Gpu(g) = &k.imp else {
-            return Err(format!(
-                "kernel {i} ({} '{}') is not a generated GPU kernel: {}",
-                k.op_name,
-                k.node_name,
-                k.describe()
-            ));
-        };
         let name = format!("kiln_k{i}");
+        let KernelImpl::Gpu(g) = &k.imp else {
+            let KernelImpl::Ukernel(c) = &k.imp else {
+                return Err(format!(
+                    "kernel {i} ({}) is neither a GPU nor a library kernel",
+                    k.describe()
+                ));
+            };
+            device::library_entry(
+                &cx,
+                &module,
+                &builder,
+                &name,
+                i,
+                k,
+                plan,
+                bodies[i],
+                graph.inputs().len(),
+            )
+            .map_err(|e| e.to_string())?;
+            let threads = device::library_threads(c.symbol);
+            let dims = super::LaunchDims {
+                grid: [1, 1, 1],
+                block: [threads, 1, 1],
+                shared_bytes: 0,
+            };
+            launches.push((name, dims, threads > 1));
+            library = true;
+            continue;
+        };
+        // SAFETY: the placeholder body of a GPU kernel is never called.
+        unsafe { bodies[i].delete() };
         let f = device::gpu_entry(
             &cx,
             &module,
@@ -187,6 +233,15 @@ pub(crate) fn run_plan(
         check_dims(&name, &g.describe(), dims)?;
         launches.push((name, dims, calls_barrier(f)));
     }
+    if library {
+        crate::llvm::link_units(&cx, &module, &host, "uk_").map_err(|e| e.to_string())?;
+        // Only what the entries reach: the library is large and the JIT compiles all it gets.
+        let entries: Vec<String> = launches.iter().map(|(n, _, _)| n.clone()).collect();
+        crate::llvm::internalize(&module, &entries);
+        module
+            .run_passes("globaldce", &tm, PassBuilderOptions::create())
+            .map_err(|e| e.to_string())?;
+    }
     // The entries were built for the GPU target's attributes; compile them for this CPU.
     crate::llvm::retarget_all(&cx, &module, &host);
     crate::llvm::verify(&module).map_err(|e| e.to_string())?;
@@ -200,6 +255,11 @@ pub(crate) fn run_plan(
         ("kiln_gpu_sreg", emu_sreg as *const () as usize),
         ("kiln_gpu_barrier", emu_barrier as *const () as usize),
         ("kiln_gpu_shared", emu_shared as *const () as usize),
+        ("kiln_rt_block_begin", emu_block_begin as *const () as usize),
+        ("kiln_rt_parallel_for", emu_parallel_for as *const () as usize),
+        ("kiln_rt_num_threads", emu_num_threads as *const () as usize),
+        ("kiln_rt_thread_scratch", emu_thread_scratch as *const () as usize),
+        ("kiln_rt_set_error", emu_set_error as *const () as usize),
     ] {
         if let Some(f) = module.get_function(name) {
             ee.add_global_mapping(&f, addr);
@@ -238,12 +298,15 @@ pub(crate) fn run_plan(
         output_bufs.push(Buf::new(bytes));
     }
     let mut error = [0i32; 2];
+    // As the host runtime sizes it: a stride per thread of the widest library block.
+    let stride = plan.thread_scratch_bytes.div_ceil(64) as usize * 64;
+    let mut thread_scratch = Buf::new(stride * device::library_threads("ew_unary") as usize);
     // kiln_gpu_frame: arena, weights, error, thread scratch, io[] (inputs, then outputs).
     let mut frame_words: Vec<usize> = vec![
         arena.ptr() as usize,
         weights.ptr() as usize,
         error.as_mut_ptr() as usize,
-        0,
+        thread_scratch.ptr() as usize,
     ];
     debug_assert_eq!(frame::IO, 32);
     frame_words.extend(input_bufs.iter_mut().map(|b| b.ptr() as usize));
@@ -375,6 +438,67 @@ extern "C" fn emu_barrier() {
     b.wait();
 }
 
+// The runtime calls of library kernels, as runtime-stub/c/device.c answers them on the device.
+
+thread_local! {
+    static IN_TASKS: Cell<bool> = const { Cell::new(false) };
+    static SCRATCH_STRIDE: Cell<i64> = const { Cell::new(0) };
+}
+
+fn block_threads() -> i32 {
+    STATE.with(|s| s.get().sreg[Sreg::NtidX.code() as usize])
+}
+
+fn thread_index() -> i32 {
+    STATE.with(|s| s.get().sreg[Sreg::TidX.code() as usize])
+}
+
+extern "C" fn emu_block_begin(stride: i64) {
+    SCRATCH_STRIDE.with(|s| s.set(stride));
+    IN_TASKS.with(|f| f.set(false));
+    if block_threads() > 1 {
+        emu_barrier();
+    }
+}
+
+type TaskFn = unsafe extern "C" fn(*mut u8, i64, i64);
+
+extern "C" fn emu_parallel_for(_ctx: *mut u8, task: TaskFn, data: *mut u8, n: i64) {
+    let (tid, threads) = (thread_index() as i64, block_threads() as i64);
+    if n <= 0 {
+        return;
+    }
+    if threads == 1 || IN_TASKS.with(|f| f.get()) {
+        for i in 0..n {
+            // SAFETY: the micro-kernel's own task on its own job.
+            unsafe { task(data, i, tid) };
+        }
+        return;
+    }
+    emu_barrier();
+    IN_TASKS.with(|f| f.set(true));
+    let mut i = tid;
+    while i < n {
+        // SAFETY: as above; the thread's own copy of the job.
+        unsafe { task(data, i, tid) };
+        i += threads;
+    }
+    emu_barrier();
+    IN_TASKS.with(|f| f.set(false));
+}
+
+extern "C" fn emu_num_threads(_ctx: *mut u8) -> i64 {
+    block_threads() as i64
+}
+
+extern "C" fn emu_thread_scratch(ctx: *mut u8, tid: i64) -> *mut u8 {
+    // SAFETY: ctx is the frame; word 3 is the thread scratch, sized for the block.
+    let base = unsafe { *(ctx as *const usize).add(3) };
+    (base as i64 + tid * SCRATCH_STRIDE.with(|s| s.get())) as usize as *mut u8
+}
+
+extern "C" fn emu_set_error(_ctx: *mut u8, _fmt: *const u8) {}
+
 /// `__syncthreads()` for one block. Times out (and panics) instead of hanging when a thread
 /// returned early or skipped a barrier the others reached: on a GPU that is a bug too.
 struct BlockBarrier {
@@ -452,7 +576,7 @@ fn run_grid(entry: unsafe extern "C" fn(*mut u8), frame: usize, d: super::Launch
                             barrier: bar_addr,
                         };
                         std::thread::Builder::new()
-                            .stack_size(256 << 10)
+                            .stack_size(1 << 20)
                             .spawn_scoped(scope, move || {
                                 STATE.with(|s| s.set(st));
                                 // SAFETY: the frame, shared buffer and barrier outlive the scope.
@@ -548,5 +672,169 @@ mod tests {
             })
             .collect();
         compare("rotate", &out[0], &Tensor::from_vec(vec![n], want));
+    }
+
+    fn filled(shape: &[usize], seed: u64) -> Tensor {
+        let n: usize = shape.iter().product();
+        let mut s = seed;
+        let v: Vec<f32> = (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect();
+        Tensor::from_vec(shape.to_vec(), v)
+    }
+
+    /// Library kernels listed as block-parallel, on 128 concurrent threads, match the
+    /// reference: a transpose large enough for the copy kernel's parallel path, an int64 batched
+    /// MatMul, an Einsum, and attention with a softcap (the general kernel: two dependent
+    /// parallel phases); Gather stays on one thread.
+    #[test]
+    fn library_kernels_run_block_parallel() {
+        let mut g = Graph::new("t");
+        let x = g.add_input("x", TensorType::fixed(DType::F32, &[96, 40, 24]));
+        let xt = g
+            .add("tr", Op::Transpose { perm: vec![2, 0, 1] }, vec![Some(x)], "xt")
+            .unwrap();
+        g.add_output("xt", xt);
+        let a = g.add_input("a", TensorType::fixed(DType::I64, &[3, 5, 7]));
+        let b = g.add_input("b", TensorType::fixed(DType::I64, &[7, 4]));
+        let ab = g.add("mm", Op::MatMul, vec![Some(a), Some(b)], "ab").unwrap();
+        g.add_output("ab", ab);
+        let p = g.add_input("p", TensorType::fixed(DType::F32, &[6, 9]));
+        let q = g.add_input("q", TensorType::fixed(DType::F32, &[9, 5]));
+        let e = g
+            .add(
+                "es",
+                Op::Einsum {
+                    equation: "ij,jk->ik".into(),
+                },
+                vec![Some(p), Some(q)],
+                "e",
+            )
+            .unwrap();
+        let idx = g.add_const("idx", Tensor::from_vec(vec![4], vec![5i64, 0, 3, 3]));
+        let ge = g
+            .add("ga", Op::Gather { axis: 0 }, vec![Some(e), Some(idx)], "ge")
+            .unwrap();
+        g.add_output("ge", ge);
+        let attrs = kiln_ir::AttentionAttrs {
+            is_causal: true,
+            q_num_heads: 0,
+            kv_num_heads: 0,
+            qk_matmul_output_mode: 0,
+            scale: None,
+            softcap: 3.0,
+            softmax_precision: None,
+            left_window_size: -1,
+            right_window_size: -1,
+        };
+        let qkv: Vec<_> = ["aq", "ak", "av"]
+            .iter()
+            .map(|n| Some(g.add_input(*n, TensorType::fixed(DType::F32, &[2, 3, 10, 8]))))
+            .collect();
+        let y = g.add("attn", Op::Attention(attrs), qkv, "y").unwrap();
+        g.add_output("y", y);
+        let ints = |shape: &[usize], seed: i64| {
+            let n: usize = shape.iter().product();
+            Tensor::from_vec(
+                shape.to_vec(),
+                (0..n as i64).map(|i| (i * seed) % 11 - 5).collect::<Vec<i64>>(),
+            )
+        };
+        let inputs = vec![
+            filled(&[96, 40, 24], 1),
+            ints(&[3, 5, 7], 3),
+            ints(&[7, 4], 7),
+            filled(&[6, 9], 2),
+            filled(&[9, 5], 3),
+            filled(&[2, 3, 10, 8], 4),
+            filled(&[2, 3, 10, 8], 5),
+            filled(&[2, 3, 10, 8], 6),
+        ];
+        let kernels = check_graph(&g, &inputs);
+        for symbol in ["copy", "matmul", "einsum", "attention", "gather"] {
+            assert!(
+                kernels.iter().any(|k| *k == format!("kiln_uk_{symbol}")),
+                "kiln_uk_{symbol} not among {kernels:?}"
+            );
+        }
+        assert_eq!(device::library_threads("attention"), 128);
+        assert_eq!(device::library_threads("gather"), 1);
+    }
+
+    /// f64 operators the GPU generators leave to the library, sized for the parallel paths:
+    /// elementwise (>= 65536 elements), softmax, global pooling and convolution.
+    #[test]
+    fn library_kernels_run_block_parallel_f64() {
+        let f64s = |shape: &[usize], seed: u64| {
+            let t = filled(shape, seed);
+            Tensor::from_vec(shape.to_vec(), t.to_f64_vec())
+        };
+        let mut g = Graph::new("t");
+        let a = g.add_input("a", TensorType::fixed(DType::F64, &[300, 256]));
+        let b = g.add_input("b", TensorType::fixed(DType::F64, &[256]));
+        let s = g
+            .add(
+                "add",
+                Op::Binary(kiln_ir::Binary::Add),
+                vec![Some(a), Some(b)],
+                "s",
+            )
+            .unwrap();
+        g.add_output("s", s);
+        let x = g.add_input("x", TensorType::fixed(DType::F64, &[64, 33]));
+        let sm = g
+            .add(
+                "sm",
+                Op::Softmax {
+                    axis: -1,
+                    coerce_2d: false,
+                },
+                vec![Some(x)],
+                "sm",
+            )
+            .unwrap();
+        g.add_output("sm", sm);
+        let img = g.add_input("img", TensorType::fixed(DType::F64, &[2, 6, 9, 9]));
+        let w = g.add_const("w", f64s(&[4, 6, 3, 3], 7));
+        let conv = Op::Conv(kiln_ir::ConvAttrs {
+            kernel_shape: vec![3, 3],
+            strides: vec![1, 1],
+            pads: vec![1, 1, 1, 1],
+            dilations: vec![1, 1],
+            group: 1,
+            auto_pad: kiln_ir::AutoPad::NotSet,
+            channels_last: false,
+        });
+        let c = g.add("conv", conv, vec![Some(img), Some(w)], "c").unwrap();
+        let gp = g
+            .add(
+                "gp",
+                Op::GlobalPool(kiln_ir::PoolKind::Average {
+                    count_include_pad: false,
+                }),
+                vec![Some(c)],
+                "gp",
+            )
+            .unwrap();
+        g.add_output("gp", gp);
+        let inputs = vec![
+            f64s(&[300, 256], 1),
+            f64s(&[256], 2),
+            f64s(&[64, 33], 3),
+            f64s(&[2, 6, 9, 9], 4),
+        ];
+        let kernels = check_graph(&g, &inputs);
+        for symbol in ["ew_binary", "softmax", "conv", "global_pool"] {
+            assert!(
+                kernels.iter().any(|k| *k == format!("kiln_uk_{symbol}")),
+                "kiln_uk_{symbol} not among {kernels:?}"
+            );
+            assert_eq!(device::library_threads(symbol), 128);
+        }
     }
 }
