@@ -2,6 +2,7 @@
 //! handles a node; a node none handles runs as a library kernel on one block (`nvptx/device.rs`).
 
 pub mod attention;
+pub mod copy;
 pub mod gemm;
 
 use super::GpuKernel;
@@ -13,7 +14,7 @@ use crate::target::TargetDesc;
 type Generator = fn(&NodeInfo, &TargetDesc) -> Result<Option<Box<dyn GpuKernel>>>;
 
 /// The generators in the order they are tried.
-const GENERATORS: &[Generator] = &[gemm::lower, attention::lower];
+const GENERATORS: &[Generator] = &[gemm::lower, attention::lower, copy::lower];
 
 /// The generated GPU kernel for `node`, or None.
 pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GpuKernel>>> {
