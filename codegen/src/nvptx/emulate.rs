@@ -689,17 +689,11 @@ mod tests {
     }
 
     /// Library kernels listed as block-parallel, on 128 concurrent threads, match the
-    /// reference: a transpose large enough for the copy kernel's parallel path, an int64 batched
-    /// MatMul, an Einsum, and attention with a softcap (the general kernel: two dependent
-    /// parallel phases); Gather stays on one thread.
+    /// reference: an int64 batched MatMul, an Einsum, and attention with a softcap (the general
+    /// kernel: two dependent parallel phases); Gather stays on one thread.
     #[test]
     fn library_kernels_run_block_parallel() {
         let mut g = Graph::new("t");
-        let x = g.add_input("x", TensorType::fixed(DType::F32, &[96, 40, 24]));
-        let xt = g
-            .add("tr", Op::Transpose { perm: vec![2, 0, 1] }, vec![Some(x)], "xt")
-            .unwrap();
-        g.add_output("xt", xt);
         let a = g.add_input("a", TensorType::fixed(DType::I64, &[3, 5, 7]));
         let b = g.add_input("b", TensorType::fixed(DType::I64, &[7, 4]));
         let ab = g.add("mm", Op::MatMul, vec![Some(a), Some(b)], "ab").unwrap();
@@ -746,7 +740,6 @@ mod tests {
             )
         };
         let inputs = vec![
-            filled(&[96, 40, 24], 1),
             ints(&[3, 5, 7], 3),
             ints(&[7, 4], 7),
             filled(&[6, 9], 2),
@@ -756,7 +749,7 @@ mod tests {
             filled(&[2, 3, 10, 8], 6),
         ];
         let kernels = check_graph(&g, &inputs);
-        for symbol in ["copy", "matmul", "einsum", "attention", "gather"] {
+        for symbol in ["matmul", "einsum", "attention", "gather"] {
             assert!(
                 kernels.iter().any(|k| *k == format!("kiln_uk_{symbol}")),
                 "kiln_uk_{symbol} not among {kernels:?}"
