@@ -555,9 +555,15 @@ pub(crate) fn load<'ctx>(
         return e.b.build_int_compare(IntPredicate::NE, v, zero, "").map_err(llvm);
     }
     if d == DType::BF16 {
-        let w = e.b.build_int_z_extend(v, e.cx.i32_type().vec_type(n), "").map_err(llvm)?;
+        let w =
+            e.b.build_int_z_extend(v, e.cx.i32_type().vec_type(n), "")
+                .map_err(llvm)?;
         let w = e.b.build_left_shift(w, splat_u32(e, 16, n), "").map_err(llvm)?;
-        return Ok(e.b.build_bit_cast(w, e.vty(n), "").map_err(llvm)?.into_vector_value());
+        return Ok(e
+            .b
+            .build_bit_cast(w, e.vty(n), "")
+            .map_err(llvm)?
+            .into_vector_value());
     }
     Ok(v)
 }
@@ -575,9 +581,14 @@ pub(crate) fn store<'ctx>(
         e.b.build_int_z_extend(v, e.cx.i8_type().vec_type(n), "")
             .map_err(llvm)?
     } else if d == DType::BF16 {
-        let w = e.b.build_bit_cast(v, e.cx.i32_type().vec_type(n), "").map_err(llvm)?;
-        let w = e.b.build_right_shift(w.into_vector_value(), splat_u32(e, 16, n), false, "").map_err(llvm)?;
-        e.b.build_int_truncate(w, e.cx.i16_type().vec_type(n), "").map_err(llvm)?
+        let w =
+            e.b.build_bit_cast(v, e.cx.i32_type().vec_type(n), "")
+                .map_err(llvm)?;
+        let w =
+            e.b.build_right_shift(w.into_vector_value(), splat_u32(e, 16, n), false, "")
+                .map_err(llvm)?;
+        e.b.build_int_truncate(w, e.cx.i16_type().vec_type(n), "")
+            .map_err(llvm)?
     } else {
         v
     };
@@ -828,7 +839,12 @@ fn softplus<'ctx>(e: &Emit<'_, 'ctx>, x: VectorValue<'ctx>, n: u32) -> Result<Ve
     let ax = vmath::fabs(e, x)?;
     let t = vmath::exp(e, e.b.build_float_neg(ax, "").map_err(llvm)?)?;
     let l = vmath::log(e, e.fadd(t, fconst(e, 1.0, n))?)?;
-    let pos = select(e, e.fcmp(FloatPredicate::OGT, x, fconst(e, 0.0, n))?, x, fconst(e, 0.0, n))?;
+    let pos = select(
+        e,
+        e.fcmp(FloatPredicate::OGT, x, fconst(e, 0.0, n))?,
+        x,
+        fconst(e, 0.0, n),
+    )?;
     let y = e.fadd(pos, l)?;
     // NaN in, NaN out (the select above drops it).
     select(e, e.fcmp(FloatPredicate::UNO, x, x)?, x, y)
@@ -836,7 +852,12 @@ fn softplus<'ctx>(e: &Emit<'_, 'ctx>, x: VectorValue<'ctx>, n: u32) -> Result<Ve
 
 /// x^y as e^(y·ln|x|), with the sign of an odd integer power of a negative base, NaN for a
 /// negative base and a non-integer power, and x^0 = 1.
-fn pow<'ctx>(e: &Emit<'_, 'ctx>, x: VectorValue<'ctx>, y: VectorValue<'ctx>, n: u32) -> Result<VectorValue<'ctx>> {
+fn pow<'ctx>(
+    e: &Emit<'_, 'ctx>,
+    x: VectorValue<'ctx>,
+    y: VectorValue<'ctx>,
+    n: u32,
+) -> Result<VectorValue<'ctx>> {
     let one = fconst(e, 1.0, n);
     let zero = fconst(e, 0.0, n);
     let mag = vmath::exp(e, e.fmul(y, vmath::log(e, vmath::fabs(e, x)?)?)?)?;
@@ -859,7 +880,9 @@ fn round_bf16<'ctx>(e: &Emit<'_, 'ctx>, x: VectorValue<'ctx>, n: u32) -> Result<
     let b = e.b;
     let it = e.cx.i32_type().vec_type(n);
     let u = b.build_bit_cast(x, it, "").map_err(llvm)?.into_vector_value();
-    let lsb = b.build_right_shift(u, splat_u32(e, 16, n), false, "").map_err(llvm)?;
+    let lsb = b
+        .build_right_shift(u, splat_u32(e, 16, n), false, "")
+        .map_err(llvm)?;
     let lsb = b.build_and(lsb, splat_u32(e, 1, n), "").map_err(llvm)?;
     let r = b.build_int_add(u, splat_u32(e, 0x7fff, n), "").map_err(llvm)?;
     let r = b.build_int_add(r, lsb, "").map_err(llvm)?;
@@ -867,7 +890,9 @@ fn round_bf16<'ctx>(e: &Emit<'_, 'ctx>, x: VectorValue<'ctx>, n: u32) -> Result<
     let nan = e.fcmp(FloatPredicate::UNO, x, x)?;
     let r = select(e, nan, quiet, r)?;
     let r = b.build_and(r, splat_u32(e, 0xffff_0000, n), "").map_err(llvm)?;
-    Ok(b.build_bit_cast(r, e.vty(n), "").map_err(llvm)?.into_vector_value())
+    Ok(b.build_bit_cast(r, e.vty(n), "")
+        .map_err(llvm)?
+        .into_vector_value())
 }
 
 fn cast<'ctx>(

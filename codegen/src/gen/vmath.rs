@@ -162,8 +162,11 @@ pub(crate) fn log<'ctx>(e: &Emit<'_, 'ctx>, x: VectorValue<'ctx>) -> Result<Vect
     let ex = b.build_int_sub(ex, bias, "").map_err(llvm)?;
     let mb = b.build_and(u, ci(e, 0x007f_ffff, n), "").map_err(llvm)?;
     let mb = b.build_or(mb, ci(e, 0x3f80_0000, n), "").map_err(llvm)?;
-    let m = b.build_bit_cast(mb, e.vty(n), "").map_err(llvm)?.into_vector_value();
-    let big = e.fcmp(FloatPredicate::OGT, m, c(e, 1.41421356, n))?;
+    let m = b
+        .build_bit_cast(mb, e.vty(n), "")
+        .map_err(llvm)?
+        .into_vector_value();
+    let big = e.fcmp(FloatPredicate::OGT, m, c(e, std::f32::consts::SQRT_2, n))?;
     let m = e.vselect(big, e.fmul(m, c(e, 0.5, n))?, m)?;
     let ex = e.vselect(big, b.build_int_add(ex, ci(e, 1, n), "").map_err(llvm)?, ex)?;
     let f = fsub(e, m, c(e, 1.0, n))?;
@@ -183,16 +186,21 @@ pub(crate) fn log<'ctx>(e: &Emit<'_, 'ctx>, x: VectorValue<'ctx>) -> Result<Vect
             3.3333331174e-1,
         ],
     )?;
-    let ef = b
-        .build_signed_int_to_float(ex, e.vty(n), "")
-        .map_err(llvm)?;
+    let ef = b.build_signed_int_to_float(ex, e.vty(n), "").map_err(llvm)?;
     let y = e.fmul(e.fmul(f, z)?, p)?;
     let y = e.fma(ef, c(e, -2.12194440e-4, n), y)?;
     let y = e.fma(z, c(e, -0.5, n), y)?;
     let r = e.fadd(f, y)?;
     let r = e.fma(ef, c(e, 0.693359375, n), r)?;
     // log(±0) = -inf, log(x<0) = NaN, log(inf) = inf, NaN stays NaN.
-    let r = sel_cmp(e, FloatPredicate::OEQ, x, e.zero_vec(n), c(e, f32::NEG_INFINITY, n), r)?;
+    let r = sel_cmp(
+        e,
+        FloatPredicate::OEQ,
+        x,
+        e.zero_vec(n),
+        c(e, f32::NEG_INFINITY, n),
+        r,
+    )?;
     let r = sel_cmp(e, FloatPredicate::OLT, x, e.zero_vec(n), c(e, f32::NAN, n), r)?;
     let r = sel_cmp(e, FloatPredicate::OEQ, x, c(e, f32::INFINITY, n), x, r)?;
     let nan = e.fcmp(FloatPredicate::UNO, x, x)?;

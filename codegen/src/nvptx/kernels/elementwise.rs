@@ -214,7 +214,12 @@ impl GpuKernel for EwGpu {
 
 impl EwGpu {
     /// Computes and stores output element `idx` (a flat index of the merged axes).
-    fn element<'ctx>(&self, k: &GpuBuilder<'_, 'ctx>, ix: &Ix<'_, '_, 'ctx>, idx: IntValue<'ctx>) -> Result<()> {
+    fn element<'ctx>(
+        &self,
+        k: &GpuBuilder<'_, 'ctx>,
+        ix: &Ix<'_, '_, 'ctx>,
+        idx: IntValue<'ctx>,
+    ) -> Result<()> {
         let g = &self.g;
         let e = ix.e;
         // Element offsets of every input: the coordinates of idx, innermost axis first.
@@ -315,7 +320,12 @@ mod tests {
             self.names += 1;
             let n = self.names;
             self.g
-                .add(format!("n{n}"), op, ins.iter().map(|v| Some(*v)).collect(), format!("v{n}"))
+                .add(
+                    format!("n{n}"),
+                    op,
+                    ins.iter().map(|v| Some(*v)).collect(),
+                    format!("v{n}"),
+                )
                 .unwrap()
         }
 
@@ -392,7 +402,10 @@ mod tests {
             Unary::Gelu { tanh: true },
             Unary::Swish { alpha: 1.0 },
             Unary::HardSwish,
-            Unary::HardSigmoid { alpha: 0.2, beta: 0.5 },
+            Unary::HardSigmoid {
+                alpha: 0.2,
+                beta: 0.5,
+            },
             Unary::LeakyRelu { alpha: 0.1 },
             Unary::Elu { alpha: 1.5 },
             Unary::Selu {
@@ -475,10 +488,10 @@ mod tests {
         // Ties, values that round up into the next binade, NaN, infinities, subnormals.
         let special = [
             1.0f32,
-            1.00390625,
-            1.01171875,
-            1.99609375,
-            -3.0078125,
+            1.0 + 1.0 / 256.0,
+            1.0 + 3.0 / 256.0,
+            2.0 - 1.0 / 256.0,
+            -(3.0 + 1.0 / 128.0),
             f32::NAN,
             f32::INFINITY,
             f32::NEG_INFINITY,
@@ -493,7 +506,7 @@ mod tests {
         let b = g.op(Op::Cast { to: DType::BF16 }, &[x]);
         let y = g.op(Op::Cast { to: DType::F32 }, &[b]);
         let s = g.un(Unary::Sigmoid, y);
-        let mut fused = G {
+        let fused = G {
             g: g.g.clone(),
             seed: 0,
             inputs: g.inputs.clone(),
@@ -603,7 +616,8 @@ mod tests {
         let mut g = G::new(701);
         let ty = TensorType::new(DType::F32, vec![Dim::Fixed(1 << 16), Dim::Fixed(1 << 15)]);
         let x = g.g.add_input("x", ty.clone());
-        let r = g.g.add_input("r", TensorType::new(DType::F32, vec![Dim::Fixed(1 << 15)]));
+        let r =
+            g.g.add_input("r", TensorType::new(DType::F32, vec![Dim::Fixed(1 << 15)]));
         let y = g.bin(Binary::Add, x, r);
         let y = g.un(Unary::Tanh, y);
         g.g.add_output("y", y);
