@@ -160,8 +160,10 @@ pub(crate) fn supports_on(graph: &Graph, id: NodeId, gpu: bool) -> bool {
                             .is_some_and(|s| s.iter().product::<usize>() == 1)
                 })
         }
-        // A float to integer conversion is left to the kernel library (out-of-range values).
-        Op::Cast { to } => !(x == Some(DType::F32) && matches!(to, DType::I32 | DType::I64)),
+        // A float to integer conversion is left to the CPU's kernel library (out-of-range
+        // values); the GPU kernel converts with `llvm.fptosi.sat`, the reference's semantics
+        // (truncation, saturation, NaN to 0).
+        Op::Cast { to } => gpu || !(x == Some(DType::F32) && matches!(to, DType::I32 | DType::I64)),
         _ => false,
     }
 }
@@ -910,6 +912,9 @@ fn cast<'ctx>(
     match (from, to) {
         (DType::BF16, DType::F32) => Ok(x),
         (DType::F32, DType::BF16) => round_bf16(e, x, n),
+        (DType::F32, DType::I32 | DType::I64) => Ok(e
+            .intrinsic("llvm.fptosi.sat", &[dst.into(), x.get_type().into()], &[x.into()])?
+            .into_vector_value()),
         (DType::F32, DType::Bool) => e.fcmp(FloatPredicate::UNE, x, fconst(e, 0.0, n)),
         (_, DType::Bool) => b
             .build_int_compare(IntPredicate::NE, x, x.get_type().const_zero(), "")

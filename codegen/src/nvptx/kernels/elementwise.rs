@@ -483,6 +483,32 @@ mod tests {
     }
 
     #[test]
+    fn float_to_integer_casts_saturate() {
+        let mut g = G::new(450);
+        let mut v = g.rand(300);
+        for x in v.iter_mut() {
+            *x *= 1e9;
+        }
+        let special = [
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            3e9,
+            -3e9,
+            1e19,
+            -1e19,
+            -0.7,
+            0.7,
+            2.5,
+        ];
+        v[..special.len()].copy_from_slice(&special);
+        let x = g.input_tensor(Tensor::from_vec(vec![3, 100], v));
+        let a = g.op(Op::Cast { to: DType::I32 }, &[x]);
+        let b = g.op(Op::Cast { to: DType::I64 }, &[x]);
+        g.check(&[a, b]);
+    }
+
+    #[test]
     fn bf16_round_trip() {
         let mut g = G::new(400);
         // Ties, values that round up into the next binade, NaN, infinities, subnormals.
@@ -611,6 +637,8 @@ mod tests {
         let s = g.bin(Binary::Add, i, j);
         let q = g.bin(Binary::Less, s, i);
         g.g.add_output("q", q);
+        let t = g.op(Op::Cast { to: DType::I32 }, &[x]);
+        g.g.add_output("t", t);
         graphs.push(g.g);
         // 64-bit indices.
         let mut g = G::new(701);
