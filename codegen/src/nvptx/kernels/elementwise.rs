@@ -17,10 +17,11 @@ use crate::gen::elementwise::{self as ew, EwGroup};
 use crate::gen::emit::Emit;
 use crate::gen::llvm;
 use crate::node::NodeInfo;
-use crate::nvptx::{GpuBuilder, GpuKernel, LaunchDims, Sreg};
+use crate::nvptx::{GpuBuilder, GpuKernel, LaunchDims, Mode, Sreg};
 use crate::target::TargetDesc;
 use inkwell::types::IntType;
-use inkwell::values::IntValue;
+use inkwell::values::{IntValue, PointerValue};
+use inkwell::AddressSpace;
 use inkwell::IntPredicate;
 use kiln_ir::{Graph, NodeId, ValueId};
 
@@ -243,12 +244,24 @@ impl EwGpu {
             }
         }
         let out = g.compute(e, 1, |i| {
-            let base = k.input(self.slots[i])?;
+            let base = global(k, k.input(self.slots[i])?)?;
             let off = offs[i].unwrap_or_else(|| ix.c(0));
             ew::load(e, base, g.in_types[i], off, 1)
         })?;
-        ew::store(e, k.output(0)?, g.out_dtype(), idx, out)
+        ew::store(e, global(k, k.output(0)?)?, g.out_dtype(), idx, out)
     }
+}
+
+/// The tensor's address as a global-memory pointer on the device, so that its loads and stores
+/// are `ld.global`/`st.global` rather than generic ones (the tensors are in device memory; the
+/// frame hands out generic addresses).
+fn global<'ctx>(k: &GpuBuilder<'_, 'ctx>, p: PointerValue<'ctx>) -> Result<PointerValue<'ctx>> {
+    if k.mode != Mode::Device {
+        return Ok(p);
+    }
+    k.builder
+        .build_address_space_cast(p, k.cx.ptr_type(AddressSpace::from(1u16)), "global")
+        .map_err(llvm)
 }
 
 #[cfg(test)]
