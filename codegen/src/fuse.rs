@@ -228,6 +228,12 @@ pub fn find_chains(graph: &Graph) -> Vec<Chain> {
 /// A single node is a group of its own only if it computes f32 (the others keep their library
 /// kernels).
 pub fn find_elementwise_groups(graph: &Graph, claimed: &HashSet<NodeId>) -> Vec<Vec<NodeId>> {
+    find_elementwise_groups_on(graph, claimed, false)
+}
+
+/// [`find_elementwise_groups`] for the CPU loop or (`gpu`) the GPU kernel, which computes more
+/// operators (`gen::elementwise::supports_on`).
+pub fn find_elementwise_groups_on(graph: &Graph, claimed: &HashSet<NodeId>, gpu: bool) -> Vec<Vec<NodeId>> {
     let (by_value, uses) = consumers(graph);
     let outputs: HashSet<ValueId> = graph.outputs().iter().map(|o| o.value).collect();
     let ids: Vec<NodeId> = graph.node_ids().collect();
@@ -240,7 +246,7 @@ pub fn find_elementwise_groups(graph: &Graph, claimed: &HashSet<NodeId>) -> Vec<
                 && !claimed.contains(&id)
                 && node.outputs.len() == 1
                 && graph.known_value(id.out(0)).is_none()
-                && crate::gen::elementwise::supports(graph, id)
+                && crate::gen::elementwise::supports_on(graph, id, gpu)
         })
         .collect();
     let mut member: HashSet<NodeId> = HashSet::new();

@@ -215,12 +215,19 @@ pub fn build(graph: &Graph, target: &TargetDesc, fusion: bool) -> Result<Plan> {
             claimed.extend(chain.absorbed.iter().copied());
             claimed.extend(chain.pool);
         }
-        for group in crate::fuse::find_elementwise_groups(graph, &claimed) {
+        for group in crate::fuse::find_elementwise_groups_on(graph, &claimed, target.is_gpu()) {
             let &root = group.last().expect("groups are not empty");
             if !live[root.index()] {
                 continue;
             }
-            let Some((g, ext)) = gen::elementwise::lower_group(graph, &group, target) else {
+            let lowered = if target.is_gpu() {
+                crate::nvptx::kernels::elementwise::lower_group(graph, &group, target)
+                    .map(|(g, ext)| (KernelImpl::Gpu(g), ext))
+            } else {
+                gen::elementwise::lower_group(graph, &group, target)
+                    .map(|(g, ext)| (KernelImpl::Generated(g), ext))
+            };
+            let Some((imp, ext)) = lowered else {
                 continue;
             };
             let node = graph.node(root);
@@ -231,7 +238,7 @@ pub fn build(graph: &Graph, target: &TargetDesc, fusion: bool) -> Result<Plan> {
                     node: root,
                     node_name: node.name.clone(),
                     op_name: node.op.name(),
-                    imp: KernelImpl::Generated(g),
+                    imp,
                     inputs: ext.into_iter().map(Some).collect(),
                     outputs: vec![root.out(0)],
                     packed: vec![],

@@ -39,14 +39,23 @@ struct Step {
     dtype: DType,
 }
 
+/// A group's analysis, shared by the CPU loop ([`EwKernel`]) and the GPU kernel: the merged
+/// output axes, how each external input is read on them, and the steps computed per element.
+#[derive(Clone, Debug)]
+pub(crate) struct EwGroup {
+    /// Merged output axes (all > 1, at least one).
+    pub(crate) dims: Vec<usize>,
+    /// Per external input: its element strides on the merged axes (0 = broadcast).
+    pub(crate) strides: Vec<Vec<usize>>,
+    pub(crate) in_types: Vec<DType>,
+    steps: Vec<Step>,
+    /// The nodes' operator names, for reports.
+    pub(crate) ops: Vec<&'static str>,
+}
+
 #[derive(Debug)]
 pub struct EwKernel {
-    /// Merged output axes (all > 1, at least one).
-    dims: Vec<usize>,
-    /// Per external input: its element strides on the merged axes (0 = broadcast).
-    strides: Vec<Vec<usize>>,
-    in_types: Vec<DType>,
-    steps: Vec<Step>,
+    g: EwGroup,
     lanes: u32,
     what: String,
 }
@@ -57,6 +66,14 @@ fn supported_dtype(d: DType) -> bool {
 
 /// Whether the generator computes `node` (its operator on its operand and result dtypes).
 pub fn supports(graph: &Graph, id: NodeId) -> bool {
+    supports_on(graph, id, false)
+}
+
+/// [`supports`] for the CPU loop or (`gpu`) the GPU kernel. The GPU kernel also takes the
+/// operators whose library versions would run on one GPU thread there (log, erf, GELU, the ELU
+/// family, softplus, pow, PRelu, Cast f32<->bf16); on the CPU those keep their vectorised
+/// library kernels.
+pub(crate) fn supports_on(graph: &Graph, id: NodeId, gpu: bool) -> bool {
     let node = graph.node(id);
     if node.outputs.len() != 1 || !graph.value_type(id.out(0)).is_static() {
         return false;
@@ -67,7 +84,15 @@ pub fn supports(graph: &Graph, id: NodeId) -> bool {
         .iter()
         .map(|v| v.map(|v| graph.value_type(v).dtype))
         .collect();
-    if !supported_dtype(out) || ins.iter().flatten().any(|d| !supported_dtype(*d)) {
+    // bf16 only as a conversion from or to f32 (the autocast pass's pairs): in registers it
+    // is an f32 whose low 16 bits are zero.
+    let bf16_cast = gpu
+        && matches!(node.op, Op::Cast { .. })
+        && matches!(
+            (ins.first().copied().flatten(), out),
+            (Some(DType::F32), DType::BF16) | (Some(DType::BF16), DType::F32)
+        );
+    if !bf16_cast && (!supported_dtype(out) || ins.iter().flatten().any(|d| !supported_dtype(*d))) {
         return false;
     }
     if node
@@ -97,6 +122,17 @@ pub fn supports(graph: &Graph, id: NodeId) -> bool {
             | Unary::LeakyRelu { .. }
             | Unary::HardSigmoid { .. }
             | Unary::Swish { .. } => float,
+            Unary::Log
+            | Unary::Erf
+            | Unary::Gelu { .. }
+            | Unary::Elu { .. }
+            | Unary::Selu { .. }
+            | Unary::Celu { .. }
+            | Unary::Softsign
+            | Unary::Softplus
+            | Unary::Mish
+            | Unary::Sign
+            | Unary::ThresholdedRelu { .. } => float && gpu,
             _ => false,
         },
         Op::Binary(b) => {
@@ -109,6 +145,7 @@ pub fn supports(graph: &Graph, id: NodeId) -> bool {
                 Binary::Less | Binary::LessOrEqual | Binary::Greater | Binary::GreaterOrEqual => float || int,
                 Binary::Equal => true,
                 Binary::And | Binary::Or | Binary::Xor => x == Some(DType::Bool),
+                Binary::Pow | Binary::PRelu => float && gpu,
                 _ => false,
             }
         }
@@ -123,8 +160,10 @@ pub fn supports(graph: &Graph, id: NodeId) -> bool {
                             .is_some_and(|s| s.iter().product::<usize>() == 1)
                 })
         }
-        // A float to integer conversion is left to the kernel library (out-of-range values).
-        Op::Cast { to } => !(x == Some(DType::F32) && matches!(to, DType::I32 | DType::I64)),
+        // A float to integer conversion is left to the CPU's kernel library (out-of-range
+        // values); the GPU kernel converts with `llvm.fptosi.sat`, the reference's semantics
+        // (truncation, saturation, NaN to 0).
+        Op::Cast { to } => gpu || !(x == Some(DType::F32) && matches!(to, DType::I32 | DType::I64)),
         _ => false,
     }
 }
@@ -139,6 +178,26 @@ pub fn lower_group(
     if target.is_gpu() {
         return None;
     }
+    let (g, ext) = analyze(graph, nodes)?;
+    let what = format!(
+        "elementwise[{}] {:?} lanes={}",
+        g.ops.join(","),
+        g.dims,
+        target.f32_lanes()
+    );
+    Some((
+        Box::new(EwKernel {
+            g,
+            lanes: target.f32_lanes(),
+            what,
+        }),
+        ext,
+    ))
+}
+
+/// Analyses a group (nodes in graph order; the last one's output is the group's output).
+/// Returns the analysis and the external inputs, or None if the group cannot be generated.
+pub(crate) fn analyze(graph: &Graph, nodes: &[NodeId]) -> Option<(EwGroup, Vec<ValueId>)> {
     let root = *nodes.last()?;
     let out_shape = graph.value_type(root.out(0)).fixed_shape()?;
     let step_of: HashMap<ValueId, usize> = nodes.iter().enumerate().map(|(i, n)| (n.out(0), i)).collect();
@@ -232,24 +291,60 @@ pub fn lower_group(
         return None;
     }
     let in_types = ext.iter().map(|v| graph.value_type(*v).dtype).collect();
-    let ops: Vec<&str> = nodes.iter().map(|n| graph.node(*n).op.name()).collect();
-    let what = format!(
-        "elementwise[{}] {:?} lanes={}",
-        ops.join(","),
-        dims,
-        target.f32_lanes()
-    );
+    let ops = nodes.iter().map(|n| graph.node(*n).op.name()).collect();
     Some((
-        Box::new(EwKernel {
+        EwGroup {
             dims,
             strides,
             in_types,
             steps,
-            lanes: target.f32_lanes(),
-            what,
-        }),
+            ops,
+        },
         ext,
     ))
+}
+
+impl EwGroup {
+    /// The dtype of the group's output.
+    pub(crate) fn out_dtype(&self) -> DType {
+        self.steps.last().expect("a group has a node").dtype
+    }
+
+    /// Emits the steps for `n` elements. `input(i)` emits the `n`-lane value of external input
+    /// `i` (asked once per input, where the first step reads it); returns the output's value.
+    pub(crate) fn compute<'ctx>(
+        &self,
+        e: &Emit<'_, 'ctx>,
+        n: u32,
+        mut input: impl FnMut(usize) -> Result<VectorValue<'ctx>>,
+    ) -> Result<VectorValue<'ctx>> {
+        let mut loaded: HashMap<usize, VectorValue<'ctx>> = HashMap::new();
+        let mut vals: Vec<VectorValue<'ctx>> = vec![];
+        for step in &self.steps {
+            let mut ops = vec![];
+            for (a, ty) in step.args.iter().zip(&step.arg_types) {
+                let (Some(a), Some(ty)) = (a, ty) else {
+                    ops.push(None);
+                    continue;
+                };
+                let v = match *a {
+                    Src::Step(s) => vals[s],
+                    Src::Const(c) => const_vec(e, *ty, c, n),
+                    Src::Input(i) => match loaded.get(&i) {
+                        Some(v) => *v,
+                        None => {
+                            let v = input(i)?;
+                            loaded.insert(i, v);
+                            v
+                        }
+                    },
+                };
+                ops.push(Some(v));
+            }
+            vals.push(emit_op(e, step, &ops, n)?);
+        }
+        Ok(*vals.last().expect("a group has a node"))
+    }
 }
 
 /// Elements per task: enough work to amortize the task, few enough to balance two threads.
@@ -261,11 +356,11 @@ impl GeneratedKernel for EwKernel {
     }
 
     fn emit(&self, k: &KernelBuilder<'_, '_>) -> Result<()> {
-        if self.dims.contains(&0) {
+        if self.g.dims.contains(&0) {
             return k.ret_ok(); // an empty output
         }
         let (rows_per_task, blocks, block) = self.split();
-        let rows: usize = self.dims[..self.dims.len() - 1].iter().product();
+        let rows: usize = self.g.dims[..self.g.dims.len() - 1].iter().product();
         let tasks = rows.div_ceil(rows_per_task) * blocks;
         let task = k.new_task_function("task");
         let tb = k.cx.create_builder();
@@ -289,7 +384,7 @@ impl GeneratedKernel for EwKernel {
 impl EwKernel {
     /// (rows per task, blocks per row, block length) for the innermost axis.
     fn split(&self) -> (usize, usize, usize) {
-        let inner = *self.dims.last().expect("at least one axis");
+        let inner = *self.g.dims.last().expect("at least one axis");
         if inner >= 2 * TASK_ELEMS {
             let block = TASK_ELEMS.div_ceil(self.lanes as usize) * self.lanes as usize;
             (1, inner.div_ceil(block), block)
@@ -309,11 +404,11 @@ impl EwKernel {
         let f = e.f;
         let args = f.get_nth_param(0).expect("task data").into_pointer_value();
         let t = f.get_nth_param(1).expect("task index").into_int_value();
-        let n_in = self.in_types.len();
+        let n_in = self.g.in_types.len();
         let bases: Vec<PointerValue> = (0..=n_in)
             .map(|i| e.load_ptr(e.gep_ptr(args, i as i64)?))
             .collect::<Result<_>>()?;
-        let inner = *self.dims.last().expect("at least one axis") as i64;
+        let inner = *self.g.dims.last().expect("at least one axis") as i64;
         let (row0, j0, j1) = if blocks > 1 {
             let row = e.udivc(t, blocks as i64)?;
             let blk = e.uremc(t, blocks as i64)?;
@@ -327,7 +422,7 @@ impl EwKernel {
         } else {
             e.umin(e.addc(row0, rows_per_task as i64)?, e.i64c(rows.max(1) as i64))?
         };
-        let outer = &self.dims[..self.dims.len() - 1];
+        let outer = &self.g.dims[..self.g.dims.len() - 1];
         e.for_range(row0, row1, 1, |row| {
             // Element offsets of this row in every input and in the output.
             let mut offs: Vec<IntValue> = vec![e.i64c(0); n_in];
@@ -336,7 +431,7 @@ impl EwKernel {
                 let coord = e.uremc(rem, d as i64)?;
                 rem = e.udivc(rem, d as i64)?;
                 for (i, o) in offs.iter_mut().enumerate() {
-                    let s = self.strides[i][ax];
+                    let s = self.g.strides[i][ax];
                     if s != 0 {
                         *o = e.add(*o, e.mulc(coord, s as i64)?)?;
                     }
@@ -365,60 +460,42 @@ impl EwKernel {
         j: IntValue<'ctx>,
         n: u32,
     ) -> Result<()> {
-        let last = self.dims.len() - 1;
-        let mut loaded: HashMap<usize, VectorValue<'ctx>> = HashMap::new();
-        let mut vals: Vec<VectorValue<'ctx>> = vec![];
-        for step in &self.steps {
-            let mut ops = vec![];
-            for (a, ty) in step.args.iter().zip(&step.arg_types) {
-                let (Some(a), Some(ty)) = (a, ty) else {
-                    ops.push(None);
-                    continue;
-                };
-                let v = match *a {
-                    Src::Step(s) => vals[s],
-                    Src::Const(c) => const_vec(e, *ty, c, n),
-                    Src::Input(i) => match loaded.get(&i) {
-                        Some(v) => *v,
-                        None => {
-                            let contiguous = self.strides[i][last] != 0;
-                            let idx = if contiguous {
-                                e.add(offs[i], e.mulc(j, self.strides[i][last] as i64)?)?
-                            } else {
-                                offs[i]
-                            };
-                            let v = load(e, bases[i], self.in_types[i], idx, if contiguous { n } else { 1 })?;
-                            let v = if contiguous { v } else { splat(e, v, n)? };
-                            loaded.insert(i, v);
-                            v
-                        }
-                    },
-                };
-                ops.push(Some(v));
+        let g = &self.g;
+        let last = g.dims.len() - 1;
+        let out = g.compute(e, n, |i| {
+            let contiguous = g.strides[i][last] != 0;
+            let idx = if contiguous {
+                e.add(offs[i], e.mulc(j, g.strides[i][last] as i64)?)?
+            } else {
+                offs[i]
+            };
+            let v = load(e, bases[i], g.in_types[i], idx, if contiguous { n } else { 1 })?;
+            if contiguous {
+                Ok(v)
+            } else {
+                splat(e, v, n)
             }
-            vals.push(emit_op(e, step, &ops, n)?);
-        }
-        let out = *vals.last().expect("a group has a node");
-        let dtype = self.steps.last().expect("a group has a node").dtype;
+        })?;
         let out_idx = e.add(out_off, j)?;
-        store(e, bases[self.in_types.len()], dtype, out_idx, out)
+        store(e, bases[g.in_types.len()], g.out_dtype(), out_idx, out)
     }
 }
 
-/// The in-register element type: i1 for bool.
+/// The in-register element type: i1 for bool, f32 for bf16.
 fn reg_type<'ctx>(e: &Emit<'_, 'ctx>, d: DType) -> BasicTypeEnum<'ctx> {
     match d {
-        DType::F32 => e.cx.f32_type().into(),
+        DType::F32 | DType::BF16 => e.cx.f32_type().into(),
         DType::I32 => e.cx.i32_type().into(),
         DType::I64 => e.cx.i64_type().into(),
         _ => e.cx.bool_type().into(),
     }
 }
 
-/// The in-memory element type: one byte for bool.
+/// The in-memory element type: one byte for bool, the upper half of an f32 for bf16.
 fn mem_type<'ctx>(e: &Emit<'_, 'ctx>, d: DType) -> BasicTypeEnum<'ctx> {
     match d {
         DType::Bool => e.cx.i8_type().into(),
+        DType::BF16 => e.cx.i16_type().into(),
         _ => reg_type(e, d),
     }
 }
@@ -433,7 +510,7 @@ fn vec_of<'ctx>(t: BasicTypeEnum<'ctx>, n: u32) -> VectorType<'ctx> {
 
 fn const_vec<'ctx>(e: &Emit<'_, 'ctx>, d: DType, c: f64, n: u32) -> VectorValue<'ctx> {
     let s: BasicValueEnum = match d {
-        DType::F32 => e.cx.f32_type().const_float(f64::from(c as f32)).into(),
+        DType::F32 | DType::BF16 => e.cx.f32_type().const_float(f64::from(c as f32)).into(),
         DType::I32 => e.cx.i32_type().const_int(c as i64 as u64, true).into(),
         DType::I64 => e.cx.i64_type().const_int(c as i64 as u64, true).into(),
         _ => e.cx.bool_type().const_int(u64::from(c != 0.0), false).into(),
@@ -454,13 +531,14 @@ fn elem_ptr<'ctx>(
 fn elem_align(d: DType) -> u32 {
     match d {
         DType::Bool => 1,
+        DType::BF16 => 2,
         DType::I64 => 8,
         _ => 4,
     }
 }
 
 /// Loads `n` elements as an `n`-lane register vector.
-fn load<'ctx>(
+pub(crate) fn load<'ctx>(
     e: &Emit<'_, 'ctx>,
     base: PointerValue<'ctx>,
     d: DType,
@@ -478,10 +556,22 @@ fn load<'ctx>(
         let zero = vec_of(e.cx.i8_type().into(), n).const_zero();
         return e.b.build_int_compare(IntPredicate::NE, v, zero, "").map_err(llvm);
     }
+    if d == DType::BF16 {
+        let w =
+            e.b.build_int_z_extend(v, e.cx.i32_type().vec_type(n), "")
+                .map_err(llvm)?;
+        let w = e.b.build_left_shift(w, splat_u32(e, 16, n), "").map_err(llvm)?;
+        return Ok(e
+            .b
+            .build_bit_cast(w, e.vty(n), "")
+            .map_err(llvm)?
+            .into_vector_value());
+    }
     Ok(v)
 }
 
-fn store<'ctx>(
+/// Stores an `n`-lane register vector as `n` elements (a bf16 value is already rounded).
+pub(crate) fn store<'ctx>(
     e: &Emit<'_, 'ctx>,
     base: PointerValue<'ctx>,
     d: DType,
@@ -491,6 +581,15 @@ fn store<'ctx>(
     let n = v.get_type().get_size();
     let v = if d == DType::Bool {
         e.b.build_int_z_extend(v, e.cx.i8_type().vec_type(n), "")
+            .map_err(llvm)?
+    } else if d == DType::BF16 {
+        let w =
+            e.b.build_bit_cast(v, e.cx.i32_type().vec_type(n), "")
+                .map_err(llvm)?;
+        let w =
+            e.b.build_right_shift(w.into_vector_value(), splat_u32(e, 16, n), false, "")
+                .map_err(llvm)?;
+        e.b.build_int_truncate(w, e.cx.i16_type().vec_type(n), "")
             .map_err(llvm)?
     } else {
         v
@@ -508,6 +607,10 @@ fn splat<'ctx>(e: &Emit<'_, 'ctx>, v: VectorValue<'ctx>, n: u32) -> Result<Vecto
     let mask = e.cx.i32_type().vec_type(n).const_zero();
     e.b.build_shuffle_vector(v, v.get_type().get_poison(), mask, "")
         .map_err(llvm)
+}
+
+fn splat_u32<'ctx>(e: &Emit<'_, 'ctx>, x: u32, n: u32) -> VectorValue<'ctx> {
+    VectorType::const_vector(&vec![e.cx.i32_type().const_int(u64::from(x), false); n as usize])
 }
 
 fn fconst<'ctx>(e: &Emit<'_, 'ctx>, x: f32, n: u32) -> VectorValue<'ctx> {
@@ -613,6 +716,49 @@ fn emit_op<'ctx>(
                 let s = vmath::sigmoid(e, e.fmul(x, fconst(e, *alpha, n))?)?;
                 e.fmul(x, s)
             }
+            (Unary::Log, _) => vmath::log(e, x),
+            (Unary::Erf, _) => vmath::erf(e, x),
+            (Unary::Gelu { tanh: false }, _) => {
+                let t = vmath::erf(e, e.fmul(x, fconst(e, std::f32::consts::FRAC_1_SQRT_2, n))?)?;
+                let h = e.fmul(x, fconst(e, 0.5, n))?;
+                e.fma(h, t, h)
+            }
+            (Unary::Gelu { tanh: true }, _) => {
+                let x3 = e.fmul(e.fmul(x, x)?, x)?;
+                let inner = e.fma(x3, fconst(e, 0.044715, n), x)?;
+                let t = vmath::tanh(e, e.fmul(inner, fconst(e, 0.797_884_6, n))?)?;
+                let h = e.fmul(x, fconst(e, 0.5, n))?;
+                e.fma(h, t, h)
+            }
+            (Unary::Elu { alpha }, _) => {
+                let em1 = fsub(e, vmath::exp(e, x)?, fconst(e, 1.0, n))?;
+                let neg = e.fmul(em1, fconst(e, *alpha, n))?;
+                select(e, e.fcmp(FloatPredicate::OLT, x, fzero)?, neg, x)
+            }
+            (Unary::Selu { alpha, gamma }, _) => {
+                let em1 = fsub(e, vmath::exp(e, x)?, fconst(e, 1.0, n))?;
+                let neg = e.fmul(em1, fconst(e, *alpha, n))?;
+                let y = select(e, e.fcmp(FloatPredicate::OGT, x, fzero)?, x, neg)?;
+                e.fmul(y, fconst(e, *gamma, n))
+            }
+            (Unary::Celu { alpha }, _) => {
+                let ex = vmath::exp(e, e.fmul(x, fconst(e, 1.0 / *alpha, n))?)?;
+                let neg = e.fmul(fsub(e, ex, fconst(e, 1.0, n))?, fconst(e, *alpha, n))?;
+                select(e, e.fcmp(FloatPredicate::OGT, x, fzero)?, x, neg)
+            }
+            (Unary::Softsign, _) => {
+                let d = e.fadd(vmath::fabs(e, x)?, fconst(e, 1.0, n))?;
+                b.build_float_div(x, d, "").map_err(llvm)
+            }
+            (Unary::Softplus, _) => softplus(e, x, n),
+            (Unary::Mish, _) => e.fmul(x, vmath::tanh(e, softplus(e, x, n)?)?),
+            (Unary::Sign, _) => {
+                let pos = select(e, e.fcmp(FloatPredicate::OGT, x, fzero)?, fconst(e, 1.0, n), x)?;
+                select(e, e.fcmp(FloatPredicate::OLT, x, fzero)?, fconst(e, -1.0, n), pos)
+            }
+            (Unary::ThresholdedRelu { alpha }, _) => {
+                select(e, e.fcmp(FloatPredicate::OGT, x, fconst(e, *alpha, n))?, x, fzero)
+            }
             _ => Err(CodegenError::internal(format!(
                 "elementwise generator: no {}",
                 u.name()
@@ -634,6 +780,11 @@ fn emit_op<'ctx>(
                 (Binary::LessOrEqual, true) => e.fcmp(FloatPredicate::OLE, x, y),
                 (Binary::Greater, true) => e.fcmp(FloatPredicate::OGT, x, y),
                 (Binary::GreaterOrEqual, true) => e.fcmp(FloatPredicate::OGE, x, y),
+                (Binary::Pow, true) => pow(e, x, y, n),
+                (Binary::PRelu, true) => {
+                    let neg = e.fmul(x, y)?;
+                    select(e, e.fcmp(FloatPredicate::OLT, x, fconst(e, 0.0, n))?, neg, x)
+                }
                 (Binary::Add, false) => b.build_int_add(x, y, "").map_err(llvm),
                 (Binary::Sub, false) => b.build_int_sub(x, y, "").map_err(llvm),
                 (Binary::Mul, false) => b.build_int_mul(x, y, "").map_err(llvm),
@@ -681,6 +832,71 @@ fn emit_op<'ctx>(
     }
 }
 
+fn fsub<'ctx>(e: &Emit<'_, 'ctx>, a: VectorValue<'ctx>, b: VectorValue<'ctx>) -> Result<VectorValue<'ctx>> {
+    e.b.build_float_sub(a, b, "").map_err(llvm)
+}
+
+/// ln(1 + e^x) as max(x, 0) + ln(1 + e^-|x|): no overflow for large x.
+fn softplus<'ctx>(e: &Emit<'_, 'ctx>, x: VectorValue<'ctx>, n: u32) -> Result<VectorValue<'ctx>> {
+    let ax = vmath::fabs(e, x)?;
+    let t = vmath::exp(e, e.b.build_float_neg(ax, "").map_err(llvm)?)?;
+    let l = vmath::log(e, e.fadd(t, fconst(e, 1.0, n))?)?;
+    let pos = select(
+        e,
+        e.fcmp(FloatPredicate::OGT, x, fconst(e, 0.0, n))?,
+        x,
+        fconst(e, 0.0, n),
+    )?;
+    let y = e.fadd(pos, l)?;
+    // NaN in, NaN out (the select above drops it).
+    select(e, e.fcmp(FloatPredicate::UNO, x, x)?, x, y)
+}
+
+/// x^y as e^(y·ln|x|), with the sign of an odd integer power of a negative base, NaN for a
+/// negative base and a non-integer power, and x^0 = 1.
+fn pow<'ctx>(
+    e: &Emit<'_, 'ctx>,
+    x: VectorValue<'ctx>,
+    y: VectorValue<'ctx>,
+    n: u32,
+) -> Result<VectorValue<'ctx>> {
+    let one = fconst(e, 1.0, n);
+    let zero = fconst(e, 0.0, n);
+    let mag = vmath::exp(e, e.fmul(y, vmath::log(e, vmath::fabs(e, x)?)?)?)?;
+    let yi = fintr(e, "llvm.floor", &[y])?;
+    let integer = e.fcmp(FloatPredicate::OEQ, yi, y)?;
+    let half = e.fmul(y, fconst(e, 0.5, n))?;
+    let odd = e.fcmp(FloatPredicate::ONE, fintr(e, "llvm.floor", &[half])?, half)?;
+    let odd = e.b.build_and(odd, integer, "").map_err(llvm)?;
+    let neg_mag = e.b.build_float_neg(mag, "").map_err(llvm)?;
+    let signed = select(e, odd, neg_mag, mag)?;
+    let nan = fconst(e, f32::NAN, n);
+    let negative = select(e, integer, signed, nan)?;
+    let r = select(e, e.fcmp(FloatPredicate::OLT, x, zero)?, negative, mag)?;
+    select(e, e.fcmp(FloatPredicate::OEQ, y, zero)?, one, r)
+}
+
+/// f32 to bf16 rounding to nearest even (the result is an f32 with the low 16 bits zero); a
+/// NaN stays a (quiet) NaN.
+fn round_bf16<'ctx>(e: &Emit<'_, 'ctx>, x: VectorValue<'ctx>, n: u32) -> Result<VectorValue<'ctx>> {
+    let b = e.b;
+    let it = e.cx.i32_type().vec_type(n);
+    let u = b.build_bit_cast(x, it, "").map_err(llvm)?.into_vector_value();
+    let lsb = b
+        .build_right_shift(u, splat_u32(e, 16, n), false, "")
+        .map_err(llvm)?;
+    let lsb = b.build_and(lsb, splat_u32(e, 1, n), "").map_err(llvm)?;
+    let r = b.build_int_add(u, splat_u32(e, 0x7fff, n), "").map_err(llvm)?;
+    let r = b.build_int_add(r, lsb, "").map_err(llvm)?;
+    let quiet = b.build_or(u, splat_u32(e, 0x0040_0000, n), "").map_err(llvm)?;
+    let nan = e.fcmp(FloatPredicate::UNO, x, x)?;
+    let r = select(e, nan, quiet, r)?;
+    let r = b.build_and(r, splat_u32(e, 0xffff_0000, n), "").map_err(llvm)?;
+    Ok(b.build_bit_cast(r, e.vty(n), "")
+        .map_err(llvm)?
+        .into_vector_value())
+}
+
 fn cast<'ctx>(
     e: &Emit<'_, 'ctx>,
     x: VectorValue<'ctx>,
@@ -694,6 +910,11 @@ fn cast<'ctx>(
     }
     let dst = vec_of(reg_type(e, to), n);
     match (from, to) {
+        (DType::BF16, DType::F32) => Ok(x),
+        (DType::F32, DType::BF16) => round_bf16(e, x, n),
+        (DType::F32, DType::I32 | DType::I64) => Ok(e
+            .intrinsic("llvm.fptosi.sat", &[dst.into(), x.get_type().into()], &[x.into()])?
+            .into_vector_value()),
         (DType::F32, DType::Bool) => e.fcmp(FloatPredicate::UNE, x, fconst(e, 0.0, n)),
         (_, DType::Bool) => b
             .build_int_compare(IntPredicate::NE, x, x.get_type().const_zero(), "")

@@ -146,3 +146,110 @@ pub(crate) fn tanh<'ctx>(e: &Emit<'_, 'ctx>, x: VectorValue<'ctx>) -> Result<Vec
     let big = sel_cmp(e, FloatPredicate::OLT, x, e.zero_vec(n), nbig, big)?;
     sel_cmp(e, FloatPredicate::OLT, ax, c(e, 0.625, n), small, big)
 }
+
+/// ln(x) (see `kiln_logf`): x = m·2^e with m in [√½, √2), ln(1+f) for f = m - 1 by the Cephes
+/// polynomial; subnormal inputs are scaled by 2^23 first.
+pub(crate) fn log<'ctx>(e: &Emit<'_, 'ctx>, x: VectorValue<'ctx>) -> Result<VectorValue<'ctx>> {
+    let n = lanes(x);
+    let b = e.b;
+    let it = e.cx.i32_type().vec_type(n);
+    let sub = e.fcmp(FloatPredicate::OLT, x, c(e, 1.17549435e-38, n))?;
+    let xs = e.vselect(sub, e.fmul(x, c(e, 8388608.0, n))?, x)?;
+    let u = b.build_bit_cast(xs, it, "").map_err(llvm)?.into_vector_value();
+    let ex = b.build_right_shift(u, ci(e, 23, n), false, "").map_err(llvm)?;
+    let ex = b.build_and(ex, ci(e, 0xff, n), "").map_err(llvm)?;
+    let bias = e.vselect(sub, ci(e, 150, n), ci(e, 127, n))?;
+    let ex = b.build_int_sub(ex, bias, "").map_err(llvm)?;
+    let mb = b.build_and(u, ci(e, 0x007f_ffff, n), "").map_err(llvm)?;
+    let mb = b.build_or(mb, ci(e, 0x3f80_0000, n), "").map_err(llvm)?;
+    let m = b
+        .build_bit_cast(mb, e.vty(n), "")
+        .map_err(llvm)?
+        .into_vector_value();
+    let big = e.fcmp(FloatPredicate::OGT, m, c(e, std::f32::consts::SQRT_2, n))?;
+    let m = e.vselect(big, e.fmul(m, c(e, 0.5, n))?, m)?;
+    let ex = e.vselect(big, b.build_int_add(ex, ci(e, 1, n), "").map_err(llvm)?, ex)?;
+    let f = fsub(e, m, c(e, 1.0, n))?;
+    let z = e.fmul(f, f)?;
+    let p = horner(
+        e,
+        f,
+        &[
+            7.0376836292e-2,
+            -1.1514610310e-1,
+            1.1676998740e-1,
+            -1.2420140846e-1,
+            1.4249322787e-1,
+            -1.6668057665e-1,
+            2.0000714765e-1,
+            -2.4999993993e-1,
+            3.3333331174e-1,
+        ],
+    )?;
+    let ef = b.build_signed_int_to_float(ex, e.vty(n), "").map_err(llvm)?;
+    let y = e.fmul(e.fmul(f, z)?, p)?;
+    let y = e.fma(ef, c(e, -2.12194440e-4, n), y)?;
+    let y = e.fma(z, c(e, -0.5, n), y)?;
+    let r = e.fadd(f, y)?;
+    let r = e.fma(ef, c(e, 0.693359375, n), r)?;
+    // log(±0) = -inf, log(x<0) = NaN, log(inf) = inf, NaN stays NaN.
+    let r = sel_cmp(
+        e,
+        FloatPredicate::OEQ,
+        x,
+        e.zero_vec(n),
+        c(e, f32::NEG_INFINITY, n),
+        r,
+    )?;
+    let r = sel_cmp(e, FloatPredicate::OLT, x, e.zero_vec(n), c(e, f32::NAN, n), r)?;
+    let r = sel_cmp(e, FloatPredicate::OEQ, x, c(e, f32::INFINITY, n), x, r)?;
+    let nan = e.fcmp(FloatPredicate::UNO, x, x)?;
+    e.vselect(nan, x, r)
+}
+
+/// erf(x) (see `kiln_erff`): an odd polynomial for |x| < 0.875, 1 - erfc beyond, with erfc
+/// from a fit in t = 1/(1 + |x|/2) times e^(-x²); |x| is clamped to 4, where erf is ±1 in f32.
+pub(crate) fn erf<'ctx>(e: &Emit<'_, 'ctx>, x: VectorValue<'ctx>) -> Result<VectorValue<'ctx>> {
+    let n = lanes(x);
+    let ax = fabs(e, x)?;
+    let z = sel_cmp(e, FloatPredicate::OGT, ax, c(e, 4.0, n), c(e, 4.0, n), ax)?;
+    // Keeps the unused branch finite.
+    let z = sel_cmp(e, FloatPredicate::OLT, z, c(e, 0.875, n), c(e, 0.875, n), z)?;
+    let t = fdiv(e, c(e, 1.0, n), e.fma(z, c(e, 0.5, n), c(e, 1.0, n))?)?;
+    let s = e.fmul(fsub(e, t, c(e, 0.43115942, n))?, c(e, 3.7808219, n))?;
+    let r = horner(
+        e,
+        s,
+        &[
+            -1.6210351532e-05,
+            7.21474425517954e-05,
+            2.662028418853879e-04,
+            -1.1868111323565245e-03,
+            -5.906339269131422e-03,
+            1.8291428685188293e-02,
+            3.475741446018219e-01,
+            -7.63388454914093e-01,
+        ],
+    )?;
+    let ez = exp(e, fsub(e, r, e.fmul(z, z)?)?)?;
+    let big = fsub(e, c(e, 1.0, n), e.fmul(t, ez)?)?;
+    let nbig = e.b.build_float_neg(big, "").map_err(llvm)?;
+    let big = sel_cmp(e, FloatPredicate::OLT, x, e.zero_vec(n), nbig, big)?;
+    let p = horner(
+        e,
+        e.fmul(x, x)?,
+        &[
+            8.71393785928376e-05,
+            -8.220490417443216e-04,
+            5.207619164139032e-03,
+            -2.6861967518925667e-02,
+            1.1283741146326065e-01,
+            -3.7612637877464294e-01,
+            1.128379225730896,
+        ],
+    )?;
+    let small = e.fmul(x, p)?;
+    let res = sel_cmp(e, FloatPredicate::OLT, ax, c(e, 0.875, n), small, big)?;
+    let nan = e.fcmp(FloatPredicate::UNO, x, x)?;
+    e.vselect(nan, x, res)
+}

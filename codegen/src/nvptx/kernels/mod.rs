@@ -3,6 +3,7 @@
 
 pub mod attention;
 pub mod copy;
+pub mod elementwise;
 pub mod gemm;
 
 use super::GpuKernel;
@@ -14,7 +15,7 @@ use crate::target::TargetDesc;
 type Generator = fn(&NodeInfo, &TargetDesc) -> Result<Option<Box<dyn GpuKernel>>>;
 
 /// The generators in the order they are tried.
-const GENERATORS: &[Generator] = &[gemm::lower, attention::lower, copy::lower];
+const GENERATORS: &[Generator] = &[gemm::lower, attention::lower, copy::lower, elementwise::lower];
 
 /// The generated GPU kernel for `node`, or None.
 pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GpuKernel>>> {
