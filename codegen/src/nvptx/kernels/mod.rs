@@ -2,6 +2,7 @@
 //! handles a node; a node none handles runs as a library kernel on one GPU thread.
 
 pub mod gemm;
+pub mod pool;
 pub mod rows;
 
 use super::GpuKernel;
@@ -13,7 +14,7 @@ use crate::target::TargetDesc;
 type Generator = fn(&NodeInfo, &TargetDesc) -> Result<Option<Box<dyn GpuKernel>>>;
 
 /// The generators in the order they are tried.
-const GENERATORS: &[Generator] = &[gemm::lower, rows::lower];
+const GENERATORS: &[Generator] = &[gemm::lower, rows::lower, pool::lower];
 
 /// The generated GPU kernel for `node`, or None.
 pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GpuKernel>>> {
