@@ -10,6 +10,9 @@
 //! passes over the row (max, sum of exponentials / mean, variance) and write every element;
 //! reductions write one value per row. Rows past the end still take part in every barrier.
 
+// The polynomial constants are written digit for digit as in kiln_math.h.
+#![allow(clippy::excessive_precision)]
+
 use crate::error::Result;
 use crate::gen::emit::Emit;
 use crate::gen::llvm;
@@ -416,7 +419,6 @@ pub(super) fn exp<'ctx>(e: &Emit<'_, 'ctx>, x: FloatValue<'ctx>) -> Result<Float
     let nf = fsub(e, t, shifter)?;
     let r = fma(e, nf, c(-0.693359375), x)?;
     let r = fma(e, nf, c(2.12194440e-4), r)?;
-    #[allow(clippy::excessive_precision)]
     let coeffs = [
         1.9875691500e-4f32,
         1.3981999507e-3,
@@ -482,7 +484,6 @@ pub(super) fn log<'ctx>(e: &Emit<'_, 'ctx>, x0: FloatValue<'ctx>) -> Result<Floa
     let ef = b
         .build_signed_int_to_float(ex, e.cx.f32_type(), "")
         .map_err(llvm)?;
-    #[allow(clippy::excessive_precision)]
     let coeffs = [
         7.0376836292e-2f32,
         -1.1514610310e-1,
@@ -918,6 +919,7 @@ mod tests {
         for (i, &shape) in ROWS.iter().enumerate() {
             let last = *shape.last().unwrap();
             // Scale/bias per element, with a leading 1, and scalar.
+            #[allow(clippy::type_complexity)]
             let params: [(&[usize], Option<&[usize]>, usize); 3] = [
                 (&[last], Some(&[last]), 1),
                 (&[1, last], None, 1),
