@@ -66,19 +66,48 @@ enum RowOp {
 pub struct RowGpu {
     what: String,
     op: RowOp,
-    outer: usize,
+    /// The axes a row index runs over and those an element of a row runs over, each as
+    /// (extent, element stride), outermost first, adjacent axes merged, size-1 axes dropped.
+    kept: Vec<(usize, usize)>,
+    red: Vec<(usize, usize)>,
+    rows: usize,
     len: usize,
-    inner: usize,
     /// Threads per row (power of two) and rows per block.
     t: usize,
     r: usize,
 }
 
+/// The axes of `shape` where `mask` is `want`, as (extent, stride), adjacent ones merged.
+fn axes_of(shape: &[usize], mask: &[bool], want: bool) -> Vec<(usize, usize)> {
+    let mut stride = 1;
+    let mut out: Vec<(usize, usize)> = vec![];
+    for d in (0..shape.len()).rev() {
+        if mask[d] == want && shape[d] != 1 {
+            match out.last_mut() {
+                Some(last) if last.0 * last.1 == stride => last.0 *= shape[d],
+                _ => out.push((shape[d], stride)),
+            }
+        }
+        stride *= shape[d];
+    }
+    out.reverse();
+    out
+}
+
 impl RowGpu {
+    /// Rows of `[outer, len, inner]` along the middle axis.
     fn new(what: &str, op: RowOp, outer: usize, len: usize, inner: usize) -> Option<RowGpu> {
-        let rows = outer.checked_mul(inner)?;
-        let total = rows.checked_mul(len)?;
-        if rows == 0 || len == 0 || total >= 1 << 40 {
+        RowGpu::over(what, op, &[outer, len, inner], &[false, true, false])
+    }
+
+    /// A row per position of the axes of `shape` outside `mask`, over the axes in it.
+    fn over(what: &str, op: RowOp, shape: &[usize], mask: &[bool]) -> Option<RowGpu> {
+        let total = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d))?;
+        let kept = axes_of(shape, mask, false);
+        let red = axes_of(shape, mask, true);
+        let rows: usize = kept.iter().map(|a| a.0).product();
+        let len: usize = red.iter().map(|a| a.0).product();
+        if total == 0 || total >= 1 << 40 {
             return None;
         }
         let t = len.next_power_of_two().clamp(32, BLOCK);
@@ -86,27 +115,25 @@ impl RowGpu {
         if rows.div_ceil(r) >= 1 << 31 {
             return None;
         }
+        let strided = red.last().is_some_and(|a| a.1 != 1) || red.len() > 1;
         let what = format!(
             "gpu {what} rows={rows} len={len}{}",
-            if inner > 1 {
-                format!(" stride={inner}")
-            } else {
-                String::new()
-            }
+            if strided { " strided" } else { "" }
         );
         Some(RowGpu {
             what,
             op,
-            outer,
+            kept,
+            red,
+            rows,
             len,
-            inner,
             t,
             r,
         })
     }
 
     fn rows(&self) -> usize {
-        self.outer * self.inner
+        self.rows
     }
 }
 
@@ -205,7 +232,7 @@ pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GpuK
             noop_with_empty_axes,
             ..
         } => {
-            if !all_f32(node, &[0]) || node.n_outputs() != 1 || !reducible(*kind) {
+            if !all_f32(node, &[0]) || node.n_outputs() != 1 {
                 return Ok(None);
             }
             let x = node.input_shape(0)?;
@@ -223,27 +250,23 @@ pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GpuK
                     _ => return Ok(None),
                 }
             }
-            // The reduced axes must be one contiguous run (size-1 axes may sit anywhere).
-            let reduced: Vec<usize> = (0..x.len()).filter(|&d| mask[d] && x[d] != 1).collect();
-            let (first, last) = match (reduced.first(), reduced.last()) {
-                (Some(&f), Some(&l)) => (f, l),
-                // Only size-1 axes: a row of one element per output.
-                _ if mask.contains(&true) => (x.len(), x.len() - 1),
-                _ => return Ok(None),
-            };
-            if first <= last && (first..=last).any(|d| !mask[d] && x[d] != 1) {
+            // Empty axes with noop_with_empty_axes: the identity, left to the library kernel.
+            if !mask.contains(&true) {
                 return Ok(None);
             }
-            let p = |s: &[usize]| s.iter().product::<usize>();
-            let (outer, len, inner) = (p(&x[..first]), p(&x[first..last + 1]), p(&x[last + 1..]));
-            if node.output_shape(0)?.iter().product::<usize>() != outer * inner {
+            if node.output_shape(0)?.iter().product::<usize>()
+                != (0..x.len())
+                    .filter(|&d| !mask[d])
+                    .map(|d| x[d])
+                    .product::<usize>()
+            {
                 return Ok(None);
             }
             let name = format!(
                 "{} reduce",
                 kind.op_name().trim_start_matches("Reduce").to_lowercase()
             );
-            boxed(RowGpu::new(&name, RowOp::Reduce(*kind), outer, len, inner))
+            boxed(RowGpu::over(&name, RowOp::Reduce(*kind), &x, &mask))
         }
         Op::GlobalPool(kind) => {
             let kind = match kind {
@@ -273,10 +296,6 @@ pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GpuK
         }
         _ => Ok(None),
     }
-}
-
-fn reducible(kind: ReduceKind) -> bool {
-    !matches!(kind, ReduceKind::LogSumExp)
 }
 
 /// How the normalization parameter `i` (broadcast to X) is indexed, when it depends on the
@@ -538,11 +557,7 @@ struct Row<'ctx> {
 
 impl RowGpu {
     fn at<'ctx>(&self, e: &Emit<'_, 'ctx>, row: &Row<'ctx>, k: IntValue<'ctx>) -> Result<IntValue<'ctx>> {
-        if self.inner == 1 {
-            e.add(row.base, k)
-        } else {
-            e.add(row.base, e.mulc(k, self.inner as i64)?)
-        }
+        e.add(row.base, offset(e, &self.red, k)?)
     }
 
     /// Folds `f(k, x[k])` over this thread's elements of the row, then over the row: every
@@ -584,6 +599,34 @@ impl RowGpu {
             e.store(e.gep_f32(y, at)?, f(kk, v)?)
         })
     }
+}
+
+/// The element offset of flat index `i` over `axes` (extent, stride; last fastest).
+fn offset<'ctx>(e: &Emit<'_, 'ctx>, axes: &[(usize, usize)], i: IntValue<'ctx>) -> Result<IntValue<'ctx>> {
+    let mut off = e.i64c(0);
+    let mut rest = i;
+    for (j, &(extent, stride)) in axes.iter().enumerate().rev() {
+        // The outermost axis takes what is left (an index past the end stays past it).
+        let idx = if j == 0 {
+            rest
+        } else {
+            e.uremc(rest, extent as i64)?
+        };
+        if j > 0 {
+            rest = e.udivc(rest, extent as i64)?;
+        }
+        let term = if stride == 1 {
+            idx
+        } else {
+            e.mulc(idx, stride as i64)?
+        };
+        off = if j == axes.len() - 1 {
+            term
+        } else {
+            e.add(off, term)?
+        };
+    }
+    Ok(off)
 }
 
 /// Reduces the `t` values `v` of a row's threads (`tx` = 0..t) through `smem[0..t]`; every
@@ -657,13 +700,7 @@ impl GpuKernel for RowGpu {
             e.b.build_select(valid, e.i64c(self.len as i64), e.i64c(0), "")
                 .map_err(llvm)?
                 .into_int_value();
-        let base = if self.inner == 1 {
-            e.mulc(r, self.len as i64)?
-        } else {
-            let o = e.udivc(r, self.inner as i64)?;
-            let i = e.uremc(r, self.inner as i64)?;
-            e.add(e.mulc(o, (self.len * self.inner) as i64)?, i)?
-        };
+        let base = offset(&e, &self.kept, r)?;
         let smem = e.gep_f32(k.shared()?, e.mulc(ty, self.t as i64)?)?;
         let row = Row { base, len, tx, smem };
         let n = e.f32c(self.len as f32);
@@ -728,6 +765,22 @@ impl GpuKernel for RowGpu {
                 self.map(k, &e, &row, |kk, v| {
                     fmul(&e, fmul(&e, v, inv)?, load_param(&e, sp, *scale, kk)?)
                 })?;
+            }
+            RowOp::Reduce(ReduceKind::LogSumExp) => {
+                // max + ln Σ exp(x - max); an infinite or NaN max is the result itself.
+                let m = self.reduce(k, &e, &row, Fold::Max, id)?;
+                let s = self.reduce(k, &e, &row, Fold::Sum, |_, v| exp(&e, fsub(&e, v, m)?))?;
+                let finite = fcmp(
+                    &e,
+                    FloatPredicate::OLT,
+                    unary(&e, "llvm.fabs", m)?,
+                    e.f32c(f32::INFINITY),
+                )?;
+                let y = select(&e, finite, fadd(&e, m, log(&e, s)?)?, m)?;
+                let first =
+                    e.b.build_and(valid, e.icmp(IntPredicate::EQ, tx, e.i64c(0))?, "")
+                        .map_err(llvm)?;
+                e.if_then(first, || e.store(e.gep_f32(k.output(0)?, r)?, y))?;
             }
             RowOp::Reduce(kind) => {
                 let fold = match kind {
@@ -996,6 +1049,7 @@ mod tests {
             ReduceKind::L2,
             ReduceKind::SumSquare,
             ReduceKind::Prod,
+            ReduceKind::LogSumExp,
         ];
         let cases: &[(&[usize], &[i64])] = &[
             (&[3, 33], &[-1]),
@@ -1005,6 +1059,9 @@ mod tests {
             (&[4, 5, 6], &[1]),
             (&[4, 5, 6], &[0]),
             (&[4, 1, 6], &[0, 2]),
+            (&[4, 5, 6], &[0, 2]),
+            (&[3, 4, 5, 6], &[1, 3]),
+            (&[2, 3, 40], &[0, -1]),
             (&[4, 5, 6], &[]),
         ];
         for (ci, &(shape, axes)) in cases.iter().enumerate() {
@@ -1078,15 +1135,15 @@ mod tests {
 
     #[test]
     fn declines_what_it_does_not_handle() {
-        // A non-contiguous axis set runs as a library kernel.
+        // Empty axes with noop_with_empty_axes (the identity) run as a library kernel.
         let mut g = G::new(1);
         let x = g.input(&[4, 5, 6]);
-        let a = g.constant(Tensor::from_vec(vec![2], vec![0i64, 2]));
+        let a = g.constant(Tensor::from_vec(vec![0], Vec::<i64>::new()));
         let y = g.node(
             Op::Reduce {
                 kind: ReduceKind::Sum,
                 keepdims: true,
-                noop_with_empty_axes: false,
+                noop_with_empty_axes: true,
             },
             vec![Some(x), Some(a)],
         );
