@@ -4,14 +4,14 @@
 //! input is skipped (AveragePool counts it when `count_include_pad` and it lies in the explicit
 //! padding, as the reference does). The global pools are row reductions (`rows.rs`).
 
-use super::rows::{fdiv, sreg64, Fold};
+use super::rows::{fadd, fdiv, sreg64};
 use crate::error::Result;
 use crate::gen::emit::Emit;
 use crate::gen::llvm;
 use crate::node::NodeInfo;
 use crate::nvptx::{GpuBuilder, GpuKernel, LaunchDims, Sreg};
 use crate::target::TargetDesc;
-use inkwell::IntPredicate;
+use inkwell::{FloatPredicate, IntPredicate};
 use kiln_ir::{AutoPad, DType, Layout, Op, PoolAttrs, PoolKind};
 
 const BLOCK: usize = 256;
@@ -185,11 +185,6 @@ impl GpuKernel for PoolGpu {
         let acc = e.entry_alloca(f32t, "acc")?;
         let taken = e.entry_alloca(i64t, "taken")?;
         let padded = e.entry_alloca(i64t, "padded")?;
-        let fold = if self.average.is_some() {
-            Fold::Sum
-        } else {
-            Fold::Max
-        };
         e.if_then(inside, || {
             // Output position, last axis fastest; the first tap of the window on each axis.
             let mut rest = idx;
@@ -202,7 +197,14 @@ impl GpuKernel for PoolGpu {
             starts.reverse();
             let plane_len: usize = self.axes.iter().map(|a| a.input).product();
             let xp = e.gep_f32(x, e.mulc(rest, plane_len as i64)?)?;
-            e.store(acc, e.f32c(fold.init()))?;
+            // A window with no tap in the input (not a valid geometry) gives -inf, as in the
+            // reference.
+            let init = if self.average.is_some() {
+                0.0
+            } else {
+                f32::NEG_INFINITY
+            };
+            e.store(acc, e.f32c(init))?;
             e.store(taken, e.i64c(0))?;
             e.store(padded, e.i64c(0))?;
             let taps: usize = self.axes.iter().map(|a| a.kernel).product();
@@ -234,8 +236,20 @@ impl GpuKernel for PoolGpu {
                 e.if_then(in_input, || {
                     let v = e.load_f32(e.gep_f32(xp, off)?)?;
                     let a = e.load_f32(acc)?;
-                    e.store(acc, fold.combine(&e, a, v)?)?;
                     let n = load_i64(&e, taken)?;
+                    let next = if self.average.is_some() {
+                        fadd(&e, a, v)?
+                    } else {
+                        // The first tap, then any greater one: a NaN counts only as the first
+                        // tap, as in the reference.
+                        let first = e.icmp(IntPredicate::EQ, n, e.i64c(0))?;
+                        let greater =
+                            e.b.build_float_compare(FloatPredicate::OGT, v, a, "")
+                                .map_err(llvm)?;
+                        let take = e.b.build_or(first, greater, "").map_err(llvm)?;
+                        e.b.build_select(take, v, a, "").map_err(llvm)?.into_float_value()
+                    };
+                    e.store(acc, next)?;
                     e.store(taken, e.addc(n, 1)?)
                 })
             })?;
@@ -351,6 +365,20 @@ mod tests {
                 assert!(desc[0].starts_with("gpu "), "{desc:?}");
             }
         }
+    }
+
+    #[test]
+    fn max_pool_nan_as_the_reference() {
+        let (g, mut inputs) = graph(
+            &[1, 1, 6, 6],
+            pool(PoolKind::Max, &[2, 2], &[1, 1], &[], &[], false),
+            4,
+        );
+        let mut v: Vec<f32> = inputs[0].to_f64_vec().iter().map(|&x| x as f32).collect();
+        v[0] = f32::NAN;
+        v[14] = f32::NAN;
+        inputs[0] = Tensor::from_vec(vec![1, 1, 6, 6], v);
+        check_graph(&g, &inputs);
     }
 
     #[test]
