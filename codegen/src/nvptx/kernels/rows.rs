@@ -110,15 +110,27 @@ impl RowGpu {
         if total == 0 || total >= 1 << 40 {
             return None;
         }
-        let t = len.next_power_of_two().clamp(32, BLOCK);
+        // Rows whose elements are strided but whose neighbours are adjacent (a softmax or a
+        // reduction over a middle axis): one thread per row, so that a warp reads 32 adjacent
+        // rows' elements at once, when there are rows enough to fill blocks.
+        let strided = red.last().is_some_and(|a| a.1 != 1);
+        let columns = strided && kept.last().is_some_and(|a| a.1 == 1) && rows >= BLOCK;
+        let t = if columns {
+            1
+        } else {
+            len.next_power_of_two().clamp(32, BLOCK)
+        };
         let r = (BLOCK / t).min(rows).max(1);
         if rows.div_ceil(r) >= 1 << 31 {
             return None;
         }
-        let strided = red.last().is_some_and(|a| a.1 != 1) || red.len() > 1;
         let what = format!(
             "gpu {what} rows={rows} len={len}{}",
-            if strided { " strided" } else { "" }
+            match (columns, strided || red.len() > 1) {
+                (true, _) => " thread-per-row",
+                (false, true) => " strided",
+                _ => "",
+            }
         );
         Some(RowGpu {
             what,
@@ -928,11 +940,18 @@ mod tests {
                 g.check(y, if log { "gpu logsoftmax" } else { "gpu softmax" });
             }
         }
-        // A middle axis (strided rows) and opset-11 flattening.
-        for (axis, coerce_2d) in [(1, false), (0, false), (1, true)] {
+        // A middle axis (strided rows, a block or a thread per row) and opset-11 flattening.
+        let cases: [(&[usize], i64, bool); 5] = [
+            (&[3, 40, 5], 1, false),
+            (&[3, 40, 5], 0, false),
+            (&[3, 40, 5], 1, true),
+            (&[2, 7, 300], 1, false),
+            (&[300, 2], 0, false),
+        ];
+        for (shape, axis, coerce_2d) in cases {
             for log in [false, true] {
                 let mut g = G::new(7);
-                let x = g.input(&[3, 40, 5]);
+                let x = g.input(shape);
                 let op = if log {
                     Op::LogSoftmax { axis, coerce_2d }
                 } else {
@@ -1062,6 +1081,8 @@ mod tests {
             (&[4, 5, 6], &[0, 2]),
             (&[3, 4, 5, 6], &[1, 3]),
             (&[2, 3, 40], &[0, -1]),
+            (&[3, 20, 100], &[1]),
+            (&[5, 270], &[0]),
             (&[4, 5, 6], &[]),
         ];
         for (ci, &(shape, axes)) in cases.iter().enumerate() {
@@ -1153,9 +1174,26 @@ mod tests {
     }
 
     #[test]
+    fn strided_rows_with_many_rows_take_a_thread_each() {
+        let mut g = G::new(0);
+        let x = g.input(&[6, 300]);
+        let y = g.node(
+            Op::LogSoftmax {
+                axis: 0,
+                coerce_2d: false,
+            },
+            vec![Some(x)],
+        );
+        let (gr, _) = g.graph(y);
+        let plan = crate::plan::build(&gr, &crate::target::TargetDesc::cuda(80).unwrap(), true).unwrap();
+        let d = plan.kernels[0].describe();
+        assert!(d.contains("thread-per-row"), "{d}");
+    }
+
+    #[test]
     fn ptxas_accepts_row_kernels() {
         let mut g = G::new(0);
-        let x = g.input(&[6, 100]);
+        let x = g.input(&[6, 300]);
         let sm = g.node(
             Op::Softmax {
                 axis: -1,
@@ -1170,8 +1208,8 @@ mod tests {
             },
             vec![Some(sm)],
         );
-        let s = g.weights(&[100]);
-        let b = g.weights(&[100]);
+        let s = g.weights(&[300]);
+        let b = g.weights(&[300]);
         let ln = g.node(
             Op::LayerNorm {
                 axis: -1,
