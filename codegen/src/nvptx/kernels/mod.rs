@@ -5,6 +5,8 @@ pub mod attention;
 pub mod copy;
 pub mod elementwise;
 pub mod gemm;
+pub mod pool;
+pub mod rows;
 
 use super::GpuKernel;
 use crate::error::Result;
@@ -15,7 +17,14 @@ use crate::target::TargetDesc;
 type Generator = fn(&NodeInfo, &TargetDesc) -> Result<Option<Box<dyn GpuKernel>>>;
 
 /// The generators in the order they are tried.
-const GENERATORS: &[Generator] = &[gemm::lower, attention::lower, copy::lower, elementwise::lower];
+const GENERATORS: &[Generator] = &[
+    gemm::lower,
+    attention::lower,
+    copy::lower,
+    rows::lower,
+    pool::lower,
+    elementwise::lower,
+];
 
 /// The generated GPU kernel for `node`, or None.
 pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GpuKernel>>> {

@@ -1,0 +1,399 @@
+//! MaxPool and AveragePool on the GPU (NCHW, 1 to 3 spatial axes, f32): one thread per output
+//! element, consecutive threads on consecutive output positions of a plane, so the window
+//! reads of a warp are close together. The window is one loop over its taps; a tap outside the
+//! input is skipped (AveragePool counts it when `count_include_pad` and it lies in the explicit
+//! padding, as the reference does). The global pools are row reductions (`rows.rs`).
+
+use super::rows::{fadd, fdiv, sreg64};
+use crate::error::Result;
+use crate::gen::emit::Emit;
+use crate::gen::llvm;
+use crate::node::NodeInfo;
+use crate::nvptx::{GpuBuilder, GpuKernel, LaunchDims, Sreg};
+use crate::target::TargetDesc;
+use inkwell::{FloatPredicate, IntPredicate};
+use kiln_ir::{AutoPad, DType, Layout, Op, PoolAttrs, PoolKind};
+
+const BLOCK: usize = 256;
+
+/// One spatial axis of the window.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Axis {
+    kernel: usize,
+    stride: usize,
+    dilation: usize,
+    pad_begin: i64,
+    pad_end: i64,
+    input: usize,
+    output: usize,
+}
+
+/// The window of axis `i` over an input of `input` elements (the ONNX rules for auto_pad and
+/// ceil_mode); None for a geometry that is not valid.
+fn axis(p: &PoolAttrs, i: usize, n: usize, input: usize) -> Option<Axis> {
+    let at = |v: &[usize], d: usize| if v.is_empty() { Some(d) } else { v.get(i).copied() };
+    let kernel = *p.kernel_shape.get(i)?;
+    let stride = at(&p.strides, 1)?;
+    let dilation = at(&p.dilations, 1)?;
+    if kernel == 0 || stride == 0 || dilation == 0 {
+        return None;
+    }
+    let extent = (kernel - 1) * dilation + 1;
+    let (pad_begin, pad_end) = match p.auto_pad {
+        AutoPad::NotSet if p.pads.is_empty() => (0, 0),
+        AutoPad::NotSet if p.pads.len() == 2 * n => (p.pads[i], p.pads[n + i]),
+        AutoPad::NotSet => return None,
+        AutoPad::Valid => (0, 0),
+        AutoPad::SameUpper | AutoPad::SameLower => {
+            let out = input.div_ceil(stride);
+            let needed = out.saturating_sub(1) * stride + extent;
+            let total = if out == 0 { 0 } else { needed.saturating_sub(input) };
+            let begin = if p.auto_pad == AutoPad::SameUpper {
+                total / 2
+            } else {
+                total.div_ceil(2)
+            };
+            return Some(Axis {
+                kernel,
+                stride,
+                dilation,
+                pad_begin: begin as i64,
+                pad_end: (total - begin) as i64,
+                input,
+                output: out,
+            });
+        }
+    };
+    let padded = input + pad_begin + pad_end;
+    let room = padded.checked_sub(extent)?;
+    let output = if p.ceil_mode {
+        let out = room.div_ceil(stride) + 1;
+        // The last window must start inside the input or its begin padding.
+        if (out - 1) * stride >= input + pad_begin {
+            out - 1
+        } else {
+            out
+        }
+    } else {
+        room / stride + 1
+    };
+    Some(Axis {
+        kernel,
+        stride,
+        dilation,
+        pad_begin: pad_begin as i64,
+        pad_end: pad_end as i64,
+        input,
+        output,
+    })
+}
+
+pub struct PoolGpu {
+    what: String,
+    /// Average: Some(count_include_pad); Max: None.
+    average: Option<bool>,
+    planes: usize,
+    axes: Vec<Axis>,
+}
+
+/// The generator: MaxPool (without its Indices output) and AveragePool.
+pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GpuKernel>>> {
+    let Op::Pool(p) = node.op() else {
+        return Ok(None);
+    };
+    if !target.is_gpu() || p.channels_last || node.n_outputs() != 1 || node.extra.is_some() {
+        return Ok(None);
+    }
+    let average = match p.kind {
+        PoolKind::Max => None,
+        PoolKind::Average { count_include_pad } => Some(count_include_pad),
+        PoolKind::Lp { .. } => return Ok(None),
+    };
+    let ok = |t: &kiln_ir::TensorType| t.dtype == DType::F32 && t.layout == Layout::RowMajor && t.is_static();
+    if !node.input_type(0).is_some_and(ok) || !ok(node.output_type(0)) {
+        return Ok(None);
+    }
+    let x = node.input_shape(0)?;
+    let y = node.output_shape(0)?;
+    let n = x.len().saturating_sub(2);
+    if !(1..=3).contains(&n) || p.kernel_shape.len() != n {
+        return Ok(None);
+    }
+    let Some(axes) = (0..n)
+        .map(|i| axis(p, i, n, x[2 + i]))
+        .collect::<Option<Vec<_>>>()
+    else {
+        return Ok(None);
+    };
+    if axes.iter().map(|a| a.output).collect::<Vec<_>>() != y[2..] {
+        return Ok(None);
+    }
+    let total: usize = y.iter().product();
+    if total == 0 || total.div_ceil(BLOCK) >= 1 << 31 || x.iter().product::<usize>() >= 1 << 40 {
+        return Ok(None);
+    }
+    let list = |f: fn(&Axis) -> usize| {
+        axes.iter()
+            .map(|a| f(a).to_string())
+            .collect::<Vec<_>>()
+            .join("x")
+    };
+    let what = format!(
+        "gpu {} k={} s={} out={:?}",
+        if average.is_some() { "avgpool" } else { "maxpool" },
+        list(|a| a.kernel),
+        list(|a| a.stride),
+        y
+    );
+    Ok(Some(Box::new(PoolGpu {
+        what,
+        average,
+        planes: x[0] * x[1],
+        axes,
+    })))
+}
+
+impl PoolGpu {
+    fn total(&self) -> usize {
+        self.planes * self.axes.iter().map(|a| a.output).product::<usize>()
+    }
+}
+
+impl GpuKernel for PoolGpu {
+    fn describe(&self) -> String {
+        self.what.clone()
+    }
+
+    fn launch(&self) -> LaunchDims {
+        LaunchDims {
+            grid: [self.total().div_ceil(BLOCK) as u32, 1, 1],
+            block: [BLOCK as u32, 1, 1],
+            shared_bytes: 0,
+        }
+    }
+
+    fn emit(&self, k: &GpuBuilder<'_, '_>) -> Result<()> {
+        let e = Emit::new(k.cx, k.module, k.builder, k.function);
+        let f32t = k.cx.f32_type();
+        let i64t = k.cx.i64_type();
+        let idx = e.add(
+            e.mulc(sreg64(k, Sreg::CtaidX)?, BLOCK as i64)?,
+            sreg64(k, Sreg::TidX)?,
+        )?;
+        let inside = e.icmp(IntPredicate::ULT, idx, e.i64c(self.total() as i64))?;
+        let (x, y) = (k.input(0)?, k.output(0)?);
+        let acc = e.entry_alloca(f32t, "acc")?;
+        let taken = e.entry_alloca(i64t, "taken")?;
+        let padded = e.entry_alloca(i64t, "padded")?;
+        e.if_then(inside, || {
+            // Output position, last axis fastest; the first tap of the window on each axis.
+            let mut rest = idx;
+            let mut starts = vec![];
+            for a in self.axes.iter().rev() {
+                let o = e.uremc(rest, a.output as i64)?;
+                rest = e.udivc(rest, a.output as i64)?;
+                starts.push(e.addc(e.mulc(o, a.stride as i64)?, -a.pad_begin)?);
+            }
+            starts.reverse();
+            let plane_len: usize = self.axes.iter().map(|a| a.input).product();
+            let xp = e.gep_f32(x, e.mulc(rest, plane_len as i64)?)?;
+            // A window with no tap in the input (not a valid geometry) gives -inf, as in the
+            // reference.
+            let init = if self.average.is_some() {
+                0.0
+            } else {
+                f32::NEG_INFINITY
+            };
+            e.store(acc, e.f32c(init))?;
+            e.store(taken, e.i64c(0))?;
+            e.store(padded, e.i64c(0))?;
+            let taps: usize = self.axes.iter().map(|a| a.kernel).product();
+            e.for_n(taps as i64, |t| {
+                let mut rest = t;
+                let mut in_input = e.cx.bool_type().const_int(1, false);
+                let mut in_padding = in_input;
+                let mut off = e.i64c(0);
+                let mut stride = 1i64;
+                for (d, a) in self.axes.iter().enumerate().rev() {
+                    let kd = e.uremc(rest, a.kernel as i64)?;
+                    rest = e.udivc(rest, a.kernel as i64)?;
+                    let s = e.add(starts[d], e.mulc(kd, a.dilation as i64)?)?;
+                    // Unsigned: a tap in the begin padding is negative, so out of range.
+                    let ok = e.icmp(IntPredicate::ULT, s, e.i64c(a.input as i64))?;
+                    in_input = e.b.build_and(in_input, ok, "").map_err(llvm)?;
+                    let lo = e.icmp(IntPredicate::SGE, s, e.i64c(-a.pad_begin))?;
+                    let hi = e.icmp(IntPredicate::SLT, s, e.i64c(a.input as i64 + a.pad_end))?;
+                    let p = e.b.build_and(lo, hi, "").map_err(llvm)?;
+                    in_padding = e.b.build_and(in_padding, p, "").map_err(llvm)?;
+                    off = e.add(off, e.mulc(s, stride)?)?;
+                    stride *= a.input as i64;
+                }
+                if self.average == Some(true) {
+                    let n = load_i64(&e, padded)?;
+                    let inc = e.b.build_int_z_extend(in_padding, i64t, "").map_err(llvm)?;
+                    e.store(padded, e.add(n, inc)?)?;
+                }
+                e.if_then(in_input, || {
+                    let v = e.load_f32(e.gep_f32(xp, off)?)?;
+                    let a = e.load_f32(acc)?;
+                    let n = load_i64(&e, taken)?;
+                    let next = if self.average.is_some() {
+                        fadd(&e, a, v)?
+                    } else {
+                        // The first tap, then any greater one: a NaN counts only as the first
+                        // tap, as in the reference.
+                        let first = e.icmp(IntPredicate::EQ, n, e.i64c(0))?;
+                        let greater =
+                            e.b.build_float_compare(FloatPredicate::OGT, v, a, "")
+                                .map_err(llvm)?;
+                        let take = e.b.build_or(first, greater, "").map_err(llvm)?;
+                        e.b.build_select(take, v, a, "").map_err(llvm)?.into_float_value()
+                    };
+                    e.store(acc, next)?;
+                    e.store(taken, e.addc(n, 1)?)
+                })
+            })?;
+            let mut v = e.load_f32(acc)?;
+            if let Some(include_pad) = self.average {
+                let n = load_i64(&e, if include_pad { padded } else { taken })?;
+                let nf = e.b.build_unsigned_int_to_float(n, f32t, "").map_err(llvm)?;
+                v = fdiv(&e, v, nf)?;
+            }
+            e.store(e.gep_f32(y, idx)?, v)
+        })?;
+        k.ret()
+    }
+}
+
+fn load_i64<'ctx>(
+    e: &Emit<'_, 'ctx>,
+    p: inkwell::values::PointerValue<'ctx>,
+) -> Result<inkwell::values::IntValue<'ctx>> {
+    Ok(e.b
+        .build_load(e.cx.i64_type(), p, "")
+        .map_err(llvm)?
+        .into_int_value())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::nvptx::emulate::{check_graph, ptxas_check};
+    use kiln_ir::{AutoPad, DType, Dim, Graph, Op, PoolAttrs, PoolKind, Tensor, TensorType};
+
+    fn pool(kind: PoolKind, k: &[usize], s: &[usize], pads: &[usize], dil: &[usize], ceil: bool) -> Op {
+        Op::Pool(PoolAttrs {
+            kind,
+            kernel_shape: k.to_vec(),
+            strides: s.to_vec(),
+            pads: pads.to_vec(),
+            dilations: dil.to_vec(),
+            auto_pad: AutoPad::NotSet,
+            ceil_mode: ceil,
+            storage_order: 0,
+            channels_last: false,
+        })
+    }
+
+    fn graph(shape: &[usize], op: Op, seed: u64) -> (Graph, Vec<Tensor>) {
+        let mut g = Graph::new("t");
+        let ty = TensorType::new(DType::F32, shape.iter().map(|&d| Dim::Fixed(d)).collect());
+        let x = g.add_input("x", ty);
+        let y = g.add("p", op, vec![Some(x)], "y").unwrap();
+        g.add_output("y", y);
+        let mut s = seed.wrapping_add(1);
+        let v: Vec<f32> = (0..shape.iter().product::<usize>())
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 8.0 - 4.0
+            })
+            .collect();
+        (g, vec![Tensor::from_vec(shape.to_vec(), v)])
+    }
+
+    const KINDS: [PoolKind; 3] = [
+        PoolKind::Max,
+        PoolKind::Average {
+            count_include_pad: false,
+        },
+        PoolKind::Average {
+            count_include_pad: true,
+        },
+    ];
+
+    #[test]
+    fn pools_2d() {
+        // (shape, kernel, strides, pads, dilations, ceil_mode)
+        #[allow(clippy::type_complexity)]
+        let cases: &[(&[usize], &[usize], &[usize], &[usize], &[usize], bool)] = &[
+            (&[1, 3, 8, 8], &[2, 2], &[2, 2], &[], &[], false),
+            (&[2, 5, 9, 11], &[3, 3], &[2, 2], &[1, 1, 1, 1], &[], false),
+            (&[2, 5, 9, 11], &[3, 3], &[2, 2], &[1, 1, 1, 1], &[], true),
+            (&[1, 4, 10, 7], &[3, 2], &[1, 2], &[0, 1, 2, 0], &[], true),
+            (&[1, 2, 12, 12], &[3, 3], &[1, 1], &[1, 1, 1, 1], &[2, 2], false),
+            (&[3, 70, 6, 6], &[3, 3], &[1, 1], &[1, 1, 1, 1], &[], false),
+            (&[1, 1, 5, 5], &[5, 5], &[1, 1], &[], &[], false),
+        ];
+        for (i, &(shape, k, s, p, d, ceil)) in cases.iter().enumerate() {
+            for kind in KINDS {
+                let (g, inputs) = graph(shape, pool(kind, k, s, p, d, ceil), i as u64);
+                let desc = check_graph(&g, &inputs);
+                assert!(desc[0].starts_with("gpu "), "{desc:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn pools_1d_3d_and_auto_pad() {
+        for kind in KINDS {
+            let (g, inputs) = graph(&[2, 3, 17], pool(kind, &[4], &[3], &[2, 1], &[], true), 1);
+            check_graph(&g, &inputs);
+            let (g, inputs) = graph(
+                &[1, 2, 5, 6, 7],
+                pool(kind, &[2, 3, 2], &[2, 1, 2], &[0, 1, 0, 1, 1, 1], &[], false),
+                2,
+            );
+            check_graph(&g, &inputs);
+            for auto_pad in [AutoPad::SameUpper, AutoPad::SameLower, AutoPad::Valid] {
+                let mut op = pool(kind, &[3, 2], &[2, 2], &[], &[], false);
+                if let Op::Pool(a) = &mut op {
+                    a.auto_pad = auto_pad;
+                }
+                let (g, inputs) = graph(&[1, 3, 7, 8], op, 3);
+                let desc = check_graph(&g, &inputs);
+                assert!(desc[0].starts_with("gpu "), "{desc:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn max_pool_nan_as_the_reference() {
+        let (g, mut inputs) = graph(
+            &[1, 1, 6, 6],
+            pool(PoolKind::Max, &[2, 2], &[1, 1], &[], &[], false),
+            4,
+        );
+        let mut v: Vec<f32> = inputs[0].to_f64_vec().iter().map(|&x| x as f32).collect();
+        v[0] = f32::NAN;
+        v[14] = f32::NAN;
+        inputs[0] = Tensor::from_vec(vec![1, 1, 6, 6], v);
+        check_graph(&g, &inputs);
+    }
+
+    #[test]
+    fn ptxas_accepts_pool_kernels() {
+        for kind in KINDS {
+            let (g, _) = graph(
+                &[1, 3, 9, 9],
+                pool(kind, &[3, 3], &[2, 2], &[1, 1, 1, 1], &[], true),
+                0,
+            );
+            for sm in [80, 90] {
+                if !ptxas_check(&g, sm) {
+                    return;
+                }
+            }
+        }
+    }
+}

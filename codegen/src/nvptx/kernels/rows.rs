@@ -1,0 +1,1244 @@
+//! Row kernels on the GPU: Softmax, LogSoftmax, LayerNormalization, RMSNormalization, Reduce*
+//! and the global pools, as reductions over rows of a tensor viewed as `[outer, len, inner]`.
+//!
+//! A row is the `len` elements `(o·len + k)·inner + i` of one `(o, i)`; row `r = o·inner + i`,
+//! which is also the flat index of a reduction's output element. A block is `T×R` threads:
+//! `T` (a power of two, 32 to 256, after `len`) threads share a row, `R` rows per block so short
+//! rows still fill 256 threads. Each thread strides through its row by `T` (consecutive threads
+//! read consecutive addresses when `inner` is 1), folds into a register, and the row's partials
+//! meet in a shared-memory tree reduction. Softmax and the normalizations take two or three
+//! passes over the row (max, sum of exponentials / mean, variance) and write every element;
+//! reductions write one value per row. Rows past the end still take part in every barrier.
+
+// The polynomial constants are written digit for digit as in kiln_math.h.
+#![allow(clippy::excessive_precision)]
+
+use crate::error::Result;
+use crate::gen::emit::Emit;
+use crate::gen::llvm;
+use crate::node::NodeInfo;
+use crate::nvptx::{GpuBuilder, GpuKernel, LaunchDims, Sreg};
+use crate::target::TargetDesc;
+use inkwell::values::{FloatValue, IntValue, PointerValue};
+use inkwell::{FloatPredicate, IntPredicate};
+use kiln_ir::{DType, Layout, MiscOp, Op, PoolKind, ReduceKind};
+
+/// Threads of a block.
+const BLOCK: usize = 256;
+
+/// How a normalization's scale or bias is indexed by the element's position `k` in its row.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Param {
+    /// One value per row position: `p[k]`.
+    PerElement,
+    /// One value for everything: `p[0]`.
+    Scalar,
+}
+
+/// A reduction a kernel folds a row with.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) enum Fold {
+    Sum,
+    Prod,
+    Max,
+    Min,
+}
+
+#[derive(Clone, Debug)]
+enum RowOp {
+    Softmax {
+        log: bool,
+    },
+    LayerNorm {
+        epsilon: f32,
+        scale: Param,
+        bias: Option<Param>,
+        /// Mean and InvStdDev outputs present (0 to 2).
+        stats: usize,
+    },
+    RmsNorm {
+        epsilon: f32,
+        scale: Param,
+    },
+    Reduce(ReduceKind),
+}
+
+pub struct RowGpu {
+    what: String,
+    op: RowOp,
+    /// The axes a row index runs over and those an element of a row runs over, each as
+    /// (extent, element stride), outermost first, adjacent axes merged, size-1 axes dropped.
+    kept: Vec<(usize, usize)>,
+    red: Vec<(usize, usize)>,
+    rows: usize,
+    len: usize,
+    /// Threads per row (power of two) and rows per block.
+    t: usize,
+    r: usize,
+}
+
+/// The axes of `shape` where `mask` is `want`, as (extent, stride), adjacent ones merged.
+fn axes_of(shape: &[usize], mask: &[bool], want: bool) -> Vec<(usize, usize)> {
+    let mut stride = 1;
+    let mut out: Vec<(usize, usize)> = vec![];
+    for d in (0..shape.len()).rev() {
+        if mask[d] == want && shape[d] != 1 {
+            match out.last_mut() {
+                Some(last) if last.0 * last.1 == stride => last.0 *= shape[d],
+                _ => out.push((shape[d], stride)),
+            }
+        }
+        stride *= shape[d];
+    }
+    out.reverse();
+    out
+}
+
+impl RowGpu {
+    /// Rows of `[outer, len, inner]` along the middle axis.
+    fn new(what: &str, op: RowOp, outer: usize, len: usize, inner: usize) -> Option<RowGpu> {
+        RowGpu::over(what, op, &[outer, len, inner], &[false, true, false])
+    }
+
+    /// A row per position of the axes of `shape` outside `mask`, over the axes in it.
+    fn over(what: &str, op: RowOp, shape: &[usize], mask: &[bool]) -> Option<RowGpu> {
+        let total = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d))?;
+        let kept = axes_of(shape, mask, false);
+        let red = axes_of(shape, mask, true);
+        let rows: usize = kept.iter().map(|a| a.0).product();
+        let len: usize = red.iter().map(|a| a.0).product();
+        if total == 0 || total >= 1 << 40 {
+            return None;
+        }
+        // Rows whose elements are strided but whose neighbours are adjacent (a softmax or a
+        // reduction over a middle axis): one thread per row, so that a warp reads 32 adjacent
+        // rows' elements at once, when there are rows enough to fill blocks.
+        let strided = red.last().is_some_and(|a| a.1 != 1);
+        let columns = strided && kept.last().is_some_and(|a| a.1 == 1) && rows >= BLOCK;
+        let t = if columns {
+            1
+        } else {
+            len.next_power_of_two().clamp(32, BLOCK)
+        };
+        let r = (BLOCK / t).min(rows).max(1);
+        if rows.div_ceil(r) >= 1 << 31 {
+            return None;
+        }
+        let what = format!(
+            "gpu {what} rows={rows} len={len}{}",
+            match (columns, strided || red.len() > 1) {
+                (true, _) => " thread-per-row",
+                (false, true) => " strided",
+                _ => "",
+            }
+        );
+        Some(RowGpu {
+            what,
+            op,
+            kept,
+            red,
+            rows,
+            len,
+            t,
+            r,
+        })
+    }
+
+    fn rows(&self) -> usize {
+        self.rows
+    }
+}
+
+fn boxed(k: Option<RowGpu>) -> Result<Option<Box<dyn GpuKernel>>> {
+    Ok(k.map(|k| Box::new(k) as Box<dyn GpuKernel>))
+}
+
+/// Whether every input present and every output are static row-major f32 tensors.
+fn all_f32(node: &NodeInfo, inputs: &[usize]) -> bool {
+    let ok = |t: &kiln_ir::TensorType| t.dtype == DType::F32 && t.layout == Layout::RowMajor && t.is_static();
+    inputs.iter().all(|&i| node.input_type(i).is_none_or(ok))
+        && (0..node.n_outputs()).all(|i| ok(node.output_type(i)))
+}
+
+fn norm_axis(axis: i64, rank: usize) -> Option<usize> {
+    let a = if axis < 0 { axis + rank as i64 } else { axis };
+    (0..rank as i64).contains(&a).then_some(a as usize)
+}
+
+/// The generator: Softmax, LogSoftmax, LayerNormalization, RMSNormalization, Reduce* over
+/// contiguous axes and the global average/max pools, all f32.
+pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GpuKernel>>> {
+    if !target.is_gpu() || node.extra.is_some() {
+        return Ok(None);
+    }
+    match node.op() {
+        Op::Softmax { axis, coerce_2d } | Op::LogSoftmax { axis, coerce_2d } => {
+            let log = matches!(node.op(), Op::LogSoftmax { .. });
+            if !all_f32(node, &[0]) || node.n_outputs() != 1 {
+                return Ok(None);
+            }
+            let x = node.input_shape(0)?;
+            let Some(a) = norm_axis(*axis, x.len()) else {
+                return Ok(None);
+            };
+            let p = |s: &[usize]| s.iter().product::<usize>();
+            let (outer, len, inner) = if *coerce_2d {
+                (p(&x[..a]), p(&x[a..]), 1)
+            } else {
+                (p(&x[..a]), x[a], p(&x[a + 1..]))
+            };
+            let name = if log { "logsoftmax" } else { "softmax" };
+            boxed(RowGpu::new(name, RowOp::Softmax { log }, outer, len, inner))
+        }
+        Op::LayerNorm {
+            axis,
+            epsilon,
+            stash_type,
+        } => {
+            if !all_f32(node, &[0, 1, 2]) || *stash_type != DType::F32 {
+                return Ok(None);
+            }
+            let x = node.input_shape(0)?;
+            let Some(a) = norm_axis(*axis, x.len()) else {
+                return Ok(None);
+            };
+            let Some(scale) = param(node, 1, &x, a)? else {
+                return Ok(None);
+            };
+            let bias = match node.has_input(2) {
+                true => match param(node, 2, &x, a)? {
+                    Some(b) => Some(b),
+                    None => return Ok(None),
+                },
+                false => None,
+            };
+            let op = RowOp::LayerNorm {
+                epsilon: *epsilon,
+                scale,
+                bias,
+                stats: node.n_outputs() - 1,
+            };
+            let (outer, len) = (x[..a].iter().product(), x[a..].iter().product());
+            boxed(RowGpu::new("layernorm", op, outer, len, 1))
+        }
+        Op::Misc(MiscOp::RmsNorm { axis, epsilon, .. }) => {
+            if !all_f32(node, &[0, 1]) || node.n_outputs() != 1 {
+                return Ok(None);
+            }
+            let x = node.input_shape(0)?;
+            let Some(a) = norm_axis(*axis, x.len()) else {
+                return Ok(None);
+            };
+            let Some(scale) = param(node, 1, &x, a)? else {
+                return Ok(None);
+            };
+            let op = RowOp::RmsNorm {
+                epsilon: *epsilon,
+                scale,
+            };
+            let (outer, len) = (x[..a].iter().product(), x[a..].iter().product());
+            boxed(RowGpu::new("rmsnorm", op, outer, len, 1))
+        }
+        Op::Reduce {
+            kind,
+            noop_with_empty_axes,
+            ..
+        } => {
+            if !all_f32(node, &[0]) || node.n_outputs() != 1 {
+                return Ok(None);
+            }
+            let x = node.input_shape(0)?;
+            let axes: Vec<i64> = match node.input(1) {
+                None => vec![],
+                Some(_) => match node.known(1).and_then(|t| t.as_slice::<i64>()) {
+                    Some(a) => a.to_vec(),
+                    None => return Ok(None),
+                },
+            };
+            let mut mask = vec![axes.is_empty() && !noop_with_empty_axes; x.len()];
+            for &a in &axes {
+                match norm_axis(a, x.len()) {
+                    Some(a) if !mask[a] => mask[a] = true,
+                    _ => return Ok(None),
+                }
+            }
+            // Empty axes with noop_with_empty_axes: the identity, left to the library kernel.
+            if !mask.contains(&true) {
+                return Ok(None);
+            }
+            if node.output_shape(0)?.iter().product::<usize>()
+                != (0..x.len())
+                    .filter(|&d| !mask[d])
+                    .map(|d| x[d])
+                    .product::<usize>()
+            {
+                return Ok(None);
+            }
+            let name = format!(
+                "{} reduce",
+                kind.op_name().trim_start_matches("Reduce").to_lowercase()
+            );
+            boxed(RowGpu::over(&name, RowOp::Reduce(*kind), &x, &mask))
+        }
+        Op::GlobalPool(kind) => {
+            let kind = match kind {
+                PoolKind::Average { .. } => ReduceKind::Mean,
+                PoolKind::Max => ReduceKind::Max,
+                PoolKind::Lp { .. } => return Ok(None),
+            };
+            if !all_f32(node, &[0]) || node.n_outputs() != 1 {
+                return Ok(None);
+            }
+            let x = node.input_shape(0)?;
+            if x.len() < 3 {
+                return Ok(None);
+            }
+            let name = if kind == ReduceKind::Mean {
+                "global avgpool"
+            } else {
+                "global maxpool"
+            };
+            boxed(RowGpu::new(
+                name,
+                RowOp::Reduce(kind),
+                x[0] * x[1],
+                x[2..].iter().product(),
+                1,
+            ))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// How the normalization parameter `i` (broadcast to X) is indexed, when it depends on the
+/// row position only: equal to X's trailing axes from `axis` on (leading 1s aside), or a scalar.
+fn param(node: &NodeInfo, i: usize, x: &[usize], axis: usize) -> Result<Option<Param>> {
+    let p = node.input_shape(i)?;
+    if p.iter().product::<usize>() == 1 {
+        return Ok(Some(Param::Scalar));
+    }
+    if p.len() > x.len() {
+        return Ok(None);
+    }
+    let pad = x.len() - p.len();
+    let full: Vec<usize> = std::iter::repeat_n(1, pad).chain(p.iter().copied()).collect();
+    let ok = full[..axis].iter().all(|&d| d == 1) && full[axis..] == x[axis..];
+    Ok(ok.then_some(Param::PerElement))
+}
+
+pub(super) fn sreg64<'ctx>(k: &GpuBuilder<'_, 'ctx>, r: Sreg) -> Result<IntValue<'ctx>> {
+    let v = k.sreg(r)?;
+    k.builder.build_int_z_extend(v, k.cx.i64_type(), "").map_err(llvm)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scalar f32 arithmetic in portable IR
+// ---------------------------------------------------------------------------------------------
+
+pub(super) fn fadd<'ctx>(
+    e: &Emit<'_, 'ctx>,
+    a: FloatValue<'ctx>,
+    b: FloatValue<'ctx>,
+) -> Result<FloatValue<'ctx>> {
+    e.b.build_float_add(a, b, "").map_err(llvm)
+}
+
+pub(super) fn fsub<'ctx>(
+    e: &Emit<'_, 'ctx>,
+    a: FloatValue<'ctx>,
+    b: FloatValue<'ctx>,
+) -> Result<FloatValue<'ctx>> {
+    e.b.build_float_sub(a, b, "").map_err(llvm)
+}
+
+pub(super) fn fmul<'ctx>(
+    e: &Emit<'_, 'ctx>,
+    a: FloatValue<'ctx>,
+    b: FloatValue<'ctx>,
+) -> Result<FloatValue<'ctx>> {
+    e.b.build_float_mul(a, b, "").map_err(llvm)
+}
+
+pub(super) fn fdiv<'ctx>(
+    e: &Emit<'_, 'ctx>,
+    a: FloatValue<'ctx>,
+    b: FloatValue<'ctx>,
+) -> Result<FloatValue<'ctx>> {
+    e.b.build_float_div(a, b, "").map_err(llvm)
+}
+
+fn fma<'ctx>(
+    e: &Emit<'_, 'ctx>,
+    a: FloatValue<'ctx>,
+    b: FloatValue<'ctx>,
+    c: FloatValue<'ctx>,
+) -> Result<FloatValue<'ctx>> {
+    let t = e.cx.f32_type().into();
+    Ok(e.intrinsic("llvm.fma", &[t], &[a.into(), b.into(), c.into()])?
+        .into_float_value())
+}
+
+fn unary<'ctx>(e: &Emit<'_, 'ctx>, name: &str, x: FloatValue<'ctx>) -> Result<FloatValue<'ctx>> {
+    let t = e.cx.f32_type().into();
+    Ok(e.intrinsic(name, &[t], &[x.into()])?.into_float_value())
+}
+
+fn fcmp<'ctx>(
+    e: &Emit<'_, 'ctx>,
+    p: FloatPredicate,
+    a: FloatValue<'ctx>,
+    b: FloatValue<'ctx>,
+) -> Result<IntValue<'ctx>> {
+    e.b.build_float_compare(p, a, b, "").map_err(llvm)
+}
+
+fn select<'ctx>(
+    e: &Emit<'_, 'ctx>,
+    c: IntValue<'ctx>,
+    a: FloatValue<'ctx>,
+    b: FloatValue<'ctx>,
+) -> Result<FloatValue<'ctx>> {
+    Ok(e.b.build_select(c, a, b, "").map_err(llvm)?.into_float_value())
+}
+
+impl Fold {
+    pub(super) fn init(self) -> f32 {
+        match self {
+            Fold::Sum => 0.0,
+            Fold::Prod => 1.0,
+            Fold::Max => f32::NEG_INFINITY,
+            Fold::Min => f32::INFINITY,
+        }
+    }
+
+    /// `a ⊕ b`; max and min propagate NaN (whichever side it is on), as the reference does.
+    pub(super) fn combine<'ctx>(
+        self,
+        e: &Emit<'_, 'ctx>,
+        a: FloatValue<'ctx>,
+        b: FloatValue<'ctx>,
+    ) -> Result<FloatValue<'ctx>> {
+        let pick = |p: FloatPredicate| -> Result<FloatValue<'ctx>> {
+            let nan = fcmp(e, FloatPredicate::UNO, b, b)?;
+            let better = fcmp(e, p, b, a)?;
+            let take = e.b.build_or(nan, better, "").map_err(llvm)?;
+            select(e, take, b, a)
+        };
+        match self {
+            Fold::Sum => fadd(e, a, b),
+            Fold::Prod => fmul(e, a, b),
+            Fold::Max => pick(FloatPredicate::OGT),
+            Fold::Min => pick(FloatPredicate::OLT),
+        }
+    }
+}
+
+/// e^x: the polynomial of `kiln_expf` (gen::vmath), scalar.
+pub(super) fn exp<'ctx>(e: &Emit<'_, 'ctx>, x: FloatValue<'ctx>) -> Result<FloatValue<'ctx>> {
+    let b = e.b;
+    let i32t = e.cx.i32_type();
+    let c = |v: f32| e.f32c(v);
+    let ci = |v: u32| i32t.const_int(u64::from(v), false);
+    let hi = fcmp(e, FloatPredicate::OGT, x, c(89.0))?;
+    let x = select(e, hi, c(89.0), x)?;
+    let lo = fcmp(e, FloatPredicate::OLT, x, c(-104.0))?;
+    let x = select(e, lo, c(-104.0), x)?;
+    let shifter = c(12582912.0);
+    let t = fma(e, x, c(std::f32::consts::LOG2_E), shifter)?;
+    let ti = b.build_bit_cast(t, i32t, "").map_err(llvm)?.into_int_value();
+    let ni = b.build_int_sub(ti, ci(12582912f32.to_bits()), "").map_err(llvm)?;
+    let nf = fsub(e, t, shifter)?;
+    let r = fma(e, nf, c(-0.693359375), x)?;
+    let r = fma(e, nf, c(2.12194440e-4), r)?;
+    let coeffs = [
+        1.9875691500e-4f32,
+        1.3981999507e-3,
+        8.3334519073e-3,
+        4.1665795894e-2,
+        1.6666665459e-1,
+        5.0000001201e-1,
+    ];
+    let mut p = c(coeffs[0]);
+    for &k in &coeffs[1..] {
+        p = fma(e, p, r, c(k))?;
+    }
+    let r2 = fmul(e, r, r)?;
+    let p = fma(e, p, r2, r)?;
+    let p = fadd(e, p, c(1.0))?;
+    // 2^n in two halves, so results down to the subnormals and up to FLT_MAX need no branch.
+    let n1 = b.build_right_shift(ni, ci(1), true, "").map_err(llvm)?;
+    let n2 = b.build_int_sub(ni, n1, "").map_err(llvm)?;
+    let scale = |k: IntValue<'ctx>| -> Result<FloatValue<'ctx>> {
+        let k = b.build_int_add(k, ci(127), "").map_err(llvm)?;
+        let k = b.build_and(k, ci(0xff), "").map_err(llvm)?;
+        let k = b.build_left_shift(k, ci(23), "").map_err(llvm)?;
+        Ok(b.build_bit_cast(k, e.cx.f32_type(), "")
+            .map_err(llvm)?
+            .into_float_value())
+    };
+    let p = fmul(e, p, scale(n1)?)?;
+    fmul(e, p, scale(n2)?)
+}
+
+/// ln x (the Cephes `logf` polynomial on the mantissa in [√½, √2)): ln 0 = -inf, ln of a
+/// negative number or NaN = NaN, ln inf = inf; subnormals are scaled into the normal range.
+pub(super) fn log<'ctx>(e: &Emit<'_, 'ctx>, x0: FloatValue<'ctx>) -> Result<FloatValue<'ctx>> {
+    let b = e.b;
+    let i32t = e.cx.i32_type();
+    let c = |v: f32| e.f32c(v);
+    let ci = |v: i32| i32t.const_int(v as u32 as u64, true);
+    let tiny = fcmp(e, FloatPredicate::OLT, x0, c(f32::MIN_POSITIVE))?;
+    let x = select(e, tiny, fmul(e, x0, c(8388608.0))?, x0)?;
+    let bias = b
+        .build_select(tiny, ci(126 + 23), ci(126), "")
+        .map_err(llvm)?
+        .into_int_value();
+    let bits = b.build_bit_cast(x, i32t, "").map_err(llvm)?.into_int_value();
+    let ex = b.build_right_shift(bits, ci(23), false, "").map_err(llvm)?;
+    let ex = b.build_and(ex, ci(0xff), "").map_err(llvm)?;
+    let ex = b.build_int_sub(ex, bias, "").map_err(llvm)?;
+    let mb = b.build_and(bits, ci(0x007f_ffff), "").map_err(llvm)?;
+    let mb = b.build_or(mb, ci(0x3f00_0000), "").map_err(llvm)?;
+    let m = b
+        .build_bit_cast(mb, e.cx.f32_type(), "")
+        .map_err(llvm)?
+        .into_float_value();
+    // m in [0.5, 1): below √½ take 2m - 1 and one less in the exponent.
+    let small = fcmp(e, FloatPredicate::OLT, m, c(std::f32::consts::FRAC_1_SQRT_2))?;
+    let one = b
+        .build_select(small, ci(1), ci(0), "")
+        .map_err(llvm)?
+        .into_int_value();
+    let ex = b.build_int_sub(ex, one, "").map_err(llvm)?;
+    let m = select(e, small, fadd(e, m, m)?, m)?;
+    let f = fsub(e, m, c(1.0))?;
+    let ef = b
+        .build_signed_int_to_float(ex, e.cx.f32_type(), "")
+        .map_err(llvm)?;
+    let coeffs = [
+        7.0376836292e-2f32,
+        -1.1514610310e-1,
+        1.1676998740e-1,
+        -1.2420140846e-1,
+        1.4249322787e-1,
+        -1.6668057665e-1,
+        2.0000714765e-1,
+        -2.4999993993e-1,
+        3.3333331174e-1,
+    ];
+    let mut p = c(coeffs[0]);
+    for &k in &coeffs[1..] {
+        p = fma(e, p, f, c(k))?;
+    }
+    let z = fmul(e, f, f)?;
+    let y = fmul(e, fmul(e, f, z)?, p)?;
+    let y = fma(e, ef, c(-2.12194440e-4), y)?;
+    let y = fma(e, z, c(-0.5), y)?;
+    let r = fadd(e, f, y)?;
+    let r = fma(e, ef, c(0.693359375), r)?;
+    let r = select(
+        e,
+        fcmp(e, FloatPredicate::OEQ, x0, c(f32::INFINITY))?,
+        c(f32::INFINITY),
+        r,
+    )?;
+    let r = select(
+        e,
+        fcmp(e, FloatPredicate::OEQ, x0, c(0.0))?,
+        c(f32::NEG_INFINITY),
+        r,
+    )?;
+    // Negative or NaN.
+    select(e, fcmp(e, FloatPredicate::ULT, x0, c(0.0))?, c(f32::NAN), r)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Emission
+// ---------------------------------------------------------------------------------------------
+
+/// A row of the block: where its elements are, which thread of the row this is, and its slice
+/// of shared memory.
+struct Row<'ctx> {
+    /// Element `k` at `base + k·inner`.
+    base: IntValue<'ctx>,
+    /// `len` for a row inside the tensor, 0 past the end.
+    len: IntValue<'ctx>,
+    tx: IntValue<'ctx>,
+    smem: PointerValue<'ctx>,
+}
+
+impl RowGpu {
+    fn at<'ctx>(&self, e: &Emit<'_, 'ctx>, row: &Row<'ctx>, k: IntValue<'ctx>) -> Result<IntValue<'ctx>> {
+        e.add(row.base, offset(e, &self.red, k)?)
+    }
+
+    /// Folds `f(k, x[k])` over this thread's elements of the row, then over the row: every
+    /// thread of the row gets the result.
+    fn reduce<'ctx>(
+        &self,
+        k: &GpuBuilder<'_, 'ctx>,
+        e: &Emit<'_, 'ctx>,
+        row: &Row<'ctx>,
+        fold: Fold,
+        f: impl Fn(IntValue<'ctx>, FloatValue<'ctx>) -> Result<FloatValue<'ctx>>,
+    ) -> Result<FloatValue<'ctx>> {
+        let f32t = e.cx.f32_type();
+        let x = k.input(0)?;
+        let acc = e.entry_alloca(f32t, "acc")?;
+        e.store(acc, e.f32c(fold.init()))?;
+        e.for_range(row.tx, row.len, self.t as i64, |kk| {
+            let v = e.load_f32(e.gep_f32(x, self.at(e, row, kk)?)?)?;
+            let v = f(kk, v)?;
+            let a = e.load_f32(acc)?;
+            e.store(acc, fold.combine(e, a, v)?)
+        })?;
+        let mine = e.load_f32(acc)?;
+        block_reduce(k, e, row.smem, row.tx, self.t, fold, mine)
+    }
+
+    /// `y[k] = f(k, x[k])` over this thread's elements of the row.
+    fn map<'ctx>(
+        &self,
+        k: &GpuBuilder<'_, 'ctx>,
+        e: &Emit<'_, 'ctx>,
+        row: &Row<'ctx>,
+        f: impl Fn(IntValue<'ctx>, FloatValue<'ctx>) -> Result<FloatValue<'ctx>>,
+    ) -> Result<()> {
+        let (x, y) = (k.input(0)?, k.output(0)?);
+        e.for_range(row.tx, row.len, self.t as i64, |kk| {
+            let at = self.at(e, row, kk)?;
+            let v = e.load_f32(e.gep_f32(x, at)?)?;
+            e.store(e.gep_f32(y, at)?, f(kk, v)?)
+        })
+    }
+}
+
+/// The element offset of flat index `i` over `axes` (extent, stride; last fastest).
+fn offset<'ctx>(e: &Emit<'_, 'ctx>, axes: &[(usize, usize)], i: IntValue<'ctx>) -> Result<IntValue<'ctx>> {
+    let mut off = e.i64c(0);
+    let mut rest = i;
+    for (j, &(extent, stride)) in axes.iter().enumerate().rev() {
+        // The outermost axis takes what is left (an index past the end stays past it).
+        let idx = if j == 0 {
+            rest
+        } else {
+            e.uremc(rest, extent as i64)?
+        };
+        if j > 0 {
+            rest = e.udivc(rest, extent as i64)?;
+        }
+        let term = if stride == 1 {
+            idx
+        } else {
+            e.mulc(idx, stride as i64)?
+        };
+        off = if j == axes.len() - 1 {
+            term
+        } else {
+            e.add(off, term)?
+        };
+    }
+    Ok(off)
+}
+
+/// Reduces the `t` values `v` of a row's threads (`tx` = 0..t) through `smem[0..t]`; every
+/// thread gets the result. All threads of the block must call it (it has barriers).
+pub(super) fn block_reduce<'ctx>(
+    k: &GpuBuilder<'_, 'ctx>,
+    e: &Emit<'_, 'ctx>,
+    smem: PointerValue<'ctx>,
+    tx: IntValue<'ctx>,
+    t: usize,
+    fold: Fold,
+    v: FloatValue<'ctx>,
+) -> Result<FloatValue<'ctx>> {
+    e.store(e.gep_f32(smem, tx)?, v)?;
+    k.barrier()?;
+    let mut s = t / 2;
+    while s >= 1 {
+        let active = e.icmp(IntPredicate::ULT, tx, e.i64c(s as i64))?;
+        e.if_then(active, || {
+            let a = e.load_f32(e.gep_f32(smem, tx)?)?;
+            let b = e.load_f32(e.gep_f32(smem, e.addc(tx, s as i64)?)?)?;
+            e.store(e.gep_f32(smem, tx)?, fold.combine(e, a, b)?)
+        })?;
+        k.barrier()?;
+        s /= 2;
+    }
+    let r = e.load_f32(smem)?;
+    // The next reduction overwrites the slots.
+    k.barrier()?;
+    Ok(r)
+}
+
+fn load_param<'ctx>(
+    e: &Emit<'_, 'ctx>,
+    p: PointerValue<'ctx>,
+    mode: Param,
+    kk: IntValue<'ctx>,
+) -> Result<FloatValue<'ctx>> {
+    match mode {
+        Param::PerElement => e.load_f32(e.gep_f32(p, kk)?),
+        Param::Scalar => e.load_f32(p),
+    }
+}
+
+impl GpuKernel for RowGpu {
+    fn describe(&self) -> String {
+        self.what.clone()
+    }
+
+    fn launch(&self) -> LaunchDims {
+        LaunchDims {
+            grid: [self.rows().div_ceil(self.r) as u32, 1, 1],
+            block: [self.t as u32, self.r as u32, 1],
+            shared_bytes: (self.t * self.r * 4) as u32,
+        }
+    }
+
+    fn reads_input(&self, i: usize) -> bool {
+        // A reduction's axes are compiled in.
+        !(matches!(self.op, RowOp::Reduce(_)) && i > 0)
+    }
+
+    fn emit(&self, k: &GpuBuilder<'_, '_>) -> Result<()> {
+        let e = Emit::new(k.cx, k.module, k.builder, k.function);
+        let tx = sreg64(k, Sreg::TidX)?;
+        let ty = sreg64(k, Sreg::TidY)?;
+        let bx = sreg64(k, Sreg::CtaidX)?;
+        let r = e.add(e.mulc(bx, self.r as i64)?, ty)?;
+        let valid = e.icmp(IntPredicate::ULT, r, e.i64c(self.rows() as i64))?;
+        let len =
+            e.b.build_select(valid, e.i64c(self.len as i64), e.i64c(0), "")
+                .map_err(llvm)?
+                .into_int_value();
+        let base = offset(&e, &self.kept, r)?;
+        let smem = e.gep_f32(k.shared()?, e.mulc(ty, self.t as i64)?)?;
+        let row = Row { base, len, tx, smem };
+        let n = e.f32c(self.len as f32);
+        match &self.op {
+            RowOp::Softmax { log: is_log } => {
+                let m = self.reduce(k, &e, &row, Fold::Max, id)?;
+                let s = self.reduce(k, &e, &row, Fold::Sum, |_, v| exp(&e, fsub(&e, v, m)?))?;
+                if *is_log {
+                    let ls = log(&e, s)?;
+                    self.map(k, &e, &row, |_, v| fsub(&e, fsub(&e, v, m)?, ls))?;
+                } else {
+                    self.map(k, &e, &row, |_, v| fdiv(&e, exp(&e, fsub(&e, v, m)?)?, s))?;
+                }
+            }
+            RowOp::LayerNorm {
+                epsilon,
+                scale,
+                bias,
+                stats,
+            } => {
+                let sum = self.reduce(k, &e, &row, Fold::Sum, id)?;
+                let mean = fdiv(&e, sum, n)?;
+                let ss = self.reduce(k, &e, &row, Fold::Sum, |_, v| {
+                    let d = fsub(&e, v, mean)?;
+                    fmul(&e, d, d)
+                })?;
+                let var = fdiv(&e, ss, n)?;
+                let inv = inv_sqrt(&e, var, *epsilon)?;
+                let sp = k.input(1)?;
+                let bp = match bias {
+                    Some(_) => Some(k.input(2)?),
+                    None => None,
+                };
+                self.map(k, &e, &row, |kk, v| {
+                    let y = fmul(
+                        &e,
+                        fmul(&e, fsub(&e, v, mean)?, inv)?,
+                        load_param(&e, sp, *scale, kk)?,
+                    )?;
+                    match (bp, bias) {
+                        (Some(p), Some(mode)) => fadd(&e, y, load_param(&e, p, *mode, kk)?),
+                        _ => Ok(y),
+                    }
+                })?;
+                if *stats > 0 {
+                    let first =
+                        e.b.build_and(valid, e.icmp(IntPredicate::EQ, tx, e.i64c(0))?, "")
+                            .map_err(llvm)?;
+                    e.if_then(first, || {
+                        e.store(e.gep_f32(k.output(1)?, r)?, mean)?;
+                        if *stats > 1 {
+                            e.store(e.gep_f32(k.output(2)?, r)?, inv)?;
+                        }
+                        Ok(())
+                    })?;
+                }
+            }
+            RowOp::RmsNorm { epsilon, scale } => {
+                let ss = self.reduce(k, &e, &row, Fold::Sum, |_, v| fmul(&e, v, v))?;
+                let inv = inv_sqrt(&e, fdiv(&e, ss, n)?, *epsilon)?;
+                let sp = k.input(1)?;
+                self.map(k, &e, &row, |kk, v| {
+                    fmul(&e, fmul(&e, v, inv)?, load_param(&e, sp, *scale, kk)?)
+                })?;
+            }
+            RowOp::Reduce(ReduceKind::LogSumExp) => {
+                // max + ln Σ exp(x - max); an infinite or NaN max is the result itself.
+                let m = self.reduce(k, &e, &row, Fold::Max, id)?;
+                let s = self.reduce(k, &e, &row, Fold::Sum, |_, v| exp(&e, fsub(&e, v, m)?))?;
+                let finite = fcmp(
+                    &e,
+                    FloatPredicate::OLT,
+                    unary(&e, "llvm.fabs", m)?,
+                    e.f32c(f32::INFINITY),
+                )?;
+                let y = select(&e, finite, fadd(&e, m, log(&e, s)?)?, m)?;
+                let first =
+                    e.b.build_and(valid, e.icmp(IntPredicate::EQ, tx, e.i64c(0))?, "")
+                        .map_err(llvm)?;
+                e.if_then(first, || e.store(e.gep_f32(k.output(0)?, r)?, y))?;
+            }
+            RowOp::Reduce(kind) => {
+                let fold = match kind {
+                    ReduceKind::Max => Fold::Max,
+                    ReduceKind::Min => Fold::Min,
+                    ReduceKind::Prod => Fold::Prod,
+                    _ => Fold::Sum,
+                };
+                let acc = self.reduce(k, &e, &row, fold, |_, v| match kind {
+                    ReduceKind::L1 => unary(&e, "llvm.fabs", v),
+                    ReduceKind::L2 | ReduceKind::SumSquare => fmul(&e, v, v),
+                    _ => Ok(v),
+                })?;
+                let y = match kind {
+                    ReduceKind::Mean => fdiv(&e, acc, n)?,
+                    ReduceKind::L2 => unary(&e, "llvm.sqrt", acc)?,
+                    ReduceKind::LogSum => log(&e, acc)?,
+                    _ => acc,
+                };
+                let first =
+                    e.b.build_and(valid, e.icmp(IntPredicate::EQ, tx, e.i64c(0))?, "")
+                        .map_err(llvm)?;
+                e.if_then(first, || e.store(e.gep_f32(k.output(0)?, r)?, y))?;
+            }
+        }
+        k.ret()
+    }
+}
+
+fn id<'ctx>(_: IntValue<'ctx>, v: FloatValue<'ctx>) -> Result<FloatValue<'ctx>> {
+    Ok(v)
+}
+
+/// `1 / sqrt(v + epsilon)`.
+fn inv_sqrt<'ctx>(e: &Emit<'_, 'ctx>, v: FloatValue<'ctx>, epsilon: f32) -> Result<FloatValue<'ctx>> {
+    let s = unary(e, "llvm.sqrt", fadd(e, v, e.f32c(epsilon))?)?;
+    fdiv(e, e.f32c(1.0), s)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::nvptx::emulate::{check_graph, ptxas_check};
+    use kiln_ir::{DType, Dim, Graph, MiscOp, Op, PoolKind, ReduceKind, Tensor, TensorType, ValueId};
+
+    struct Rng(u64);
+    impl Rng {
+        fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+            (0..n)
+                .map(|_| {
+                    self.0 = self
+                        .0
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    (((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0) * scale
+                })
+                .collect()
+        }
+    }
+
+    struct G {
+        g: Graph,
+        rng: Rng,
+        inputs: Vec<Tensor>,
+        names: usize,
+    }
+
+    impl G {
+        fn new(seed: u64) -> G {
+            G {
+                g: Graph::new("t"),
+                rng: Rng(seed + 1),
+                inputs: vec![],
+                names: 0,
+            }
+        }
+
+        fn input(&mut self, shape: &[usize]) -> ValueId {
+            let v = self.rng.vec(shape.iter().product(), 4.0);
+            self.inputs.push(Tensor::from_vec(shape.to_vec(), v));
+            let ty = TensorType::new(DType::F32, shape.iter().map(|&d| Dim::Fixed(d)).collect());
+            self.g.add_input(format!("in{}", self.inputs.len()), ty)
+        }
+
+        fn constant(&mut self, t: Tensor) -> ValueId {
+            self.names += 1;
+            self.g.add_const(format!("c{}", self.names), t)
+        }
+
+        fn weights(&mut self, shape: &[usize]) -> ValueId {
+            let v = self.rng.vec(shape.iter().product(), 1.0);
+            self.constant(Tensor::from_vec(shape.to_vec(), v))
+        }
+
+        fn node(&mut self, op: Op, inputs: Vec<Option<ValueId>>) -> ValueId {
+            self.names += 1;
+            let n = self.names;
+            self.g.add(format!("n{n}"), op, inputs, format!("v{n}")).unwrap()
+        }
+
+        fn graph(mut self, y: ValueId) -> (Graph, Vec<Tensor>) {
+            self.g.add_output("y", y);
+            (self.g, self.inputs)
+        }
+
+        fn check(self, y: ValueId, what: &str) {
+            let (g, inputs) = self.graph(y);
+            let d = check_graph(&g, &inputs);
+            assert!(
+                d.iter().all(|s| s.starts_with(what)),
+                "kernels {d:?}, expected {what}"
+            );
+        }
+    }
+
+    /// Shapes with rows shorter and longer than a block, not multiples of 32, one row and more
+    /// rows than fit one block.
+    const ROWS: &[&[usize]] = &[
+        &[1, 5],
+        &[3, 33],
+        &[1, 300],
+        &[70, 7],
+        &[4, 3, 17],
+        &[2, 1000],
+        &[9, 64],
+    ];
+
+    #[test]
+    fn softmax_innermost_and_strided() {
+        for (i, &shape) in ROWS.iter().enumerate() {
+            for log in [false, true] {
+                let mut g = G::new(i as u64);
+                let x = g.input(shape);
+                let op = if log {
+                    Op::LogSoftmax {
+                        axis: -1,
+                        coerce_2d: false,
+                    }
+                } else {
+                    Op::Softmax {
+                        axis: -1,
+                        coerce_2d: false,
+                    }
+                };
+                let y = g.node(op, vec![Some(x)]);
+                g.check(y, if log { "gpu logsoftmax" } else { "gpu softmax" });
+            }
+        }
+        // A middle axis (strided rows, a block or a thread per row) and opset-11 flattening.
+        let cases: [(&[usize], i64, bool); 5] = [
+            (&[3, 40, 5], 1, false),
+            (&[3, 40, 5], 0, false),
+            (&[3, 40, 5], 1, true),
+            (&[2, 7, 300], 1, false),
+            (&[300, 2], 0, false),
+        ];
+        for (shape, axis, coerce_2d) in cases {
+            for log in [false, true] {
+                let mut g = G::new(7);
+                let x = g.input(shape);
+                let op = if log {
+                    Op::LogSoftmax { axis, coerce_2d }
+                } else {
+                    Op::Softmax { axis, coerce_2d }
+                };
+                let y = g.node(op, vec![Some(x)]);
+                g.check(y, "gpu");
+            }
+        }
+    }
+
+    #[test]
+    fn softmax_large_values_and_infinities() {
+        let mut g = G::new(0);
+        let x = g.input(&[3, 40]);
+        let y = g.node(
+            Op::Softmax {
+                axis: 1,
+                coerce_2d: false,
+            },
+            vec![Some(x)],
+        );
+        let (gr, mut inputs) = g.graph(y);
+        let mut v = inputs[0]
+            .to_f64_vec()
+            .iter()
+            .map(|&v| (v * 30.0) as f32)
+            .collect::<Vec<_>>();
+        v[3] = 1e30;
+        v[45] = f32::NEG_INFINITY;
+        inputs[0] = Tensor::from_vec(vec![3, 40], v);
+        check_graph(&gr, &inputs);
+    }
+
+    #[test]
+    fn layer_norm_family() {
+        for (i, &shape) in ROWS.iter().enumerate() {
+            let last = *shape.last().unwrap();
+            // Scale/bias per element, with a leading 1, and scalar.
+            #[allow(clippy::type_complexity)]
+            let params: [(&[usize], Option<&[usize]>, usize); 3] = [
+                (&[last], Some(&[last]), 1),
+                (&[1, last], None, 1),
+                (&[1], Some(&[1]), 3),
+            ];
+            for (ps, pb, n_out) in params {
+                let mut g = G::new(i as u64);
+                let x = g.input(shape);
+                let s = g.weights(ps);
+                let b = pb.map(|pb| g.weights(pb));
+                let op = Op::LayerNorm {
+                    axis: -1,
+                    epsilon: 1e-5,
+                    stash_type: DType::F32,
+                };
+                if n_out == 1 {
+                    let y = g.node(op, vec![Some(x), Some(s), b]);
+                    g.check(y, "gpu layernorm");
+                } else {
+                    g.names += 1;
+                    let outs =
+                        g.g.add_node(
+                            "ln",
+                            op,
+                            vec![Some(x), Some(s), b],
+                            vec!["y0".into(), "mean".into(), "inv".into()],
+                        )
+                        .unwrap();
+                    for (j, o) in outs.iter().enumerate() {
+                        g.g.add_output(format!("o{j}"), *o);
+                    }
+                    let d = check_graph(&g.g, &g.inputs);
+                    assert!(d[0].starts_with("gpu layernorm"), "{d:?}");
+                }
+            }
+        }
+        // Normalizing over the last two axes.
+        let mut g = G::new(3);
+        let x = g.input(&[5, 6, 7]);
+        let s = g.weights(&[6, 7]);
+        let y = g.node(
+            Op::LayerNorm {
+                axis: 1,
+                epsilon: 1e-3,
+                stash_type: DType::F32,
+            },
+            vec![Some(x), Some(s), None],
+        );
+        g.check(y, "gpu layernorm");
+        for (i, &shape) in ROWS.iter().enumerate() {
+            let mut g = G::new(i as u64);
+            let x = g.input(shape);
+            let s = g.weights(&[*shape.last().unwrap()]);
+            let y = g.node(
+                Op::Misc(MiscOp::RmsNorm {
+                    axis: -1,
+                    epsilon: 1e-6,
+                    stash_type: DType::F32,
+                }),
+                vec![Some(x), Some(s)],
+            );
+            g.check(y, "gpu rmsnorm");
+        }
+    }
+
+    #[test]
+    fn reductions() {
+        let kinds = [
+            ReduceKind::Sum,
+            ReduceKind::Mean,
+            ReduceKind::Max,
+            ReduceKind::Min,
+            ReduceKind::L1,
+            ReduceKind::L2,
+            ReduceKind::SumSquare,
+            ReduceKind::Prod,
+            ReduceKind::LogSumExp,
+        ];
+        let cases: &[(&[usize], &[i64])] = &[
+            (&[3, 33], &[-1]),
+            (&[2, 500], &[1]),
+            (&[70, 7], &[1]),
+            (&[4, 5, 6], &[1, 2]),
+            (&[4, 5, 6], &[1]),
+            (&[4, 5, 6], &[0]),
+            (&[4, 1, 6], &[0, 2]),
+            (&[4, 5, 6], &[0, 2]),
+            (&[3, 4, 5, 6], &[1, 3]),
+            (&[2, 3, 40], &[0, -1]),
+            (&[3, 20, 100], &[1]),
+            (&[5, 270], &[0]),
+            (&[4, 5, 6], &[]),
+        ];
+        for (ci, &(shape, axes)) in cases.iter().enumerate() {
+            for (ki, &kind) in kinds.iter().enumerate() {
+                for keepdims in [true, false] {
+                    let mut g = G::new((ci * 16 + ki) as u64);
+                    let x = g.input(shape);
+                    let a = (!axes.is_empty())
+                        .then(|| g.constant(Tensor::from_vec(vec![axes.len()], axes.to_vec())));
+                    let y = g.node(
+                        Op::Reduce {
+                            kind,
+                            keepdims,
+                            noop_with_empty_axes: false,
+                        },
+                        vec![Some(x), a],
+                    );
+                    // Products of many elements of magnitude up to 4 overflow; keep them short.
+                    if kind == ReduceKind::Prod && shape.iter().product::<usize>() > 200 {
+                        continue;
+                    }
+                    g.check(y, "gpu");
+                }
+            }
+        }
+        // LogSum needs positive sums: of sums of squares, over 270 of them and over one (only
+        // size-1 axes left).
+        for (shape, axes) in [([6, 45, 3], vec![2i64]), ([1, 5, 1], vec![])] {
+            let mut g = G::new(5);
+            let x = g.input(&shape);
+            let a = (!axes.is_empty()).then(|| g.constant(Tensor::from_vec(vec![axes.len()], axes.clone())));
+            let sq = g.node(
+                Op::Reduce {
+                    kind: ReduceKind::SumSquare,
+                    keepdims: true,
+                    noop_with_empty_axes: false,
+                },
+                vec![Some(x), a],
+            );
+            let y = g.node(
+                Op::Reduce {
+                    kind: ReduceKind::LogSum,
+                    keepdims: false,
+                    noop_with_empty_axes: false,
+                },
+                vec![Some(sq), None],
+            );
+            g.check(y, "gpu");
+        }
+    }
+
+    #[test]
+    fn global_pools() {
+        for (i, shape) in [[1, 3, 7, 7], [2, 5, 1, 1], [2, 300, 4, 4], [1, 2, 20, 30]]
+            .iter()
+            .enumerate()
+        {
+            for kind in [
+                PoolKind::Average {
+                    count_include_pad: false,
+                },
+                PoolKind::Max,
+            ] {
+                let mut g = G::new(i as u64);
+                let x = g.input(shape);
+                let y = g.node(Op::GlobalPool(kind), vec![Some(x)]);
+                g.check(y, "gpu global");
+            }
+        }
+    }
+
+    #[test]
+    fn declines_what_it_does_not_handle() {
+        // Empty axes with noop_with_empty_axes (the identity) run as a library kernel.
+        let mut g = G::new(1);
+        let x = g.input(&[4, 5, 6]);
+        let a = g.constant(Tensor::from_vec(vec![0], Vec::<i64>::new()));
+        let y = g.node(
+            Op::Reduce {
+                kind: ReduceKind::Sum,
+                keepdims: true,
+                noop_with_empty_axes: true,
+            },
+            vec![Some(x), Some(a)],
+        );
+        let (gr, _) = g.graph(y);
+        let plan = crate::plan::build(&gr, &crate::target::TargetDesc::cuda(80).unwrap(), true).unwrap();
+        assert!(!matches!(plan.kernels[0].imp, crate::plan::KernelImpl::Gpu(_)));
+    }
+
+    #[test]
+    fn strided_rows_with_many_rows_take_a_thread_each() {
+        let mut g = G::new(0);
+        let x = g.input(&[6, 300]);
+        let y = g.node(
+            Op::LogSoftmax {
+                axis: 0,
+                coerce_2d: false,
+            },
+            vec![Some(x)],
+        );
+        let (gr, _) = g.graph(y);
+        let plan = crate::plan::build(&gr, &crate::target::TargetDesc::cuda(80).unwrap(), true).unwrap();
+        let d = plan.kernels[0].describe();
+        assert!(d.contains("thread-per-row"), "{d}");
+    }
+
+    #[test]
+    fn ptxas_accepts_row_kernels() {
+        let mut g = G::new(0);
+        let x = g.input(&[6, 300]);
+        let sm = g.node(
+            Op::Softmax {
+                axis: -1,
+                coerce_2d: false,
+            },
+            vec![Some(x)],
+        );
+        let ls = g.node(
+            Op::LogSoftmax {
+                axis: 0,
+                coerce_2d: false,
+            },
+            vec![Some(sm)],
+        );
+        let s = g.weights(&[300]);
+        let b = g.weights(&[300]);
+        let ln = g.node(
+            Op::LayerNorm {
+                axis: -1,
+                epsilon: 1e-5,
+                stash_type: DType::F32,
+            },
+            vec![Some(ls), Some(s), Some(b)],
+        );
+        let rms = g.node(
+            Op::Misc(MiscOp::RmsNorm {
+                axis: -1,
+                epsilon: 1e-5,
+                stash_type: DType::F32,
+            }),
+            vec![Some(ln), Some(s)],
+        );
+        let y = g.node(
+            Op::Reduce {
+                kind: ReduceKind::LogSum,
+                keepdims: false,
+                noop_with_empty_axes: false,
+            },
+            vec![Some(rms), None],
+        );
+        let (gr, _) = g.graph(y);
+        for sm in [80, 90] {
+            if !ptxas_check(&gr, sm) {
+                return;
+            }
+        }
+    }
+}
