@@ -35,6 +35,8 @@ if [ ! -x .venv/bin/python ]; then
 fi
 if ! cmp -s scripts/requirements.txt .venv/.kiln-requirements 2>/dev/null; then
   echo "setup: installing Python packages (scripts/requirements.txt)"
-  .venv/bin/pip install -q --disable-pip-version-check -r scripts/requirements.txt
+  # python -m pip, not .venv/bin/pip: a venv that was moved or copied keeps a pip whose
+  # first line names the old path.
+  .venv/bin/python -m pip install -q --disable-pip-version-check -r scripts/requirements.txt
   cp scripts/requirements.txt .venv/.kiln-requirements
 fi
