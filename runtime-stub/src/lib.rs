@@ -116,9 +116,10 @@ mod tests {
             ["name", "op", "n_nodes", "nodes", "calls", "total_ns", "flops"]
         );
         assert_eq!(std::mem::size_of::<ProfileKernel>(), 56);
-        // The kernel table follows `run`; the weights file's description comes last.
+        // The kernel table follows `run`, then the weights file's description; the CUDA
+        // description comes last.
         let desc = c_fields("kiln_model_desc");
-        assert_eq!(&desc[desc.len() - 3..], ["run", "kernels", "weights"]);
+        assert_eq!(&desc[desc.len() - 4..], ["run", "kernels", "weights", "cuda"]);
     }
 
     #[test]
