@@ -189,6 +189,14 @@ impl<'a, 'ctx> GpuBuilder<'a, 'ctx> {
             .into_int_value())
     }
 
+    /// A special register zero-extended to i64, for index arithmetic.
+    pub fn sreg64(&self, r: Sreg) -> Result<IntValue<'ctx>> {
+        let v = self.sreg(r)?;
+        self.builder
+            .build_int_z_extend(v, self.cx.i64_type(), "")
+            .map_err(crate::gen::llvm)
+    }
+
     /// `__syncthreads()`: every thread of the block waits here.
     pub fn barrier(&self) -> Result<()> {
         let void = self.cx.void_type().fn_type(&[], false);

@@ -104,11 +104,6 @@ pub fn lower(node: &NodeInfo, _target: &TargetDesc) -> Result<Option<Box<dyn Gpu
     })))
 }
 
-fn sreg64<'ctx>(k: &GpuBuilder<'_, 'ctx>, r: Sreg) -> Result<IntValue<'ctx>> {
-    let v = k.sreg(r)?;
-    k.builder.build_int_z_extend(v, k.cx.i64_type(), "").map_err(llvm)
-}
-
 fn fma<'ctx>(
     e: &Emit<'_, 'ctx>,
     a: FloatValue<'ctx>,
@@ -230,9 +225,9 @@ impl GpuKernel for AttentionGpu {
         let f32t = k.cx.f32_type();
         let (dk, dv) = (self.dk, self.dv);
         let (qs, ks, vs, ys) = self.row_strides();
-        let tid = sreg64(k, Sreg::TidX)?;
-        let i = e.add(e.mulc(sreg64(k, Sreg::CtaidX)?, ROWS as i64)?, tid)?;
-        let bh = sreg64(k, Sreg::CtaidY)?;
+        let tid = k.sreg64(Sreg::TidX)?;
+        let i = e.add(e.mulc(k.sreg64(Sreg::CtaidX)?, ROWS as i64)?, tid)?;
+        let bh = k.sreg64(Sreg::CtaidY)?;
         let b = e.udivc(bh, self.hq as i64)?;
         let h = e.uremc(bh, self.hq as i64)?;
         let hk = e.udivc(h, (self.hq / self.hkv) as i64)?;

@@ -103,11 +103,6 @@ pub fn lower(node: &NodeInfo, _target: &TargetDesc) -> Result<Option<Box<dyn Gpu
     })))
 }
 
-fn sreg64<'ctx>(k: &GpuBuilder<'_, 'ctx>, r: Sreg) -> Result<IntValue<'ctx>> {
-    let v = k.sreg(r)?;
-    k.builder.build_int_z_extend(v, k.cx.i64_type(), "").map_err(llvm)
-}
-
 impl CopyGpu {
     fn total(&self) -> u64 {
         self.copies.iter().map(Copy::elements).sum()
@@ -180,10 +175,10 @@ impl GpuKernel for CopyGpu {
         let e = Emit::new(k.cx, k.module, k.builder, k.function);
         let total = self.total();
         let first = e.add(
-            e.mulc(sreg64(k, Sreg::CtaidX)?, THREADS as i64)?,
-            sreg64(k, Sreg::TidX)?,
+            e.mulc(k.sreg64(Sreg::CtaidX)?, THREADS as i64)?,
+            k.sreg64(Sreg::TidX)?,
         )?;
-        let stride = e.mulc(sreg64(k, Sreg::NctaidX)?, THREADS as i64)?;
+        let stride = e.mulc(k.sreg64(Sreg::NctaidX)?, THREADS as i64)?;
         let pre = e.b.get_insert_block().expect("positioned");
         let head = k.cx.append_basic_block(k.function, "elem");
         let exit = k.cx.append_basic_block(k.function, "done");

@@ -686,12 +686,6 @@ fn resolve<'ctx>(k: &GpuBuilder<'_, 'ctx>, s: Slot) -> Result<PointerValue<'ctx>
     }
 }
 
-/// `i64` of an `i32` special register.
-fn sreg64<'ctx>(k: &GpuBuilder<'_, 'ctx>, r: Sreg) -> Result<IntValue<'ctx>> {
-    let v = k.sreg(r)?;
-    k.builder.build_int_z_extend(v, k.cx.i64_type(), "").map_err(llvm)
-}
-
 fn select_i<'ctx>(
     e: &Emit<'_, 'ctx>,
     c: IntValue<'ctx>,
@@ -800,10 +794,10 @@ impl GpuKernel for GemmGpu {
         let f32t = k.cx.f32_type();
         let t = self.tile;
         let (bm, bn, tm, tn, sa, sb) = (t.bm, t.bn, t.tm(), t.tn(), t.sa(), t.sb());
-        let tid = sreg64(k, Sreg::TidX)?;
-        let col0 = e.mulc(sreg64(k, Sreg::CtaidX)?, bn as i64)?;
-        let row0 = e.mulc(sreg64(k, Sreg::CtaidY)?, bm as i64)?;
-        let z = sreg64(k, Sreg::CtaidZ)?;
+        let tid = k.sreg64(Sreg::TidX)?;
+        let col0 = e.mulc(k.sreg64(Sreg::CtaidX)?, bn as i64)?;
+        let row0 = e.mulc(k.sreg64(Sreg::CtaidY)?, bm as i64)?;
+        let z = k.sreg64(Sreg::CtaidZ)?;
         // Operand offsets of this batch entry (last dimension fastest).
         let (mut a_off, mut b_off) = (e.i64c(0), e.i64c(0));
         let mut rest = z;
@@ -1055,8 +1049,8 @@ impl GpuKernel for DwConvGpu {
         let g = self.g;
         let f32t = k.cx.f32_type();
         let total = self.batch * g.c * g.oh * g.ow;
-        let tid = sreg64(k, Sreg::TidX)?;
-        let bx = sreg64(k, Sreg::CtaidX)?;
+        let tid = k.sreg64(Sreg::TidX)?;
+        let bx = k.sreg64(Sreg::CtaidX)?;
         let idx = e.add(e.mulc(bx, DW_BLOCK as i64)?, tid)?;
         let x = k.input(0)?;
         let w = k.packed(0)?;

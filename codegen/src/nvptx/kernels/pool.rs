@@ -4,7 +4,7 @@
 //! input is skipped (AveragePool counts it when `count_include_pad` and it lies in the explicit
 //! padding, as the reference does). The global pools are row reductions (`rows.rs`).
 
-use super::rows::{fadd, fdiv, sreg64};
+use super::rows::{fadd, fdiv};
 use crate::error::Result;
 use crate::gen::emit::Emit;
 use crate::gen::llvm;
@@ -177,8 +177,8 @@ impl GpuKernel for PoolGpu {
         let f32t = k.cx.f32_type();
         let i64t = k.cx.i64_type();
         let idx = e.add(
-            e.mulc(sreg64(k, Sreg::CtaidX)?, BLOCK as i64)?,
-            sreg64(k, Sreg::TidX)?,
+            e.mulc(k.sreg64(Sreg::CtaidX)?, BLOCK as i64)?,
+            k.sreg64(Sreg::TidX)?,
         )?;
         let inside = e.icmp(IntPredicate::ULT, idx, e.i64c(self.total() as i64))?;
         let (x, y) = (k.input(0)?, k.output(0)?);

@@ -326,11 +326,6 @@ fn param(node: &NodeInfo, i: usize, x: &[usize], axis: usize) -> Result<Option<P
     Ok(ok.then_some(Param::PerElement))
 }
 
-pub(super) fn sreg64<'ctx>(k: &GpuBuilder<'_, 'ctx>, r: Sreg) -> Result<IntValue<'ctx>> {
-    let v = k.sreg(r)?;
-    k.builder.build_int_z_extend(v, k.cx.i64_type(), "").map_err(llvm)
-}
-
 // ---------------------------------------------------------------------------------------------
 // Scalar f32 arithmetic in portable IR
 // ---------------------------------------------------------------------------------------------
@@ -703,9 +698,9 @@ impl GpuKernel for RowGpu {
 
     fn emit(&self, k: &GpuBuilder<'_, '_>) -> Result<()> {
         let e = Emit::new(k.cx, k.module, k.builder, k.function);
-        let tx = sreg64(k, Sreg::TidX)?;
-        let ty = sreg64(k, Sreg::TidY)?;
-        let bx = sreg64(k, Sreg::CtaidX)?;
+        let tx = k.sreg64(Sreg::TidX)?;
+        let ty = k.sreg64(Sreg::TidY)?;
+        let bx = k.sreg64(Sreg::CtaidX)?;
         let r = e.add(e.mulc(bx, self.r as i64)?, ty)?;
         let valid = e.icmp(IntPredicate::ULT, r, e.i64c(self.rows() as i64))?;
         let len =
