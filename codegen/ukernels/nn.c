@@ -1233,44 +1233,86 @@ typedef struct {
 #define af_load(p) (*(const af_v8 *)(p))
 #define af_store(p, v) (*(af_v8 *)(p) = (v))
 
-/* sc[r][j0..j0+16] = scale * sum_d q_r[d] * kt[d][j0..] for nr (1 or 4) rows. */
-static void af_scores_tile(const float *const *q, int nr, const float *kt, int64_t Tp, int64_t Dk, int64_t j0,
-                           float *sc, float scale) {
-  af_v8 acc[4][2] = {{{0}}};
+/* The tiles keep their accumulators in named variables, not arrays: an array indexed by a
+ * row counter lives in memory, and every FMA then loads and stores its accumulator. */
+
+/* sc[r][j0..j0+16] = scale * sum_d q_r[d] * kt[d][j0..] for the 4 rows q0..q3. */
+static void af_scores4(const float *q0, const float *q1, const float *q2, const float *q3, const float *kt,
+                       int64_t Tp, int64_t Dk, int64_t j0, float *sc, float scale) {
+  af_v8 a00 = {0}, a01 = {0}, a10 = {0}, a11 = {0}, a20 = {0}, a21 = {0}, a30 = {0}, a31 = {0};
   for (int64_t d = 0; d < Dk; d++) {
     af_v8 k0 = af_load(kt + d * Tp + j0), k1 = af_load(kt + d * Tp + j0 + 8);
-    for (int r = 0; r < 4; r++) {
-      if (r < nr) {
-        float qs = q[r][d];
-        acc[r][0] += k0 * qs;
-        acc[r][1] += k1 * qs;
-      }
-    }
+    float s0 = q0[d], s1 = q1[d], s2 = q2[d], s3 = q3[d];
+    a00 += k0 * s0, a01 += k1 * s0;
+    a10 += k0 * s1, a11 += k1 * s1;
+    a20 += k0 * s2, a21 += k1 * s2;
+    a30 += k0 * s3, a31 += k1 * s3;
   }
-  for (int r = 0; r < nr; r++) {
-    af_store(sc + r * Tp + j0, acc[r][0] * scale);
-    af_store(sc + r * Tp + j0 + 8, acc[r][1] * scale);
-  }
+  af_store(sc + j0, a00 * scale), af_store(sc + j0 + 8, a01 * scale);
+  af_store(sc + Tp + j0, a10 * scale), af_store(sc + Tp + j0 + 8, a11 * scale);
+  af_store(sc + 2 * Tp + j0, a20 * scale), af_store(sc + 2 * Tp + j0 + 8, a21 * scale);
+  af_store(sc + 3 * Tp + j0, a30 * scale), af_store(sc + 3 * Tp + j0 + 8, a31 * scale);
 }
 
-/* y_r[d0..d0+16] = sum_j p_r[j] * v_j[d0..] for nr (1 or 4) rows. */
-static void af_out_tile(const float *p, int nr, int64_t Tp, const float *v, int64_t vstride, int64_t T, int64_t d0,
-                        float *const *y) {
-  af_v8 acc[4][2] = {{{0}}};
+/* The same for one row. */
+static void af_scores1(const float *q0, const float *kt, int64_t Tp, int64_t Dk, int64_t j0, float *sc, float scale) {
+  af_v8 a00 = {0}, a01 = {0};
+  for (int64_t d = 0; d < Dk; d++) {
+    float s0 = q0[d];
+    a00 += af_load(kt + d * Tp + j0) * s0, a01 += af_load(kt + d * Tp + j0 + 8) * s0;
+  }
+  af_store(sc + j0, a00 * scale), af_store(sc + j0 + 8, a01 * scale);
+}
+
+/* y_r[d0..d0+16] = sum_j p_r[j] * v_j[d0..] for the 4 probability rows p, p + Tp, ... */
+static void af_out4(const float *p, int64_t Tp, const float *v, int64_t vstride, int64_t T, int64_t d0,
+                    float *y0, float *y1, float *y2, float *y3) {
+  af_v8 a00 = {0}, a01 = {0}, a10 = {0}, a11 = {0}, a20 = {0}, a21 = {0}, a30 = {0}, a31 = {0};
   for (int64_t j = 0; j < T; j++) {
     af_v8 v0 = af_load(v + j * vstride + d0), v1 = af_load(v + j * vstride + d0 + 8);
-    for (int r = 0; r < 4; r++) {
-      if (r < nr) {
-        float ps = p[r * Tp + j];
-        acc[r][0] += v0 * ps;
-        acc[r][1] += v1 * ps;
-      }
-    }
+    float p0 = p[j], p1 = p[Tp + j], p2 = p[2 * Tp + j], p3 = p[3 * Tp + j];
+    a00 += v0 * p0, a01 += v1 * p0;
+    a10 += v0 * p1, a11 += v1 * p1;
+    a20 += v0 * p2, a21 += v1 * p2;
+    a30 += v0 * p3, a31 += v1 * p3;
   }
-  for (int r = 0; r < nr; r++) {
-    af_store(y[r] + d0, acc[r][0]);
-    af_store(y[r] + d0 + 8, acc[r][1]);
+  af_store(y0 + d0, a00), af_store(y0 + d0 + 8, a01);
+  af_store(y1 + d0, a10), af_store(y1 + d0 + 8, a11);
+  af_store(y2 + d0, a20), af_store(y2 + d0 + 8, a21);
+  af_store(y3 + d0, a30), af_store(y3 + d0 + 8, a31);
+}
+
+/* The same for one row. */
+static void af_out1(const float *p, const float *v, int64_t vstride, int64_t T, int64_t d0, float *y0) {
+  af_v8 a00 = {0}, a01 = {0};
+  for (int64_t j = 0; j < T; j++) {
+    float p0 = p[j];
+    a00 += af_load(v + j * vstride + d0) * p0, a01 += af_load(v + j * vstride + d0 + 8) * p0;
   }
+  af_store(y0 + d0, a00), af_store(y0 + d0 + 8, a01);
+}
+
+/* Softmax of row[0..T) in place; row has Tp (a multiple of 8) floats and row[T..Tp) may hold
+ * anything. The maximum and the sum run on 8 lanes (the order of the additions differs from a
+ * serial sum by rounding only); exp runs in its own loop, which LLVM vectorises. Returns 0 when
+ * every entry is -inf (a fully masked row), leaving the row for the caller to clear. */
+static int af_softmax_row(float *row, int64_t T, int64_t Tp) {
+  float ninf = -__builtin_inff();
+  for (int64_t t = T; t < Tp; t++) row[t] = ninf;
+  af_v8 vmx = {ninf, ninf, ninf, ninf, ninf, ninf, ninf, ninf};
+  for (int64_t t = 0; t < Tp; t += 8) vmx = __builtin_elementwise_max(vmx, af_load(row + t));
+  float mx = ninf;
+  for (int l = 0; l < 8; l++) mx = vmx[l] > mx ? vmx[l] : mx;
+  if (mx == ninf) return 0;
+  for (int64_t t = 0; t < T; t++) row[t] = kiln_expf(row[t] - mx);
+  for (int64_t t = T; t < Tp; t++) row[t] = 0;
+  af_v8 vsum = {0};
+  for (int64_t t = 0; t < Tp; t += 8) vsum += af_load(row + t);
+  float sum = 0;
+  for (int l = 0; l < 8; l++) sum += vsum[l];
+  float inv = 1.0f / sum;
+  for (int64_t t = 0; t < T; t++) row[t] *= inv;
+  return 1;
 }
 
 static void af_task(void *data, int64_t task, int64_t tid) {
@@ -1304,13 +1346,14 @@ static void af_task(void *data, int64_t task, int64_t tid) {
   for (int64_t d = 0; d < Dk; d++)
     for (int64_t t = T; t < Tp; t++) kt[d * Tp + t] = 0;
   /* Scores. */
-  for (int64_t r = 0; r < nrows;) {
-    int nr = nrows - r >= 4 ? 4 : 1;
-    const float *qr[4];
-    for (int k = 0; k < 4; k++) qr[k] = q0 + (i0 + r + (k < nr ? k : 0)) * qs;
-    for (int64_t jj = 0; jj < Tp; jj += AF_NC) af_scores_tile(qr, nr, kt, Tp, Dk, jj, sc + r * Tp, j->scale);
-    r += nr;
+  int64_t r4 = nrows / 4 * 4;
+  for (int64_t r = 0; r < r4; r += 4) {
+    const float *q = q0 + (i0 + r) * qs;
+    for (int64_t jj = 0; jj < Tp; jj += AF_NC)
+      af_scores4(q, q + qs, q + 2 * qs, q + 3 * qs, kt, Tp, Dk, jj, sc + r * Tp, j->scale);
   }
+  for (int64_t r = r4; r < nrows; r++)
+    for (int64_t jj = 0; jj < Tp; jj += AF_NC) af_scores1(q0 + (i0 + r) * qs, kt, Tp, Dk, jj, sc + r * Tp, j->scale);
   /* Mask and softmax, row by row; a row with every key masked gives zeros, as the reference. */
   const kiln_tensor *m = j->mask_kind ? &a->in[3] : NULL;
   float ninf = -__builtin_inff();
@@ -1330,36 +1373,23 @@ static void af_task(void *data, int64_t task, int64_t tid) {
     }
     if (j->causal)
       for (int64_t t = i + 1; t < T; t++) row[t] = ninf;
-    float mx = ninf;
-    for (int64_t t = 0; t < T; t++) mx = row[t] > mx ? row[t] : mx;
-    float sum = 0;
-    if (mx == ninf) {
+    if (!af_softmax_row(row, T, Tp))
       for (int64_t t = 0; t < Tp; t++) row[t] = 0;
-      continue;
-    }
-    for (int64_t t = 0; t < T; t++) {
-      float e = kiln_expf(row[t] - mx);
-      row[t] = e;
-      sum += e;
-    }
-    float inv = 1.0f / sum;
-    for (int64_t t = 0; t < T; t++) row[t] *= inv;
   }
   /* Output rows: vector tiles of 16 columns, then the remaining columns one by one. */
   int64_t dv16 = Dv / AF_NC * AF_NC;
-  for (int64_t r = 0; r < nrows;) {
-    int nr = nrows - r >= 4 ? 4 : 1;
-    float *yr[4];
-    for (int k = 0; k < 4; k++) yr[k] = y0 + (i0 + r + (k < nr ? k : 0)) * ys;
-    for (int64_t d = 0; d < dv16; d += AF_NC) af_out_tile(sc + r * Tp, nr, Tp, v0, vs, T, d, yr);
-    for (int k = 0; k < nr; k++)
-      for (int64_t d = dv16; d < Dv; d++) {
-        float acc = 0;
-        for (int64_t t = 0; t < T; t++) acc += sc[(r + k) * Tp + t] * v0[t * vs + d];
-        yr[k][d] = acc;
-      }
-    r += nr;
+  for (int64_t r = 0; r < r4; r += 4) {
+    float *y = y0 + (i0 + r) * ys;
+    for (int64_t d = 0; d < dv16; d += AF_NC) af_out4(sc + r * Tp, Tp, v0, vs, T, d, y, y + ys, y + 2 * ys, y + 3 * ys);
   }
+  for (int64_t r = r4; r < nrows; r++)
+    for (int64_t d = 0; d < dv16; d += AF_NC) af_out1(sc + r * Tp, v0, vs, T, d, y0 + (i0 + r) * ys);
+  for (int64_t r = 0; r < nrows; r++)
+    for (int64_t d = dv16; d < Dv; d++) {
+      float acc = 0;
+      for (int64_t t = 0; t < T; t++) acc += sc[r * Tp + t] * v0[t * vs + d];
+      y0[(i0 + r) * ys + d] = acc;
+    }
 }
 
 int32_t kiln_uk_attention_f32(const kiln_uk_args *a) {
