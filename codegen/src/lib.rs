@@ -19,6 +19,9 @@ pub mod target;
 pub mod uk;
 pub mod weights_file;
 
+#[cfg(test)]
+mod test_rng;
+
 pub use error::CodegenError;
 pub use target::TargetDesc;
 

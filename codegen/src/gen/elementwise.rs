@@ -936,13 +936,14 @@ fn cast<'ctx>(
 mod tests {
     use super::*;
     use crate::node::NodeInfo;
+    use crate::test_rng::TestRng;
     use kiln_ir::{Dim, Tensor, TensorType};
 
     /// A graph under construction with its runtime inputs' data.
     struct G {
         g: Graph,
         data: Vec<Tensor>,
-        seed: u64,
+        rng: TestRng,
     }
 
     impl G {
@@ -950,20 +951,12 @@ mod tests {
             G {
                 g: Graph::new("ew"),
                 data: vec![],
-                seed: 7,
+                rng: TestRng::new(7),
             }
         }
 
         fn rand(&mut self, n: usize) -> Vec<f32> {
-            (0..n)
-                .map(|_| {
-                    self.seed = self
-                        .seed
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
-                    ((self.seed >> 40) as f32 / (1u64 << 24) as f32) * 8.0 - 4.0
-                })
-                .collect()
+            self.rng.vec_scaled(n, 4.0)
         }
 
         fn input(&mut self, dtype: DType, shape: &[usize]) -> ValueId {

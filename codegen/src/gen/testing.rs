@@ -210,19 +210,7 @@ pub(crate) fn run_kernel(
     (out, secs)
 }
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> f32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-    fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.next()).collect()
-    }
-}
+use crate::test_rng::TestRng as Rng;
 
 fn ty(shape: &[usize]) -> TensorType {
     TensorType::new(DType::F32, shape.iter().map(|&d| Dim::Fixed(d)).collect())
@@ -248,7 +236,7 @@ impl CaseBuilder {
     fn new(seed: u64) -> Self {
         CaseBuilder {
             g: Graph::new("t"),
-            rng: Rng(seed),
+            rng: Rng::new(seed),
             vals: vec![],
             data: vec![],
             graph_inputs: vec![],

@@ -675,16 +675,7 @@ mod tests {
     }
 
     fn filled(shape: &[usize], seed: u64) -> Tensor {
-        let n: usize = shape.iter().product();
-        let mut s = seed;
-        let v: Vec<f32> = (0..n)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect();
+        let v = crate::test_rng::TestRng::new(seed).vec(shape.iter().product());
         Tensor::from_vec(shape.to_vec(), v)
     }
 

@@ -398,15 +398,7 @@ mod tests {
     use kiln_ir::{AttentionAttrs, DType, Graph, Op, Tensor, TensorType};
 
     fn values(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed;
-        (0..n)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect()
+        crate::test_rng::TestRng::new(seed).vec(n)
     }
 
     enum MaskIn {

@@ -269,12 +269,13 @@ mod tests {
     use super::*;
     use crate::nvptx::emulate::{check_graph, compare, ptxas_check, run_plan, SM};
     use crate::plan::KernelImpl;
+    use crate::test_rng::TestRng;
     use kiln_ir::{Binary, DType, Dim, Op, Tensor, TensorType, Unary};
 
     /// A graph under construction with its run-time inputs.
     struct G {
         g: Graph,
-        seed: u64,
+        rng: TestRng,
         inputs: Vec<Tensor>,
         names: usize,
     }
@@ -283,7 +284,7 @@ mod tests {
         fn new(seed: u64) -> G {
             G {
                 g: Graph::new("ew"),
-                seed,
+                rng: TestRng::new(seed),
                 inputs: vec![],
                 names: 0,
             }
@@ -291,15 +292,7 @@ mod tests {
 
         /// Values in [-4, 4).
         fn rand(&mut self, n: usize) -> Vec<f32> {
-            (0..n)
-                .map(|_| {
-                    self.seed = self
-                        .seed
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
-                    ((self.seed >> 40) as f32 / (1u64 << 24) as f32) * 8.0 - 4.0
-                })
-                .collect()
+            self.rng.vec_scaled(n, 4.0)
         }
 
         fn tensor(&mut self, dtype: DType, shape: &[usize]) -> Tensor {
@@ -547,7 +540,7 @@ mod tests {
         let s = g.un(Unary::Sigmoid, y);
         let fused = G {
             g: g.g.clone(),
-            seed: 0,
+            rng: TestRng::new(0),
             inputs: g.inputs.clone(),
             names: g.names,
         };

@@ -1096,20 +1096,7 @@ mod tests {
     use crate::nvptx::emulate::{check_graph, ptxas_check};
     use kiln_ir::{AutoPad, Binary, ConvAttrs, DType, Dim, Graph, Op, Tensor, TensorType, Unary, ValueId};
 
-    struct Rng(u64);
-    impl Rng {
-        fn vec(&mut self, n: usize) -> Vec<f32> {
-            (0..n)
-                .map(|_| {
-                    self.0 = self
-                        .0
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
-                    ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-                })
-                .collect()
-        }
-    }
+    use crate::test_rng::TestRng as Rng;
 
     /// A graph under construction with its run-time inputs.
     struct G {
@@ -1123,7 +1110,7 @@ mod tests {
         fn new(seed: u64) -> G {
             G {
                 g: Graph::new("t"),
-                rng: Rng(seed),
+                rng: Rng::new(seed),
                 inputs: vec![],
                 names: 0,
             }

@@ -832,20 +832,7 @@ mod tests {
     use crate::nvptx::emulate::{check_graph, ptxas_check};
     use kiln_ir::{DType, Dim, Graph, MiscOp, Op, PoolKind, ReduceKind, Tensor, TensorType, ValueId};
 
-    struct Rng(u64);
-    impl Rng {
-        fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-            (0..n)
-                .map(|_| {
-                    self.0 = self
-                        .0
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
-                    (((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0) * scale
-                })
-                .collect()
-        }
-    }
+    use crate::test_rng::TestRng as Rng;
 
     struct G {
         g: Graph,
@@ -858,14 +845,14 @@ mod tests {
         fn new(seed: u64) -> G {
             G {
                 g: Graph::new("t"),
-                rng: Rng(seed + 1),
+                rng: Rng::new(seed + 1),
                 inputs: vec![],
                 names: 0,
             }
         }
 
         fn input(&mut self, shape: &[usize]) -> ValueId {
-            let v = self.rng.vec(shape.iter().product(), 4.0);
+            let v = self.rng.vec_scaled(shape.iter().product(), 4.0);
             self.inputs.push(Tensor::from_vec(shape.to_vec(), v));
             let ty = TensorType::new(DType::F32, shape.iter().map(|&d| Dim::Fixed(d)).collect());
             self.g.add_input(format!("in{}", self.inputs.len()), ty)
@@ -877,7 +864,7 @@ mod tests {
         }
 
         fn weights(&mut self, shape: &[usize]) -> ValueId {
-            let v = self.rng.vec(shape.iter().product(), 1.0);
+            let v = self.rng.vec_scaled(shape.iter().product(), 1.0);
             self.constant(Tensor::from_vec(shape.to_vec(), v))
         }
 
