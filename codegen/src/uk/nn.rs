@@ -55,31 +55,20 @@ impl Carve {
 // Window geometry (ports of ir's resolve_axis / transpose_axis)
 // ---------------------------------------------------------------------------------------------
 
-/// One resolved spatial axis: output `o` at tap `k` reads input `o * stride + k * dilation -
-/// pad_begin`.
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct Axis {
-    kernel: usize,
-    stride: usize,
-    dilation: usize,
-    pad_begin: i64,
-    pad_end: i64,
-    /// Extent the window reads (Conv: X; ConvTranspose: Y).
-    input: usize,
-    /// Extent of window positions (Conv: Y; ConvTranspose: X).
-    output: usize,
-}
+// One resolved spatial axis: output `o` at tap `k` reads input `o * stride + k * dilation -
+// pad_begin` (for ConvTranspose, `input` is the extent the window reads, Y, and `output` the
+// window positions, X).
+use kiln_ir::ops::WindowAxis as Axis;
 
-impl Axis {
-    fn attrs(&self) -> [i64; 5] {
-        [
-            self.kernel as i64,
-            self.stride as i64,
-            self.dilation as i64,
-            self.pad_begin,
-            self.pad_end,
-        ]
-    }
+/// The axis as the kernels' integer attributes.
+fn axis_attrs(a: &Axis) -> [i64; 5] {
+    [
+        a.kernel as i64,
+        a.stride as i64,
+        a.dilation as i64,
+        a.pad_begin,
+        a.pad_end,
+    ]
 }
 
 fn per_axis(v: &[usize], n: usize, default: usize) -> Vec<usize> {
@@ -108,58 +97,8 @@ fn resolve_axis(
     auto_pad: AutoPad,
     ceil_mode: bool,
 ) -> Result<Axis> {
-    let bad = || node.unsupported("the window geometry is invalid");
-    if kernel == 0 || stride == 0 || dilation == 0 {
-        return Err(bad());
-    }
-    let extent = (kernel - 1) * dilation + 1;
-    let (pad_begin, pad_end) = match auto_pad {
-        AutoPad::NotSet => pads,
-        AutoPad::Valid => (0, 0),
-        AutoPad::SameUpper | AutoPad::SameLower => {
-            let out = input.div_ceil(stride);
-            let needed = out.saturating_sub(1) * stride + extent;
-            let total = if out == 0 { 0 } else { needed.saturating_sub(input) };
-            let begin = if auto_pad == AutoPad::SameUpper {
-                total / 2
-            } else {
-                total.div_ceil(2)
-            };
-            return Ok(Axis {
-                kernel,
-                stride,
-                dilation,
-                pad_begin: begin as i64,
-                pad_end: (total - begin) as i64,
-                input,
-                output: out,
-            });
-        }
-    };
-    let padded = input + pad_begin + pad_end;
-    if padded < extent {
-        return Err(bad());
-    }
-    let room = padded - extent;
-    let output = if ceil_mode {
-        let out = room.div_ceil(stride) + 1;
-        if (out - 1) * stride >= input + pad_begin {
-            out - 1
-        } else {
-            out
-        }
-    } else {
-        room / stride + 1
-    };
-    Ok(Axis {
-        kernel,
-        stride,
-        dilation,
-        pad_begin: pad_begin as i64,
-        pad_end: pad_end as i64,
-        input,
-        output,
-    })
+    kiln_ir::ops::resolve_window_axis(input, kernel, stride, dilation, pads, auto_pad, ceil_mode)
+        .map_err(|e| node.unsupported(format!("the window geometry is invalid: {e}")))
 }
 
 /// The windows of a Conv or pool over `spatial`, checked against the output's spatial extents.
@@ -235,7 +174,7 @@ fn pool(node: &NodeInfo, p: &PoolAttrs) -> Result<UkCall> {
         PoolKind::Lp { p } => (2, false, f64::from(p)),
     };
     let mut iattr = vec![kind, axes.len() as i64, cip as i64, i64::from(p.storage_order)];
-    iattr.extend(axes.iter().flat_map(Axis::attrs));
+    iattr.extend(axes.iter().flat_map(axis_attrs));
     Ok(UkCall::new("pool").iattr(iattr).fattr([lp]))
 }
 
@@ -257,7 +196,7 @@ fn pool_nhwc(node: &NodeInfo, p: &PoolAttrs, x: &[usize], y: &[usize]) -> Result
         PoolKind::Lp { .. } => return Err(node.unsupported("channels-last LpPool is not implemented")),
     };
     let mut iattr = vec![kind, cip as i64];
-    iattr.extend(axes.iter().flat_map(Axis::attrs));
+    iattr.extend(axes.iter().flat_map(axis_attrs));
     Ok(UkCall::new("pool_nhwc").iattr(iattr))
 }
 
@@ -321,7 +260,7 @@ fn conv(node: &NodeInfo, a: &ConvAttrs) -> Result<UkCall> {
         &y[2..],
     )?;
     let mut iattr = vec![a.group as i64, axes.len() as i64];
-    iattr.extend(axes.iter().flat_map(Axis::attrs));
+    iattr.extend(axes.iter().flat_map(axis_attrs));
     Ok(UkCall::new("conv")
         .iattr(iattr)
         .scratch(conv_scratch(node, &x, &w, &y)?))
@@ -386,7 +325,7 @@ fn conv_transpose(node: &NodeInfo, a: &ConvTransposeAttrs) -> Result<UkCall> {
     }
     check_extents(node, &axes, |a| a.input, &y[2..])?;
     let mut iattr = vec![c.group as i64, n as i64];
-    iattr.extend(axes.iter().flat_map(Axis::attrs));
+    iattr.extend(axes.iter().flat_map(axis_attrs));
     Ok(UkCall::new("conv_transpose")
         .iattr(iattr)
         .scratch(conv_scratch(node, &x, &w, &y)?))

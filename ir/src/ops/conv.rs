@@ -152,7 +152,7 @@ fn permute(t: &Tensor, to_last: bool) -> Result<Tensor, OpError> {
 /// pad_begin`; indices outside `[0, input)` are padding. (ConvTranspose uses the same relation
 /// with the roles of its input and output swapped.)
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) struct Axis {
+pub struct Axis {
     pub input: usize,
     pub kernel: usize,
     pub stride: usize,
@@ -326,7 +326,7 @@ impl WindowAttrs {
 /// rules: `SAME_*` gives `ceil(input / stride)` outputs and puts the odd padding element at the
 /// end (UPPER) or the beginning (LOWER); `ceil_mode` rounds up but drops a last window that
 /// would start past the input and its leading padding).
-fn resolve_axis(
+pub fn resolve_axis(
     input: usize,
     kernel: usize,
     stride: usize,
@@ -335,6 +335,9 @@ fn resolve_axis(
     auto_pad: AutoPad,
     ceil_mode: bool,
 ) -> Result<Axis, OpError> {
+    if stride == 0 || dilation == 0 {
+        crate::bail!("stride {stride} and dilation {dilation} must be positive");
+    }
     let extent = span(kernel, dilation)?;
     let (pad_begin, pad_end) = match auto_pad {
         AutoPad::NotSet => pads,

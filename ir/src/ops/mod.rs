@@ -22,6 +22,10 @@ pub(crate) mod vision;
 
 use crate::{DType, Op, OpError, Tensor, TensorType};
 
+/// The window geometry of Conv and the pools, for backends that lower them: one resolved axis,
+/// and the ONNX rules (auto_pad, ceil_mode) that resolve it.
+pub use conv::{resolve_axis as resolve_window_axis, Axis as WindowAxis};
+
 /// What type inference knows about a node's inputs.
 pub struct InferCtx<'a> {
     /// Input types; `None` for an absent optional input.

@@ -12,21 +12,10 @@ use crate::node::NodeInfo;
 use crate::nvptx::{GpuBuilder, GpuKernel, LaunchDims, Sreg};
 use crate::target::TargetDesc;
 use inkwell::{FloatPredicate, IntPredicate};
+use kiln_ir::ops::WindowAxis as Axis;
 use kiln_ir::{AutoPad, DType, Layout, Op, PoolAttrs, PoolKind};
 
 const BLOCK: usize = 256;
-
-/// One spatial axis of the window.
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct Axis {
-    kernel: usize,
-    stride: usize,
-    dilation: usize,
-    pad_begin: i64,
-    pad_end: i64,
-    input: usize,
-    output: usize,
-}
 
 /// The window of axis `i` over an input of `input` elements (the ONNX rules for auto_pad and
 /// ceil_mode); None for a geometry that is not valid.
@@ -35,57 +24,13 @@ fn axis(p: &PoolAttrs, i: usize, n: usize, input: usize) -> Option<Axis> {
     let kernel = *p.kernel_shape.get(i)?;
     let stride = at(&p.strides, 1)?;
     let dilation = at(&p.dilations, 1)?;
-    if kernel == 0 || stride == 0 || dilation == 0 {
-        return None;
-    }
-    let extent = (kernel - 1) * dilation + 1;
-    let (pad_begin, pad_end) = match p.auto_pad {
-        AutoPad::NotSet if p.pads.is_empty() => (0, 0),
-        AutoPad::NotSet if p.pads.len() == 2 * n => (p.pads[i], p.pads[n + i]),
-        AutoPad::NotSet => return None,
-        AutoPad::Valid => (0, 0),
-        AutoPad::SameUpper | AutoPad::SameLower => {
-            let out = input.div_ceil(stride);
-            let needed = out.saturating_sub(1) * stride + extent;
-            let total = if out == 0 { 0 } else { needed.saturating_sub(input) };
-            let begin = if p.auto_pad == AutoPad::SameUpper {
-                total / 2
-            } else {
-                total.div_ceil(2)
-            };
-            return Some(Axis {
-                kernel,
-                stride,
-                dilation,
-                pad_begin: begin as i64,
-                pad_end: (total - begin) as i64,
-                input,
-                output: out,
-            });
-        }
+    let pads = match p.pads.len() {
+        0 => (0, 0),
+        len if len == 2 * n => (p.pads[i], p.pads[n + i]),
+        _ if p.auto_pad == AutoPad::NotSet => return None,
+        _ => (0, 0),
     };
-    let padded = input + pad_begin + pad_end;
-    let room = padded.checked_sub(extent)?;
-    let output = if p.ceil_mode {
-        let out = room.div_ceil(stride) + 1;
-        // The last window must start inside the input or its begin padding.
-        if (out - 1) * stride >= input + pad_begin {
-            out - 1
-        } else {
-            out
-        }
-    } else {
-        room / stride + 1
-    };
-    Some(Axis {
-        kernel,
-        stride,
-        dilation,
-        pad_begin: pad_begin as i64,
-        pad_end: pad_end as i64,
-        input,
-        output,
-    })
+    kiln_ir::ops::resolve_window_axis(input, kernel, stride, dilation, pads, p.auto_pad, p.ceil_mode).ok()
 }
 
 pub struct PoolGpu {
@@ -300,15 +245,7 @@ mod tests {
         let x = g.add_input("x", ty);
         let y = g.add("p", op, vec![Some(x)], "y").unwrap();
         g.add_output("y", y);
-        let mut s = seed.wrapping_add(1);
-        let v: Vec<f32> = (0..shape.iter().product::<usize>())
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 8.0 - 4.0
-            })
-            .collect();
+        let v = crate::test_rng::TestRng::new(seed.wrapping_add(1)).vec_scaled(shape.iter().product(), 4.0);
         (g, vec![Tensor::from_vec(shape.to_vec(), v)])
     }
 
