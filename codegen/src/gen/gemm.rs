@@ -458,6 +458,12 @@ impl Builder {
     }
 }
 
+/// The size of a weight matrix beyond which it is read from memory rather than a cache, so
+/// that every M block re-reading it costs bandwidth. Measured on ResNet-50: limits of 1-2 MiB
+/// also re-planned its stage-3 convolutions (2.4 MB of weights), which got slower; at 4 MiB
+/// only its stage-4 ones (9.4 MB) and the FC layer change, and they get faster.
+const WEIGHT_STREAM_BYTES: usize = 4 << 20;
+
 /// Chooses KC, MB, NB: KC splits K evenly into blocks of at most ~256; MB keeps the A block in
 /// L2; MB and NB minimize the slowest of two threads' work (tasks are spread evenly), counting
 /// B packing, streaming the A block and a per-task overhead, so two threads balance on the common conv/matmul layers.
@@ -487,8 +493,17 @@ fn plan_blocks(
             let n_nb = n.div_ceil(nb);
             let tasks = (batch * n_mb * n_nb) as f64;
             let compute = (mb * nb * k) as f64;
-            let packing = if pack_b { (nb * k) as f64 * 6.0 } else { 0.0 };
-            // Each task streams its A block from memory (weights are read once per task).
+            // A run-time B is packed by every task; the weights, when too large for the
+            // caches, are streamed from memory by every task, which makes small-M products
+            // with large weights (the last stages of a CNN, FC layers) prefer one M block.
+            let packing = if pack_b {
+                (nb * k) as f64 * 6.0
+            } else if n * k * 4 > WEIGHT_STREAM_BYTES {
+                (nb * k) as f64 * 8.0
+            } else {
+                0.0
+            };
+            // Each task streams its A block from memory.
             let a_stream = (mb * k) as f64 * 8.0;
             let per_task = compute + packing + a_stream + 20000.0;
             let cost = (tasks / threads).ceil() * per_task;
