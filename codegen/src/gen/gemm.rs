@@ -1087,13 +1087,17 @@ impl GeneratedKernel for GemmKernel {
 
     fn emit(&self, k: &KernelBuilder<'_, '_>) -> Result<()> {
         let _ = self.isa;
-        let tile_fn = self.emit_tile_fn(k)?;
+        let tile_fn = self.emit_tile_fn(k, None)?;
+        let direct_tile_fn = match self.direct_a_stride() {
+            Some(rs) => Some(self.emit_tile_fn(k, Some(rs))?),
+            None => None,
+        };
         let task = k.new_task_function("task");
         let tb = k.cx.create_builder();
         let entry = k.cx.append_basic_block(task, "entry");
         tb.position_at_end(entry);
         let e = Emit::new(k.cx, k.module, &tb, task);
-        self.emit_task(&e, k, tile_fn)?;
+        self.emit_task(&e, k, tile_fn, direct_tile_fn)?;
         tb.build_return(None).map_err(llvm)?;
 
         let me = Emit::new(k.cx, k.module, k.builder, k.function);
@@ -1123,6 +1127,17 @@ struct TaskPtrs<'ctx> {
 }
 
 impl GemmKernel {
+    /// The row stride of A when the tile can read A where it lies instead of from a packed
+    /// panel: a run-time A with unit column stride (MatMul activations, the input of a
+    /// pointwise NHWC convolution). Packing such an A costs a scalar copy per element, which
+    /// the few B panels of a narrow N (64 output channels: 4 panels) hardly amortize.
+    fn direct_a_stride(&self) -> Option<i64> {
+        match self.a {
+            Operand::Strided { rs, cs: 1, .. } => Some(rs as i64),
+            _ => None,
+        }
+    }
+
     fn slot_of(&self, op: &Operand) -> usize {
         match op {
             Operand::Packed { slot } => self.n_inputs + 1 + slot,
@@ -1134,7 +1149,14 @@ impl GemmKernel {
 
     /// `void tile(a, b, kc, c, ldc, first, last, brow, bcol, res, ldr)`: one MR×NR tile over
     /// `kc` steps of k; adds to C unless `first`; applies the epilogue when `last`.
-    fn emit_tile_fn<'ctx>(&self, k: &KernelBuilder<'_, 'ctx>) -> Result<FunctionValue<'ctx>> {
+    ///
+    /// With `direct_rs`, A is read in place: element (i, kk) at `a[i*rs + kk]` (all MR rows
+    /// must exist); otherwise from a packed panel, `a[kk*MR + i]`.
+    fn emit_tile_fn<'ctx>(
+        &self,
+        k: &KernelBuilder<'_, 'ctx>,
+        direct_rs: Option<i64>,
+    ) -> Result<FunctionValue<'ctx>> {
         let cx = k.cx;
         let ptr = k.ptr_type();
         let i64t = cx.i64_type();
@@ -1155,7 +1177,12 @@ impl GemmKernel {
             ],
             false,
         );
-        let name = format!("{}.tile", k.function.get_name().to_string_lossy());
+        let suffix = if direct_rs.is_some() {
+            "tile_direct"
+        } else {
+            "tile"
+        };
+        let name = format!("{}.{suffix}", k.function.get_name().to_string_lossy());
         let f = k
             .module
             .add_function(&name, ty, Some(inkwell::module::Linkage::Internal));
@@ -1218,9 +1245,16 @@ impl GemmKernel {
             let bv: Vec<VectorValue> = (0..nv)
                 .map(|v| e.load_vec(e.gep_f32(bp, e.addc(boff, (v as u32 * lanes) as i64)?)?, lanes))
                 .collect::<Result<_>>()?;
-            let aoff = e.mulc(kk, mr as i64)?;
+            let aoff = match direct_rs {
+                Some(_) => kk,
+                None => e.mulc(kk, mr as i64)?,
+            };
             for i in 0..mr {
-                let s = e.load_f32(e.gep_f32(ap, e.addc(aoff, i as i64)?)?)?;
+                let row_off = match direct_rs {
+                    Some(rs) => rs * i as i64,
+                    None => i as i64,
+                };
+                let s = e.load_f32(e.gep_f32(ap, e.addc(aoff, row_off)?)?)?;
                 let sv = e.splat(s, lanes)?;
                 for v in 0..nv {
                     let cur = b
@@ -1292,6 +1326,7 @@ impl GemmKernel {
         e: &Emit<'_, 'ctx>,
         k: &KernelBuilder<'_, 'ctx>,
         tile_fn: FunctionValue<'ctx>,
+        direct_tile_fn: Option<FunctionValue<'ctx>>,
     ) -> Result<()> {
         let f = e.f;
         let data = f.get_nth_param(0).expect("task data").into_pointer_value();
@@ -1374,6 +1409,9 @@ impl GemmKernel {
             let (a_base, a_ps) = if a_packed {
                 let off = e.add(e.mulc(m0, kk)?, e.mulc(k0, mr)?)?;
                 (e.gep_f32(ptrs.a, off)?, e.i64c(mr * kk))
+            } else if direct_tile_fn.is_some() {
+                // Read in place by full tiles; an edge tile packs its rows below.
+                (apack, e.mulc(kc, mr)?)
             } else {
                 e.for_range(e.i64c(0), n_mp, 1, |mp| {
                     let row = e.add(m0, e.mulc(mp, mr)?)?;
@@ -1398,9 +1436,26 @@ impl GemmKernel {
                 let col = e.add(n0, e.mulc(np, nr)?)?;
                 let ncols = e.umin(e.i64c(nr), e.sub(e.i64c(n), col)?)?;
                 e.for_range(e.i64c(0), n_mp, 1, |mp| {
-                    let ap = e.gep_f32(a_base, e.mul(mp, a_ps)?)?;
                     let row = e.add(m0, e.mulc(mp, mr)?)?;
                     let nrows = e.umin(e.i64c(mr), e.sub(e.i64c(m), row)?)?;
+                    // A direct A: full tiles read it in place; an edge tile packs its rows
+                    // (zeros past M) and takes the packed tile function.
+                    let direct = match (direct_tile_fn, self.direct_a_stride()) {
+                        (Some(f), Some(rs)) => {
+                            let full_rows = e.icmp(IntPredicate::EQ, nrows, e.i64c(mr))?;
+                            let in_place = e.gep_f32(ptrs.a, e.add(e.mulc(row, rs)?, k0)?)?;
+                            e.if_then(e.b.build_not(full_rows, "").map_err(llvm)?, || {
+                                self.pack_a_panel(e, apack, ptrs.a, row, k0, kc)
+                            })?;
+                            Some((f, full_rows, in_place))
+                        }
+                        _ => None,
+                    };
+                    let ap = if direct.is_some() {
+                        apack
+                    } else {
+                        e.gep_f32(a_base, e.mul(mp, a_ps)?)?
+                    };
                     let coff = e.add(e.mulc(row, n)?, col)?;
                     let cptr = e.gep_f32(ptrs.c, coff)?;
                     let rptr = match ptrs.res {
@@ -1424,13 +1479,15 @@ impl GemmKernel {
                             "",
                         )
                         .map_err(llvm)?;
-                    let call = |c: PointerValue<'ctx>,
-                                ldc: IntValue<'ctx>,
-                                r: PointerValue<'ctx>,
-                                ldr: IntValue<'ctx>|
+                    let call_with = |tile: FunctionValue<'ctx>,
+                                     ap: PointerValue<'ctx>,
+                                     c: PointerValue<'ctx>,
+                                     ldc: IntValue<'ctx>,
+                                     r: PointerValue<'ctx>,
+                                     ldr: IntValue<'ctx>|
                      -> Result<()> {
                         e.b.build_call(
-                            tile_fn,
+                            tile,
                             &[
                                 ap.into(),
                                 bp.into(),
@@ -1448,6 +1505,20 @@ impl GemmKernel {
                         )
                         .map_err(llvm)?;
                         Ok(())
+                    };
+                    let call = |c: PointerValue<'ctx>,
+                                ldc: IntValue<'ctx>,
+                                r: PointerValue<'ctx>,
+                                ldr: IntValue<'ctx>|
+                     -> Result<()> {
+                        match direct {
+                            Some((f, full_rows, in_place)) => e.if_else(
+                                full_rows,
+                                || call_with(f, in_place, c, ldc, r, ldr),
+                                || call_with(tile_fn, ap, c, ldc, r, ldr),
+                            ),
+                            None => call_with(tile_fn, ap, c, ldc, r, ldr),
+                        }
                     };
                     e.if_else(
                         full,
