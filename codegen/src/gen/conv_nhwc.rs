@@ -18,8 +18,17 @@ use inkwell::IntPredicate;
 
 pub(crate) use super::dwconv::DwGeom;
 
+/// How a packed A panel lays out its MR rows × kc steps.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum PanelLayout {
+    /// `dst[x*mr + i]`: the k steps interleaved (the tile reads MR consecutive floats per step).
+    Interleaved,
+    /// `dst[i*stride + x]`: each row a contiguous run, so packing copies runs of channels.
+    Rows { stride: i64 },
+}
+
 /// Packs rows `[row, row+mr)` (output pixels of one image) × k `[k0, k0+kc)` of the NHWC im2col
-/// matrix into `dst` (`dst[x*mr + i]`); padding taps and rows past `m` are zero.
+/// matrix into `dst` laid out as `layout`; padding taps and rows past `m` are zero.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn pack_a_im2col<'ctx>(
     e: &Emit<'_, 'ctx>,
@@ -31,14 +40,20 @@ pub(crate) fn pack_a_im2col<'ctx>(
     mr: i64,
     m: i64,
     g: &DwGeom,
+    layout: PanelLayout,
 ) -> Result<()> {
+    // Element (i, x) of the panel at dst[x*xs + i*is].
+    let (xs, is) = match layout {
+        PanelLayout::Interleaved => (mr, 1),
+        PanelLayout::Rows { stride } => (1, stride),
+    };
     let c = g.c as i64;
     let end = e.add(k0, kc)?;
     let t0 = e.udivc(k0, c)?;
     let t1 = e.addc(e.udivc(e.addc(end, -1)?, c)?, 1)?;
     let zero_run = |d: PointerValue<'ctx>, n: IntValue<'ctx>| -> Result<()> {
         e.for_range(e.i64c(0), n, 1, |x| {
-            e.store(e.gep_f32(d, e.mulc(x, mr)?)?, e.f32c(0.0))
+            e.store(e.gep_f32(d, e.mulc(x, xs)?)?, e.f32c(0.0))
         })
     };
     for i in 0..mr {
@@ -61,7 +76,7 @@ pub(crate) fn pack_a_im2col<'ctx>(
             )?;
             let hi = e.sub(e.umin(end, e.addc(tc, c)?)?, tc)?;
             let n = e.sub(hi, lo)?;
-            let d = e.gep_f32(dst, e.addc(e.mulc(e.sub(e.add(tc, lo)?, k0)?, mr)?, i)?)?;
+            let d = e.gep_f32(dst, e.addc(e.mulc(e.sub(e.add(tc, lo)?, k0)?, xs)?, i * is)?)?;
             let ky = e.udivc(t, g.kw as i64)?;
             let kx = e.uremc(t, g.kw as i64)?;
             let ih = e.add(ihb, e.mulc(ky, g.dh as i64)?)?;
@@ -78,7 +93,7 @@ pub(crate) fn pack_a_im2col<'ctx>(
                     let s = e.gep_f32(src, e.add(e.mulc(pix, c)?, lo)?)?;
                     e.for_range(e.i64c(0), n, 1, |x| {
                         let v = e.load_f32(e.gep_f32(s, x)?)?;
-                        e.store(e.gep_f32(d, e.mulc(x, mr)?)?, v)
+                        e.store(e.gep_f32(d, e.mulc(x, xs)?)?, v)
                     })
                 },
                 || zero_run(d, n),

@@ -1116,6 +1116,9 @@ impl GeneratedKernel for GemmKernel {
     }
 }
 
+/// Input channels from which an NHWC convolution packs its im2col A in rows.
+const ROW_PANEL_MIN_CHANNELS: usize = 128;
+
 /// Pointers a task reads, loaded once at its start.
 struct TaskPtrs<'ctx> {
     a: PointerValue<'ctx>,
@@ -1127,13 +1130,20 @@ struct TaskPtrs<'ctx> {
 }
 
 impl GemmKernel {
-    /// The row stride of A when the tile can read A where it lies instead of from a packed
-    /// panel: a run-time A with unit column stride (MatMul activations, the input of a
-    /// pointwise NHWC convolution). Packing such an A costs a scalar copy per element, which
-    /// the few B panels of a narrow N (64 output channels: 4 panels) hardly amortize.
+    /// The row stride of A for the row-reading tile function (`a[i*rs + kk]`), None for the
+    /// interleaved panel: a run-time A with unit column stride (MatMul activations, the input
+    /// of a pointwise NHWC convolution) is read where it lies, since packing it costs a scalar
+    /// copy per element that the few B panels of a narrow N (64 output channels: 4 panels)
+    /// hardly amortize.
     fn direct_a_stride(&self) -> Option<i64> {
         match self.a {
             Operand::Strided { rs, cs: 1, .. } => Some(rs as i64),
+            // An NHWC im2col A is packed, but in rows (`PanelLayout::Rows`): the packing then
+            // copies contiguous channel runs, which vectorize, instead of interleaving them.
+            // Measured on ResNet-50 (2 threads): 15% faster 3x3 convolutions from 128 input
+            // channels up, 1-4% slower at 64 and 10% slower for the 3-channel stems, which
+            // keep the interleaved panel.
+            Operand::Im2colNhwc { g, .. } if g.c >= ROW_PANEL_MIN_CHANNELS => Some(self.kc as i64),
             _ => None,
         }
     }
@@ -1409,6 +1419,15 @@ impl GemmKernel {
             let (a_base, a_ps) = if a_packed {
                 let off = e.add(e.mulc(m0, kk)?, e.mulc(k0, mr)?)?;
                 (e.gep_f32(ptrs.a, off)?, e.i64c(mr * kk))
+            } else if let (Some(_), Operand::Im2colNhwc { g, .. }) = (direct_tile_fn, &self.a) {
+                let g = g.into_dw(1, g.c);
+                let layout = super::conv_nhwc::PanelLayout::Rows { stride: kc_max };
+                e.for_range(e.i64c(0), n_mp, 1, |mp| {
+                    let row = e.add(m0, e.mulc(mp, mr)?)?;
+                    let dst = e.gep_f32(apack, e.mulc(mp, mr * kc_max)?)?;
+                    super::conv_nhwc::pack_a_im2col(e, dst, ptrs.a, row, k0, kc, mr, m, &g, layout)
+                })?;
+                (apack, e.i64c(mr * kc_max))
             } else if direct_tile_fn.is_some() {
                 // Read in place by full tiles; an edge tile packs its rows below.
                 (apack, e.mulc(kc, mr)?)
@@ -1441,6 +1460,11 @@ impl GemmKernel {
                     // A direct A: full tiles read it in place; an edge tile packs its rows
                     // (zeros past M) and takes the packed tile function.
                     let direct = match (direct_tile_fn, self.direct_a_stride()) {
+                        // Row-major packed panels, zero rows past M: every tile reads them.
+                        (Some(f), Some(_)) if matches!(self.a, Operand::Im2colNhwc { .. }) => {
+                            let panel = e.gep_f32(a_base, e.mul(mp, a_ps)?)?;
+                            Some((f, e.cx.bool_type().const_int(1, false), panel))
+                        }
                         (Some(f), Some(rs)) => {
                             let full_rows = e.icmp(IntPredicate::EQ, nrows, e.i64c(mr))?;
                             let in_place = e.gep_f32(ptrs.a, e.add(e.mulc(row, rs)?, k0)?)?;
@@ -1567,7 +1591,8 @@ impl GemmKernel {
         if let Operand::Im2colNhwc { g, .. } = self.a {
             let mr = self.tile.mr as i64;
             let g = g.into_dw(1, g.c);
-            return super::conv_nhwc::pack_a_im2col(e, dst, src, row, k0, kc, mr, self.m as i64, &g);
+            let layout = super::conv_nhwc::PanelLayout::Interleaved;
+            return super::conv_nhwc::pack_a_im2col(e, dst, src, row, k0, kc, mr, self.m as i64, &g, layout);
         }
         let Operand::Strided { rs, cs, .. } = self.a else {
             return Err(crate::error::CodegenError::internal(

@@ -25,6 +25,9 @@ fn nhwc_conv_shapes() {
         (2, 32, 20, 20, 33, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1]),
         (1, 64, 9, 9, 40, [3, 3], [2, 2], [1, 1, 1, 1], [1, 1]),
         (1, 300, 5, 5, 7, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1]),
+        // From 128 channels the im2col panel is packed in rows: batches, uneven strides,
+        // pads and dilations, K blocks that split taps, and an edge tile past M.
+        (2, 128, 9, 7, 20, [3, 3], [2, 1], [1, 0, 2, 1], [2, 1]),
         (3, 24, 6, 5, 20, [1, 1], [1, 1], [0, 0, 0, 0], [1, 1]),
     ];
     for (i, &(n, c, h, w, m, k, s, p, d)) in cases.iter().enumerate() {
