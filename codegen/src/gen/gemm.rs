@@ -1087,17 +1087,13 @@ impl GeneratedKernel for GemmKernel {
 
     fn emit(&self, k: &KernelBuilder<'_, '_>) -> Result<()> {
         let _ = self.isa;
-        let tile_fn = self.emit_tile_fn(k, None)?;
-        let direct_tile_fn = match self.direct_a_stride() {
-            Some(rs) => Some(self.emit_tile_fn(k, Some(rs))?),
-            None => None,
-        };
+        let tile_fn = self.emit_tile_fn(k, self.a_row_stride())?;
         let task = k.new_task_function("task");
         let tb = k.cx.create_builder();
         let entry = k.cx.append_basic_block(task, "entry");
         tb.position_at_end(entry);
         let e = Emit::new(k.cx, k.module, &tb, task);
-        self.emit_task(&e, k, tile_fn, direct_tile_fn)?;
+        self.emit_task(&e, k, tile_fn)?;
         tb.build_return(None).map_err(llvm)?;
 
         let me = Emit::new(k.cx, k.module, k.builder, k.function);
@@ -1130,19 +1126,15 @@ struct TaskPtrs<'ctx> {
 }
 
 impl GemmKernel {
-    /// The row stride of A for the row-reading tile function (`a[i*rs + kk]`), None for the
-    /// interleaved panel: a run-time A with unit column stride (MatMul activations, the input
-    /// of a pointwise NHWC convolution) is read where it lies, since packing it costs a scalar
-    /// copy per element that the few B panels of a narrow N (64 output channels: 4 panels)
-    /// hardly amortize.
-    fn direct_a_stride(&self) -> Option<i64> {
+    /// The row stride of A's panels when they are packed in rows (`a[i*rs + kk]`), None for
+    /// interleaved panels (`a[kk*MR + i]`). An NHWC im2col A from 128 channels is packed in
+    /// rows: the packing then copies contiguous channel runs, which vectorize, instead of
+    /// scattering them with stride MR. Measured on ResNet-50 (2 threads, per layer): 15%
+    /// faster 3x3 convolutions from 128 input channels, 1-4% slower at 64 and 10% slower for
+    /// the 3-channel stems. (Reading a row-major A in place, unpacked, measured 0-12% slower
+    /// on the pointwise convolutions and the encoder's matrix products.)
+    fn a_row_stride(&self) -> Option<i64> {
         match self.a {
-            Operand::Strided { rs, cs: 1, .. } => Some(rs as i64),
-            // An NHWC im2col A is packed, but in rows (`PanelLayout::Rows`): the packing then
-            // copies contiguous channel runs, which vectorize, instead of interleaving them.
-            // Measured on ResNet-50 (2 threads): 15% faster 3x3 convolutions from 128 input
-            // channels up, 1-4% slower at 64 and 10% slower for the 3-channel stems, which
-            // keep the interleaved panel.
             Operand::Im2colNhwc { g, .. } if g.c >= ROW_PANEL_MIN_CHANNELS => Some(self.kc as i64),
             _ => None,
         }
@@ -1160,12 +1152,12 @@ impl GemmKernel {
     /// `void tile(a, b, kc, c, ldc, first, last, brow, bcol, res, ldr)`: one MR×NR tile over
     /// `kc` steps of k; adds to C unless `first`; applies the epilogue when `last`.
     ///
-    /// With `direct_rs`, A is read in place: element (i, kk) at `a[i*rs + kk]` (all MR rows
-    /// must exist); otherwise from a packed panel, `a[kk*MR + i]`.
+    /// A is read from a panel of MR rows: with `a_rows`, element (i, kk) at `a[i*rs + kk]`,
+    /// otherwise interleaved, at `a[kk*MR + i]`.
     fn emit_tile_fn<'ctx>(
         &self,
         k: &KernelBuilder<'_, 'ctx>,
-        direct_rs: Option<i64>,
+        a_rows: Option<i64>,
     ) -> Result<FunctionValue<'ctx>> {
         let cx = k.cx;
         let ptr = k.ptr_type();
@@ -1187,12 +1179,7 @@ impl GemmKernel {
             ],
             false,
         );
-        let suffix = if direct_rs.is_some() {
-            "tile_direct"
-        } else {
-            "tile"
-        };
-        let name = format!("{}.{suffix}", k.function.get_name().to_string_lossy());
+        let name = format!("{}.tile", k.function.get_name().to_string_lossy());
         let f = k
             .module
             .add_function(&name, ty, Some(inkwell::module::Linkage::Internal));
@@ -1255,16 +1242,12 @@ impl GemmKernel {
             let bv: Vec<VectorValue> = (0..nv)
                 .map(|v| e.load_vec(e.gep_f32(bp, e.addc(boff, (v as u32 * lanes) as i64)?)?, lanes))
                 .collect::<Result<_>>()?;
-            let aoff = match direct_rs {
-                Some(_) => kk,
-                None => e.mulc(kk, mr as i64)?,
+            let (aoff, row_stride) = match a_rows {
+                Some(rs) => (kk, rs),
+                None => (e.mulc(kk, mr as i64)?, 1),
             };
             for i in 0..mr {
-                let row_off = match direct_rs {
-                    Some(rs) => rs * i as i64,
-                    None => i as i64,
-                };
-                let s = e.load_f32(e.gep_f32(ap, e.addc(aoff, row_off)?)?)?;
+                let s = e.load_f32(e.gep_f32(ap, e.addc(aoff, row_stride * i as i64)?)?)?;
                 let sv = e.splat(s, lanes)?;
                 for v in 0..nv {
                     let cur = b
@@ -1336,7 +1319,6 @@ impl GemmKernel {
         e: &Emit<'_, 'ctx>,
         k: &KernelBuilder<'_, 'ctx>,
         tile_fn: FunctionValue<'ctx>,
-        direct_tile_fn: Option<FunctionValue<'ctx>>,
     ) -> Result<()> {
         let f = e.f;
         let data = f.get_nth_param(0).expect("task data").into_pointer_value();
@@ -1419,18 +1401,15 @@ impl GemmKernel {
             let (a_base, a_ps) = if a_packed {
                 let off = e.add(e.mulc(m0, kk)?, e.mulc(k0, mr)?)?;
                 (e.gep_f32(ptrs.a, off)?, e.i64c(mr * kk))
-            } else if let (Some(_), Operand::Im2colNhwc { g, .. }) = (direct_tile_fn, &self.a) {
+            } else if let (Some(rs), Operand::Im2colNhwc { g, .. }) = (self.a_row_stride(), &self.a) {
                 let g = g.into_dw(1, g.c);
-                let layout = super::conv_nhwc::PanelLayout::Rows { stride: kc_max };
+                let layout = super::conv_nhwc::PanelLayout::Rows { stride: rs };
                 e.for_range(e.i64c(0), n_mp, 1, |mp| {
                     let row = e.add(m0, e.mulc(mp, mr)?)?;
-                    let dst = e.gep_f32(apack, e.mulc(mp, mr * kc_max)?)?;
+                    let dst = e.gep_f32(apack, e.mulc(mp, mr * rs)?)?;
                     super::conv_nhwc::pack_a_im2col(e, dst, ptrs.a, row, k0, kc, mr, m, &g, layout)
                 })?;
-                (apack, e.i64c(mr * kc_max))
-            } else if direct_tile_fn.is_some() {
-                // Read in place by full tiles; an edge tile packs its rows below.
-                (apack, e.mulc(kc, mr)?)
+                (apack, e.i64c(mr * rs))
             } else {
                 e.for_range(e.i64c(0), n_mp, 1, |mp| {
                     let row = e.add(m0, e.mulc(mp, mr)?)?;
@@ -1455,31 +1434,9 @@ impl GemmKernel {
                 let col = e.add(n0, e.mulc(np, nr)?)?;
                 let ncols = e.umin(e.i64c(nr), e.sub(e.i64c(n), col)?)?;
                 e.for_range(e.i64c(0), n_mp, 1, |mp| {
+                    let ap = e.gep_f32(a_base, e.mul(mp, a_ps)?)?;
                     let row = e.add(m0, e.mulc(mp, mr)?)?;
                     let nrows = e.umin(e.i64c(mr), e.sub(e.i64c(m), row)?)?;
-                    // A direct A: full tiles read it in place; an edge tile packs its rows
-                    // (zeros past M) and takes the packed tile function.
-                    let direct = match (direct_tile_fn, self.direct_a_stride()) {
-                        // Row-major packed panels, zero rows past M: every tile reads them.
-                        (Some(f), Some(_)) if matches!(self.a, Operand::Im2colNhwc { .. }) => {
-                            let panel = e.gep_f32(a_base, e.mul(mp, a_ps)?)?;
-                            Some((f, e.cx.bool_type().const_int(1, false), panel))
-                        }
-                        (Some(f), Some(rs)) => {
-                            let full_rows = e.icmp(IntPredicate::EQ, nrows, e.i64c(mr))?;
-                            let in_place = e.gep_f32(ptrs.a, e.add(e.mulc(row, rs)?, k0)?)?;
-                            e.if_then(e.b.build_not(full_rows, "").map_err(llvm)?, || {
-                                self.pack_a_panel(e, apack, ptrs.a, row, k0, kc)
-                            })?;
-                            Some((f, full_rows, in_place))
-                        }
-                        _ => None,
-                    };
-                    let ap = if direct.is_some() {
-                        apack
-                    } else {
-                        e.gep_f32(a_base, e.mul(mp, a_ps)?)?
-                    };
                     let coff = e.add(e.mulc(row, n)?, col)?;
                     let cptr = e.gep_f32(ptrs.c, coff)?;
                     let rptr = match ptrs.res {
@@ -1503,15 +1460,13 @@ impl GemmKernel {
                             "",
                         )
                         .map_err(llvm)?;
-                    let call_with = |tile: FunctionValue<'ctx>,
-                                     ap: PointerValue<'ctx>,
-                                     c: PointerValue<'ctx>,
-                                     ldc: IntValue<'ctx>,
-                                     r: PointerValue<'ctx>,
-                                     ldr: IntValue<'ctx>|
+                    let call = |c: PointerValue<'ctx>,
+                                ldc: IntValue<'ctx>,
+                                r: PointerValue<'ctx>,
+                                ldr: IntValue<'ctx>|
                      -> Result<()> {
                         e.b.build_call(
-                            tile,
+                            tile_fn,
                             &[
                                 ap.into(),
                                 bp.into(),
@@ -1529,20 +1484,6 @@ impl GemmKernel {
                         )
                         .map_err(llvm)?;
                         Ok(())
-                    };
-                    let call = |c: PointerValue<'ctx>,
-                                ldc: IntValue<'ctx>,
-                                r: PointerValue<'ctx>,
-                                ldr: IntValue<'ctx>|
-                     -> Result<()> {
-                        match direct {
-                            Some((f, full_rows, in_place)) => e.if_else(
-                                full_rows,
-                                || call_with(f, in_place, c, ldc, r, ldr),
-                                || call_with(tile_fn, ap, c, ldc, r, ldr),
-                            ),
-                            None => call_with(tile_fn, ap, c, ldc, r, ldr),
-                        }
                     };
                     e.if_else(
                         full,
