@@ -466,7 +466,8 @@ const WEIGHT_STREAM_BYTES: usize = 4 << 20;
 
 /// Chooses KC, MB, NB: KC splits K evenly into blocks of at most ~256; MB keeps the A block in
 /// L2; MB and NB minimize the slowest of two threads' work (tasks are spread evenly), counting
-/// B packing, streaming the A block and a per-task overhead, so two threads balance on the common conv/matmul layers.
+/// B packing, streaming the A block, re-reading weights over `WEIGHT_STREAM_BYTES` and a
+/// per-task overhead, so two threads balance on the common conv/matmul layers.
 fn plan_blocks(
     tile: &Tile,
     m: usize,

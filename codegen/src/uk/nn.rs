@@ -9,6 +9,7 @@
 use super::UkCall;
 use crate::error::Result;
 use crate::node::NodeInfo;
+use kiln_ir::ops::WindowAxis as Axis;
 use kiln_ir::{
     AttentionAttrs, AutoPad, ConvAttrs, ConvTransposeAttrs, DType, MiscOp, Op, PoolAttrs, PoolKind,
 };
@@ -52,15 +53,12 @@ impl Carve {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Window geometry (ports of ir's resolve_axis / transpose_axis)
+// Window geometry (ir's resolve_axis; a port of its transpose_axis)
 // ---------------------------------------------------------------------------------------------
 
-// One resolved spatial axis: output `o` at tap `k` reads input `o * stride + k * dilation -
-// pad_begin` (for ConvTranspose, `input` is the extent the window reads, Y, and `output` the
-// window positions, X).
-use kiln_ir::ops::WindowAxis as Axis;
-
-/// The axis as the kernels' integer attributes.
+/// The axis as the kernels' integer attributes. (An axis: output `o` at tap `k` reads input
+/// `o * stride + k * dilation - pad_begin`; for ConvTranspose `input` is the extent the window
+/// reads, Y, and `output` the window positions, X.)
 fn axis_attrs(a: &Axis) -> [i64; 5] {
     [
         a.kernel as i64,

@@ -476,6 +476,14 @@ fn pool(kind: PoolKind, kernel: &[usize], strides: &[usize], pads: &[usize], cei
 }
 
 #[test]
+fn zero_stride_or_dilation_is_an_error_not_a_panic() {
+    // Backends call resolve_axis directly (kiln_ir::ops::resolve_window_axis).
+    assert!(resolve_axis(5, 2, 0, 1, (0, 0), AutoPad::SameUpper, false).is_err());
+    assert!(resolve_axis(5, 2, 1, 0, (0, 0), AutoPad::NotSet, false).is_err());
+    assert!(resolve_axis(5, 0, 1, 1, (0, 0), AutoPad::NotSet, false).is_err());
+}
+
+#[test]
 fn ceil_mode_drops_a_window_starting_in_the_end_padding() {
     // in 5, kernel 2, stride 2, pads 0+1: ceil gives 3 windows, the last starting at 4 (inside).
     let a = resolve_axis(5, 2, 2, 1, (0, 1), AutoPad::NotSet, true).expect("valid");
