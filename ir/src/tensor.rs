@@ -199,8 +199,36 @@ macro_rules! float_element {
 
 float_element!(f32, F32, |x: f32| x as f64, |v: f64| v as f32);
 float_element!(f64, F64, |x: f64| x, |v: f64| v);
-float_element!(f16, F16, |x: f16| x.to_f64(), f16::from_f64);
-float_element!(bf16, BF16, |x: bf16| x.to_f64(), bf16::from_f64);
+float_element!(f16, F16, |x: f16| x.to_f64(), f16_from_f64);
+float_element!(bf16, BF16, |x: bf16| x.to_f64(), bf16_from_f64);
+
+/// `v` rounded to f32 by rounding to odd: toward zero, with the last bit set when inexact.
+/// Rounding that to a format of at most 11 significant bits (f16, bf16) to nearest even gives
+/// the same result as rounding `v` directly (24 ≥ 2·11 + 2 bits), so f64 values round once.
+fn f32_round_to_odd(v: f64) -> f32 {
+    let f = v as f32;
+    if !f.is_finite() || f64::from(f) == v {
+        return f;
+    }
+    let toward_zero = if f64::from(f).abs() > v.abs() {
+        f32::from_bits(f.to_bits() - 1)
+    } else {
+        f
+    };
+    f32::from_bits(toward_zero.to_bits() | 1)
+}
+
+/// `v` to the nearest bf16 (ties to even), rounded once. `half`'s own f64 conversions drop
+/// the low 32 bits of the f64 first, which loses the sticky bits of a value just above a tie
+/// (f32 0xBF348006 became 0xBF34, not 0xBF35).
+pub fn bf16_from_f64(v: f64) -> bf16 {
+    bf16::from_f32(f32_round_to_odd(v))
+}
+
+/// `v` to the nearest f16 (ties to even), rounded once; see [`bf16_from_f64`].
+pub fn f16_from_f64(v: f64) -> f16 {
+    f16::from_f32(f32_round_to_odd(v))
+}
 
 impl Element for bool {
     const DTYPE: DType = DType::Bool;
@@ -534,5 +562,70 @@ impl fmt::Display for Tensor {
             write!(f, ", ... ({} total)", vals.len())?;
         }
         f.write_str("}")
+    }
+}
+
+#[cfg(test)]
+mod rounding_tests {
+    use super::{bf16_from_f64, f16_from_f64};
+    use half::{bf16, f16};
+
+    /// The nearer of the two bf16 neighbours of `v` (ties to the even one), by exact f64
+    /// distances: an independent statement of round-to-nearest-even.
+    fn nearest_bf16(v: f64) -> u16 {
+        let lo = bf16::from_bits((v as f32).to_bits().wrapping_shr(16) as u16);
+        let lo = if lo.to_f64().abs() > v.abs() {
+            bf16::from_bits(lo.to_bits() - 1)
+        } else {
+            lo
+        };
+        let hi = bf16::from_bits(lo.to_bits() + 1);
+        let (dl, dh) = ((v - lo.to_f64()).abs(), (hi.to_f64() - v).abs());
+        if dl < dh || (dl == dh && lo.to_bits() % 2 == 0) {
+            lo.to_bits()
+        } else {
+            hi.to_bits()
+        }
+    }
+
+    #[test]
+    fn bf16_rounds_once_with_sticky_bits() {
+        // Just above a tie: the deciding bits are the f32's last three.
+        assert_eq!(
+            bf16_from_f64(f64::from(f32::from_bits(0xBF34_8006))).to_bits(),
+            0xBF35
+        );
+        // Exact ties go to even; an f64 a hair above a tie rounds up.
+        assert_eq!(bf16_from_f64(1.0 + 2f64.powi(-8)).to_bits(), 0x3F80);
+        assert_eq!(bf16_from_f64(1.0 + 3.0 * 2f64.powi(-8)).to_bits(), 0x3F82);
+        assert_eq!(
+            bf16_from_f64(1.0 + 2f64.powi(-8) + 2f64.powi(-40)).to_bits(),
+            0x3F81
+        );
+        assert_eq!(
+            f16_from_f64(1.0 + 2f64.powi(-11) + 2f64.powi(-40)),
+            f16::from_bits(0x3C01)
+        );
+        assert_eq!(f16_from_f64(1.0 + 2f64.powi(-11)), f16::from_bits(0x3C00));
+        assert!(bf16_from_f64(f64::NAN).is_nan());
+        assert_eq!(bf16_from_f64(1e300).to_bits(), 0x7F80);
+        assert_eq!(bf16_from_f64(-1e-300).to_bits(), 0x8000);
+        // Every f32 rounds as half's f32 conversion (which sees all its bits) rounds it, and
+        // f64 values with bits below f32 precision as the exact nearest.
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        for _ in 0..200_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let f = f32::from_bits(x as u32);
+            if f.is_finite() {
+                assert_eq!(bf16_from_f64(f64::from(f)), bf16::from_f32(f), "{f:e}");
+                assert_eq!(f16_from_f64(f64::from(f)), f16::from_f32(f), "{f:e}");
+            }
+            let v = f64::from_bits((x >> 2) | 0x3000_0000_0000_0000) * if x & 1 == 0 { 1.0 } else { -1.0 };
+            if v.is_finite() && v.abs() < 1e30 && v.abs() > 1e-30 {
+                assert_eq!(bf16_from_f64(v).to_bits(), nearest_bf16(v), "{v:e}");
+            }
+        }
     }
 }

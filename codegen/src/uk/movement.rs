@@ -739,8 +739,8 @@ fn plan_axes(
 fn round_to(dtype: DType, v: f64) -> f64 {
     match dtype {
         DType::F32 => v as f32 as f64,
-        DType::F16 => half::f16::from_f64(v).to_f64(),
-        DType::BF16 => half::bf16::from_f64(v).to_f64(),
+        DType::F16 => kiln_ir::tensor::f16_from_f64(v).to_f64(),
+        DType::BF16 => kiln_ir::tensor::bf16_from_f64(v).to_f64(),
         _ => v,
     }
 }

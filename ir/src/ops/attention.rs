@@ -235,8 +235,8 @@ impl Geometry {
 /// Rounding to a float dtype, as f64.
 fn rounder(d: DType) -> fn(f64) -> f64 {
     match d {
-        DType::F16 => |v| half::f16::from_f64(v).to_f64(),
-        DType::BF16 => |v| half::bf16::from_f64(v).to_f64(),
+        DType::F16 => |v| crate::tensor::f16_from_f64(v).to_f64(),
+        DType::BF16 => |v| crate::tensor::bf16_from_f64(v).to_f64(),
         DType::F32 => |v| v as f32 as f64,
         _ => |v| v,
     }

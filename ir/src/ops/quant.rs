@@ -13,7 +13,6 @@
 
 use super::{util, EvalCtx, InferCtx};
 use crate::{ConvAttrs, DType, Dim, Op, OpError, Tensor, TensorData, TensorType};
-use half::{bf16, f16};
 
 /// The quantized and integer-arithmetic operators.
 #[derive(Clone, PartialEq, Debug)]
@@ -143,8 +142,8 @@ fn check_float(d: DType, what: &str) -> Result<(), OpError> {
 fn round_to(d: DType, v: f64) -> f64 {
     match d {
         DType::F32 => v as f32 as f64,
-        DType::F16 => f16::from_f64(v).to_f64(),
-        DType::BF16 => bf16::from_f64(v).to_f64(),
+        DType::F16 => crate::tensor::f16_from_f64(v).to_f64(),
+        DType::BF16 => crate::tensor::bf16_from_f64(v).to_f64(),
         _ => v,
     }
 }

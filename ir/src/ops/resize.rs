@@ -234,8 +234,8 @@ fn output_dims(a: &ResizeAttrs, cx: &InferCtx, shape: &[Dim], axes: &[usize]) ->
 fn round_to(dtype: DType, v: f64) -> f64 {
     match dtype {
         DType::F32 => v as f32 as f64,
-        DType::F16 => half::f16::from_f64(v).to_f64(),
-        DType::BF16 => half::bf16::from_f64(v).to_f64(),
+        DType::F16 => crate::tensor::f16_from_f64(v).to_f64(),
+        DType::BF16 => crate::tensor::bf16_from_f64(v).to_f64(),
         _ => v,
     }
 }
