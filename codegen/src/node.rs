@@ -88,6 +88,33 @@ impl<'g> NodeInfo<'g> {
         self.input(i).and_then(|v| self.graph.known_value(v))
     }
 
+    /// Whether every value of f32 input `i` is a bf16 value: a constant whose values all are
+    /// (bf16 autocast rounds weights at compile time), or the widening `Cast<f32>` of a bf16
+    /// tensor (the autocast's operand pairs). A product of such operands can run on bf16
+    /// hardware (tensor cores) with exactly the same result as in f32.
+    pub fn input_is_bf16_valued(&self, i: usize) -> bool {
+        let Some(v) = self.input(i) else {
+            return false;
+        };
+        if self.graph.value_type(v).dtype != DType::F32 {
+            return false;
+        }
+        if let Some(t) = self.graph.known_value(v) {
+            return t
+                .as_slice::<f32>()
+                .is_some_and(|s| s.iter().all(|x| x.to_bits() & 0xffff == 0));
+        }
+        let producer = self.graph.node(v.node);
+        matches!(producer.op, Op::Cast { to: DType::F32 })
+            && producer
+                .inputs
+                .first()
+                .copied()
+                .flatten()
+                .map(|x| self.graph.value_type(x).dtype)
+                == Some(DType::BF16)
+    }
+
     pub fn output_type(&self, i: usize) -> &'g TensorType {
         &self.node.outputs[i].ty
     }

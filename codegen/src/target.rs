@@ -122,6 +122,14 @@ impl TargetDesc {
         })
     }
 
+    /// The compute capability of a CUDA target (80 for sm_80); None for a CPU.
+    pub fn cuda_sm(&self) -> Option<u32> {
+        if !self.is_gpu() {
+            return None;
+        }
+        self.cpu.strip_prefix("sm_").and_then(|s| s.parse().ok())
+    }
+
     /// Whether this is a GPU (the CPU kernel generators decline such targets).
     pub fn is_gpu(&self) -> bool {
         self.arch == Arch::Nvptx64

@@ -23,9 +23,7 @@ use kiln_ir::Graph;
 /// Generates the PTX of every kernel in `plan` for `target` (a [`TargetDesc::cuda`]).
 pub fn build(graph: &Graph, plan: &Plan, target: &TargetDesc, model_name: &str) -> Result<DeviceCode> {
     let sm = target
-        .cpu
-        .strip_prefix("sm_")
-        .and_then(|s| s.parse().ok())
+        .cuda_sm()
         .ok_or_else(|| CodegenError::internal(format!("not a CUDA target: {}", target.cpu)))?;
     let cx = Context::create();
     let module = cx.create_module(model_name);

@@ -255,6 +255,7 @@ pub(crate) fn run_plan(
         ("kiln_gpu_sreg", emu_sreg as *const () as usize),
         ("kiln_gpu_barrier", emu_barrier as *const () as usize),
         ("kiln_gpu_shared", emu_shared as *const () as usize),
+        ("kiln_gpu_mma_bf16", emu_mma_bf16 as *const () as usize),
         ("kiln_rt_block_begin", emu_block_begin as *const () as usize),
         ("kiln_rt_parallel_for", emu_parallel_for as *const () as usize),
         ("kiln_rt_num_threads", emu_num_threads as *const () as usize),
@@ -357,7 +358,8 @@ fn check_dims(name: &str, what: &str, d: super::LaunchDims) -> Result<(), String
     }
 }
 
-/// Whether the body calls `kiln_gpu_barrier` (its threads must then run concurrently).
+/// Whether the body calls `kiln_gpu_barrier` or a warp-wide instruction (its threads must then
+/// run concurrently).
 fn calls_barrier(f: FunctionValue<'_>) -> bool {
     for bb in f.get_basic_blocks() {
         let mut inst = bb.get_first_instruction();
@@ -370,7 +372,8 @@ fn calls_barrier(f: FunctionValue<'_>) -> bool {
                     .and_then(|o| o.value())
                     .map(|v| v.into_pointer_value());
                 if let Some(p) = callee {
-                    if p.get_name().to_bytes() == b"kiln_gpu_barrier" {
+                    let name = p.get_name().to_bytes();
+                    if name == b"kiln_gpu_barrier" || name == b"kiln_gpu_mma_bf16" {
                         return true;
                     }
                 }
@@ -414,11 +417,13 @@ struct ThreadState {
     sreg: [i32; 12],
     shared: usize,
     barrier: usize,
+    /// The block's [`WarpExchange`] (0 when its threads run one after another).
+    warps: usize,
 }
 
 thread_local! {
     static STATE: Cell<ThreadState> = const {
-        Cell::new(ThreadState { sreg: [0; 12], shared: 0, barrier: 0 })
+        Cell::new(ThreadState { sreg: [0; 12], shared: 0, barrier: 0, warps: 0 })
     };
 }
 
@@ -436,6 +441,100 @@ extern "C" fn emu_barrier() {
     // SAFETY: set by run_grid to a BlockBarrier that outlives the block's threads.
     let b = unsafe { &*(b as *const BlockBarrier) };
     b.wait();
+}
+
+/// Where the lanes of a block's warps meet for a warp-wide instruction (`mma`): each lane's
+/// registers, and a barrier per warp.
+struct WarpExchange {
+    regs: Mutex<Vec<[u32; 10]>>,
+    barriers: Vec<BlockBarrier>,
+}
+
+impl WarpExchange {
+    fn new(threads: usize) -> WarpExchange {
+        WarpExchange {
+            regs: Mutex::new(vec![[0; 10]; threads]),
+            barriers: (0..threads.div_ceil(32))
+                .map(|w| BlockBarrier::new((threads - 32 * w).min(32)))
+                .collect(),
+        }
+    }
+}
+
+/// Where element `i` (0..8) of a lane's A fragment of `mma.m16n8k16` (bf16, row-major A) sits:
+/// `(row, col)` of the 16×16 A for lane `lane`, per the PTX ISA's fragment figure: register
+/// `i / 2`, low half for even `i`.
+fn mma_bf16_a_element(lane: usize, i: usize) -> (usize, usize) {
+    let (group, in_group) = (lane >> 2, lane & 3);
+    let row = group + if i & 2 != 0 { 8 } else { 0 };
+    let col = in_group * 2 + (i & 1) + if i >= 4 { 8 } else { 0 };
+    (row, col)
+}
+
+/// `(k, n)` of element `i` (0..4) of a lane's B fragment (16×8, column-major B).
+fn mma_bf16_b_element(lane: usize, i: usize) -> (usize, usize) {
+    let (group, in_group) = (lane >> 2, lane & 3);
+    (in_group * 2 + (i & 1) + if i >= 2 { 8 } else { 0 }, group)
+}
+
+/// `(row, col)` of element `i` (0..4) of a lane's C/D fragment (16×8 f32).
+fn mma_bf16_c_element(lane: usize, i: usize) -> (usize, usize) {
+    let (group, in_group) = (lane >> 2, lane & 3);
+    (group + if i >= 2 { 8 } else { 0 }, in_group * 2 + (i & 1))
+}
+
+/// `mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32` for the calling lane: `regs` holds
+/// its a0..a3, b0, b1 and c0..c3 (f32 bits); d replaces c. The lanes of the warp publish their
+/// registers, wait for each other, and each computes its own part of `d = a·b + c` (products of
+/// bf16 values are exact; the sum is taken in f64 and rounded once).
+extern "C" fn emu_mma_bf16(regs: *mut u32) {
+    let st = STATE.with(|s| s.get());
+    assert!(st.warps != 0, "mma in a kernel run without concurrent threads");
+    // SAFETY: set by run_grid to a WarpExchange that outlives the block's threads.
+    let ex = unsafe { &*(st.warps as *const WarpExchange) };
+    let [tx, ty, tz] = [st.sreg[0], st.sreg[1], st.sreg[2]].map(|v| v as usize);
+    let [bx, by] = [st.sreg[6], st.sreg[7]].map(|v| v as usize);
+    let tid = tx + bx * (ty + by * tz);
+    let (warp, lane) = (tid / 32, tid % 32);
+    // SAFETY: the kernel passes its ten-register buffer.
+    let mine: [u32; 10] = unsafe { std::ptr::read(regs as *const [u32; 10]) };
+    assert!(
+        ex.barriers[warp].n == 32,
+        "mma needs a full warp: the block has {} threads",
+        ex.regs.lock().unwrap_or_else(|e| e.into_inner()).len()
+    );
+    ex.regs.lock().unwrap_or_else(|e| e.into_inner())[tid] = mine;
+    ex.barriers[warp].wait();
+    let lanes: Vec<[u32; 10]> =
+        ex.regs.lock().unwrap_or_else(|e| e.into_inner())[warp * 32..warp * 32 + 32].to_vec();
+    // Every lane has read the warp's registers before any lane's next mma overwrites them.
+    ex.barriers[warp].wait();
+    let half = |reg: u32, i: usize| {
+        f64::from(f32::from_bits(if i % 2 == 0 {
+            reg << 16
+        } else {
+            reg & 0xffff_0000
+        }))
+    };
+    let (mut a, mut b) = ([[0f64; 16]; 16], [[0f64; 8]; 16]);
+    for (l, r) in lanes.iter().enumerate() {
+        for i in 0..8 {
+            let (row, col) = mma_bf16_a_element(l, i);
+            a[row][col] = half(r[i / 2], i);
+        }
+        for i in 0..4 {
+            let (k, n) = mma_bf16_b_element(l, i);
+            b[k][n] = half(r[4 + i / 2], i);
+        }
+    }
+    let mut d = [0u32; 4];
+    for (i, out) in d.iter_mut().enumerate() {
+        let (row, col) = mma_bf16_c_element(lane, i);
+        let sum: f64 = (0..16).map(|k| a[row][k] * b[k][col]).sum();
+        *out = ((sum + f64::from(f32::from_bits(mine[6 + i]))) as f32).to_bits();
+    }
+    // SAFETY: as above.
+    unsafe { std::ptr::copy_nonoverlapping(d.as_ptr(), regs.add(6), 4) };
 }
 
 // The runtime calls of library kernels, as runtime-stub/c/device.c answers them on the device.
@@ -508,6 +607,14 @@ struct BlockBarrier {
 }
 
 impl BlockBarrier {
+    fn new(n: usize) -> BlockBarrier {
+        BlockBarrier {
+            n,
+            state: Mutex::new((0, 0)),
+            cv: Condvar::new(),
+        }
+    }
+
     fn wait(&self) {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let gen = st.1;
@@ -555,6 +662,7 @@ fn run_grid(entry: unsafe extern "C" fn(*mut u8), frame: usize, d: super::Launch
                                 sreg: sreg(t),
                                 shared,
                                 barrier: 0,
+                                warps: 0,
                             })
                         });
                         // SAFETY: the frame and shared buffer outlive the call.
@@ -562,18 +670,17 @@ fn run_grid(entry: unsafe extern "C" fn(*mut u8), frame: usize, d: super::Launch
                     }
                     continue;
                 }
-                let bar = BlockBarrier {
-                    n: threads,
-                    state: Mutex::new((0, 0)),
-                    cv: Condvar::new(),
-                };
+                let bar = BlockBarrier::new(threads);
                 let bar_addr = &bar as *const BlockBarrier as usize;
+                let warps = WarpExchange::new(threads);
+                let warps_addr = &warps as *const WarpExchange as usize;
                 std::thread::scope(|scope| {
                     for t in 0..threads {
                         let st = ThreadState {
                             sreg: sreg(t),
                             shared,
                             barrier: bar_addr,
+                            warps: warps_addr,
                         };
                         std::thread::Builder::new()
                             .stack_size(1 << 20)

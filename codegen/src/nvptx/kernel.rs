@@ -18,7 +18,8 @@ use crate::target::TargetDesc;
 use inkwell::builder::Builder;
 use inkwell::context::Context;
 use inkwell::module::{Linkage, Module};
-use inkwell::values::{FunctionValue, IntValue, PointerValue};
+use inkwell::types::{BasicMetadataTypeEnum, BasicType};
+use inkwell::values::{BasicMetadataValueEnum, FloatValue, FunctionValue, IntValue, PointerValue};
 use inkwell::AddressSpace;
 
 /// Grid, block and dynamic shared memory of a kernel's launch.
@@ -206,6 +207,101 @@ impl<'a, 'ctx> GpuBuilder<'a, 'ctx> {
         };
         self.builder.build_call(f, &[], "").map_err(llvm)?;
         Ok(())
+    }
+
+    /// One warp-wide `mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32` (sm_80 and later):
+    /// `d = a·b + c` for a 16×16 bf16 A, a 16×8 bf16 B and a 16×8 f32 C spread over the warp's
+    /// 32 lanes in PTX's fragment layout (the PTX ISA's "Matrix Fragments for mma.m16n8k16"; `emulate.rs` spells it out). Every lane of the warp
+    /// must call it together. In emulation it is a call to `kiln_gpu_mma_bf16`, which meets the
+    /// warp's other lanes and computes the product from their fragments.
+    pub fn mma_bf16(
+        &self,
+        a: [IntValue<'ctx>; 4],
+        b: [IntValue<'ctx>; 2],
+        c: [FloatValue<'ctx>; 4],
+    ) -> Result<[FloatValue<'ctx>; 4]> {
+        let (i32t, f32t) = (self.cx.i32_type(), self.cx.f32_type());
+        match self.mode {
+            Mode::Device => {
+                let ret = self
+                    .cx
+                    .struct_type(&[f32t.into(), f32t.into(), f32t.into(), f32t.into()], false);
+                let params: Vec<BasicMetadataTypeEnum> =
+                    [i32t.into(); 6].into_iter().chain([f32t.into(); 4]).collect();
+                let f = self.declare("llvm.nvvm.mma.m16n8k16.row.col.bf16", ret.fn_type(&params, false));
+                let args: Vec<BasicMetadataValueEnum> = a
+                    .iter()
+                    .chain(&b)
+                    .map(|v| (*v).into())
+                    .chain(c.iter().map(|v| (*v).into()))
+                    .collect();
+                let d = self
+                    .builder
+                    .build_call(f, &args, "mma")
+                    .map_err(llvm)?
+                    .try_as_basic_value()
+                    .basic()
+                    .ok_or_else(|| CodegenError::internal("mma returns a struct"))?
+                    .into_struct_value();
+                let mut out = [c[0]; 4];
+                for (i, o) in out.iter_mut().enumerate() {
+                    *o = self
+                        .builder
+                        .build_extract_value(d, i as u32, "")
+                        .map_err(llvm)?
+                        .into_float_value();
+                }
+                Ok(out)
+            }
+            Mode::Emulated => {
+                // The ten registers in memory: a0..a3, b0, b1, c0..c3 (d comes back in c's place).
+                let regs_ty = i32t.array_type(10);
+                let regs = self.entry_alloca(regs_ty)?;
+                let at = |i: u64| unsafe {
+                    self.builder
+                        .build_gep(regs_ty, regs, &[i32t.const_zero(), i32t.const_int(i, false)], "")
+                        .map_err(llvm)
+                };
+                for (i, v) in a.iter().chain(&b).enumerate() {
+                    self.builder.build_store(at(i as u64)?, *v).map_err(llvm)?;
+                }
+                for (i, v) in c.iter().enumerate() {
+                    self.builder.build_store(at(6 + i as u64)?, *v).map_err(llvm)?;
+                }
+                let f = self.declare(
+                    "kiln_gpu_mma_bf16",
+                    self.cx.void_type().fn_type(&[self.ptr_type().into()], false),
+                );
+                self.builder.build_call(f, &[regs.into()], "").map_err(llvm)?;
+                let mut out = [c[0]; 4];
+                for (i, o) in out.iter_mut().enumerate() {
+                    *o = self
+                        .builder
+                        .build_load(f32t, at(6 + i as u64)?, "d")
+                        .map_err(llvm)?
+                        .into_float_value();
+                }
+                Ok(out)
+            }
+        }
+    }
+
+    /// An alloca in the entry block (so it is allocated once however often the code runs).
+    fn entry_alloca(&self, ty: impl BasicType<'ctx>) -> Result<PointerValue<'ctx>> {
+        let here = self.builder.get_insert_block();
+        let entry = self
+            .function
+            .get_first_basic_block()
+            .ok_or_else(|| CodegenError::internal("kernel has no entry block"))?;
+        match entry.get_first_instruction() {
+            Some(i) => self.builder.position_before(&i),
+            None => self.builder.position_at_end(entry),
+        }
+        let p = self.builder.build_alloca(ty, "regs").map_err(llvm);
+        if let Some(b) = here {
+            self.builder.position_at_end(b);
+        }
+        p
     }
 
     /// The block's dynamic shared memory (`launch().shared_bytes` bytes, 16-byte aligned), as a

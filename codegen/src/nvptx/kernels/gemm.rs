@@ -38,10 +38,12 @@ const THREADS: usize = TX * TY;
 struct Tile {
     bm: usize,
     bn: usize,
+    /// The block's warps multiply on tensor cores (`mma` m16n8k16, bf16 operands).
+    mma: bool,
 }
 
 impl Tile {
-    fn for_shape(m: usize, n: usize) -> Tile {
+    fn for_shape(m: usize, n: usize, mma: bool) -> Tile {
         let side = |x: usize| match x {
             0..=16 => 16,
             17..=32 => 32,
@@ -50,6 +52,7 @@ impl Tile {
         Tile {
             bm: side(m),
             bn: side(n),
+            mma,
         }
     }
     fn tm(self) -> usize {
@@ -58,12 +61,22 @@ impl Tile {
     fn tn(self) -> usize {
         self.bn / TX
     }
-    /// Shared rows are padded by one word so that a k-fastest store pattern hits distinct banks.
+    /// Shared rows are padded so that the reads of the compute loop hit distinct banks: by one
+    /// word for the SIMT loop (its k-fastest stores too); by four for the `mma` fragments,
+    /// whose lanes read rows `2t` and columns `g` (t < 4, g < 8): with a row stride of 4 mod
+    /// 16 words, `2t·stride + g` covers the 32 banks once.
+    fn pad(self) -> usize {
+        if self.mma {
+            4
+        } else {
+            1
+        }
+    }
     fn sa(self) -> usize {
-        self.bm + 1
+        self.bm + self.pad()
     }
     fn sb(self) -> usize {
-        self.bn + 1
+        self.bn + self.pad()
     }
     fn shared_bytes(self) -> usize {
         (BK * self.sa() + BK * self.sb()) * 4
@@ -176,15 +189,20 @@ pub fn lower_fused(
     if node.output_shape(0)?.iter().product::<usize>() >= 1 << 31 {
         return Ok(None);
     }
+    // bf16 tensor cores from sm_80 on, when both multiplicands hold bf16 values (bf16
+    // autocast): the same products as in f32, so the result is the f32 kernel's.
+    let mma = target.cuda_sm().is_some_and(|sm| sm >= 80)
+        && node.input_is_bf16_valued(0)
+        && node.input_is_bf16_valued(1);
     match node.op() {
-        Op::MatMul => matmul(node, epi),
+        Op::MatMul => matmul(node, epi, mma),
         Op::Gemm {
             alpha,
             beta,
             trans_a,
             trans_b,
-        } => gemm(node, epi, *alpha, *beta, *trans_a, *trans_b),
-        Op::Conv(a) => conv(node, epi, a),
+        } => gemm(node, epi, *alpha, *beta, *trans_a, *trans_b, mma),
+        Op::Conv(a) => conv(node, epi, a, mma),
         _ => Ok(None),
     }
 }
@@ -242,6 +260,8 @@ struct Parts {
     packed: Vec<PackedConst>,
     unread: Vec<usize>,
     what: String,
+    /// Both multiplicands hold bf16 values and the SM has bf16 tensor cores.
+    mma: bool,
 }
 
 impl Parts {
@@ -312,12 +332,13 @@ impl Parts {
                 Some((slot, 0, n, 1, 1.0))
             }
         };
-        let tile = Tile::for_shape(m, n);
+        let tile = Tile::for_shape(m, n, self.mma);
         let what = format!(
-            "gpu {} {}x{}x{BK} M={m} N={n} K={} batch={z}{}{}",
+            "gpu {} {}x{}x{BK}{} M={m} N={n} K={} batch={z}{}{}",
             self.what,
             tile.bm,
             tile.bn,
+            if tile.mma { " mma.bf16" } else { "" },
             self.k,
             if epi.residual.is_some() { " +residual" } else { "" },
             match epi.activation {
@@ -347,7 +368,7 @@ impl Parts {
     }
 }
 
-fn matmul(node: &NodeInfo, epi: Epilogue) -> Result<Option<Box<dyn GpuKernel>>> {
+fn matmul(node: &NodeInfo, epi: Epilogue, mma: bool) -> Result<Option<Box<dyn GpuKernel>>> {
     let sa = node.input_shape(0)?;
     let sb = node.input_shape(1)?;
     if sa.is_empty() || sb.is_empty() {
@@ -397,6 +418,7 @@ fn matmul(node: &NodeInfo, epi: Epilogue) -> Result<Option<Box<dyn GpuKernel>>> 
         packed: vec![],
         unread: vec![],
         what: "matmul".into(),
+        mma,
     };
     if let Some(w) = f32s(node, 1) {
         // Already the K×N row-major layout the B loader reads best.
@@ -435,6 +457,7 @@ fn gemm(
     beta: f32,
     trans_a: bool,
     trans_b: bool,
+    mma: bool,
 ) -> Result<Option<Box<dyn GpuKernel>>> {
     let sa = node.input_shape(0)?;
     let sb = node.input_shape(1)?;
@@ -471,6 +494,7 @@ fn gemm(
         packed: vec![],
         unread: vec![],
         what: "gemm".into(),
+        mma,
     };
     if let Some(w) = f32s(node, 1) {
         parts.b = BSrc::Mat(Mat {
@@ -606,7 +630,7 @@ fn geometry(
     })
 }
 
-fn conv(node: &NodeInfo, epi: Epilogue, attrs: &ConvAttrs) -> Result<Option<Box<dyn GpuKernel>>> {
+fn conv(node: &NodeInfo, epi: Epilogue, attrs: &ConvAttrs, mma: bool) -> Result<Option<Box<dyn GpuKernel>>> {
     if attrs.channels_last {
         return Ok(None);
     }
@@ -675,6 +699,7 @@ fn conv(node: &NodeInfo, epi: Epilogue, attrs: &ConvAttrs) -> Result<Option<Box<
         packed: vec![to_bytes(&repack(&w, g, mg, kk, kk, 1, true))],
         unread,
         what: format!("conv{kh}x{kw}/{}", geo.sh),
+        mma,
     };
     parts.finish(node, epi, None)
 }
@@ -763,6 +788,142 @@ impl Epi {
     }
 }
 
+/// How the block's 8 warps share a tile on tensor cores. The tile is a grid of 16×8 `mma`
+/// units (`bm/16` by `bn/8`); with 8 or more units each warp takes `per_warp` consecutive units
+/// of one unit row (so one A fragment serves them all), with fewer (16×16, 16×32, 32×16 tiles)
+/// warp `w` computes unit `w mod units` and only the first `units` warps store.
+struct WarpTiles<'ctx> {
+    tile: Tile,
+    per_warp: usize,
+    /// Unit row and first unit column of this warp.
+    unit_row: IntValue<'ctx>,
+    unit_col: IntValue<'ctx>,
+    /// `lane / 4` and `lane % 4`: the fragment coordinates of PTX's layout.
+    group: IntValue<'ctx>,
+    in_group: IntValue<'ctx>,
+    /// Whether this warp's results are stored (false for a duplicate of another warp's unit).
+    owner: IntValue<'ctx>,
+}
+
+impl<'ctx> WarpTiles<'ctx> {
+    fn new(e: &Emit<'_, 'ctx>, t: Tile, tid: IntValue<'ctx>) -> Result<WarpTiles<'ctx>> {
+        let (units_n, units) = (t.bn / 8, (t.bm / 16) * (t.bn / 8));
+        let warp = e.udivc(tid, 32)?;
+        let lane = e.uremc(tid, 32)?;
+        let warps = THREADS / 32;
+        let (per_warp, first, owner) = if units >= warps {
+            (
+                units / warps,
+                e.mulc(warp, (units / warps) as i64)?,
+                ult(e, warp, warps)?,
+            )
+        } else {
+            (1, e.uremc(warp, units as i64)?, ult(e, warp, units)?)
+        };
+        Ok(WarpTiles {
+            tile: t,
+            per_warp,
+            unit_row: e.udivc(first, units_n as i64)?,
+            unit_col: e.uremc(first, units_n as i64)?,
+            group: e.udivc(lane, 4)?,
+            in_group: e.uremc(lane, 4)?,
+            owner,
+        })
+    }
+
+    /// Two bf16 values as one 32-bit register, `lo` in the low half. The values are bf16
+    /// already (the kernel is chosen for such operands), so their upper halves are exact.
+    fn pack(e: &Emit<'_, 'ctx>, lo: FloatValue<'ctx>, hi: FloatValue<'ctx>) -> Result<IntValue<'ctx>> {
+        let i32t = e.cx.i32_type();
+        let bits = |v: FloatValue<'ctx>| -> Result<IntValue<'ctx>> {
+            Ok(e.b.build_bit_cast(v, i32t, "").map_err(llvm)?.into_int_value())
+        };
+        let lo =
+            e.b.build_right_shift(bits(lo)?, i32t.const_int(16, false), false, "")
+                .map_err(llvm)?;
+        let hi =
+            e.b.build_and(bits(hi)?, i32t.const_int(0xffff_0000, false), "")
+                .map_err(llvm)?;
+        e.b.build_or(lo, hi, "").map_err(llvm)
+    }
+
+    /// Reads two consecutive-k elements `(k, x)` and `(k + 1, x)` of a k-major shared slice
+    /// with row stride `stride`, as one packed register.
+    fn pair(
+        e: &Emit<'_, 'ctx>,
+        sh: PointerValue<'ctx>,
+        stride: usize,
+        k: IntValue<'ctx>,
+        x: IntValue<'ctx>,
+    ) -> Result<IntValue<'ctx>> {
+        let at = e.add(e.mulc(k, stride as i64)?, x)?;
+        let lo = e.load_f32(e.gep_f32(sh, at)?)?;
+        let hi = e.load_f32(e.gep_f32(sh, e.addc(at, stride as i64)?)?)?;
+        Self::pack(e, lo, hi)
+    }
+
+    /// One K step (BK = 16 = the `mma` k) of this warp's units: A and B fragments from the
+    /// shared slices (both k-major), then an `mma` per unit into the accumulators.
+    fn multiply(
+        &self,
+        k: &GpuBuilder<'_, 'ctx>,
+        e: &Emit<'_, 'ctx>,
+        a_sh: PointerValue<'ctx>,
+        b_sh: PointerValue<'ctx>,
+        acc: PointerValue<'ctx>,
+    ) -> Result<()> {
+        let (sa, sb) = (self.tile.sa(), self.tile.sb());
+        let k_lo = e.mulc(self.in_group, 2)?;
+        let k_hi = e.addc(k_lo, 8)?;
+        let row = e.add(e.mulc(self.unit_row, 16)?, self.group)?;
+        let row8 = e.addc(row, 8)?;
+        // a0a1: (g, 2t), a2a3: (g + 8, 2t), a4a5: (g, 2t + 8), a6a7: (g + 8, 2t + 8).
+        let a = [
+            Self::pair(e, a_sh, sa, k_lo, row)?,
+            Self::pair(e, a_sh, sa, k_lo, row8)?,
+            Self::pair(e, a_sh, sa, k_hi, row)?,
+            Self::pair(e, a_sh, sa, k_hi, row8)?,
+        ];
+        for u in 0..self.per_warp {
+            // b0b1: (2t, g), b2b3: (2t + 8, g) of the unit's 16×8 B.
+            let col = e.add(e.mulc(e.addc(self.unit_col, u as i64)?, 8)?, self.group)?;
+            let b = [
+                Self::pair(e, b_sh, sb, k_lo, col)?,
+                Self::pair(e, b_sh, sb, k_hi, col)?,
+            ];
+            let slot = |q: usize| e.gep_f32c(acc, (u * 4 + q) as i64);
+            let c = [
+                e.load_f32(slot(0)?)?,
+                e.load_f32(slot(1)?)?,
+                e.load_f32(slot(2)?)?,
+                e.load_f32(slot(3)?)?,
+            ];
+            let d = k.mma_bf16(a, b, c)?;
+            for (q, v) in d.iter().enumerate() {
+                e.store(slot(q)?, *v)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The tile coordinates (row, column) of accumulator `q` (0..4) of unit `u`: c0c1 at
+    /// (g, 2t..2t+1), c2c3 at (g + 8, 2t..2t+1) of the unit.
+    fn element(&self, e: &Emit<'_, 'ctx>, u: usize, q: usize) -> Result<(IntValue<'ctx>, IntValue<'ctx>)> {
+        let row = e.addc(
+            e.add(e.mulc(self.unit_row, 16)?, self.group)?,
+            if q >= 2 { 8 } else { 0 },
+        )?;
+        let col = e.addc(
+            e.add(
+                e.mulc(e.addc(self.unit_col, u as i64)?, 8)?,
+                e.mulc(self.in_group, 2)?,
+            )?,
+            (q & 1) as i64,
+        )?;
+        Ok((row, col))
+    }
+}
+
 impl GpuKernel for GemmGpu {
     fn describe(&self) -> String {
         self.what.clone()
@@ -812,13 +973,12 @@ impl GpuKernel for GemmGpu {
         let b_sh = e.gep_f32c(smem, (BK * sa) as i64)?;
         let tx = e.uremc(tid, TX as i64)?;
         let ty = e.udivc(tid, TX as i64)?;
-        let acc_ty = f32t.array_type((tm * tn) as u32);
-        let acc = e.entry_alloca(acc_ty, "acc")?;
+        let warps = WarpTiles::new(&e, t, tid)?;
+        let n_acc = if t.mma { warps.per_warp * 4 } else { tm * tn };
+        let acc = e.entry_alloca(f32t.array_type(n_acc as u32), "acc")?;
         let acc_at = |r: usize, c: usize| e.gep_f32c(acc, (r * tn + c) as i64);
-        for r in 0..tm {
-            for c in 0..tn {
-                e.store(acc_at(r, c)?, f32t.const_zero())?;
-            }
+        for i in 0..n_acc {
+            e.store(e.gep_f32c(acc, i as i64)?, f32t.const_zero())?;
         }
         let a_ptr = resolve(k, self.a.slot)?;
         let (m, n, kk) = (self.m, self.n, self.k);
@@ -892,6 +1052,11 @@ impl GpuKernel for GemmGpu {
                 e.store(e.gep_f32(b_sh, e.add(e.mulc(kq, sb as i64)?, jj)?)?, v)?;
             }
             k.barrier()?;
+            if t.mma {
+                warps.multiply(k, &e, a_sh, b_sh, acc)?;
+                // The next slice overwrites what slower warps may still read.
+                return k.barrier();
+            }
             for q in 0..BK {
                 let av: Vec<FloatValue> = (0..tm)
                     .map(|r| e.load_f32(e.gep_f32(a_sh, e.addc(ty, (q * sa + r * TY) as i64)?)?))
@@ -918,23 +1083,39 @@ impl GpuKernel for GemmGpu {
             k.barrier()
         })?;
         let g_idx = e.uremc(z, self.groups as i64)?;
+        // Stores accumulator `slot` as output element (i, j) of the tile when `inside`.
+        let store = |slot: usize, i, j, inside| -> Result<()> {
+            let inside = and(&e, inside, and(&e, ult(&e, i, m)?, ult(&e, j, n)?)?)?;
+            e.if_then(inside, || {
+                let s = e.load_f32(e.gep_f32c(acc, slot as i64)?)?;
+                let bias_row = e.add(e.mulc(g_idx, m as i64)?, i)?;
+                let v = self.epi.apply(k, &e, s, (bias_row, j), |zs, rs, cs| {
+                    e.add(
+                        e.mulc(z, zs as i64)?,
+                        e.add(e.mulc(i, rs as i64)?, e.mulc(j, cs as i64)?)?,
+                    )
+                })?;
+                let o = e.add(e.mulc(z, (m * n) as i64)?, e.add(e.mulc(i, n as i64)?, j)?)?;
+                e.store(e.gep_f32(k.output(0)?, o)?, v)
+            })
+        };
+        if t.mma {
+            for u in 0..warps.per_warp {
+                for q in 0..4 {
+                    let (i, j) = warps.element(&e, u, q)?;
+                    store(u * 4 + q, e.add(row0, i)?, e.add(col0, j)?, warps.owner)?;
+                }
+            }
+            return k.ret();
+        }
+        let all =
+            e.b.build_int_compare(IntPredicate::EQ, tid, tid, "")
+                .map_err(llvm)?;
         for r in 0..tm {
             for c in 0..tn {
                 let i = e.add(row0, e.addc(ty, (r * TY) as i64)?)?;
                 let j = e.add(col0, e.addc(tx, (c * TX) as i64)?)?;
-                let inside = and(&e, ult(&e, i, m)?, ult(&e, j, n)?)?;
-                e.if_then(inside, || {
-                    let s = e.load_f32(acc_at(r, c)?)?;
-                    let bias_row = e.add(e.mulc(g_idx, m as i64)?, i)?;
-                    let v = self.epi.apply(k, &e, s, (bias_row, j), |zs, rs, cs| {
-                        e.add(
-                            e.mulc(z, zs as i64)?,
-                            e.add(e.mulc(i, rs as i64)?, e.mulc(j, cs as i64)?)?,
-                        )
-                    })?;
-                    let o = e.add(e.mulc(z, (m * n) as i64)?, e.add(e.mulc(i, n as i64)?, j)?)?;
-                    e.store(e.gep_f32(k.output(0)?, o)?, v)
-                })?;
+                store(r * tn + c, i, j, all)?;
             }
         }
         k.ret()
@@ -1104,6 +1285,15 @@ mod tests {
         rng: Rng,
         inputs: Vec<Tensor>,
         names: usize,
+        /// Operands as bf16 autocast writes them: constants rounded to bf16, run-time inputs
+        /// through a `Cast<f32>(Cast<bf16>(x))` pair.
+        bf16: bool,
+    }
+
+    /// Rounds to the nearest bf16 value (ties to even), kept as f32.
+    fn round_bf16(x: f32) -> f32 {
+        let b = x.to_bits();
+        f32::from_bits(b.wrapping_add(0x7fff + ((b >> 16) & 1)) & 0xffff_0000)
     }
 
     impl G {
@@ -1113,6 +1303,14 @@ mod tests {
                 rng: Rng::new(seed),
                 inputs: vec![],
                 names: 0,
+                bf16: false,
+            }
+        }
+
+        fn bf16(seed: u64) -> G {
+            G {
+                bf16: true,
+                ..G::new(seed)
             }
         }
 
@@ -1120,11 +1318,27 @@ mod tests {
             let v = self.rng.vec(shape.iter().product());
             self.inputs.push(Tensor::from_vec(shape.to_vec(), v));
             let ty = TensorType::new(DType::F32, shape.iter().map(|&d| Dim::Fixed(d)).collect());
-            self.g.add_input(format!("in{}", self.inputs.len()), ty)
+            let x = self.g.add_input(format!("in{}", self.inputs.len()), ty);
+            if !self.bf16 {
+                return x;
+            }
+            let narrow = self.node(Op::Cast { to: DType::BF16 }, vec![Some(x)]);
+            self.node(Op::Cast { to: DType::F32 }, vec![Some(narrow)])
+        }
+
+        /// A run-time f32 input, whatever the operand mode.
+        fn input_f32(&mut self, shape: &[usize]) -> ValueId {
+            let bf16 = std::mem::replace(&mut self.bf16, false);
+            let x = self.input(shape);
+            self.bf16 = bf16;
+            x
         }
 
         fn constant(&mut self, shape: &[usize]) -> ValueId {
-            let v = self.rng.vec(shape.iter().product());
+            let mut v = self.rng.vec(shape.iter().product());
+            if self.bf16 {
+                v.iter_mut().for_each(|x| *x = round_bf16(*x));
+            }
             self.names += 1;
             self.g
                 .add_const(format!("c{}", self.names), Tensor::from_vec(shape.to_vec(), v))
@@ -1386,6 +1600,150 @@ mod tests {
         }
     }
 
+    /// Asserts every GEMM-family kernel in `d` is `what` on tensor cores.
+    fn assert_mma(d: &[String], what: &str) {
+        let products: Vec<&String> = d.iter().filter(|s| !s.starts_with("gpu elementwise")).collect();
+        assert!(
+            !products.is_empty()
+                && products
+                    .iter()
+                    .all(|s| s.starts_with(what) && s.contains("mma.bf16")),
+            "kernels {d:?}, expected {what} on tensor cores"
+        );
+    }
+
+    #[test]
+    fn bf16_matmul_on_tensor_cores() {
+        // Tiles of 2 and 4 units (fewer than the 8 warps) and of 8 to 32; edges along M, N
+        // and K; one and several K steps.
+        let shapes = [
+            (5, 7, 3),
+            (13, 17, 29),
+            (30, 40, 20),
+            (20, 16, 70),
+            (64, 48, 64),
+            (70, 33, 130),
+            (1, 40, 65),
+        ];
+        for (i, &(m, k, n)) in shapes.iter().enumerate() {
+            for (ca, cb) in [(false, true), (false, false), (true, false)] {
+                let mut g = G::bf16(700 + i as u64);
+                let a = g.operand(&[m, k], ca);
+                let b = g.operand(&[k, n], cb);
+                let y = g.node(Op::MatMul, vec![Some(a), Some(b)]);
+                assert_mma(&g.check(y), "gpu matmul");
+            }
+        }
+        // Batched with broadcast.
+        let mut g = G::bf16(720);
+        let a = g.input(&[2, 1, 18, 24]);
+        let b = g.input(&[3, 24, 20]);
+        let y = g.node(Op::MatMul, vec![Some(a), Some(b)]);
+        assert_mma(&g.check(y), "gpu matmul");
+    }
+
+    #[test]
+    fn bf16_gemm_and_conv_on_tensor_cores() {
+        for (trans_a, trans_b) in [(false, false), (true, true), (false, true)] {
+            let (m, k, n) = (19, 37, 45);
+            let mut g = G::bf16(730);
+            let a = g.operand(&if trans_a { [k, m] } else { [m, k] }, false);
+            let b = g.operand(&if trans_b { [n, k] } else { [k, n] }, true);
+            let c = g.constant(&[n]);
+            let op = Op::Gemm {
+                alpha: 0.75,
+                beta: 1.5,
+                trans_a,
+                trans_b,
+            };
+            let y = g.node(op, vec![Some(a), Some(b), Some(c)]);
+            assert_mma(&g.check(y), "gpu gemm");
+        }
+        // (n, c, h, w, m, kernel, stride, pads, dilation, group): implicit GEMM, pointwise,
+        // strided, grouped, 70 output channels (edge tiles).
+        let cases = [
+            (1, 3, 9, 11, 5, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
+            (2, 16, 8, 8, 24, [1, 1], [1, 1], [0, 0, 0, 0], [1, 1], 1),
+            (1, 5, 12, 10, 7, [3, 3], [2, 2], [2, 1, 0, 2], [2, 2], 1),
+            (2, 8, 6, 6, 12, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 4),
+            (1, 20, 12, 12, 70, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
+        ];
+        for (i, &(n, c, h, w, m, k, s, p, d, grp)) in cases.iter().enumerate() {
+            let mut g = G::bf16(740 + i as u64);
+            let x = g.input(&[n, c, h, w]);
+            let wt = g.constant(&[m, c / grp, k[0], k[1]]);
+            let b = g.constant(&[m]);
+            let y = g.node(conv(k, s, p, d, grp), vec![Some(x), Some(wt), Some(b)]);
+            assert_mma(&g.check(y), "gpu conv");
+        }
+    }
+
+    #[test]
+    fn bf16_fused_epilogues_on_tensor_cores() {
+        for act in [0, 3, 5] {
+            // Conv + bias + residual (f32) + activation, then MatMul + bias + residual.
+            let mut g = G::bf16(760 + act as u64);
+            let x = g.input(&[1, 6, 9, 7]);
+            let wt = g.constant(&[10, 6, 3, 3]);
+            let b = g.constant(&[10]);
+            let y = g.node(
+                conv([3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
+                vec![Some(x), Some(wt), Some(b)],
+            );
+            let r = g.input_f32(&[1, 10, 9, 7]);
+            let y = g.node(Op::Binary(Binary::Add), vec![Some(y), Some(r)]);
+            let y = activate(&mut g, y, act);
+            let d = g.check(y);
+            assert_mma(&d, "gpu conv");
+            assert!(d.iter().any(|s| s.contains("+residual")), "{d:?}");
+
+            let mut g = G::bf16(770 + act as u64);
+            let a = g.input(&[2, 17, 24]);
+            let w = g.constant(&[24, 40]);
+            let y = g.node(Op::MatMul, vec![Some(a), Some(w)]);
+            let bias = g.constant(&[40]);
+            let y = g.node(Op::Binary(Binary::Add), vec![Some(y), Some(bias)]);
+            let r = g.input_f32(&[2, 17, 40]);
+            let y = g.node(Op::Binary(Binary::Add), vec![Some(r), Some(y)]);
+            let y = activate(&mut g, y, act);
+            assert_mma(&g.check(y), "gpu matmul");
+        }
+    }
+
+    #[test]
+    fn tensor_cores_only_for_bf16_values_from_sm_80() {
+        use crate::plan;
+        use crate::target::TargetDesc;
+        let describe = |g: &Graph, sm: u32| -> Vec<String> {
+            let plan = plan::build(g, &TargetDesc::cuda(sm).unwrap(), true).unwrap();
+            plan.kernels.iter().map(|k| k.describe()).collect()
+        };
+        let mma = |d: &[String]| d.iter().any(|s| s.contains("mma.bf16"));
+        // bf16 operands: tensor cores on sm_80 and sm_90, not on sm_75 (no bf16 mma).
+        let mut g = G::bf16(780);
+        let a = g.input(&[8, 32]);
+        let b = g.constant(&[32, 16]);
+        let y = g.node(Op::MatMul, vec![Some(a), Some(b)]);
+        g.g.add_output("y", y);
+        assert!(mma(&describe(&g.g, 80)) && mma(&describe(&g.g, 90)));
+        assert!(!mma(&describe(&g.g, 75)));
+        // One f32 operand (an input, or a weight that is not all bf16 values): f32 SIMT.
+        let mut g = G::bf16(781);
+        let a = g.input_f32(&[8, 32]);
+        let b = g.constant(&[32, 16]);
+        let y = g.node(Op::MatMul, vec![Some(a), Some(b)]);
+        g.g.add_output("y", y);
+        assert!(!mma(&describe(&g.g, 80)));
+        let mut g = G::new(782);
+        let a = g.input(&[8, 32]);
+        let a = g.node(Op::Cast { to: DType::BF16 }, vec![Some(a)]);
+        let a = g.node(Op::Cast { to: DType::F32 }, vec![Some(a)]);
+        let b = g.constant(&[32, 16]);
+        let y = g.node(Op::MatMul, vec![Some(a), Some(b)]);
+        g.g.add_output("y", y);
+        assert!(!mma(&describe(&g.g, 80)));
+    }
+
     #[test]
     fn ptx_assembles() {
         let mut graphs = vec![];
@@ -1427,6 +1785,22 @@ mod tests {
         };
         let z2 = g.node(op, vec![Some(a2), Some(bt), Some(c)]);
         g.g.add_output("z2", z2);
+        graphs.push(g.g);
+        // The same on tensor cores: bf16 conv + residual, bf16 batched MatMul.
+        let mut g = G::bf16(602);
+        let x = g.input(&[1, 6, 9, 7]);
+        let wt = g.constant(&[20, 6, 3, 3]);
+        let y = g.node(
+            conv([3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
+            vec![Some(x), Some(wt), None],
+        );
+        let r = g.input_f32(&[1, 20, 9, 7]);
+        let y = g.node(Op::Binary(Binary::Add), vec![Some(y), Some(r)]);
+        g.g.add_output("y", y);
+        let a = g.input(&[3, 40, 64]);
+        let w = g.constant(&[64, 72]);
+        let z = g.node(Op::MatMul, vec![Some(a), Some(w)]);
+        g.g.add_output("z", z);
         graphs.push(g.g);
         for graph in &graphs {
             for sm in [80, 90] {
