@@ -5,6 +5,7 @@
 use kiln_codegen::{CompileOptions, Emit, Silent, TargetDesc};
 use kiln_frontend::{load_model, ImportOptions, Model};
 use kiln_ir::{Graph, Tensor};
+use kiln_optimizer::Precision;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -70,7 +71,7 @@ pub fn compile_graph_without(
     out: &Path,
     disabled: &[&str],
 ) -> Result<kiln_codegen::Summary, String> {
-    compile_for(graph, name, emit, out, disabled, None)
+    compile_for(graph, name, emit, out, disabled, None, Precision::F32)
 }
 
 /// Optimizes `graph` and compiles it to `out` for an NVIDIA GPU of compute capability `sm`, as
@@ -83,7 +84,19 @@ pub fn compile_graph_cuda(
     emit: Emit,
     out: &Path,
 ) -> Result<kiln_codegen::Summary, String> {
-    compile_for(graph, name, emit, out, &[], Some(sm))
+    compile_for(graph, name, emit, out, &[], Some(sm), Precision::F32)
+}
+
+/// [`compile_graph_cuda`] with `--precision bf16`: the autocast's products run on tensor cores
+/// from sm_80 on.
+pub fn compile_graph_cuda_bf16(
+    graph: &Graph,
+    name: &str,
+    sm: u32,
+    emit: Emit,
+    out: &Path,
+) -> Result<kiln_codegen::Summary, String> {
+    compile_for(graph, name, emit, out, &[], Some(sm), Precision::Bf16)
 }
 
 fn compile_for(
@@ -93,6 +106,7 @@ fn compile_for(
     out: &Path,
     disabled: &[&str],
     cuda_sm: Option<u32>,
+    precision: Precision,
 ) -> Result<kiln_codegen::Summary, String> {
     let target = TargetDesc::host().map_err(|e| e.to_string())?;
     let opts = CompileOptions {
@@ -108,7 +122,10 @@ fn compile_for(
     let mut graph = graph.clone();
     // KILN_LAYOUT=nchw|nhwc runs the suites in one layout (default: the pipeline's; for the GPU,
     // the model's own, as `kiln compile --target cuda` chooses).
-    let mut popts = kiln_optimizer::PipelineOptions::default();
+    let mut popts = kiln_optimizer::PipelineOptions {
+        precision,
+        ..Default::default()
+    };
     if cuda_sm.is_some() {
         popts.layout = kiln_optimizer::Layout::Nchw;
     }
@@ -241,6 +258,6 @@ fn node_case_on(
     let graph = &bound.as_ref().unwrap_or(model).graph;
     let work = WorkDir::new("case");
     let exe = work.0.join("model");
-    compile_for(graph, "model", Emit::Exe, &exe, &[], cuda_sm)?;
+    compile_for(graph, "model", Emit::Exe, &exe, &[], cuda_sm, Precision::F32)?;
     run_executable(&exe, graph, &runtime, &work.0, 1)
 }

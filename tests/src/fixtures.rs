@@ -122,7 +122,11 @@ impl Fixture {
     pub fn filtered(all: &[Fixture]) -> Vec<&Fixture> {
         let filter = std::env::var("KILN_FIXTURE_FILTER").ok();
         all.iter()
-            .filter(|f| filter.as_ref().is_none_or(|s| f.name.contains(s.as_str())))
+            .filter(|f| {
+                filter
+                    .as_ref()
+                    .is_none_or(|s| s.split(',').any(|p| f.name.contains(p)))
+            })
             .collect()
     }
 }

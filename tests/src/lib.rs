@@ -1,6 +1,7 @@
 //! Shared test support: repository paths, per-dtype output comparison, and the ONNX
 //! conformance case runner.
 
+pub mod bf16;
 pub mod compare;
 pub mod compiled;
 pub mod conformance;

@@ -6,7 +6,10 @@
 //! capability compiled for (default: codegen's; PTX runs on that SM and newer ones).
 
 use kiln_codegen::Emit;
-use kiln_tests::compiled::{compile_graph_cuda, node_case_backend_cuda, run_executable, WorkDir};
+use kiln_tests::bf16::check_bf16_outputs;
+use kiln_tests::compiled::{
+    compile_graph_cuda, compile_graph_cuda_bf16, node_case_backend_cuda, run_executable, WorkDir,
+};
 use kiln_tests::conformance::{cache_dir, filtered_cases, list_cases, read_manifest, run_all};
 use kiln_tests::cuda::{export_libdevice, gpu_required, no_device_reason, run_parallel};
 use kiln_tests::fixtures::{load_manifest, Fixture};
@@ -28,6 +31,29 @@ fn run_fixture(f: &Fixture) -> Result<(kiln_ir::Graph, Vec<kiln_ir::Tensor>), St
     compile_graph_cuda(&graph, &f.name, sm(), Emit::Exe, &exe)?;
     let outputs = run_executable(&exe, &graph, &inputs, &work.0, 1)?;
     Ok((graph, outputs))
+}
+
+/// Compiles `f` with `--precision bf16` (tensor cores from sm_80) and runs it on the GPU;
+/// returns the worst cosine and range-relative error against the f32 reference, judged by the
+/// CPU bf16 suite's criteria (`tests/src/bf16.rs`).
+fn run_fixture_bf16(f: &Fixture) -> Result<(usize, f64, f64), String> {
+    let (graph, inputs) = f.prepared().map_err(|e| format!("{e:#}"))?;
+    let work = WorkDir::new(&format!("{}-cuda-bf16", f.name));
+    let exe = work.0.join(&f.name);
+    compile_graph_cuda_bf16(&graph, &f.name, sm(), Emit::Exe, &exe)?;
+    let outputs = run_executable(&exe, &graph, &inputs, &work.0, 1)?;
+    // How many operators the autocast changed: none means the f32 tolerances apply.
+    let mut optimized = graph.clone();
+    let opts = kiln_optimizer::PipelineOptions {
+        precision: kiln_optimizer::Precision::Bf16,
+        layout: kiln_optimizer::Layout::Nchw,
+    };
+    kiln_optimizer::pipelines::cpu(&opts)
+        .run(&mut optimized)
+        .map_err(|e| format!("optimize: {e}"))?;
+    let bf16_ops = kiln_optimizer::passes::bf16_autocast::summary(&optimized).bf16_ops;
+    let (cos, rel) = check_bf16_outputs(f, &graph, &outputs, bf16_ops).map_err(|e| format!("{e:#}"))?;
+    Ok((bf16_ops, cos, rel))
 }
 
 /// Whether a GPU runs the tests: compiles and runs the first fixture. `Err` is the skip
@@ -85,6 +111,45 @@ fn fixtures_on_gpu_match_onnxruntime() {
     assert!(
         failed.is_empty(),
         "fixtures failing on the GPU: {}",
+        failed.join(", ")
+    );
+}
+
+/// Every fixture in bf16 on the GPU: its products on tensor cores, judged like the CPU's bf16.
+#[test]
+fn fixtures_in_bf16_on_gpu_match_the_f32_reference() {
+    let fixtures = load_manifest().expect("fixtures/manifest.json");
+    if let Err(reason) = device(&fixtures) {
+        println!("skipped: no CUDA device ({reason})");
+        return;
+    }
+    let fixtures = Fixture::filtered(&fixtures);
+    let results = run_parallel(&fixtures, threads(), |f| {
+        let r = run_fixture_bf16(f);
+        match &r {
+            Ok((ops, cos, rel)) => println!(
+                "ok   {}: {ops} ops in bf16, cosine {cos:.6}, max error {rel:.4} of the range",
+                f.name
+            ),
+            Err(e) => println!("FAIL {}: {e}", f.name),
+        }
+        r
+    });
+    let failed: Vec<&str> = fixtures
+        .iter()
+        .zip(&results)
+        .filter(|(_, r)| r.is_err())
+        .map(|(f, _)| f.name.as_str())
+        .collect();
+    println!(
+        "cuda bf16 fixtures (sm_{}): {} passed, {} failed",
+        sm(),
+        fixtures.len() - failed.len(),
+        failed.len()
+    );
+    assert!(
+        failed.is_empty(),
+        "fixtures failing in bf16 on the GPU: {}",
         failed.join(", ")
     );
 }

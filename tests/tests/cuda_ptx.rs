@@ -1,23 +1,31 @@
 //! Every fixture model compiled for the CUDA target (`--emit ptx`, the fixture suite's models
-//! and bound inputs) for sm_80 and sm_90, and each PTX assembled by `ptxas` for its SM: the PTX
-//! the driver will load must be valid, which needs no GPU. Without ptxas the test is skipped,
+//! and bound inputs) for sm_80 and sm_90, and once more with `--precision bf16` for sm_80 (the
+//! tensor-core kernels), each PTX assembled by `ptxas` for its SM: the PTX the driver will load
+//! must be valid, which needs no GPU. Without ptxas the test is skipped,
 //! except under CI (`$CI` set), where the PTX must be checked.
 //! `KILN_FIXTURE_FILTER=substr` runs a subset; `KILN_PTXAS` names the ptxas to use.
 
 use kiln_codegen::Emit;
-use kiln_tests::compiled::{compile_graph_cuda, WorkDir};
+use kiln_tests::compiled::{compile_graph_cuda, compile_graph_cuda_bf16, WorkDir};
 use kiln_tests::cuda::{export_libdevice, ptxas, ptxas_check, run_parallel, CHECKED_SM};
 use kiln_tests::fixtures::{load_manifest, Fixture};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-/// One fixture for one SM: compile, then assemble. Returns the time of each step.
-fn check(f: &Fixture, sm: u32, ptxas: &Path) -> Result<(Duration, Duration), String> {
+/// The SM the bf16 (tensor-core) PTX is checked for.
+const BF16_SM: u32 = 80;
+
+/// One fixture for one SM, f32 or bf16: compile, then assemble. Returns the time of each step.
+fn check(f: &Fixture, sm: u32, bf16: bool, ptxas: &Path) -> Result<(Duration, Duration), String> {
     let (graph, _) = f.prepared().map_err(|e| format!("{e:#}"))?;
-    let work = WorkDir::new(&format!("{}-sm{sm}", f.name));
+    let work = WorkDir::new(&format!("{}-sm{sm}{}", f.name, if bf16 { "-bf16" } else { "" }));
     let ptx = work.0.join(format!("{}.ptx", f.name));
     let start = Instant::now();
-    compile_graph_cuda(&graph, &f.name, sm, Emit::Ptx, &ptx)?;
+    if bf16 {
+        compile_graph_cuda_bf16(&graph, &f.name, sm, Emit::Ptx, &ptx)?;
+    } else {
+        compile_graph_cuda(&graph, &f.name, sm, Emit::Ptx, &ptx)?;
+    }
     let compiled = start.elapsed();
     ptxas_check(ptxas, &ptx, sm)?;
     Ok((compiled, start.elapsed() - compiled))
@@ -37,22 +45,29 @@ fn fixtures_ptx_assembles_with_ptxas() {
     let fixtures = load_manifest().expect("fixtures/manifest.json");
     assert!(!fixtures.is_empty(), "no fixtures in the manifest");
     let fixtures = Fixture::filtered(&fixtures);
-    let jobs: Vec<(&Fixture, u32)> = fixtures
+    let jobs: Vec<(&Fixture, u32, bool)> = fixtures
         .iter()
-        .flat_map(|f| CHECKED_SM.iter().map(move |&sm| (*f, sm)))
+        .flat_map(|f| {
+            CHECKED_SM
+                .iter()
+                .map(move |&sm| (*f, sm, false))
+                .chain(std::iter::once((*f, BF16_SM, true)))
+        })
         .collect();
     let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let start = Instant::now();
-    let results = run_parallel(&jobs, threads, |(f, sm)| {
-        let r = check(f, *sm, &ptxas);
+    let label = |sm: u32, bf16: bool| format!("sm_{sm}{}", if bf16 { " bf16" } else { "" });
+    let results = run_parallel(&jobs, threads, |(f, sm, bf16)| {
+        let r = check(f, *sm, *bf16, &ptxas);
         match &r {
             Ok((c, a)) => println!(
-                "ok   {} sm_{sm} (compile {:.2} s, ptxas {:.2} s)",
+                "ok   {} {} (compile {:.2} s, ptxas {:.2} s)",
                 f.name,
+                label(*sm, *bf16),
                 c.as_secs_f64(),
                 a.as_secs_f64()
             ),
-            Err(e) => println!("FAIL {} sm_{sm}: {e}", f.name),
+            Err(e) => println!("FAIL {} {}: {e}", f.name, label(*sm, *bf16)),
         }
         r
     });
@@ -60,15 +75,18 @@ fn fixtures_ptx_assembles_with_ptxas() {
         .iter()
         .zip(&results)
         .filter(|(_, r)| r.is_err())
-        .map(|((f, sm), _)| format!("{} (sm_{sm})", f.name))
+        .map(|((f, sm, bf16), _)| format!("{} ({})", f.name, label(*sm, *bf16)))
         .collect();
     let mut slowest: Vec<(f64, String)> = jobs
         .iter()
         .zip(&results)
-        .filter_map(|((f, sm), r)| {
-            r.as_ref()
-                .ok()
-                .map(|(c, a)| ((*c + *a).as_secs_f64(), format!("{} sm_{sm}", f.name)))
+        .filter_map(|((f, sm, bf16), r)| {
+            r.as_ref().ok().map(|(c, a)| {
+                (
+                    (*c + *a).as_secs_f64(),
+                    format!("{} {}", f.name, label(*sm, *bf16)),
+                )
+            })
         })
         .collect();
     slowest.sort_by(|a, b| b.0.total_cmp(&a.0));
@@ -78,7 +96,7 @@ fn fixtures_ptx_assembles_with_ptxas() {
         .map(|(t, n)| format!("{n} {t:.1} s"))
         .collect();
     println!(
-        "cuda ptx: {} passed, {} failed ({} fixtures × sm {:?} with {}, {} threads, {:.1} s; slowest: {})",
+        "cuda ptx: {} passed, {} failed ({} fixtures × sm {:?} f32 + sm_{BF16_SM} bf16 with {}, {} threads, {:.1} s; slowest: {})",
         jobs.len() - failed.len(),
         failed.len(),
         fixtures.len(),
