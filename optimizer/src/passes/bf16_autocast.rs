@@ -18,7 +18,8 @@
 //! narrowing Cast is hoisted above *follow* data movement (Reshape, Transpose, ...) when that
 //! movement only feeds bf16 consumers, so the movement runs on half the bytes. Codegen
 //! recognizes a `Cast<f32>` of a bf16 value as a bf16 operand (and a weight whose values are all
-//! bf16 as bf16 weights), see `codegen/src/gen/gemm.rs`.
+//! bf16 as bf16 weights, `NodeInfo::input_is_bf16_valued`): the CUDA GEMM then runs on tensor
+//! cores (`codegen/src/nvptx/kernels/gemm.rs`); the CPU kernels compute in f32 on those values.
 //!
 //! Constants (weights, after `freeze`) are rounded once here, at compile time: the Cast pair of
 //! a constant folds to an f32 constant holding bf16 values. Cast pairs cancel: the narrowing of
