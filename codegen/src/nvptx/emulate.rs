@@ -510,7 +510,7 @@ extern "C" fn emu_mma_bf16(regs: *mut u32) {
     // Every lane has read the warp's registers before any lane's next mma overwrites them.
     ex.barriers[warp].wait();
     let half = |reg: u32, i: usize| {
-        f64::from(f32::from_bits(if i % 2 == 0 {
+        f64::from(f32::from_bits(if i.is_multiple_of(2) {
             reg << 16
         } else {
             reg & 0xffff_0000
