@@ -86,12 +86,22 @@ fn fixtures_on_gpu_match_onnxruntime() {
         println!("skipped: no CUDA device ({reason})");
         return;
     }
-    let fixtures = Fixture::filtered(&fixtures);
+    run_fixtures(&fixtures, "cuda fixtures", |f| {
+        let (graph, outputs) = run_fixture(f)?;
+        f.check_outputs(&graph, &outputs).map_err(|e| format!("{e:#}"))?;
+        Ok(String::new())
+    });
+}
+
+/// Runs `check` on every (filtered) fixture in parallel, printing `ok NAME[: what it said]` or
+/// the failure, then a `what (sm_N): P passed, F failed` line; fails if any failed.
+fn run_fixtures(all: &[Fixture], what: &str, check: impl Fn(&Fixture) -> Result<String, String> + Sync) {
+    let fixtures = Fixture::filtered(all);
     let results = run_parallel(&fixtures, threads(), |f| {
-        let r = run_fixture(f)
-            .and_then(|(graph, outputs)| f.check_outputs(&graph, &outputs).map_err(|e| format!("{e:#}")));
+        let r = check(f);
         match &r {
-            Ok(()) => println!("ok   {}", f.name),
+            Ok(said) if said.is_empty() => println!("ok   {}", f.name),
+            Ok(said) => println!("ok   {}: {said}", f.name),
             Err(e) => println!("FAIL {}: {e}", f.name),
         }
         r
@@ -103,16 +113,12 @@ fn fixtures_on_gpu_match_onnxruntime() {
         .map(|(f, _)| f.name.as_str())
         .collect();
     println!(
-        "cuda fixtures (sm_{}): {} passed, {} failed",
+        "{what} (sm_{}): {} passed, {} failed",
         sm(),
         fixtures.len() - failed.len(),
         failed.len()
     );
-    assert!(
-        failed.is_empty(),
-        "fixtures failing on the GPU: {}",
-        failed.join(", ")
-    );
+    assert!(failed.is_empty(), "{what} failing: {}", failed.join(", "));
 }
 
 /// Every fixture in bf16 on the GPU: its products on tensor cores, judged like the CPU's bf16.
@@ -123,35 +129,12 @@ fn fixtures_in_bf16_on_gpu_match_the_f32_reference() {
         println!("skipped: no CUDA device ({reason})");
         return;
     }
-    let fixtures = Fixture::filtered(&fixtures);
-    let results = run_parallel(&fixtures, threads(), |f| {
-        let r = run_fixture_bf16(f);
-        match &r {
-            Ok((ops, cos, rel)) => println!(
-                "ok   {}: {ops} ops in bf16, cosine {cos:.6}, max error {rel:.4} of the range",
-                f.name
-            ),
-            Err(e) => println!("FAIL {}: {e}", f.name),
-        }
-        r
+    run_fixtures(&fixtures, "cuda bf16 fixtures", |f| {
+        let (ops, cos, rel) = run_fixture_bf16(f)?;
+        Ok(format!(
+            "{ops} ops in bf16, cosine {cos:.6}, max error {rel:.4} of the range"
+        ))
     });
-    let failed: Vec<&str> = fixtures
-        .iter()
-        .zip(&results)
-        .filter(|(_, r)| r.is_err())
-        .map(|(f, _)| f.name.as_str())
-        .collect();
-    println!(
-        "cuda bf16 fixtures (sm_{}): {} passed, {} failed",
-        sm(),
-        fixtures.len() - failed.len(),
-        failed.len()
-    );
-    assert!(
-        failed.is_empty(),
-        "fixtures failing in bf16 on the GPU: {}",
-        failed.join(", ")
-    );
 }
 
 /// The node cases the compiled CPU path passes (`tests/conformance/compiled_manifest.txt`)

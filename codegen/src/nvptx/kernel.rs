@@ -18,7 +18,7 @@ use crate::target::TargetDesc;
 use inkwell::builder::Builder;
 use inkwell::context::Context;
 use inkwell::module::{Linkage, Module};
-use inkwell::types::{BasicMetadataTypeEnum, BasicType};
+use inkwell::types::BasicMetadataTypeEnum;
 use inkwell::values::{BasicMetadataValueEnum, FloatValue, FunctionValue, IntValue, PointerValue};
 use inkwell::AddressSpace;
 
@@ -256,7 +256,8 @@ impl<'a, 'ctx> GpuBuilder<'a, 'ctx> {
             Mode::Emulated => {
                 // The ten registers in memory: a0..a3, b0, b1, c0..c3 (d comes back in c's place).
                 let regs_ty = i32t.array_type(10);
-                let regs = self.entry_alloca(regs_ty)?;
+                let e = crate::gen::emit::Emit::new(self.cx, self.module, self.builder, self.function);
+                let regs = e.entry_alloca(regs_ty, "regs")?;
                 let at = |i: u64| unsafe {
                     self.builder
                         .build_gep(regs_ty, regs, &[i32t.const_zero(), i32t.const_int(i, false)], "")
@@ -284,24 +285,6 @@ impl<'a, 'ctx> GpuBuilder<'a, 'ctx> {
                 Ok(out)
             }
         }
-    }
-
-    /// An alloca in the entry block (so it is allocated once however often the code runs).
-    fn entry_alloca(&self, ty: impl BasicType<'ctx>) -> Result<PointerValue<'ctx>> {
-        let here = self.builder.get_insert_block();
-        let entry = self
-            .function
-            .get_first_basic_block()
-            .ok_or_else(|| CodegenError::internal("kernel has no entry block"))?;
-        match entry.get_first_instruction() {
-            Some(i) => self.builder.position_before(&i),
-            None => self.builder.position_at_end(entry),
-        }
-        let p = self.builder.build_alloca(ty, "regs").map_err(llvm);
-        if let Some(b) = here {
-            self.builder.position_at_end(b);
-        }
-        p
     }
 
     /// The block's dynamic shared memory (`launch().shared_bytes` bytes, 16-byte aligned), as a

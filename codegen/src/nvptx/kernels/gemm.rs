@@ -973,8 +973,12 @@ impl GpuKernel for GemmGpu {
         let b_sh = e.gep_f32c(smem, (BK * sa) as i64)?;
         let tx = e.uremc(tid, TX as i64)?;
         let ty = e.udivc(tid, TX as i64)?;
-        let warps = WarpTiles::new(&e, t, tid)?;
-        let n_acc = if t.mma { warps.per_warp * 4 } else { tm * tn };
+        let warps = if t.mma {
+            Some(WarpTiles::new(&e, t, tid)?)
+        } else {
+            None
+        };
+        let n_acc = warps.as_ref().map_or(tm * tn, |w| w.per_warp * 4);
         let acc = e.entry_alloca(f32t.array_type(n_acc as u32), "acc")?;
         let acc_at = |r: usize, c: usize| e.gep_f32c(acc, (r * tn + c) as i64);
         for i in 0..n_acc {
@@ -1052,7 +1056,7 @@ impl GpuKernel for GemmGpu {
                 e.store(e.gep_f32(b_sh, e.add(e.mulc(kq, sb as i64)?, jj)?)?, v)?;
             }
             k.barrier()?;
-            if t.mma {
+            if let Some(warps) = &warps {
                 warps.multiply(k, &e, a_sh, b_sh, acc)?;
                 // The next slice overwrites what slower warps may still read.
                 return k.barrier();
@@ -1083,9 +1087,13 @@ impl GpuKernel for GemmGpu {
             k.barrier()
         })?;
         let g_idx = e.uremc(z, self.groups as i64)?;
-        // Stores accumulator `slot` as output element (i, j) of the tile when `inside`.
-        let store = |slot: usize, i, j, inside| -> Result<()> {
-            let inside = and(&e, inside, and(&e, ult(&e, i, m)?, ult(&e, j, n)?)?)?;
+        // Stores accumulator `slot` as output element (i, j) when inside the output (and
+        // `also`, when given).
+        let store = |slot: usize, i, j, also: Option<_>| -> Result<()> {
+            let mut inside = and(&e, ult(&e, i, m)?, ult(&e, j, n)?)?;
+            if let Some(c) = also {
+                inside = and(&e, inside, c)?;
+            }
             e.if_then(inside, || {
                 let s = e.load_f32(e.gep_f32c(acc, slot as i64)?)?;
                 let bias_row = e.add(e.mulc(g_idx, m as i64)?, i)?;
@@ -1099,23 +1107,20 @@ impl GpuKernel for GemmGpu {
                 e.store(e.gep_f32(k.output(0)?, o)?, v)
             })
         };
-        if t.mma {
+        if let Some(warps) = &warps {
             for u in 0..warps.per_warp {
                 for q in 0..4 {
                     let (i, j) = warps.element(&e, u, q)?;
-                    store(u * 4 + q, e.add(row0, i)?, e.add(col0, j)?, warps.owner)?;
+                    store(u * 4 + q, e.add(row0, i)?, e.add(col0, j)?, Some(warps.owner))?;
                 }
             }
             return k.ret();
         }
-        let all =
-            e.b.build_int_compare(IntPredicate::EQ, tid, tid, "")
-                .map_err(llvm)?;
         for r in 0..tm {
             for c in 0..tn {
                 let i = e.add(row0, e.addc(ty, (r * TY) as i64)?)?;
                 let j = e.add(col0, e.addc(tx, (c * TX) as i64)?)?;
-                store(r * tn + c, i, j, all)?;
+                store(r * tn + c, i, j, None)?;
             }
         }
         k.ret()
@@ -1290,12 +1295,6 @@ mod tests {
         bf16: bool,
     }
 
-    /// Rounds to the nearest bf16 value (ties to even), kept as f32.
-    fn round_bf16(x: f32) -> f32 {
-        let b = x.to_bits();
-        f32::from_bits(b.wrapping_add(0x7fff + ((b >> 16) & 1)) & 0xffff_0000)
-    }
-
     impl G {
         fn new(seed: u64) -> G {
             G {
@@ -1337,7 +1336,8 @@ mod tests {
         fn constant(&mut self, shape: &[usize]) -> ValueId {
             let mut v = self.rng.vec(shape.iter().product());
             if self.bf16 {
-                v.iter_mut().for_each(|x| *x = round_bf16(*x));
+                v.iter_mut()
+                    .for_each(|x| *x = kiln_ir::tensor::bf16_from_f64(f64::from(*x)).to_f32());
             }
             self.names += 1;
             self.g
