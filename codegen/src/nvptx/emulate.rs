@@ -20,7 +20,7 @@
 
 #![allow(dead_code)] // the API for the GPU kernel tests
 
-use super::{device, frame, Mode, Sreg};
+use super::{device, frame, MmaKind, Mode, Sreg};
 use crate::plan::{self, KernelImpl, Plan, Storage};
 use crate::target::TargetDesc;
 use inkwell::context::Context;
@@ -256,6 +256,9 @@ pub(crate) fn run_plan(
         ("kiln_gpu_barrier", emu_barrier as *const () as usize),
         ("kiln_gpu_shared", emu_shared as *const () as usize),
         ("kiln_gpu_mma_bf16", emu_mma_bf16 as *const () as usize),
+        ("kiln_gpu_mma_f16", emu_mma_f16 as *const () as usize),
+        ("kiln_gpu_f16_to_f32", emu_f16_to_f32 as *const () as usize),
+        ("kiln_gpu_f32_to_f16", emu_f32_to_f16 as *const () as usize),
         ("kiln_rt_block_begin", emu_block_begin as *const () as usize),
         ("kiln_rt_parallel_for", emu_parallel_for as *const () as usize),
         ("kiln_rt_num_threads", emu_num_threads as *const () as usize),
@@ -373,7 +376,8 @@ fn calls_barrier(f: FunctionValue<'_>) -> bool {
                     .map(|v| v.into_pointer_value());
                 if let Some(p) = callee {
                     let name = p.get_name().to_bytes();
-                    if name == b"kiln_gpu_barrier" || name == b"kiln_gpu_mma_bf16" {
+                    let mma = [MmaKind::Bf16, MmaKind::F16].map(|k| k.emulator().as_bytes());
+                    if name == b"kiln_gpu_barrier" || mma.contains(&name) {
                         return true;
                     }
                 }
@@ -461,10 +465,10 @@ impl WarpExchange {
     }
 }
 
-/// Where element `i` (0..8) of a lane's A fragment of `mma.m16n8k16` (bf16, row-major A) sits:
+/// Where element `i` (0..8) of a lane's A fragment of `mma.m16n8k16` (bf16 or f16, row-major A) sits:
 /// `(row, col)` of the 16×16 A for lane `lane`, per the PTX ISA's fragment figure: register
 /// `i / 2`, low half for even `i`.
-fn mma_bf16_a_element(lane: usize, i: usize) -> (usize, usize) {
+fn mma_a_element(lane: usize, i: usize) -> (usize, usize) {
     let (group, in_group) = (lane >> 2, lane & 3);
     let row = group + if i & 2 != 0 { 8 } else { 0 };
     let col = in_group * 2 + (i & 1) + if i >= 4 { 8 } else { 0 };
@@ -472,22 +476,32 @@ fn mma_bf16_a_element(lane: usize, i: usize) -> (usize, usize) {
 }
 
 /// `(k, n)` of element `i` (0..4) of a lane's B fragment (16×8, column-major B).
-fn mma_bf16_b_element(lane: usize, i: usize) -> (usize, usize) {
+fn mma_b_element(lane: usize, i: usize) -> (usize, usize) {
     let (group, in_group) = (lane >> 2, lane & 3);
     (in_group * 2 + (i & 1) + if i >= 2 { 8 } else { 0 }, group)
 }
 
 /// `(row, col)` of element `i` (0..4) of a lane's C/D fragment (16×8 f32).
-fn mma_bf16_c_element(lane: usize, i: usize) -> (usize, usize) {
+fn mma_c_element(lane: usize, i: usize) -> (usize, usize) {
     let (group, in_group) = (lane >> 2, lane & 3);
     (group + if i >= 2 { 8 } else { 0 }, in_group * 2 + (i & 1))
 }
 
-/// `mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32` for the calling lane: `regs` holds
-/// its a0..a3, b0, b1 and c0..c3 (f32 bits); d replaces c. The lanes of the warp publish their
-/// registers, wait for each other, and each computes its own part of `d = a·b + c` (products of
-/// bf16 values are exact; the sum is taken in f64 and rounded once).
+/// `mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32` for the calling lane (see [`emu_mma`]).
 extern "C" fn emu_mma_bf16(regs: *mut u32) {
+    emu_mma(MmaKind::Bf16, regs)
+}
+
+/// `mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32` for the calling lane (see [`emu_mma`]).
+extern "C" fn emu_mma_f16(regs: *mut u32) {
+    emu_mma(MmaKind::F16, regs)
+}
+
+/// An `mma` of `kind` for the calling lane: `regs` holds its a0..a3, b0, b1 and c0..c3 (f32
+/// bits); d replaces c. The lanes of the warp publish their registers, wait for each other, and
+/// each computes its own part of `d = a·b + c` (products of 16-bit floats are exact in f64; the
+/// sum is taken in f64 and rounded once).
+fn emu_mma(kind: MmaKind, regs: *mut u32) {
     let st = STATE.with(|s| s.get());
     assert!(st.warps != 0, "mma in a kernel run without concurrent threads");
     // SAFETY: set by run_grid to a WarpExchange that outlives the block's threads.
@@ -510,31 +524,45 @@ extern "C" fn emu_mma_bf16(regs: *mut u32) {
     // Every lane has read the warp's registers before any lane's next mma overwrites them.
     ex.barriers[warp].wait();
     let half = |reg: u32, i: usize| {
-        f64::from(f32::from_bits(if i.is_multiple_of(2) {
-            reg << 16
+        let bits = if i.is_multiple_of(2) {
+            reg & 0xffff
         } else {
-            reg & 0xffff_0000
-        }))
+            reg >> 16
+        } as u16;
+        match kind {
+            MmaKind::Bf16 => f64::from(half::bf16::from_bits(bits)),
+            MmaKind::F16 => f64::from(half::f16::from_bits(bits)),
+        }
     };
     let (mut a, mut b) = ([[0f64; 16]; 16], [[0f64; 8]; 16]);
     for (l, r) in lanes.iter().enumerate() {
         for i in 0..8 {
-            let (row, col) = mma_bf16_a_element(l, i);
+            let (row, col) = mma_a_element(l, i);
             a[row][col] = half(r[i / 2], i);
         }
         for i in 0..4 {
-            let (k, n) = mma_bf16_b_element(l, i);
+            let (k, n) = mma_b_element(l, i);
             b[k][n] = half(r[4 + i / 2], i);
         }
     }
     let mut d = [0u32; 4];
     for (i, out) in d.iter_mut().enumerate() {
-        let (row, col) = mma_bf16_c_element(lane, i);
+        let (row, col) = mma_c_element(lane, i);
         let sum: f64 = (0..16).map(|k| a[row][k] * b[k][col]).sum();
         *out = ((sum + f64::from(f32::from_bits(mine[6 + i]))) as f32).to_bits();
     }
     // SAFETY: as above.
     unsafe { std::ptr::copy_nonoverlapping(d.as_ptr(), regs.add(6), 4) };
+}
+
+/// `cvt.f32.f16`: the f16 whose bits are the low 16 of `bits`, exactly.
+extern "C" fn emu_f16_to_f32(bits: u32) -> f32 {
+    half::f16::from_bits(bits as u16).to_f32()
+}
+
+/// `cvt.rn.f16.f32`: `v` to the nearest f16, ties to even (its bits, zero-extended).
+extern "C" fn emu_f32_to_f16(v: f32) -> u32 {
+    u32::from(half::f16::from_f32(v).to_bits())
 }
 
 // The runtime calls of library kernels, as runtime-stub/c/device.c answers them on the device.

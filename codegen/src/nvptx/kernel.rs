@@ -68,6 +68,39 @@ pub enum Mode {
     Emulated,
 }
 
+/// The multiplicand type of a tensor-core `mma` (m16n8k16, f32 accumulators).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MmaKind {
+    Bf16,
+    F16,
+}
+
+impl MmaKind {
+    /// As kernel descriptions spell it (`mma.bf16`, `mma.f16`).
+    pub fn name(self) -> &'static str {
+        match self {
+            MmaKind::Bf16 => "bf16",
+            MmaKind::F16 => "f16",
+        }
+    }
+
+    fn intrinsic(self) -> &'static str {
+        match self {
+            MmaKind::Bf16 => "llvm.nvvm.mma.m16n8k16.row.col.bf16",
+            // f16 multiplicands, f32 D and C.
+            MmaKind::F16 => "llvm.nvvm.mma.m16n8k16.row.col.f32.f32",
+        }
+    }
+
+    /// The function emulation answers the instruction with.
+    pub(crate) fn emulator(self) -> &'static str {
+        match self {
+            MmaKind::Bf16 => "kiln_gpu_mma_bf16",
+            MmaKind::F16 => "kiln_gpu_mma_f16",
+        }
+    }
+}
+
 /// A special register: thread index in the block, block index in the grid, block and grid size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Sreg {
@@ -209,13 +242,16 @@ impl<'a, 'ctx> GpuBuilder<'a, 'ctx> {
         Ok(())
     }
 
-    /// One warp-wide `mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32` (sm_80 and later):
-    /// `d = a·b + c` for a 16×16 bf16 A, a 16×8 bf16 B and a 16×8 f32 C spread over the warp's
-    /// 32 lanes in PTX's fragment layout (the PTX ISA's "Matrix Fragments for mma.m16n8k16"; `emulate.rs` spells it out). Every lane of the warp
-    /// must call it together. In emulation it is a call to `kiln_gpu_mma_bf16`, which meets the
+    /// One warp-wide `mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32` (sm_80
+    /// and later): `d = a·b + c` for a 16×16 A, a 16×8 B (both of `kind`, two elements per
+    /// 32-bit register, the lower-indexed one in the low half) and a 16×8 f32 C spread over the
+    /// warp's 32 lanes in PTX's fragment layout (the PTX ISA's "Matrix Fragments for
+    /// mma.m16n8k16"; `emulate.rs` spells it out). Every lane of the warp must call it together.
+    /// In emulation it is a call to `kiln_gpu_mma_bf16` / `kiln_gpu_mma_f16`, which meets the
     /// warp's other lanes and computes the product from their fragments.
-    pub fn mma_bf16(
+    pub fn mma(
         &self,
+        kind: MmaKind,
         a: [IntValue<'ctx>; 4],
         b: [IntValue<'ctx>; 2],
         c: [FloatValue<'ctx>; 4],
@@ -226,15 +262,20 @@ impl<'a, 'ctx> GpuBuilder<'a, 'ctx> {
                 let ret = self
                     .cx
                     .struct_type(&[f32t.into(), f32t.into(), f32t.into(), f32t.into()], false);
+                // bf16 fragments travel as i32 registers, f16 ones as <2 x half>.
+                let pair_ty: inkwell::types::BasicTypeEnum<'ctx> = match kind {
+                    MmaKind::Bf16 => i32t.into(),
+                    MmaKind::F16 => self.cx.f16_type().vec_type(2).into(),
+                };
                 let params: Vec<BasicMetadataTypeEnum> =
-                    [i32t.into(); 6].into_iter().chain([f32t.into(); 4]).collect();
-                let f = self.declare("llvm.nvvm.mma.m16n8k16.row.col.bf16", ret.fn_type(&params, false));
-                let args: Vec<BasicMetadataValueEnum> = a
-                    .iter()
-                    .chain(&b)
-                    .map(|v| (*v).into())
-                    .chain(c.iter().map(|v| (*v).into()))
-                    .collect();
+                    [pair_ty.into(); 6].into_iter().chain([f32t.into(); 4]).collect();
+                let f = self.declare(kind.intrinsic(), ret.fn_type(&params, false));
+                let mut args: Vec<BasicMetadataValueEnum> = vec![];
+                for v in a.iter().chain(&b) {
+                    let v = self.builder.build_bit_cast(*v, pair_ty, "").map_err(llvm)?;
+                    args.push(v.into());
+                }
+                args.extend(c.iter().map(|v| BasicMetadataValueEnum::from(*v)));
                 let d = self
                     .builder
                     .build_call(f, &args, "mma")
@@ -270,7 +311,7 @@ impl<'a, 'ctx> GpuBuilder<'a, 'ctx> {
                     self.builder.build_store(at(6 + i as u64)?, *v).map_err(llvm)?;
                 }
                 let f = self.declare(
-                    "kiln_gpu_mma_bf16",
+                    kind.emulator(),
                     self.cx.void_type().fn_type(&[self.ptr_type().into()], false),
                 );
                 self.builder.build_call(f, &[regs.into()], "").map_err(llvm)?;
@@ -283,6 +324,65 @@ impl<'a, 'ctx> GpuBuilder<'a, 'ctx> {
                         .into_float_value();
                 }
                 Ok(out)
+            }
+        }
+    }
+
+    /// An f16 value (its 16 bits in an i16) widened to f32, exactly.
+    pub fn f16_to_f32(&self, bits: IntValue<'ctx>) -> Result<FloatValue<'ctx>> {
+        let f32t = self.cx.f32_type();
+        match self.mode {
+            Mode::Device => {
+                let h = self
+                    .builder
+                    .build_bit_cast(bits, self.cx.f16_type(), "")
+                    .map_err(llvm)?
+                    .into_float_value();
+                self.builder.build_float_ext(h, f32t, "").map_err(llvm)
+            }
+            Mode::Emulated => {
+                // Through a helper: the host's lowering of `half` may call compiler-rt
+                // routines the JIT does not resolve. i32 arguments avoid extension ABI questions.
+                let i32t = self.cx.i32_type();
+                let f = self.declare("kiln_gpu_f16_to_f32", f32t.fn_type(&[i32t.into()], false));
+                let arg = self.builder.build_int_z_extend(bits, i32t, "").map_err(llvm)?;
+                let v = self.builder.build_call(f, &[arg.into()], "").map_err(llvm)?;
+                Ok(v.try_as_basic_value()
+                    .basic()
+                    .ok_or_else(|| CodegenError::internal("f16 widening returns f32"))?
+                    .into_float_value())
+            }
+        }
+    }
+
+    /// `v` rounded to the nearest f16 (ties to even, overflow to infinity), as its 16 bits.
+    pub fn f32_to_f16(&self, v: FloatValue<'ctx>) -> Result<IntValue<'ctx>> {
+        let i16t = self.cx.i16_type();
+        match self.mode {
+            Mode::Device => {
+                let h = self
+                    .builder
+                    .build_float_trunc(v, self.cx.f16_type(), "")
+                    .map_err(llvm)?;
+                Ok(self
+                    .builder
+                    .build_bit_cast(h, i16t, "")
+                    .map_err(llvm)?
+                    .into_int_value())
+            }
+            Mode::Emulated => {
+                let i32t = self.cx.i32_type();
+                let f = self.declare(
+                    "kiln_gpu_f32_to_f16",
+                    i32t.fn_type(&[self.cx.f32_type().into()], false),
+                );
+                let r = self.builder.build_call(f, &[v.into()], "").map_err(llvm)?;
+                let r = r
+                    .try_as_basic_value()
+                    .basic()
+                    .ok_or_else(|| CodegenError::internal("f16 rounding returns i32"))?
+                    .into_int_value();
+                self.builder.build_int_truncate(r, i16t, "").map_err(llvm)
             }
         }
     }

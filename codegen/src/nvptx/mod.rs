@@ -14,7 +14,7 @@ pub mod kernel;
 pub(crate) mod kernels;
 mod libdevice;
 
-pub use kernel::{GpuBuilder, GpuKernel, LaunchDims, Mode, Sreg};
+pub use kernel::{GpuBuilder, GpuKernel, LaunchDims, MmaKind, Mode, Sreg};
 pub use kernels::lower;
 
 use crate::error::{CodegenError, Result};

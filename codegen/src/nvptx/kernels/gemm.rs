@@ -1,5 +1,6 @@
-//! MatMul, Gemm and Conv on the GPU: one shared-memory tiled f32 GEMM kernel, with a fused
-//! epilogue `y = act(alpha·acc + bias + residual)`.
+//! MatMul, Gemm and Conv on the GPU: one shared-memory tiled GEMM kernel accumulating in f32,
+//! with a fused epilogue `y = act(alpha·acc + bias + residual)`, for f32 and f16 tensors (f16
+//! elements are widened as they are staged and the result rounded once as it is stored).
 //!
 //! A block computes a `bm×bn` tile (16, 32 or 64 a side, after M and N) of one batch entry
 //! (grid.z) with 256 threads, each holding a `bm/16×bn/16` micro-tile in registers. Per K-step
@@ -19,7 +20,7 @@ use crate::gen::emit::Emit;
 use crate::gen::gemm::{Activation, Bias, Epilogue, Residual};
 use crate::gen::{llvm, PackedConst};
 use crate::node::NodeInfo;
-use crate::nvptx::{GpuBuilder, GpuKernel, LaunchDims, Sreg};
+use crate::nvptx::{GpuBuilder, GpuKernel, LaunchDims, MmaKind, Sreg};
 use crate::target::TargetDesc;
 use inkwell::values::{FloatValue, IntValue, PointerValue};
 use inkwell::IntPredicate;
@@ -38,12 +39,12 @@ const THREADS: usize = TX * TY;
 struct Tile {
     bm: usize,
     bn: usize,
-    /// The block's warps multiply on tensor cores (`mma` m16n8k16, bf16 operands).
-    mma: bool,
+    /// The block's warps multiply on tensor cores (`mma` m16n8k16 with these operands).
+    mma: Option<MmaKind>,
 }
 
 impl Tile {
-    fn for_shape(m: usize, n: usize, mma: bool) -> Tile {
+    fn for_shape(m: usize, n: usize, mma: Option<MmaKind>) -> Tile {
         let side = |x: usize| match x {
             0..=16 => 16,
             17..=32 => 32,
@@ -66,7 +67,7 @@ impl Tile {
     /// whose lanes read rows `2t` and columns `g` (t < 4, g < 8): with a row stride of 4 mod
     /// 16 words, `2t·stride + g` covers the 32 banks once.
     fn pad(self) -> usize {
-        if self.mma {
+        if self.mma.is_some() {
             4
         } else {
             1
@@ -134,6 +135,8 @@ struct Epi {
 
 pub struct GemmGpu {
     what: String,
+    /// The element type of the node's tensors (f32 or f16); packed constants are f32.
+    elem: DType,
     tile: Tile,
     m: usize,
     n: usize,
@@ -152,7 +155,7 @@ pub struct GemmGpu {
 pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GpuKernel>>> {
     let epi = match node.op() {
         Op::Conv(_) => match node.known(2) {
-            Some(b) if b.dtype() == DType::F32 => Epilogue::new(
+            Some(b) if matches!(b.dtype(), DType::F32 | DType::F16) => Epilogue::new(
                 Bias::PerRow(b.to_f64_vec().iter().map(|&v| v as f32).collect()),
                 None,
                 Activation::None,
@@ -175,41 +178,66 @@ pub fn lower_fused(
     if !target.is_gpu() || epi.pool_mean {
         return Ok(None);
     }
+    // Every tensor of the node (the epilogue's residual included) has the output's type.
+    let ot = node.output_type(0);
+    let elem = ot.dtype;
+    if node.n_outputs() != 1
+        || !matches!(elem, DType::F32 | DType::F16)
+        || ot.layout != Layout::RowMajor
+        || !ot.is_static()
+    {
+        return Ok(None);
+    }
     for i in 0..node.n_inputs() {
         if let Some(t) = node.input_type(i) {
-            if t.dtype != DType::F32 || t.layout != Layout::RowMajor || !t.is_static() {
+            if t.dtype != elem || t.layout != Layout::RowMajor || !t.is_static() {
                 return Ok(None);
             }
         }
     }
-    let ot = node.output_type(0);
-    if node.n_outputs() != 1 || ot.dtype != DType::F32 || ot.layout != Layout::RowMajor || !ot.is_static() {
-        return Ok(None);
-    }
     if node.output_shape(0)?.iter().product::<usize>() >= 1 << 31 {
         return Ok(None);
     }
-    // bf16 tensor cores from sm_80 on, when both multiplicands hold bf16 values (bf16
-    // autocast): the same products as in f32, so the result is the f32 kernel's.
-    let mma = target.cuda_sm().is_some_and(|sm| sm >= 80)
-        && node.input_is_bf16_valued(0)
-        && node.input_is_bf16_valued(1);
+    // Tensor cores from sm_80 on: for f16 tensors, and for f32 tensors whose two multiplicands
+    // hold bf16 values (bf16 autocast) — the same products as in f32, so the result is the f32
+    // kernel's up to summation order.
+    let mma = match target.cuda_sm() {
+        Some(sm) if sm >= 80 && elem == DType::F16 => Some(MmaKind::F16),
+        Some(sm) if sm >= 80 && node.input_is_bf16_valued(0) && node.input_is_bf16_valued(1) => {
+            Some(MmaKind::Bf16)
+        }
+        _ => None,
+    };
+    let ty = Operands { elem, mma };
     match node.op() {
-        Op::MatMul => matmul(node, epi, mma),
+        Op::MatMul => matmul(node, epi, ty),
         Op::Gemm {
             alpha,
             beta,
             trans_a,
             trans_b,
-        } => gemm(node, epi, *alpha, *beta, *trans_a, *trans_b, mma),
-        Op::Conv(a) => conv(node, epi, a, mma),
+        } => gemm(node, epi, *alpha, *beta, *trans_a, *trans_b, ty),
+        Op::Conv(a) => conv(node, epi, a, ty),
         _ => Ok(None),
     }
 }
 
+/// How a kernel reads and multiplies: the element type of the node's tensors (f32 or f16;
+/// packed constants are always f32) and the tensor-core instruction, if any.
+#[derive(Clone, Copy, Debug)]
+struct Operands {
+    elem: DType,
+    mma: Option<MmaKind>,
+}
+
+/// A constant input's values as f32 (exact for f32 and f16 tensors; None for other types).
 fn f32s(node: &NodeInfo, i: usize) -> Option<Vec<f32>> {
-    node.known(i)
-        .and_then(|t| t.as_slice::<f32>().map(|s| s.to_vec()))
+    let t = node.known(i)?;
+    match t.dtype() {
+        DType::F32 => t.as_slice::<f32>().map(|s| s.to_vec()),
+        DType::F16 => Some(t.to_f64_vec().iter().map(|&v| v as f32).collect()),
+        _ => None,
+    }
 }
 
 fn to_bytes(v: &[f32]) -> PackedConst {
@@ -260,8 +288,7 @@ struct Parts {
     packed: Vec<PackedConst>,
     unread: Vec<usize>,
     what: String,
-    /// Both multiplicands hold bf16 values and the SM has bf16 tensor cores.
-    mma: bool,
+    ty: Operands,
 }
 
 impl Parts {
@@ -332,13 +359,17 @@ impl Parts {
                 Some((slot, 0, n, 1, 1.0))
             }
         };
-        let tile = Tile::for_shape(m, n, self.mma);
+        let tile = Tile::for_shape(m, n, self.ty.mma);
         let what = format!(
             "gpu {} {}x{}x{BK}{} M={m} N={n} K={} batch={z}{}{}",
             self.what,
             tile.bm,
             tile.bn,
-            if tile.mma { " mma.bf16" } else { "" },
+            match (tile.mma, self.ty.elem) {
+                (Some(kind), _) => format!(" mma.{}", kind.name()),
+                (None, DType::F16) => " f16".into(),
+                (None, _) => String::new(),
+            },
             self.k,
             if epi.residual.is_some() { " +residual" } else { "" },
             match epi.activation {
@@ -348,6 +379,7 @@ impl Parts {
         );
         Ok(Some(Box::new(GemmGpu {
             what,
+            elem: self.ty.elem,
             tile,
             m,
             n,
@@ -368,7 +400,7 @@ impl Parts {
     }
 }
 
-fn matmul(node: &NodeInfo, epi: Epilogue, mma: bool) -> Result<Option<Box<dyn GpuKernel>>> {
+fn matmul(node: &NodeInfo, epi: Epilogue, ty: Operands) -> Result<Option<Box<dyn GpuKernel>>> {
     let sa = node.input_shape(0)?;
     let sb = node.input_shape(1)?;
     if sa.is_empty() || sb.is_empty() {
@@ -418,7 +450,7 @@ fn matmul(node: &NodeInfo, epi: Epilogue, mma: bool) -> Result<Option<Box<dyn Gp
         packed: vec![],
         unread: vec![],
         what: "matmul".into(),
-        mma,
+        ty,
     };
     if let Some(w) = f32s(node, 1) {
         // Already the K×N row-major layout the B loader reads best.
@@ -457,7 +489,7 @@ fn gemm(
     beta: f32,
     trans_a: bool,
     trans_b: bool,
-    mma: bool,
+    ty: Operands,
 ) -> Result<Option<Box<dyn GpuKernel>>> {
     let sa = node.input_shape(0)?;
     let sb = node.input_shape(1)?;
@@ -494,7 +526,7 @@ fn gemm(
         packed: vec![],
         unread: vec![],
         what: "gemm".into(),
-        mma,
+        ty,
     };
     if let Some(w) = f32s(node, 1) {
         parts.b = BSrc::Mat(Mat {
@@ -630,7 +662,12 @@ fn geometry(
     })
 }
 
-fn conv(node: &NodeInfo, epi: Epilogue, attrs: &ConvAttrs, mma: bool) -> Result<Option<Box<dyn GpuKernel>>> {
+fn conv(
+    node: &NodeInfo,
+    epi: Epilogue,
+    attrs: &ConvAttrs,
+    ty: Operands,
+) -> Result<Option<Box<dyn GpuKernel>>> {
     if attrs.channels_last {
         return Ok(None);
     }
@@ -653,7 +690,7 @@ fn conv(node: &NodeInfo, epi: Epilogue, attrs: &ConvAttrs, mma: bool) -> Result<
         return Err(node.unsupported("convolution window does not match the output shape"));
     };
     if g == c && g == mt && g > 1 {
-        return dwconv(node, epi, &w, geo, nb);
+        return dwconv(node, epi, &w, geo, nb, ty.elem);
     }
     let mg = mt / g;
     let kk = cg * kh * kw;
@@ -699,7 +736,7 @@ fn conv(node: &NodeInfo, epi: Epilogue, attrs: &ConvAttrs, mma: bool) -> Result<
         packed: vec![to_bytes(&repack(&w, g, mg, kk, kk, 1, true))],
         unread,
         what: format!("conv{kh}x{kw}/{}", geo.sh),
-        mma,
+        ty,
     };
     parts.finish(node, epi, None)
 }
@@ -728,15 +765,61 @@ fn ult<'ctx>(e: &Emit<'_, 'ctx>, a: IntValue<'ctx>, n: usize) -> Result<IntValue
     e.icmp(IntPredicate::ULT, a, e.i64c(n as i64))
 }
 
+/// Element `idx` of `p`, a tensor of `elem` (f32 or f16) values, as f32.
+fn load_elem<'ctx>(
+    k: &GpuBuilder<'_, 'ctx>,
+    e: &Emit<'_, 'ctx>,
+    elem: DType,
+    p: PointerValue<'ctx>,
+    idx: IntValue<'ctx>,
+) -> Result<FloatValue<'ctx>> {
+    if elem != DType::F16 {
+        return e.load_f32(e.gep_f32(p, idx)?);
+    }
+    let i16t = k.cx.i16_type();
+    // SAFETY: the callers' indices lie inside the tensor.
+    let at = unsafe { e.b.build_gep(i16t, p, &[idx], "") }.map_err(llvm)?;
+    let bits = e.b.build_load(i16t, at, "").map_err(llvm)?.into_int_value();
+    k.f16_to_f32(bits)
+}
+
+/// Stores `v` as element `idx` of `p`, a tensor of `elem` values (rounded to f16 for f16).
+fn store_elem<'ctx>(
+    k: &GpuBuilder<'_, 'ctx>,
+    e: &Emit<'_, 'ctx>,
+    elem: DType,
+    p: PointerValue<'ctx>,
+    idx: IntValue<'ctx>,
+    v: FloatValue<'ctx>,
+) -> Result<()> {
+    if elem != DType::F16 {
+        return e.store(e.gep_f32(p, idx)?, v);
+    }
+    let i16t = k.cx.i16_type();
+    // SAFETY: as for load_elem.
+    let at = unsafe { e.b.build_gep(i16t, p, &[idx], "") }.map_err(llvm)?;
+    e.store(at, k.f32_to_f16(v)?)
+}
+
+/// The element type `slot` holds in a kernel over `elem` tensors: packed constants are f32.
+fn slot_elem(slot: Slot, elem: DType) -> DType {
+    match slot {
+        Slot::Input(_) => elem,
+        Slot::Packed(_) => DType::F32,
+    }
+}
+
 /// `valid ? p[idx] : 0`, never reading outside the buffer (an invalid lane reads element 0).
 fn guarded_load<'ctx>(
+    k: &GpuBuilder<'_, 'ctx>,
     e: &Emit<'_, 'ctx>,
+    elem: DType,
     p: PointerValue<'ctx>,
     idx: IntValue<'ctx>,
     valid: IntValue<'ctx>,
 ) -> Result<FloatValue<'ctx>> {
     let safe = select_i(e, valid, idx, e.i64c(0))?;
-    let v = e.load_f32(e.gep_f32(p, safe)?)?;
+    let v = load_elem(k, e, elem, p, safe)?;
     Ok(e.b
         .build_select(valid, v, e.f32c(0.0), "")
         .map_err(llvm)?
@@ -757,11 +840,14 @@ fn activate<'ctx>(e: &Emit<'_, 'ctx>, act: Activation, x: FloatValue<'ctx>) -> R
 }
 
 impl Epi {
-    /// `act(alpha·acc + bias[bias_idx] + scale·residual[res_idx])`.
+    /// `act(alpha·acc + bias[bias_idx] + scale·residual[res_idx])`, reading run-time tensors
+    /// of `elem`.
+    #[allow(clippy::too_many_arguments)]
     fn apply<'ctx>(
         &self,
         k: &GpuBuilder<'_, 'ctx>,
         e: &Emit<'_, 'ctx>,
+        elem: DType,
         acc: FloatValue<'ctx>,
         bias_idx: (IntValue<'ctx>, IntValue<'ctx>),
         res_idx: impl FnOnce(usize, usize, usize) -> Result<IntValue<'ctx>>,
@@ -773,12 +859,12 @@ impl Epi {
         }
         if let Some((slot, per_row)) = self.bias {
             let idx = if per_row { bias_idx.0 } else { bias_idx.1 };
-            let x = e.load_f32(e.gep_f32(resolve(k, slot)?, idx)?)?;
+            let x = load_elem(k, e, slot_elem(slot, elem), resolve(k, slot)?, idx)?;
             v = b.build_float_add(v, x, "").map_err(llvm)?;
         }
         if let Some((slot, zs, rs, cs, scale)) = self.residual {
             let idx = res_idx(zs, rs, cs)?;
-            let mut x = e.load_f32(e.gep_f32(resolve(k, slot)?, idx)?)?;
+            let mut x = load_elem(k, e, slot_elem(slot, elem), resolve(k, slot)?, idx)?;
             if scale != 1.0 {
                 x = b.build_float_mul(x, e.f32c(scale), "").map_err(llvm)?;
             }
@@ -794,6 +880,7 @@ impl Epi {
 /// warp `w` computes unit `w mod units` and only the first `units` warps store.
 struct WarpTiles<'ctx> {
     tile: Tile,
+    kind: MmaKind,
     per_warp: usize,
     /// Unit row and first unit column of this warp.
     unit_row: IntValue<'ctx>,
@@ -806,7 +893,7 @@ struct WarpTiles<'ctx> {
 }
 
 impl<'ctx> WarpTiles<'ctx> {
-    fn new(e: &Emit<'_, 'ctx>, t: Tile, tid: IntValue<'ctx>) -> Result<WarpTiles<'ctx>> {
+    fn new(e: &Emit<'_, 'ctx>, t: Tile, kind: MmaKind, tid: IntValue<'ctx>) -> Result<WarpTiles<'ctx>> {
         let (units_n, units) = (t.bn / 8, (t.bm / 16) * (t.bn / 8));
         let warp = e.udivc(tid, 32)?;
         let lane = e.uremc(tid, 32)?;
@@ -822,6 +909,7 @@ impl<'ctx> WarpTiles<'ctx> {
         };
         Ok(WarpTiles {
             tile: t,
+            kind,
             per_warp,
             unit_row: e.udivc(first, units_n as i64)?,
             unit_col: e.uremc(first, units_n as i64)?,
@@ -831,25 +919,47 @@ impl<'ctx> WarpTiles<'ctx> {
         })
     }
 
-    /// Two bf16 values as one 32-bit register, `lo` in the low half. The values are bf16
-    /// already (the kernel is chosen for such operands), so their upper halves are exact.
-    fn pack(e: &Emit<'_, 'ctx>, lo: FloatValue<'ctx>, hi: FloatValue<'ctx>) -> Result<IntValue<'ctx>> {
+    /// Two values as one 32-bit register of `self.kind`, `lo` in the low half. The values are
+    /// of that type already (the kernel is chosen for such operands; f16 tensors are widened
+    /// exactly as they are staged), so the narrowing is exact.
+    fn pack(
+        &self,
+        k: &GpuBuilder<'_, 'ctx>,
+        e: &Emit<'_, 'ctx>,
+        lo: FloatValue<'ctx>,
+        hi: FloatValue<'ctx>,
+    ) -> Result<IntValue<'ctx>> {
         let i32t = e.cx.i32_type();
-        let bits = |v: FloatValue<'ctx>| -> Result<IntValue<'ctx>> {
-            Ok(e.b.build_bit_cast(v, i32t, "").map_err(llvm)?.into_int_value())
-        };
-        let lo =
-            e.b.build_right_shift(bits(lo)?, i32t.const_int(16, false), false, "")
-                .map_err(llvm)?;
-        let hi =
-            e.b.build_and(bits(hi)?, i32t.const_int(0xffff_0000, false), "")
-                .map_err(llvm)?;
-        e.b.build_or(lo, hi, "").map_err(llvm)
+        let sixteen = i32t.const_int(16, false);
+        match self.kind {
+            MmaKind::Bf16 => {
+                // A bf16 is the upper half of its f32.
+                let bits = |v: FloatValue<'ctx>| -> Result<IntValue<'ctx>> {
+                    Ok(e.b.build_bit_cast(v, i32t, "").map_err(llvm)?.into_int_value())
+                };
+                let lo =
+                    e.b.build_right_shift(bits(lo)?, sixteen, false, "")
+                        .map_err(llvm)?;
+                let hi =
+                    e.b.build_and(bits(hi)?, i32t.const_int(0xffff_0000, false), "")
+                        .map_err(llvm)?;
+                e.b.build_or(lo, hi, "").map_err(llvm)
+            }
+            MmaKind::F16 => {
+                let bits = |v: FloatValue<'ctx>| -> Result<IntValue<'ctx>> {
+                    e.b.build_int_z_extend(k.f32_to_f16(v)?, i32t, "").map_err(llvm)
+                };
+                let hi = e.b.build_left_shift(bits(hi)?, sixteen, "").map_err(llvm)?;
+                e.b.build_or(bits(lo)?, hi, "").map_err(llvm)
+            }
+        }
     }
 
     /// Reads two consecutive-k elements `(k, x)` and `(k + 1, x)` of a k-major shared slice
     /// with row stride `stride`, as one packed register.
     fn pair(
+        &self,
+        kb: &GpuBuilder<'_, 'ctx>,
         e: &Emit<'_, 'ctx>,
         sh: PointerValue<'ctx>,
         stride: usize,
@@ -859,7 +969,7 @@ impl<'ctx> WarpTiles<'ctx> {
         let at = e.add(e.mulc(k, stride as i64)?, x)?;
         let lo = e.load_f32(e.gep_f32(sh, at)?)?;
         let hi = e.load_f32(e.gep_f32(sh, e.addc(at, stride as i64)?)?)?;
-        Self::pack(e, lo, hi)
+        self.pack(kb, e, lo, hi)
     }
 
     /// One K step (BK = 16 = the `mma` k) of this warp's units: A and B fragments from the
@@ -879,17 +989,17 @@ impl<'ctx> WarpTiles<'ctx> {
         let row8 = e.addc(row, 8)?;
         // a0a1: (g, 2t), a2a3: (g + 8, 2t), a4a5: (g, 2t + 8), a6a7: (g + 8, 2t + 8).
         let a = [
-            Self::pair(e, a_sh, sa, k_lo, row)?,
-            Self::pair(e, a_sh, sa, k_lo, row8)?,
-            Self::pair(e, a_sh, sa, k_hi, row)?,
-            Self::pair(e, a_sh, sa, k_hi, row8)?,
+            self.pair(k, e, a_sh, sa, k_lo, row)?,
+            self.pair(k, e, a_sh, sa, k_lo, row8)?,
+            self.pair(k, e, a_sh, sa, k_hi, row)?,
+            self.pair(k, e, a_sh, sa, k_hi, row8)?,
         ];
         for u in 0..self.per_warp {
             // b0b1: (2t, g), b2b3: (2t + 8, g) of the unit's 16×8 B.
             let col = e.add(e.mulc(e.addc(self.unit_col, u as i64)?, 8)?, self.group)?;
             let b = [
-                Self::pair(e, b_sh, sb, k_lo, col)?,
-                Self::pair(e, b_sh, sb, k_hi, col)?,
+                self.pair(k, e, b_sh, sb, k_lo, col)?,
+                self.pair(k, e, b_sh, sb, k_hi, col)?,
             ];
             let slot = |q: usize| e.gep_f32c(acc, (u * 4 + q) as i64);
             let c = [
@@ -898,7 +1008,7 @@ impl<'ctx> WarpTiles<'ctx> {
                 e.load_f32(slot(2)?)?,
                 e.load_f32(slot(3)?)?,
             ];
-            let d = k.mma_bf16(a, b, c)?;
+            let d = k.mma(self.kind, a, b, c)?;
             for (q, v) in d.iter().enumerate() {
                 e.store(slot(q)?, *v)?;
             }
@@ -973,8 +1083,8 @@ impl GpuKernel for GemmGpu {
         let b_sh = e.gep_f32c(smem, (BK * sa) as i64)?;
         let tx = e.uremc(tid, TX as i64)?;
         let ty = e.udivc(tid, TX as i64)?;
-        let warps = if t.mma {
-            Some(WarpTiles::new(&e, t, tid)?)
+        let warps = if let Some(kind) = t.mma {
+            Some(WarpTiles::new(&e, t, kind, tid)?)
         } else {
             None
         };
@@ -1003,7 +1113,7 @@ impl GpuKernel for GemmGpu {
                     a_off,
                     e.add(e.mulc(gi, self.a.rs as i64)?, e.mulc(gk, self.a.cs as i64)?)?,
                 )?;
-                let v = guarded_load(&e, a_ptr, idx, valid)?;
+                let v = guarded_load(k, &e, slot_elem(self.a.slot, self.elem), a_ptr, idx, valid)?;
                 e.store(e.gep_f32(a_sh, e.add(e.mulc(kq, sa as i64)?, ii)?)?, v)?;
             }
             // B slice: BK×bn.
@@ -1018,9 +1128,10 @@ impl GpuKernel for GemmGpu {
                 let gk = e.add(k0, kq)?;
                 let gj = e.add(col0, jj)?;
                 let mut valid = and(&e, ult(&e, gk, kk)?, ult(&e, gj, n)?)?;
-                let (ptr, idx) = match self.b {
+                let (ptr, elem, idx) = match self.b {
                     BSrc::Mat(bm) => (
                         resolve(k, bm.slot)?,
+                        slot_elem(bm.slot, self.elem),
                         e.add(
                             b_off,
                             e.add(e.mulc(gk, bm.rs as i64)?, e.mulc(gj, bm.cs as i64)?)?,
@@ -1049,10 +1160,10 @@ impl GpuKernel for GemmGpu {
                             e.mulc(ch, (g.h * g.w) as i64)?,
                             e.add(e.mulc(ih, g.w as i64)?, iw)?,
                         )?;
-                        (k.input(ic.input)?, e.add(b_off, idx)?)
+                        (k.input(ic.input)?, self.elem, e.add(b_off, idx)?)
                     }
                 };
-                let v = guarded_load(&e, ptr, idx, valid)?;
+                let v = guarded_load(k, &e, elem, ptr, idx, valid)?;
                 e.store(e.gep_f32(b_sh, e.add(e.mulc(kq, sb as i64)?, jj)?)?, v)?;
             }
             k.barrier()?;
@@ -1097,14 +1208,14 @@ impl GpuKernel for GemmGpu {
             e.if_then(inside, || {
                 let s = e.load_f32(e.gep_f32c(acc, slot as i64)?)?;
                 let bias_row = e.add(e.mulc(g_idx, m as i64)?, i)?;
-                let v = self.epi.apply(k, &e, s, (bias_row, j), |zs, rs, cs| {
+                let v = self.epi.apply(k, &e, self.elem, s, (bias_row, j), |zs, rs, cs| {
                     e.add(
                         e.mulc(z, zs as i64)?,
                         e.add(e.mulc(i, rs as i64)?, e.mulc(j, cs as i64)?)?,
                     )
                 })?;
                 let o = e.add(e.mulc(z, (m * n) as i64)?, e.add(e.mulc(i, n as i64)?, j)?)?;
-                e.store(e.gep_f32(k.output(0)?, o)?, v)
+                store_elem(k, &e, self.elem, k.output(0)?, o, v)
             })
         };
         if let Some(warps) = &warps {
@@ -1131,6 +1242,8 @@ impl GpuKernel for GemmGpu {
 /// element, consecutive threads along a row of the output.
 pub struct DwConvGpu {
     what: String,
+    /// The element type of the input, output and run-time bias/residual (f32 or f16).
+    elem: DType,
     batch: usize,
     g: Geom,
     epi: Epi,
@@ -1146,6 +1259,7 @@ fn dwconv(
     w: &[f32],
     g: Geom,
     batch: usize,
+    elem: DType,
 ) -> Result<Option<Box<dyn GpuKernel>>> {
     let total = batch * g.c * g.oh * g.ow;
     if total.div_ceil(DW_BLOCK) >= 1 << 31 {
@@ -1182,10 +1296,11 @@ fn dwconv(
     };
     Ok(Some(Box::new(DwConvGpu {
         what: format!(
-            "gpu dwconv{}x{}/{} C={} {}x{}{}{}",
+            "gpu dwconv{}x{}/{}{} C={} {}x{}{}{}",
             g.kh,
             g.kw,
             g.sh,
+            if elem == DType::F16 { " f16" } else { "" },
             g.c,
             g.oh,
             g.ow,
@@ -1195,6 +1310,7 @@ fn dwconv(
                 a => format!(" +{a:?}"),
             }
         ),
+        elem,
         batch,
         g,
         epi: Epi {
@@ -1259,7 +1375,7 @@ impl GpuKernel for DwConvGpu {
                     let iw = e.add(iw0, e.mulc(kwi, g.dw as i64)?)?;
                     let valid = and(&e, row_ok, ult(&e, iw, g.w)?)?;
                     let xi = e.add(x_base, e.add(e.mulc(ih, g.w as i64)?, iw)?)?;
-                    let xv = guarded_load(&e, x, xi, valid)?;
+                    let xv = guarded_load(k, &e, self.elem, x, xi, valid)?;
                     let wi = e.add(w_base, e.add(e.mulc(khi, g.kw as i64)?, kwi)?)?;
                     let wv = e.load_f32(e.gep_f32(w, wi)?)?;
                     let s = e.load_f32(acc)?;
@@ -1270,8 +1386,8 @@ impl GpuKernel for DwConvGpu {
                 })
             })?;
             let s = e.load_f32(acc)?;
-            let v = self.epi.apply(k, &e, s, (ch, ch), |_, _, _| Ok(idx))?;
-            e.store(e.gep_f32(k.output(0)?, idx)?, v)
+            let v = self.epi.apply(k, &e, self.elem, s, (ch, ch), |_, _, _| Ok(idx))?;
+            store_elem(k, &e, self.elem, k.output(0)?, idx, v)
         })?;
         k.ret()
     }
@@ -1290,9 +1406,18 @@ mod tests {
         rng: Rng,
         inputs: Vec<Tensor>,
         names: usize,
-        /// Operands as bf16 autocast writes them: constants rounded to bf16, run-time inputs
-        /// through a `Cast<f32>(Cast<bf16>(x))` pair.
-        bf16: bool,
+        values: Values,
+    }
+
+    /// What a test graph's operands hold.
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    enum Values {
+        F32,
+        /// As bf16 autocast writes them: f32 constants rounded to bf16, run-time inputs through
+        /// a `Cast<f32>(Cast<bf16>(x))` pair.
+        Bf16,
+        /// f16 tensors throughout.
+        F16,
     }
 
     impl G {
@@ -1302,46 +1427,80 @@ mod tests {
                 rng: Rng::new(seed),
                 inputs: vec![],
                 names: 0,
-                bf16: false,
+                values: Values::F32,
             }
         }
 
         fn bf16(seed: u64) -> G {
             G {
-                bf16: true,
+                values: Values::Bf16,
                 ..G::new(seed)
             }
         }
 
+        fn f16(seed: u64) -> G {
+            G {
+                values: Values::F16,
+                ..G::new(seed)
+            }
+        }
+
+        /// Random values as a tensor of the graph's element type.
+        fn tensor(&mut self, shape: &[usize]) -> Tensor {
+            let mut v = self.rng.vec(shape.iter().product());
+            match self.values {
+                Values::F16 => {
+                    let h = v.iter().map(|&x| half::f16::from_f32(x)).collect();
+                    return Tensor::from_vec(shape.to_vec(), h);
+                }
+                Values::Bf16 => v
+                    .iter_mut()
+                    .for_each(|x| *x = kiln_ir::tensor::bf16_from_f64(f64::from(*x)).to_f32()),
+                Values::F32 => {}
+            }
+            Tensor::from_vec(shape.to_vec(), v)
+        }
+
         fn input(&mut self, shape: &[usize]) -> ValueId {
-            let v = self.rng.vec(shape.iter().product());
-            self.inputs.push(Tensor::from_vec(shape.to_vec(), v));
-            let ty = TensorType::new(DType::F32, shape.iter().map(|&d| Dim::Fixed(d)).collect());
+            let dtype = if self.values == Values::F16 {
+                DType::F16
+            } else {
+                DType::F32
+            };
+            // Run-time bf16 values come from the Cast pair, not from the data.
+            let t = if self.values == Values::Bf16 {
+                self.values = Values::F32;
+                let t = self.tensor(shape);
+                self.values = Values::Bf16;
+                t
+            } else {
+                self.tensor(shape)
+            };
+            self.inputs.push(t);
+            let ty = TensorType::new(dtype, shape.iter().map(|&d| Dim::Fixed(d)).collect());
             let x = self.g.add_input(format!("in{}", self.inputs.len()), ty);
-            if !self.bf16 {
+            if self.values != Values::Bf16 {
                 return x;
             }
             let narrow = self.node(Op::Cast { to: DType::BF16 }, vec![Some(x)]);
             self.node(Op::Cast { to: DType::F32 }, vec![Some(narrow)])
         }
 
-        /// A run-time f32 input, whatever the operand mode.
+        /// A run-time input that is not rounded to bf16 (f32, or f16 in an f16 graph).
         fn input_f32(&mut self, shape: &[usize]) -> ValueId {
-            let bf16 = std::mem::replace(&mut self.bf16, false);
+            if self.values == Values::F16 {
+                return self.input(shape);
+            }
+            let values = std::mem::replace(&mut self.values, Values::F32);
             let x = self.input(shape);
-            self.bf16 = bf16;
+            self.values = values;
             x
         }
 
         fn constant(&mut self, shape: &[usize]) -> ValueId {
-            let mut v = self.rng.vec(shape.iter().product());
-            if self.bf16 {
-                v.iter_mut()
-                    .for_each(|x| *x = kiln_ir::tensor::bf16_from_f64(f64::from(*x)).to_f32());
-            }
+            let t = self.tensor(shape);
             self.names += 1;
-            self.g
-                .add_const(format!("c{}", self.names), Tensor::from_vec(shape.to_vec(), v))
+            self.g.add_const(format!("c{}", self.names), t)
         }
 
         fn operand(&mut self, shape: &[usize], constant: bool) -> ValueId {
@@ -1744,6 +1903,166 @@ mod tests {
         assert!(!mma(&describe(&g.g, 80)));
     }
 
+    fn assert_f16_mma(d: &[String], what: &str) {
+        assert!(
+            d.iter().all(|s| s.starts_with(what) && s.contains("mma.f16")),
+            "kernels {d:?}, expected {what} on f16 tensor cores"
+        );
+    }
+
+    #[test]
+    fn f16_matmul_and_gemm_on_tensor_cores() {
+        // Edges in M, N and K; several K steps; constant A or B; tiles of 2 to 32 mma units.
+        let shapes = [
+            (1, 1, 1),
+            (5, 7, 3),
+            (13, 17, 29),
+            (70, 33, 130),
+            (1, 40, 65),
+            (64, 48, 64),
+        ];
+        for (i, &(m, k, n)) in shapes.iter().enumerate() {
+            for (ca, cb) in [(false, true), (false, false), (true, false)] {
+                let mut g = G::f16(800 + i as u64);
+                let a = g.operand(&[m, k], ca);
+                let b = g.operand(&[k, n], cb);
+                let y = g.node(Op::MatMul, vec![Some(a), Some(b)]);
+                assert_f16_mma(&g.check(y), "gpu matmul");
+            }
+        }
+        let mut g = G::f16(810);
+        let a = g.input(&[2, 1, 18, 24]);
+        let b = g.input(&[3, 24, 20]);
+        let y = g.node(Op::MatMul, vec![Some(a), Some(b)]);
+        assert_f16_mma(&g.check(y), "gpu matmul");
+        for (trans_a, trans_b, cconst) in [(false, false, true), (true, true, false), (false, true, false)] {
+            let (m, k, n) = (19, 37, 45);
+            let mut g = G::f16(820);
+            let a = g.operand(&if trans_a { [k, m] } else { [m, k] }, false);
+            let b = g.operand(&if trans_b { [n, k] } else { [k, n] }, true);
+            let c = g.operand(&[n], cconst);
+            let op = Op::Gemm {
+                alpha: 0.75,
+                beta: -1.5,
+                trans_a,
+                trans_b,
+            };
+            let y = g.node(op, vec![Some(a), Some(b), Some(c)]);
+            assert_f16_mma(&g.check(y), "gpu gemm");
+        }
+    }
+
+    #[test]
+    fn f16_convolutions() {
+        // (n, c, h, w, m, kernel, stride, pads, dilation, group, bias): implicit GEMM,
+        // pointwise, strided and dilated, grouped, 70 output channels (edge tiles), a bias
+        // computed at run time.
+        let cases = [
+            (
+                1,
+                3,
+                9,
+                11,
+                5,
+                [3, 3],
+                [1, 1],
+                [1, 1, 1, 1],
+                [1, 1],
+                1,
+                Some(true),
+            ),
+            (2, 16, 8, 8, 24, [1, 1], [1, 1], [0, 0, 0, 0], [1, 1], 1, None),
+            (
+                1,
+                5,
+                12,
+                10,
+                7,
+                [3, 3],
+                [2, 2],
+                [2, 1, 0, 2],
+                [2, 2],
+                1,
+                Some(true),
+            ),
+            (
+                2,
+                8,
+                6,
+                6,
+                12,
+                [3, 3],
+                [1, 1],
+                [1, 1, 1, 1],
+                [1, 1],
+                4,
+                Some(false),
+            ),
+            (
+                1,
+                20,
+                12,
+                12,
+                70,
+                [3, 3],
+                [1, 1],
+                [1, 1, 1, 1],
+                [1, 1],
+                1,
+                Some(true),
+            ),
+        ];
+        for (i, &(n, c, h, w, m, k, s, p, d, grp, bias)) in cases.iter().enumerate() {
+            let mut g = G::f16(830 + i as u64);
+            let x = g.input(&[n, c, h, w]);
+            let wt = g.constant(&[m, c / grp, k[0], k[1]]);
+            let b = bias.map(|constant| g.operand(&[m], constant));
+            let y = g.node(conv(k, s, p, d, grp), vec![Some(x), Some(wt), b]);
+            assert_f16_mma(&g.check(y), "gpu conv");
+        }
+        // Depthwise: the direct kernel, reading and writing f16.
+        let mut g = G::f16(840);
+        let x = g.input(&[2, 6, 9, 7]);
+        let wt = g.constant(&[6, 1, 3, 3]);
+        let b = g.constant(&[6]);
+        let y = g.node(
+            conv([3, 3], [2, 1], [1, 1, 1, 1], [1, 1], 6),
+            vec![Some(x), Some(wt), Some(b)],
+        );
+        let d = g.check(y);
+        assert!(d.iter().all(|s| s.starts_with("gpu dwconv3x3/2 f16")), "{d:?}");
+    }
+
+    /// Plans `g` for `sm`, runs it in emulation and compares with the reference; returns the
+    /// kernel descriptions.
+    fn check_for_sm(mut g: G, y: ValueId, sm: u32) -> Vec<String> {
+        use crate::nvptx::emulate::{compare, run_plan};
+        use crate::{plan, target::TargetDesc};
+        g.g.add_output("y", y);
+        let target = TargetDesc::cuda(sm).unwrap();
+        let plan = plan::build(&g.g, &target, true).unwrap();
+        let got = run_plan(&g.g, &plan, &target, &g.inputs).unwrap();
+        let want = kiln_ir::eval::eval_graph(&g.g, g.inputs.clone()).unwrap();
+        compare(&format!("sm_{sm}"), &got[0], &want[0]);
+        plan.kernels.iter().map(|k| k.describe()).collect()
+    }
+
+    #[test]
+    fn f16_before_sm_80_runs_simt() {
+        // sm_75 has no m16n8k16 f16 mma: the same kernel multiplies the widened values.
+        let mut g = G::f16(850);
+        let a = g.input(&[21, 40]);
+        let b = g.constant(&[40, 33]);
+        let y = g.node(Op::MatMul, vec![Some(a), Some(b)]);
+        let d = check_for_sm(g, y, 75);
+        assert!(
+            d.iter()
+                .all(|s| s.starts_with("gpu matmul") && s.contains(" f16 ")),
+            "{d:?}"
+        );
+        assert!(!d.iter().any(|s| s.contains("mma")), "{d:?}");
+    }
+
     #[test]
     fn ptx_assembles() {
         let mut graphs = vec![];
@@ -1800,6 +2119,33 @@ mod tests {
         let a = g.input(&[3, 40, 64]);
         let w = g.constant(&[64, 72]);
         let z = g.node(Op::MatMul, vec![Some(a), Some(w)]);
+        g.g.add_output("z", z);
+        graphs.push(g.g);
+        // f16: conv with bias on tensor cores, depthwise conv, Gemm with a run-time C.
+        let mut g = G::f16(603);
+        let x = g.input(&[1, 6, 9, 7]);
+        let wt = g.constant(&[20, 6, 3, 3]);
+        let b = g.constant(&[20]);
+        let y = g.node(
+            conv([3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
+            vec![Some(x), Some(wt), Some(b)],
+        );
+        let dw = g.constant(&[20, 1, 3, 3]);
+        let y = g.node(
+            conv([3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 20),
+            vec![Some(y), Some(dw), None],
+        );
+        g.g.add_output("y", y);
+        let a = g.input(&[5, 9]);
+        let bt = g.constant(&[7, 9]);
+        let c = g.input(&[5, 7]);
+        let op = Op::Gemm {
+            alpha: 1.0,
+            beta: 1.0,
+            trans_a: false,
+            trans_b: true,
+        };
+        let z = g.node(op, vec![Some(a), Some(bt), Some(c)]);
         g.g.add_output("z", z);
         graphs.push(g.g);
         for graph in &graphs {
