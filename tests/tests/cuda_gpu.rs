@@ -56,6 +56,18 @@ fn run_fixture_bf16(f: &Fixture) -> Result<(usize, f64, f64), String> {
     Ok((bf16_ops, cos, rel))
 }
 
+/// The fixtures when a GPU runs the tests; None (after printing the skip line) when not.
+fn fixtures_if_device() -> Option<Vec<Fixture>> {
+    let fixtures = load_manifest().expect("fixtures/manifest.json");
+    match device(&fixtures) {
+        Ok(()) => Some(fixtures),
+        Err(reason) => {
+            println!("skipped: no CUDA device ({reason})");
+            None
+        }
+    }
+}
+
 /// Whether a GPU runs the tests: compiles and runs the first fixture. `Err` is the skip
 /// reason; a failure other than the runtime's "no CUDA device" panics.
 fn device(fixtures: &[Fixture]) -> Result<(), String> {
@@ -81,11 +93,9 @@ fn threads() -> usize {
 
 #[test]
 fn fixtures_on_gpu_match_onnxruntime() {
-    let fixtures = load_manifest().expect("fixtures/manifest.json");
-    if let Err(reason) = device(&fixtures) {
-        println!("skipped: no CUDA device ({reason})");
+    let Some(fixtures) = fixtures_if_device() else {
         return;
-    }
+    };
     run_fixtures(&fixtures, "cuda fixtures", |f| {
         let (graph, outputs) = run_fixture(f)?;
         f.check_outputs(&graph, &outputs).map_err(|e| format!("{e:#}"))?;
@@ -124,11 +134,9 @@ fn run_fixtures(all: &[Fixture], what: &str, check: impl Fn(&Fixture) -> Result<
 /// Every fixture in bf16 on the GPU: its products on tensor cores, judged like the CPU's bf16.
 #[test]
 fn fixtures_in_bf16_on_gpu_match_the_f32_reference() {
-    let fixtures = load_manifest().expect("fixtures/manifest.json");
-    if let Err(reason) = device(&fixtures) {
-        println!("skipped: no CUDA device ({reason})");
+    let Some(fixtures) = fixtures_if_device() else {
         return;
-    }
+    };
     run_fixtures(&fixtures, "cuda bf16 fixtures", |f| {
         let (ops, cos, rel) = run_fixture_bf16(f)?;
         Ok(format!(
@@ -141,9 +149,7 @@ fn fixtures_in_bf16_on_gpu_match_the_f32_reference() {
 /// must pass on the GPU too.
 #[test]
 fn onnx_node_tests_on_gpu() {
-    let fixtures = load_manifest().expect("fixtures/manifest.json");
-    if let Err(reason) = device(&fixtures) {
-        println!("skipped: no CUDA device ({reason})");
+    if fixtures_if_device().is_none() {
         return;
     }
     let dir = cache_dir();

@@ -47,7 +47,17 @@ pub(crate) fn run_graph_with(
     inputs: &[Tensor],
     fusion: bool,
 ) -> Result<(Vec<Tensor>, Vec<String>), String> {
-    let target = TargetDesc::cuda(SM).map_err(|e| e.to_string())?;
+    run_graph_for(graph, inputs, fusion, SM)
+}
+
+/// [`run_graph_with`] planned for compute capability `sm`.
+fn run_graph_for(
+    graph: &Graph,
+    inputs: &[Tensor],
+    fusion: bool,
+    sm: u32,
+) -> Result<(Vec<Tensor>, Vec<String>), String> {
+    let target = TargetDesc::cuda(sm).map_err(|e| e.to_string())?;
     let plan = plan::build(graph, &target, fusion).map_err(|e| e.to_string())?;
     let describes: Vec<String> = plan.kernels.iter().map(|k| k.describe()).collect();
     let outputs = run_plan(graph, &plan, &target, inputs)?;
@@ -57,7 +67,13 @@ pub(crate) fn run_graph_with(
 /// Runs `graph` in emulation and compares every output with `kiln_ir::eval`. Panics with the
 /// first difference. Returns the kernels' descriptions, so tests can check which kernels ran.
 pub(crate) fn check_graph(graph: &Graph, inputs: &[Tensor]) -> Vec<String> {
-    let (got, describes) = run_graph(graph, inputs).unwrap_or_else(|e| panic!("emulation: {e}"));
+    check_graph_for(graph, inputs, SM)
+}
+
+/// [`check_graph`] planned for compute capability `sm`.
+pub(crate) fn check_graph_for(graph: &Graph, inputs: &[Tensor], sm: u32) -> Vec<String> {
+    let (got, describes) =
+        run_graph_for(graph, inputs, true, sm).unwrap_or_else(|e| panic!("emulation: {e}"));
     let want = kiln_ir::eval::eval_graph(graph, inputs.to_vec()).expect("reference evaluation");
     assert_eq!(got.len(), want.len(), "number of outputs");
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {

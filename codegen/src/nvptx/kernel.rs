@@ -19,7 +19,9 @@ use inkwell::builder::Builder;
 use inkwell::context::Context;
 use inkwell::module::{Linkage, Module};
 use inkwell::types::BasicMetadataTypeEnum;
-use inkwell::values::{BasicMetadataValueEnum, FloatValue, FunctionValue, IntValue, PointerValue};
+use inkwell::values::{
+    BasicMetadataValueEnum, BasicValueEnum, FloatValue, FunctionValue, IntValue, PointerValue,
+};
 use inkwell::AddressSpace;
 
 /// Grid, block and dynamic shared memory of a kernel's launch.
@@ -209,18 +211,31 @@ impl<'a, 'ctx> GpuBuilder<'a, 'ctx> {
     /// Reads a special register (i32).
     pub fn sreg(&self, r: Sreg) -> Result<IntValue<'ctx>> {
         let i32t = self.cx.i32_type();
-        let (f, args): (FunctionValue<'ctx>, Vec<_>) = match self.mode {
-            Mode::Device => (self.declare(r.intrinsic(), i32t.fn_type(&[], false)), vec![]),
-            Mode::Emulated => (
-                self.declare("kiln_gpu_sreg", i32t.fn_type(&[i32t.into()], false)),
-                vec![i32t.const_int(r.code() as u64, false).into()],
-            ),
+        let v = match self.mode {
+            Mode::Device => self.call(r.intrinsic(), i32t.fn_type(&[], false), &[])?,
+            Mode::Emulated => self.call(
+                "kiln_gpu_sreg",
+                i32t.fn_type(&[i32t.into()], false),
+                &[i32t.const_int(r.code() as u64, false).into()],
+            )?,
         };
-        let v = self.builder.build_call(f, &args, "sreg").map_err(llvm)?;
-        Ok(v.try_as_basic_value()
+        Ok(v.into_int_value())
+    }
+
+    /// Calls `name` (declared as `ty` when new) and returns its result.
+    fn call(
+        &self,
+        name: &str,
+        ty: inkwell::types::FunctionType<'ctx>,
+        args: &[BasicMetadataValueEnum<'ctx>],
+    ) -> Result<BasicValueEnum<'ctx>> {
+        let f = self.declare(name, ty);
+        self.builder
+            .build_call(f, args, "")
+            .map_err(llvm)?
+            .try_as_basic_value()
             .basic()
-            .ok_or_else(|| CodegenError::internal("special register read returns i32"))?
-            .into_int_value())
+            .ok_or_else(|| CodegenError::internal(format!("{name} returns no value")))
     }
 
     /// A special register zero-extended to i64, for index arithmetic.
@@ -269,7 +284,6 @@ impl<'a, 'ctx> GpuBuilder<'a, 'ctx> {
                 };
                 let params: Vec<BasicMetadataTypeEnum> =
                     [pair_ty.into(); 6].into_iter().chain([f32t.into(); 4]).collect();
-                let f = self.declare(kind.intrinsic(), ret.fn_type(&params, false));
                 let mut args: Vec<BasicMetadataValueEnum> = vec![];
                 for v in a.iter().chain(&b) {
                     let v = self.builder.build_bit_cast(*v, pair_ty, "").map_err(llvm)?;
@@ -277,12 +291,7 @@ impl<'a, 'ctx> GpuBuilder<'a, 'ctx> {
                 }
                 args.extend(c.iter().map(|v| BasicMetadataValueEnum::from(*v)));
                 let d = self
-                    .builder
-                    .build_call(f, &args, "mma")
-                    .map_err(llvm)?
-                    .try_as_basic_value()
-                    .basic()
-                    .ok_or_else(|| CodegenError::internal("mma returns a struct"))?
+                    .call(kind.intrinsic(), ret.fn_type(&params, false), &args)?
                     .into_struct_value();
                 let mut out = [c[0]; 4];
                 for (i, o) in out.iter_mut().enumerate() {
@@ -344,12 +353,10 @@ impl<'a, 'ctx> GpuBuilder<'a, 'ctx> {
                 // Through a helper: the host's lowering of `half` may call compiler-rt
                 // routines the JIT does not resolve. i32 arguments avoid extension ABI questions.
                 let i32t = self.cx.i32_type();
-                let f = self.declare("kiln_gpu_f16_to_f32", f32t.fn_type(&[i32t.into()], false));
                 let arg = self.builder.build_int_z_extend(bits, i32t, "").map_err(llvm)?;
-                let v = self.builder.build_call(f, &[arg.into()], "").map_err(llvm)?;
-                Ok(v.try_as_basic_value()
-                    .basic()
-                    .ok_or_else(|| CodegenError::internal("f16 widening returns f32"))?
+                let ty = f32t.fn_type(&[i32t.into()], false);
+                Ok(self
+                    .call("kiln_gpu_f16_to_f32", ty, &[arg.into()])?
                     .into_float_value())
             }
         }
@@ -372,15 +379,9 @@ impl<'a, 'ctx> GpuBuilder<'a, 'ctx> {
             }
             Mode::Emulated => {
                 let i32t = self.cx.i32_type();
-                let f = self.declare(
-                    "kiln_gpu_f32_to_f16",
-                    i32t.fn_type(&[self.cx.f32_type().into()], false),
-                );
-                let r = self.builder.build_call(f, &[v.into()], "").map_err(llvm)?;
-                let r = r
-                    .try_as_basic_value()
-                    .basic()
-                    .ok_or_else(|| CodegenError::internal("f16 rounding returns i32"))?
+                let ty = i32t.fn_type(&[self.cx.f32_type().into()], false);
+                let r = self
+                    .call("kiln_gpu_f32_to_f16", ty, &[v.into()])?
                     .into_int_value();
                 self.builder.build_int_truncate(r, i16t, "").map_err(llvm)
             }

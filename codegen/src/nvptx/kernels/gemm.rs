@@ -1395,7 +1395,8 @@ impl GpuKernel for DwConvGpu {
 
 #[cfg(test)]
 mod tests {
-    use crate::nvptx::emulate::{check_graph, ptxas_check};
+    use crate::nvptx::emulate::{check_graph_for, ptxas_check};
+    use crate::nvptx::MmaKind;
     use kiln_ir::{AutoPad, Binary, ConvAttrs, DType, Dim, Graph, Op, Tensor, TensorType, Unary, ValueId};
 
     use crate::test_rng::TestRng as Rng;
@@ -1445,60 +1446,51 @@ mod tests {
             }
         }
 
-        /// Random values as a tensor of the graph's element type.
-        fn tensor(&mut self, shape: &[usize]) -> Tensor {
-            let mut v = self.rng.vec(shape.iter().product());
-            match self.values {
-                Values::F16 => {
-                    let h = v.iter().map(|&x| half::f16::from_f32(x)).collect();
-                    return Tensor::from_vec(shape.to_vec(), h);
-                }
-                Values::Bf16 => v
-                    .iter_mut()
-                    .for_each(|x| *x = kiln_ir::tensor::bf16_from_f64(f64::from(*x)).to_f32()),
-                Values::F32 => {}
+        /// Random values as a tensor holding `values`.
+        fn tensor(&mut self, values: Values, shape: &[usize]) -> Tensor {
+            let v = self.rng.vec(shape.iter().product());
+            let s = shape.to_vec();
+            match values {
+                Values::F32 => Tensor::from_vec(s, v),
+                Values::Bf16 => Tensor::from_vec(
+                    s,
+                    v.iter()
+                        .map(|&x| kiln_ir::tensor::bf16_from_f64(f64::from(x)).to_f32())
+                        .collect(),
+                ),
+                Values::F16 => Tensor::from_vec(s, v.iter().map(|&x| half::f16::from_f32(x)).collect()),
             }
-            Tensor::from_vec(shape.to_vec(), v)
         }
 
         fn input(&mut self, shape: &[usize]) -> ValueId {
-            let dtype = if self.values == Values::F16 {
-                DType::F16
-            } else {
-                DType::F32
-            };
+            self.input_as(self.values, shape)
+        }
+
+        /// A run-time f32 input, whatever the operand mode.
+        fn input_f32(&mut self, shape: &[usize]) -> ValueId {
+            self.input_as(Values::F32, shape)
+        }
+
+        fn input_as(&mut self, values: Values, shape: &[usize]) -> ValueId {
             // Run-time bf16 values come from the Cast pair, not from the data.
-            let t = if self.values == Values::Bf16 {
-                self.values = Values::F32;
-                let t = self.tensor(shape);
-                self.values = Values::Bf16;
-                t
+            let data = if values == Values::Bf16 {
+                Values::F32
             } else {
-                self.tensor(shape)
+                values
             };
+            let t = self.tensor(data, shape);
+            let ty = TensorType::new(t.dtype(), shape.iter().map(|&d| Dim::Fixed(d)).collect());
             self.inputs.push(t);
-            let ty = TensorType::new(dtype, shape.iter().map(|&d| Dim::Fixed(d)).collect());
             let x = self.g.add_input(format!("in{}", self.inputs.len()), ty);
-            if self.values != Values::Bf16 {
+            if values != Values::Bf16 {
                 return x;
             }
             let narrow = self.node(Op::Cast { to: DType::BF16 }, vec![Some(x)]);
             self.node(Op::Cast { to: DType::F32 }, vec![Some(narrow)])
         }
 
-        /// A run-time input that is not rounded to bf16 (f32, or f16 in an f16 graph).
-        fn input_f32(&mut self, shape: &[usize]) -> ValueId {
-            if self.values == Values::F16 {
-                return self.input(shape);
-            }
-            let values = std::mem::replace(&mut self.values, Values::F32);
-            let x = self.input(shape);
-            self.values = values;
-            x
-        }
-
         fn constant(&mut self, shape: &[usize]) -> ValueId {
-            let t = self.tensor(shape);
+            let t = self.tensor(self.values, shape);
             self.names += 1;
             self.g.add_const(format!("c{}", self.names), t)
         }
@@ -1518,9 +1510,14 @@ mod tests {
         }
 
         /// Checks the graph (output `y`) in emulation; returns the kernel descriptions.
-        fn check(mut self, y: ValueId) -> Vec<String> {
+        fn check(self, y: ValueId) -> Vec<String> {
+            self.check_for(y, crate::nvptx::emulate::SM)
+        }
+
+        /// [`G::check`] planned for compute capability `sm`.
+        fn check_for(mut self, y: ValueId, sm: u32) -> Vec<String> {
             self.g.add_output("y", y);
-            check_graph(&self.g, &self.inputs)
+            check_graph_for(&self.g, &self.inputs, sm)
         }
     }
 
@@ -1759,23 +1756,32 @@ mod tests {
         }
     }
 
-    /// Asserts every GEMM-family kernel in `d` is `what` on tensor cores.
-    fn assert_mma(d: &[String], what: &str) {
+    /// Asserts every GEMM-family kernel in `d` (not the bf16 autocast's Cast kernels) is
+    /// `what` on `kind` tensor cores.
+    fn assert_mma_of(d: &[String], what: &str, kind: MmaKind) {
         let products: Vec<&String> = d.iter().filter(|s| !s.starts_with("gpu elementwise")).collect();
+        let mark = format!("mma.{}", kind.name());
         assert!(
-            !products.is_empty()
-                && products
-                    .iter()
-                    .all(|s| s.starts_with(what) && s.contains("mma.bf16")),
-            "kernels {d:?}, expected {what} on tensor cores"
+            !products.is_empty() && products.iter().all(|s| s.starts_with(what) && s.contains(&mark)),
+            "kernels {d:?}, expected {what} on {} tensor cores",
+            kind.name()
         );
     }
 
-    #[test]
-    fn bf16_matmul_on_tensor_cores() {
-        // Tiles of 2 and 4 units (fewer than the 8 warps) and of 8 to 32; edges along M, N
-        // and K; one and several K steps.
+    fn assert_mma(d: &[String], what: &str) {
+        assert_mma_of(d, what, MmaKind::Bf16)
+    }
+
+    fn assert_f16_mma(d: &[String], what: &str) {
+        assert_mma_of(d, what, MmaKind::F16)
+    }
+
+    /// MatMuls of `new(seed)` graphs on `kind` tensor cores: tiles of 2 and 4 units (fewer
+    /// than the 8 warps) and of 8 to 32; edges along M, N and K; one and several K steps;
+    /// constant A or B; batched with broadcast.
+    fn matmuls_on_tensor_cores(new: fn(u64) -> G, seed: u64, kind: MmaKind) {
         let shapes = [
+            (1, 1, 1),
             (5, 7, 3),
             (13, 17, 29),
             (30, 40, 20),
@@ -1786,19 +1792,23 @@ mod tests {
         ];
         for (i, &(m, k, n)) in shapes.iter().enumerate() {
             for (ca, cb) in [(false, true), (false, false), (true, false)] {
-                let mut g = G::bf16(700 + i as u64);
+                let mut g = new(seed + i as u64);
                 let a = g.operand(&[m, k], ca);
                 let b = g.operand(&[k, n], cb);
                 let y = g.node(Op::MatMul, vec![Some(a), Some(b)]);
-                assert_mma(&g.check(y), "gpu matmul");
+                assert_mma_of(&g.check(y), "gpu matmul", kind);
             }
         }
-        // Batched with broadcast.
-        let mut g = G::bf16(720);
+        let mut g = new(seed + 20);
         let a = g.input(&[2, 1, 18, 24]);
         let b = g.input(&[3, 24, 20]);
         let y = g.node(Op::MatMul, vec![Some(a), Some(b)]);
-        assert_mma(&g.check(y), "gpu matmul");
+        assert_mma_of(&g.check(y), "gpu matmul", kind);
+    }
+
+    #[test]
+    fn bf16_matmul_on_tensor_cores() {
+        matmuls_on_tensor_cores(G::bf16, 700, MmaKind::Bf16);
     }
 
     #[test]
@@ -1903,38 +1913,9 @@ mod tests {
         assert!(!mma(&describe(&g.g, 80)));
     }
 
-    fn assert_f16_mma(d: &[String], what: &str) {
-        assert!(
-            d.iter().all(|s| s.starts_with(what) && s.contains("mma.f16")),
-            "kernels {d:?}, expected {what} on f16 tensor cores"
-        );
-    }
-
     #[test]
     fn f16_matmul_and_gemm_on_tensor_cores() {
-        // Edges in M, N and K; several K steps; constant A or B; tiles of 2 to 32 mma units.
-        let shapes = [
-            (1, 1, 1),
-            (5, 7, 3),
-            (13, 17, 29),
-            (70, 33, 130),
-            (1, 40, 65),
-            (64, 48, 64),
-        ];
-        for (i, &(m, k, n)) in shapes.iter().enumerate() {
-            for (ca, cb) in [(false, true), (false, false), (true, false)] {
-                let mut g = G::f16(800 + i as u64);
-                let a = g.operand(&[m, k], ca);
-                let b = g.operand(&[k, n], cb);
-                let y = g.node(Op::MatMul, vec![Some(a), Some(b)]);
-                assert_f16_mma(&g.check(y), "gpu matmul");
-            }
-        }
-        let mut g = G::f16(810);
-        let a = g.input(&[2, 1, 18, 24]);
-        let b = g.input(&[3, 24, 20]);
-        let y = g.node(Op::MatMul, vec![Some(a), Some(b)]);
-        assert_f16_mma(&g.check(y), "gpu matmul");
+        matmuls_on_tensor_cores(G::f16, 800, MmaKind::F16);
         for (trans_a, trans_b, cconst) in [(false, false, true), (true, true, false), (false, true, false)] {
             let (m, k, n) = (19, 37, 45);
             let mut g = G::f16(820);
@@ -2033,20 +2014,6 @@ mod tests {
         assert!(d.iter().all(|s| s.starts_with("gpu dwconv3x3/2 f16")), "{d:?}");
     }
 
-    /// Plans `g` for `sm`, runs it in emulation and compares with the reference; returns the
-    /// kernel descriptions.
-    fn check_for_sm(mut g: G, y: ValueId, sm: u32) -> Vec<String> {
-        use crate::nvptx::emulate::{compare, run_plan};
-        use crate::{plan, target::TargetDesc};
-        g.g.add_output("y", y);
-        let target = TargetDesc::cuda(sm).unwrap();
-        let plan = plan::build(&g.g, &target, true).unwrap();
-        let got = run_plan(&g.g, &plan, &target, &g.inputs).unwrap();
-        let want = kiln_ir::eval::eval_graph(&g.g, g.inputs.clone()).unwrap();
-        compare(&format!("sm_{sm}"), &got[0], &want[0]);
-        plan.kernels.iter().map(|k| k.describe()).collect()
-    }
-
     #[test]
     fn f16_before_sm_80_runs_simt() {
         // sm_75 has no m16n8k16 f16 mma: the same kernel multiplies the widened values.
@@ -2054,7 +2021,7 @@ mod tests {
         let a = g.input(&[21, 40]);
         let b = g.constant(&[40, 33]);
         let y = g.node(Op::MatMul, vec![Some(a), Some(b)]);
-        let d = check_for_sm(g, y, 75);
+        let d = g.check_for(y, 75);
         assert!(
             d.iter()
                 .all(|s| s.starts_with("gpu matmul") && s.contains(" f16 ")),
