@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Benchmark kiln-compiled executables against onnxruntime and OpenVINO on the same inputs.
 
-For each model of bench-models/ (made by `.venv/bin/python fixtures/make_benchmark_models.py
---out bench-models --expected`):
+For each model of bench-models/ (made by `fixtures/make_benchmark_models.py --out bench-models
+--expected`, which this script runs when the folder has no manifest):
 
   1. compile it with `target/release/kiln compile bench-models/M/model.onnx -o DIR/M` (timed);
   2. check kiln's outputs against the expected outputs (max |diff|; onnxruntime's outputs when
@@ -100,8 +100,11 @@ def parse_args() -> argparse.Namespace:
 def load_manifest(models_dir: str) -> dict:
     path = os.path.join(models_dir, "manifest.json")
     if not os.path.exists(path):
-        sys.exit(f"error: {path} not found: make the models with "
-                 f"`.venv/bin/python fixtures/make_benchmark_models.py --out bench-models --expected`")
+        # The models are generated, not downloaded; this venv has what the generator needs
+        # (onnx, numpy, and onnxruntime for BatchNorm calibration and the expected outputs).
+        print(f"{path} not found: making the benchmark models (about a minute)", file=sys.stderr)
+        make = os.path.join(ROOT, "fixtures", "make_benchmark_models.py")
+        subprocess.run([sys.executable, make, "--out", models_dir, "--expected"], check=True)
     with open(path) as f:
         return {e["name"]: e for e in json.load(f)}
 

@@ -8,7 +8,7 @@ two are the bound a bf16 compiler can reach on this model and input; compare kil
 (`cargo test -p kiln-tests --test bf16 -- --nocapture`) with it. `--per-layer` rounds one layer at
 a time and lists the layers whose rounding costs the most.
 
-    .venv/bin/python scripts/bf16_reference.py bench-models/mobilenetv2/model.onnx \\
+    .venv-bench/bin/python scripts/bf16_reference.py bench-models/mobilenetv2/model.onnx \\
         input=bench-models/mobilenetv2/inputs/input.npy --per-layer
 """
 import argparse
