@@ -1113,9 +1113,6 @@ impl GeneratedKernel for GemmKernel {
     }
 }
 
-/// Input channels from which an NHWC convolution packs its im2col A in rows.
-const ROW_PANEL_MIN_CHANNELS: usize = 128;
-
 /// Pointers a task reads, loaded once at its start.
 struct TaskPtrs<'ctx> {
     a: PointerValue<'ctx>,
@@ -1128,17 +1125,16 @@ struct TaskPtrs<'ctx> {
 
 impl GemmKernel {
     /// The row stride of A's panels when they are packed in rows (`a[i*rs + kk]`), None for
-    /// interleaved panels (`a[kk*MR + i]`). An NHWC im2col A from 128 channels is packed in
-    /// rows: the packing then copies contiguous channel runs, which vectorize, instead of
-    /// scattering them with stride MR. Measured on ResNet-50 (2 threads, per layer): 15%
-    /// faster 3x3 convolutions from 128 input channels, 1-4% slower at 64 and 10% slower for
-    /// the 3-channel stems. (Reading a row-major A in place, unpacked, measured 0-12% slower
-    /// on the pointwise convolutions and the encoder's matrix products.)
+    /// interleaved panels (`a[kk*MR + i]`). An NHWC im2col A is packed in rows: packing then
+    /// copies contiguous channel runs (whole tap rows inside the image), which vectorize,
+    /// instead of scattering them with stride MR. Measured on ResNet-50 (per layer, 1 and 2
+    /// threads): 10-20% faster 3x3 convolutions from 64 input channels, 15% from 128, and 7%
+    /// faster for the 3-channel stem than interleaved panels. A row-major A packed in rows
+    /// measured within the host's noise (±10% per layer) on the pointwise convolutions and
+    /// the encoder, so it stays interleaved; reading it in place, unpacked, measured 0-12%
+    /// slower there.
     fn a_row_stride(&self) -> Option<i64> {
-        match self.a {
-            Operand::Im2colNhwc { g, .. } if g.c >= ROW_PANEL_MIN_CHANNELS => Some(self.kc as i64),
-            _ => None,
-        }
+        matches!(self.a, Operand::Im2colNhwc { .. }).then_some(self.kc as i64)
     }
 
     fn slot_of(&self, op: &Operand) -> usize {
@@ -1404,11 +1400,10 @@ impl GemmKernel {
                 (e.gep_f32(ptrs.a, off)?, e.i64c(mr * kk))
             } else if let (Some(rs), Operand::Im2colNhwc { g, .. }) = (self.a_row_stride(), &self.a) {
                 let g = g.into_dw(1, g.c);
-                let layout = super::conv_nhwc::PanelLayout::Rows { stride: rs };
                 e.for_range(e.i64c(0), n_mp, 1, |mp| {
                     let row = e.add(m0, e.mulc(mp, mr)?)?;
                     let dst = e.gep_f32(apack, e.mulc(mp, mr * rs)?)?;
-                    super::conv_nhwc::pack_a_im2col(e, dst, ptrs.a, row, k0, kc, mr, m, &g, layout)
+                    super::conv_nhwc::pack_a_im2col(e, dst, ptrs.a, row, k0, kc, mr, m, &g, rs)
                 })?;
                 (apack, e.i64c(mr * rs))
             } else {
@@ -1520,7 +1515,8 @@ impl GemmKernel {
         Ok(())
     }
 
-    /// Packs rows `[row, row+MR)` × k `[k0, k0+kc)` of a run-time A into `dst` (zero rows past M).
+    /// Packs rows `[row, row+MR)` × k `[k0, k0+kc)` of a run-time A into `dst`, interleaved
+    /// (zero rows past M).
     fn pack_a_panel<'ctx>(
         &self,
         e: &Emit<'_, 'ctx>,
@@ -1530,12 +1526,6 @@ impl GemmKernel {
         k0: IntValue<'ctx>,
         kc: IntValue<'ctx>,
     ) -> Result<()> {
-        if let Operand::Im2colNhwc { g, .. } = self.a {
-            let mr = self.tile.mr as i64;
-            let g = g.into_dw(1, g.c);
-            let layout = super::conv_nhwc::PanelLayout::Interleaved;
-            return super::conv_nhwc::pack_a_im2col(e, dst, src, row, k0, kc, mr, self.m as i64, &g, layout);
-        }
         let Operand::Strided { rs, cs, .. } = self.a else {
             return Err(crate::error::CodegenError::internal(
                 "A panel packing needs a strided A",

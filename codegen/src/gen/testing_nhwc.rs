@@ -25,10 +25,17 @@ fn nhwc_conv_shapes() {
         (2, 32, 20, 20, 33, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1]),
         (1, 64, 9, 9, 40, [3, 3], [2, 2], [1, 1, 1, 1], [1, 1]),
         (1, 300, 5, 5, 7, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1]),
-        // From 128 channels the im2col panel is packed in rows: batches, uneven strides,
-        // pads and dilations, K blocks that split taps, and an edge tile past M.
+        // Batches, uneven strides, pads and dilations, K blocks that split taps, and an edge
+        // tile past M.
         (2, 128, 9, 7, 20, [3, 3], [2, 1], [1, 0, 2, 1], [2, 1]),
         (3, 24, 6, 5, 20, [1, 1], [1, 1], [0, 0, 0, 0], [1, 1]),
+        // Tap rows copied as one run where the window is inside the image: K blocks that
+        // end inside a tap row (K = 500 and 3000), row dilation, a window wider than the
+        // image (tap by tap only), and a 7x7 stem-like window.
+        (2, 20, 11, 13, 17, [5, 5], [2, 2], [2, 2, 2, 2], [1, 1]),
+        (1, 200, 6, 9, 24, [3, 5], [1, 2], [2, 1, 0, 2], [2, 1]),
+        (1, 3, 5, 4, 8, [7, 7], [1, 1], [3, 3, 3, 3], [1, 1]),
+        (1, 3, 30, 29, 64, [7, 7], [2, 2], [3, 3, 3, 3], [1, 1]),
     ];
     for (i, &(n, c, h, w, m, k, s, p, d)) in cases.iter().enumerate() {
         for bias in [true, false] {
