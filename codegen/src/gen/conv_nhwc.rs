@@ -18,7 +18,7 @@ use inkwell::IntPredicate;
 
 pub(crate) use super::dwconv::DwGeom;
 
-/// `d[x] = s[x]` for x in `[0, n)` (the loop vectorizes).
+/// `d[x] = s[x]` for x in `[0, n)` (LLVM makes the loop a `memcpy`, a `memset` for zeros).
 fn copy_run<'ctx>(
     e: &Emit<'_, 'ctx>,
     d: PointerValue<'ctx>,
@@ -41,7 +41,8 @@ fn zero_run<'ctx>(e: &Emit<'_, 'ctx>, d: PointerValue<'ctx>, n: IntValue<'ctx>) 
 ///
 /// With unit dilation along W, one tap row of a pixel's window (every kx of one ky) is
 /// `kw·C` contiguous input floats whenever the window lies inside the image, so it is copied
-/// as one run; only windows that cross the border go tap by tap. This matters most where C is
+/// as one run (a run of zeros above or below the image); only windows that cross the left or
+/// right border go tap by tap. This matters most where C is
 /// small: the 3-channel stem of a CNN copies 7 runs of 21 floats per pixel instead of 49 runs
 /// of 3, each with its own bounds checks.
 #[allow(clippy::too_many_arguments)]
@@ -83,18 +84,17 @@ pub(crate) fn pack_a_im2col<'ctx>(
         // May be negative (wrapping): the unsigned bound checks below reject it.
         let ihb = e.addc(e.mulc(oh, g.sh as i64)?, -(g.ph as i64))?;
         let iwb = e.addc(e.mulc(ow, g.sw as i64)?, -(g.pw as i64))?;
-        // Row `i`'s part of one tap's channel run: copied, or zeros where the tap is padding.
-        let tap = |t: IntValue<'ctx>| -> Result<()> {
-            let tc = e.mulc(t, c)?;
-            let (lo, hi) = clip(tc, c)?;
+        // Row `i`'s copy of the k range [start + lo, start + hi) when the input pixel (ih, iw)
+        // (where the range starts) is inside the image and the row is valid; zeros otherwise.
+        let run = |start: IntValue<'ctx>,
+                   (lo, hi): (IntValue<'ctx>, IntValue<'ctx>),
+                   ih: IntValue<'ctx>,
+                   iw: IntValue<'ctx>,
+                   okw: IntValue<'ctx>|
+         -> Result<()> {
             let n = e.sub(hi, lo)?;
-            let d = e.gep_f32(dst, e.addc(e.sub(e.add(tc, lo)?, k0)?, i * stride)?)?;
-            let ky = e.udivc(t, g.kw as i64)?;
-            let kx = e.uremc(t, g.kw as i64)?;
-            let ih = e.add(ihb, e.mulc(ky, g.dh as i64)?)?;
-            let iw = e.add(iwb, e.mulc(kx, g.dw as i64)?)?;
+            let d = e.gep_f32(dst, e.addc(e.sub(e.add(start, lo)?, k0)?, i * stride)?)?;
             let okh = e.icmp(IntPredicate::ULT, ih, e.i64c(g.h as i64))?;
-            let okw = e.icmp(IntPredicate::ULT, iw, e.i64c(g.w as i64))?;
             let ok =
                 e.b.build_and(e.b.build_and(okh, okw, "").map_err(llvm)?, valid, "")
                     .map_err(llvm)?;
@@ -107,6 +107,16 @@ pub(crate) fn pack_a_im2col<'ctx>(
                 || zero_run(e, d, n),
             )
         };
+        // One tap's channel run.
+        let tap = |t: IntValue<'ctx>| -> Result<()> {
+            let tc = e.mulc(t, c)?;
+            let ky = e.udivc(t, g.kw as i64)?;
+            let kx = e.uremc(t, g.kw as i64)?;
+            let ih = e.add(ihb, e.mulc(ky, g.dh as i64)?)?;
+            let iw = e.add(iwb, e.mulc(kx, g.dw as i64)?)?;
+            let okw = e.icmp(IntPredicate::ULT, iw, e.i64c(g.w as i64))?;
+            run(tc, clip(tc, c)?, ih, iw, okw)
+        };
         e.for_range(s0, s1, 1, |s| {
             if !tap_rows {
                 return tap(s);
@@ -114,19 +124,13 @@ pub(crate) fn pack_a_im2col<'ctx>(
             let sc = e.mulc(s, seg)?;
             let (lo, hi) = clip(sc, seg)?;
             let ih = e.add(ihb, e.mulc(s, g.dh as i64)?)?;
-            let okh = e.icmp(IntPredicate::ULT, ih, e.i64c(g.h as i64))?;
-            // 0 <= iwb and iwb + kw - 1 < W, in one unsigned compare.
+            // The window's columns are all inside the image: 0 <= iwb and iwb + kw - 1 < W,
+            // in one unsigned compare. Then the tap row is one run (or, above or below the
+            // image, one run of zeros).
             let okw = e.icmp(IntPredicate::ULE, iwb, e.i64c((g.w - g.kw) as i64))?;
-            let inside =
-                e.b.build_and(e.b.build_and(okh, okw, "").map_err(llvm)?, valid, "")
-                    .map_err(llvm)?;
             e.if_else(
-                inside,
-                || {
-                    let d = e.gep_f32(dst, e.addc(e.sub(e.add(sc, lo)?, k0)?, i * stride)?)?;
-                    let pix = e.add(e.mulc(ih, g.w as i64)?, iwb)?;
-                    copy_run(e, d, e.gep_f32(src, e.add(e.mulc(pix, c)?, lo)?)?, e.sub(hi, lo)?)
-                },
+                okw,
+                || run(sc, (lo, hi), ih, iwb, okw),
                 || {
                     // The taps of this tap row that overlap [k0, end).
                     let t0 = e.add(e.mulc(s, g.kw as i64)?, e.udivc(lo, c)?)?;
