@@ -11,6 +11,8 @@
 //! Work is split into tasks of MB×NB output blocks (per batch entry) for `parallel_for`; inside
 //! a task the K axis is blocked by KC (partial sums go through the output) and the epilogue
 //! (scale, bias, residual, activation) runs on the last K block while the tile is in registers.
+//! The matrix's last row panel (`M % MR` rows) and last column panel (`N % NR` columns, when
+//! whole vectors) run exact, smaller tiles; other cuts run the full tile on a local copy.
 //!
 //! Convolution (NCHW) maps to: M = output channels (A = filters), N = output pixels, K =
 //! C/group·KH·KW; groups become a batch axis. Depthwise convolution has its own kernel
@@ -1088,13 +1090,27 @@ impl GeneratedKernel for GemmKernel {
 
     fn emit(&self, k: &KernelBuilder<'_, '_>) -> Result<()> {
         let _ = self.isa;
-        let tile_fn = self.emit_tile_fn(k, self.a_row_stride())?;
+        let (mr, nv, lanes) = (self.tile.mr, self.tile.nv as usize, self.tile.lanes as usize);
+        let row_variants = match self.m % mr {
+            0 => vec![mr],
+            rows => vec![mr, rows],
+        };
+        let col_variants = match self.n % self.tile.nr() {
+            cols if cols > 0 && cols % lanes == 0 => vec![nv, cols / lanes],
+            _ => vec![nv],
+        };
+        let mut tiles = TileFns { fns: [[None; 2]; 2] };
+        for (r, &rows) in row_variants.iter().enumerate() {
+            for (c, &vecs) in col_variants.iter().enumerate() {
+                tiles.fns[r][c] = Some(self.emit_tile_fn(k, self.a_row_stride(), rows, vecs)?);
+            }
+        }
         let task = k.new_task_function("task");
         let tb = k.cx.create_builder();
         let entry = k.cx.append_basic_block(task, "entry");
         tb.position_at_end(entry);
         let e = Emit::new(k.cx, k.module, &tb, task);
-        self.emit_task(&e, k, tile_fn)?;
+        self.emit_task(&e, k, &tiles)?;
         tb.build_return(None).map_err(llvm)?;
 
         let me = Emit::new(k.cx, k.module, k.builder, k.function);
@@ -1110,6 +1126,30 @@ impl GeneratedKernel for GemmKernel {
         let tasks = batch * self.m.div_ceil(self.mb) * self.n.div_ceil(self.nb);
         k.parallel_for(task, data, me.i64c(tasks as i64))?;
         k.ret_ok()
+    }
+}
+
+/// The tile functions of one kernel: the MR×NR tile, and exact tiles for the matrix's last
+/// row panel (`M % MR` rows) and last column panel (`N % NR` columns, when that is whole
+/// vectors). Running the full tile on a cut panel spends MR rows of FMAs on `M % MR` rows —
+/// 10% of the work of a 7x7 stage (M = 49 = 8*6 + 1), 5/6 of a matrix-vector product (M = 1,
+/// the classifier heads and squeeze-excitation layers) — and copies C through a local tile.
+struct TileFns<'ctx> {
+    /// `[rows cut][columns cut]`.
+    fns: [[Option<FunctionValue<'ctx>>; 2]; 2],
+}
+
+impl<'ctx> TileFns<'ctx> {
+    fn cut_rows(&self) -> bool {
+        self.fns[1][0].is_some()
+    }
+
+    fn cut_cols(&self) -> bool {
+        self.fns[0][1].is_some()
+    }
+
+    fn get(&self, rows_cut: bool, cols_cut: bool) -> FunctionValue<'ctx> {
+        self.fns[usize::from(rows_cut)][usize::from(cols_cut)].expect("tile variant was emitted")
     }
 }
 
@@ -1146,15 +1186,19 @@ impl GemmKernel {
         }
     }
 
-    /// `void tile(a, b, kc, c, ldc, first, last, brow, bcol, res, ldr)`: one MR×NR tile over
-    /// `kc` steps of k; adds to C unless `first`; applies the epilogue when `last`.
+    /// `void tile(a, b, kc, c, ldc, first, last, brow, bcol, res, ldr)`: one `rows` × `vecs`
+    /// vectors tile (at most MR × NR) over `kc` steps of k; adds to C unless `first`; applies
+    /// the epilogue when `last`. It reads and writes only those rows and columns of C and of
+    /// the residual.
     ///
-    /// A is read from a panel of MR rows: with `a_rows`, element (i, kk) at `a[i*rs + kk]`,
-    /// otherwise interleaved, at `a[kk*MR + i]`.
+    /// A is read from a panel of MR rows (of which the tile uses the first `rows`): with
+    /// `a_rows`, element (i, kk) at `a[i*rs + kk]`, otherwise interleaved, at `a[kk*MR + i]`.
     fn emit_tile_fn<'ctx>(
         &self,
         k: &KernelBuilder<'_, 'ctx>,
         a_rows: Option<i64>,
+        rows: usize,
+        vecs: usize,
     ) -> Result<FunctionValue<'ctx>> {
         let cx = k.cx;
         let ptr = k.ptr_type();
@@ -1176,7 +1220,7 @@ impl GemmKernel {
             ],
             false,
         );
-        let name = format!("{}.tile", k.function.get_name().to_string_lossy());
+        let name = format!("{}.tile{rows}x{vecs}", k.function.get_name().to_string_lossy());
         let f = k
             .module
             .add_function(&name, ty, Some(inkwell::module::Linkage::Internal));
@@ -1202,7 +1246,7 @@ impl GemmKernel {
         let (first, last) = (p(5).into_int_value(), p(6).into_int_value());
         let (brow, bcol) = (p(7).into_pointer_value(), p(8).into_pointer_value());
         let (rp, ldr) = (p(9).into_pointer_value(), p(10).into_int_value());
-        let (mr, nv, lanes) = (self.tile.mr, self.tile.nv as usize, self.tile.lanes);
+        let (mr, nv, lanes) = (rows, vecs, self.tile.lanes);
         let nr = self.tile.nr() as i64;
         let vt = e.vty(lanes);
         let acc: Vec<PointerValue> = (0..mr * nv)
@@ -1241,7 +1285,7 @@ impl GemmKernel {
                 .collect::<Result<_>>()?;
             let (aoff, row_stride) = match a_rows {
                 Some(rs) => (kk, rs),
-                None => (e.mulc(kk, mr as i64)?, 1),
+                None => (e.mulc(kk, self.tile.mr as i64)?, 1),
             };
             for i in 0..mr {
                 let s = e.load_f32(e.gep_f32(ap, e.addc(aoff, row_stride * i as i64)?)?)?;
@@ -1315,7 +1359,7 @@ impl GemmKernel {
         &self,
         e: &Emit<'_, 'ctx>,
         k: &KernelBuilder<'_, 'ctx>,
-        tile_fn: FunctionValue<'ctx>,
+        tiles: &TileFns<'ctx>,
     ) -> Result<()> {
         let f = e.f;
         let data = f.get_nth_param(0).expect("task data").into_pointer_value();
@@ -1449,17 +1493,22 @@ impl GemmKernel {
                     } else {
                         null
                     };
-                    let full =
-                        e.b.build_and(
-                            e.icmp(IntPredicate::EQ, nrows, e.i64c(mr))?,
-                            e.icmp(IntPredicate::EQ, ncols, e.i64c(nr))?,
-                            "",
-                        )
-                        .map_err(llvm)?;
-                    let call = |c: PointerValue<'ctx>,
-                                ldc: IntValue<'ctx>,
-                                r: PointerValue<'ctx>,
-                                ldr: IntValue<'ctx>|
+                    let rows_full = e.icmp(IntPredicate::EQ, nrows, e.i64c(mr))?;
+                    let cols_full = e.icmp(IntPredicate::EQ, ncols, e.i64c(nr))?;
+                    // Only the matrix's last row panel and last column panel are cut (blocks
+                    // are whole panels); a tile goes through the local copy only when its cut
+                    // has no exact tile function.
+                    let full = match (tiles.cut_rows(), tiles.cut_cols()) {
+                        (true, true) => e.cx.bool_type().const_int(1, false),
+                        (true, false) => cols_full,
+                        (false, true) => rows_full,
+                        (false, false) => e.b.build_and(rows_full, cols_full, "").map_err(llvm)?,
+                    };
+                    let call_tile = |tile_fn: FunctionValue<'ctx>,
+                                     c: PointerValue<'ctx>,
+                                     ldc: IntValue<'ctx>,
+                                     r: PointerValue<'ctx>,
+                                     ldr: IntValue<'ctx>|
                      -> Result<()> {
                         e.b.build_call(
                             tile_fn,
@@ -1481,15 +1530,29 @@ impl GemmKernel {
                         .map_err(llvm)?;
                         Ok(())
                     };
-                    e.if_else(
-                        full,
-                        || call(cptr, e.i64c(n), rptr, e.i64c(n)),
-                        || {
-                            // Edge tile: run the full tile on a local copy of the valid part.
-                            let copy = |to_tmp: bool,
-                                        tmp: PointerValue<'ctx>,
-                                        mem: PointerValue<'ctx>|
-                             -> Result<()> {
+                    // The exact tile for this panel's rows and columns, straight into C.
+                    let call_exact = || -> Result<()> {
+                        let by_cols = |rows_cut: bool| -> Result<()> {
+                            let call = |cols_cut: bool| {
+                                call_tile(tiles.get(rows_cut, cols_cut), cptr, e.i64c(n), rptr, e.i64c(n))
+                            };
+                            if tiles.cut_cols() {
+                                e.if_else(cols_full, || call(false), || call(true))
+                            } else {
+                                call(false)
+                            }
+                        };
+                        if tiles.cut_rows() {
+                            e.if_else(rows_full, || by_cols(false), || by_cols(true))
+                        } else {
+                            by_cols(false)
+                        }
+                    };
+                    e.if_else(full, call_exact, || {
+                        // A cut with no exact tile: run the full tile on a local copy of
+                        // the valid part.
+                        let copy =
+                            |to_tmp: bool, tmp: PointerValue<'ctx>, mem: PointerValue<'ctx>| -> Result<()> {
                                 e.for_range(e.i64c(0), nrows, 1, |i| {
                                     e.for_range(e.i64c(0), ncols, 1, |j| {
                                         let pt = e.gep_f32(tmp, e.add(e.mulc(i, nr)?, j)?)?;
@@ -1500,15 +1563,14 @@ impl GemmKernel {
                                     })
                                 })
                             };
-                            let not_first = e.b.build_not(first, "").map_err(llvm)?;
-                            e.if_then(not_first, || copy(true, tmp_c, cptr))?;
-                            if ptrs.res.is_some() {
-                                e.if_then(last, || copy(true, tmp_r, rptr))?;
-                            }
-                            call(tmp_c, e.i64c(nr), tmp_r, e.i64c(nr))?;
-                            copy(false, tmp_c, cptr)
-                        },
-                    )
+                        let not_first = e.b.build_not(first, "").map_err(llvm)?;
+                        e.if_then(not_first, || copy(true, tmp_c, cptr))?;
+                        if ptrs.res.is_some() {
+                            e.if_then(last, || copy(true, tmp_r, rptr))?;
+                        }
+                        call_tile(tiles.get(false, false), tmp_c, e.i64c(nr), tmp_r, e.i64c(nr))?;
+                        copy(false, tmp_c, cptr)
+                    })
                 })
             })
         })?;

@@ -411,6 +411,39 @@ fn gemm_variants() {
     }
 }
 
+/// Products whose last row panel and last column panel are cut (M % MR rows, N % NR columns
+/// in whole vectors), which run exact tile variants, with every epilogue input (bias per
+/// column and per row, the residual C) and K split into several blocks.
+#[test]
+fn gemm_cut_panels() {
+    // (m, k, n): M = 1 (a matrix-vector product), M = 49 (a 7x7 stage), N = 24, 40, 1000.
+    let shapes = [
+        (1, 40, 24),
+        (1, 600, 1000),
+        (13, 600, 40),
+        (49, 300, 8),
+        (7, 257, 24),
+        (5, 9, 56),
+    ];
+    for (i, &(m, k, n)) in shapes.iter().enumerate() {
+        for (cshape, cconst) in [(vec![n], true), (vec![m, 1], true), (vec![m, n], false)] {
+            for bconst in [true, false] {
+                let case = CaseBuilder::new(60 + i as u64)
+                    .operand(&[m, k], false)
+                    .operand(&[k, n], bconst)
+                    .operand(&cshape, cconst)
+                    .node(Op::Gemm {
+                        alpha: 0.75,
+                        beta: 1.0,
+                        trans_a: false,
+                        trans_b: false,
+                    });
+                case.check(&format!("gemm {m}x{k}x{n} C {cshape:?} B const {bconst}"));
+            }
+        }
+    }
+}
+
 #[test]
 fn conv_shapes() {
     // (n, c, h, w, m, k, stride, pad, dilation, group)
