@@ -62,17 +62,75 @@ typedef struct mv_copy {
   i64 n_outer;
 } mv_copy;
 
+/* Rows [a_lo, a_hi) of the innermost pair of one outer step: dims[r-2] ("a") is contiguous in
+   the source, dims[r-1] ("b") in the destination (a transpose of the last two axes, e.g. NCHW
+   to NHWC with a = pixels, b = channels).
+   Tiles of b sit outside a, so a tile reads MV_TILE source rows front to back (streams the
+   hardware prefetcher follows) and writes MV_TILE consecutive elements of each destination row;
+   walking a outside b instead reads from all nb source rows at once, which for NCHW -> NHWC of
+   256 channels is 256 streams, each line a cache miss. A few channels (a model's RGB input)
+   into a dense destination get loops with a constant interleave, which the compiler turns into
+   shuffles. */
+static void mv_transpose_2d(const mv_copy *c, char *d, const char *s, i64 a_lo, i64 a_hi) {
+  const i64 r = c->rank, es = c->esize;
+  const i64 nb = c->dims[r - 1], dsa = c->ds[r - 2], ssb = c->ss[r - 1];
+  if (es == 4 && dsa == nb * 4 && nb >= 2 && nb <= 4) {
+    uint32_t *dd = (uint32_t *)d;
+    const uint32_t *s0 = (const uint32_t *)s, *s1 = (const uint32_t *)(s + ssb);
+    const uint32_t *s2 = (const uint32_t *)(s + 2 * ssb), *s3 = (const uint32_t *)(s + 3 * ssb);
+    switch (nb) {
+    case 2:
+      for (i64 a = a_lo; a < a_hi; a++) {
+        dd[a * 2] = s0[a];
+        dd[a * 2 + 1] = s1[a];
+      }
+      return;
+    case 3:
+      for (i64 a = a_lo; a < a_hi; a++) {
+        dd[a * 3] = s0[a];
+        dd[a * 3 + 1] = s1[a];
+        dd[a * 3 + 2] = s2[a];
+      }
+      return;
+    default:
+      for (i64 a = a_lo; a < a_hi; a++) {
+        dd[a * 4] = s0[a];
+        dd[a * 4 + 1] = s1[a];
+        dd[a * 4 + 2] = s2[a];
+        dd[a * 4 + 3] = s3[a];
+      }
+      return;
+    }
+  }
+  for (i64 b0 = 0; b0 < nb; b0 += MV_TILE) {
+    i64 b1 = b0 + MV_TILE < nb ? b0 + MV_TILE : nb;
+    for (i64 a = a_lo; a < a_hi; a++)
+      mv_copy_row(d + a * dsa + b0 * es, es, s + a * es + b0 * ssb, ssb, b1 - b0, es);
+  }
+}
+
+/* The source and destination of outer step `o`. */
+static void mv_outer_at(const mv_copy *c, i64 o, const char **s, char **d) {
+  *s = c->src;
+  *d = c->dst;
+  for (i64 k = c->rank - c->inner - 1; k >= 0; k--) {
+    i64 i = o % c->dims[k];
+    o /= c->dims[k];
+    *s += i * c->ss[k];
+    *d += i * c->ds[k];
+  }
+}
+
 static void mv_copy_range(const mv_copy *c, i64 lo, i64 hi) {
   i64 outer_rank = c->rank - c->inner;
   i64 idx[MV_MAX_RANK];
-  const char *s = c->src;
-  char *d = c->dst;
+  const char *s;
+  char *d;
+  mv_outer_at(c, lo, &s, &d);
   i64 rem = lo;
   for (i64 k = outer_rank - 1; k >= 0; k--) {
     idx[k] = rem % c->dims[k];
     rem /= c->dims[k];
-    s += idx[k] * c->ss[k];
-    d += idx[k] * c->ds[k];
   }
   const i64 es = c->esize, r = c->rank;
   for (i64 o = lo; o < hi; o++) {
@@ -81,17 +139,7 @@ static void mv_copy_range(const mv_copy *c, i64 lo, i64 hi) {
     } else if (c->inner == 1) {
       mv_copy_row(d, c->ds[r - 1], s, c->ss[r - 1], c->dims[r - 1], es);
     } else {
-      /* dims[r-2] is contiguous in the source, dims[r-1] in the destination. */
-      i64 na = c->dims[r - 2], nb = c->dims[r - 1];
-      i64 dsa = c->ds[r - 2], ssb = c->ss[r - 1];
-      for (i64 a0 = 0; a0 < na; a0 += MV_TILE) {
-        i64 a1 = a0 + MV_TILE < na ? a0 + MV_TILE : na;
-        for (i64 b0 = 0; b0 < nb; b0 += MV_TILE) {
-          i64 b1 = b0 + MV_TILE < nb ? b0 + MV_TILE : nb;
-          for (i64 a = a0; a < a1; a++)
-            mv_copy_row(d + a * dsa + b0 * es, es, s + a * es + b0 * ssb, ssb, b1 - b0, es);
-        }
-      }
+      mv_transpose_2d(c, d, s, 0, c->dims[r - 2]);
     }
     for (i64 k = outer_rank - 1; k >= 0; k--) {
       s += c->ss[k];
@@ -104,16 +152,28 @@ static void mv_copy_range(const mv_copy *c, i64 lo, i64 hi) {
   }
 }
 
+/* Parallel copies: `n_tasks` tasks over the outer steps, or, for a transpose with fewer outer
+   steps than tasks (one image), over (outer step, slice of a). */
 typedef struct mv_par {
   const mv_copy *c;
   i64 n_tasks;
+  i64 a_slices; /* > 1: each task is one slice of a in one outer step */
 } mv_par;
 
 static void mv_copy_task(void *data, i64 i, i64 tid) {
   (void)tid;
   const mv_par *p = (const mv_par *)data;
-  i64 n = p->c->n_outer;
-  mv_copy_range(p->c, n * i / p->n_tasks, n * (i + 1) / p->n_tasks);
+  const mv_copy *c = p->c;
+  if (p->a_slices > 1) {
+    const char *s;
+    char *d;
+    mv_outer_at(c, i / p->a_slices, &s, &d);
+    i64 j = i % p->a_slices, na = c->dims[c->rank - 2];
+    mv_transpose_2d(c, d, s, na * j / p->a_slices, na * (j + 1) / p->a_slices);
+    return;
+  }
+  i64 n = c->n_outer;
+  mv_copy_range(c, n * i / p->n_tasks, n * (i + 1) / p->n_tasks);
 }
 
 int32_t kiln_uk_copy(const kiln_uk_args *a) {
@@ -147,8 +207,14 @@ int32_t kiln_uk_copy(const kiln_uk_args *a) {
     c.n_outer = n_outer;
     if (total == 0) continue;
     i64 threads = kiln_rt_num_threads(a->ctx);
-    if (total >= MV_PAR_BYTES && threads > 1 && n_outer > 1) {
-      mv_par p = {&c, n_outer < threads * 4 ? n_outer : threads * 4};
+    i64 want = threads * 4;
+    if (total >= MV_PAR_BYTES && threads > 1 && c.inner == 2 && n_outer < want) {
+      i64 na = c.dims[r - 2], slices = (want + n_outer - 1) / n_outer;
+      if (slices > na) slices = na;
+      mv_par p = {&c, n_outer * slices, slices};
+      kiln_rt_parallel_for(a->ctx, mv_copy_task, &p, p.n_tasks);
+    } else if (total >= MV_PAR_BYTES && threads > 1 && n_outer > 1) {
+      mv_par p = {&c, n_outer < want ? n_outer : want, 1};
       kiln_rt_parallel_for(a->ctx, mv_copy_task, &p, p.n_tasks);
     } else {
       mv_copy_range(&c, 0, n_outer);
