@@ -109,8 +109,9 @@ static void mv_transpose_2d(const mv_copy *c, char *d, const char *s, i64 a_lo, 
   }
 }
 
-/* The source and destination of outer step `o`. */
-static void mv_outer_at(const mv_copy *c, i64 o, const char **s, char **d) {
+/* The source and destination of outer step `o`, and its index per outer dim when `idx` is not
+   NULL. */
+static void mv_outer_at(const mv_copy *c, i64 o, const char **s, char **d, i64 *idx) {
   *s = c->src;
   *d = c->dst;
   for (i64 k = c->rank - c->inner - 1; k >= 0; k--) {
@@ -118,6 +119,7 @@ static void mv_outer_at(const mv_copy *c, i64 o, const char **s, char **d) {
     o /= c->dims[k];
     *s += i * c->ss[k];
     *d += i * c->ds[k];
+    if (idx) idx[k] = i;
   }
 }
 
@@ -126,12 +128,7 @@ static void mv_copy_range(const mv_copy *c, i64 lo, i64 hi) {
   i64 idx[MV_MAX_RANK];
   const char *s;
   char *d;
-  mv_outer_at(c, lo, &s, &d);
-  i64 rem = lo;
-  for (i64 k = outer_rank - 1; k >= 0; k--) {
-    idx[k] = rem % c->dims[k];
-    rem /= c->dims[k];
-  }
+  mv_outer_at(c, lo, &s, &d, idx);
   const i64 es = c->esize, r = c->rank;
   for (i64 o = lo; o < hi; o++) {
     if (c->inner == 0) {
@@ -167,7 +164,7 @@ static void mv_copy_task(void *data, i64 i, i64 tid) {
   if (p->a_slices > 1) {
     const char *s;
     char *d;
-    mv_outer_at(c, i / p->a_slices, &s, &d);
+    mv_outer_at(c, i / p->a_slices, &s, &d, NULL);
     i64 j = i % p->a_slices, na = c->dims[c->rank - 2];
     mv_transpose_2d(c, d, s, na * j / p->a_slices, na * (j + 1) / p->a_slices);
     return;
