@@ -203,6 +203,28 @@ impl<'a, 'ctx> Emit<'a, 'ctx> {
             .ok_or_else(|| crate::error::CodegenError::internal(format!("{name} returns nothing")))
     }
 
+    /// Hints that the cache line at `p + bytes` will be read soon, into L2 (`prefetcht1`).
+    /// A prefetch never faults, so the address may lie past the buffer's end.
+    pub fn prefetch_l2(&self, p: PointerValue<'ctx>, bytes: IntValue<'ctx>) -> Result<()> {
+        // SAFETY (of the IR): a plain (not inbounds) GEP, only used as a prefetch address.
+        let at = unsafe { self.b.build_gep(self.cx.i8_type(), p, &[bytes], "") }.map_err(llvm)?;
+        let i32t = self.cx.i32_type();
+        let i = Intrinsic::find("llvm.prefetch")
+            .ok_or_else(|| crate::error::CodegenError::internal("no intrinsic llvm.prefetch"))?;
+        let decl = i
+            .get_declaration(self.module, &[self.ptr_ty().into()])
+            .ok_or_else(|| crate::error::CodegenError::internal("cannot declare llvm.prefetch"))?;
+        // (address, read, locality 2 = keep in L2, data cache)
+        let args = [
+            at.into(),
+            i32t.const_zero().into(),
+            i32t.const_int(2, false).into(),
+            i32t.const_int(1, false).into(),
+        ];
+        self.b.build_call(decl, &args, "").map_err(llvm)?;
+        Ok(())
+    }
+
     pub fn fma(
         &self,
         a: VectorValue<'ctx>,

@@ -1473,7 +1473,16 @@ impl GemmKernel {
                 let bp = e.gep_f32(b_base, e.mul(np, b_ps)?)?;
                 let col = e.add(n0, e.mulc(np, nr)?)?;
                 let ncols = e.umin(e.i64c(nr), e.sub(e.i64c(n), col)?)?;
+                let next_b = if b_packed {
+                    let at = ChunkAt { np, n_np, n0, k0, kc };
+                    Some(self.next_b_chunk(e, ptrs.b, bp, b_ps, &at, n_mp)?)
+                } else {
+                    None
+                };
                 e.for_range(e.i64c(0), n_mp, 1, |mp| {
+                    if let Some(next) = &next_b {
+                        next.prefetch_share(e, mp)?;
+                    }
                     let ap = e.gep_f32(a_base, e.mul(mp, a_ps)?)?;
                     let row = e.add(m0, e.mulc(mp, mr)?)?;
                     let nrows = e.umin(e.i64c(mr), e.sub(e.i64c(m), row)?)?;
@@ -1575,6 +1584,48 @@ impl GemmKernel {
             })
         })?;
         Ok(())
+    }
+
+    /// The packed-B chunk this task reads after panel `np` of the K block at `k0`: the next
+    /// panel's chunk of the same K block, or after the task's last panel, its first panel's
+    /// chunk of the next K block. Constant weights come from memory the first time a row tile
+    /// reads them, and the hardware prefetcher loses the stream at each chunk's end (the next
+    /// panel's chunk lies K·NR floats further on); prefetching the next chunk while the current
+    /// one serves every row panel hides that, each row tile issuing an equal share of it.
+    fn next_b_chunk<'ctx>(
+        &self,
+        e: &Emit<'_, 'ctx>,
+        b_all: PointerValue<'ctx>,
+        bp: PointerValue<'ctx>,
+        b_ps: IntValue<'ctx>,
+        at: &ChunkAt<'ctx>,
+        n_mp: IntValue<'ctx>,
+    ) -> Result<ChunkPrefetch<'ctx>> {
+        let nr = self.tile.nr() as i64;
+        let np1 = e.addc(at.np, 1)?;
+        let has_next_panel = e.icmp(IntPredicate::ULT, np1, at.n_np)?;
+        let k_next = e.add(at.k0, at.kc)?;
+        let kc_next = e.umin(e.i64c(self.kc as i64), e.sub(e.i64c(self.k as i64), k_next)?)?;
+        // Plain GEPs: after the last K block the address lies past B (and is not read).
+        let f32t = e.cx.f32_type();
+        // SAFETY (of the IR): plain GEPs, only used as prefetch addresses.
+        let next_panel = unsafe { e.b.build_gep(f32t, bp, &[b_ps], "") }.map_err(llvm)?;
+        let next_block_off = e.add(e.mulc(at.n0, self.k as i64)?, e.mulc(k_next, nr)?)?;
+        let next_block = unsafe { e.b.build_gep(f32t, b_all, &[next_block_off], "") }.map_err(llvm)?;
+        let base =
+            e.b.build_select(has_next_panel, next_panel, next_block, "")
+                .map_err(llvm)?
+                .into_pointer_value();
+        let rows =
+            e.b.build_select(has_next_panel, at.kc, kc_next, "")
+                .map_err(llvm)?
+                .into_int_value();
+        let lines = e.udivc(e.addc(e.mulc(rows, nr * 4)?, LINE - 1)?, LINE)?;
+        // A task has at least one row panel (n_mp ≥ 1).
+        let share =
+            e.b.build_int_unsigned_div(e.add(lines, e.addc(n_mp, -1)?)?, n_mp, "")
+                .map_err(llvm)?;
+        Ok(ChunkPrefetch { base, lines, share })
     }
 
     /// Packs rows `[row, row+MR)` × k `[k0, k0+kc)` of a run-time A into `dst`, interleaved
@@ -1794,6 +1845,34 @@ impl GemmKernel {
             })
         };
         e.if_else(one_row, || body(true), || body(false))
+    }
+}
+
+/// Cache line size in bytes.
+const LINE: i64 = 64;
+
+/// Where a task is in packed B: panel `np` of `n_np` from column `n0`, K block `[k0, k0+kc)`.
+struct ChunkAt<'ctx> {
+    np: IntValue<'ctx>,
+    n_np: IntValue<'ctx>,
+    n0: IntValue<'ctx>,
+    k0: IntValue<'ctx>,
+    kc: IntValue<'ctx>,
+}
+
+/// A chunk of packed B to prefetch, `share` lines per row tile.
+struct ChunkPrefetch<'ctx> {
+    base: PointerValue<'ctx>,
+    lines: IntValue<'ctx>,
+    share: IntValue<'ctx>,
+}
+
+impl<'ctx> ChunkPrefetch<'ctx> {
+    /// Prefetches row tile `mp`'s share of the chunk.
+    fn prefetch_share(&self, e: &Emit<'_, 'ctx>, mp: IntValue<'ctx>) -> Result<()> {
+        let start = e.mul(mp, self.share)?;
+        let end = e.umin(e.add(start, self.share)?, self.lines)?;
+        e.for_range(start, end, 1, |l| e.prefetch_l2(self.base, e.mulc(l, LINE)?))
     }
 }
 
