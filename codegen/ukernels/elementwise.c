@@ -373,22 +373,6 @@ KILN_UK_INLINE float ew_mishf(float x) {
   return x * (n / (n + 2.0f));
 }
 
-/* 0.5·x·erfc(-x/√2) with one exponential: the erfc tail is t·e^(R - z²) with z² rounded once
-   (relative error below 1e-5 even where the result is ~1e-30, far inside f32 tolerances). */
-KILN_UK_INLINE float ew_gelu_erff(float x) {
-  float u = x * 0.70710678118654752f;
-  float z = u < 0.0f ? -u : u;
-  float zc = z > 10.0f ? 10.0f : z;
-  zc = zc < 0.875f ? 0.875f : zc;
-  float t;
-  float r = kiln_erfc_tail_(zc, &t);
-  float tail = t * kiln_expf(r - zc * zc);
-  tail = z > 10.0f ? 0.0f : tail;
-  float c = x < 0.0f ? tail : 2.0f - tail; /* erfc(-u) = 1 + erf(u) */
-  c = z < 0.875f ? 1.0f + kiln_erf_small_(u) : c;
-  return 0.5f * x * c;
-}
-
 KILN_UK_INLINE double ew_sigmoid(double x) {
   double e = __builtin_exp(-__builtin_fabs(x));
   double s = 1.0 / (1.0 + e);
@@ -439,7 +423,7 @@ KILN_UK_INLINE double ew_softplus(double x) {
        x > 0 ? x : p0 * __builtin_expm1(x / p0))                                             \
   CASE(U_HARD_SIGMOID, ew_clamp01f(p0 * x + p1), ew_clamp01(p0 * x + p1))                    \
   CASE(U_THRESHOLDED_RELU, x > p0 ? x : 0.0f, x > p0 ? x : 0.0)                              \
-  CASE(U_GELU_ERF, ew_gelu_erff(x),                         \
+  CASE(U_GELU_ERF, kiln_gelu_erff(x),                                                        \
        0.5 * x * __builtin_erfc(x * -0.70710678118654752))                                   \
   CASE(U_GELU_TANH, /* 1 + tanh(u) = 2·sigmoid(2u), without the cancellation */            \
        x * kiln_sigmoidf(1.5957691216057307f * (x + 0.044715f * x * x * x)),   \

@@ -718,11 +718,7 @@ fn emit_op<'ctx>(
             }
             (Unary::Log, _) => vmath::log(e, x),
             (Unary::Erf, _) => vmath::erf(e, x),
-            (Unary::Gelu { tanh: false }, _) => {
-                let t = vmath::erf(e, e.fmul(x, fconst(e, std::f32::consts::FRAC_1_SQRT_2, n))?)?;
-                let h = e.fmul(x, fconst(e, 0.5, n))?;
-                e.fma(h, t, h)
-            }
+            (Unary::Gelu { tanh: false }, _) => vmath::gelu_erf(e, x),
             (Unary::Gelu { tanh: true }, _) => {
                 let x3 = e.fmul(e.fmul(x, x)?, x)?;
                 let inner = e.fma(x3, fconst(e, 0.044715, n), x)?;

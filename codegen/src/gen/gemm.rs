@@ -999,66 +999,8 @@ pub(crate) fn activation<'ctx>(
             let u = e.fmul(e.fmul(x, inner)?, c(1.595_769)?)?;
             e.fmul(x, sigmoid(u)?)
         }
-        Activation::GeluErf => gelu_erf(e, x, lanes),
+        Activation::GeluErf => super::vmath::gelu_erf(e, x),
     }
-}
-
-/// `0.5·x·erfc(-x/√2)` the way `ew_gelu_erff` in ukernels/elementwise.c computes it: the odd
-/// polynomial for erf below 0.875 and one exponential for the erfc tail beyond (see
-/// kiln_math.h for the fits), so fused and unfused GELU agree.
-fn gelu_erf<'ctx>(e: &Emit<'_, 'ctx>, x: VectorValue<'ctx>, lanes: u32) -> Result<VectorValue<'ctx>> {
-    let c = |v: f32| e.splat(e.f32c(v), lanes);
-    let poly = |z: VectorValue<'ctx>, coef: &[f32]| -> Result<VectorValue<'ctx>> {
-        let mut p = c(coef[0])?;
-        for &k in &coef[1..] {
-            p = e.fma(p, z, c(k)?)?;
-        }
-        Ok(p)
-    };
-    let sel = |pred, a, b, t, f| -> Result<VectorValue<'ctx>> { e.vselect(e.fcmp(pred, a, b)?, t, f) };
-    let u = e.fmul(x, c(std::f32::consts::FRAC_1_SQRT_2)?)?;
-    let neg_u = e.b.build_float_neg(u, "").map_err(llvm)?;
-    let z = sel(FloatPredicate::OLT, u, e.zero_vec(lanes), neg_u, u)?;
-    let zc = sel(FloatPredicate::OGT, z, c(10.0)?, c(10.0)?, z)?;
-    let zc = sel(FloatPredicate::OLT, zc, c(0.875)?, c(0.875)?, zc)?;
-    let den = e.fma(zc, c(0.5)?, c(1.0)?)?;
-    let t = e.b.build_float_div(c(1.0)?, den, "").map_err(llvm)?;
-    let s = e.fmul(e.fadd(t, c(-0.431_159_4)?)?, c(3.780_822)?)?;
-    let r = poly(
-        s,
-        &[
-            -1.621_035_2e-5,
-            7.214_744e-5,
-            2.662_028_4e-4,
-            -1.186_811_1e-3,
-            -5.906_339_3e-3,
-            1.829_142_9e-2,
-            3.475_741_4e-1,
-            -7.633_884_5e-1,
-        ],
-    )?;
-    let zc2 = e.fmul(zc, zc)?;
-    let arg = e.b.build_float_sub(r, zc2, "").map_err(llvm)?;
-    let tail = e.fmul(t, super::vmath::exp(e, arg)?)?;
-    let tail = sel(FloatPredicate::OGT, z, c(10.0)?, e.zero_vec(lanes), tail)?;
-    let two_minus = e.b.build_float_sub(c(2.0)?, tail, "").map_err(llvm)?;
-    let big = sel(FloatPredicate::OLT, x, e.zero_vec(lanes), tail, two_minus)?;
-    let u2 = e.fmul(u, u)?;
-    let small = poly(
-        u2,
-        &[
-            8.713_938e-5,
-            -8.220_49e-4,
-            5.207_619e-3,
-            -2.686_196_8e-2,
-            1.128_374_1e-1,
-            -3.761_263_8e-1,
-            std::f32::consts::FRAC_2_SQRT_PI,
-        ],
-    )?;
-    let small = e.fma(u, small, c(1.0)?)?;
-    let cf = sel(FloatPredicate::OLT, z, c(0.875)?, small, big)?;
-    e.fmul(e.fmul(x, c(0.5)?)?, cf)
 }
 
 impl GeneratedKernel for GemmKernel {

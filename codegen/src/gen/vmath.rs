@@ -253,3 +253,48 @@ pub(crate) fn erf<'ctx>(e: &Emit<'_, 'ctx>, x: VectorValue<'ctx>) -> Result<Vect
     let nan = e.fcmp(FloatPredicate::UNO, x, x)?;
     e.vselect(nan, x, res)
 }
+
+/// GELU's erf form, 0.5·x·(1 + erf(x/√2)), as `kiln_gelu_erff`: erf as one rational function
+/// u·P(u²)/Q(u²) of u = x/√2 clamped to ±4, 1 + erf kept at or above 0.
+pub(crate) fn gelu_erf<'ctx>(e: &Emit<'_, 'ctx>, x: VectorValue<'ctx>) -> Result<VectorValue<'ctx>> {
+    let n = lanes(x);
+    let u = e.fmul(x, c(e, std::f32::consts::FRAC_1_SQRT_2, n))?;
+    let u = sel_cmp(e, FloatPredicate::OGT, u, c(e, 4.0, n), c(e, 4.0, n), u)?;
+    let u = sel_cmp(e, FloatPredicate::OLT, u, c(e, -4.0, n), c(e, -4.0, n), u)?;
+    let z = e.fmul(u, u)?;
+    let p = horner(
+        e,
+        z,
+        &[
+            -2.72614225801306e-10,
+            2.77068142495902e-08,
+            -2.10102402082508e-06,
+            -5.69250639462346e-05,
+            -7.34990630326855e-04,
+            -2.95459980854025e-03,
+            -1.60960333262415e-02,
+        ],
+    )?;
+    let q = horner(
+        e,
+        z,
+        &[
+            -1.45660718464996e-05,
+            -2.13374055278905e-04,
+            -1.68282697438203e-03,
+            -7.37332916720468e-03,
+            -1.42647390514189e-02,
+        ],
+    )?;
+    let erf = fdiv(e, e.fmul(u, p)?, q)?;
+    let one_plus = e.fadd(erf, c(e, 1.0, n))?;
+    let one_plus = sel_cmp(
+        e,
+        FloatPredicate::OLT,
+        one_plus,
+        e.zero_vec(n),
+        e.zero_vec(n),
+        one_plus,
+    )?;
+    e.fmul(e.fmul(x, c(e, 0.5, n))?, one_plus)
+}
