@@ -209,6 +209,11 @@ pub struct GemmKernel {
     kc: usize,
     mb: usize,
     nb: usize,
+    /// Runs on bf16 pairs with `vdpbf16ps` (see `try_bf16_pairs`): K, KC and the packed B
+    /// count pairs of k, and A is packed as pair rows at run time.
+    bf16_pairs: bool,
+    /// K in elements (`k` counts pairs when `bf16_pairs`).
+    k_elems: usize,
 }
 
 pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GeneratedKernel>>> {
@@ -421,6 +426,11 @@ impl Builder {
                 Some(Operand::Packed { slot })
             }
         };
+        let k_elems = self.k;
+        let bf16_pairs = self.try_bf16_pairs(node, target, &tile);
+        if bf16_pairs {
+            self.k = k_elems.div_ceil(2);
+        }
         let batch_total: usize = self.batch.iter().map(|d| d.extent).product();
         let (kc, mb, nb) = plan_blocks(
             &tile,
@@ -431,8 +441,12 @@ impl Builder {
             !matches!(self.b, Operand::Packed { .. }),
         );
         let what = format!(
-            "{} {}x{} {:?} M={m} N={n} K={} batch={batch_total} KC={kc} MB={mb} NB={nb}",
-            self.what, mr, nr, target.isa, self.k
+            "{} {}x{} {:?}{} M={m} N={n} K={k_elems} batch={batch_total} KC={kc} MB={mb} NB={nb}",
+            self.what,
+            mr,
+            nr,
+            target.isa,
+            if bf16_pairs { " bf16" } else { "" },
         );
         Ok(Some(Box::new(GemmKernel {
             what,
@@ -456,8 +470,73 @@ impl Builder {
             kc,
             mb,
             nb,
+            bf16_pairs,
+            k_elems,
         })))
     }
+
+    /// Switches the product to bf16 pairs when the target has `vdpbf16ps` and both operands
+    /// hold only bf16 values (the autocast pass's operands: weights rounded at compile time,
+    /// activations widened from bf16), so the result is the f32 kernel's up to the order of
+    /// f32 additions. Re-packs the constant B as pairs; the run-time A must be one the pair
+    /// packing reads (row-major, or an NHWC im2col).
+    fn try_bf16_pairs(&mut self, node: &NodeInfo, target: &TargetDesc, tile: &Tile) -> bool {
+        if !target.has_avx512_bf16 || tile.lanes != 16 {
+            return false;
+        }
+        let Operand::Packed { slot } = self.b else {
+            return false;
+        };
+        // One panel set for every batch entry.
+        if self.batch.iter().any(|d| d.b != 0) {
+            return false;
+        }
+        let a_input = match self.a {
+            Operand::Strided { input, cs: 1, .. } | Operand::Im2colNhwc { input, .. } => input,
+            _ => return false,
+        };
+        if !node.input_is_bf16_valued(a_input) {
+            return false;
+        }
+        match pair_panels(&self.packed[slot], self.k, tile.nr()) {
+            Some(p) => {
+                self.packed[slot] = p;
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Re-packs f32 B panels `[panel][K][NR]` as bf16 pairs `[panel][ceil(K/2)][NR]`, the operand
+/// layout of `vdpbf16ps`: the 32-bit word (kp, j) holds row 2kp in its low half and row 2kp+1
+/// (zero past K) in its high half. None when some value is not exactly a bf16 value (a Gemm's
+/// alpha folded into the weights, say), which the pairs could not represent.
+fn pair_panels(packed: &PackedConst, k: usize, nr: usize) -> Option<PackedConst> {
+    let words: Vec<u32> = packed
+        .bytes
+        .chunks_exact(4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    if words.iter().any(|w| w & 0xffff != 0) || words.len() % (k * nr) != 0 {
+        return None;
+    }
+    let k2 = k.div_ceil(2);
+    let mut out = Vec::with_capacity(words.len() / (k * nr) * k2 * nr * 4);
+    for panel in words.chunks_exact(k * nr) {
+        for kp in 0..k2 {
+            for j in 0..nr {
+                let lo = panel[2 * kp * nr + j] >> 16;
+                let hi = if 2 * kp + 1 < k {
+                    panel[(2 * kp + 1) * nr + j] & 0xffff_0000
+                } else {
+                    0
+                };
+                out.extend_from_slice(&(lo | hi).to_le_bytes());
+            }
+        }
+    }
+    Some(PackedConst { bytes: out })
 }
 
 /// The size of a weight matrix beyond which it is read from memory rather than a cache, so
@@ -1021,8 +1100,15 @@ impl GeneratedKernel for GemmKernel {
         if !matches!(self.b, Operand::Packed { .. }) {
             floats += self.kc * self.nb.div_ceil(self.tile.nr()) * self.tile.nr();
         }
-        if !matches!(self.a, Operand::Packed { .. }) {
-            floats += self.kc * self.mb.div_ceil(self.tile.mr) * self.tile.mr;
+        let a_panels = self.mb.div_ceil(self.tile.mr) * self.tile.mr;
+        if self.bf16_pairs {
+            // Pair rows, and for an im2col A one panel of f32 rows to convert from.
+            floats += self.pair_row_stride() as usize * a_panels;
+            if matches!(self.a, Operand::Im2colNhwc { .. }) {
+                floats += 2 * self.kc * self.tile.mr;
+            }
+        } else if !matches!(self.a, Operand::Packed { .. }) {
+            floats += self.kc * a_panels;
         }
         Scratch {
             shared_bytes: 0,
@@ -1116,7 +1202,16 @@ impl GemmKernel {
     /// the encoder, so it stays interleaved; reading it in place, unpacked, measured 0-12%
     /// slower there.
     fn a_row_stride(&self) -> Option<i64> {
+        if self.bf16_pairs {
+            return Some(self.pair_row_stride());
+        }
         matches!(self.a, Operand::Im2colNhwc { .. }).then_some(self.kc as i64)
+    }
+
+    /// The row stride (in pairs) of bf16 pair rows of A: KC rounded up to whole 64-byte
+    /// vectors, so that converting a row a vector at a time never writes into the next row.
+    fn pair_row_stride(&self) -> i64 {
+        self.kc.next_multiple_of(PAIRS_PER_VECTOR) as i64
     }
 
     fn slot_of(&self, op: &Operand) -> usize {
@@ -1237,7 +1332,11 @@ impl GemmKernel {
                         .build_load(vt, acc[i * nv + v], "")
                         .map_err(llvm)?
                         .into_vector_value();
-                    let nx = e.fma(sv, bv[v], cur)?;
+                    let nx = if self.bf16_pairs {
+                        dot_bf16_pairs(&e, cur, sv, bv[v])?
+                    } else {
+                        e.fma(sv, bv[v], cur)?
+                    };
                     b.build_store(acc[i * nv + v], nx).map_err(llvm)?;
                 }
             }
@@ -1381,7 +1480,16 @@ impl GemmKernel {
             let kc = e.umin(e.i64c(kc_max), e.sub(e.i64c(kk), k0)?)?;
             let first = e.icmp(IntPredicate::EQ, kb, e.i64c(0))?;
             let last = e.icmp(IntPredicate::EQ, kb, e.i64c(n_kb - 1))?;
-            let (a_base, a_ps) = if a_packed {
+            let (a_base, a_ps) = if self.bf16_pairs {
+                let rs = self.pair_row_stride();
+                let f32_rows = e.gep_f32c(apack, rs * cdiv(mb, mr) * mr)?;
+                e.for_range(e.i64c(0), n_mp, 1, |mp| {
+                    let row = e.add(m0, e.mulc(mp, mr)?)?;
+                    let dst = e.gep_f32(apack, e.mulc(mp, mr * rs)?)?;
+                    self.pack_a_pairs(e, dst, f32_rows, ptrs.a, row, k0, kc)
+                })?;
+                (apack, e.i64c(mr * rs))
+            } else if a_packed {
                 let off = e.add(e.mulc(m0, kk)?, e.mulc(k0, mr)?)?;
                 (e.gep_f32(ptrs.a, off)?, e.i64c(mr * kk))
             } else if let (Some(rs), Operand::Im2colNhwc { g, .. }) = (self.a_row_stride(), &self.a) {
@@ -1568,6 +1676,65 @@ impl GemmKernel {
             e.b.build_int_unsigned_div(e.add(lines, e.addc(n_mp, -1)?)?, n_mp, "")
                 .map_err(llvm)?;
         Ok(ChunkPrefetch { base, lines, share })
+    }
+
+    /// Packs rows `[row, row+MR)` × pairs `[k0, k0+kc)` of a run-time A into `dst` as bf16
+    /// pair rows (row i at `dst[i*rs..]`, `rs = pair_row_stride`); rows past M are zero. An
+    /// im2col A is first packed as f32 rows into `f32_rows` (MR rows of 2·KC floats), a
+    /// row-major A converts straight from the input.
+    #[allow(clippy::too_many_arguments)]
+    fn pack_a_pairs<'ctx>(
+        &self,
+        e: &Emit<'_, 'ctx>,
+        dst: PointerValue<'ctx>,
+        f32_rows: PointerValue<'ctx>,
+        src: PointerValue<'ctx>,
+        row: IntValue<'ctx>,
+        k0: IntValue<'ctx>,
+        kc: IntValue<'ctx>,
+    ) -> Result<()> {
+        let (mr, m, rs) = (self.tile.mr as i64, self.m as i64, self.pair_row_stride());
+        // The block's k range in elements; the last block of an odd K ends on half a pair,
+        // whose high half the conversion fills with zero.
+        let k0e = e.mulc(k0, 2)?;
+        let kce = e.umin(e.mulc(kc, 2)?, e.sub(e.i64c(self.k_elems as i64), k0e)?)?;
+        match self.a {
+            Operand::Im2colNhwc { g, .. } => {
+                let f32_rs = 2 * self.kc as i64;
+                let g = g.into_dw(1, g.c);
+                super::conv_nhwc::pack_a_im2col(e, f32_rows, src, row, k0e, kce, mr, m, &g, f32_rs)?;
+                for i in 0..mr {
+                    let from = e.gep_f32c(f32_rows, i * f32_rs)?;
+                    bf16_pair_row(e, e.gep_f32c(dst, i * rs)?, from, kce)?;
+                }
+                Ok(())
+            }
+            Operand::Strided { rs: src_rs, cs: 1, .. } => {
+                for i in 0..mr {
+                    let r = e.addc(row, i)?;
+                    let to = e.gep_f32c(dst, i * rs)?;
+                    let valid = e.icmp(IntPredicate::ULT, r, e.i64c(m))?;
+                    e.if_else(
+                        valid,
+                        || {
+                            let from = e.gep_f32(src, e.add(e.mulc(r, src_rs as i64)?, k0e)?)?;
+                            bf16_pair_row(e, to, from, kce)
+                        },
+                        || {
+                            let vectors = e.udivc(e.addc(kce, 2 * PAIRS_PER_VECTOR as i64 - 1)?, 32)?;
+                            e.for_range(e.i64c(0), vectors, 1, |x| {
+                                let at = e.gep_f32(to, e.mulc(x, PAIRS_PER_VECTOR as i64)?)?;
+                                e.store(at, e.zero_vec(PAIRS_PER_VECTOR as u32))
+                            })
+                        },
+                    )?;
+                }
+                Ok(())
+            }
+            _ => Err(crate::error::CodegenError::internal(
+                "bf16 pair packing needs a row-major or NHWC im2col A",
+            )),
+        }
     }
 
     /// Packs rows `[row, row+MR)` × k `[k0, k0+kc)` of a run-time A into `dst`, interleaved
@@ -1821,4 +1988,57 @@ impl<'ctx> ChunkPrefetch<'ctx> {
 /// Ceiling division of positive i64 values.
 pub(crate) fn cdiv(a: i64, b: i64) -> i64 {
     (a + b - 1) / b
+}
+
+/// 32-bit words (bf16 pairs) in one 512-bit vector.
+const PAIRS_PER_VECTOR: usize = 16;
+
+/// `acc + a·b` over bf16 pairs: each f32 lane j of `acc` adds `a.lo·b[j].lo + a.hi·b[j].hi`
+/// (`vdpbf16ps`). `a_pair` is one pair splatted to every lane, `b_pairs` 16 pairs; both
+/// arrive as `<16 x float>` holding the pairs' bits.
+fn dot_bf16_pairs<'ctx>(
+    e: &Emit<'_, 'ctx>,
+    acc: VectorValue<'ctx>,
+    a_pair: VectorValue<'ctx>,
+    b_pairs: VectorValue<'ctx>,
+) -> Result<VectorValue<'ctx>> {
+    let pairs = e.cx.bf16_type().vec_type(2 * PAIRS_PER_VECTOR as u32);
+    let a = e.b.build_bit_cast(a_pair, pairs, "").map_err(llvm)?;
+    let b = e.b.build_bit_cast(b_pairs, pairs, "").map_err(llvm)?;
+    Ok(e
+        .intrinsic(
+            "llvm.x86.avx512bf16.dpbf16ps.512",
+            &[],
+            &[acc.into(), a.into(), b.into()],
+        )?
+        .into_vector_value())
+}
+
+/// Converts `n` f32 at `src` to bf16 (round to nearest even, as `vcvtneps2bf16`: exact for
+/// the bf16 values the pair kernels take) at `dst`, 32 at a time; the last vector's lanes
+/// past `n` are zero, so an odd `n` ends on a pair whose high half is zero. Writes whole
+/// 64-byte vectors.
+fn bf16_pair_row<'ctx>(
+    e: &Emit<'_, 'ctx>,
+    dst: PointerValue<'ctx>,
+    src: PointerValue<'ctx>,
+    n: IntValue<'ctx>,
+) -> Result<()> {
+    let lanes = 2 * PAIRS_PER_VECTOR as u32;
+    let iota = e.iota_i32(lanes);
+    let i32t = e.cx.i32_type();
+    e.for_range(e.i64c(0), e.udivc(e.addc(n, lanes as i64 - 1)?, lanes as i64)?, 1, |x| {
+        let x0 = e.mulc(x, lanes as i64)?;
+        let left = e.b.build_int_truncate(e.sub(n, x0)?, i32t, "").map_err(llvm)?;
+        let mask = e
+            .b
+            .build_int_compare(IntPredicate::SLT, iota, e.splat_i32(left, lanes)?, "")
+            .map_err(llvm)?;
+        let v = e.masked_load(e.gep_f32(src, x0)?, mask, lanes)?;
+        let bf = e
+            .b
+            .build_float_trunc(v, e.cx.bf16_type().vec_type(lanes), "")
+            .map_err(llvm)?;
+        e.store(e.gep_f32(dst, e.mulc(x, PAIRS_PER_VECTOR as i64)?)?, bf)
+    })
 }
