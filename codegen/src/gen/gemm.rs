@@ -1709,7 +1709,9 @@ impl GemmKernel {
                 }
                 Ok(())
             }
-            Operand::Strided { rs: src_rs, cs: 1, .. } => {
+            Operand::Strided {
+                rs: src_rs, cs: 1, ..
+            } => {
                 for i in 0..mr {
                     let r = e.addc(row, i)?;
                     let to = e.gep_f32c(dst, i * rs)?;
@@ -2005,13 +2007,12 @@ fn dot_bf16_pairs<'ctx>(
     let pairs = e.cx.bf16_type().vec_type(2 * PAIRS_PER_VECTOR as u32);
     let a = e.b.build_bit_cast(a_pair, pairs, "").map_err(llvm)?;
     let b = e.b.build_bit_cast(b_pairs, pairs, "").map_err(llvm)?;
-    Ok(e
-        .intrinsic(
-            "llvm.x86.avx512bf16.dpbf16ps.512",
-            &[],
-            &[acc.into(), a.into(), b.into()],
-        )?
-        .into_vector_value())
+    Ok(e.intrinsic(
+        "llvm.x86.avx512bf16.dpbf16ps.512",
+        &[],
+        &[acc.into(), a.into(), b.into()],
+    )?
+    .into_vector_value())
 }
 
 /// Converts `n` f32 at `src` to bf16 (round to nearest even, as `vcvtneps2bf16`: exact for
@@ -2027,18 +2028,21 @@ fn bf16_pair_row<'ctx>(
     let lanes = 2 * PAIRS_PER_VECTOR as u32;
     let iota = e.iota_i32(lanes);
     let i32t = e.cx.i32_type();
-    e.for_range(e.i64c(0), e.udivc(e.addc(n, lanes as i64 - 1)?, lanes as i64)?, 1, |x| {
-        let x0 = e.mulc(x, lanes as i64)?;
-        let left = e.b.build_int_truncate(e.sub(n, x0)?, i32t, "").map_err(llvm)?;
-        let mask = e
-            .b
-            .build_int_compare(IntPredicate::SLT, iota, e.splat_i32(left, lanes)?, "")
-            .map_err(llvm)?;
-        let v = e.masked_load(e.gep_f32(src, x0)?, mask, lanes)?;
-        let bf = e
-            .b
-            .build_float_trunc(v, e.cx.bf16_type().vec_type(lanes), "")
-            .map_err(llvm)?;
-        e.store(e.gep_f32(dst, e.mulc(x, PAIRS_PER_VECTOR as i64)?)?, bf)
-    })
+    e.for_range(
+        e.i64c(0),
+        e.udivc(e.addc(n, lanes as i64 - 1)?, lanes as i64)?,
+        1,
+        |x| {
+            let x0 = e.mulc(x, lanes as i64)?;
+            let left = e.b.build_int_truncate(e.sub(n, x0)?, i32t, "").map_err(llvm)?;
+            let mask =
+                e.b.build_int_compare(IntPredicate::SLT, iota, e.splat_i32(left, lanes)?, "")
+                    .map_err(llvm)?;
+            let v = e.masked_load(e.gep_f32(src, x0)?, mask, lanes)?;
+            let bf =
+                e.b.build_float_trunc(v, e.cx.bf16_type().vec_type(lanes), "")
+                    .map_err(llvm)?;
+            e.store(e.gep_f32(dst, e.mulc(x, PAIRS_PER_VECTOR as i64)?)?, bf)
+        },
+    )
 }

@@ -332,6 +332,9 @@ fn conv(kernel: [usize; 2], strides: [usize; 2], pads: [usize; 4], dil: [usize; 
 #[path = "testing_nhwc.rs"]
 mod nhwc;
 
+#[path = "testing_bf16.rs"]
+mod bf16;
+
 #[test]
 fn matmul_shapes() {
     let shapes = [

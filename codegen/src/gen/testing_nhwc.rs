@@ -3,7 +3,13 @@
 
 use super::*;
 
-fn conv_nhwc(kernel: [usize; 2], strides: [usize; 2], pads: [usize; 4], dil: [usize; 2], group: usize) -> Op {
+pub(super) fn conv_nhwc(
+    kernel: [usize; 2],
+    strides: [usize; 2],
+    pads: [usize; 4],
+    dil: [usize; 2],
+    group: usize,
+) -> Op {
     match conv(kernel, strides, pads, dil, group) {
         Op::Conv(a) => Op::Conv(ConvAttrs {
             channels_last: true,

@@ -1,0 +1,222 @@
+//! bf16 pair kernels (`vdpbf16ps`) against the reference interpreter: products whose run-time
+//! operand is the autocast pass's `Cast<f32>(Cast<bf16>(x))` and whose weights are bf16
+//! values. On a host with avx512_bf16 they must run on pairs; elsewhere the f32 kernels take
+//! the same cases (the fallback), and the tests say the pair kernels were not run.
+
+use super::*;
+
+/// The host, and whether its products of bf16 values run on pairs.
+fn host() -> (TargetDesc, bool) {
+    let t = TargetDesc::host().unwrap();
+    let pairs = t.has_avx512_bf16 && t.isa == crate::target::Isa::Avx512;
+    if !pairs {
+        eprintln!("skipped: no avx512_bf16 on this CPU; the f32 kernels ran the bf16 cases");
+    }
+    (t, pairs)
+}
+
+fn round_bf16(v: &[f32]) -> Vec<f32> {
+    v.iter().map(|&x| half::bf16::from_f32(x).to_f32()).collect()
+}
+
+impl CaseBuilder {
+    /// A run-time operand that is bf16-valued the way autocast makes it: a graph input
+    /// rounded by `Cast<bf16>` and widened back by `Cast<f32>`. The kernel's data is the
+    /// rounded values (what the two casts compute).
+    fn bf16_operand(mut self, shape: &[usize]) -> Self {
+        let n: usize = shape.iter().product();
+        let v = self.rng.vec(n);
+        let name = format!("in{}", self.vals.len());
+        self.graph_inputs
+            .push(Tensor::from_vec(shape.to_vec(), v.clone()));
+        let x = self.g.add_input(name.clone(), ty(shape));
+        let narrow = self
+            .g
+            .add(
+                format!("{name}.to_bf16"),
+                Op::Cast { to: DType::BF16 },
+                vec![Some(x)],
+                "b",
+            )
+            .unwrap();
+        let wide = self
+            .g
+            .add(
+                format!("{name}.to_f32"),
+                Op::Cast { to: DType::F32 },
+                vec![Some(narrow)],
+                "w",
+            )
+            .unwrap();
+        self.vals.push(Some(wide));
+        self.data.push(Some(round_bf16(&v)));
+        self
+    }
+
+    /// Constant weights rounded to bf16 at compile time, as autocast leaves them.
+    fn bf16_weights(mut self, shape: &[usize]) -> Self {
+        let n: usize = shape.iter().product();
+        let v = round_bf16(&self.rng.vec(n));
+        let name = format!("in{}", self.vals.len());
+        let id = self
+            .g
+            .add_const(name, Tensor::from_vec(shape.to_vec(), v.clone()));
+        self.vals.push(Some(id));
+        self.data.push(Some(v));
+        self
+    }
+}
+
+impl Case {
+    /// Lowers the node, checks whether it runs on pairs, and compares 1- and 2-thread runs
+    /// with the interpreter (the same products of bf16 values, summed in another order).
+    fn check_pairs(&self, what: &str, epi: Option<Epilogue>, want_pairs: bool) {
+        let (target, host_pairs) = host();
+        let node = NodeInfo::new(&self.g, self.id);
+        let k = match epi {
+            None => super::super::gemm::lower(&node, &target),
+            Some(e) => super::super::gemm::lower_fused(&node, &target, e),
+        }
+        .unwrap()
+        .unwrap_or_else(|| panic!("{what}: not lowered"));
+        let on_pairs = k.describe().contains(" bf16 ");
+        assert_eq!(
+            on_pairs,
+            want_pairs && host_pairs,
+            "{what}: kernel {}",
+            k.describe()
+        );
+        let want = self.reference();
+        let n: usize = node.output_shape(0).unwrap().iter().product();
+        for threads in [1, 2] {
+            let got = run_kernel(k.as_ref(), &node, &target, &self.data, n, threads, 0).0;
+            compare(&format!("{what} ({threads} threads)"), &got, &want);
+        }
+    }
+}
+
+#[test]
+fn bf16_pairs_matmul_shapes() {
+    // (m, k, n): odd K (a half pair at the end), K over several blocks, M = 1, cut tiles.
+    let shapes = [
+        (1, 40, 24),
+        (13, 257, 40),
+        (49, 1100, 1000),
+        (7, 3, 56),
+        (30, 768, 96),
+        (12, 1, 32),
+        (25, 511, 19),
+    ];
+    for (i, &(m, k, n)) in shapes.iter().enumerate() {
+        let case = CaseBuilder::new(1000 + i as u64)
+            .bf16_operand(&[m, k])
+            .bf16_weights(&[k, n])
+            .node(Op::MatMul);
+        case.check_pairs(&format!("matmul {m}x{k}x{n}"), None, true);
+    }
+    // A batched run-time A against one weight matrix.
+    let case = CaseBuilder::new(1010)
+        .bf16_operand(&[2, 3, 5, 64])
+        .bf16_weights(&[64, 40])
+        .node(Op::MatMul);
+    case.check_pairs("batched matmul", None, true);
+}
+
+#[test]
+fn bf16_pairs_only_for_bf16_values() {
+    // A Gemm's alpha folded into the weights leaves values bf16 cannot hold: f32 kernels.
+    let gemm = |alpha: f32| Op::Gemm {
+        alpha,
+        beta: 1.0,
+        trans_a: false,
+        trans_b: false,
+    };
+    let case = CaseBuilder::new(1020)
+        .bf16_operand(&[9, 70])
+        .bf16_weights(&[70, 48])
+        .operand(&[48], true)
+        .node(gemm(0.3));
+    case.check_pairs("gemm alpha 0.3", None, false);
+    let case = CaseBuilder::new(1021)
+        .bf16_operand(&[9, 70])
+        .bf16_weights(&[70, 48])
+        .operand(&[48], true)
+        .node(gemm(1.0));
+    case.check_pairs("gemm with bias", None, true);
+    // An f32 run-time operand (no autocast casts), and f32 weights.
+    let case = CaseBuilder::new(1022)
+        .operand(&[9, 70], false)
+        .bf16_weights(&[70, 48])
+        .node(Op::MatMul);
+    case.check_pairs("f32 activations", None, false);
+    let case = CaseBuilder::new(1023)
+        .bf16_operand(&[9, 70])
+        .operand(&[70, 48], true)
+        .node(Op::MatMul);
+    case.check_pairs("f32 weights", None, false);
+}
+
+#[test]
+fn bf16_pairs_nhwc_conv_shapes() {
+    // (n, c, h, w, m, k, stride, pad, dilation): the 3-channel 7x7 stem (K = 147, odd),
+    // 3x3 with K blocks that split taps and pairs, pointwise (a row-major A), a batch.
+    let cases = [
+        (1, 3, 30, 29, 64, [7, 7], [2, 2], [3, 3, 3, 3], [1, 1]),
+        (1, 64, 9, 9, 40, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1]),
+        (1, 300, 5, 5, 7, [3, 3], [1, 1], [1, 1, 1, 1], [1, 1]),
+        (2, 5, 12, 10, 7, [3, 3], [1, 1], [2, 1, 0, 2], [2, 2]),
+        (2, 24, 6, 5, 33, [1, 1], [1, 1], [0, 0, 0, 0], [1, 1]),
+        (1, 129, 7, 7, 20, [1, 1], [2, 2], [0, 0, 0, 0], [1, 1]),
+    ];
+    for (i, &(n, c, h, w, m, k, s, p, d)) in cases.iter().enumerate() {
+        let case = CaseBuilder::new(1100 + i as u64)
+            .bf16_operand(&[n, h, w, c])
+            .bf16_weights(&[m, c, k[0], k[1]])
+            .operand(&[m], true)
+            .node(nhwc::conv_nhwc(k, s, p, d, 1));
+        case.check_pairs(&format!("nhwc conv case {i}"), None, true);
+    }
+}
+
+#[test]
+fn bf16_pairs_fused_epilogue() {
+    // Bias, residual and ReLU in registers after the pair products (ResNet's block end).
+    let case = CaseBuilder::new(1200)
+        .bf16_operand(&[1, 8, 7, 64])
+        .bf16_weights(&[48, 64, 3, 3])
+        .operand(&[48], true)
+        .operand(&[1, 8, 7, 48], false)
+        .node(nhwc::conv_nhwc([3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1));
+    // The interpreter's Conv ignores the 4th input; add the residual and ReLU here.
+    let conv_only = {
+        let mut g = case.g.clone();
+        let inputs: Vec<_> = g.node(case.id).inputs[..3].to_vec();
+        let y = g.add("conv", g.node(case.id).op.clone(), inputs, "c").unwrap();
+        g.add_output("c", y);
+        let all = kiln_ir::eval::eval_graph(&g, case.graph_inputs.clone()).unwrap();
+        all[1].as_slice::<f32>().unwrap().to_vec()
+    };
+    let res = case.data[3].clone().unwrap();
+    let want: Vec<f32> = conv_only
+        .iter()
+        .zip(&res)
+        .map(|(c, r)| (c + r).max(0.0))
+        .collect();
+    let (target, host_pairs) = host();
+    let node = NodeInfo::new(&case.g, case.id);
+    let bias = case.data[2].clone().unwrap();
+    let epi = Epilogue::new(
+        Bias::PerRow(bias),
+        Some(super::super::gemm::Residual::Input(3)),
+        Activation::Relu,
+    );
+    let k = super::super::gemm::lower_fused(&node, &target, epi)
+        .unwrap()
+        .unwrap();
+    assert_eq!(k.describe().contains(" bf16 "), host_pairs, "{}", k.describe());
+    let n = want.len();
+    for threads in [1, 2] {
+        let got = run_kernel(k.as_ref(), &node, &target, &case.data, n, threads, 0).0;
+        compare(&format!("fused epilogue ({threads} threads)"), &got, &want);
+    }
+}
