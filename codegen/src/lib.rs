@@ -3,6 +3,7 @@
 //! + C header, object, LLVM IR, assembly).
 
 mod archive;
+mod bf16_rounding;
 pub mod control;
 pub mod emit;
 pub mod error;

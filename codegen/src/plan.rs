@@ -364,6 +364,9 @@ pub fn build(graph: &Graph, target: &TargetDesc, fusion: bool) -> Result<Plan> {
             fused: vec![],
         });
     }
+    if !target.is_gpu() {
+        crate::bf16_rounding::absorb(graph, &mut kernels);
+    }
     match unsupported.len() {
         0 => {}
         1 => return Err(unsupported.remove(0)),

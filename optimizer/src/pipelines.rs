@@ -1,7 +1,10 @@
 //! Pipelines: which passes run, in which order, for each target.
 //!
 //! A pipeline is a plain function of the user's options. The order follows the design:
-//! freeze → channels-last → bf16 autocast → fuse; the manager verifies after every pass.
+//! freeze → channels-last → fuse → bf16 autocast; the manager verifies after every pass.
+//! Fusion runs before the autocast so that the decomposed patterns it recognizes (attention,
+//! LayerNorm, Softmax, GELU) are not cut apart by the autocast's casts: the autocast then
+//! rounds the fused Attention's Q, K and V, not the pieces of a MatMul-Softmax-MatMul chain.
 
 use crate::{passes, PassManager};
 
@@ -35,20 +38,21 @@ pub struct PipelineOptions {
 
 /// Every pass a pipeline may run, in pipeline order (for `--disable-pass`/`--print-after`
 /// validation: a pass the options leave out is still a valid name).
-pub const PASS_NAMES: &[&str] = &["freeze", "channels-last", "bf16-autocast", FUSE_PASS];
+pub const PASS_NAMES: &[&str] = &["freeze", "channels-last", FUSE_PASS, "bf16-autocast"];
 
 /// Fusion happens in two places (the `fuse` pass and kernel grouping in codegen); disabling
 /// `fuse` turns off both (`CompileOptions::fusion`).
 pub const FUSE_PASS: &str = "fuse";
 
-/// The CPU pipeline: freeze → channels-last (NHWC only) → bf16 autocast (bf16 only) → fuse.
+/// The CPU pipeline: freeze → channels-last (NHWC only) → fuse → bf16 autocast (bf16 only).
 pub fn cpu(opts: &PipelineOptions) -> PassManager {
     let mut pm = PassManager::new().with(passes::freeze::Freeze);
     if opts.layout == Layout::Nhwc {
         pm = pm.with(passes::channels_last::ChannelsLast);
     }
+    pm = pm.with(passes::fuse::Fuse);
     if opts.precision == Precision::Bf16 {
         pm = pm.with(passes::bf16_autocast::Bf16Autocast);
     }
-    pm.with(passes::fuse::Fuse)
+    pm
 }

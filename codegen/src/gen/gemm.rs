@@ -1095,6 +1095,12 @@ impl GeneratedKernel for GemmKernel {
         !self.unread.contains(&i)
     }
 
+    fn rounds_input_to_bf16(&self, i: usize) -> bool {
+        // The pair packing converts A with vcvtneps2bf16 (`bf16_pair_row`).
+        self.bf16_pairs
+            && matches!(self.a, Operand::Strided { input, .. } | Operand::Im2colNhwc { input, .. } if input == i)
+    }
+
     fn scratch(&self) -> Scratch {
         let mut floats = 0;
         if !matches!(self.b, Operand::Packed { .. }) {

@@ -56,6 +56,14 @@ pub trait GeneratedKernel {
         true
     }
 
+    /// Whether the kernel rounds input `i` to bf16 (to nearest even) as it reads it, so it
+    /// may read the f32 value behind the autocast's `Cast<f32>(Cast<bf16>(x))` instead of the
+    /// pair's result (`bf16_rounding`).
+    fn rounds_input_to_bf16(&self, i: usize) -> bool {
+        let _ = i;
+        false
+    }
+
     fn scratch(&self) -> Scratch {
         Scratch::default()
     }

@@ -1,0 +1,120 @@
+//! The autocast's rounding casts, absorbed by the kernels that read them.
+//!
+//! `--precision bf16` writes a bf16 operand as `Cast<f32>(Cast<bf16>(x))`: two library kernels
+//! that read and write the whole activation. A bf16 pair kernel (`gen::gemm`, on CPUs with
+//! avx512_bf16) converts its run-time operand to bf16 anyway, rounding to nearest even as the
+//! `Cast<bf16>` does, so it can read `x` itself. Once no kernel reads a pair's result, its
+//! casts are dropped and reported as part of the kernel that absorbed them.
+//!
+//! The conversion (`vcvtneps2bf16`) treats f32 subnormals (below 1.2e-38) as zero where the
+//! cast would keep a bf16 subnormal; the pair product (`vdpbf16ps`) does the same with bf16
+//! subnormals, so the result is the one the unabsorbed casts give.
+
+use crate::plan::{is_view, Kernel, KernelImpl};
+use kiln_ir::{DType, Graph, NodeId, Op, ValueId};
+use std::collections::{HashMap, HashSet};
+
+/// A rounding pair's source: `x` and the two casts of `Cast<f32>(Cast<bf16>(x))`.
+struct Rounding {
+    source: ValueId,
+    casts: [NodeId; 2],
+}
+
+/// Every `Cast<f32>(Cast<bf16>(x))` of an f32 `x`, by the pair's result.
+fn rounding_pairs(graph: &Graph) -> HashMap<ValueId, Rounding> {
+    let mut pairs = HashMap::new();
+    for (id, node) in graph.node_ids().zip(graph.nodes()) {
+        if !matches!(node.op, Op::Cast { to: DType::F32 }) {
+            continue;
+        }
+        let Some(narrow) = node.inputs.first().copied().flatten() else {
+            continue;
+        };
+        let inner = graph.node(narrow.node);
+        if !matches!(inner.op, Op::Cast { to: DType::BF16 }) {
+            continue;
+        }
+        let Some(source) = inner.inputs.first().copied().flatten() else {
+            continue;
+        };
+        if graph.value_type(source).dtype == DType::F32 {
+            pairs.insert(
+                id.out(0),
+                Rounding {
+                    source,
+                    casts: [narrow.node, id],
+                },
+            );
+        }
+    }
+    pairs
+}
+
+/// The value whose bytes `v` shares through a chain of views.
+fn view_root(graph: &Graph, mut v: ValueId) -> ValueId {
+    loop {
+        let node = graph.node(v.node);
+        match node.inputs.first().copied().flatten() {
+            Some(src) if is_view(&node.op) => v = src,
+            _ => return v,
+        }
+    }
+}
+
+/// Points kernels that round an input to bf16 at the rounding pair's source, then drops the
+/// cast kernels whose results nothing reads any more.
+pub(crate) fn absorb(graph: &Graph, kernels: &mut Vec<Kernel>) {
+    let pairs = rounding_pairs(graph);
+    if pairs.is_empty() {
+        return;
+    }
+    // The first kernel that reads each pair's source instead of its result.
+    let mut absorbed_by: HashMap<NodeId, usize> = HashMap::new();
+    for (k, kernel) in kernels.iter_mut().enumerate() {
+        let KernelImpl::Generated(g) = &kernel.imp else {
+            continue;
+        };
+        for (i, input) in kernel.inputs.iter_mut().enumerate() {
+            let Some(rounding) = input.and_then(|v| pairs.get(&v)) else {
+                continue;
+            };
+            if g.rounds_input_to_bf16(i) {
+                *input = Some(rounding.source);
+                for cast in rounding.casts {
+                    absorbed_by.entry(cast).or_insert(k);
+                }
+            }
+        }
+    }
+    if absorbed_by.is_empty() {
+        return;
+    }
+    // Kernels run in topological order: walking back, a cast kernel is dead when no later
+    // kernel and no graph output reads (a view of) its result.
+    let mut read: HashSet<ValueId> = graph
+        .outputs()
+        .iter()
+        .map(|o| view_root(graph, o.value))
+        .collect();
+    let mut dropped = vec![false; kernels.len()];
+    for (k, kernel) in kernels.iter().enumerate().rev() {
+        let unread = kernel.outputs.iter().all(|v| !read.contains(v));
+        if unread && absorbed_by.contains_key(&kernel.node) && kernel.fused.is_empty() {
+            dropped[k] = true;
+            continue;
+        }
+        read.extend(kernel.inputs.iter().flatten().map(|&v| view_root(graph, v)));
+    }
+    let mut absorbed: Vec<(usize, NodeId)> = kernels
+        .iter()
+        .zip(&dropped)
+        .filter(|(_, &d)| d)
+        .map(|(kernel, _)| (absorbed_by[&kernel.node], kernel.node))
+        .collect();
+    absorbed.sort();
+    for (k, cast) in absorbed {
+        kernels[k].fused.push(cast);
+    }
+    let mut keep = dropped.iter().map(|d| !d);
+    kernels.retain(|_| keep.next().unwrap_or(true));
+}
