@@ -10,7 +10,8 @@ For each model of bench-models/ (made by `fixtures/make_benchmark_models.py --ou
   3. time, in interleaved rounds (kiln, ORT, OpenVINO, kiln, ...) to spread machine noise:
      kiln: `DIR/M --input NAME=FILE.npy --bench N --threads T` (one warm-up, N timed runs);
      onnxruntime: intra_op_num_threads=T, sequential, all graph optimizations, N runs after
-     a warm-up; OpenVINO: CPU, INFERENCE_NUM_THREADS=T, latency hint, N runs after a warm-up.
+     a warm-up; OpenVINO: CPU, INFERENCE_NUM_THREADS=T, latency hint, INFERENCE_PRECISION_HINT
+     f32 (explicit: on CPUs with bf16 OpenVINO's default is bf16), N runs after a warm-up.
      Each round gives a median; the table shows the median of the rounds' medians.
 
 With --variants, each model is also compiled with one pass family off or one option changed
@@ -19,6 +20,16 @@ bf16`, bf16 with `--disable-pass bf16-autocast`); every variant runs in the same
 rounds and a second table shows its kernel count (from `kiln compile --report`), latency and
 the ratio to the default compile, with its output error. Variants this kiln does not accept
 (an option missing from `kiln compile --help`, an unknown pass) are listed as unavailable.
+
+With a bf16 variant (`bf16`, `bf16-no-autocast`), OpenVINO also runs the model with
+INFERENCE_PRECISION_HINT bf16 (same threads and hint) in the same rounds, and a third table
+shows, per bf16 variant: kiln bf16 ms, OpenVINO bf16 ms, kiln bf16 / OpenVINO bf16, the speed-up
+over kiln's default (f32) compile, the cosine of kiln bf16's outputs to the f32 expected outputs,
+OpenVINO bf16's own cosine to them (what another bf16 implementation reaches), and whether
+BF16_TARGET is met. When OpenVINO's CPU plugin does not report BF16 in its
+OPTIMIZATION_CAPABILITIES, that column is skipped with a line saying why. --json has the same
+(openvino_bf16_ms, openvino_bf16_cosine, openvino_bf16_max_abs_diff, openvino_bf16_unavailable
+per model; speedup_vs_f32, vs_openvino_bf16 per bf16 variant).
 
 Prints markdown tables. Usage, from the repository root (the script creates and then uses
 .venv-bench with scripts/bench-requirements.txt):
@@ -53,6 +64,9 @@ VARIANTS = {
     # What the autocast pass buys at bf16 (without it, bf16 should compile like f32).
     "bf16-no-autocast": ["--precision", "bf16", "--disable-pass", "bf16-autocast"],
 }
+# The bf16 acceptance target: kiln --precision bf16 at least this much faster than kiln f32, at
+# most this ratio of OpenVINO bf16's latency, with at least this cosine to the f32 reference.
+BF16_TARGET = {"speedup_vs_f32": 1.6, "vs_openvino_bf16": 1.1, "cosine": 0.999}
 LATENCY = re.compile(r"latency: median ([0-9.]+) ms, min ([0-9.]+) ms over (\d+) runs, (\d+) threads")
 
 
@@ -178,13 +192,36 @@ def ort_session(model: str, threads: int):
     return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
 
 
-def ov_request(model: str, threads: int):
+def ov_bf16_missing() -> str | None:
+    """Why OpenVINO's CPU plugin cannot run bf16 here, or None when it can."""
+    import openvino as ov
+
+    caps = ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    return None if "BF16" in caps else f"the CPU plugin reports no BF16 capability ({', '.join(caps)})"
+
+
+def ov_request(model: str, threads: int, precision: str = "f32"):
     import openvino as ov
 
     core = ov.Core()
+    # The precision is always explicit: on CPUs with bf16 (AVX512_BF16, AMX) OpenVINO runs in
+    # bf16 by default, which would make the f32 column a bf16 one.
     compiled = core.compile_model(core.read_model(model), "CPU",
-                                  {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"})
+                                  {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY",
+                                   "INFERENCE_PRECISION_HINT": precision})
+    # A hint the CPU cannot honour falls back silently; read back what it compiled to.
+    got = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
+    if got != precision:
+        raise RuntimeError(f"asked for INFERENCE_PRECISION_HINT {precision}, compiled as {got}")
     return compiled.create_infer_request()
+
+
+def ov_outputs(req, feeds: dict, names) -> dict:
+    import numpy as np
+
+    # Copies: the arrays infer() returns are views of buffers the next infer() overwrites.
+    got = req.infer(feeds)
+    return {n: np.array(got[n], copy=True) for n in names}
 
 
 def sanitize(name: str) -> str:
@@ -195,13 +232,22 @@ def output_error(entry: dict, mdir: str, out_dir: str, ort_out: dict) -> tuple[f
     """Max |diff| and the smallest cosine similarity of kiln's outputs against the reference."""
     import numpy as np
 
+    got = {out: np.load(os.path.join(out_dir, sanitize(out) + ".npy")) for out in ort_out}
+    return compare(entry, mdir, got, ort_out, "kiln")
+
+
+def compare(entry: dict, mdir: str, outputs: dict, ort_out: dict, who: str) -> tuple[float, float]:
+    """Max |diff| and the smallest cosine similarity of `outputs` against the expected outputs
+    (onnxruntime's, `ort_out`, where the manifest has none)."""
+    import numpy as np
+
     diff, cosine = 0.0, 1.0
     for out, ref in ort_out.items():
         expected = entry.get("outputs", {}).get(out)
         ref = np.load(os.path.join(mdir, expected)) if expected else ref
-        got = np.load(os.path.join(out_dir, sanitize(out) + ".npy"))
+        got = outputs[out]
         if got.shape != ref.shape:
-            raise RuntimeError(f"output '{out}': kiln gives shape {got.shape}, expected {ref.shape}")
+            raise RuntimeError(f"output '{out}': {who} gives shape {got.shape}, expected {ref.shape}")
         if got.size:
             g, r = got.astype(np.float64).ravel(), ref.astype(np.float64).ravel()
             diff = max(diff, float(np.max(np.abs(g - r))))
@@ -247,14 +293,28 @@ def bench_model(args, entry: dict, flags: set[str]) -> dict:
 
     sess = ort_session(model, args.threads)
     ort_out = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
-    ov_req = None
+    ov_req = ov_bf16_req = None
     if not args.no_openvino:
         try:
             ov_req = ov_request(model, args.threads)
         except Exception as e:  # an op OpenVINO lacks should not stop the other columns
             print(f"{name}: OpenVINO cannot run it: {e}", file=sys.stderr)
+    if args.ov_bf16 and args.ov_bf16_missing:
+        res["openvino_bf16_unavailable"] = args.ov_bf16_missing
+    elif args.ov_bf16:
+        # The bf16 peer of kiln's bf16 variants: what another bf16 implementation reaches.
+        try:
+            ov_bf16_req = ov_request(model, args.threads, "bf16")
+            res["openvino_bf16_max_abs_diff"], res["openvino_bf16_cosine"] = compare(
+                entry, mdir, ov_outputs(ov_bf16_req, feeds, ort_out), ort_out, "OpenVINO bf16")
+        except Exception as e:
+            print(f"{name}: OpenVINO cannot run it in bf16: {e}", file=sys.stderr)
+            res["openvino_bf16_unavailable"] = str(e)
+            ov_bf16_req = None
 
     times = {"kiln": [], "ort": [], "openvino": []}
+    if ov_bf16_req is not None:
+        times["openvino_bf16"] = []
     for rnd in range(args.rounds):
         # The kiln executables start in a different order each round, so no variant always
         # runs first (cold caches) or right after a slow one.
@@ -274,6 +334,8 @@ def bench_model(args, entry: dict, flags: set[str]) -> dict:
         times["ort"].append(timed(lambda: sess.run(None, feeds), args.runs))
         if ov_req is not None:
             times["openvino"].append(timed(lambda: ov_req.infer(feeds), args.runs))
+        if ov_bf16_req is not None:
+            times["openvino_bf16"].append(timed(lambda: ov_bf16_req.infer(feeds), args.runs))
 
     res["max_abs_diff"], res["cosine"] = output_error(entry, mdir, out_dir, ort_out)
     for k, v in times.items():
@@ -288,9 +350,19 @@ def bench_model(args, entry: dict, flags: set[str]) -> dict:
             v["max_abs_diff"], v["cosine"] = output_error(entry, mdir, v["out_dir"], ort_out)
         except Exception as e:
             v["error"] = f"output check: {e}"
+        if is_bf16(v["variant"]):
+            # The acceptance numbers: speed-up over kiln f32, and latency against OpenVINO bf16.
+            v["speedup_vs_f32"] = res["kiln_ms"] / v["ms"] if v["ms"] else None
+            bf16_ms = res.get("openvino_bf16_ms")
+            v["vs_openvino_bf16"] = v["ms"] / bf16_ms if bf16_ms else None
     if args.variants is not None:
         res["variants"] = [{k: x for k, x in v.items() if k not in ("exe", "out_dir")} for v in variants]
     return res
+
+
+def is_bf16(variant: str) -> bool:
+    flags = VARIANTS[variant]
+    return "--precision" in flags and flags[flags.index("--precision") + 1] == "bf16"
 
 
 def fmt(x, spec: str) -> str:
@@ -322,6 +394,41 @@ def print_variants(results: list) -> None:
                       f"{v['max_abs_diff']:.2e} | {v['cosine']:.6f} |")
 
 
+def bf16_verdict(v: dict) -> str:
+    t = BF16_TARGET
+    got = (v.get("speedup_vs_f32"), v.get("vs_openvino_bf16"), v.get("cosine"))
+    if None in got:
+        return "n/a"
+    missed = [what for what, ok in (
+        (f"speed-up < {t['speedup_vs_f32']}", got[0] >= t["speedup_vs_f32"]),
+        (f"vs OV > {t['vs_openvino_bf16']}", got[1] <= t["vs_openvino_bf16"]),
+        (f"cosine < {t['cosine']}", got[2] >= t["cosine"])) if not ok]
+    return "met" if not missed else "missed: " + ", ".join(missed)
+
+
+def print_bf16(results: list) -> None:
+    t = BF16_TARGET
+    print(f"\nbf16 against kiln f32 and OpenVINO bf16 (same rounds; target: >= {t['speedup_vs_f32']}x "
+          f"kiln f32, <= {t['vs_openvino_bf16']}x OpenVINO bf16, cosine >= {t['cosine']} to the f32 "
+          f"reference)\n")
+    print("| model | variant | kiln bf16 ms | OV bf16 ms | kiln/OV bf16 | speed-up vs kiln f32 "
+          "| cosine | OV bf16 cosine | target |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---|")
+    for r in results:
+        if "error" in r:
+            continue
+        ov_cos = fmt(r.get("openvino_bf16_cosine"), ".6f")
+        for v in r.get("variants", []):
+            if not is_bf16(v["variant"]) or "unavailable" in v or "error" in v:
+                continue
+            print(f"| {r['model']} | {v['variant']} | {v['ms']:.3f} | {fmt(r.get('openvino_bf16_ms'), '.3f')} | "
+                  f"{fmt(v['vs_openvino_bf16'], '.2f')} | {fmt(v['speedup_vs_f32'], '.2f')} | "
+                  f"{v['cosine']:.6f} | {ov_cos} | {bf16_verdict(v)} |")
+    for r in results:
+        if "openvino_bf16_unavailable" in r:
+            print(f"\n{r['model']}: no OpenVINO bf16 column: {r['openvino_bf16_unavailable']}")
+
+
 def main() -> int:
     args = parse_args()
     if not args.no_venv:
@@ -339,6 +446,11 @@ def main() -> int:
         if unknown:
             sys.exit(f"error: unknown variant(s) {', '.join(unknown)} (known: {', '.join(VARIANTS)})")
         args.variants = args.variants or list(VARIANTS)
+    # OpenVINO bf16 is timed only as the peer of a kiln bf16 variant.
+    args.ov_bf16 = not args.no_openvino and any(is_bf16(v) for v in args.variants or [])
+    args.ov_bf16_missing = ov_bf16_missing() if args.ov_bf16 else None
+    if args.ov_bf16_missing:
+        print(f"OpenVINO bf16 skipped: {args.ov_bf16_missing}", file=sys.stderr)
     flags = compile_flags(args.kiln)
 
     results, failures = [], 0
@@ -351,11 +463,12 @@ def main() -> int:
             results.append({"model": n, "error": str(e)})
             continue
         results.append(r)
+        bf16 = f", OpenVINO bf16 {fmt(r['openvino_bf16_ms'], '.3f')} ms" if "openvino_bf16_ms" in r else ""
         print(f"{n}: kiln {r['kiln_ms']:.3f} ms, ORT {r['ort_ms']:.3f} ms, "
-              f"OpenVINO {fmt(r['openvino_ms'], '.3f')} ms", file=sys.stderr, flush=True)
+              f"OpenVINO f32 {fmt(r['openvino_ms'], '.3f')} ms{bf16}", file=sys.stderr, flush=True)
 
     print(f"\n{args.threads} threads, median of {args.rounds} rounds x {args.runs} runs\n")
-    print("| model | kiln ms | ORT ms | OpenVINO ms | kiln/ORT | kiln/OV | compile s | max abs diff |")
+    print("| model | kiln ms | ORT ms | OpenVINO f32 ms | kiln/ORT | kiln/OV | compile s | max abs diff |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         if "error" in r:
@@ -366,6 +479,8 @@ def main() -> int:
               f"{r['compile_s']:.1f} | {r['max_abs_diff']:.2e} |")
     if args.variants:
         print_variants(results)
+    if any(is_bf16(v) for v in args.variants or []):
+        print_bf16(results)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
