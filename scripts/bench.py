@@ -64,9 +64,11 @@ VARIANTS = {
     # What the autocast pass buys at bf16 (without it, bf16 should compile like f32).
     "bf16-no-autocast": ["--precision", "bf16", "--disable-pass", "bf16-autocast"],
 }
-# The bf16 acceptance target: kiln --precision bf16 at least this much faster than kiln f32, at
-# most this ratio of OpenVINO bf16's latency, with at least this cosine to the f32 reference.
+# The bf16 acceptance target: kiln --precision bf16 at least this much faster than kiln f32 and
+# at most this ratio of OpenVINO bf16's latency on the models named, with at least this cosine to
+# the f32 reference on every model.
 BF16_TARGET = {"speedup_vs_f32": 1.6, "vs_openvino_bf16": 1.1, "cosine": 0.999}
+BF16_SPEED_MODELS = {"resnet50", "bert_encoder"}
 LATENCY = re.compile(r"latency: median ([0-9.]+) ms, min ([0-9.]+) ms over (\d+) runs, (\d+) threads")
 
 
@@ -394,23 +396,24 @@ def print_variants(results: list) -> None:
                       f"{v['max_abs_diff']:.2e} | {v['cosine']:.6f} |")
 
 
-def bf16_verdict(v: dict) -> str:
+def bf16_verdict(model: str, v: dict) -> str:
     t = BF16_TARGET
     got = (v.get("speedup_vs_f32"), v.get("vs_openvino_bf16"), v.get("cosine"))
     if None in got:
         return "n/a"
-    missed = [what for what, ok in (
-        (f"speed-up < {t['speedup_vs_f32']}", got[0] >= t["speedup_vs_f32"]),
-        (f"vs OV > {t['vs_openvino_bf16']}", got[1] <= t["vs_openvino_bf16"]),
-        (f"cosine < {t['cosine']}", got[2] >= t["cosine"])) if not ok]
+    checks = [(f"cosine < {t['cosine']}", got[2] >= t["cosine"])]
+    if model in BF16_SPEED_MODELS:
+        checks += [(f"speed-up < {t['speedup_vs_f32']}", got[0] >= t["speedup_vs_f32"]),
+                   (f"vs OV > {t['vs_openvino_bf16']}", got[1] <= t["vs_openvino_bf16"])]
+    missed = [what for what, ok in checks if not ok]
     return "met" if not missed else "missed: " + ", ".join(missed)
 
 
 def print_bf16(results: list) -> None:
     t = BF16_TARGET
     print(f"\nbf16 against kiln f32 and OpenVINO bf16 (same rounds; target: >= {t['speedup_vs_f32']}x "
-          f"kiln f32, <= {t['vs_openvino_bf16']}x OpenVINO bf16, cosine >= {t['cosine']} to the f32 "
-          f"reference)\n")
+          f"kiln f32 and <= {t['vs_openvino_bf16']}x OpenVINO bf16 on {', '.join(sorted(BF16_SPEED_MODELS))}, "
+          f"cosine >= {t['cosine']} to the f32 reference everywhere)\n")
     print("| model | variant | kiln bf16 ms | OV bf16 ms | kiln/OV bf16 | speed-up vs kiln f32 "
           "| cosine | OV bf16 cosine | target |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---|")
@@ -423,7 +426,7 @@ def print_bf16(results: list) -> None:
                 continue
             print(f"| {r['model']} | {v['variant']} | {v['ms']:.3f} | {fmt(r.get('openvino_bf16_ms'), '.3f')} | "
                   f"{fmt(v['vs_openvino_bf16'], '.2f')} | {fmt(v['speedup_vs_f32'], '.2f')} | "
-                  f"{v['cosine']:.6f} | {ov_cos} | {bf16_verdict(v)} |")
+                  f"{v['cosine']:.6f} | {ov_cos} | {bf16_verdict(r['model'], v)} |")
     for r in results:
         if "openvino_bf16_unavailable" in r:
             print(f"\n{r['model']}: no OpenVINO bf16 column: {r['openvino_bf16_unavailable']}")

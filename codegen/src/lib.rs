@@ -103,6 +103,8 @@ pub struct Summary {
     pub files: Vec<PathBuf>,
     pub kernels: usize,
     pub generated_kernels: usize,
+    /// CPU kernels that compute bf16 dot products in hardware (`vdpbf16ps`).
+    pub bf16_dot_kernels: usize,
     pub weights_bytes: u64,
     pub arena_bytes: u64,
     pub thread_scratch_bytes: u64,
@@ -287,10 +289,16 @@ fn summarize(graph: &Graph, plan: &plan::Plan, target: &TargetDesc, files: Vec<P
         .iter()
         .filter(|k| matches!(k.imp, plan::KernelImpl::Generated(_) | plan::KernelImpl::Gpu(_)))
         .count();
+    let bf16_dot_kernels = plan
+        .kernels
+        .iter()
+        .filter(|k| matches!(&k.imp, plan::KernelImpl::Generated(g) if g.bf16_dot_products()))
+        .count();
     Summary {
         files,
         kernels: plan.kernels.len(),
         generated_kernels,
+        bf16_dot_kernels,
         weights_bytes: plan.weights.len() as u64,
         arena_bytes: plan.arena_bytes,
         thread_scratch_bytes: plan.thread_scratch_bytes,

@@ -352,6 +352,19 @@ pub fn build(args: Args, mode: Mode) -> Result<()> {
                 100.0 * b.bf16_flops as f64 / b.total_flops.max(1) as f64,
                 b.total_flops as f64 / 1e9
             );
+            if args.target == TargetArg::Cpu && b.bf16_ops > 0 {
+                if summary.bf16_dot_kernels > 0 {
+                    eprintln!(
+                        "  bf16: {} kernels compute bf16 dot products in hardware (vdpbf16ps)",
+                        summary.bf16_dot_kernels
+                    );
+                } else {
+                    eprintln!(
+                        "  {} the target has no bf16 dot product (avx512_bf16): f32 kernels run the bf16 operands, with bf16 accuracy and no speed-up",
+                        "note:",
+                    );
+                }
+            }
         }
     }
     if args.list_kernels {

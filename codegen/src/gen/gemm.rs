@@ -518,7 +518,7 @@ fn pair_panels(packed: &PackedConst, k: usize, nr: usize) -> Option<PackedConst>
         .chunks_exact(4)
         .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
         .collect();
-    if words.iter().any(|w| w & 0xffff != 0) || words.len() % (k * nr) != 0 {
+    if words.iter().any(|w| w & 0xffff != 0) || !words.len().is_multiple_of(k * nr) {
         return None;
     }
     let k2 = k.div_ceil(2);
@@ -1093,6 +1093,10 @@ impl GeneratedKernel for GemmKernel {
 
     fn reads_input(&self, i: usize) -> bool {
         !self.unread.contains(&i)
+    }
+
+    fn bf16_dot_products(&self) -> bool {
+        self.bf16_pairs
     }
 
     fn rounds_input_to_bf16(&self, i: usize) -> bool {

@@ -64,6 +64,12 @@ pub trait GeneratedKernel {
         false
     }
 
+    /// Whether the kernel computes bf16 dot products in hardware (`vdpbf16ps`), for the
+    /// compile summary: bf16 operands on f32 kernels give bf16 accuracy but no speed-up.
+    fn bf16_dot_products(&self) -> bool {
+        false
+    }
+
     fn scratch(&self) -> Scratch {
         Scratch::default()
     }

@@ -220,3 +220,90 @@ fn bf16_pairs_fused_epilogue() {
         compare(&format!("fused epilogue ({threads} threads)"), &got, &want);
     }
 }
+
+/// GFLOP/s of bf16 pair kernels next to the f32 kernels on the same shapes (`cargo test
+/// --release -p kiln-codegen bf16_gemm_speed -- --ignored --nocapture`). A measurement, not a
+/// check: run it on an idle machine and compare with the core's `vdpbf16ps` peak.
+#[test]
+#[ignore]
+fn bf16_gemm_speed() {
+    let shapes: Vec<(&str, CaseBuilder, Op, f64)> = vec![
+        (
+            "matmul 128x768 x 768x768",
+            CaseBuilder::new(1300)
+                .bf16_operand(&[128, 768])
+                .bf16_weights(&[768, 768]),
+            Op::MatMul,
+            2.0 * 128.0 * 768.0 * 768.0,
+        ),
+        (
+            "matmul 128x768 x 768x3072",
+            CaseBuilder::new(1301)
+                .bf16_operand(&[128, 768])
+                .bf16_weights(&[768, 3072]),
+            Op::MatMul,
+            2.0 * 128.0 * 768.0 * 3072.0,
+        ),
+        (
+            "matmul 1024^3",
+            CaseBuilder::new(1302)
+                .bf16_operand(&[1024, 1024])
+                .bf16_weights(&[1024, 1024]),
+            Op::MatMul,
+            2.0 * 1024.0 * 1024.0 * 1024.0,
+        ),
+        (
+            "nhwc conv 64->64 3x3 56x56",
+            CaseBuilder::new(1303)
+                .bf16_operand(&[1, 56, 56, 64])
+                .bf16_weights(&[64, 64, 3, 3])
+                .operand(&[64], true),
+            nhwc::conv_nhwc([3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
+            2.0 * 64.0 * 64.0 * 9.0 * 56.0 * 56.0,
+        ),
+        (
+            "nhwc conv 1x1 256->64 56x56",
+            CaseBuilder::new(1304)
+                .bf16_operand(&[1, 56, 56, 256])
+                .bf16_weights(&[64, 256, 1, 1])
+                .operand(&[64], true),
+            nhwc::conv_nhwc([1, 1], [1, 1], [0, 0, 0, 0], [1, 1], 1),
+            2.0 * 64.0 * 256.0 * 56.0 * 56.0,
+        ),
+        (
+            "nhwc conv 256->256 3x3 14x14",
+            CaseBuilder::new(1305)
+                .bf16_operand(&[1, 14, 14, 256])
+                .bf16_weights(&[256, 256, 3, 3])
+                .operand(&[256], true),
+            nhwc::conv_nhwc([3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
+            2.0 * 256.0 * 256.0 * 9.0 * 196.0,
+        ),
+    ];
+    let (host, _) = host();
+    let filter = std::env::var("KILN_SPEED_FILTER").unwrap_or_default();
+    for (name, builder, op, flops) in shapes.into_iter().filter(|s| s.0.contains(&filter)) {
+        let case = builder.node(op);
+        let node = NodeInfo::new(&case.g, case.id);
+        // The same shape on the f32 kernels: a target without avx512_bf16.
+        let f32_target = TargetDesc {
+            has_avx512_bf16: false,
+            features: host.features.replace("+avx512bf16", "-avx512bf16"),
+            ..host.clone()
+        };
+        for (what, target) in [("bf16", &host), ("f32 ", &f32_target)] {
+            let k = super::super::gemm::lower(&node, target).unwrap().unwrap();
+            let n: usize = node.output_shape(0).unwrap().iter().product();
+            for threads in [1, 2] {
+                let reps = (6e10 / flops).clamp(20.0, 400.0) as usize;
+                let (_, secs) = run_kernel(k.as_ref(), &node, target, &case.data, n, threads, reps);
+                println!(
+                    "{name:30} {what} {threads} thr: {:8.3} ms {:7.1} GFLOP/s   [{}]",
+                    secs * 1e3,
+                    flops / secs / 1e9,
+                    k.describe()
+                );
+            }
+        }
+    }
+}
