@@ -360,8 +360,7 @@ pub fn build(args: Args, mode: Mode) -> Result<()> {
                     );
                 } else {
                     eprintln!(
-                        "  {} the target has no bf16 dot product (avx512_bf16): f32 kernels run the bf16 operands, with bf16 accuracy and no speed-up",
-                        "note:",
+                        "  note: the target has no bf16 dot product (avx512_bf16): f32 kernels run the bf16 operands, with bf16 accuracy and no speed-up"
                     );
                 }
             }
