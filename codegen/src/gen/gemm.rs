@@ -440,6 +440,9 @@ impl Builder {
             batch_total,
             !matches!(self.b, Operand::Packed { .. }),
         );
+        if let Operand::Packed { slot } = self.b {
+            self.packed[slot] = block_major_panels(&self.packed[slot], self.k, nr, kc, n.div_ceil(nr));
+        }
         let what = format!(
             "{} {}x{} {:?}{} M={m} N={n} K={k_elems} batch={batch_total} KC={kc} MB={mb} NB={nb}",
             self.what,
@@ -506,6 +509,27 @@ impl Builder {
             None => false,
         }
     }
+}
+
+/// Re-lays packed B panels `[panel][K][NR]` (4-byte elements, one panel set per batch entry)
+/// out K-block major, `[K block][panel][kc][NR]` with blocks of `kc` rows (the last one
+/// shorter): a task walks its panels of one K block, then the next block, so it reads B
+/// front to back. Weights larger than the caches stream from memory on every run, and with
+/// panel-major B each panel's block was a separate stream the hardware prefetcher had to
+/// find again.
+fn block_major_panels(packed: &PackedConst, k: usize, nr: usize, kc: usize, n_panels: usize) -> PackedConst {
+    let panel_bytes = k * nr * 4;
+    let mut out = Vec::with_capacity(packed.bytes.len());
+    // Batch entries are whole panel sets of `n_panels` panels each, re-laid one by one.
+    for matrix in packed.bytes.chunks_exact(n_panels * panel_bytes) {
+        for k0 in (0..k).step_by(kc) {
+            let rows = kc.min(k - k0);
+            for panel in matrix.chunks_exact(panel_bytes) {
+                out.extend_from_slice(&panel[k0 * nr * 4..(k0 + rows) * nr * 4]);
+            }
+        }
+    }
+    PackedConst { bytes: out }
 }
 
 /// Re-packs f32 B panels `[panel][K][NR]` as bf16 pairs `[panel][ceil(K/2)][NR]`, the operand
@@ -1218,6 +1242,11 @@ impl GemmKernel {
         matches!(self.a, Operand::Im2colNhwc { .. }).then_some(self.kc as i64)
     }
 
+    /// N rounded up to whole column panels: the width of one K block of packed B.
+    fn n_padded(&self) -> usize {
+        self.n.div_ceil(self.tile.nr()) * self.tile.nr()
+    }
+
     /// The row stride (in pairs) of bf16 pair rows of A: KC rounded up to whole 64-byte
     /// vectors, so that converting a row a vector at a time never writes into the next row.
     fn pair_row_stride(&self) -> i64 {
@@ -1519,8 +1548,9 @@ impl GemmKernel {
                 (apack, e.mulc(kc, mr)?)
             };
             let (b_base, b_ps) = if b_packed {
-                let off = e.add(e.mulc(n0, kk)?, e.mulc(k0, nr)?)?;
-                (e.gep_f32(ptrs.b, off)?, e.i64c(nr * kk))
+                // K-block major (`block_major_panels`): the block's panels are consecutive.
+                let off = e.add(e.mulc(k0, self.n_padded() as i64)?, e.mul(n0, kc)?)?;
+                (e.gep_f32(ptrs.b, off)?, e.mulc(kc, nr)?)
             } else {
                 e.for_range(e.i64c(0), n_np, 1, |np| {
                     let col = e.add(n0, e.mulc(np, nr)?)?;
@@ -1670,7 +1700,7 @@ impl GemmKernel {
         let f32t = e.cx.f32_type();
         // SAFETY (of the IR): plain GEPs, only used as prefetch addresses.
         let next_panel = unsafe { e.b.build_gep(f32t, bp, &[b_ps], "") }.map_err(llvm)?;
-        let next_block_off = e.add(e.mulc(at.n0, self.k as i64)?, e.mulc(k_next, nr)?)?;
+        let next_block_off = e.add(e.mulc(k_next, self.n_padded() as i64)?, e.mul(at.n0, kc_next)?)?;
         let next_block = unsafe { e.b.build_gep(f32t, b_all, &[next_block_off], "") }.map_err(llvm)?;
         let base =
             e.b.build_select(has_next_panel, next_panel, next_block, "")

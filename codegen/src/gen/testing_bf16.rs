@@ -279,6 +279,24 @@ fn bf16_gemm_speed() {
             nhwc::conv_nhwc([3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
             2.0 * 256.0 * 256.0 * 9.0 * 196.0,
         ),
+        (
+            "nhwc conv 1x1 2048->512 7x7",
+            CaseBuilder::new(1306)
+                .bf16_operand(&[1, 7, 7, 2048])
+                .bf16_weights(&[512, 2048, 1, 1])
+                .operand(&[512], true),
+            nhwc::conv_nhwc([1, 1], [1, 1], [0, 0, 0, 0], [1, 1], 1),
+            2.0 * 49.0 * 2048.0 * 512.0,
+        ),
+        (
+            "nhwc conv 1x1 512->2048 7x7",
+            CaseBuilder::new(1307)
+                .bf16_operand(&[1, 7, 7, 512])
+                .bf16_weights(&[2048, 512, 1, 1])
+                .operand(&[2048], true),
+            nhwc::conv_nhwc([1, 1], [1, 1], [0, 0, 0, 0], [1, 1], 1),
+            2.0 * 49.0 * 2048.0 * 512.0,
+        ),
     ];
     let (host, _) = host();
     let filter = std::env::var("KILN_SPEED_FILTER").unwrap_or_default();
