@@ -18,26 +18,69 @@ use inkwell::IntPredicate;
 
 pub(crate) use super::dwconv::DwGeom;
 
-/// `d[x] = s[x]` for x in `[0, n)` (LLVM makes the loop a `memcpy`, a `memset` for zeros).
+/// The element type an im2col panel is packed in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PackTo {
+    F32,
+    /// bf16, rounded to nearest even: a row of bf16 elements is a row of the bf16 pairs the
+    /// `vdpbf16ps` kernels read.
+    Bf16,
+}
+
+impl PackTo {
+    /// `p + i` elements.
+    pub(crate) fn gep<'ctx>(
+        self,
+        e: &Emit<'_, 'ctx>,
+        p: PointerValue<'ctx>,
+        i: IntValue<'ctx>,
+    ) -> Result<PointerValue<'ctx>> {
+        match self {
+            PackTo::F32 => e.gep_f32(p, i),
+            // SAFETY (of the IR): callers index inside the panel they were given.
+            PackTo::Bf16 => unsafe { e.b.build_in_bounds_gep(e.cx.bf16_type(), p, &[i], "") }.map_err(llvm),
+        }
+    }
+}
+
+/// `d[x] = s[x]` for x in `[0, n)` (LLVM makes the loop a `memcpy`, a `memset` for zeros; to
+/// bf16, a vectorized `vcvtneps2bf16` loop).
 fn copy_run<'ctx>(
     e: &Emit<'_, 'ctx>,
+    to: PackTo,
     d: PointerValue<'ctx>,
     s: PointerValue<'ctx>,
     n: IntValue<'ctx>,
 ) -> Result<()> {
     e.for_range(e.i64c(0), n, 1, |x| {
         let v = e.load_f32(e.gep_f32(s, x)?)?;
-        e.store(e.gep_f32(d, x)?, v)
+        let at = to.gep(e, d, x)?;
+        match to {
+            PackTo::F32 => e.store(at, v),
+            PackTo::Bf16 => e.store(at, e.b.build_float_trunc(v, e.cx.bf16_type(), "").map_err(llvm)?),
+        }
     })
 }
 
 /// `d[x] = 0` for x in `[0, n)`.
-fn zero_run<'ctx>(e: &Emit<'_, 'ctx>, d: PointerValue<'ctx>, n: IntValue<'ctx>) -> Result<()> {
-    e.for_range(e.i64c(0), n, 1, |x| e.store(e.gep_f32(d, x)?, e.f32c(0.0)))
+pub(crate) fn zero_run<'ctx>(
+    e: &Emit<'_, 'ctx>,
+    to: PackTo,
+    d: PointerValue<'ctx>,
+    n: IntValue<'ctx>,
+) -> Result<()> {
+    e.for_range(e.i64c(0), n, 1, |x| {
+        let at = to.gep(e, d, x)?;
+        match to {
+            PackTo::F32 => e.store(at, e.f32c(0.0)),
+            PackTo::Bf16 => e.store(at, e.cx.bf16_type().const_zero()),
+        }
+    })
 }
 
 /// Packs rows `[row, row+mr)` (output pixels of one image) × k `[k0, k0+kc)` of the NHWC im2col
-/// matrix into `dst`, row `i` at `dst[i*stride..]`; padding taps and rows past `m` are zero.
+/// matrix into `dst` as `to` elements, row `i` at `dst[i*stride..]`; padding taps and rows
+/// past `m` are zero.
 ///
 /// With unit dilation along W, one tap row of a pixel's window (every kx of one ky) is
 /// `kw·C` contiguous input floats whenever the window lies inside the image, so it is copied
@@ -57,6 +100,7 @@ pub(crate) fn pack_a_im2col<'ctx>(
     m: i64,
     g: &DwGeom,
     stride: i64,
+    to: PackTo,
 ) -> Result<()> {
     let c = g.c as i64;
     let end = e.add(k0, kc)?;
@@ -93,7 +137,7 @@ pub(crate) fn pack_a_im2col<'ctx>(
                    okw: IntValue<'ctx>|
          -> Result<()> {
             let n = e.sub(hi, lo)?;
-            let d = e.gep_f32(dst, e.addc(e.sub(e.add(start, lo)?, k0)?, i * stride)?)?;
+            let d = to.gep(e, dst, e.addc(e.sub(e.add(start, lo)?, k0)?, i * stride)?)?;
             let okh = e.icmp(IntPredicate::ULT, ih, e.i64c(g.h as i64))?;
             let ok =
                 e.b.build_and(e.b.build_and(okh, okw, "").map_err(llvm)?, valid, "")
@@ -102,9 +146,9 @@ pub(crate) fn pack_a_im2col<'ctx>(
                 ok,
                 || {
                     let pix = e.add(e.mulc(ih, g.w as i64)?, iw)?;
-                    copy_run(e, d, e.gep_f32(src, e.add(e.mulc(pix, c)?, lo)?)?, n)
+                    copy_run(e, to, d, e.gep_f32(src, e.add(e.mulc(pix, c)?, lo)?)?, n)
                 },
-                || zero_run(e, d, n),
+                || zero_run(e, to, d, n),
             )
         };
         // One tap's channel run.

@@ -18,6 +18,7 @@
 //! C/group·KH·KW; groups become a batch axis. Depthwise convolution has its own kernel
 //! (`dwconv`).
 
+use super::conv_nhwc::{zero_run, PackTo};
 use super::emit::Emit;
 use super::{llvm, GeneratedKernel, KernelBuilder, PackedConst, Scratch};
 use crate::error::Result;
@@ -1136,11 +1137,7 @@ impl GeneratedKernel for GemmKernel {
         }
         let a_panels = self.mb.div_ceil(self.tile.mr) * self.tile.mr;
         if self.bf16_pairs {
-            // Pair rows, and for an im2col A one panel of f32 rows to convert from.
             floats += self.pair_row_stride() as usize * a_panels;
-            if matches!(self.a, Operand::Im2colNhwc { .. }) {
-                floats += 2 * self.kc * self.tile.mr;
-            }
         } else if !matches!(self.a, Operand::Packed { .. }) {
             floats += self.kc * a_panels;
         }
@@ -1521,11 +1518,10 @@ impl GemmKernel {
             let last = e.icmp(IntPredicate::EQ, kb, e.i64c(n_kb - 1))?;
             let (a_base, a_ps) = if self.bf16_pairs {
                 let rs = self.pair_row_stride();
-                let f32_rows = e.gep_f32c(apack, rs * cdiv(mb, mr) * mr)?;
                 e.for_range(e.i64c(0), n_mp, 1, |mp| {
                     let row = e.add(m0, e.mulc(mp, mr)?)?;
                     let dst = e.gep_f32(apack, e.mulc(mp, mr * rs)?)?;
-                    self.pack_a_pairs(e, dst, f32_rows, ptrs.a, row, k0, kc)
+                    self.pack_a_pairs(e, dst, ptrs.a, row, k0, kc)
                 })?;
                 (apack, e.i64c(mr * rs))
             } else if a_packed {
@@ -1536,7 +1532,7 @@ impl GemmKernel {
                 e.for_range(e.i64c(0), n_mp, 1, |mp| {
                     let row = e.add(m0, e.mulc(mp, mr)?)?;
                     let dst = e.gep_f32(apack, e.mulc(mp, mr * rs)?)?;
-                    super::conv_nhwc::pack_a_im2col(e, dst, ptrs.a, row, k0, kc, mr, m, &g, rs)
+                    super::conv_nhwc::pack_a_im2col(e, dst, ptrs.a, row, k0, kc, mr, m, &g, rs, PackTo::F32)
                 })?;
                 (apack, e.i64c(mr * rs))
             } else {
@@ -1719,15 +1715,12 @@ impl GemmKernel {
     }
 
     /// Packs rows `[row, row+MR)` × pairs `[k0, k0+kc)` of a run-time A into `dst` as bf16
-    /// pair rows (row i at `dst[i*rs..]`, `rs = pair_row_stride`); rows past M are zero. An
-    /// im2col A is first packed as f32 rows into `f32_rows` (MR rows of 2·KC floats), a
-    /// row-major A converts straight from the input.
-    #[allow(clippy::too_many_arguments)]
+    /// pair rows (row i at `dst[i*rs..]`, `rs = pair_row_stride`), rounding to nearest even;
+    /// rows past M are zero.
     fn pack_a_pairs<'ctx>(
         &self,
         e: &Emit<'_, 'ctx>,
         dst: PointerValue<'ctx>,
-        f32_rows: PointerValue<'ctx>,
         src: PointerValue<'ctx>,
         row: IntValue<'ctx>,
         k0: IntValue<'ctx>,
@@ -1740,14 +1733,18 @@ impl GemmKernel {
         let kce = e.umin(e.mulc(kc, 2)?, e.sub(e.i64c(self.k_elems as i64), k0e)?)?;
         match self.a {
             Operand::Im2colNhwc { g, .. } => {
-                let f32_rs = 2 * self.kc as i64;
+                // A row of bf16 elements is a row of pairs: pack straight into it, then give
+                // an odd K's last pair its zero high half.
                 let g = g.into_dw(1, g.c);
-                super::conv_nhwc::pack_a_im2col(e, f32_rows, src, row, k0e, kce, mr, m, &g, f32_rs)?;
-                for i in 0..mr {
-                    let from = e.gep_f32c(f32_rows, i * f32_rs)?;
-                    bf16_pair_row(e, e.gep_f32c(dst, i * rs)?, from, kce)?;
-                }
-                Ok(())
+                super::conv_nhwc::pack_a_im2col(e, dst, src, row, k0e, kce, mr, m, &g, 2 * rs, PackTo::Bf16)?;
+                let odd = e.b.build_int_truncate(kce, e.cx.bool_type(), "").map_err(llvm)?;
+                e.if_then(odd, || {
+                    for i in 0..mr {
+                        let row_end = PackTo::Bf16.gep(e, dst, e.addc(kce, i * 2 * rs)?)?;
+                        zero_run(e, PackTo::Bf16, row_end, e.i64c(1))?;
+                    }
+                    Ok(())
+                })
             }
             Operand::Strided {
                 rs: src_rs, cs: 1, ..
