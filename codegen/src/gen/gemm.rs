@@ -3,8 +3,9 @@
 //! Every matrix product here is `C[M,N] = A[M,K] · B[K,N]` (per batch entry) computed in
 //! MR×NR register tiles: vectors run along N (output rows are contiguous), A values are
 //! broadcast. Both operands are read from *panels*: A as MR rows interleaved per k
-//! (`a[k*MR + i]`), B as NR columns per k (`b[k*NR + j]`). A constant operand (weights) is
-//! packed into panels at compile time over the whole K; a run-time operand is packed per
+//! (`a[k*MR + i]`) or in rows, B as NR columns per k (`b[k*NR + j]`). A constant operand
+//! (weights) is packed into panels at compile time (a constant B K-block major, see
+//! `block_major_panels`); a run-time operand is packed per
 //! (task, K block) into per-thread scratch — for a convolution, B is the im2col matrix, packed
 //! straight from the input and never materialized whole.
 //!
@@ -1675,9 +1676,9 @@ impl GemmKernel {
     /// The packed-B chunk this task reads after panel `np` of the K block at `k0`: the next
     /// panel's chunk of the same K block, or after the task's last panel, its first panel's
     /// chunk of the next K block. Constant weights come from memory the first time a row tile
-    /// reads them, and the hardware prefetcher loses the stream at each chunk's end (the next
-    /// panel's chunk lies K·NR floats further on); prefetching the next chunk while the current
-    /// one serves every row panel hides that, each row tile issuing an equal share of it.
+    /// reads them; prefetching the next chunk (the next one in memory, but for the jump to
+    /// the next K block) while the current one serves every row panel keeps it ahead of the
+    /// tiles, each row tile issuing an equal share of it.
     fn next_b_chunk<'ctx>(
         &self,
         e: &Emit<'_, 'ctx>,
