@@ -5,13 +5,21 @@
 #   scripts/valgrind.sh [FIXTURE...]        (default: every fixture)
 # Environment: KILN (the kiln binary; default target/debug/kiln, or $CARGO_TARGET_DIR/debug/kiln),
 # THREADS (the executable's --threads, default 2: the thread pool runs too),
-# KEEP (a folder to keep the artifacts in; default a temporary one).
+# KEEP (a folder to keep the artifacts in; default a temporary one), CPU (the kiln compile
+# --cpu; default x86-64-v3 on x86-64: valgrind's CPU model stops at AVX2, so a build for an
+# AVX-512 host would refuse to start under it).
 # Prints one line per fixture (ok, VALGRIND, compile-failed, run-failed) and a summary; exits 1
 # when valgrind reported an error or a run failed, 0 otherwise.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 kiln=${KILN:-${CARGO_TARGET_DIR:-$root/target}/debug/kiln}
 threads=${THREADS:-2}
+case "$(uname -m)" in
+  x86_64) cpu=${CPU:-x86-64-v3} ;;
+  *) cpu=${CPU:-} ;;
+esac
+cpu_opt=()
+[ -n "$cpu" ] && cpu_opt=(--cpu "$cpu")
 [ -x "$kiln" ] || { echo "kiln not found at $kiln (cargo build -p kiln-cli, or set KILN)" >&2; exit 2; }
 command -v valgrind >/dev/null || { echo "valgrind not found (apt install valgrind)" >&2; exit 2; }
 work=${KEEP:-$(mktemp -d)}
@@ -58,13 +66,13 @@ while IFS=$'\t' read -r -a row; do
   done
   exe="$work/$name"
   run_inputs=("${inputs[@]}")
-  if ! "$kiln" compile "${copts[@]}" -o "$exe" >"$work/$name.compile.log" 2>&1; then
+  if ! "$kiln" compile "${copts[@]}" "${cpu_opt[@]}" -o "$exe" >"$work/$name.compile.log" 2>&1; then
     # Retry with the small inputs bound at compile time.
     binds=(); run_inputs=()
     for i in "${inputs[@]}"; do
       if [[ ",$small," == *",${i%%=*},"* ]]; then binds+=(--bind "$i"); else run_inputs+=("$i"); fi
     done
-    if [ ${#binds[@]} = 0 ] || ! "$kiln" compile "${copts[@]}" "${binds[@]}" -o "$exe" >"$work/$name.compile.log" 2>&1; then
+    if [ ${#binds[@]} = 0 ] || ! "$kiln" compile "${copts[@]}" "${cpu_opt[@]}" "${binds[@]}" -o "$exe" >"$work/$name.compile.log" 2>&1; then
       echo "compile-failed $name: $(tail -n1 "$work/$name.compile.log")"
       skipped=$((skipped + 1))
       continue
