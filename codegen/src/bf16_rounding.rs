@@ -6,6 +6,10 @@
 //! `Cast<bf16>` does, so it can read `x` itself. Once no kernel reads a pair's result, its
 //! casts are dropped and reported as part of the kernel that absorbed them.
 //!
+//! A pair whose result is a product's only use is rounded by that product's epilogue instead
+//! (`fuse::Chain::round_bf16`): then the source is never stored and the consumers keep reading
+//! the (rounded) result.
+//!
 //! The conversion (`vcvtneps2bf16`) treats f32 subnormals (below 1.2e-38) as zero where the
 //! cast would keep a bf16 subnormal; the pair product (`vdpbf16ps`) does the same with bf16
 //! subnormals, so the result is the one the unabsorbed casts give.
@@ -68,6 +72,11 @@ pub(crate) fn absorb(graph: &Graph, kernels: &mut Vec<Kernel>) {
     if pairs.is_empty() {
         return;
     }
+    // A source some kernel stores (or a graph input, or a view of one); a source inside a
+    // fused kernel (a product whose epilogue already rounds, `fuse::Chain::round_bf16`) is
+    // never stored, and its consumers read the rounded result as they are.
+    let mut stored: HashSet<ValueId> = kernels.iter().flat_map(|k| k.outputs.iter().copied()).collect();
+    stored.extend(graph.inputs().iter().map(|id| id.out(0)));
     // The first kernel that reads each pair's source instead of its result.
     let mut absorbed_by: HashMap<NodeId, usize> = HashMap::new();
     for (k, kernel) in kernels.iter_mut().enumerate() {
@@ -78,7 +87,7 @@ pub(crate) fn absorb(graph: &Graph, kernels: &mut Vec<Kernel>) {
             let Some(rounding) = input.and_then(|v| pairs.get(&v)) else {
                 continue;
             };
-            if g.rounds_input_to_bf16(i) {
+            if g.rounds_input_to_bf16(i) && stored.contains(&view_root(graph, rounding.source)) {
                 *input = Some(rounding.source);
                 for cast in rounding.casts {
                     absorbed_by.entry(cast).or_insert(k);

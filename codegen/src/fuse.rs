@@ -24,6 +24,9 @@ pub struct Chain {
     /// convolution has each channel's plane in cache when it finishes it). The output is still
     /// stored for its other users.
     pub pool: Option<NodeId>,
+    /// The chain ends in the autocast's `Cast<bf16>` → `Cast<f32>` of a result with no other
+    /// use: the kernel rounds its output to bf16 values and the two casts need no kernels.
+    pub round_bf16: bool,
 }
 
 impl Chain {
@@ -50,6 +53,7 @@ impl Chain {
             self.activation,
         );
         epi.pool_mean = self.pool.is_some();
+        epi.round_bf16 = self.round_bf16;
         epi
     }
 }
@@ -69,8 +73,10 @@ fn is_f32(graph: &Graph, v: ValueId) -> bool {
     graph.value_type(v).dtype == DType::F32
 }
 
-/// Finds the chains of every Conv/MatMul anchor (at most one per anchor).
-pub fn find_chains(graph: &Graph) -> Vec<Chain> {
+/// Finds the chains of every Conv/MatMul anchor (at most one per anchor). With `round_casts`
+/// (CPU targets, whose GEMM kernels round in their epilogue), a chain also takes the
+/// autocast's rounding pair when the pair is its result's only use.
+pub fn find_chains(graph: &Graph, round_casts: bool) -> Vec<Chain> {
     let (by_value, uses) = consumers(graph);
     let sole = |v: ValueId| -> Option<NodeId> {
         match (uses.get(&v), by_value.get(&v)) {
@@ -98,6 +104,7 @@ pub fn find_chains(graph: &Graph) -> Vec<Chain> {
             col_bias: None,
             activation: Activation::None,
             pool: None,
+            round_bf16: false,
         };
         loop {
             // SiLU: the value feeds exactly a Sigmoid and the Mul of itself with that Sigmoid.
@@ -210,6 +217,18 @@ pub fn find_chains(graph: &Graph) -> Vec<Chain> {
                         && is_f32(graph, c.out(0))
                 })
             });
+        }
+        if round_casts && !grouped {
+            let narrow = sole(cur).filter(|c| !claimed.contains(c));
+            let widen = narrow
+                .filter(|&c| matches!(graph.node(c).op, Op::Cast { to: DType::BF16 }))
+                .and_then(|c| sole(c.out(0)))
+                .filter(|c| !claimed.contains(c) && matches!(graph.node(*c).op, Op::Cast { to: DType::F32 }));
+            if let (Some(n), Some(w)) = (narrow, widen) {
+                chain.absorbed.extend([n, w]);
+                chain.round_bf16 = true;
+                cur = w.out(0);
+            }
         }
         if !chain.absorbed.is_empty() || chain.pool.is_some() {
             claimed.extend(chain.absorbed.iter().copied());

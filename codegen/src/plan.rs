@@ -192,7 +192,7 @@ pub fn build(graph: &Graph, target: &TargetDesc, fusion: bool) -> Result<Plan> {
         storage.insert(id.out(0), Storage::Input(i));
     }
     let chains = if fusion {
-        crate::fuse::find_chains(graph)
+        crate::fuse::find_chains(graph, !target.is_gpu())
     } else {
         Vec::new()
     };

@@ -211,7 +211,7 @@ pub(crate) fn lower_dw(
     w: &[f32],
     g: DwGeom,
 ) -> Result<Option<Box<dyn GeneratedKernel>>> {
-    if epi.scale != 1.0 {
+    if epi.scale != 1.0 || epi.round_bf16 {
         return Ok(None);
     }
     let bias = match &epi.bias {

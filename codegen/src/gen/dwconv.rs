@@ -56,7 +56,7 @@ pub(crate) fn lower(
     w: &[f32],
     g: DwGeom,
 ) -> Result<Option<Box<dyn GeneratedKernel>>> {
-    if epi.residual.is_some() || epi.scale != 1.0 {
+    if epi.residual.is_some() || epi.scale != 1.0 || epi.round_bf16 {
         return Ok(None);
     }
     let bias = match &epi.bias {

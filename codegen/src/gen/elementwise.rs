@@ -874,7 +874,11 @@ fn pow<'ctx>(
 
 /// f32 to bf16 rounding to nearest even (the result is an f32 with the low 16 bits zero); a
 /// NaN stays a (quiet) NaN.
-fn round_bf16<'ctx>(e: &Emit<'_, 'ctx>, x: VectorValue<'ctx>, n: u32) -> Result<VectorValue<'ctx>> {
+pub(crate) fn round_bf16<'ctx>(
+    e: &Emit<'_, 'ctx>,
+    x: VectorValue<'ctx>,
+    n: u32,
+) -> Result<VectorValue<'ctx>> {
     let b = e.b;
     let it = e.cx.i32_type().vec_type(n);
     let u = b.build_bit_cast(x, it, "").map_err(llvm)?.into_vector_value();

@@ -79,6 +79,10 @@ pub struct Epilogue {
     /// Also write the per-channel mean of the result (a fused GlobalAveragePool) as a second
     /// output; only the depthwise kernel does.
     pub pool_mean: bool,
+    /// Round the result to bf16 values (to nearest even) as the last step: the autocast's
+    /// `Cast<f32>(Cast<bf16>(y))` of a result that has no other use. Only the GEMM kernels
+    /// do (`fuse::find_chains` asks for it on their anchors only).
+    pub round_bf16: bool,
 }
 
 impl Default for Epilogue {
@@ -89,6 +93,7 @@ impl Default for Epilogue {
             residual: None,
             activation: Activation::None,
             pool_mean: false,
+            round_bf16: false,
         }
     }
 }
@@ -103,6 +108,7 @@ impl Epilogue {
             residual,
             activation,
             pool_mean: false,
+            round_bf16: false,
         }
     }
 }
@@ -205,6 +211,8 @@ pub struct GemmKernel {
     bias_col: Option<usize>,
     residual: Option<Operand>,
     activation: Activation,
+    /// `Epilogue::round_bf16`.
+    round_bf16: bool,
     packed: Vec<PackedConst>,
     n_inputs: usize,
     unread: Vec<usize>,
@@ -469,6 +477,7 @@ impl Builder {
             bias_col,
             residual,
             activation: epi.activation,
+            round_bf16: epi.round_bf16,
             packed: self.packed,
             n_inputs: node.n_inputs(),
             unread: self.unread,
@@ -1383,7 +1392,8 @@ impl GemmKernel {
             && self.bias_row.is_none()
             && self.bias_col.is_none()
             && self.residual.is_none()
-            && self.activation == Activation::None);
+            && self.activation == Activation::None
+            && !self.round_bf16);
         if has_epi {
             e.if_then(last, || {
                 let bcolv: Vec<VectorValue> = if self.bias_col.is_some() {
@@ -1417,6 +1427,9 @@ impl GemmKernel {
                             x = e.fadd(x, e.load_vec(row_ptr(rp, ldr, i, v)?, lanes)?)?;
                         }
                         x = activation(&e, self.activation, x, lanes)?;
+                        if self.round_bf16 {
+                            x = super::elementwise::round_bf16(&e, x, lanes)?;
+                        }
                         b.build_store(acc[i * nv + v], x).map_err(llvm)?;
                     }
                 }

@@ -219,6 +219,38 @@ fn bf16_pairs_fused_epilogue() {
         let got = run_kernel(k.as_ref(), &node, &target, &case.data, n, threads, 0).0;
         compare(&format!("fused epilogue ({threads} threads)"), &got, &want);
     }
+    // The autocast's rounding of the result as the last step (the result's only use is a
+    // Cast<bf16> → Cast<f32> pair): every output a bf16 value, the nearest one.
+    let mut epi = Epilogue::new(
+        Bias::PerRow(case.data[2].clone().unwrap()),
+        Some(super::super::gemm::Residual::Input(3)),
+        Activation::Relu,
+    );
+    epi.round_bf16 = true;
+    let k = super::super::gemm::lower_fused(&node, &target, epi)
+        .unwrap()
+        .unwrap();
+    let rounded = round_bf16(&want);
+    for threads in [1, 2] {
+        let got = run_kernel(k.as_ref(), &node, &target, &case.data, n, threads, 0).0;
+        assert!(
+            got.iter().all(|x| x.to_bits() & 0xffff == 0),
+            "outputs are bf16 values"
+        );
+        // Within f32 tolerance of the reference, the sums can round to neighbouring bf16
+        // values: at most one bf16 step apart (2^-8 relative).
+        for (i, (g, w)) in got.iter().zip(&rounded).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-5 + w.abs() / 128.0,
+                "rounded epilogue: element {i}: got {g}, want {w}"
+            );
+        }
+        let exact = got.iter().zip(&rounded).filter(|(g, w)| g == w).count();
+        assert!(
+            exact * 10 >= n * 9,
+            "rounded epilogue: only {exact} of {n} equal the reference's rounding"
+        );
+    }
 }
 
 /// GFLOP/s of bf16 pair kernels next to the f32 kernels on the same shapes (`cargo test

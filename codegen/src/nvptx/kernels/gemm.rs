@@ -175,7 +175,7 @@ pub fn lower_fused(
     target: &TargetDesc,
     epi: Epilogue,
 ) -> Result<Option<Box<dyn GpuKernel>>> {
-    if !target.is_gpu() || epi.pool_mean {
+    if !target.is_gpu() || epi.pool_mean || epi.round_bf16 {
         return Ok(None);
     }
     // Every tensor of the node (the epilogue's residual included) has the output's type.
