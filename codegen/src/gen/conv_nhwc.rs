@@ -63,12 +63,7 @@ fn copy_run<'ctx>(
 }
 
 /// `d[x] = 0` for x in `[0, n)`.
-pub(crate) fn zero_run<'ctx>(
-    e: &Emit<'_, 'ctx>,
-    to: PackTo,
-    d: PointerValue<'ctx>,
-    n: IntValue<'ctx>,
-) -> Result<()> {
+fn zero_run<'ctx>(e: &Emit<'_, 'ctx>, to: PackTo, d: PointerValue<'ctx>, n: IntValue<'ctx>) -> Result<()> {
     e.for_range(e.i64c(0), n, 1, |x| {
         let at = to.gep(e, d, x)?;
         match to {

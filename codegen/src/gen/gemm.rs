@@ -19,7 +19,7 @@
 //! C/group·KH·KW; groups become a batch axis. Depthwise convolution has its own kernel
 //! (`dwconv`).
 
-use super::conv_nhwc::{zero_run, PackTo};
+use super::conv_nhwc::PackTo;
 use super::emit::Emit;
 use super::{llvm, GeneratedKernel, KernelBuilder, PackedConst, Scratch};
 use crate::error::Result;
@@ -450,8 +450,11 @@ impl Builder {
             batch_total,
             !matches!(self.b, Operand::Packed { .. }),
         );
+        // With one K block the panel-major layout already is the K-block-major one.
         if let Operand::Packed { slot } = self.b {
-            self.packed[slot] = block_major_panels(&self.packed[slot], self.k, nr, kc, n.div_ceil(nr));
+            if kc < self.k {
+                self.packed[slot] = block_major_panels(&self.packed[slot], self.k, nr, kc, n.div_ceil(nr));
+            }
         }
         let what = format!(
             "{} {}x{} {:?}{} M={m} N={n} K={k_elems} batch={batch_total} KC={kc} MB={mb} NB={nb}",
@@ -1755,7 +1758,7 @@ impl GemmKernel {
                 e.if_then(odd, || {
                     for i in 0..mr {
                         let row_end = PackTo::Bf16.gep(e, dst, e.addc(kce, i * 2 * rs)?)?;
-                        zero_run(e, PackTo::Bf16, row_end, e.i64c(1))?;
+                        e.store(row_end, e.cx.bf16_type().const_zero())?;
                     }
                     Ok(())
                 })
@@ -1774,7 +1777,8 @@ impl GemmKernel {
                             bf16_pair_row(e, to, from, kce)
                         },
                         || {
-                            let vectors = e.udivc(e.addc(kce, 2 * PAIRS_PER_VECTOR as i64 - 1)?, 32)?;
+                            let per_vector = 2 * PAIRS_PER_VECTOR as i64;
+                            let vectors = e.udivc(e.addc(kce, per_vector - 1)?, per_vector)?;
                             e.for_range(e.i64c(0), vectors, 1, |x| {
                                 let at = e.gep_f32(to, e.mulc(x, PAIRS_PER_VECTOR as i64)?)?;
                                 e.store(at, e.zero_vec(PAIRS_PER_VECTOR as u32))

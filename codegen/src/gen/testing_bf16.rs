@@ -79,7 +79,7 @@ impl Case {
         }
         .unwrap()
         .unwrap_or_else(|| panic!("{what}: not lowered"));
-        let on_pairs = k.describe().contains(" bf16 ");
+        let on_pairs = k.bf16_dot_products();
         assert_eq!(
             on_pairs,
             want_pairs && host_pairs,
@@ -213,7 +213,7 @@ fn bf16_pairs_fused_epilogue() {
     let k = super::super::gemm::lower_fused(&node, &target, epi)
         .unwrap()
         .unwrap();
-    assert_eq!(k.describe().contains(" bf16 "), host_pairs, "{}", k.describe());
+    assert_eq!(k.bf16_dot_products(), host_pairs, "{}", k.describe());
     let n = want.len();
     for threads in [1, 2] {
         let got = run_kernel(k.as_ref(), &node, &target, &case.data, n, threads, 0).0;
