@@ -203,17 +203,28 @@ impl<'a, 'ctx> Emit<'a, 'ctx> {
             .ok_or_else(|| crate::error::CodegenError::internal(format!("{name} returns nothing")))
     }
 
+    /// Calls an overloaded intrinsic that returns nothing.
+    pub fn intrinsic_void(
+        &self,
+        name: &str,
+        types: &[BasicTypeEnum<'ctx>],
+        args: &[BasicMetadataValueEnum<'ctx>],
+    ) -> Result<()> {
+        let i = Intrinsic::find(name)
+            .ok_or_else(|| crate::error::CodegenError::internal(format!("no intrinsic {name}")))?;
+        let decl = i
+            .get_declaration(self.module, types)
+            .ok_or_else(|| crate::error::CodegenError::internal(format!("cannot declare {name}")))?;
+        self.b.build_call(decl, args, "").map_err(llvm)?;
+        Ok(())
+    }
+
     /// Hints that the cache line at `p + bytes` will be read soon, into L2 (`prefetcht1`).
     /// A prefetch never faults, so the address may lie past the buffer's end.
     pub fn prefetch_l2(&self, p: PointerValue<'ctx>, bytes: IntValue<'ctx>) -> Result<()> {
         // SAFETY (of the IR): a plain (not inbounds) GEP, only used as a prefetch address.
         let at = unsafe { self.b.build_gep(self.cx.i8_type(), p, &[bytes], "") }.map_err(llvm)?;
         let i32t = self.cx.i32_type();
-        let i = Intrinsic::find("llvm.prefetch")
-            .ok_or_else(|| crate::error::CodegenError::internal("no intrinsic llvm.prefetch"))?;
-        let decl = i
-            .get_declaration(self.module, &[self.ptr_ty().into()])
-            .ok_or_else(|| crate::error::CodegenError::internal("cannot declare llvm.prefetch"))?;
         // (address, read, locality 2 = keep in L2, data cache)
         let args = [
             at.into(),
@@ -221,8 +232,7 @@ impl<'a, 'ctx> Emit<'a, 'ctx> {
             i32t.const_int(2, false).into(),
             i32t.const_int(1, false).into(),
         ];
-        self.b.build_call(decl, &args, "").map_err(llvm)?;
-        Ok(())
+        self.intrinsic_void("llvm.prefetch", &[self.ptr_ty().into()], &args)
     }
 
     pub fn fma(
@@ -282,6 +292,23 @@ impl<'a, 'ctx> Emit<'a, 'ctx> {
                 &[p.into(), self.i32c(4).into(), mask.into(), vt.const_zero().into()],
             )?
             .into_vector_value())
+    }
+
+    /// `llvm.masked.store` of the lanes of `v` that `mask` selects at `p`, aligned to `align`
+    /// bytes (its element size); masked-off lanes are not accessed.
+    pub fn masked_store(
+        &self,
+        p: PointerValue<'ctx>,
+        v: VectorValue<'ctx>,
+        mask: VectorValue<'ctx>,
+        align: i32,
+    ) -> Result<()> {
+        let vt = v.get_type();
+        self.intrinsic_void(
+            "llvm.masked.store",
+            &[vt.into(), self.ptr_ty().into()],
+            &[v.into(), p.into(), self.i32c(align).into(), mask.into()],
+        )
     }
 
     /// `llvm.masked.gather` of f32 at `base + idx[j]` (i32 element indices); masked-off lanes are 0.
@@ -377,6 +404,30 @@ impl<'a, 'ctx> Emit<'a, 'ctx> {
         self.b.build_conditional_branch(more, head, exit).map_err(llvm)?;
         self.b.position_at_end(exit);
         Ok(())
+    }
+
+    /// Calls `step(x0, mask)` for x0 = 0, lanes, 2·lanes, … below `n`, `mask` (`<lanes x i1>`)
+    /// selecting the lanes x0 + j < n: a loop of whole vectors whose last one is cut.
+    pub fn for_masked(
+        &self,
+        n: IntValue<'ctx>,
+        lanes: u32,
+        mut step: impl FnMut(IntValue<'ctx>, VectorValue<'ctx>) -> Result<()>,
+    ) -> Result<()> {
+        let iota = self.iota_i32(lanes);
+        let steps = self.udivc(self.addc(n, lanes as i64 - 1)?, lanes as i64)?;
+        self.for_range(self.i64c(0), steps, 1, |x| {
+            let x0 = self.mulc(x, lanes as i64)?;
+            let left = self
+                .b
+                .build_int_truncate(self.sub(n, x0)?, self.cx.i32_type(), "")
+                .map_err(llvm)?;
+            let mask = self
+                .b
+                .build_int_compare(IntPredicate::SLT, iota, self.splat_i32(left, lanes)?, "")
+                .map_err(llvm)?;
+            step(x0, mask)
+        })
     }
 
     pub fn for_n(&self, n: i64, body: impl FnMut(IntValue<'ctx>) -> Result<()>) -> Result<()> {

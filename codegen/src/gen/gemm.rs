@@ -1549,7 +1549,20 @@ impl GemmKernel {
                 e.for_range(e.i64c(0), n_mp, 1, |mp| {
                     let row = e.add(m0, e.mulc(mp, mr)?)?;
                     let dst = e.gep_f32(apack, e.mulc(mp, mr * rs)?)?;
-                    super::conv_nhwc::pack_a_im2col(e, dst, ptrs.a, row, k0, kc, mr, m, &g, rs, PackTo::F32)
+                    super::conv_nhwc::pack_a_im2col(
+                        e,
+                        dst,
+                        ptrs.a,
+                        row,
+                        k0,
+                        kc,
+                        mr,
+                        m,
+                        &g,
+                        rs,
+                        PackTo::F32,
+                        self.tile.lanes,
+                    )
                 })?;
                 (apack, e.i64c(mr * rs))
             } else {
@@ -1753,7 +1766,20 @@ impl GemmKernel {
                 // A row of bf16 elements is a row of pairs: pack straight into it, then give
                 // an odd K's last pair its zero high half.
                 let g = g.into_dw(1, g.c);
-                super::conv_nhwc::pack_a_im2col(e, dst, src, row, k0e, kce, mr, m, &g, 2 * rs, PackTo::Bf16)?;
+                super::conv_nhwc::pack_a_im2col(
+                    e,
+                    dst,
+                    src,
+                    row,
+                    k0e,
+                    kce,
+                    mr,
+                    m,
+                    &g,
+                    2 * rs,
+                    PackTo::Bf16,
+                    self.tile.lanes,
+                )?;
                 let odd = e.b.build_int_truncate(kce, e.cx.bool_type(), "").map_err(llvm)?;
                 e.if_then(odd, || {
                     for i in 0..mr {
@@ -2081,23 +2107,12 @@ fn bf16_pair_row<'ctx>(
     n: IntValue<'ctx>,
 ) -> Result<()> {
     let lanes = 2 * PAIRS_PER_VECTOR as u32;
-    let iota = e.iota_i32(lanes);
-    let i32t = e.cx.i32_type();
-    e.for_range(
-        e.i64c(0),
-        e.udivc(e.addc(n, lanes as i64 - 1)?, lanes as i64)?,
-        1,
-        |x| {
-            let x0 = e.mulc(x, lanes as i64)?;
-            let left = e.b.build_int_truncate(e.sub(n, x0)?, i32t, "").map_err(llvm)?;
-            let mask =
-                e.b.build_int_compare(IntPredicate::SLT, iota, e.splat_i32(left, lanes)?, "")
-                    .map_err(llvm)?;
-            let v = e.masked_load(e.gep_f32(src, x0)?, mask, lanes)?;
-            let bf =
-                e.b.build_float_trunc(v, e.cx.bf16_type().vec_type(lanes), "")
-                    .map_err(llvm)?;
-            e.store(e.gep_f32(dst, e.mulc(x, PAIRS_PER_VECTOR as i64)?)?, bf)
-        },
-    )
+    e.for_masked(n, lanes, |x0, mask| {
+        let v = e.masked_load(e.gep_f32(src, x0)?, mask, lanes)?;
+        let bf =
+            e.b.build_float_trunc(v, e.cx.bf16_type().vec_type(lanes), "")
+                .map_err(llvm)?;
+        // x0 elements are x0 / 2 pairs.
+        e.store(e.gep_f32(dst, e.udivc(x0, 2)?)?, bf)
+    })
 }

@@ -303,6 +303,15 @@ fn bf16_gemm_speed() {
             2.0 * 64.0 * 256.0 * 56.0 * 56.0,
         ),
         (
+            "nhwc conv 1x1 64->256 56x56",
+            CaseBuilder::new(1308)
+                .bf16_operand(&[1, 56, 56, 64])
+                .bf16_weights(&[256, 64, 1, 1])
+                .operand(&[256], true),
+            nhwc::conv_nhwc([1, 1], [1, 1], [0, 0, 0, 0], [1, 1], 1),
+            2.0 * 256.0 * 64.0 * 56.0 * 56.0,
+        ),
+        (
             "nhwc conv 256->256 3x3 14x14",
             CaseBuilder::new(1305)
                 .bf16_operand(&[1, 14, 14, 256])
