@@ -29,11 +29,18 @@ pub enum Precision {
     Bf16,
 }
 
-/// What the user asked the optimizer for.
+/// What the user asked the optimizer for, and what the target's kernels can do.
 #[derive(Clone, Debug, Default)]
 pub struct PipelineOptions {
     pub layout: Layout,
     pub precision: Precision,
+    /// The target's matrix-product and convolution kernels round their run-time operands to
+    /// bf16 themselves, as they pack them (CPUs with avx512_bf16: codegen absorbs the
+    /// autocast's `Cast<f32>(Cast<bf16>(x))` pairs). Then the autocast leaves data movement
+    /// between a value and its product in f32, so that the pair sits right at the product and
+    /// disappears; otherwise it moves the narrowing Cast above the movement, which then moves
+    /// half the bytes (see `Bf16Autocast::hoist_movement`).
+    pub products_round_operands: bool,
 }
 
 /// Every pass a pipeline may run, in pipeline order (for `--disable-pass`/`--print-after`
@@ -52,7 +59,9 @@ pub fn cpu(opts: &PipelineOptions) -> PassManager {
     }
     pm = pm.with(passes::fuse::Fuse);
     if opts.precision == Precision::Bf16 {
-        pm = pm.with(passes::bf16_autocast::Bf16Autocast);
+        pm = pm.with(passes::bf16_autocast::Bf16Autocast {
+            hoist_movement: !opts.products_round_operands,
+        });
     }
     pm
 }

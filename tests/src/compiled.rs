@@ -109,6 +109,8 @@ fn compile_for(
     precision: Precision,
 ) -> Result<kiln_codegen::Summary, String> {
     let target = TargetDesc::host().map_err(|e| e.to_string())?;
+    // As `kiln compile` chooses for this target.
+    let products_round_operands = cuda_sm.is_none() && target.has_avx512_bf16;
     let opts = CompileOptions {
         fusion: !disabled.contains(&FUSE_PASS),
         profile: false,
@@ -124,6 +126,7 @@ fn compile_for(
     // the model's own, as `kiln compile --target cuda` chooses).
     let mut popts = kiln_optimizer::PipelineOptions {
         precision,
+        products_round_operands,
         ..Default::default()
     };
     if cuda_sm.is_some() {

@@ -37,8 +37,10 @@ fn check(f: &Fixture) -> anyhow::Result<Outcome> {
     let (bound, ordered) = bind_shape_inputs(&f.path(&f.model), &f.import_options()?, &model, ordered)
         .map_err(anyhow::Error::msg)?;
     let mut graph = bound.as_ref().unwrap_or(&model).graph.clone();
+    // As `kiln compile` for the host.
     let opts = PipelineOptions {
         precision: Precision::Bf16,
+        products_round_operands: TargetDesc::host()?.has_avx512_bf16,
         ..PipelineOptions::default()
     };
     kiln_optimizer::pipelines::cpu(&opts)

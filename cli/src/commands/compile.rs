@@ -59,6 +59,8 @@ pub fn pipeline_options(layout: Option<LayoutArg>, precision: PrecisionArg) -> P
             PrecisionArg::F32 => Precision::F32,
             PrecisionArg::Bf16 => Precision::Bf16,
         },
+        // What the target's kernels can do is for the caller, which knows the target.
+        products_round_operands: false,
     }
 }
 
@@ -195,7 +197,10 @@ pub fn build(args: Args, mode: Mode) -> Result<()> {
     progress.phase("passes");
     let mut graph = model.graph;
     let layout = args.effective_layout();
-    let mut passes = kiln_optimizer::pipelines::cpu(&pipeline_options(layout, args.precision));
+    let target = TargetDesc::select(args.target_triple.as_deref(), args.cpu.as_deref())?;
+    let mut popts = pipeline_options(layout, args.precision);
+    popts.products_round_operands = args.target == TargetArg::Cpu && target.has_avx512_bf16;
+    let mut passes = kiln_optimizer::pipelines::cpu(&popts);
     // Every pass name is valid, also one the options leave out of this pipeline.
     let known = kiln_optimizer::pipelines::PASS_NAMES;
     for p in &args.disable_pass {
@@ -215,7 +220,6 @@ pub fn build(args: Args, mode: Mode) -> Result<()> {
     let pass_stats = passes.run(&mut graph)?;
     let bf16 = (args.precision == PrecisionArg::Bf16)
         .then(|| kiln_optimizer::passes::bf16_autocast::summary(&graph));
-    let target = TargetDesc::select(args.target_triple.as_deref(), args.cpu.as_deref())?;
     let stem = args
         .model
         .model

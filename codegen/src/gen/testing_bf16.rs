@@ -312,6 +312,15 @@ fn bf16_gemm_speed() {
             2.0 * 256.0 * 64.0 * 56.0 * 56.0,
         ),
         (
+            "nhwc conv 1x1 16->96 112x112",
+            CaseBuilder::new(1309)
+                .bf16_operand(&[1, 112, 112, 16])
+                .bf16_weights(&[96, 16, 1, 1])
+                .operand(&[96], true),
+            nhwc::conv_nhwc([1, 1], [1, 1], [0, 0, 0, 0], [1, 1], 1),
+            2.0 * 96.0 * 16.0 * 112.0 * 112.0,
+        ),
+        (
             "nhwc conv 256->256 3x3 14x14",
             CaseBuilder::new(1305)
                 .bf16_operand(&[1, 14, 14, 256])

@@ -16,7 +16,9 @@
 //! between blocks would no longer be f32 accumulation; the fused epilogues (bias, residual,
 //! activation) also keep running in f32. So *follow* ops after a matmul see f32 and stay f32; the
 //! narrowing Cast is hoisted above *follow* data movement (Reshape, Transpose, ...) when that
-//! movement only feeds bf16 consumers, so the movement runs on half the bytes. Codegen
+//! movement only feeds bf16 consumers, so the movement runs on half the bytes — unless the
+//! target's product kernels round their operands themselves (`hoist_movement` off), where a
+//! Cast pair left at the product costs nothing and a hoisted one costs two kernels. Codegen
 //! recognizes a `Cast<f32>` of a bf16 value as a bf16 operand (and a weight whose values are all
 //! bf16 as bf16 weights, `NodeInfo::input_is_bf16_valued`): the CUDA GEMM then runs on tensor
 //! cores (`codegen/src/nvptx/kernels/gemm.rs`), and on CPUs with avx512_bf16 the GEMM and
@@ -35,7 +37,14 @@ use kiln_ir::rewrite::{rebuild, Rewrite};
 use kiln_ir::{DType, Graph, IrError, Node, NodeId, Op, Tensor, Unary, ValueId};
 use std::collections::HashMap;
 
-pub struct Bf16Autocast;
+pub struct Bf16Autocast {
+    /// Move the narrowing Cast above data movement that only feeds bf16 operands (the
+    /// movement then runs in bf16 and its result is widened). Off where products absorb the
+    /// Cast pair at their input (CPUs with avx512_bf16): there a hoisted Cast and its widening
+    /// are two kernels (ResNet-50's input transpose, the Flatten before its classifier), while
+    /// a pair left at the product is read through by the product's packing.
+    pub hoist_movement: bool,
+}
 
 /// What the autocast does with an operator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -145,7 +154,7 @@ fn round_bf16(t: &Tensor) -> Tensor {
 
 /// Which f32 values the pass narrows: the *always* operands, and (hoisting) the data input of a
 /// movement node whose every use is a narrowed operand or another hoisted movement node.
-fn plan(graph: &Graph) -> (Vec<Vec<usize>>, Vec<bool>) {
+fn plan(graph: &Graph, hoist_movement: bool) -> (Vec<Vec<usize>>, Vec<bool>) {
     let mut operands: Vec<Vec<usize>> = vec![vec![]; graph.len()];
     for (id, node) in graph.node_ids().zip(graph.nodes()) {
         operands[id.index()] = bf16_inputs(graph, node)
@@ -164,6 +173,9 @@ fn plan(graph: &Graph) -> (Vec<Vec<usize>>, Vec<bool>) {
     }
     let outputs: Vec<ValueId> = graph.outputs().iter().map(|o| o.value).collect();
     let mut hoist = vec![false; graph.len()];
+    if !hoist_movement {
+        return (operands, hoist);
+    }
     for id in graph.node_ids().collect::<Vec<_>>().into_iter().rev() {
         let node = graph.node(id);
         if !is_movement(&node.op) || node.outputs.len() != 1 || outputs.contains(&id.out(0)) {
@@ -188,7 +200,7 @@ impl Pass for Bf16Autocast {
     }
 
     fn run(&self, graph: &mut Graph) -> Result<usize, IrError> {
-        let (operands, hoist) = plan(graph);
+        let (operands, hoist) = plan(graph, self.hoist_movement);
         if operands.iter().all(Vec::is_empty) {
             return Ok(0);
         }
@@ -410,7 +422,7 @@ mod tests {
         let y = g.add("mm", Op::MatMul, vec![Some(x), Some(w)], "y").unwrap();
         let r = g.add("relu", Op::Unary(Unary::Relu), vec![Some(y)], "r").unwrap();
         g.add_output("r", r);
-        let n = Bf16Autocast.run(&mut g).unwrap();
+        let n = Bf16Autocast { hoist_movement: true }.run(&mut g).unwrap();
         assert_eq!(n, 1);
         kiln_ir::verify(&g).unwrap();
         let casts: Vec<DType> = g
@@ -456,7 +468,7 @@ mod tests {
         let y2 = g.add("mm2", Op::MatMul, vec![Some(a), Some(a)], "y2").unwrap();
         g.add_output("y1", y1);
         g.add_output("y2", y2);
-        Bf16Autocast.run(&mut g).unwrap();
+        Bf16Autocast { hoist_movement: true }.run(&mut g).unwrap();
         kiln_ir::verify(&g).unwrap();
         let narrowing = g
             .nodes()
@@ -470,6 +482,36 @@ mod tests {
         assert_eq!(summary(&g).bf16_ops, 2);
     }
 
+    /// Without hoisting (products that round their own operands) the Transpose stays f32 and
+    /// the Cast pair sits between it and the product.
+    #[test]
+    fn movement_stays_f32_without_hoisting() {
+        let mut g = Graph::new("t");
+        let a = f32_input(&mut g, "a", &[4, 4]);
+        let b = f32_input(&mut g, "b", &[4, 4]);
+        let bt = g
+            .add("tr", Op::Transpose { perm: vec![1, 0] }, vec![Some(b)], "bt")
+            .unwrap();
+        let y = g.add("mm", Op::MatMul, vec![Some(a), Some(bt)], "y").unwrap();
+        g.add_output("y", y);
+        Bf16Autocast {
+            hoist_movement: false,
+        }
+        .run(&mut g)
+        .unwrap();
+        kiln_ir::verify(&g).unwrap();
+        let tr = g.nodes().iter().find(|n| n.name == "tr").unwrap();
+        assert_eq!(tr.outputs[0].ty.dtype, DType::F32);
+        let mm = g.nodes().iter().find(|n| n.name == "mm").unwrap();
+        let narrowed = |v: Option<ValueId>| {
+            let cast = g.node(v.unwrap().node);
+            let inner = g.node(cast.inputs[0].unwrap().node);
+            matches!(cast.op, Op::Cast { to: DType::F32 }) && matches!(inner.op, Op::Cast { to: DType::BF16 })
+        };
+        assert!(narrowed(mm.inputs[0]) && narrowed(mm.inputs[1]));
+        assert_eq!(summary(&g).bf16_ops, 1);
+    }
+
     #[test]
     fn integer_graph_is_unchanged() {
         let mut g = Graph::new("t");
@@ -477,7 +519,7 @@ mod tests {
         let y = g.add("mm", Op::MatMul, vec![Some(a), Some(a)], "y").unwrap();
         g.add_output("y", y);
         let before = g.clone();
-        assert_eq!(Bf16Autocast.run(&mut g).unwrap(), 0);
+        assert_eq!(Bf16Autocast { hoist_movement: true }.run(&mut g).unwrap(), 0);
         assert_eq!(g, before);
     }
 }

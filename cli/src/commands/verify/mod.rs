@@ -207,7 +207,9 @@ struct Probe {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let popts = pipeline_options(args.layout, args.precision);
+    let mut popts = pipeline_options(args.layout, args.precision);
+    // The pipeline `kiln compile` runs for the host.
+    popts.products_round_operands = TargetDesc::host()?.has_avx512_bf16;
     let base_tol = {
         let d = match args.precision {
             PrecisionArg::F32 => Tolerance::F32,
