@@ -454,16 +454,22 @@ mod tests {
         }
     }
 
-    /// One activation feeding two products is narrowed once; a Transpose feeding only a
-    /// product moves to bf16.
-    #[test]
-    fn shared_operand_narrowed_once_and_movement_hoisted() {
+    /// Inputs `a` and `b` (f32[4,4]) and `bt`, b transposed by node "tr".
+    fn input_and_transposed_input() -> (Graph, ValueId, ValueId) {
         let mut g = Graph::new("t");
         let a = f32_input(&mut g, "a", &[4, 4]);
         let b = f32_input(&mut g, "b", &[4, 4]);
         let bt = g
             .add("tr", Op::Transpose { perm: vec![1, 0] }, vec![Some(b)], "bt")
             .unwrap();
+        (g, a, bt)
+    }
+
+    /// One activation feeding two products is narrowed once; a Transpose feeding only a
+    /// product moves to bf16.
+    #[test]
+    fn shared_operand_narrowed_once_and_movement_hoisted() {
+        let (mut g, a, bt) = input_and_transposed_input();
         let y1 = g.add("mm1", Op::MatMul, vec![Some(a), Some(bt)], "y1").unwrap();
         let y2 = g.add("mm2", Op::MatMul, vec![Some(a), Some(a)], "y2").unwrap();
         g.add_output("y1", y1);
@@ -486,12 +492,7 @@ mod tests {
     /// the Cast pair sits between it and the product.
     #[test]
     fn movement_stays_f32_without_hoisting() {
-        let mut g = Graph::new("t");
-        let a = f32_input(&mut g, "a", &[4, 4]);
-        let b = f32_input(&mut g, "b", &[4, 4]);
-        let bt = g
-            .add("tr", Op::Transpose { perm: vec![1, 0] }, vec![Some(b)], "bt")
-            .unwrap();
+        let (mut g, a, bt) = input_and_transposed_input();
         let y = g.add("mm", Op::MatMul, vec![Some(a), Some(bt)], "y").unwrap();
         g.add_output("y", y);
         Bf16Autocast {
