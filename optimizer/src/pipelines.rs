@@ -35,7 +35,8 @@ pub struct PipelineOptions {
     pub layout: Layout,
     pub precision: Precision,
     /// The target's matrix-product and convolution kernels round their run-time operands to
-    /// bf16 themselves, as they pack them (CPUs with avx512_bf16: codegen absorbs the
+    /// bf16 themselves, as they pack them (CPUs with avx512_bf16, codegen's
+    /// `TargetDesc::has_bf16_pair_kernels`: codegen absorbs the
     /// autocast's `Cast<f32>(Cast<bf16>(x))` pairs). Then the autocast leaves data movement
     /// between a value and its product in f32, so that the pair sits right at the product and
     /// disappears; otherwise it moves the narrowing Cast above the movement, which then moves

@@ -110,7 +110,7 @@ fn compile_for(
 ) -> Result<kiln_codegen::Summary, String> {
     let target = TargetDesc::host().map_err(|e| e.to_string())?;
     // As `kiln compile` chooses for this target.
-    let products_round_operands = cuda_sm.is_none() && target.has_avx512_bf16;
+    let products_round_operands = cuda_sm.is_none() && target.has_bf16_pair_kernels();
     let opts = CompileOptions {
         fusion: !disabled.contains(&FUSE_PASS),
         profile: false,

@@ -38,9 +38,10 @@ fn check(f: &Fixture) -> anyhow::Result<Outcome> {
         .map_err(anyhow::Error::msg)?;
     let mut graph = bound.as_ref().unwrap_or(&model).graph.clone();
     // As `kiln compile` for the host.
+    let host = TargetDesc::host()?;
     let opts = PipelineOptions {
         precision: Precision::Bf16,
-        products_round_operands: TargetDesc::host()?.has_avx512_bf16,
+        products_round_operands: host.has_bf16_pair_kernels(),
         ..PipelineOptions::default()
     };
     kiln_optimizer::pipelines::cpu(&opts)
@@ -53,7 +54,7 @@ fn check(f: &Fixture) -> anyhow::Result<Outcome> {
         fusion: true,
         profile: false,
         name: f.name.clone(),
-        target: TargetDesc::host()?,
+        target: host,
         emit: Emit::Exe,
         cc: std::env::var("CC").unwrap_or_else(|_| "cc".into()),
         weights_out: None,

@@ -199,7 +199,7 @@ pub fn build(args: Args, mode: Mode) -> Result<()> {
     let layout = args.effective_layout();
     let target = TargetDesc::select(args.target_triple.as_deref(), args.cpu.as_deref())?;
     let mut popts = pipeline_options(layout, args.precision);
-    popts.products_round_operands = args.target == TargetArg::Cpu && target.has_avx512_bf16;
+    popts.products_round_operands = args.target == TargetArg::Cpu && target.has_bf16_pair_kernels();
     let mut passes = kiln_optimizer::pipelines::cpu(&popts);
     // Every pass name is valid, also one the options leave out of this pipeline.
     let known = kiln_optimizer::pipelines::PASS_NAMES;

@@ -498,7 +498,7 @@ impl Builder {
     /// f32 additions. Re-packs the constant B as pairs; the run-time A must be one the pair
     /// packing reads (row-major, or an NHWC im2col).
     fn try_bf16_pairs(&mut self, node: &NodeInfo, target: &TargetDesc, tile: &Tile) -> bool {
-        if !target.has_avx512_bf16 || tile.lanes != 16 {
+        if !target.has_bf16_pair_kernels() || tile.lanes != 16 {
             return false;
         }
         let Operand::Packed { slot } = self.b else {

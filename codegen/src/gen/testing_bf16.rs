@@ -8,7 +8,7 @@ use super::*;
 /// The host, and whether its products of bf16 values run on pairs.
 fn host() -> (TargetDesc, bool) {
     let t = TargetDesc::host().unwrap();
-    let pairs = t.has_avx512_bf16 && t.isa == crate::target::Isa::Avx512;
+    let pairs = t.has_bf16_pair_kernels();
     if !pairs {
         eprintln!("skipped: no avx512_bf16 on this CPU; the f32 kernels ran the bf16 cases");
     }

@@ -209,7 +209,7 @@ struct Probe {
 pub fn run(args: Args) -> Result<()> {
     let mut popts = pipeline_options(args.layout, args.precision);
     // The pipeline `kiln compile` runs for the host.
-    popts.products_round_operands = TargetDesc::host()?.has_avx512_bf16;
+    popts.products_round_operands = TargetDesc::host()?.has_bf16_pair_kernels();
     let base_tol = {
         let d = match args.precision {
             PrecisionArg::F32 => Tolerance::F32,
