@@ -192,12 +192,7 @@ impl<'a, 'ctx> Emit<'a, 'ctx> {
         types: &[BasicTypeEnum<'ctx>],
         args: &[BasicMetadataValueEnum<'ctx>],
     ) -> Result<BasicValueEnum<'ctx>> {
-        let i = Intrinsic::find(name)
-            .ok_or_else(|| crate::error::CodegenError::internal(format!("no intrinsic {name}")))?;
-        let decl = i
-            .get_declaration(self.module, types)
-            .ok_or_else(|| crate::error::CodegenError::internal(format!("cannot declare {name}")))?;
-        let call = self.b.build_call(decl, args, "").map_err(llvm)?;
+        let call = self.call_intrinsic(name, types, args)?;
         call.try_as_basic_value()
             .basic()
             .ok_or_else(|| crate::error::CodegenError::internal(format!("{name} returns nothing")))
@@ -210,13 +205,21 @@ impl<'a, 'ctx> Emit<'a, 'ctx> {
         types: &[BasicTypeEnum<'ctx>],
         args: &[BasicMetadataValueEnum<'ctx>],
     ) -> Result<()> {
+        self.call_intrinsic(name, types, args).map(|_| ())
+    }
+
+    fn call_intrinsic(
+        &self,
+        name: &str,
+        types: &[BasicTypeEnum<'ctx>],
+        args: &[BasicMetadataValueEnum<'ctx>],
+    ) -> Result<inkwell::values::CallSiteValue<'ctx>> {
         let i = Intrinsic::find(name)
             .ok_or_else(|| crate::error::CodegenError::internal(format!("no intrinsic {name}")))?;
         let decl = i
             .get_declaration(self.module, types)
             .ok_or_else(|| crate::error::CodegenError::internal(format!("cannot declare {name}")))?;
-        self.b.build_call(decl, args, "").map_err(llvm)?;
-        Ok(())
+        self.b.build_call(decl, args, "").map_err(llvm)
     }
 
     /// Hints that the cache line at `p + bytes` will be read soon, into L2 (`prefetcht1`).
