@@ -111,6 +111,38 @@ fn zero_run<'ctx>(
     })
 }
 
+/// Packs rows `[row, row+mr)` × k `[k0, k0+kc)` of a row-major f32 matrix (row `r` at
+/// `src[r*src_rs..]`) into `dst`, row `i` at `dst[i*stride..]`; rows past `m` are zero.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn pack_a_rows<'ctx>(
+    e: &Emit<'_, 'ctx>,
+    dst: PointerValue<'ctx>,
+    src: PointerValue<'ctx>,
+    row: IntValue<'ctx>,
+    k0: IntValue<'ctx>,
+    kc: IntValue<'ctx>,
+    mr: i64,
+    m: i64,
+    src_rs: i64,
+    stride: i64,
+    lanes: u32,
+) -> Result<()> {
+    for i in 0..mr {
+        let r = e.addc(row, i)?;
+        let d = e.gep_f32(dst, e.i64c(i * stride))?;
+        let valid = e.icmp(IntPredicate::ULT, r, e.i64c(m))?;
+        e.if_else(
+            valid,
+            || {
+                let s = e.gep_f32(src, e.add(e.mulc(r, src_rs)?, k0)?)?;
+                copy_run(e, PackTo::F32, d, s, kc, lanes)
+            },
+            || zero_run(e, PackTo::F32, d, kc, lanes),
+        )?;
+    }
+    Ok(())
+}
+
 /// Packs rows `[row, row+mr)` (output pixels of one image) × k `[k0, k0+kc)` of the NHWC im2col
 /// matrix into `dst` as `to` elements, row `i` at `dst[i*stride..]`; padding taps and rows
 /// past `m` are zero.

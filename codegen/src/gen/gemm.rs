@@ -1152,7 +1152,7 @@ impl GeneratedKernel for GemmKernel {
         if self.bf16_pairs {
             floats += self.pair_row_stride() as usize * a_panels;
         } else if !matches!(self.a, Operand::Packed { .. }) {
-            floats += self.kc * a_panels;
+            floats += self.a_row_stride().map_or(self.kc, |rs| rs as usize) * a_panels;
         }
         Scratch {
             shared_bytes: 0,
@@ -1237,19 +1237,23 @@ struct TaskPtrs<'ctx> {
 
 impl GemmKernel {
     /// The row stride of A's panels when they are packed in rows (`a[i*rs + kk]`), None for
-    /// interleaved panels (`a[kk*MR + i]`). An NHWC im2col A is packed in rows: packing then
-    /// copies contiguous channel runs (whole tap rows inside the image) with one `memcpy`
-    /// each, instead of scattering them element by element with stride MR. Measured on ResNet-50 (per layer, 1 and 2
-    /// threads): 10-20% faster 3x3 convolutions from 64 input channels, 15% from 128, and 7%
-    /// faster for the 3-channel stem than interleaved panels. A row-major A packed in rows
-    /// measured within the host's noise (±10% per layer) on the pointwise convolutions and
-    /// the encoder, so it stays interleaved; reading it in place, unpacked, measured 0-12%
-    /// slower there.
+    /// interleaved panels (`a[kk*MR + i]`). Packing in rows copies contiguous runs (a row of a
+    /// row-major A; a tap row of an NHWC im2col A inside the image) with masked vector
+    /// copies, where interleaving them stores element by element with stride MR (LLVM makes
+    /// that loop a `vscatterqps`, microcoded on Zen 4: 15% of a pointwise convolution's
+    /// samples). Measured per layer on Zen 4, 2 threads: 3x3 convolutions 10-20% faster from
+    /// 64 input channels; ResNet-50's pointwise convolutions 5-17% faster, the encoder's
+    /// MatMuls 5-14% (whole encoder 5-7%). A padded row stride (one kernel's KC plus a
+    /// cache line, against L1 set aliasing) measured no better.
     fn a_row_stride(&self) -> Option<i64> {
         if self.bf16_pairs {
             return Some(self.pair_row_stride());
         }
-        matches!(self.a, Operand::Im2colNhwc { .. }).then_some(self.kc as i64)
+        matches!(
+            self.a,
+            Operand::Im2colNhwc { .. } | Operand::Strided { cs: 1, .. }
+        )
+        .then_some(self.kc as i64)
     }
 
     /// N rounded up to whole column panels: the width of one K block of packed B.
@@ -1561,6 +1565,27 @@ impl GemmKernel {
                         &g,
                         rs,
                         PackTo::F32,
+                        self.tile.lanes,
+                    )
+                })?;
+                (apack, e.i64c(mr * rs))
+            } else if let (Some(rs), Operand::Strided { rs: a_rs, cs: 1, .. }) =
+                (self.a_row_stride(), &self.a)
+            {
+                e.for_range(e.i64c(0), n_mp, 1, |mp| {
+                    let row = e.add(m0, e.mulc(mp, mr)?)?;
+                    let dst = e.gep_f32(apack, e.mulc(mp, mr * rs)?)?;
+                    super::conv_nhwc::pack_a_rows(
+                        e,
+                        dst,
+                        ptrs.a,
+                        row,
+                        k0,
+                        kc,
+                        mr,
+                        m,
+                        *a_rs as i64,
+                        rs,
                         self.tile.lanes,
                     )
                 })?;
