@@ -583,6 +583,17 @@ fn pair_panels(packed: &PackedConst, k: usize, nr: usize) -> Option<PackedConst>
 /// only its stage-4 ones (9.4 MB) and the FC layer change, and they get faster.
 const WEIGHT_STREAM_BYTES: usize = 4 << 20;
 
+/// The A block (MB rows × KC, packed once per K block and reused by every column panel) is
+/// sized to stay in a 1 MiB L2 beside one B panel: 192 KiB normally, and up to 512 KiB when the
+/// weights outgrow L2 (`LARGE_WEIGHT_BYTES`). A task reads its NB columns of B once for its MB
+/// rows, so a bigger M block reads the weights from L3 fewer times: ResNet-50's stage-3 3x3
+/// convolutions (M = 196, 2.3 MiB of weights) then take all rows in one block and run 7%
+/// faster (Zen 4, 2 threads). Layers with small weights gain nothing from a bigger A block
+/// and lost 3-7% with one (stage-1 pointwise convolutions, K = 64).
+const A_BLOCK_BYTES: usize = 192 << 10;
+const LARGE_A_BLOCK_BYTES: usize = 512 << 10;
+const LARGE_WEIGHT_BYTES: usize = 512 << 10;
+
 /// Chooses KC, MB, NB: KC splits K evenly into blocks of at most ~256; MB keeps the A block in
 /// L2; MB and NB minimize the slowest of two threads' work (tasks are spread evenly), counting
 /// B packing, streaming the A block, re-reading weights over `WEIGHT_STREAM_BYTES` and a
@@ -602,7 +613,12 @@ fn plan_blocks(
     let nr = tile.nr();
     let mpad = m.div_ceil(mr) * mr;
     let npad = n.div_ceil(nr) * nr;
-    let mb_max = ((192 * 1024 / (kc * 4)) / mr).max(1) * mr;
+    let a_block_bytes = if n * k * 4 > LARGE_WEIGHT_BYTES {
+        LARGE_A_BLOCK_BYTES
+    } else {
+        A_BLOCK_BYTES
+    };
+    let mb_max = ((a_block_bytes / (kc * 4)) / mr).max(1) * mr;
     let threads = 2.0f64;
     let mut best = (f64::INFINITY, mr, nr);
     let mut mb = mr;
