@@ -5,6 +5,8 @@
 //! runs as one kernel that applies them to the output tile while it is in registers.
 //! The chain's intermediate values are never stored. The kernel runs at the position of the
 //! chain's last node, where every input it reads (the residual included) has been computed.
+//! On the input side, a channels-last convolution whose input is `x * s` with a per-channel
+//! `s` (squeeze-excitation) reads `x` and `s` and scales while packing (`InputScale`).
 
 use crate::gen::gemm::{Activation, Bias, Epilogue, Residual};
 use kiln_ir::{Binary, DType, Graph, NodeId, Op, Unary, ValueId};
@@ -27,6 +29,20 @@ pub struct Chain {
     /// The chain ends in the autocast's `Cast<bf16>` → `Cast<f32>` of a result with no other
     /// use: the kernel rounds its output to bf16 values and the two casts need no kernels.
     pub round_bf16: bool,
+    /// A channels-last convolution's input is `x * s` with a per-image channel vector `s`
+    /// (squeeze-excitation) used nowhere else: the kernel scales `x` as it packs it
+    /// (`Epilogue::input_scale`), and the Mul needs no kernel.
+    pub input_scale: Option<InputScale>,
+}
+
+/// The `Mul` in front of a chain's anchor (`Chain::input_scale`).
+#[derive(Clone, Copy, Debug)]
+pub struct InputScale {
+    pub mul: NodeId,
+    /// The unscaled input `[N, H, W, C]`, read in place of the Mul's output.
+    pub input: ValueId,
+    /// The scales, `[N, 1, 1, C]`.
+    pub scale: ValueId,
 }
 
 impl Chain {
@@ -54,7 +70,17 @@ impl Chain {
         );
         epi.pool_mean = self.pool.is_some();
         epi.round_bf16 = self.round_bf16;
+        epi.input_scale = self.input_scale.map(|_| residual_slot + 1);
         epi
+    }
+
+    /// Every node the chain's kernel computes besides its anchor.
+    pub fn fused_nodes(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.input_scale
+            .map(|s| s.mul)
+            .into_iter()
+            .chain(self.absorbed.iter().copied())
+            .chain(self.pool)
     }
 }
 
@@ -73,10 +99,57 @@ fn is_f32(graph: &Graph, v: ValueId) -> bool {
     graph.value_type(v).dtype == DType::F32
 }
 
-/// Finds the chains of every Conv/MatMul anchor (at most one per anchor). With `round_casts`
-/// (CPU targets, whose GEMM kernels round in their epilogue), a chain also takes the
-/// autocast's rounding pair when the pair is its result's only use.
-pub fn find_chains(graph: &Graph, round_casts: bool) -> Vec<Chain> {
+/// The squeeze-excitation scale in front of a channels-last convolution `conv`: its input is
+/// the only use of `x * s` (either operand order), `x` is `[N, H, W, C]` f32 and `s`
+/// `[N, 1, 1, C]` f32.
+fn input_scale_of(
+    graph: &Graph,
+    conv: NodeId,
+    sole: impl Fn(ValueId) -> Option<NodeId>,
+    claimed: &HashSet<NodeId>,
+) -> Option<InputScale> {
+    let node = graph.node(conv);
+    if !matches!(&node.op, Op::Conv(a) if a.channels_last && a.group <= 1) {
+        return None;
+    }
+    let x = node.inputs.first().copied().flatten()?;
+    let mul = x.node;
+    if sole(x) != Some(conv)
+        || claimed.contains(&mul)
+        || !matches!(graph.node(mul).op, Op::Binary(Binary::Mul))
+    {
+        return None;
+    }
+    let xt = graph.value_type(x);
+    let shape = xt.fixed_shape()?;
+    if xt.dtype != DType::F32 || shape.len() != 4 {
+        return None;
+    }
+    let ins: Vec<ValueId> = graph.node(mul).inputs.iter().flatten().copied().collect();
+    let [u, v] = ins.as_slice() else {
+        return None;
+    };
+    let is_scale = |s: ValueId| {
+        let t = graph.value_type(s);
+        t.dtype == DType::F32 && t.fixed_shape() == Some(vec![shape[0], 1, 1, shape[3]])
+    };
+    let full = |s: ValueId| graph.value_type(s) == xt;
+    let (input, scale) = if full(*u) && is_scale(*v) {
+        (*u, *v)
+    } else if full(*v) && is_scale(*u) {
+        (*v, *u)
+    } else {
+        return None;
+    };
+    Some(InputScale { mul, input, scale })
+}
+
+/// Finds the chains of every Conv/MatMul anchor (at most one per anchor). With `cpu` (CPU
+/// targets, whose GEMM kernels round in their epilogue and scale A as they pack it), a
+/// chain also takes the autocast's rounding pair when the pair is its result's only use, and
+/// a squeeze-excitation scale of its input (`Chain::input_scale`).
+pub fn find_chains(graph: &Graph, cpu: bool) -> Vec<Chain> {
+    let round_casts = cpu;
     let (by_value, uses) = consumers(graph);
     let sole = |v: ValueId| -> Option<NodeId> {
         match (uses.get(&v), by_value.get(&v)) {
@@ -105,7 +178,11 @@ pub fn find_chains(graph: &Graph, round_casts: bool) -> Vec<Chain> {
             activation: Activation::None,
             pool: None,
             round_bf16: false,
+            input_scale: None,
         };
+        if cpu {
+            chain.input_scale = input_scale_of(graph, id, sole, &claimed);
+        }
         loop {
             // SiLU: the value feeds exactly a Sigmoid and the Mul of itself with that Sigmoid.
             if let (Some(2), Some(cs)) = (uses.get(&cur), by_value.get(&cur)) {
@@ -230,9 +307,8 @@ pub fn find_chains(graph: &Graph, round_casts: bool) -> Vec<Chain> {
                 cur = w.out(0);
             }
         }
-        if !chain.absorbed.is_empty() || chain.pool.is_some() {
-            claimed.extend(chain.absorbed.iter().copied());
-            claimed.extend(chain.pool);
+        if !chain.absorbed.is_empty() || chain.pool.is_some() || chain.input_scale.is_some() {
+            claimed.extend(chain.fused_nodes());
             chain.output = cur;
             chains.push(chain);
         }

@@ -191,16 +191,29 @@ pub fn build(graph: &Graph, target: &TargetDesc, fusion: bool) -> Result<Plan> {
         }
         storage.insert(id.out(0), Storage::Input(i));
     }
-    let chains = if fusion {
+    let mut chains = if fusion {
         crate::fuse::find_chains(graph, !target.is_gpu())
     } else {
         Vec::new()
     };
+    // A scaled input's Mul comes before its anchor, so whether the anchor's kernel takes it is
+    // settled before the schedule reaches the Mul: without it the Mul keeps a kernel.
+    let mut prebuilt: HashMap<usize, Kernel> = HashMap::new();
+    for (c, chain) in chains.iter_mut().enumerate() {
+        if chain.input_scale.is_some() && live[chain.anchor.index()] {
+            match fused_kernel(graph, chain.anchor, chain, target, &mut weights) {
+                Some(k) => {
+                    prebuilt.insert(c, k);
+                }
+                None => chain.input_scale = None,
+            }
+        }
+    }
     let mut chain_of_anchor: HashMap<NodeId, usize> = HashMap::new();
     let mut chain_of_absorbed: HashMap<NodeId, usize> = HashMap::new();
     for (c, chain) in chains.iter().enumerate() {
         chain_of_anchor.insert(chain.anchor, c);
-        for &n in chain.absorbed.iter().chain(&chain.pool) {
+        for n in chain.fused_nodes() {
             chain_of_absorbed.insert(n, c);
         }
     }
@@ -212,8 +225,7 @@ pub fn build(graph: &Graph, target: &TargetDesc, fusion: bool) -> Result<Plan> {
         let mut claimed: std::collections::HashSet<NodeId> = std::collections::HashSet::new();
         for chain in &chains {
             claimed.insert(chain.anchor);
-            claimed.extend(chain.absorbed.iter().copied());
-            claimed.extend(chain.pool);
+            claimed.extend(chain.fused_nodes());
         }
         for group in crate::fuse::find_elementwise_groups_on(graph, &claimed, target.is_gpu()) {
             let &root = group.last().expect("groups are not empty");
@@ -275,7 +287,10 @@ pub fn build(graph: &Graph, target: &TargetDesc, fusion: bool) -> Result<Plan> {
         }
         if let Some(&c) = chain_of_anchor.get(&id) {
             let chain = &chains[c];
-            let mut fused = fused_kernel(graph, id, chain, target, &mut weights);
+            let mut fused = match prebuilt.remove(&c) {
+                Some(k) => Some(k),
+                None => fused_kernel(graph, id, chain, target, &mut weights),
+            };
             if let (None, Some(pool)) = (&fused, chain.pool) {
                 // The pooling stays a kernel of its own; the epilogue may still fuse.
                 chain_of_absorbed.remove(&pool);
@@ -454,6 +469,7 @@ fn fused_kernel(
         info = info.with_extra(slot, r);
     }
     let epilogue = chain.epilogue(graph, slot);
+    let epilogue_scale_slot = epilogue.input_scale;
     let imp = if target.is_gpu() {
         KernelImpl::Gpu(
             crate::nvptx::kernels::gemm::lower_fused(&info, target, epilogue)
@@ -480,6 +496,12 @@ fn fused_kernel(
             *inp = None;
         }
     }
+    if let (Some(s), Some(slot)) = (chain.input_scale, epilogue_scale_slot) {
+        // The kernel reads the unscaled input and the scales; the Mul's output never exists.
+        inputs[0] = Some(s.input);
+        inputs.resize(slot + 1, None);
+        inputs[slot] = Some(s.scale);
+    }
     let packed = constants
         .iter()
         .map(|p| push_weights(weights, &p.bytes))
@@ -496,7 +518,7 @@ fn fused_kernel(
         packed,
         scratch: None,
         extra: info.extra,
-        fused: chain.absorbed.iter().copied().chain(chain.pool).collect(),
+        fused: chain.fused_nodes().collect(),
     })
 }
 

@@ -111,36 +111,76 @@ fn zero_run<'ctx>(
     })
 }
 
-/// Packs rows `[row, row+mr)` × k `[k0, k0+kc)` of a row-major f32 matrix (row `r` at
-/// `src[r*src_rs..]`) into `dst`, row `i` at `dst[i*stride..]`; rows past `m` are zero.
+/// A row-major f32 matrix that `pack_a_rows` reads: `m` rows, row `r` at
+/// `src[r * row_stride..]`, optionally scaled per column by image (`Epilogue::input_scale`):
+/// `(scales, rows per image, scales per image)`, row `r` of image `r / rows_per_image`.
+pub(crate) struct RowSource<'ctx> {
+    pub src: PointerValue<'ctx>,
+    pub m: i64,
+    pub row_stride: i64,
+    pub scale: Option<(PointerValue<'ctx>, i64, i64)>,
+}
+
+/// Packs rows `[row, row+mr)` × k `[k0, k0+kc)` of `a` into `dst`, row `i` at
+/// `dst[i*stride..]`; rows past `a.m` are zero.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn pack_a_rows<'ctx>(
     e: &Emit<'_, 'ctx>,
     dst: PointerValue<'ctx>,
-    src: PointerValue<'ctx>,
+    a: &RowSource<'ctx>,
     row: IntValue<'ctx>,
     k0: IntValue<'ctx>,
     kc: IntValue<'ctx>,
     mr: i64,
-    m: i64,
-    src_rs: i64,
     stride: i64,
     lanes: u32,
 ) -> Result<()> {
     for i in 0..mr {
         let r = e.addc(row, i)?;
         let d = e.gep_f32(dst, e.i64c(i * stride))?;
-        let valid = e.icmp(IntPredicate::ULT, r, e.i64c(m))?;
+        let valid = e.icmp(IntPredicate::ULT, r, e.i64c(a.m))?;
         e.if_else(
             valid,
             || {
-                let s = e.gep_f32(src, e.add(e.mulc(r, src_rs)?, k0)?)?;
-                copy_run(e, PackTo::F32, d, s, kc, lanes)
+                let s = e.gep_f32(a.src, e.add(e.mulc(r, a.row_stride)?, k0)?)?;
+                match a.scale {
+                    None => copy_run(e, PackTo::F32, d, s, kc, lanes),
+                    Some((scales, rows_per_image, per_image)) => {
+                        let image = e.udivc(r, rows_per_image)?;
+                        let sc = e.gep_f32(scales, e.add(e.mulc(image, per_image)?, k0)?)?;
+                        scaled_run(e, d, s, sc, kc, lanes)
+                    }
+                }
             },
             || zero_run(e, PackTo::F32, d, kc, lanes),
         )?;
     }
     Ok(())
+}
+
+/// `d[x] = s[x] * scale[x]` for x in `[0, n)` (masked 16-lane vectors with AVX-512, as
+/// `copy_run`).
+fn scaled_run<'ctx>(
+    e: &Emit<'_, 'ctx>,
+    d: PointerValue<'ctx>,
+    s: PointerValue<'ctx>,
+    scale: PointerValue<'ctx>,
+    n: IntValue<'ctx>,
+    lanes: u32,
+) -> Result<()> {
+    if lanes >= 16 {
+        return e.for_masked(n, lanes, |x0, mask| {
+            let v = e.masked_load(e.gep_f32(s, x0)?, mask, lanes)?;
+            let w = e.masked_load(e.gep_f32(scale, x0)?, mask, lanes)?;
+            let p = e.b.build_float_mul(v, w, "").map_err(llvm)?;
+            PackTo::F32.masked_store(e, e.gep_f32(d, x0)?, p, mask)
+        });
+    }
+    e.for_range(e.i64c(0), n, 1, |x| {
+        let v = e.load_f32(e.gep_f32(s, x)?)?;
+        let w = e.load_f32(e.gep_f32(scale, x)?)?;
+        e.store(e.gep_f32(d, x)?, e.b.build_float_mul(v, w, "").map_err(llvm)?)
+    })
 }
 
 /// Packs rows `[row, row+mr)` (output pixels of one image) × k `[k0, k0+kc)` of the NHWC im2col

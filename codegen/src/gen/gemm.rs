@@ -83,6 +83,11 @@ pub struct Epilogue {
     /// `Cast<f32>(Cast<bf16>(y))` of a result that has no other use. Only the GEMM kernels
     /// do (`fuse::find_chains` asks for it on their anchors only).
     pub round_bf16: bool,
+    /// A per-channel scale of the input fused in front of the product (squeeze-excitation's
+    /// `x * s` before a pointwise convolution): the input slot of `s`, `[N, 1, 1, C]` for an
+    /// input `[N, H, W, C]`. A is scaled as it is packed, so the scaled input is never
+    /// stored. Only channels-last pointwise f32 convolutions take it; others decline.
+    pub input_scale: Option<usize>,
 }
 
 impl Default for Epilogue {
@@ -94,6 +99,7 @@ impl Default for Epilogue {
             activation: Activation::None,
             pool_mean: false,
             round_bf16: false,
+            input_scale: None,
         }
     }
 }
@@ -109,6 +115,7 @@ impl Epilogue {
             activation,
             pool_mean: false,
             round_bf16: false,
+            input_scale: None,
         }
     }
 }
@@ -224,6 +231,18 @@ pub struct GemmKernel {
     bf16_pairs: bool,
     /// K in elements (`k` counts pairs when `bf16_pairs`).
     k_elems: usize,
+    /// `Epilogue::input_scale` of a row-major A: every row's K values are multiplied by the
+    /// scale vector of its image as they are packed.
+    a_scale: Option<AScale>,
+}
+
+/// The per-image column scale of A (`Epilogue::input_scale`).
+#[derive(Clone, Copy, Debug)]
+struct AScale {
+    /// Input slot of the scales, K per image.
+    input: usize,
+    /// Rows of A per image.
+    rows_per_image: usize,
 }
 
 pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GeneratedKernel>>> {
@@ -362,6 +381,8 @@ struct Builder {
     packed: Vec<PackedConst>,
     unread: Vec<usize>,
     what: String,
+    /// Rows of A per image when A is a row-major input that `Epilogue::input_scale` may scale.
+    scalable_rows: Option<usize>,
 }
 
 impl Builder {
@@ -436,8 +457,17 @@ impl Builder {
                 Some(Operand::Packed { slot })
             }
         };
+        let a_scale = match (epi.input_scale, self.scalable_rows) {
+            (None, _) => None,
+            (Some(input), Some(rows_per_image)) => Some(AScale {
+                input,
+                rows_per_image,
+            }),
+            (Some(_), None) => return Ok(None),
+        };
         let k_elems = self.k;
-        let bf16_pairs = self.try_bf16_pairs(node, target, &tile);
+        // Pair packing has no scaling step: a scaled A stays f32.
+        let bf16_pairs = a_scale.is_none() && self.try_bf16_pairs(node, target, &tile);
         if bf16_pairs {
             self.k = k_elems.div_ceil(2);
         }
@@ -482,13 +512,14 @@ impl Builder {
             activation: epi.activation,
             round_bf16: epi.round_bf16,
             packed: self.packed,
-            n_inputs: node.n_inputs(),
+            n_inputs: node.n_inputs().max(a_scale.map_or(0, |s| s.input + 1)),
             unread: self.unread,
             kc,
             mb,
             nb,
             bf16_pairs,
             k_elems,
+            a_scale,
         })))
     }
 
@@ -702,6 +733,7 @@ fn lower_matmul(
         packed: vec![],
         unread: vec![],
         what: "matmul".into(),
+        scalable_rows: None,
     };
     let (mut a_mat, mut b_mat) = (m * k, k * n);
     if let Some(w) = f32s(node, 1) {
@@ -776,6 +808,7 @@ fn lower_gemm(
         packed: vec![],
         unread: vec![],
         what: "gemm".into(),
+        scalable_rows: None,
     };
     if let Some(w) = f32s(node, 1) {
         b.packed
@@ -846,6 +879,9 @@ fn lower_conv(
         return Err(node.unsupported("convolution window does not match the output shape"));
     };
     if g == c && g == m && cg == 1 && g > 1 {
+        if epi.input_scale.is_some() {
+            return Ok(None);
+        }
         return super::dwconv::lower(node, target, epi, &w, geo.into_dw(nb, c));
     }
     if epi.pool_mean {
@@ -908,6 +944,7 @@ fn lower_conv(
         packed: vec![to_bytes(&packed_w)],
         unread,
         what: format!("conv{kh}x{kw}/{}", geo.sh),
+        scalable_rows: None,
     };
     b.finish(node, target, tile, epi)
 }
@@ -936,6 +973,9 @@ fn lower_conv_nhwc(
         return Err(node.unsupported("convolution window does not match the output shape"));
     };
     if g == c && g == m && cg == 1 && g > 1 {
+        if epi.input_scale.is_some() {
+            return Ok(None);
+        }
         return super::conv_nhwc::lower_dw(node, target, epi, w, geo.into_dw(nb, c));
     }
     if g != 1 || cg != c || ys[3] != m {
@@ -996,6 +1036,7 @@ fn lower_conv_nhwc(
         packed: vec![to_bytes(&packed)],
         unread,
         what: format!("conv{kh}x{kw}/{} nhwc", geo.sh),
+        scalable_rows: pointwise.then_some(oh * ow),
     };
     b.finish(node, target, tile, epi)
 }
@@ -1588,22 +1629,19 @@ impl GemmKernel {
             } else if let (Some(rs), Operand::Strided { rs: a_rs, cs: 1, .. }) =
                 (self.a_row_stride(), &self.a)
             {
+                let rows = super::conv_nhwc::RowSource {
+                    src: ptrs.a,
+                    m,
+                    row_stride: *a_rs as i64,
+                    scale: match self.a_scale {
+                        Some(sc) => Some((slot(sc.input)?, sc.rows_per_image as i64, self.k_elems as i64)),
+                        None => None,
+                    },
+                };
                 e.for_range(e.i64c(0), n_mp, 1, |mp| {
                     let row = e.add(m0, e.mulc(mp, mr)?)?;
                     let dst = e.gep_f32(apack, e.mulc(mp, mr * rs)?)?;
-                    super::conv_nhwc::pack_a_rows(
-                        e,
-                        dst,
-                        ptrs.a,
-                        row,
-                        k0,
-                        kc,
-                        mr,
-                        m,
-                        *a_rs as i64,
-                        rs,
-                        self.tile.lanes,
-                    )
+                    super::conv_nhwc::pack_a_rows(e, dst, &rows, row, k0, kc, mr, rs, self.tile.lanes)
                 })?;
                 (apack, e.i64c(mr * rs))
             } else {

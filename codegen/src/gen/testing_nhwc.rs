@@ -93,3 +93,39 @@ fn nhwc_fused_epilogues() {
         compare(&format!("nhwc relu6 group {g}"), &case.run(Some(epi), 2), &want);
     }
 }
+
+#[test]
+fn nhwc_pointwise_scaled_input() {
+    // (n, c, m): images whose rows share a 12-row panel, a channel tail past the vector
+    // width, and K split into two blocks (the scales offset by the block's k0).
+    for (i, &(n, c, m)) in [(1, 24, 20), (3, 40, 33), (2, 400, 17)].iter().enumerate() {
+        let (h, w) = (5, 7);
+        let mut case = CaseBuilder::new(950 + i as u64)
+            .operand(&[n, h, w, c], false)
+            .operand(&[m, c, 1, 1], true)
+            .operand(&[m], true)
+            .node(conv_nhwc([1, 1], [1, 1], [0, 0, 0, 0], [1, 1], 1));
+        let x = case.data[0].clone().unwrap();
+        let scale: Vec<f32> = Rng::new(960 + i as u64).vec(n * c);
+        let scaled: Vec<f32> = x
+            .iter()
+            .enumerate()
+            .map(|(j, v)| v * scale[(j / (h * w * c)) * c + j % c])
+            .collect();
+        // The reference convolves the scaled input; the kernel reads x and the scales.
+        case.graph_inputs[0] = Tensor::from_vec(vec![n, h, w, c], scaled);
+        let want = case.reference();
+        let mut epi = Epilogue::new(
+            Bias::PerRow(case.data[2].clone().unwrap()),
+            None,
+            Activation::None,
+        );
+        epi.input_scale = Some(4);
+        case.data.extend([None, Some(scale)]);
+        compare(
+            &format!("nhwc scaled input case {i}"),
+            &case.run(Some(epi), 2),
+            &want,
+        );
+    }
+}
