@@ -60,27 +60,38 @@ impl PackTo {
     }
 }
 
-/// `d[x] = s[x]` for x in `[0, n)`. With AVX-512 (`lanes` = 16), a loop of masked 16-lane
-/// loads and stores: im2col runs are short (21 floats per tap row of a 3-channel 7×7 stem, 9
-/// of a 3×3 one), below the length where LLVM's vectorized loop (64 elements a step) or a
-/// `memcpy` call pay off, so they ran element by element. Otherwise the plain loop (LLVM
-/// makes it a `memcpy`; AVX2's masked stores are microcoded on some cores).
+/// `d[x] = s[x]` (times `scale[x]` when given) for x in `[0, n)`. With AVX-512 (`lanes` =
+/// 16), a loop of masked 16-lane loads and stores: im2col runs are short (21 floats per tap
+/// row of a 3-channel 7×7 stem, 9 of a 3×3 one), below the length where LLVM's vectorized
+/// loop (64 elements a step) or a `memcpy` call pay off, so they ran element by element.
+/// Otherwise the plain loop (LLVM makes it a `memcpy`; AVX2's masked stores are microcoded on
+/// some cores).
 fn copy_run<'ctx>(
     e: &Emit<'_, 'ctx>,
     to: PackTo,
     d: PointerValue<'ctx>,
     s: PointerValue<'ctx>,
+    scale: Option<PointerValue<'ctx>>,
     n: IntValue<'ctx>,
     lanes: u32,
 ) -> Result<()> {
     if lanes >= 16 {
         return e.for_masked(n, lanes, |x0, mask| {
-            let v = e.masked_load(e.gep_f32(s, x0)?, mask, lanes)?;
+            let mut v = e.masked_load(e.gep_f32(s, x0)?, mask, lanes)?;
+            if let Some(scale) = scale {
+                let w = e.masked_load(e.gep_f32(scale, x0)?, mask, lanes)?;
+                v = e.b.build_float_mul(v, w, "").map_err(llvm)?;
+            }
             to.masked_store(e, to.gep(e, d, x0)?, v, mask)
         });
     }
     e.for_range(e.i64c(0), n, 1, |x| {
-        let v = e.load_f32(e.gep_f32(s, x)?)?;
+        let mut v = e.load_f32(e.gep_f32(s, x)?)?;
+        if let Some(scale) = scale {
+            v =
+                e.b.build_float_mul(v, e.load_f32(e.gep_f32(scale, x)?)?, "")
+                    .map_err(llvm)?;
+        }
         let at = to.gep(e, d, x)?;
         match to {
             PackTo::F32 => e.store(at, v),
@@ -143,44 +154,19 @@ pub(crate) fn pack_a_rows<'ctx>(
             valid,
             || {
                 let s = e.gep_f32(a.src, e.add(e.mulc(r, a.row_stride)?, k0)?)?;
-                match a.scale {
-                    None => copy_run(e, PackTo::F32, d, s, kc, lanes),
+                let scale = match a.scale {
+                    None => None,
                     Some((scales, rows_per_image, per_image)) => {
                         let image = e.udivc(r, rows_per_image)?;
-                        let sc = e.gep_f32(scales, e.add(e.mulc(image, per_image)?, k0)?)?;
-                        scaled_run(e, d, s, sc, kc, lanes)
+                        Some(e.gep_f32(scales, e.add(e.mulc(image, per_image)?, k0)?)?)
                     }
-                }
+                };
+                copy_run(e, PackTo::F32, d, s, scale, kc, lanes)
             },
             || zero_run(e, PackTo::F32, d, kc, lanes),
         )?;
     }
     Ok(())
-}
-
-/// `d[x] = s[x] * scale[x]` for x in `[0, n)` (masked 16-lane vectors with AVX-512, as
-/// `copy_run`).
-fn scaled_run<'ctx>(
-    e: &Emit<'_, 'ctx>,
-    d: PointerValue<'ctx>,
-    s: PointerValue<'ctx>,
-    scale: PointerValue<'ctx>,
-    n: IntValue<'ctx>,
-    lanes: u32,
-) -> Result<()> {
-    if lanes >= 16 {
-        return e.for_masked(n, lanes, |x0, mask| {
-            let v = e.masked_load(e.gep_f32(s, x0)?, mask, lanes)?;
-            let w = e.masked_load(e.gep_f32(scale, x0)?, mask, lanes)?;
-            let p = e.b.build_float_mul(v, w, "").map_err(llvm)?;
-            PackTo::F32.masked_store(e, e.gep_f32(d, x0)?, p, mask)
-        });
-    }
-    e.for_range(e.i64c(0), n, 1, |x| {
-        let v = e.load_f32(e.gep_f32(s, x)?)?;
-        let w = e.load_f32(e.gep_f32(scale, x)?)?;
-        e.store(e.gep_f32(d, x)?, e.b.build_float_mul(v, w, "").map_err(llvm)?)
-    })
 }
 
 /// Packs rows `[row, row+mr)` (output pixels of one image) × k `[k0, k0+kc)` of the NHWC im2col
@@ -252,7 +238,15 @@ pub(crate) fn pack_a_im2col<'ctx>(
                 ok,
                 || {
                     let pix = e.add(e.mulc(ih, g.w as i64)?, iw)?;
-                    copy_run(e, to, d, e.gep_f32(src, e.add(e.mulc(pix, c)?, lo)?)?, n, lanes)
+                    copy_run(
+                        e,
+                        to,
+                        d,
+                        e.gep_f32(src, e.add(e.mulc(pix, c)?, lo)?)?,
+                        None,
+                        n,
+                        lanes,
+                    )
                 },
                 || zero_run(e, to, d, n, lanes),
             )
