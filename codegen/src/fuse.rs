@@ -149,7 +149,6 @@ fn input_scale_of(
 /// chain also takes the autocast's rounding pair when the pair is its result's only use, and
 /// a squeeze-excitation scale of its input (`Chain::input_scale`).
 pub fn find_chains(graph: &Graph, cpu: bool) -> Vec<Chain> {
-    let round_casts = cpu;
     let (by_value, uses) = consumers(graph);
     let sole = |v: ValueId| -> Option<NodeId> {
         match (uses.get(&v), by_value.get(&v)) {
@@ -295,7 +294,7 @@ pub fn find_chains(graph: &Graph, cpu: bool) -> Vec<Chain> {
                 })
             });
         }
-        if round_casts && !grouped {
+        if cpu && !grouped {
             let narrow = sole(cur).filter(|c| !claimed.contains(c));
             let widen = narrow
                 .filter(|&c| matches!(graph.node(c).op, Op::Cast { to: DType::BF16 }))
