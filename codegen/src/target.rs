@@ -37,6 +37,18 @@ pub struct TargetDesc {
     pub has_avx512_bf16: bool,
     /// Whether this target is the machine kiln runs on (executables can be run here).
     pub is_host: bool,
+    /// Which convolution algorithms the CPU kernels may use (`kiln compile --conv-algorithm`).
+    pub conv_algorithm: ConvAlgorithm,
+}
+
+/// How stride-1 3×3 convolutions may be computed (`gen::winograd`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ConvAlgorithm {
+    /// Products of the weights and the im2col matrix only.
+    Direct,
+    /// Winograd F(4×4, 3×3) or F(2×2, 3×3) where it is faster.
+    #[default]
+    Auto,
 }
 
 impl TargetDesc {
@@ -103,6 +115,7 @@ impl TargetDesc {
             has_fma: has("fma") || arch == Arch::Aarch64,
             has_avx512_bf16: has("avx512bf16"),
             is_host: false,
+            conv_algorithm: ConvAlgorithm::Auto,
         })
     }
 
@@ -119,6 +132,7 @@ impl TargetDesc {
             has_fma: true,
             has_avx512_bf16: false,
             is_host: false,
+            conv_algorithm: ConvAlgorithm::Direct,
         })
     }
 

@@ -556,6 +556,73 @@ impl Builder {
     }
 }
 
+/// A batch of products `C[b] = A[b] · B[b]` with a run-time row-major A (`[batch][m][k]`,
+/// argument 0), constant B (`b_mats`, `[batch][k][n]` row-major) and C `[batch][m][n]`
+/// (argument 1), no epilogue: the multiply step of a kernel that transforms its operands
+/// itself (`winograd`). Its packed B is argument 2.
+pub(crate) fn batched_product(
+    target: &TargetDesc,
+    what: &str,
+    batch: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    b_mats: &[f32],
+) -> GemmKernel {
+    let tile = Tile::for_target(target);
+    let nr = tile.nr();
+    let mut panels = Vec::with_capacity(batch * n.div_ceil(nr) * nr * k);
+    for mat in b_mats.chunks_exact(k * n) {
+        panels.extend(pack_b(mat, k, n, n, 1, nr, 1.0));
+    }
+    let b_per_entry = panels.len() / batch;
+    let (kc, mb, nb) = plan_blocks(&tile, m, n, k, batch, false);
+    let mut packed = to_bytes(&panels);
+    if kc < k {
+        packed = block_major_panels(&packed, k, nr, kc, n.div_ceil(nr));
+    }
+    GemmKernel {
+        what: format!(
+            "{what} {}x{nr} {:?} M={m} N={n} K={k} batch={batch} KC={kc} MB={mb} NB={nb}",
+            tile.mr, target.isa
+        ),
+        isa: target.isa,
+        tile,
+        m,
+        n,
+        k,
+        batch: vec![BatchDim {
+            extent: batch,
+            a: m * k,
+            b: b_per_entry,
+            c: m * n,
+            bias_row: 0,
+        }],
+        a: Operand::Strided {
+            input: 0,
+            rs: k,
+            cs: 1,
+        },
+        b: Operand::Packed { slot: 0 },
+        out: 0,
+        scale: 1.0,
+        bias_row: None,
+        bias_col: None,
+        residual: None,
+        activation: Activation::None,
+        round_bf16: false,
+        packed: vec![packed],
+        n_inputs: 1,
+        unread: vec![],
+        kc,
+        mb,
+        nb,
+        bf16_pairs: false,
+        k_elems: k,
+        a_scale: None,
+    }
+}
+
 /// Re-lays packed B panels `[panel][K][NR]` (4-byte elements, one panel set per batch entry)
 /// out K-block major, `[K block][panel][kc][NR]` with blocks of `kc` rows (the last one
 /// shorter): a task walks its panels of one K block, then the next block, so it reads B
@@ -988,6 +1055,22 @@ fn lower_conv_nhwc(
         Bias::PerRow(v) => Bias::PerCol(v),
         other => other,
     };
+    if kh == 3 && kw == 3 && (geo.sh, geo.sw, geo.dh, geo.dw) == (1, 1, 1, 1) {
+        let wg = super::winograd::WinoGeom {
+            n: nb,
+            h,
+            w: wd,
+            c,
+            k: m,
+            oh,
+            ow,
+            ph: geo.ph,
+            pw: geo.pw,
+        };
+        if let Some(kernel) = super::winograd::lower(node, target, &epi, w, wg)? {
+            return Ok(Some(kernel));
+        }
+    }
     let k = kh * kw * c;
     let taps = kh * kw;
     let mut wt = vec![0f32; k * m];
@@ -1218,6 +1301,25 @@ impl GeneratedKernel for GemmKernel {
     }
 
     fn emit(&self, k: &KernelBuilder<'_, '_>) -> Result<()> {
+        let args = k
+            .function
+            .get_nth_param(1)
+            .expect("kernel has args")
+            .into_pointer_value();
+        self.emit_product(k, args)?;
+        k.ret_ok()
+    }
+}
+
+impl GemmKernel {
+    /// Emits the product at `k`'s builder position, reading its operands from `args` (laid out
+    /// as a kernel's arguments: inputs, output, packed constants): a kernel's whole body, or
+    /// one step of a kernel that runs a product on its own scratch buffers (`winograd`).
+    pub(crate) fn emit_product<'ctx>(
+        &self,
+        k: &KernelBuilder<'_, 'ctx>,
+        args: PointerValue<'ctx>,
+    ) -> Result<()> {
         let _ = self.isa;
         let (mr, nv, lanes) = (self.tile.mr, self.tile.nv as usize, self.tile.lanes as usize);
         let row_variants = match self.m % mr {
@@ -1245,16 +1347,10 @@ impl GeneratedKernel for GemmKernel {
         let me = Emit::new(k.cx, k.module, k.builder, k.function);
         let data = me.entry_alloca(me.ptr_ty().array_type(2), "taskdata")?;
         me.store(data, k.ctx())?;
-        let args = k
-            .function
-            .get_nth_param(1)
-            .expect("kernel has args")
-            .into_pointer_value();
         me.store(me.gep_ptr(data, 1)?, args)?;
         let batch: usize = self.batch.iter().map(|d| d.extent).product();
         let tasks = batch * self.m.div_ceil(self.mb) * self.n.div_ceil(self.nb);
-        k.parallel_for(task, data, me.i64c(tasks as i64))?;
-        k.ret_ok()
+        k.parallel_for(task, data, me.i64c(tasks as i64))
     }
 }
 

@@ -15,6 +15,7 @@ pub mod gemm;
 #[cfg(test)]
 mod testing;
 pub(crate) mod vmath;
+pub mod winograd;
 
 use crate::error::{CodegenError, Result};
 use crate::node::NodeInfo;

@@ -170,7 +170,8 @@ pub(crate) fn run_kernel(
         scratch,
         pool: Pool::default(),
     };
-    assert_eq!(kernel.scratch().shared_bytes, 0);
+    // The kernel's shared scratch, poisoned so that reading what was never written shows.
+    let mut shared = vec![f32::NAN; (kernel.scratch().shared_bytes as usize).div_ceil(4)];
     let mut out = vec![f32::NAN; out_len];
     let packed_f: Vec<Vec<u8>> = packed.iter().map(|p| p.bytes.clone()).collect();
     let mut args: Vec<*mut c_void> = inputs
@@ -182,6 +183,9 @@ pub(crate) fn run_kernel(
         .collect();
     args.push(out.as_mut_ptr() as *mut c_void);
     args.extend(packed_f.iter().map(|p| p.as_ptr() as *mut c_void));
+    if !shared.is_empty() {
+        args.push(shared.as_mut_ptr() as *mut c_void);
+    }
     type Kern = unsafe extern "C" fn(*mut c_void, *const *mut c_void) -> i32;
     // SAFETY: "kern" has the kernel signature; args matches the layout the kernel was built for.
     let kf = unsafe { ee.get_function::<Kern>("kern") }.unwrap();
@@ -334,6 +338,9 @@ mod nhwc;
 
 #[path = "testing_bf16.rs"]
 mod bf16;
+
+#[path = "testing_winograd.rs"]
+mod winograd;
 
 #[test]
 fn matmul_shapes() {
