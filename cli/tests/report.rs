@@ -204,6 +204,28 @@ fn fusion_off_gives_one_kernel_per_node() {
 }
 
 #[test]
+fn conv_algorithm_direct_turns_winograd_off() {
+    // Three stride-1 3x3 convolutions wide enough for Winograd: two F(4x4), one F(2x2).
+    let model = fixture("conv_winograd");
+    let winograd_kernels = |r: &Value| {
+        r["kernels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|k| k["implementation"].as_str().unwrap().starts_with("winograd"))
+            .count()
+    };
+    let auto = explain_json(&model, &[]);
+    check_consistent(&auto, &model);
+    assert_eq!(auto["options"]["conv_algorithm"], "auto");
+    assert_eq!(winograd_kernels(&auto), 3, "{:#}", auto["kernels"]);
+    let direct = explain_json(&model, &["--conv-algorithm", "direct"]);
+    assert_eq!(direct["options"]["conv_algorithm"], "direct");
+    assert_eq!(winograd_kernels(&direct), 0, "{:#}", direct["kernels"]);
+    assert_eq!(auto["summary"]["kernels"], direct["summary"]["kernels"]);
+}
+
+#[test]
 fn control_flow_and_views_are_accounted_for() {
     for m in [
         "if_captured",

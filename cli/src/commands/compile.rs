@@ -41,6 +41,27 @@ pub enum LayoutArg {
     Nhwc,
 }
 
+/// How convolutions are computed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum ConvAlgorithmArg {
+    /// Winograd F(4x4,3x3) or F(2x2,3x3) for the stride-1 3x3 layers where it is faster
+    /// (4x or 2.25x fewer multiplies, rounding errors a few times the direct kernel's);
+    /// im2col products for the rest
+    #[default]
+    Auto,
+    /// im2col products (or direct depthwise kernels) for every convolution
+    Direct,
+}
+
+impl From<ConvAlgorithmArg> for kiln_codegen::target::ConvAlgorithm {
+    fn from(a: ConvAlgorithmArg) -> Self {
+        match a {
+            ConvAlgorithmArg::Auto => Self::Auto,
+            ConvAlgorithmArg::Direct => Self::Direct,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum PrecisionArg {
     F32,
@@ -131,6 +152,12 @@ pub struct Args {
     #[arg(long, value_enum, default_value = "f32")]
     pub precision: PrecisionArg,
 
+    /// How convolutions are computed on CPUs: `auto` lets stride-1 3x3 layers run as
+    /// Winograd convolutions where that is faster; `direct` keeps every convolution a
+    /// product of the weights and the im2col matrix.
+    #[arg(long, value_enum, value_name = "ALGORITHM", default_value = "auto")]
+    pub conv_algorithm: ConvAlgorithmArg,
+
     /// Skip an optimizer pass (e.g. freeze). May be given several times.
     #[arg(long = "disable-pass", value_name = "PASS")]
     pub disable_pass: Vec<String>,
@@ -197,7 +224,8 @@ pub fn build(args: Args, mode: Mode) -> Result<()> {
     progress.phase("passes");
     let mut graph = model.graph;
     let layout = args.effective_layout();
-    let target = TargetDesc::select(args.target_triple.as_deref(), args.cpu.as_deref())?;
+    let mut target = TargetDesc::select(args.target_triple.as_deref(), args.cpu.as_deref())?;
+    target.conv_algorithm = args.conv_algorithm.into();
     let mut popts = pipeline_options(layout, args.precision);
     popts.products_round_operands = args.target == TargetArg::Cpu && target.has_bf16_pair_kernels();
     let mut passes = kiln_optimizer::pipelines::cpu(&popts);
@@ -304,6 +332,7 @@ pub fn build(args: Args, mode: Mode) -> Result<()> {
                 precision: format!("{:?}", popts.precision).to_lowercase(),
                 disabled_passes: args.disable_pass.clone(),
                 fusion,
+                conv_algorithm: format!("{:?}", args.conv_algorithm).to_lowercase(),
             },
             original,
             optimized: &graph,

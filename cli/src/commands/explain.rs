@@ -68,6 +68,8 @@ pub struct OptionsInfo {
     pub precision: String,
     pub disabled_passes: Vec<String>,
     pub fusion: bool,
+    /// `auto` (Winograd allowed) or `direct` (`--conv-algorithm`).
+    pub conv_algorithm: String,
 }
 
 #[derive(Serialize, Debug)]
@@ -456,6 +458,7 @@ pub fn build_report(inp: &Inputs) -> Report {
             precision: inp.options.precision.clone(),
             disabled_passes: inp.options.disabled_passes.clone(),
             fusion: inp.options.fusion,
+            conv_algorithm: inp.options.conv_algorithm.clone(),
         },
         target: TargetInfo {
             triple: plan.target.triple.clone(),
@@ -795,6 +798,7 @@ mod tests {
                 precision: "f32".into(),
                 disabled_passes: vec![],
                 fusion: false,
+                conv_algorithm: "auto".into(),
             },
             original: &g0,
             optimized: &g1,
