@@ -15,8 +15,9 @@ For each model of bench-models/ (made by `fixtures/make_benchmark_models.py --ou
      Each round gives a median; the table shows the median of the rounds' medians.
 
 With --variants, each model is also compiled with one pass family off or one option changed
-(VARIANTS below: `--disable-pass freeze|channels-last|fuse`, `--layout nchw|nhwc`, `--precision
-bf16`, bf16 with `--disable-pass bf16-autocast`); every variant runs in the same interleaved
+(VARIANTS below: `--disable-pass freeze|channels-last|fuse`, `--conv-algorithm direct`,
+`--layout nchw|nhwc`, `--precision bf16`, bf16 with `--disable-pass bf16-autocast`); every
+variant runs in the same interleaved
 rounds and a second table shows its kernel count (from `kiln compile --report`), latency and
 the ratio to the default compile, with its output error. Variants this kiln does not accept
 (an option missing from `kiln compile --help`, an unknown pass) are listed as unavailable.
@@ -58,6 +59,8 @@ VARIANTS = {
     "no-freeze": ["--disable-pass", "freeze"],
     "no-channels-last": ["--disable-pass", "channels-last"],
     "no-fuse": ["--disable-pass", "fuse"],
+    # What Winograd convolutions buy (stride-1 3x3 layers).
+    "direct-conv": ["--conv-algorithm", "direct"],
     "nchw": ["--layout", "nchw"],
     "nhwc": ["--layout", "nhwc"],
     "bf16": ["--precision", "bf16"],
