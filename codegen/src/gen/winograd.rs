@@ -431,6 +431,26 @@ impl WinogradKernel {
         .map_err(llvm)
     }
 
+    /// The element offset of pixel (y, x) of an NHWC image `width` pixels wide, and the lane
+    /// mask that reads or writes it: all lanes when both coordinates are inside (`(value,
+    /// inside)` pairs), none otherwise, with the offset 0 so that the address stays in range.
+    fn pixel<'ctx>(
+        &self,
+        e: &Emit<'_, 'ctx>,
+        (y, y_inside): (IntValue<'ctx>, IntValue<'ctx>),
+        (x, x_inside): (IntValue<'ctx>, IntValue<'ctx>),
+        width: usize,
+        channels: usize,
+    ) -> Result<(IntValue<'ctx>, VectorValue<'ctx>)> {
+        let inside = e.b.build_and(y_inside, x_inside, "").map_err(llvm)?;
+        let off = e.mulc(e.add(e.mulc(y, width as i64)?, x)?, channels as i64)?;
+        let off =
+            e.b.build_select(inside, off, e.i64c(0), "")
+                .map_err(llvm)?
+                .into_int_value();
+        Ok((off, self.splat_bool(e, inside)?))
+    }
+
     /// Writes `V[ξ][row][·] = (Bᵀ d B)[ξ]` for the input tile of `tile`; pixels outside the
     /// image (the padding) read as zero.
     fn input_transform<'ctx>(
@@ -465,14 +485,8 @@ impl WinogradKernel {
         let mut taps = Vec::with_capacity(a * a);
         for &(iy, vy) in &ys {
             for &(ix, vx) in &xs {
-                let inside = e.b.build_and(vy, vx, "").map_err(llvm)?;
-                let off = e.mulc(e.add(e.mulc(iy, g.w as i64)?, ix)?, g.c as i64)?;
-                // Outside the image the address is never read (masked load); keep it in range.
-                let off =
-                    e.b.build_select(inside, off, e.i64c(0), "")
-                        .map_err(llvm)?
-                        .into_int_value();
-                taps.push((e.gep_f32(x, off)?, self.splat_bool(e, inside)?));
+                let (off, mask) = self.pixel(e, (iy, vy), (ix, vx), g.w, g.c)?;
+                taps.push((e.gep_f32(x, off)?, mask));
             }
         }
         let l = self.lanes as i64;
@@ -605,13 +619,7 @@ impl WinogradKernel {
             for j in 0..m {
                 let ox = e.addc(pos.x0, j as i64)?;
                 let vx = e.icmp(IntPredicate::ULT, ox, e.i64c(g.ow as i64))?;
-                let inside = e.b.build_and(vy, vx, "").map_err(llvm)?;
-                let off = e.mulc(e.add(e.mulc(oy, g.ow as i64)?, ox)?, g.k as i64)?;
-                let off =
-                    e.b.build_select(inside, off, e.i64c(0), "")
-                        .map_err(llvm)?
-                        .into_int_value();
-                outs.push((off, self.splat_bool(e, inside)?));
+                outs.push(self.pixel(e, (oy, vy), (ox, vx), g.ow, g.k)?);
             }
         }
         let l = self.lanes as i64;
