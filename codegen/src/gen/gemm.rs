@@ -356,7 +356,7 @@ fn pack_b(src: &[f32], k: usize, n: usize, rs: usize, cs: usize, nr: usize, scal
     out
 }
 
-fn to_bytes(v: &[f32]) -> PackedConst {
+pub(crate) fn to_bytes(v: &[f32]) -> PackedConst {
     PackedConst {
         bytes: v.iter().flat_map(|x| x.to_le_bytes()).collect(),
     }
@@ -559,7 +559,8 @@ impl Builder {
 /// A batch of products `C[b] = A[b] · B[b]` with a run-time row-major A (`[batch][m][k]`,
 /// argument 0), constant B (`b_mats`, `[batch][k][n]` row-major) and C `[batch][m][n]`
 /// (argument 1), no epilogue: the multiply step of a kernel that transforms its operands
-/// itself (`winograd`). Its packed B is argument 2.
+/// itself (`winograd`). Returns the kernel and its packed B, which the caller owns and passes
+/// as argument 2 (the kernel keeps no copy).
 pub(crate) fn batched_product(
     target: &TargetDesc,
     what: &str,
@@ -568,7 +569,7 @@ pub(crate) fn batched_product(
     n: usize,
     k: usize,
     b_mats: &[f32],
-) -> GemmKernel {
+) -> (GemmKernel, PackedConst) {
     let tile = Tile::for_target(target);
     let nr = tile.nr();
     let mut panels = Vec::with_capacity(batch * n.div_ceil(nr) * nr * k);
@@ -581,7 +582,7 @@ pub(crate) fn batched_product(
     if kc < k {
         packed = block_major_panels(&packed, k, nr, kc, n.div_ceil(nr));
     }
-    GemmKernel {
+    let kernel = GemmKernel {
         what: format!(
             "{what} {}x{nr} {:?} M={m} N={n} K={k} batch={batch} KC={kc} MB={mb} NB={nb}",
             tile.mr, target.isa
@@ -611,7 +612,7 @@ pub(crate) fn batched_product(
         residual: None,
         activation: Activation::None,
         round_bf16: false,
-        packed: vec![packed],
+        packed: vec![],
         n_inputs: 1,
         unread: vec![],
         kc,
@@ -620,7 +621,8 @@ pub(crate) fn batched_product(
         bf16_pairs: false,
         k_elems: k,
         a_scale: None,
-    }
+    };
+    (kernel, packed)
 }
 
 /// Re-lays packed B panels `[panel][K][NR]` (4-byte elements, one panel set per batch entry)
@@ -1301,12 +1303,7 @@ impl GeneratedKernel for GemmKernel {
     }
 
     fn emit(&self, k: &KernelBuilder<'_, '_>) -> Result<()> {
-        let args = k
-            .function
-            .get_nth_param(1)
-            .expect("kernel has args")
-            .into_pointer_value();
-        self.emit_product(k, args)?;
+        self.emit_product(k, k.args())?;
         k.ret_ok()
     }
 }

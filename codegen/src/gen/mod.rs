@@ -120,7 +120,8 @@ impl<'a, 'ctx> KernelBuilder<'a, 'ctx> {
             .into_pointer_value()
     }
 
-    fn args(&self) -> PointerValue<'ctx> {
+    /// The kernel's argument array (`args`).
+    pub fn args(&self) -> PointerValue<'ctx> {
         self.function
             .get_nth_param(1)
             .expect("kernel has args")

@@ -23,7 +23,7 @@
 //! relative errors around 1e-6 for F(4×4) and smaller for F(2×2).
 
 use super::emit::Emit;
-use super::gemm::{activation, batched_product, Activation, Bias, Epilogue, GemmKernel, Residual};
+use super::gemm::{activation, batched_product, to_bytes, Activation, Bias, Epilogue, GemmKernel, Residual};
 use super::{llvm, GeneratedKernel, KernelBuilder, PackedConst, Scratch};
 use crate::error::Result;
 use crate::node::NodeInfo;
@@ -230,16 +230,11 @@ pub(crate) fn lower(
         Some(Residual::Input(i)) if node.input_shape(*i)? == node.output_shape(0)? => Some(*i),
         Some(_) => return Ok(None),
     };
-    let mut packed_bias = None;
-    match &epi.bias {
-        Bias::None => {}
-        Bias::PerRow(b) | Bias::PerCol(b) if b.len() == g.k => {
-            packed_bias = Some(PackedConst {
-                bytes: b.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            })
-        }
+    let packed_bias = match &epi.bias {
+        Bias::None => None,
+        Bias::PerRow(b) | Bias::PerCol(b) if b.len() == g.k => Some(to_bytes(b)),
         Bias::PerRow(_) | Bias::PerCol(_) => return Ok(None),
-    }
+    };
     let a = v.alpha();
     let (tiles_h, tiles_w) = (g.oh.div_ceil(v.m), g.ow.div_ceil(v.m));
     let total = g.n * tiles_h * tiles_w;
@@ -251,8 +246,8 @@ pub(crate) fn lower(
     }
     let task_tiles = (group_tiles / 16).clamp(1, 8);
     let u = transform_weights(v, w, g.c, g.k);
-    let product = batched_product(target, "products", a * a, group_tiles, g.k, g.c, &u);
-    let mut packed = product.packed_constants();
+    let (product, packed_u) = batched_product(target, "products", a * a, group_tiles, g.k, g.c, &u);
+    let mut packed = vec![packed_u];
     packed.extend(packed_bias);
     let mut unread = vec![1];
     if node.has_input(2) {
@@ -317,11 +312,7 @@ impl GeneratedKernel for WinogradKernel {
 
     fn emit(&self, k: &KernelBuilder<'_, '_>) -> Result<()> {
         let me = Emit::new(k.cx, k.module, k.builder, k.function);
-        let args = k
-            .function
-            .get_nth_param(1)
-            .expect("kernel has args")
-            .into_pointer_value();
+        let args = k.args();
         let a = self.v.alpha() as i64;
         let shared = k.shared_scratch()?;
         let m_buf = me.gep_f32c(shared, a * a * (self.group_tiles * self.g.c) as i64)?;
