@@ -4,8 +4,10 @@
 # Needs cargo-fuzz (cargo install cargo-fuzz) and clang-19. The stable toolchain is enough:
 # RUSTC_BOOTSTRAP=1 unlocks the sanitizer flags cargo fuzz passes. The corpus grows in
 # fuzz/corpus/TARGET (seeded from the fixtures and fuzz/regressions/TARGET); crashes land in
-# fuzz/artifacts/TARGET/. Copy a crasher into fuzz/regressions/TARGET/ once it is fixed: the
-# normal test suite replays that folder.
+# fuzz/artifacts/TARGET/. onnx_import resolves external data into a folder holding symlinks out
+# of it, a FIFO and a device (fuzz/hostile_folder.rs); its seeds (regressions/external_*.onnx)
+# name each of them. Copy a crasher into fuzz/regressions/TARGET/ once it is fixed: the normal
+# test suite replays that folder.
 set -euo pipefail
 target=${1:?usage: scripts/fuzz.sh TARGET [SECONDS] [libFuzzer flags...]}
 secs=${2:-600}

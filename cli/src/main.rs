@@ -74,7 +74,13 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::from(exit::Exit::Success.code()),
         Err(e) => {
             let message = one_line(&e);
-            eprintln!("{} {message}", term::paint("error:", term::Style::Error));
+            // Errors quote model names: no control character from a model reaches the terminal,
+            // and the error stays on one line.
+            eprintln!(
+                "{} {}",
+                term::paint("error:", term::Style::Error),
+                kiln_ir::printable(&message)
+            );
             // CI reads the report file whether the command worked or not: on failure it says
             // why, where, and with which exit status.
             if let Some(path) = report {
@@ -117,6 +123,9 @@ impl Command {
 /// program quietly instead of panicking like `println!` would.
 pub fn emit(text: &str) {
     use std::io::Write;
+    // The last line of defence for model strings that reach stdout: control characters other
+    // than kiln's own line breaks and tabs are escaped.
+    let text = kiln_ir::escape_controls(text, |c| c != '\n' && c != '\t');
     let mut out = std::io::stdout().lock();
     if let Err(e) = out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
         if e.kind() == std::io::ErrorKind::BrokenPipe {

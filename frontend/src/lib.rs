@@ -2,6 +2,7 @@
 //! input-shape binding, and the tensor file formats kiln reads and writes (`.npy`, `.pb`).
 
 pub mod error;
+pub mod files;
 pub mod npy;
 pub mod onnx;
 pub mod shapes;

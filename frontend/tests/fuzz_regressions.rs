@@ -7,6 +7,9 @@ use kiln_frontend::ImportOptions;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
+#[path = "../../fuzz/hostile_folder.rs"]
+mod hostile_folder;
+
 fn regressions(target: &str) -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../fuzz/regressions")
@@ -46,9 +49,11 @@ fn replay(target: &str, f: impl Fn(&[u8]) -> Result<(), String>) -> (usize, usiz
 
 #[test]
 fn onnx_import_regressions() {
-    // External data resolves into an empty folder: the saved inputs must not reach real files.
+    // External data resolves into the fuzzers' folder: a data file, and links out of it, a FIFO
+    // and a device that the saved inputs name and the importer must refuse without hanging.
     let base = std::env::temp_dir().join(format!("kiln-fuzz-regressions-{}", std::process::id()));
     std::fs::create_dir_all(&base).unwrap();
+    hostile_folder::populate(&base);
     let (ok, err) = replay("onnx_import", |b| {
         import_model_bytes(b, base.clone(), &ImportOptions::default())
             .map(|m| {
@@ -74,4 +79,36 @@ fn npy_regressions() {
         ok > 0 && err > 0,
         "the sample should hold files that parse and ones that do not ({ok} ok, {err} rejected)"
     );
+}
+
+/// The seeds that name each entry of the fuzzers' folder: plain files and links that stay
+/// inside import; links out of the folder, the FIFO, the device and the folder are refused.
+#[test]
+fn external_data_seeds_reach_only_the_models_folder() {
+    let base = std::env::temp_dir().join(format!("kiln-fuzz-seeds-{}", std::process::id()));
+    std::fs::create_dir_all(&base).unwrap();
+    hostile_folder::populate(&base);
+    let seeds: Vec<PathBuf> = regressions("onnx_import")
+        .into_iter()
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("external_"))
+        .collect();
+    assert_eq!(seeds.len(), 8, "{seeds:?}");
+    for p in seeds {
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        let r = import_model_bytes(
+            &std::fs::read(&p).unwrap(),
+            base.clone(),
+            &ImportOptions::default(),
+        );
+        match (name.starts_with("external_read_"), r) {
+            (true, Ok(_)) => {}
+            (false, Err(e)) => {
+                let e = e.to_string();
+                assert!(e.contains("external data location"), "{name}: {e}");
+            }
+            (true, Err(e)) => panic!("{name} should import: {e}"),
+            (false, Ok(_)) => panic!("{name} should be refused"),
+        }
+    }
+    let _ = std::fs::remove_dir_all(&base);
 }

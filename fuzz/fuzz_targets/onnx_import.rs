@@ -8,12 +8,17 @@ use libfuzzer_sys::fuzz_target;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-/// An empty folder: external-data references resolve into it and find nothing.
+#[path = "../hostile_folder.rs"]
+mod hostile_folder;
+
+/// The folder external data resolves into: a data file, and symlinks out of the folder, a FIFO
+/// and a device for the importer to refuse (see `hostile_folder.rs`).
 fn base_dir() -> PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let d = std::env::temp_dir().join(format!("kiln-fuzz-{}", std::process::id()));
         std::fs::create_dir_all(&d).expect("creating the fuzz folder");
+        hostile_folder::populate(&d);
         d
     })
     .clone()

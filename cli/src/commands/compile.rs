@@ -401,7 +401,7 @@ pub fn build(args: Args, mode: Mode) -> Result<()> {
     }
     if args.list_kernels {
         for line in &summary.kernel_lines {
-            crate::emit(&format!("{line}\n"));
+            crate::emit(&format!("{}\n", kiln_ir::printable(line)));
         }
     }
     Ok(())

@@ -532,6 +532,13 @@ pub fn write_json(r: &Report, path: &Path) -> Result<()> {
 
 /// Left-aligned columns, two spaces apart; the last column is not padded.
 fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    // Cells hold model names: escaped, so a control character can neither reach the terminal
+    // nor break the table's lines.
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| r.iter().map(|c| kiln_ir::printable(c).into_owned()).collect())
+        .collect();
+    let rows = &rows;
     let mut w: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for r in rows {
         for (i, c) in r.iter().enumerate() {

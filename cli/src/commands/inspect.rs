@@ -183,21 +183,38 @@ fn display_domain(d: &str) -> String {
 }
 
 fn format_report(r: &Report) -> String {
+    use kiln_ir::printable;
     use std::fmt::Write;
     let mut s = String::new();
-    let _ = writeln!(s, "model:      {}", r.model);
+    let _ = writeln!(s, "model:      {}", printable(&r.model));
     if !r.producer.is_empty() {
-        let _ = writeln!(s, "producer:   {}", r.producer);
+        let _ = writeln!(s, "producer:   {}", printable(&r.producer));
     }
-    let opsets: Vec<String> = r.opset_imports.iter().map(|(d, v)| format!("{d} {v}")).collect();
+    let opsets: Vec<String> = r
+        .opset_imports
+        .iter()
+        .map(|(d, v)| format!("{} {v}", printable(d)))
+        .collect();
     let _ = writeln!(s, "ir version: {}   opset: {}", r.ir_version, opsets.join(", "));
     let _ = writeln!(s, "inputs:");
     for v in &r.inputs {
-        let _ = writeln!(s, "  {:<24} {}[{}]", v.name, v.dtype, v.shape.join(","));
+        let _ = writeln!(
+            s,
+            "  {:<24} {}[{}]",
+            printable(&v.name),
+            v.dtype,
+            printable(&v.shape.join(","))
+        );
     }
     let _ = writeln!(s, "outputs:");
     for v in &r.outputs {
-        let _ = writeln!(s, "  {:<24} {}[{}]", v.name, v.dtype, v.shape.join(","));
+        let _ = writeln!(
+            s,
+            "  {:<24} {}[{}]",
+            printable(&v.name),
+            v.dtype,
+            printable(&v.shape.join(","))
+        );
     }
     let _ = writeln!(
         s,
@@ -217,19 +234,19 @@ fn format_report(r: &Report) -> String {
     let mut ops: Vec<(&String, &usize)> = r.op_histogram.iter().collect();
     ops.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
     for (op, n) in ops {
-        let _ = writeln!(s, "  {op:<24} {n}");
+        let _ = writeln!(s, "  {:<24} {n}", printable(op));
     }
     if r.unsupported.is_empty() {
         let _ = writeln!(s, "unsupported operators: none");
     } else {
         let _ = writeln!(s, "unsupported operators ({}):", r.unsupported.len());
         for u in &r.unsupported {
-            let _ = writeln!(s, "  {u}");
+            let _ = writeln!(s, "  {}", printable(&u.to_string()));
         }
     }
     if let Some(e) = &r.import_error {
         if r.unsupported.is_empty() {
-            let _ = writeln!(s, "import error: {e}");
+            let _ = writeln!(s, "import error: {}", printable(&e.to_string()));
         }
     }
     s

@@ -222,7 +222,7 @@ pub fn run(args: Args) -> Result<()> {
     if m.stopped {
         line.push_str(" (stopped at --max-checks; a smaller model may exist)");
     }
-    eprintln!("{line}");
+    eprintln!("{}", kiln_ir::printable(&line));
     if let Some(path) = &args.report {
         crate::diagnostic::write_json(&summary, path)?;
     }
@@ -266,7 +266,7 @@ struct Minifier<'a> {
 impl Minifier<'_> {
     fn progress(&self, msg: &str) {
         if !self.quiet {
-            eprintln!("minify: {msg} ({} checks)", self.checks);
+            eprintln!("minify: {} ({} checks)", kiln_ir::printable(msg), self.checks);
         }
     }
 

@@ -25,7 +25,7 @@ pub struct Model {
 
 /// Reads and decodes an ONNX file without importing it.
 pub fn read_model_proto(path: &Path) -> Result<proto::ModelProto> {
-    let bytes = std::fs::read(path).map_err(|source| FrontendError::Io {
+    let bytes = crate::files::read_regular(path).map_err(|source| FrontendError::Io {
         path: path.to_path_buf(),
         source,
     })?;
@@ -142,7 +142,7 @@ pub fn encode_model(model: &proto::ModelProto) -> Vec<u8> {
 
 /// Reads a serialized `TensorProto` (`.pb`, as in ONNX test data): its name and value.
 pub fn read_tensor_pb(path: &Path) -> Result<(String, Tensor)> {
-    let bytes = std::fs::read(path).map_err(|source| FrontendError::Io {
+    let bytes = crate::files::read_regular(path).map_err(|source| FrontendError::Io {
         path: path.to_path_buf(),
         source,
     })?;

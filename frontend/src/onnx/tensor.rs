@@ -5,7 +5,7 @@ use super::proto::{data_type as dt, DimValue, TensorProto, TypeProto, TypeValue}
 use crate::error::{FrontendError, Result};
 use kiln_ir::{DType, Dim, Element, Tensor, TensorType};
 use std::collections::HashMap;
-use std::path::{Component, Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 /// Largest single dimension accepted from a model; anything above is a corrupt or hostile file.
@@ -119,30 +119,20 @@ impl ExternalData {
             }
         }
         let location = location.ok_or_else(|| err("external data without a location".into()))?;
-        let rel = Path::new(&location);
-        // Like onnxruntime, only files inside the model's folder may be read.
-        if rel.is_absolute()
-            || rel
-                .components()
-                .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
-        {
-            return Err(err(format!(
-                "external data location '{location}' must be a relative path inside the model's folder"
-            )));
-        }
-        let path = self.base_dir.join(rel);
+        // Like onnxruntime, only files inside the model's folder may be read; unlike a check of
+        // the text alone, symbolic links are followed before deciding.
+        let (path, file) = crate::files::open_inside(&self.base_dir, &location)
+            .map_err(|why| err(format!("external data location '{location}' {why}")))?;
         let map = match self.files.get(&path) {
             Some(m) => m.clone(),
             None => {
-                let file = std::fs::File::open(&path)
-                    .map_err(|e| err(format!("cannot open external data {}: {e}", path.display())))?;
                 // SAFETY: the map is read-only and kiln does not modify the file; a file changed
                 // by another process while kiln reads it can give wrong weights, never UB in safe code
                 // beyond what reading a changing file gives.
                 let map = unsafe { memmap2::Mmap::map(&file) }
                     .map_err(|e| err(format!("cannot map external data {}: {e}", path.display())))?;
                 let map = Arc::new(map);
-                self.files.insert(path.clone(), map.clone());
+                self.files.insert(path, map.clone());
                 map
             }
         };

@@ -26,7 +26,7 @@ fn dtype_from_safetensors(d: Dtype) -> Option<DType> {
 
 /// All tensors of a safetensors file, by name (sorted by name).
 pub fn read_safetensors(path: &Path) -> Result<Vec<(String, Tensor)>> {
-    let file = std::fs::File::open(path).map_err(|source| FrontendError::Io {
+    let file = crate::files::open_regular(path).map_err(|source| FrontendError::Io {
         path: path.to_path_buf(),
         source,
     })?;
