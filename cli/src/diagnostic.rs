@@ -66,6 +66,7 @@ fn exit_name(exit: Exit) -> &'static str {
         Exit::InvalidModel => "invalid-model",
         Exit::Unsupported => "unsupported",
         Exit::CompileFailed => "compile-failed",
+        Exit::RunFailed => "run-failed",
         Exit::Internal => "internal",
     }
 }

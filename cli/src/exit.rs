@@ -19,6 +19,10 @@ pub enum Exit {
     /// Generating, assembling or linking the artifact failed (LLVM, the C compiler, the linker,
     /// writing the output).
     CompileFailed,
+    /// The compiled model could not run on this machine: out of memory for its arena, no CUDA
+    /// device, a CPU without the features it was compiled for. The executable exits with the
+    /// same status, and `kiln run` passes it on.
+    RunFailed,
     /// A bug in kiln (a pass produced an invalid graph, LLVM rejected generated IR, a panic).
     Internal,
 }
@@ -32,6 +36,7 @@ impl Exit {
             Exit::InvalidModel => 3,
             Exit::Unsupported => 4,
             Exit::CompileFailed => 5,
+            Exit::RunFailed => 6,
             Exit::Internal => 70,
         }
     }

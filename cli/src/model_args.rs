@@ -2,7 +2,7 @@
 
 use anyhow::{Context, Result};
 use kiln_frontend::{shapes::parse_input_shape, weights::read_safetensors, ImportOptions, Model};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct ModelArgs {
@@ -18,6 +18,12 @@ pub struct ModelArgs {
     /// May be given several times.
     #[arg(long = "input-shape", value_name = "NAME=DIMS")]
     pub input_shapes: Vec<String>,
+
+    /// Freeze a graph input to a value known at compile time: NAME=FILE (.npy or .pb). An
+    /// input that decides a shape (a Reshape's target, a Resize's sizes) must be bound.
+    /// May be given several times.
+    #[arg(long = "bind", value_name = "NAME=FILE")]
+    pub bind: Vec<String>,
 }
 
 impl ModelArgs {
@@ -28,6 +34,14 @@ impl ModelArgs {
         }
         for w in &self.weights {
             opts.weights.extend(read_safetensors(w)?);
+        }
+        for spec in &self.bind {
+            let (name, file) = spec
+                .split_once('=')
+                .with_context(|| format!("--bind '{spec}': expected NAME=FILE"))?;
+            let t = crate::tensors::read_tensor_file(Path::new(file))
+                .with_context(|| format!("--bind {name}: {file}"))?;
+            opts.weights.push((name.to_string(), t));
         }
         Ok(opts)
     }

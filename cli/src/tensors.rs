@@ -1,7 +1,7 @@
 //! Reading input tensors named on the command line and writing outputs.
 
 use anyhow::{bail, Context, Result};
-use kiln_ir::{Graph, Tensor};
+use kiln_ir::{DType, Dim, Graph, Tensor, TensorType};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -29,6 +29,12 @@ pub fn read_inputs(graph: &Graph, specs: &[String]) -> Result<HashMap<String, Te
             bail!("input '{name}' is given twice");
         }
         let t = read_tensor_file(&file).with_context(|| format!("input '{name}'"))?;
+        let ty = graph
+            .input_types()
+            .find(|(n, _)| *n == name)
+            .map(|(_, ty)| ty)
+            .expect("the name was matched against the graph's inputs");
+        let t = check_input(&name, &file, t, ty)?;
         out.insert(name, t);
     }
     let missing: Vec<&str> = names.iter().copied().filter(|n| !out.contains_key(*n)).collect();
@@ -40,6 +46,30 @@ pub fn read_inputs(graph: &Graph, specs: &[String]) -> Result<HashMap<String, Te
         );
     }
     Ok(out)
+}
+
+/// Checks a value read for input `name` against the model's declaration, before anything is
+/// compiled or run, and names the user's file when it does not fit. A bf16 input also takes an
+/// f32 file (the executable rounds it the same way), converted here.
+fn check_input(name: &str, file: &Path, t: Tensor, ty: &TensorType) -> Result<Tensor> {
+    let t = if ty.dtype == DType::BF16 && t.dtype() == DType::F32 {
+        t.cast(DType::BF16)
+    } else {
+        t
+    };
+    let shape_fits = ty.rank() == t.rank()
+        && ty.shape.iter().zip(t.shape()).all(|(d, &n)| match d {
+            Dim::Fixed(f) => *f == n,
+            Dim::Sym(_) => true,
+        });
+    if t.dtype() != ty.dtype || !shape_fits {
+        bail!(
+            "input '{name}' ({}): expected {ty}, got {}",
+            file.display(),
+            t.tensor_type()
+        );
+    }
+    Ok(t)
 }
 
 fn describe_inputs(graph: &Graph) -> String {

@@ -77,8 +77,10 @@ impl<'g> NodeInfo<'g> {
             .input_type(i)
             .ok_or_else(|| self.unsupported(format!("input {i} is missing")))?;
         ty.fixed_shape().ok_or_else(|| {
+            let v = self.input(i).expect("typed above");
             self.unsupported(format!(
-                "input {i} has shape {ty} that is not known at compile time (bind it with --input-shape)"
+                "input {i} has shape {ty} that is not known at compile time ({})",
+                shape_advice(self.graph, v)
             ))
         })
     }
@@ -123,7 +125,8 @@ impl<'g> NodeInfo<'g> {
         let ty = self.output_type(i);
         ty.fixed_shape().ok_or_else(|| {
             self.unsupported(format!(
-                "output {i} has shape {ty} that is not known at compile time (bind the inputs' shapes with --input-shape)"
+                "output {i} has shape {ty} that is not known at compile time ({})",
+                shape_advice(self.graph, self.id.out(i as u32))
             ))
         })
     }
@@ -132,4 +135,59 @@ impl<'g> NodeInfo<'g> {
     pub fn unsupported(&self, msg: impl Into<String>) -> CodegenError {
         CodegenError::unsupported(self.name(), self.op().name(), msg)
     }
+}
+
+/// What makes `v`'s shape static, as advice for an error: the graph inputs it depends on. Inputs
+/// with symbolic dims need `--input-shape`; when all of them are fixed, the shape comes from an
+/// input's *values* (a Reshape target, Resize sizes, a Range limit), which only `--bind` fixes.
+pub fn shape_advice(graph: &Graph, v: ValueId) -> String {
+    let inputs = inputs_reaching(graph, v.node);
+    let names = |ids: &[NodeId]| {
+        ids.iter()
+            .map(|&n| format!("'{}'", graph.node(n).name))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let ty = |n: NodeId| graph.value_type(n.out(0));
+    let symbolic: Vec<NodeId> = inputs
+        .iter()
+        .copied()
+        .filter(|&n| ty(n).fixed_shape().is_none())
+        .collect();
+    if let Some(&first) = symbolic.first() {
+        return format!(
+            "fix the shape of {} with --input-shape {}=D0,D1,...",
+            names(&symbolic),
+            graph.node(first).name
+        );
+    }
+    // Shapes are decided by integer values; name those inputs when there are any.
+    let integer: Vec<NodeId> = inputs.iter().copied().filter(|&n| ty(n).dtype.is_int()).collect();
+    let deciding = if integer.is_empty() { inputs } else { integer };
+    match deciding.first() {
+        Some(&first) => format!(
+            "it depends on the value of graph input {}: freeze it with --bind {}=FILE",
+            names(&deciding),
+            graph.node(first).name
+        ),
+        None => "it depends on values computed at run time".to_string(),
+    }
+}
+
+/// The graph inputs that `node` depends on, in graph input order.
+fn inputs_reaching(graph: &Graph, node: NodeId) -> Vec<NodeId> {
+    let mut seen = vec![false; graph.len()];
+    let mut stack = vec![node];
+    while let Some(n) = stack.pop() {
+        if std::mem::replace(&mut seen[n.index()], true) {
+            continue;
+        }
+        stack.extend(graph.node(n).inputs.iter().flatten().map(|v| v.node));
+    }
+    graph
+        .inputs()
+        .iter()
+        .copied()
+        .filter(|n| seen[n.index()])
+        .collect()
 }

@@ -18,11 +18,19 @@ impl std::fmt::Display for UnsupportedOp {
         } else {
             &self.domain
         };
-        write!(
-            f,
-            "node '{}': {} ({} opset {})",
-            self.node, self.op_type, domain, self.opset
-        )
+        if self.opset > 0 {
+            write!(
+                f,
+                "node '{}': {} ({} opset {})",
+                self.node, self.op_type, domain, self.opset
+            )
+        } else {
+            write!(
+                f,
+                "node '{}': {} (domain {}, which the model does not import)",
+                self.node, self.op_type, domain
+            )
+        }
     }
 }
 

@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kiln_codegen::{CompileOptions, Emit, Progress, TargetDesc};
 use kiln_optimizer::{Layout, PipelineOptions, Precision};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -134,11 +134,6 @@ pub struct Args {
     #[arg(long = "target-triple", value_name = "TRIPLE")]
     pub target_triple: Option<String>,
 
-    /// Freeze a graph input to a value known at compile time: NAME=FILE (.npy or .pb).
-    /// May be given several times.
-    #[arg(long = "bind", value_name = "NAME=FILE")]
-    pub bind: Vec<String>,
-
     /// Print nothing but errors.
     #[arg(long, short = 'q')]
     pub quiet: bool,
@@ -209,15 +204,7 @@ pub fn build(args: Args, mode: Mode) -> Result<()> {
     let start = Instant::now();
     let mut progress = Bars::new(args.quiet);
     progress.phase("import");
-    let mut opts = args.model.import_options()?;
-    for spec in &args.bind {
-        let (name, file) = spec
-            .split_once('=')
-            .with_context(|| format!("--bind '{spec}': expected NAME=FILE"))?;
-        let t =
-            crate::tensors::read_tensor_file(Path::new(file)).with_context(|| format!("--bind {name}"))?;
-        opts.weights.push((name.to_string(), t));
-    }
+    let opts = args.model.import_options()?;
     let model = kiln_frontend::load_model(&args.model.model, &opts)
         .map_err(anyhow::Error::from)
         .with_context(|| format!("{}", args.model.model.display()))?;

@@ -185,11 +185,12 @@ fn run_compiled(args: &Args, model: kiln_frontend::Model) -> Result<()> {
     let status = cmd.status().context("cannot run the compiled model")?;
     let seconds = start.elapsed().as_secs_f64();
     if !status.success() {
-        // The executable has said what was wrong; its status 2 means a bad input file.
-        let exit = if status.code() == Some(2) {
-            Exit::Usage
-        } else {
-            Exit::Internal
+        // The executable has said what was wrong, with the status kiln itself would give for
+        // it (README, "Exit status"): pass usage errors and run failures on.
+        let exit = match status.code() {
+            Some(c) if c == i32::from(Exit::Usage.code()) => Exit::Usage,
+            Some(c) if c == i32::from(Exit::RunFailed.code()) => Exit::RunFailed,
+            _ => Exit::Internal,
         };
         return Err(Failure::new(exit, format!("the compiled model failed ({status})")).into());
     }

@@ -103,7 +103,7 @@ pub fn import_model(model: &proto::ModelProto, base_dir: PathBuf, opts: &ImportO
         .as_ref()
         .ok_or_else(|| FrontendError::Model("the model has no graph".into()))?;
     let mut ext = tensor::ExternalData::new(base_dir);
-    let graph = import::import_graph(g, opset, &mut ext, opts)?;
+    let graph = import::import_graph(g, &model.opset_import, opset, &mut ext, opts)?;
     Ok(Model {
         graph,
         opset,
@@ -132,7 +132,7 @@ pub fn value_types(
         .as_ref()
         .ok_or_else(|| FrontendError::Model("the model has no graph".into()))?;
     let mut ext = tensor::ExternalData::new(base_dir);
-    import::value_types(g, opset, &mut ext, opts)
+    import::value_types(g, &model.opset_import, opset, &mut ext, opts)
 }
 
 /// Serializes a model (e.g. one built or edited through [`proto`]) to ONNX protobuf bytes.

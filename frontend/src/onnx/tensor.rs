@@ -266,6 +266,10 @@ pub fn tensor_type_from_proto(name: &str, tp: Option<&TypeProto>) -> Result<Opti
     let mut dims = Vec::with_capacity(shape.dim.len());
     for d in &shape.dim {
         dims.push(match &d.value {
+            // Some exporters (PaddlePaddle's) write a dynamic dim as -1; onnxruntime reads it
+            // as unknown, and so does kiln (`--input-shape` binds it). Other negatives are
+            // garbage.
+            Some(DimValue::DimValue(-1)) => Dim::unknown(),
             Some(DimValue::DimValue(v)) => {
                 if *v < 0 {
                     return Err(err(format!("negative dimension {v}")));

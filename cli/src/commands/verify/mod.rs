@@ -45,11 +45,6 @@ pub struct Args {
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub seed: u64,
 
-    /// Freeze a graph input to a value known at compile time: NAME=FILE (.npy or .pb), as
-    /// `kiln compile --bind` (for inputs that decide shapes). May be given several times.
-    #[arg(long = "bind", value_name = "NAME=FILE")]
-    pub bind: Vec<String>,
-
     /// Activation layout for convolutions and their neighbours, as `kiln compile --layout`.
     #[arg(long, value_enum, value_name = "LAYOUT")]
     pub layout: Option<LayoutArg>,
@@ -230,15 +225,7 @@ pub fn run(args: Args) -> Result<()> {
             );
         }
     }
-    let mut opts = args.model.import_options()?;
-    for spec in &args.bind {
-        let (name, file) = spec
-            .split_once('=')
-            .with_context(|| format!("--bind '{spec}': expected NAME=FILE"))?;
-        let t =
-            crate::tensors::read_tensor_file(Path::new(file)).with_context(|| format!("--bind {name}"))?;
-        opts.weights.push((name.to_string(), t));
-    }
+    let opts = args.model.import_options()?;
     let original = kiln_frontend::load_model(&args.model.model, &opts)
         .map_err(anyhow::Error::from)
         .with_context(|| format!("{}", args.model.model.display()))?

@@ -21,7 +21,7 @@ mod shape;
 mod signal;
 mod vision;
 
-use super::proto::{attribute_type, AttributeProto, GraphProto, NodeProto};
+use super::proto::{attribute_type, AttributeProto, GraphProto, NodeProto, OperatorSetIdProto};
 use super::tensor::{tensor_from_proto, tensor_type_from_proto, ExternalData};
 use crate::error::{FrontendError, Result, UnsupportedOp};
 use kiln_ir::{Dim, Graph, Op, Tensor, TensorType, ValueId};
@@ -407,26 +407,43 @@ fn display_name(n: &NodeProto, i: usize) -> String {
     }
 }
 
-/// Every node of `g` (and its subgraphs) kiln cannot import.
-fn collect_unsupported(g: &GraphProto, opset: i64, out: &mut Vec<UnsupportedOp>) {
+/// Every node of `g` (and its subgraphs) kiln cannot import. `imports` are the model's opset
+/// imports: each unsupported node is reported with its own domain's version.
+fn collect_unsupported(g: &GraphProto, imports: &[OperatorSetIdProto], out: &mut Vec<UnsupportedOp>) {
     for (i, n) in g.node.iter().enumerate() {
-        collect_unsupported_node(n, i, opset, out);
+        collect_unsupported_node(n, i, imports, out);
     }
 }
 
-fn collect_unsupported_node(n: &NodeProto, i: usize, opset: i64, out: &mut Vec<UnsupportedOp>) {
-    let default_domain = n.domain.is_empty() || n.domain == "ai.onnx";
-    if !default_domain || importer_for(&n.op_type).is_none() {
+fn is_default_domain(domain: &str) -> bool {
+    domain.is_empty() || domain == "ai.onnx"
+}
+
+/// The version the model imports `domain` at; 0 when it does not import that domain.
+pub(crate) fn domain_opset(imports: &[OperatorSetIdProto], domain: &str) -> i64 {
+    imports
+        .iter()
+        .find(|o| o.domain == domain || (is_default_domain(domain) && is_default_domain(&o.domain)))
+        .map_or(0, |o| o.version)
+}
+
+fn collect_unsupported_node(
+    n: &NodeProto,
+    i: usize,
+    imports: &[OperatorSetIdProto],
+    out: &mut Vec<UnsupportedOp>,
+) {
+    if !is_default_domain(&n.domain) || importer_for(&n.op_type).is_none() {
         out.push(UnsupportedOp {
             node: display_name(n, i),
             op_type: n.op_type.clone(),
             domain: n.domain.clone(),
-            opset,
+            opset: domain_opset(imports, &n.domain),
         });
     }
     for a in &n.attribute {
         for sub in a.g.iter().chain(a.graphs.iter()) {
-            collect_unsupported(sub, opset, out);
+            collect_unsupported(sub, imports, out);
         }
     }
 }
@@ -434,6 +451,7 @@ fn collect_unsupported_node(n: &NodeProto, i: usize, opset: i64, out: &mut Vec<U
 /// Imports the main graph of a model.
 pub(crate) fn import_graph(
     g: &GraphProto,
+    imports: &[OperatorSetIdProto],
     opset: i64,
     ext: &mut ExternalData,
     opts: &ImportOptions,
@@ -443,7 +461,7 @@ pub(crate) fn import_graph(
         return Err(FrontendError::Model("the graph has no outputs".into()));
     }
     let mut unsupported = vec![];
-    collect_unsupported(g, opset, &mut unsupported);
+    collect_unsupported(g, imports, &mut unsupported);
     if !unsupported.is_empty() {
         return Err(FrontendError::Unsupported(unsupported));
     }
@@ -524,6 +542,7 @@ fn main_importer<'p>(
 /// depend on them, are left out, so tools that cut models apart can still type the rest.
 pub(crate) fn value_types(
     g: &GraphProto,
+    imports: &[OperatorSetIdProto],
     opset: i64,
     ext: &mut ExternalData,
     opts: &ImportOptions,
@@ -534,7 +553,7 @@ pub(crate) fn value_types(
     for i in order {
         let node = &g.node[i];
         let mut unsupported = vec![];
-        collect_unsupported_node(node, i, opset, &mut unsupported);
+        collect_unsupported_node(node, i, imports, &mut unsupported);
         let reads_known = node_reads(node)
             .iter()
             .all(|n| n.is_empty() || imp.scope.contains_key(n));
