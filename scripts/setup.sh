@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Installs what kiln needs to build and test on a fresh Debian 12 machine, idempotently:
-# LLVM 19 development packages, clang 19 with its sanitizer runtimes, a C toolchain, the aarch64 C
-# headers and valgrind (apt), and a Python virtual environment at
-# .venv with the pinned packages that generate the ONNX conformance cases and CUDA's ptxas and
-# libdevice (nvidia-cuda-nvcc-cu12, for the CUDA target and its PTX checks).
+# from apt, LLVM 19 development packages, clang 19 with its sanitizer runtimes, a C/C++
+# toolchain, the aarch64 C headers, valgrind, and cmake and pkg-config (the tests build programs
+# against compiled libraries with both); and a Python virtual environment at .venv with the
+# pinned packages that generate the ONNX conformance cases and CUDA's ptxas and libdevice
+# (nvidia-cuda-nvcc-cu12, for the CUDA target and its PTX checks).
 # Run as root (or with sudo available). Safe to run again: it skips what is already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(llvm-19-dev libpolly-19-dev zlib1g-dev libzstd-dev libffi-dev libxml2-dev clang-19 libclang-rt-19-dev python3-venv build-essential libc6-dev-arm64-cross valgrind)
+APT_PACKAGES=(llvm-19-dev libpolly-19-dev zlib1g-dev libzstd-dev libffi-dev libxml2-dev clang-19 libclang-rt-19-dev python3-venv build-essential libc6-dev-arm64-cross valgrind cmake pkg-config)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

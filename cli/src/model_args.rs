@@ -46,6 +46,18 @@ impl ModelArgs {
         Ok(opts)
     }
 
+    /// Every file these options make kiln read: the model, `--weights` and `--bind` files.
+    pub fn files_read(&self) -> Vec<&Path> {
+        let mut files = vec![self.model.as_path()];
+        files.extend(self.weights.iter().map(PathBuf::as_path));
+        files.extend(
+            self.bind
+                .iter()
+                .filter_map(|b| b.split_once('=').map(|(_, f)| Path::new(f))),
+        );
+        files
+    }
+
     pub fn load(&self) -> Result<Model> {
         let opts = self.import_options()?;
         kiln_frontend::load_model(&self.model, &opts)

@@ -1,9 +1,10 @@
 //! kiln-codegen: lowers a typed graph to kernels, plans memory, emits LLVM IR with inkwell,
-//! links the micro-kernel and runtime bitcode, and writes artifacts (executable, static library
-//! + C header, object, LLVM IR, assembly).
+//! links the micro-kernel and runtime bitcode, and writes artifacts (executable, static or shared
+//! library + C header + pkg-config and CMake files, object, LLVM IR, assembly).
 
 mod archive;
 mod bf16_rounding;
+pub mod buildfiles;
 pub mod control;
 pub mod emit;
 pub mod error;
@@ -40,8 +41,11 @@ use std::process::Command;
 pub enum Emit {
     /// A self-contained executable (linked with the system C compiler).
     Exe,
-    /// `libNAME.a` and `NAME.h`.
+    /// `libNAME.a`, `NAME.h`, `NAME.pc` and `NAME-config.cmake`.
     StaticLib,
+    /// `libNAME.so` (exporting only the `NAME_` API), `NAME.h`, `NAME.pc` and
+    /// `NAME-config.cmake`.
+    SharedLib,
     /// A relocatable object file with the model and its runtime.
     Obj,
     /// Optimized LLVM IR (text).
@@ -135,8 +139,33 @@ pub fn plan_only(graph: &Graph, opts: &CompileOptions) -> Result<Summary> {
     Ok(summarize(graph, &plan, &kernel_target, vec![]))
 }
 
-/// Compiles `graph` and writes the artifact at `out` (for a static library, `out` is the
-/// directory-and-stem: `dir/name` gives `dir/libname.a` and `dir/name.h`).
+/// The files a compilation to `out` writes (besides a `--weights-out` file): `out` itself, or
+/// for a library, where `out` is the folder-and-stem, `dir/libname.a` (or `.so`), `dir/name.h`,
+/// `dir/name.pc` and `dir/name-config.cmake`.
+pub fn artifact_files(emit: Emit, out: &Path) -> Vec<PathBuf> {
+    let lib_ext = match emit {
+        Emit::StaticLib => "a",
+        Emit::SharedLib => "so",
+        _ => return vec![out.to_path_buf()],
+    };
+    let dir = out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let stem = out
+        .file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".to_string());
+    vec![
+        dir.join(format!("lib{stem}.{lib_ext}")),
+        dir.join(format!("{stem}.h")),
+        dir.join(format!("{stem}.pc")),
+        dir.join(format!("{stem}-config.cmake")),
+    ]
+}
+
+/// Compiles `graph` and writes the artifact at `out` (for a library, `out` is the
+/// folder-and-stem: see [`artifact_files`]).
 pub fn compile(
     graph: &Graph,
     opts: &CompileOptions,
@@ -235,22 +264,25 @@ pub fn compile(
             link_executable(&opts.cc, obj.as_slice(), out)?;
             files.push(out.to_path_buf());
         }
-        Emit::StaticLib => {
+        Emit::StaticLib | Emit::SharedLib => {
             let obj = object(FileType::Object)?;
             let obj = obj.as_slice();
-            progress.phase("archive");
-            let dir = out
-                .parent()
-                .filter(|p| !p.as_os_str().is_empty())
-                .unwrap_or(Path::new("."));
+            let paths = artifact_files(opts.emit, out);
+            let (lib, h, pc, cmake) = (&paths[0], &paths[1], &paths[2], &paths[3]);
             let stem = out
                 .file_name()
                 .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_else(|| api.prefix.clone());
-            let lib = dir.join(format!("lib{stem}.a"));
-            let member = format!("{}.o", truncate(&api.prefix, 13));
-            write(&lib, &archive::write_archive(&member, obj, &api.exported(false)))?;
-            let h = dir.join(format!("{stem}.h"));
+                .unwrap_or_else(|| "model".to_string());
+            let kind = if opts.emit == Emit::StaticLib {
+                progress.phase("archive");
+                let member = format!("{}.o", truncate(&api.prefix, 13));
+                write(lib, &archive::write_archive(&member, obj, &api.exported(false)))?;
+                buildfiles::LibKind::Static
+            } else {
+                progress.phase("link");
+                link_shared(&opts.cc, obj, lib, &api.exported(false), device_code.is_some())?;
+                buildfiles::LibKind::Shared
+            };
             let target = match &device_code {
                 Some(code) => format!("CUDA sm_{} (host code: {})", code.sm, opts.target.triple),
                 None => opts.target.triple.clone(),
@@ -264,9 +296,17 @@ pub fn compile(
                 plan.arena_bytes,
                 plan.thread_scratch_bytes,
             );
-            write(&h, text.as_bytes())?;
-            files.push(lib);
-            files.push(h);
+            write(h, text.as_bytes())?;
+            let cuda = device_code.is_some();
+            write(
+                pc,
+                buildfiles::pkg_config(&stem, &opts.name, kind, cuda).as_bytes(),
+            )?;
+            write(
+                cmake,
+                buildfiles::cmake_config(&stem, &opts.name, kind, cuda).as_bytes(),
+            )?;
+            files.extend(paths);
         }
     }
     let mut summary = summarize(graph, &plan, &kernel_target, files);
@@ -351,6 +391,58 @@ fn link_executable(cc: &str, obj: &[u8], out: &Path) -> Result<()> {
     if !output.status.success() {
         return Err(CodegenError::Io(format!(
             "linking with '{cc}' failed: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        )));
+    }
+    Ok(())
+}
+
+/// Links the object (position-independent: [`TargetDesc::target_machine`] generates PIC, and
+/// the runtime bitcode is compiled with `-fPIC`) into a shared library that exports `exported`
+/// and nothing else. The soname is the file name, so programs linked against it record
+/// `libNAME.so` and find it through their rpath or the loader's search path.
+fn link_shared(cc: &str, obj: &[u8], out: &Path, exported: &[String], cuda: bool) -> Result<()> {
+    static LINKS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = LINKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("kiln-so-{}-{n}", std::process::id()));
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| CodegenError::Io(format!("cannot create {}: {e}", dir.display())))?;
+    let obj_path = dir.join("model.o");
+    let map_path = dir.join("exports.map");
+    let written = std::fs::write(&obj_path, obj)
+        .and_then(|_| std::fs::write(&map_path, buildfiles::version_script(exported)));
+    if let Err(e) = written {
+        let _ = std::fs::remove_dir_all(&dir);
+        return Err(CodegenError::Io(format!(
+            "cannot write in {}: {e}",
+            dir.display()
+        )));
+    }
+    let soname = out
+        .file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let libs: Vec<String> = buildfiles::system_libs(cuda)
+        .iter()
+        .map(|l| format!("-l{l}"))
+        .collect();
+    let result = Command::new(cc)
+        .arg("-shared")
+        .arg("-o")
+        .arg(out)
+        .arg(&obj_path)
+        .arg(format!("-Wl,-soname,{soname}"))
+        .arg(format!("-Wl,--version-script={}", map_path.display()))
+        // An undefined symbol is a link error now, not a failure when the library is loaded.
+        .args(["-Wl,--no-undefined", "-Wl,--build-id=none"])
+        .args(&libs)
+        .output();
+    let _ = std::fs::remove_dir_all(&dir);
+    let output = result
+        .map_err(|e| CodegenError::Io(format!("cannot run the C compiler '{cc}' to link: {e} (set $CC)")))?;
+    if !output.status.success() {
+        return Err(CodegenError::Io(format!(
+            "linking the shared library with '{cc}' failed: {}",
             String::from_utf8_lossy(&output.stderr).trim()
         )));
     }

@@ -6,15 +6,19 @@ use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kiln_codegen::{CompileOptions, Emit, Progress, TargetDesc};
 use kiln_optimizer::{Layout, PipelineOptions, Precision};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 pub enum EmitArg {
     /// A self-contained executable (the default).
     Exe,
-    /// A static library libNAME.a and its C header NAME.h.
+    /// A static library libNAME.a, its C header NAME.h, NAME.pc (pkg-config) and
+    /// NAME-config.cmake (CMake's find_package).
     Staticlib,
+    /// A shared library libNAME.so exporting only the NAME_ API (for dlopen or Python's
+    /// ctypes), with NAME.h, NAME.pc and NAME-config.cmake.
+    Sharedlib,
     /// A relocatable object file.
     Obj,
     /// Optimized LLVM IR (text).
@@ -103,8 +107,10 @@ pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
 
-    /// Output path. Default: the model name in the current folder (exe), NAME.o/.ll/.s, or
-    /// libNAME.a + NAME.h for a static library (then -o is DIR/NAME).
+    /// Output path. Default: NAME in the current folder (exe), NAME.o/.ll/.s/.ptx, or for a
+    /// library libNAME.a/.so, NAME.h, NAME.pc and NAME-config.cmake (then -o is DIR/NAME).
+    /// An existing folder or a path ending in '/' means those default names in that folder.
+    /// Missing folders are created. A path naming one of the model's input files is refused.
     #[arg(long, short = 'o', value_name = "PATH")]
     pub output: Option<PathBuf>,
 
@@ -201,6 +207,43 @@ pub fn run(args: Args) -> Result<()> {
 
 pub fn build(args: Args, mode: Mode) -> Result<()> {
     let explain = mode != Mode::Compile;
+    let stem = args
+        .model
+        .model
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".to_string());
+    // A model file called model.onnx is better named after its folder.
+    let default_name = if stem == "model" {
+        args.model
+            .model
+            .canonicalize()
+            .ok()
+            .and_then(|p| {
+                p.parent()
+                    .and_then(|d| d.file_name())
+                    .map(|d| d.to_string_lossy().into_owned())
+            })
+            .unwrap_or(stem)
+    } else {
+        stem
+    };
+    let name = args.name.clone().unwrap_or(default_name);
+    let emit = match args.emit {
+        EmitArg::Exe => Emit::Exe,
+        EmitArg::Staticlib => Emit::StaticLib,
+        EmitArg::Sharedlib => Emit::SharedLib,
+        EmitArg::Obj => Emit::Obj,
+        EmitArg::LlvmIr => Emit::LlvmIr,
+        EmitArg::Asm => Emit::Asm,
+        EmitArg::Ptx => Emit::Ptx,
+    };
+    let ident = kiln_codegen::header::c_ident(&name);
+    let out = output_path(args.output.as_deref(), emit, &ident);
+    // Before anything is read: a refused path should not wait for the model to compile.
+    if !explain {
+        refuse_overwriting_inputs(&args, emit, &out)?;
+    }
     let start = Instant::now();
     let mut progress = Bars::new(args.quiet);
     progress.phase("import");
@@ -235,36 +278,6 @@ pub fn build(args: Args, mode: Mode) -> Result<()> {
     let pass_stats = passes.run(&mut graph)?;
     let bf16 = (args.precision == PrecisionArg::Bf16)
         .then(|| kiln_optimizer::passes::bf16_autocast::summary(&graph));
-    let stem = args
-        .model
-        .model
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "model".to_string());
-    // A model file called model.onnx is better named after its folder.
-    let default_name = if stem == "model" {
-        args.model
-            .model
-            .canonicalize()
-            .ok()
-            .and_then(|p| {
-                p.parent()
-                    .and_then(|d| d.file_name())
-                    .map(|d| d.to_string_lossy().into_owned())
-            })
-            .unwrap_or(stem)
-    } else {
-        stem
-    };
-    let name = args.name.clone().unwrap_or(default_name);
-    let emit = match args.emit {
-        EmitArg::Exe => Emit::Exe,
-        EmitArg::Staticlib => Emit::StaticLib,
-        EmitArg::Obj => Emit::Obj,
-        EmitArg::LlvmIr => Emit::LlvmIr,
-        EmitArg::Asm => Emit::Asm,
-        EmitArg::Ptx => Emit::Ptx,
-    };
     if args.sm.is_some() && args.target != TargetArg::Cuda {
         return Err(anyhow::Error::new(crate::exit::Failure::new(
             crate::exit::Exit::Usage,
@@ -279,16 +292,14 @@ pub fn build(args: Args, mode: Mode) -> Result<()> {
     }
     let cuda_sm =
         (args.target == TargetArg::Cuda).then(|| args.sm.unwrap_or(kiln_codegen::nvptx::DEFAULT_SM));
-    let ident = kiln_codegen::header::c_ident(&name);
-    let out = args.output.clone().unwrap_or_else(|| match emit {
-        Emit::Exe | Emit::StaticLib => PathBuf::from(&ident),
-        Emit::Obj => PathBuf::from(format!("{ident}.o")),
-        Emit::LlvmIr => PathBuf::from(format!("{ident}.ll")),
-        Emit::Asm => PathBuf::from(format!("{ident}.s")),
-        Emit::Ptx => PathBuf::from(format!("{ident}.ptx")),
-    });
-    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty() && !explain) {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    if !explain {
+        let dir = kiln_codegen::artifact_files(emit, &out)[0]
+            .parent()
+            .map(Path::to_path_buf)
+            .filter(|d| !d.as_os_str().is_empty());
+        if let Some(dir) = dir {
+            std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        }
     }
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
     let copts = CompileOptions {
@@ -389,6 +400,65 @@ pub fn build(args: Args, mode: Mode) -> Result<()> {
     if args.list_kernels {
         for line in &summary.kernel_lines {
             crate::emit(&format!("{}\n", kiln_ir::printable(line)));
+        }
+    }
+    Ok(())
+}
+
+/// The file name an emit writes when -o does not give one: the executable or the library stem
+/// `ident`, or `ident` with the format's extension.
+fn default_file_name(emit: Emit, ident: &str) -> String {
+    match emit {
+        Emit::Exe | Emit::StaticLib | Emit::SharedLib => ident.to_string(),
+        Emit::Obj => format!("{ident}.o"),
+        Emit::LlvmIr => format!("{ident}.ll"),
+        Emit::Asm => format!("{ident}.s"),
+        Emit::Ptx => format!("{ident}.ptx"),
+    }
+}
+
+/// Where the artifact goes: `-o PATH` as given, or the default name inside `PATH` when it is an
+/// existing folder or ends in '/' (a folder to create), or the default name here.
+fn output_path(output: Option<&Path>, emit: Emit, ident: &str) -> PathBuf {
+    let name = default_file_name(emit, ident);
+    match output {
+        None => PathBuf::from(name),
+        Some(o) => {
+            let text = o.as_os_str().to_string_lossy();
+            if o.is_dir() || text.ends_with('/') {
+                o.join(name)
+            } else {
+                o.to_path_buf()
+            }
+        }
+    }
+}
+
+/// Refuses to write over a file the compilation reads (the model, a --weights or --bind file):
+/// `kiln compile m.onnx -o m.onnx` would otherwise replace the model with the executable.
+/// Paths are compared after resolving links, so a symlink to the model is refused too.
+fn refuse_overwriting_inputs(args: &Args, emit: Emit, out: &Path) -> Result<()> {
+    let inputs: Vec<(PathBuf, &Path)> = args
+        .model
+        .files_read()
+        .into_iter()
+        .filter_map(|p| p.canonicalize().ok().map(|c| (c, p)))
+        .collect();
+    let mut outputs = kiln_codegen::artifact_files(emit, out);
+    outputs.extend(args.weights_out.clone());
+    for o in &outputs {
+        let Ok(canonical) = o.canonicalize() else {
+            continue; // not there yet: nothing to overwrite
+        };
+        if let Some((_, input)) = inputs.iter().find(|(c, _)| *c == canonical) {
+            return Err(anyhow::Error::new(crate::exit::Failure::new(
+                crate::exit::Exit::Usage,
+                format!(
+                    "output {} is the input file {}: refusing to overwrite it (give -o another path or a folder)",
+                    o.display(),
+                    input.display()
+                ),
+            )));
         }
     }
     Ok(())
