@@ -1,6 +1,6 @@
 //! CUDA artifacts on machines without a usable GPU: no driver, a driver that finds no device,
 //! a device index out of range, a device older than the PTX, a driver failing after the device
-//! check. Each is a one-line error and exit status 1, never a crash. A fake driver
+//! check. Each is a one-line error and exit status 6 (run failed), never a crash. A fake driver
 //! (runtime-stub/tests/fake_cuda.c, loaded through $KILN_CUDA_DRIVER) stands in for libcuda;
 //! in its host-memory mode the host runtime's whole run path (copies, frame, launches, output
 //! copies, the device error slot, profiling, the C API with device pointers) runs and every
@@ -87,17 +87,18 @@ fn run(a: &Artifacts, driver: &Path, env: &[(&str, &str)], extra: &[&str]) -> Ou
     c.output().unwrap()
 }
 
-/// Exit status 1 and exactly one line on stderr, "error: " + something containing `want`.
+/// Exit status 6 (the model cannot run here) and exactly one line on stderr, "error: " +
+/// something containing `want`.
 fn assert_one_line_error(o: &Output, want: &str) {
     let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "stderr: {err}");
+    assert_eq!(o.status.code(), Some(6), "stderr: {err}");
     assert_eq!(err.lines().count(), 1, "not one line: {err}");
     assert!(err.starts_with("error: "), "{err}");
     assert!(err.contains(want), "expected '{want}' in: {err}");
 }
 
 #[test]
-fn no_driver_or_no_device_is_one_line_and_status_1() {
+fn no_driver_or_no_device_is_one_line_and_status_6() {
     let a = artifacts();
     let none = Path::new("/nonexistent/libcuda.so.1");
     assert_one_line_error(

@@ -13,8 +13,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#define EXIT_RUNTIME 1
+/* The statuses kiln itself uses for the same failures (README, "Exit status"): 2 for what the
+   user gave (flags, input files, an output folder that cannot be written), 6 for a model that
+   cannot run on this machine (memory, CPU features, CUDA device). */
 #define EXIT_USAGE 2
+#define EXIT_RUNTIME 6
 
 static void print_type(FILE *out, const kiln_io_desc *d) {
   char buf[1024];
@@ -435,6 +438,7 @@ int kiln_exe_main(int argc, char **argv, const kiln_model_desc *desc) {
     }
     if (kiln_npy_read(files[i], &desc->inputs[i], ins[i], err, sizeof err) != 0) {
       fprintf(stderr, "error: %s\n", err);
+      rc = EXIT_USAGE;
       goto done;
     }
   }
@@ -447,6 +451,7 @@ int kiln_exe_main(int argc, char **argv, const kiln_model_desc *desc) {
   }
   if (output_dir && make_dirs(output_dir, err, sizeof err) != 0) {
     fprintf(stderr, "error: %s\n", err);
+    rc = EXIT_USAGE;
     goto done;
   }
 
@@ -481,6 +486,7 @@ int kiln_exe_main(int argc, char **argv, const kiln_model_desc *desc) {
       char *path = output_file_name(output_dir, desc->outputs[i].name);
       if (!path || kiln_npy_write(path, &desc->outputs[i], outs[i], err, sizeof err) != 0) {
         fprintf(stderr, "error: %s\n", path ? err : "out of memory");
+        if (path) rc = EXIT_USAGE;
         free(path);
         free(times);
         goto done;
@@ -493,6 +499,7 @@ int kiln_exe_main(int argc, char **argv, const kiln_model_desc *desc) {
     kiln_rt_profile_enable(ctx, 0);
     if (kiln_rt_profile_write_trace(ctx, profile) != 0) {
       fprintf(stderr, "error: %s\n", kiln_rt_last_error(ctx));
+      rc = EXIT_USAGE;
       free(times);
       goto done;
     }
