@@ -72,6 +72,19 @@ pub fn classify(e: &anyhow::Error) -> Exit {
     if let Some(f) = e.downcast_ref::<Failure>() {
         return f.exit;
     }
+    // Over the interpreter's memory budget: a limit of this run (--max-memory), wherever it
+    // happened (a reference run, constant folding inside a pass, import).
+    if e.chain().any(|c| {
+        matches!(c.downcast_ref(), Some(kiln_ir::IrError::OverBudget { .. }))
+            || matches!(
+                c.downcast_ref(),
+                Some(kiln_frontend::FrontendError::Ir(
+                    kiln_ir::IrError::OverBudget { .. }
+                ))
+            )
+    }) {
+        return Exit::Unsupported;
+    }
     if let Some(fe) = e.downcast_ref::<kiln_frontend::FrontendError>() {
         use kiln_frontend::FrontendError as F;
         return match fe {

@@ -24,10 +24,51 @@ pub struct ModelArgs {
     /// May be given several times.
     #[arg(long = "bind", value_name = "NAME=FILE")]
     pub bind: Vec<String>,
+
+    /// Memory the reference interpreter may use (reference runs, verify, constant folding),
+    /// e.g. 8G, 512M, 1073741824. Work that needs more stops with exit status 4, naming the
+    /// node. Default: three quarters of physical memory.
+    #[arg(long = "max-memory", value_name = "SIZE", value_parser = parse_size)]
+    pub max_memory: Option<u64>,
+}
+
+/// A byte count with an optional binary suffix: `1024`, `64K`, `512M`, `8G`, `1T` (`KiB`,
+/// `MB`, ... are read the same way: powers of 1024).
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let digits = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(digits);
+    let shift = match unit
+        .trim()
+        .to_ascii_uppercase()
+        .trim_end_matches("IB")
+        .trim_end_matches('B')
+    {
+        "" => 0,
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        "T" => 40,
+        _ => return Err(format!("'{s}': expected a size such as 512M or 8G")),
+    };
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("'{s}': expected a size such as 512M or 8G"))?;
+    let bytes = n * (1u64 << shift) as f64;
+    if !(1.0..=u64::MAX as f64).contains(&bytes) {
+        return Err(format!("'{s}': the size must be at least one byte"));
+    }
+    Ok(bytes as u64)
 }
 
 impl ModelArgs {
     pub fn import_options(&self) -> Result<ImportOptions> {
+        // Every command that loads a model may evaluate it (folding, reference runs).
+        if let Some(bytes) = self.max_memory {
+            kiln_ir::budget::set_memory_budget(bytes);
+        }
         let mut opts = ImportOptions::default();
         for s in &self.input_shapes {
             opts.input_shapes.push(parse_input_shape(s)?);
@@ -63,5 +104,23 @@ impl ModelArgs {
         kiln_frontend::load_model(&self.model, &opts)
             .map_err(anyhow::Error::from)
             .with_context(|| format!("{}", self.model.display()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("1024"), Ok(1024));
+        assert_eq!(parse_size("64K"), Ok(64 << 10));
+        assert_eq!(parse_size("512M"), Ok(512 << 20));
+        assert_eq!(parse_size("8G"), Ok(8 << 30));
+        assert_eq!(parse_size("8GiB"), Ok(8 << 30));
+        assert_eq!(parse_size("1.5g"), Ok(3 << 29));
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("8X").is_err());
     }
 }

@@ -215,3 +215,168 @@ fn control_characters_in_names_are_escaped() {
     let err = one_line_error(&out, 3, &["missing\\u{1b}[31m"]);
     assert_no_control_characters("the error", err.trim_end().as_bytes(), false);
 }
+
+fn i64_initializer(name: &str, values: &[i64]) -> TensorProto {
+    TensorProto {
+        name: name.into(),
+        dims: vec![values.len() as i64],
+        data_type: data_type::INT64,
+        int64_data: values.to_vec(),
+        ..Default::default()
+    }
+}
+
+fn scalar_info(name: &str, elem_type: i32) -> ValueInfoProto {
+    let mut v = value_info(name, &[]);
+    if let Some(TypeProto {
+        value: Some(TypeValue::TensorType(t)),
+        ..
+    }) = v.r#type.as_mut()
+    {
+        t.elem_type = elem_type;
+    }
+    v
+}
+
+/// A model of a few hundred bytes whose one node (`name`) produces `y` from initializers only.
+fn sourceless_model(node: NodeProto, inits: Vec<TensorProto>) -> ModelProto {
+    let mut m = one_node_model("Relu", "unused");
+    let g = m.graph.as_mut().unwrap();
+    g.node = vec![node];
+    g.input.clear();
+    g.output = vec![ValueInfoProto {
+        name: "y".into(),
+        r#type: None,
+        doc_string: String::new(),
+    }];
+    g.initializer = inits;
+    m
+}
+
+/// `y = Expand(c: i64[1], shape)`: 2^33 elements, 64 GiB, from a model of ~100 bytes (a size
+/// import accepts: only evaluating it is too much for a machine of less than 85 GiB).
+fn huge_expand() -> ModelProto {
+    sourceless_model(
+        node("Expand", "expand", &["c", "shape"], &["y"]),
+        vec![i64_initializer("c", &[7]), i64_initializer("shape", &[1 << 33])],
+    )
+}
+
+/// `y = Loop(M)` whose body stacks its iteration number: a scan output of M scalars.
+fn long_loop(trip_count: i64) -> ModelProto {
+    let body = GraphProto {
+        name: "body".into(),
+        node: vec![
+            node("Identity", "keep_going", &["cond"], &["cond_out"]),
+            node("Identity", "emit", &["iter"], &["scan"]),
+        ],
+        input: vec![
+            scalar_info("iter", data_type::INT64),
+            scalar_info("cond", data_type::BOOL),
+        ],
+        output: vec![
+            scalar_info("cond_out", data_type::BOOL),
+            scalar_info("scan", data_type::INT64),
+        ],
+        ..Default::default()
+    };
+    let mut lp = node("Loop", "loop", &["M", ""], &["y"]);
+    lp.attribute.push(AttributeProto {
+        name: "body".into(),
+        r#type: attribute_type::GRAPH,
+        g: Some(body),
+        ..Default::default()
+    });
+    let m = TensorProto {
+        name: "M".into(),
+        dims: vec![],
+        data_type: data_type::INT64,
+        int64_data: vec![trip_count],
+        ..Default::default()
+    };
+    sourceless_model(lp, vec![m])
+}
+
+#[test]
+fn a_huge_allocation_is_refused_before_it_is_made() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write_model(dir.path(), "expand.onnx", &huge_expand());
+    assert!(std::fs::metadata(&model).unwrap().len() < 200, "a tiny model");
+    // The default budget (a fraction of physical memory) and an explicit one.
+    for extra in [None, Some("--max-memory=1G")] {
+        let out = kiln_bounded(
+            &[
+                Some("run".as_ref()),
+                Some(model.as_os_str()),
+                Some("--reference".as_ref()),
+                extra.map(AsRef::as_ref),
+            ]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<&std::ffi::OsStr>>(),
+        );
+        one_line_error(&out, 4, &["node 'expand'", "memory budget", "--max-memory"]);
+    }
+}
+
+#[test]
+fn loop_scan_outputs_are_checked_against_the_budget_up_front() {
+    let dir = tempfile::tempdir().unwrap();
+    for m in [1_000_000_000i64, 1_000_000_000_000] {
+        let model = write_model(dir.path(), &format!("loop{m}.onnx"), &long_loop(m));
+        for cmd in ["run", "verify"] {
+            let mut args: Vec<&std::ffi::OsStr> = vec![cmd.as_ref(), model.as_os_str()];
+            if cmd == "run" {
+                args.push("--reference".as_ref());
+            }
+            let out = kiln_bounded(&args);
+            one_line_error(&out, 4, &["'loop'", "memory budget"]);
+        }
+    }
+    // Within the budget the loop runs: 1000 iterations stack 0..999.
+    let model = write_model(dir.path(), "loop1000.onnx", &long_loop(1000));
+    let out = kiln_bounded(&["run".as_ref(), model.as_os_str(), "--reference".as_ref()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("i64[1000]"));
+}
+
+#[test]
+fn absurd_output_sizes_are_invalid_at_import() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = one_node_model("Conv", "conv");
+    let g = m.graph.as_mut().unwrap();
+    g.input = vec![value_info("x", &[1, 1, 8, 8])];
+    g.output = vec![ValueInfoProto {
+        name: "y".into(),
+        r#type: None,
+        doc_string: String::new(),
+    }];
+    g.node[0].input.push("w".into());
+    g.node[0].attribute.push(AttributeProto {
+        name: "pads".into(),
+        r#type: attribute_type::INTS,
+        ints: vec![1 << 40; 4],
+        ..Default::default()
+    });
+    g.initializer.push(TensorProto {
+        name: "w".into(),
+        dims: vec![2, 1, 3, 3],
+        data_type: data_type::FLOAT,
+        float_data: vec![1.0; 18],
+        ..Default::default()
+    });
+    let model = write_model(dir.path(), "pads.onnx", &m);
+    let exe = dir.path().join("pads");
+    for layout in ["nchw", "nhwc"] {
+        let out = kiln_bounded(&[
+            "compile".as_ref(),
+            model.as_os_str(),
+            "--layout".as_ref(),
+            layout.as_ref(),
+            "-o".as_ref(),
+            exe.as_os_str(),
+        ]);
+        one_line_error(&out, 3, &["node 'conv'", "larger than 256 GiB"]);
+        assert!(!exe.exists());
+    }
+}

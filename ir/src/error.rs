@@ -1,14 +1,30 @@
 //! Error types of the IR.
 
 /// A problem with one operation's inputs or attributes, without the node context; the graph
-/// wraps it into [`IrError::Node`] with the node's name and operator.
+/// wraps it into [`IrError::Node`] (or [`IrError::OverBudget`]) with the node's name and
+/// operator.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("{0}")]
-pub struct OpError(pub String);
+#[error("{msg}")]
+pub struct OpError {
+    pub msg: String,
+    /// The operation is valid but would need more memory than the reference interpreter's
+    /// budget ([`crate::eval::memory_budget`]): a limit of this run, not a fault of the model.
+    pub over_budget: bool,
+}
 
 impl OpError {
     pub fn new(msg: impl Into<String>) -> OpError {
-        OpError(msg.into())
+        OpError {
+            msg: msg.into(),
+            over_budget: false,
+        }
+    }
+
+    pub fn over_budget(msg: impl Into<String>) -> OpError {
+        OpError {
+            msg: msg.into(),
+            over_budget: true,
+        }
     }
 }
 
@@ -16,7 +32,7 @@ impl OpError {
 #[macro_export]
 macro_rules! bail {
     ($($t:tt)*) => {
-        return Err($crate::OpError(format!($($t)*)))
+        return Err($crate::OpError::new(format!($($t)*)))
     };
 }
 
@@ -29,9 +45,25 @@ pub enum IrError {
     Input { name: String, msg: String },
     #[error("invalid graph: {0}")]
     Invalid(String),
+    /// Evaluating the node would exceed the reference interpreter's memory budget.
+    #[error("node '{node}' ({op}): {msg}")]
+    OverBudget { node: String, op: String, msg: String },
 }
 
 impl IrError {
+    /// An operation's error in its node's context, keeping whether it was over budget.
+    pub fn op(node: &str, op: &str, err: OpError) -> IrError {
+        if err.over_budget {
+            IrError::OverBudget {
+                node: node.to_string(),
+                op: op.to_string(),
+                msg: err.msg,
+            }
+        } else {
+            IrError::node(node, op, err)
+        }
+    }
+
     pub fn node(node: &str, op: &str, err: impl std::fmt::Display) -> IrError {
         IrError::Node {
             node: node.to_string(),

@@ -58,9 +58,23 @@ pub fn eval_graph_observed(
         uses[o.value.node.index()] += 1;
     }
     let mut values: Vec<Option<Vec<Arc<Tensor>>>> = vec![None; n];
+    // Bytes of the values alive now (inputs and computed values; constants belong to the
+    // graph), so that a node is refused before it would take the run over the memory budget.
+    let mut held_bytes = vec![0u128; n];
+    let mut held: u128 = 0;
     let mut inputs = inputs.into_iter();
     for id in graph.node_ids() {
         let node = graph.node(id);
+        if !matches!(node.op, Op::Input | Op::Constant(_)) {
+            let needed: u128 = node
+                .outputs
+                .iter()
+                .filter_map(|o| o.ty.size_bytes())
+                .map(|b| b as u128)
+                .sum();
+            crate::budget::check(needed, held, "its output")
+                .map_err(|e| IrError::op(&node.name, node.op.name(), e))?;
+        }
         let outs: Vec<Arc<Tensor>> = match &node.op {
             Op::Input => vec![Arc::new(inputs.next().expect("checked input count"))],
             Op::Constant(c) => vec![graph.consts()[c.0 as usize].clone()],
@@ -82,7 +96,7 @@ pub fn eval_graph_observed(
                     inputs: args,
                     out_types: &types,
                 };
-                let outs = ops::eval(op, &cx).map_err(|e| IrError::node(&node.name, op.name(), e))?;
+                let outs = ops::eval(op, &cx).map_err(|e| IrError::op(&node.name, op.name(), e))?;
                 if outs.len() != node.outputs.len() {
                     return Err(IrError::node(
                         &node.name,
@@ -98,16 +112,24 @@ pub fn eval_graph_observed(
             }
         };
         observe(id, &outs);
+        if !matches!(node.op, Op::Constant(_)) {
+            held_bytes[id.index()] = outs.iter().map(|t| t.size_bytes() as u128).sum();
+            held += held_bytes[id.index()];
+        }
         values[id.index()] = Some(outs);
+        let mut release = |i: usize, values: &mut Vec<Option<Vec<Arc<Tensor>>>>| {
+            values[i] = None;
+            held -= std::mem::take(&mut held_bytes[i]);
+        };
         for v in node.inputs.iter().flatten() {
             let u = &mut uses[v.node.index()];
             *u -= 1;
             if *u == 0 {
-                values[v.node.index()] = None;
+                release(v.node.index(), &mut values);
             }
         }
         if uses[id.index()] == 0 {
-            values[id.index()] = None;
+            release(id.index(), &mut values);
         }
     }
     graph

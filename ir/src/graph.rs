@@ -1,7 +1,7 @@
 //! The graph: an arena of nodes in topological order, a constant pool, inputs and outputs.
 
 use crate::ops::{self, InferCtx};
-use crate::{IrError, Op, OpError, Tensor, TensorType};
+use crate::{Dim, IrError, Op, OpError, Tensor, TensorType};
 use std::fmt;
 use std::sync::Arc;
 
@@ -68,6 +68,29 @@ pub struct Graph {
 /// Largest value (in elements) that type inference evaluates eagerly to learn shapes.
 /// Shape arithmetic is tiny; anything bigger is left to constant folding in the optimizer.
 pub const KNOWN_VALUE_MAX_ELEMENTS: usize = 4096;
+
+/// The largest value kiln accepts, in bytes (256 GiB): beyond any real model's activation or
+/// weight, and far below where sizes overflow. Every node's outputs are checked against it as
+/// their types are inferred, so an absurd size (a Conv with pads of 2^40) is an invalid model
+/// at import, naming the node, instead of a 52 TB arena or an overflow in a later pass.
+pub const MAX_VALUE_BYTES: u128 = 1 << 38;
+
+/// Fails when the dims known of `ty` already make it larger than [`MAX_VALUE_BYTES`].
+fn check_value_size(ty: &TensorType) -> Result<(), String> {
+    let elements = ty
+        .shape
+        .iter()
+        .filter_map(Dim::fixed)
+        .fold(1u128, |n, d| n.saturating_mul(d as u128));
+    let bytes = elements.saturating_mul(ty.dtype.size_bytes() as u128);
+    if bytes > MAX_VALUE_BYTES {
+        return Err(format!(
+            "output type {ty} would be larger than {} GiB, the most kiln accepts for one value",
+            MAX_VALUE_BYTES >> 30
+        ));
+    }
+    Ok(())
+}
 
 impl Graph {
     pub fn new(name: impl Into<String>) -> Graph {
@@ -211,6 +234,9 @@ impl Graph {
         let (types, known) = self
             .infer_node(&op, &inputs, n_out)
             .map_err(|e| IrError::node(&name, op.name(), e))?;
+        for ty in &types {
+            check_value_size(ty).map_err(|e| IrError::node(&name, op.name(), e))?;
+        }
         let outputs = output_names
             .into_iter()
             .zip(types)

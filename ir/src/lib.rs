@@ -5,6 +5,7 @@
 //! [`Layout`]). Types are inferred when a node is added. [`eval`] is the reference interpreter.
 //! This crate knows nothing of ONNX or LLVM.
 
+pub mod budget;
 pub mod cost;
 mod dtype;
 mod error;
@@ -21,7 +22,9 @@ mod verify;
 
 pub use dtype::DType;
 pub use error::{IrError, OpError};
-pub use graph::{ConstId, Graph, GraphOutput, Node, NodeId, NodeOutput, ValueId, KNOWN_VALUE_MAX_ELEMENTS};
+pub use graph::{
+    ConstId, Graph, GraphOutput, Node, NodeId, NodeOutput, ValueId, KNOWN_VALUE_MAX_ELEMENTS, MAX_VALUE_BYTES,
+};
 pub use op::*;
 pub use print::op_label;
 pub use printable::{escape_controls, printable};

@@ -508,7 +508,7 @@ fn to_tensor(dtype: DType, shape: Vec<usize>, vals: &[f64]) -> Result<Tensor, Op
         T::wrap(v.iter().map(|&x| T::from_f64(x)).collect())
     }
     let data = crate::dispatch_dtype!(dtype, T => conv::<T>(vals));
-    Tensor::new(shape, data).map_err(|e| OpError(e.to_string()))
+    Tensor::new(shape, data).map_err(|e| OpError::new(e.to_string()))
 }
 
 /// The softmax of one row as the reference computes it: a row whose maximum is -inf (fully

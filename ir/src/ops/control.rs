@@ -14,7 +14,7 @@
 use super::util::check_alloc;
 use super::{EvalCtx, InferCtx};
 use crate::eval::eval_graph;
-use crate::{DType, Dim, Element, Graph, Op, OpError, Tensor, TensorType, ValueId};
+use crate::{DType, Dim, Element, Graph, IrError, Op, OpError, Tensor, TensorType, ValueId};
 
 /// Iteration limit of a `Loop` without a trip count (see the module documentation).
 pub const MAX_WHILE_ITERATIONS: i64 = 1 << 20;
@@ -144,7 +144,7 @@ fn present_types<'a>(
     range
         .map(|i| {
             cx.opt_ty(i)
-                .ok_or_else(|| OpError(format!("{what} input {i} is missing")))
+                .ok_or_else(|| OpError::new(format!("{what} input {i} is missing")))
         })
         .collect()
 }
@@ -177,7 +177,13 @@ fn i64_value(t: &Tensor, name: &str) -> Result<i64, OpError> {
 }
 
 fn run_subgraph(g: &Graph, what: &str, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, OpError> {
-    eval_graph(g, inputs).map_err(|e| OpError(format!("in {what}: {e}")))
+    eval_graph(g, inputs).map_err(|e| {
+        let msg = format!("in {what}: {e}");
+        match e {
+            IrError::OverBudget { .. } => OpError::over_budget(msg),
+            _ => OpError::new(msg),
+        }
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -348,6 +354,10 @@ fn infer_loop(body: &Graph, num_carried: usize, cx: &InferCtx) -> Result<Vec<Ten
     Ok(out)
 }
 
+/// Bytes a stacked scan part costs beyond its data until the loop ends: the tensor's header,
+/// shape and allocation (a loop of 10^9 scalar iterations holds 10^9 of them).
+const SCAN_PART_OVERHEAD: usize = 128;
+
 /// Runs a Loop node; `max_while` caps a loop without trip count.
 fn eval_loop(body: &Graph, num_carried: usize, cx: &EvalCtx, max_while: i64) -> Result<Vec<Tensor>, OpError> {
     let n_in = cx.inputs.len();
@@ -371,6 +381,23 @@ fn eval_loop(body: &Graph, num_carried: usize, cx: &EvalCtx, max_while: i64) -> 
         .collect();
     let captured = present_inputs(cx, 2 + num_carried..n_in)?;
     let num_scan = cx.num_outputs() - num_carried;
+    // Scan outputs stack one value per iteration: with a trip count and static body outputs,
+    // their whole size is known before the first iteration (a trip count of 10^12 fails here
+    // at once instead of running for hours).
+    let scan_types = &output_types(body)[1 + num_carried..];
+    if let (Some(m), true) = (m, num_scan > 0) {
+        let per_iteration: u128 = scan_types
+            .iter()
+            .filter_map(|t| t.size_bytes())
+            .map(|b| (b + SCAN_PART_OVERHEAD) as u128)
+            .sum();
+        crate::budget::check(
+            per_iteration.saturating_mul(m.max(0) as u128),
+            0,
+            &format!("{num_scan} scan output(s) over {m} iterations"),
+        )?;
+    }
+    let mut scan_bytes: u128 = 0;
     let mut scans: Vec<Vec<Tensor>> = vec![vec![]; num_scan];
     let mut cond = cond_in.unwrap_or(true);
     let mut i: i64 = 0;
@@ -401,9 +428,13 @@ fn eval_loop(body: &Graph, num_carried: usize, cx: &EvalCtx, max_while: i64) -> 
         }
         carried = outs.by_ref().take(num_carried).collect();
         for (s, t) in scans.iter_mut().zip(outs) {
+            scan_bytes += (t.size_bytes() + SCAN_PART_OVERHEAD) as u128;
             s.push(t);
         }
         i += 1;
+        if num_scan > 0 {
+            crate::budget::check(scan_bytes, 0, &format!("the scan outputs of {i} iterations"))?;
+        }
     }
     let mut results = carried;
     for (k, parts) in scans.into_iter().enumerate() {
@@ -444,7 +475,7 @@ fn stack(parts: Vec<Tensor>, ty: &TensorType, k: usize) -> Result<Tensor, OpErro
     shape.extend(&inner);
     check_alloc(&shape)?;
     let data = crate::dispatch_dtype!(dtype, T => concat::<T>(&parts));
-    Tensor::new(shape, data).map_err(|e| OpError(e.to_string()))
+    Tensor::new(shape, data).map_err(|e| OpError::new(e.to_string()))
 }
 
 fn concat<T: Element>(parts: &[Tensor]) -> crate::TensorData {
@@ -622,7 +653,7 @@ mod tests {
         let op = loop_op(body(true, true));
         assert!(infer_types(&op, &loop_inputs(None, None), 4).is_err());
         let err = run_capped(&op, &loop_inputs(None, Some(true)), 4, 50).unwrap_err();
-        assert!(err.0.contains("runaway"), "{err}");
+        assert!(err.msg.contains("runaway"), "{err}");
         // With M the model's own bound applies.
         let out = run_capped(&op, &loop_inputs(Some(60), Some(true)), 4, 50).unwrap();
         assert_eq!(out[2].len(), 60);

@@ -565,7 +565,7 @@ fn eval_unary(u: &Unary, x: &Tensor) -> Result<Tensor, OpError> {
             crate::with_numeric_data!(d, v => map_real(v, &*f), bool => unreachable_bool()?)
         }
     };
-    Tensor::new(x.shape().to_vec(), data).map_err(|e| OpError(e.to_string()))
+    Tensor::new(x.shape().to_vec(), data).map_err(|e| OpError::new(e.to_string()))
 }
 
 /// Bool data is matched before the numeric dispatch; this keeps the macro's bool arm total.

@@ -129,7 +129,7 @@ pub(crate) fn store<A: Acc>(dtype: DType, shape: Vec<usize>, vals: &[A]) -> Resu
         T::wrap(vals.iter().map(|&x| x.to_elem::<T>()).collect())
     }
     let data = crate::dispatch_dtype!(dtype, T => conv::<A, T>(vals));
-    Tensor::new(shape, data).map_err(|e| OpError(e.to_string()))
+    Tensor::new(shape, data).map_err(|e| OpError::new(e.to_string()))
 }
 
 /// Products below this many multiply-adds run on one thread.

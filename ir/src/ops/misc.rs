@@ -171,7 +171,7 @@ fn float_input<'a>(cx: &InferCtx<'a>, i: usize, what: &str) -> Result<&'a Tensor
 }
 
 fn make(shape: Vec<usize>, data: TensorData) -> Result<Tensor, OpError> {
-    Tensor::new(shape, data).map_err(|e| OpError(e.to_string()))
+    Tensor::new(shape, data).map_err(|e| OpError::new(e.to_string()))
 }
 
 fn floats(dtype: DType, shape: Vec<usize>, v: Vec<f64>) -> Result<Tensor, OpError> {

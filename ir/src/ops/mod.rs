@@ -43,7 +43,7 @@ impl<'a> InferCtx<'a> {
             .get(i)
             .copied()
             .flatten()
-            .ok_or_else(|| OpError(format!("missing required input {i}")))
+            .ok_or_else(|| OpError::new(format!("missing required input {i}")))
     }
 
     /// Type of optional input `i`.
@@ -76,7 +76,7 @@ impl<'a> EvalCtx<'a> {
             .get(i)
             .copied()
             .flatten()
-            .ok_or_else(|| OpError(format!("missing required input {i}")))
+            .ok_or_else(|| OpError::new(format!("missing required input {i}")))
     }
 
     pub fn opt_input(&self, i: usize) -> Option<&'a Tensor> {
@@ -150,8 +150,20 @@ pub fn infer(op: &Op, cx: &InferCtx) -> Result<Vec<TensorType>, OpError> {
     }
 }
 
-/// Evaluates `op` on concrete inputs.
+/// Evaluates `op` on concrete inputs. Outputs whose size the inferred types already give are
+/// checked against the memory budget ([`crate::budget`]) before anything is allocated.
 pub fn eval(op: &Op, cx: &EvalCtx) -> Result<Vec<Tensor>, OpError> {
+    let static_bytes: u128 = cx
+        .out_types
+        .iter()
+        .filter_map(|t| t.size_bytes())
+        .map(|b| b as u128)
+        .sum();
+    crate::budget::check(static_bytes, 0, "its output")?;
+    eval_op(op, cx)
+}
+
+fn eval_op(op: &Op, cx: &EvalCtx) -> Result<Vec<Tensor>, OpError> {
     match op {
         Op::Input | Op::Constant(_) => crate::bail!("source nodes are not evaluated"),
         Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Clip | Op::Cast { .. } => elementwise::eval(op, cx),

@@ -201,7 +201,7 @@ impl ParamLayout {
             return Ok(ParamLayout::PerTensor);
         }
         let ax = util::norm_axis(axis, x.len())
-            .map_err(|e| OpError::new(format!("{what}: per-axis quantization: {}", e.0)))?;
+            .map_err(|e| OpError::new(format!("{what}: per-axis quantization: {}", e.msg)))?;
         let inner: usize = x[ax + 1..].iter().product();
         let dim = x[ax];
         if block_size == 0 {

@@ -119,7 +119,7 @@ fn expect_type(ty: &TensorType, name: &str, dtype: DType, want: &[Dim]) -> Resul
         crate::bail!("input {name} has dtype {} but X has {dtype}", ty.dtype);
     }
     let mismatch = || {
-        OpError(format!(
+        OpError::new(format!(
             "input {name} has shape {ty}, expected {}",
             fmt_dims(want)
         ))

@@ -258,7 +258,7 @@ fn eval_reduce(kind: ReduceKind, x: &Tensor, mask: &[bool], keepdims: bool) -> R
             .map(|(&d, _)| d)
             .collect()
     };
-    Tensor::new(shape, data).map_err(|e| OpError(e.to_string()))
+    Tensor::new(shape, data).map_err(|e| OpError::new(e.to_string()))
 }
 
 fn wrap<T: Element>(v: Vec<T>) -> TensorData {
@@ -473,7 +473,7 @@ fn k_value(t: &Tensor) -> Result<usize, OpError> {
         crate::bail!("K must be a 1-element integer tensor, got {}", t.tensor_type());
     }
     let k = t.to_i64_vec()[0];
-    usize::try_from(k).map_err(|_| OpError(format!("K must be non-negative, got {k}")))
+    usize::try_from(k).map_err(|_| OpError::new(format!("K must be non-negative, got {k}")))
 }
 
 fn infer_topk(axis: i64, cx: &InferCtx) -> Result<Vec<TensorType>, OpError> {
@@ -565,7 +565,7 @@ fn eval_topk(x: &Tensor, k: &Tensor, axis: i64, largest: bool) -> Result<Vec<Ten
             (wrap(vals), idx)
         },
         bool => crate::bail!("the input must be numeric, got bool"));
-    let values = Tensor::new(shape.clone(), values).map_err(|e| OpError(e.to_string()))?;
+    let values = Tensor::new(shape.clone(), values).map_err(|e| OpError::new(e.to_string()))?;
     Ok(vec![values, Tensor::from_vec(shape, indices)])
 }
 
@@ -627,7 +627,7 @@ fn eval_cumulative(
         d => with_int_data!(d, v => wrap(int_scan(v, dims, exclusive, reverse, agg)),
             else => crate::bail!("unsupported input type")),
     };
-    Tensor::new(x.shape().to_vec(), data).map_err(|e| OpError(e.to_string()))
+    Tensor::new(x.shape().to_vec(), data).map_err(|e| OpError::new(e.to_string()))
 }
 
 /// Integer running sums and products wrap in the element type (numpy).

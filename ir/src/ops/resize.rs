@@ -381,7 +381,7 @@ fn resize_nearest(x: &Tensor, g: &Geometry, plan: &[AxisPlan], axes: &[usize]) -
     let extrapolation = g.attrs.extrapolation_value as f64;
     let data =
         crate::with_data!(x.data(), v => gather_nearest(v, x.shape(), &out_shape, &maps, extrapolation));
-    Tensor::new(out_shape, data).map_err(|e| OpError(e.to_string()))
+    Tensor::new(out_shape, data).map_err(|e| OpError::new(e.to_string()))
 }
 
 fn gather_nearest<T: Element>(
@@ -624,7 +624,7 @@ fn resize_interpolate(
         T::wrap(v.iter().map(|&x| saturate::<T>(x)).collect())
     }
     let out = crate::dispatch_dtype!(x.dtype(), T => cast::<T>(&data));
-    Tensor::new(shape, out).map_err(|e| OpError(e.to_string()))
+    Tensor::new(shape, out).map_err(|e| OpError::new(e.to_string()))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -711,7 +711,7 @@ fn permuted(x: &Tensor, view: &[usize], perm: &[usize], out_shape: Vec<usize>) -
         T::wrap(out)
     }
     let data = crate::with_data!(x.data(), v => gather(v, &shape, &src));
-    Tensor::new(out_shape, data).map_err(|e| OpError(e.to_string()))
+    Tensor::new(out_shape, data).map_err(|e| OpError::new(e.to_string()))
 }
 
 fn dims4(x: &Tensor, op: &str) -> Result<[usize; 4], OpError> {

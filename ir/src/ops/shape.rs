@@ -34,7 +34,7 @@ pub(crate) fn infer(op: &Op, cx: &InferCtx) -> Res<Vec<TensorType>> {
 /// of overflowing size arithmetic later on.
 fn check_type_size(t: &TensorType) -> Res<()> {
     let fixed: Vec<usize> = t.shape.iter().filter_map(Dim::fixed).collect();
-    match check_alloc(&fixed) {
+    match super::util::check_numel(&fixed) {
         Ok(_) => Ok(()),
         Err(_) => bail!("the output {t} is too large"),
     }
@@ -182,11 +182,11 @@ fn int_scalar(t: &Tensor, what: &str) -> Res<i64> {
 /// The elements of `t` as `T`, or an error when the dtype differs.
 fn typed<'a, T: Element>(t: &'a Tensor, what: &str) -> Res<&'a [T]> {
     t.as_slice::<T>()
-        .ok_or_else(|| OpError(format!("{what} must be {}, got {}", T::DTYPE, t.dtype())))
+        .ok_or_else(|| OpError::new(format!("{what} must be {}, got {}", T::DTYPE, t.dtype())))
 }
 
 fn make(shape: Vec<usize>, data: TensorData) -> Res<Tensor> {
-    Tensor::new(shape, data).map_err(|e| OpError(e.to_string()))
+    Tensor::new(shape, data).map_err(|e| OpError::new(e.to_string()))
 }
 
 /// Fixed extents of dims that the shape rules derived from a concrete shape.
@@ -194,7 +194,7 @@ fn concrete(d: Vec<Dim>) -> Res<Vec<usize>> {
     d.iter()
         .map(|x| {
             x.fixed()
-                .ok_or_else(|| OpError(format!("internal: shape {} is not concrete", fmt_dims(&d))))
+                .ok_or_else(|| OpError::new(format!("internal: shape {} is not concrete", fmt_dims(&d))))
         })
         .collect()
 }
@@ -233,7 +233,7 @@ fn dim_product(ds: &[Dim]) -> Res<Dim> {
             Dim::Fixed(n) => {
                 fixed = fixed
                     .checked_mul(*n)
-                    .ok_or_else(|| OpError(format!("shape {} has too many elements", fmt_dims(ds))))?;
+                    .ok_or_else(|| OpError::new(format!("shape {} has too many elements", fmt_dims(ds))))?;
             }
             Dim::Sym(_) => syms.push(d),
         }
@@ -475,7 +475,7 @@ fn fixed_and_symbols<'a>(ds: &[&'a Dim]) -> Res<(usize, Vec<&'a Dim>)> {
             Dim::Fixed(n) => {
                 fixed = fixed
                     .checked_mul(*n)
-                    .ok_or_else(|| OpError("shape has too many elements".into()))?
+                    .ok_or_else(|| OpError::new("shape has too many elements"))?
             }
             Dim::Sym(_) => syms.push(*d),
         }
@@ -745,7 +745,7 @@ fn sum_dims<'a>(ds: impl IntoIterator<Item = &'a Dim>) -> Res<Dim> {
             Dim::Fixed(n) => {
                 total = total
                     .checked_add(*n)
-                    .ok_or_else(|| OpError("concatenated extent overflows".into()))?
+                    .ok_or_else(|| OpError::new("concatenated extent overflows"))?
             }
             Dim::Sym(_) => return Ok(Dim::unknown()),
         }
@@ -756,7 +756,7 @@ fn sum_dims<'a>(ds: impl IntoIterator<Item = &'a Dim>) -> Res<Dim> {
 fn concat_dims(shapes: &[&[Dim]], axis: i64) -> Res<Vec<Dim>> {
     let first = shapes
         .first()
-        .ok_or_else(|| OpError("Concat needs at least one input".into()))?;
+        .ok_or_else(|| OpError::new("Concat needs at least one input"))?;
     if first.is_empty() {
         bail!("cannot concatenate scalars");
     }
@@ -773,7 +773,7 @@ fn concat_dims(shapes: &[&[Dim]], axis: i64) -> Res<Vec<Dim>> {
         for (d, (o, x)) in out.iter_mut().zip(s.iter()).enumerate() {
             if d != a {
                 *o = merge_dim(o, x).map_err(|e| {
-                    OpError(format!(
+                    OpError::new(format!(
                         "input {i} {} does not match input 0 {} on axis {d}: {e}",
                         fmt_dims(s),
                         fmt_dims(first)
@@ -790,7 +790,7 @@ fn infer_concat(cx: &InferCtx, axis: i64) -> Res<TensorType> {
     let tys: Vec<&TensorType> = (0..cx.num_inputs()).map(|i| cx.ty(i)).collect::<Res<_>>()?;
     let first = tys
         .first()
-        .ok_or_else(|| OpError("Concat needs at least one input".into()))?;
+        .ok_or_else(|| OpError::new("Concat needs at least one input"))?;
     for (i, t) in tys.iter().enumerate() {
         if t.dtype != first.dtype {
             bail!("input {i} is {} but input 0 is {}", t.dtype, first.dtype);
@@ -841,7 +841,9 @@ fn split_sizes(
         }
         let sizes: Vec<usize> = split
             .iter()
-            .map(|&s| usize::try_from(s).map_err(|_| OpError(format!("split {split:?} has a negative size"))))
+            .map(|&s| {
+                usize::try_from(s).map_err(|_| OpError::new(format!("split {split:?} has a negative size")))
+            })
             .collect::<Res<_>>()?;
         let total = sizes.iter().try_fold(0usize, |a, &b| a.checked_add(b));
         if total != Some(dim) {
@@ -1251,7 +1253,8 @@ fn gather_nd_dims(data: &[Dim], idx: &TensorType, b: usize) -> Res<Vec<Dim>> {
     }
     let k = nd_index_len(idx, data.len(), b)?;
     for (i, (d, x)) in data.iter().zip(&idx.shape).take(b).enumerate() {
-        merge_dim(d, x).map_err(|e| OpError(format!("batch dim {i} of data and indices differ: {e}")))?;
+        merge_dim(d, x)
+            .map_err(|e| OpError::new(format!("batch dim {i} of data and indices differ: {e}")))?;
     }
     let mut out = idx.shape[..q - 1].to_vec();
     out.extend(data[b + k..].iter().cloned());
@@ -1517,7 +1520,7 @@ fn eval_scatter_elements(cx: &EvalCtx, axis: i64, r: ScatterReduction) -> Res<Te
 
 fn non_negative(v: &[i64], what: &str) -> Res<Vec<usize>> {
     v.iter()
-        .map(|&x| usize::try_from(x).map_err(|_| OpError(format!("{what} {v:?} has a negative entry"))))
+        .map(|&x| usize::try_from(x).map_err(|_| OpError::new(format!("{what} {v:?} has a negative entry"))))
         .collect()
 }
 
@@ -1588,7 +1591,7 @@ fn tile_dims(input: &[Dim], repeats: &[i64]) -> Res<Vec<Dim>> {
             (Dim::Fixed(n), r) => n
                 .checked_mul(r)
                 .map(Dim::Fixed)
-                .ok_or_else(|| OpError(format!("tiling {} by {repeats:?} overflows", fmt_dims(input)))),
+                .ok_or_else(|| OpError::new(format!("tiling {} by {repeats:?} overflows", fmt_dims(input)))),
             (Dim::Sym(_), _) => Ok(Dim::unknown()),
         })
         .collect()
@@ -1656,7 +1659,7 @@ fn padded_dim(d: &Dim, (b, e): (i64, i64)) -> Res<Dim> {
             let total = *n as i128 + b as i128 + e as i128;
             usize::try_from(total)
                 .map(Dim::Fixed)
-                .map_err(|_| OpError(format!("pads ({b}, {e}) make the extent too large")))
+                .map_err(|_| OpError::new(format!("pads ({b}, {e}) make the extent too large")))
         }
         Dim::Sym(_) if b == 0 && e == 0 => Ok(d.clone()),
         Dim::Sym(_) => Ok(Dim::unknown()),
@@ -1838,7 +1841,7 @@ fn range_len(s: &Tensor, l: &Tensor, d: &Tensor) -> Res<usize> {
             bail!("delta cannot be 0");
         }
         let n = ceil_div(l as i128 - s as i128, d as i128).max(0);
-        usize::try_from(n).map_err(|_| OpError(format!("Range({s}, {l}, {d}) is too long")))?
+        usize::try_from(n).map_err(|_| OpError::new(format!("Range({s}, {l}, {d}) is too long")))?
     };
     check_alloc(&[n])?;
     Ok(n)

@@ -133,7 +133,7 @@ fn float_scalar(t: &Tensor, what: &str) -> Result<f64, OpError> {
 }
 
 fn make(shape: Vec<usize>, data: TensorData) -> Result<Tensor, OpError> {
-    Tensor::new(shape, data).map_err(|e| OpError(e.to_string()))
+    Tensor::new(shape, data).map_err(|e| OpError::new(e.to_string()))
 }
 
 /// A non-negative length as `usize`.

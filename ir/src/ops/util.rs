@@ -182,7 +182,17 @@ pub fn dims(shape: &[usize]) -> Vec<Dim> {
 
 /// Checks a declared element count against a limit before allocating, so that an absurd
 /// shape in a model is an error and not an out-of-memory abort.
+/// Shapes computed from data (an Expand's target, a Range's length) are checked here; the
+/// memory budget is applied at one byte per element, the least any dtype takes.
 pub fn check_alloc(shape: &[usize]) -> Result<usize, OpError> {
+    let n = check_numel(shape)?;
+    crate::budget::check(n as u128, 0, &format!("a tensor of shape {shape:?}"))?;
+    Ok(n)
+}
+
+/// The element count of `shape` when it is within what any evaluation could allocate; for
+/// type inference, which allocates nothing (the memory budget is not consulted).
+pub fn check_numel(shape: &[usize]) -> Result<usize, OpError> {
     const MAX_ELEMENTS: usize = 1 << 34;
     match crate::tensor::checked_numel(shape) {
         Some(n) if n <= MAX_ELEMENTS => Ok(n),

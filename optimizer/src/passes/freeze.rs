@@ -329,7 +329,7 @@ impl Builder<'_> {
             inputs: args,
             out_types: &types,
         };
-        let outs = ops::eval(&node.op, &cx).map_err(|e| IrError::node(&node.name, node.op.name(), e))?;
+        let outs = ops::eval(&node.op, &cx).map_err(|e| IrError::op(&node.name, node.op.name(), e))?;
         if outs.len() != node.outputs.len() {
             return Err(IrError::node(
                 &node.name,

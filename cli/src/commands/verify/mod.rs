@@ -231,9 +231,8 @@ pub fn run(args: Args) -> Result<()> {
         .with_context(|| format!("{}", args.model.model.display()))?
         .graph;
     let (inputs, input_info) = gather_inputs(&original, &args.inputs, args.seed)?;
-    let reference = kiln_ir::eval::eval_graph(&original, inputs.clone()).map_err(|e| {
-        anyhow::anyhow!("the reference interpreter cannot run the model on these inputs: {e}")
-    })?;
+    let reference = kiln_ir::eval::eval_graph(&original, inputs.clone())
+        .context("the reference interpreter cannot run the model on these inputs")?;
 
     let mut passes = kiln_optimizer::pipelines::cpu(&popts);
     for p in &args.disable_pass {

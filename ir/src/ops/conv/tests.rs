@@ -310,7 +310,7 @@ fn conv_rejects_inconsistent_inputs() {
         &[Some(&x), Some(&w)],
         1,
     );
-    assert!(err.unwrap_err().0.contains("larger than the padded input"));
+    assert!(err.unwrap_err().msg.contains("larger than the padded input"));
     let w = tensor(DType::F32, &[2, 4, 3, 3], 2);
     let err = run(
         &Op::Conv(attrs(&[0, 1], &[], &[], 1, AutoPad::NotSet)),
