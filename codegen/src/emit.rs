@@ -842,6 +842,7 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
             );
             let path = f.get_nth_param(0).expect("path");
             let device = f.get_nth_param(1).expect("device");
+            self.null_path_check(f, "create_with_weights_on_device")?;
             let ctx = self
                 .call_rt("kiln_rt_cuda_create", &[desc.into(), device, path])?
                 .expect("ptr");
@@ -887,6 +888,7 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
             );
             let path = f.get_nth_param(0).expect("path");
             let threads = f.get_nth_param(1).expect("threads");
+            self.null_path_check(f, "create_with_weights")?;
             let ctx = self
                 .call_rt(
                     "kiln_rt_create_with_weights",
@@ -1022,6 +1024,33 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
         b.build_conditional_branch(bad, bn, bc).map_err(llvm)?;
         b.position_at_end(bn);
         b.build_return(Some(&rc)).map_err(llvm)?;
+        b.position_at_end(bc);
+        Ok(())
+    }
+
+    /// The start of `NAME_create_with_weights*`: a NULL path fails with a message naming it
+    /// (the runtime would otherwise read it as "no weights file" and advise this very call).
+    fn null_path_check(&self, f: FunctionValue<'ctx>, what: &str) -> Result<()> {
+        let b = &self.builder;
+        let p = self.ptr();
+        let path = f.get_nth_param(0).expect("path").into_pointer_value();
+        let is_null = b.build_is_null(path, "null").map_err(llvm)?;
+        let (bn, bc) = (
+            self.cx.append_basic_block(f, "null"),
+            self.cx.append_basic_block(f, "ok"),
+        );
+        b.build_conditional_branch(is_null, bn, bc).map_err(llvm)?;
+        b.position_at_end(bn);
+        let fmt = self.cstring(&format!("kiln.api.{what}.fmt"), "%s");
+        let msg = self.cstring(
+            &format!("kiln.api.{what}.null"),
+            &format!("{}: weights_path is NULL", self.parts.api.symbol(what)),
+        );
+        self.call_rt(
+            "kiln_rt_set_error",
+            &[p.const_null().into(), fmt.into(), msg.into()],
+        )?;
+        b.build_return(Some(&p.const_null())).map_err(llvm)?;
         b.position_at_end(bc);
         Ok(())
     }
