@@ -169,16 +169,40 @@ const KEYWORDS: &[&str] = &[
     "xor_eq",
 ];
 
+/// Macros an application commonly has defined where it includes the header: GCC's predefined
+/// ones in its default GNU modes, and those of the C library headers most programs include.
+const COMMON_MACROS: &[&str] = &[
+    "linux",
+    "unix",
+    "i386",
+    "errno",
+    "stdin",
+    "stdout",
+    "stderr",
+    "assert",
+    "EOF",
+    "BUFSIZ",
+    "FILENAME_MAX",
+    "EXIT_SUCCESS",
+    "EXIT_FAILURE",
+    "RAND_MAX",
+    "MB_CUR_MAX",
+    "complex",
+    "imaginary",
+    "I",
+];
+
 /// Whether `id` cannot name a tensor in the header: a keyword, the API's own parameter, a macro
 /// or type of <stddef.h>/<stdint.h> (the header includes them, and a parameter named like a
 /// macro is replaced by the preprocessor; one named like a type hides it from the parameters
-/// after it), or a name that starts like the header's own macros.
+/// after it), another common macro, or a name that starts like the header's own macros.
 fn reserved(id: &str, macro_prefix: &str) -> bool {
     let upper_macro = id
         .bytes()
         .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
         && ["_MIN", "_MAX", "_C", "_WIDTH"].iter().any(|s| id.ends_with(s));
     KEYWORDS.contains(&id)
+        || COMMON_MACROS.contains(&id)
         || matches!(id, "ctx" | "NULL" | "offsetof")
         || id.ends_with("_t")
         || upper_macro
