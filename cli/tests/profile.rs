@@ -300,6 +300,10 @@ fn static_library_profile_api() {
     assert!(out.contains("before enable: -1"), "{out}");
     assert!(out.contains("bad path: cannot write the profile to"), "{out}");
     assert!(out.contains("null ctx: -1"), "{out}");
+    assert!(
+        out.contains("null ctx error: profile_enable: ctx is NULL"),
+        "{out}"
+    );
     let (events, runs) = read_trace(&trace);
     assert_eq!(runs.len(), 2);
     check_runs(&events, &runs, &expected);
@@ -320,6 +324,7 @@ int main(int argc, char **argv) {
   for (int i = 0; i < NET_NUM_OUTPUTS; i++) outs[i] = calloc(1, 1 << 24);
   printf("before enable: %d\n", net_profile_kernels(ctx, NULL, 0));
   printf("null ctx: %d\n", net_profile_enable(NULL, 1));
+  printf("null ctx error: %s\n", net_last_error(NULL));
   if (net_run_generic(ctx, (const void *const *)ins, outs) != 0) return 1; /* not profiled */
   if (net_profile_enable(ctx, 1) != 0) return 1;
   for (int r = 0; r < 2; r++)

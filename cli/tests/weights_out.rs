@@ -350,6 +350,9 @@ int main(int argc, char **argv) {
   if (!strstr(net_last_error(NULL), "net_create_with_weights")) return 11;
   if (net_create_with_weights("/nonexistent/net.safetensors", 1) != NULL) return 12;
   if (!strstr(net_last_error(NULL), "cannot open the weights file")) return 13;
+  /* A NULL path is named as such, not taken for "no weights file". */
+  if (net_create_with_weights(NULL, 1) != NULL) return 20;
+  if (!strstr(net_last_error(NULL), "weights_path is NULL")) return 21;
   static float in[4096], out[4096];
   FILE *f = fopen(argv[2], "rb");
   if (!f) return 14;

@@ -44,6 +44,14 @@ impl Api {
             "last_error",
             "workspace_size",
             "info",
+            "input_count",
+            "input_name",
+            "input_dtype",
+            "input_shape",
+            "output_count",
+            "output_name",
+            "output_dtype",
+            "output_shape",
         ]
         .iter()
         .map(|w| self.symbol(w))
@@ -834,30 +842,26 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
             );
             let path = f.get_nth_param(0).expect("path");
             let device = f.get_nth_param(1).expect("device");
+            self.null_path_check(f, "create_with_weights_on_device")?;
             let ctx = self
                 .call_rt("kiln_rt_cuda_create", &[desc.into(), device, path])?
                 .expect("ptr");
             b.build_return(Some(&ctx)).map_err(llvm)?;
         }
 
-        // A null context fails like NAME_run's: -1, nothing to record the error in.
         let f = self.exported_fn(
             &api.symbol("run_device"),
             i32t.fn_type(&[p.into(), p.into(), p.into(), p.into()], false),
         );
         let params: Vec<BasicValueEnum> = f.get_param_iter().collect();
-        let is_null = b
-            .build_is_null(params[0].into_pointer_value(), "null")
-            .map_err(llvm)?;
-        let (bn, bc) = (
-            self.cx.append_basic_block(f, "null"),
-            self.cx.append_basic_block(f, "ok"),
-        );
-        b.build_conditional_branch(is_null, bn, bc).map_err(llvm)?;
-        b.position_at_end(bn);
-        b.build_return(Some(&i32t.const_int(u64::MAX, true)))
-            .map_err(llvm)?;
-        b.position_at_end(bc);
+        self.api_check(
+            f,
+            desc,
+            "run_device",
+            params[1].into_pointer_value(),
+            params[2].into_pointer_value(),
+            2,
+        )?;
         let rc = self.call_rt("kiln_rt_cuda_run_device", &params)?.expect("i32");
         b.build_return(Some(&rc)).map_err(llvm)?;
         Ok(())
@@ -884,6 +888,7 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
             );
             let path = f.get_nth_param(0).expect("path");
             let threads = f.get_nth_param(1).expect("threads");
+            self.null_path_check(f, "create_with_weights")?;
             let ctx = self
                 .call_rt(
                     "kiln_rt_create_with_weights",
@@ -929,28 +934,25 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
             .ok_or_else(|| CodegenError::internal("the model descriptor's signature is emitted first"))?;
         b.build_return(Some(&sig.as_pointer_value())).map_err(llvm)?;
 
-        let guarded_run =
-            |f: FunctionValue<'ctx>, ins: PointerValue<'ctx>, outs: PointerValue<'ctx>| -> Result<()> {
-                let ctx = f.get_nth_param(0).expect("ctx").into_pointer_value();
-                let is_null = b.build_is_null(ctx, "null").map_err(llvm)?;
-                let (bn, bc) = (
-                    self.cx.append_basic_block(f, "null"),
-                    self.cx.append_basic_block(f, "ok"),
-                );
-                b.build_conditional_branch(is_null, bn, bc).map_err(llvm)?;
-                b.position_at_end(bn);
-                b.build_return(Some(&i32t.const_int(u64::MAX, true)))
-                    .map_err(llvm)?;
-                b.position_at_end(bc);
-                let rc = b
-                    .build_call(run, &[ctx.into(), ins.into(), outs.into()], "rc")
-                    .map_err(llvm)?
-                    .try_as_basic_value()
-                    .basic()
-                    .expect("i32");
-                b.build_return(Some(&rc)).map_err(llvm)?;
-                Ok(())
-            };
+        self.introspection_functions(desc)?;
+
+        let guarded_run = |f: FunctionValue<'ctx>,
+                           what: &str,
+                           ins: PointerValue<'ctx>,
+                           outs: PointerValue<'ctx>,
+                           mode: u64|
+         -> Result<()> {
+            self.api_check(f, desc.as_pointer_value(), what, ins, outs, mode)?;
+            let ctx = f.get_nth_param(0).expect("ctx").into_pointer_value();
+            let rc = b
+                .build_call(run, &[ctx.into(), ins.into(), outs.into()], "rc")
+                .map_err(llvm)?
+                .try_as_basic_value()
+                .basic()
+                .expect("i32");
+            b.build_return(Some(&rc)).map_err(llvm)?;
+            Ok(())
+        };
 
         let f = self.exported_fn(
             &api.symbol("run_generic"),
@@ -958,7 +960,7 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
         );
         let ins = f.get_nth_param(1).expect("inputs").into_pointer_value();
         let outs = f.get_nth_param(2).expect("outputs").into_pointer_value();
-        guarded_run(f, ins, outs)?;
+        guarded_run(f, "run_generic", ins, outs, 1)?;
 
         let n_in = self.parts.graph.inputs().len();
         let n_out = self.parts.graph.outputs().len();
@@ -977,7 +979,107 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
             b.build_store(slot, f.get_nth_param(1 + i as u32).expect("param"))
                 .map_err(llvm)?;
         }
-        guarded_run(f, ins, outs)?;
+        guarded_run(f, "run", ins, outs, 0)?;
+        Ok(())
+    }
+
+    /// The start of an API function that runs the model: `kiln_rt_api_check` of its context and
+    /// tensor pointers, returning its -1 when they are unusable (`what`: the function, for the
+    /// message; `mode`: how the tensors are passed, see kiln_rt.h). The builder is left in the
+    /// block where the checks passed.
+    fn api_check(
+        &self,
+        f: FunctionValue<'ctx>,
+        desc: PointerValue<'ctx>,
+        what: &str,
+        ins: PointerValue<'ctx>,
+        outs: PointerValue<'ctx>,
+        mode: u64,
+    ) -> Result<()> {
+        let b = &self.builder;
+        let i32t = self.cx.i32_type();
+        let ctx = f.get_nth_param(0).expect("ctx");
+        let name = self.cstring(&format!("kiln.api.{what}"), &self.parts.api.symbol(what));
+        let rc = self
+            .call_rt(
+                "kiln_rt_api_check",
+                &[
+                    desc.into(),
+                    ctx,
+                    name.into(),
+                    ins.into(),
+                    outs.into(),
+                    i32t.const_int(mode, false).into(),
+                ],
+            )?
+            .expect("i32")
+            .into_int_value();
+        let bad = b
+            .build_int_compare(IntPredicate::NE, rc, i32t.const_zero(), "bad")
+            .map_err(llvm)?;
+        let (bn, bc) = (
+            self.cx.append_basic_block(f, "bad"),
+            self.cx.append_basic_block(f, "ok"),
+        );
+        b.build_conditional_branch(bad, bn, bc).map_err(llvm)?;
+        b.position_at_end(bn);
+        b.build_return(Some(&rc)).map_err(llvm)?;
+        b.position_at_end(bc);
+        Ok(())
+    }
+
+    /// The start of `NAME_create_with_weights*`: a NULL path fails with a message naming it
+    /// (the runtime would otherwise read it as "no weights file" and advise this very call).
+    fn null_path_check(&self, f: FunctionValue<'ctx>, what: &str) -> Result<()> {
+        let b = &self.builder;
+        let p = self.ptr();
+        let path = f.get_nth_param(0).expect("path").into_pointer_value();
+        let is_null = b.build_is_null(path, "null").map_err(llvm)?;
+        let (bn, bc) = (
+            self.cx.append_basic_block(f, "null"),
+            self.cx.append_basic_block(f, "ok"),
+        );
+        b.build_conditional_branch(is_null, bn, bc).map_err(llvm)?;
+        b.position_at_end(bn);
+        let fmt = self.cstring(&format!("kiln.api.{what}.fmt"), "%s");
+        let msg = self.cstring(
+            &format!("kiln.api.{what}.null"),
+            &format!("{}: weights_path is NULL", self.parts.api.symbol(what)),
+        );
+        self.call_rt(
+            "kiln_rt_set_error",
+            &[p.const_null().into(), fmt.into(), msg.into()],
+        )?;
+        b.build_return(Some(&p.const_null())).map_err(llvm)?;
+        b.position_at_end(bc);
+        Ok(())
+    }
+
+    /// NAME_input_count / input_name / input_dtype / input_shape and the output_ variants:
+    /// each calls its kiln_rt_io_* function on the model descriptor.
+    fn introspection_functions(&self, desc: GlobalValue<'ctx>) -> Result<()> {
+        let b = &self.builder;
+        let (p, i32t) = (self.ptr(), self.cx.i32_type());
+        let desc = desc.as_pointer_value();
+        for (output, what) in [(0u64, "input"), (1, "output")] {
+            let which = i32t.const_int(output, false);
+            for (suffix, rt, ty) in [
+                ("count", "kiln_rt_io_count", i32t.fn_type(&[], false)),
+                ("name", "kiln_rt_io_name", p.fn_type(&[i32t.into()], false)),
+                ("dtype", "kiln_rt_io_dtype", i32t.fn_type(&[i32t.into()], false)),
+                (
+                    "shape",
+                    "kiln_rt_io_shape",
+                    i32t.fn_type(&[i32t.into(), p.into()], false),
+                ),
+            ] {
+                let f = self.exported_fn(&self.parts.api.symbol(&format!("{what}_{suffix}")), ty);
+                let mut args: Vec<BasicValueEnum> = vec![desc.into(), which.into()];
+                args.extend(f.get_param_iter());
+                let r = self.call_rt(rt, &args)?.expect("a value");
+                b.build_return(Some(&r)).map_err(llvm)?;
+            }
+        }
         Ok(())
     }
 
@@ -1009,13 +1111,16 @@ pub fn signature_outputs(graph: &Graph) -> Vec<(String, TensorType)> {
         .collect()
 }
 
-fn io_json(items: &[(String, TensorType)]) -> serde_json::Value {
+/// `c_name`: the tensor's parameter and size-macro name in the C header.
+fn io_json(items: &[(String, TensorType)], c_names: &[String]) -> serde_json::Value {
     serde_json::Value::Array(
         items
             .iter()
-            .map(|(name, ty)| {
+            .zip(c_names)
+            .map(|((name, ty), c_name)| {
                 serde_json::json!({
                     "name": name,
+                    "c_name": c_name,
                     "dtype": kiln_runtime::DTYPE_NAMES[ty.dtype as usize],
                     "shape": ty.fixed_shape().unwrap_or_default(),
                 })
@@ -1031,14 +1136,16 @@ pub fn signature_json(
     outputs: &[(String, TensorType)],
     layout_hash: Option<u64>,
 ) -> String {
+    let ids = crate::header::c_names(&parts.api.prefix, inputs, outputs);
+    let (in_ids, out_ids) = ids.split_at(inputs.len());
     let mut sig = serde_json::json!({
         "name": parts.model_name,
         "kiln_version": env!("CARGO_PKG_VERSION"),
         "target": parts.target.triple,
         "cpu": parts.target.cpu,
         "cpu_features": parts.target.required_cpu_features(),
-        "inputs": io_json(inputs),
-        "outputs": io_json(outputs),
+        "inputs": io_json(inputs, in_ids),
+        "outputs": io_json(outputs, out_ids),
         "kernels": parts.plan.kernels.len(),
         "weights_bytes": parts.plan.weights.len(),
         "arena_bytes": parts.plan.arena_bytes,

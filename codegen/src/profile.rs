@@ -196,8 +196,8 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
         self.if_profiling(f, prof, "kiln_rt_prof_run_end", &[])
     }
 
-    /// `NAME_profile_enable`, `NAME_profile_kernels`, `NAME_profile_write_trace`: each returns
-    /// -1 for a null context and otherwise forwards to profile.c.
+    /// `NAME_profile_enable`, `NAME_profile_kernels`, `NAME_profile_write_trace`: each forwards
+    /// to profile.c, which refuses a null context with a message for `NAME_last_error(NULL)`.
     pub fn api_functions(&self, api: &Api, target: &crate::TargetDesc) -> Result<()> {
         let b = self.builder;
         let (p, i32t) = (self.ptr(), self.cx.i32_type());
@@ -226,19 +226,7 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
             );
             crate::llvm::set_kernel_attributes(self.cx, f, target);
             let entry = self.cx.append_basic_block(f, "entry");
-            let (null_bb, ok_bb) = (
-                self.cx.append_basic_block(f, "null"),
-                self.cx.append_basic_block(f, "ok"),
-            );
             b.position_at_end(entry);
-            let ctx = f.get_nth_param(0).expect("ctx").into_pointer_value();
-            let is_null = b.build_is_null(ctx, "null").map_err(llvm)?;
-            b.build_conditional_branch(is_null, null_bb, ok_bb)
-                .map_err(llvm)?;
-            b.position_at_end(null_bb);
-            b.build_return(Some(&i32t.const_int(u64::MAX, true)))
-                .map_err(llvm)?;
-            b.position_at_end(ok_bb);
             let args: Vec<BasicMetadataValueEnum> = f.get_param_iter().map(|a| a.into()).collect();
             let rc = self.call(rt, &args)?.expect("i32");
             b.build_return(Some(&rc)).map_err(llvm)?;

@@ -33,16 +33,173 @@ pub fn descr(d: DType) -> Option<&'static str> {
     })
 }
 
-fn dtype_from_descr(s: &str) -> Option<DType> {
-    let s = s.replace('=', "<");
-    let s = match s.as_str() {
-        "<b1" | "b1" | "?" => "|b1",
-        "<u1" | "u1" => "|u1",
-        "<i1" | "i1" => "|i1",
-        other => other,
+/// The dtype of a numpy `descr`: an optional byte order (`<`, `>`, `|`, `=`) and a type code
+/// (`?` is `b1`). As the artifact's reader (runtime-stub/c/npy.c) decides: big-endian is
+/// refused for multi-byte types, any order is taken for single bytes.
+fn dtype_from_descr(d: &str) -> Result<DType, String> {
+    let (order, code) = match d.as_bytes().first() {
+        Some(b'<' | b'>' | b'|' | b'=') => (d.as_bytes()[0], &d[1..]),
+        _ => (b'|', d),
+    };
+    let code = if code == "?" { "b1" } else { code };
+    let dt = DType::ALL
+        .into_iter()
+        .find(|&t| descr(t).is_some_and(|x| &x[1..] == code))
+        .ok_or_else(|| format!("unsupported dtype '{}'", printable(d)))?;
+    if order == b'>' && dt.size_bytes() > 1 {
+        return Err(format!(
+            "big-endian arrays ('{}') are not supported; save with arr.astype('<{code}')",
+            printable(d)
+        ));
     }
-    .to_string();
-    DType::ALL.into_iter().find(|&d| descr(d) == Some(s.as_str()))
+    Ok(dt)
+}
+
+/// Headers longer than this are refused (numpy itself stops at 10000 bytes by default), by both
+/// of kiln's readers.
+pub const MAX_HEADER: usize = 64 << 10;
+
+/// A cursor over the header: the Python dict literal numpy writes.
+struct Cursor<'a>(&'a [u8]);
+
+impl Cursor<'_> {
+    fn skip_ws(&mut self) {
+        while let [b' ' | b'\t' | b'\n' | b'\r', rest @ ..] = self.0 {
+            self.0 = rest;
+        }
+    }
+    fn eat(&mut self, c: u8) -> bool {
+        self.skip_ws();
+        match self.0 {
+            [x, rest @ ..] if *x == c => {
+                self.0 = rest;
+                true
+            }
+            _ => false,
+        }
+    }
+    fn word(&mut self, w: &str) -> bool {
+        match self.0.strip_prefix(w.as_bytes()) {
+            Some(rest) => {
+                self.0 = rest;
+                true
+            }
+            None => false,
+        }
+    }
+    /// A quoted string ('...' or "...", no escapes).
+    fn string(&mut self) -> Option<String> {
+        self.skip_ws();
+        let (&q, rest) = self.0.split_first()?;
+        if q != b'\'' && q != b'"' {
+            return None;
+        }
+        let n = rest.iter().position(|&c| c == q)?;
+        let s = String::from_utf8_lossy(&rest[..n]).into_owned();
+        self.0 = &rest[n + 1..];
+        Some(s)
+    }
+}
+
+/// Parses `{'descr': '<f4', 'fortran_order': False, 'shape': (1, 3), }`: exactly these three
+/// keys, each once, in any order. The rules are the artifact's reader's (npy.c), so that a file
+/// kiln run accepts is one a compiled executable accepts.
+fn parse_header(text: &[u8]) -> Result<(DType, Vec<usize>), String> {
+    let mut c = Cursor(text);
+    let (mut dtype, mut fortran, mut shape) = (None, None, None);
+    if !c.eat(b'{') {
+        return Err("the header is not a Python dict".into());
+    }
+    loop {
+        if c.eat(b'}') {
+            break;
+        }
+        let key = c.string().filter(|_| c.eat(b':')).ok_or("malformed header")?;
+        c.skip_ws();
+        // Python would keep a repeated key's last value; which one counts is not left to chance.
+        let seen = match key.as_str() {
+            "descr" => dtype.is_some(),
+            "fortran_order" => fortran.is_some(),
+            "shape" => shape.is_some(),
+            _ => false,
+        };
+        if seen {
+            return Err(format!("duplicate header key '{key}'"));
+        }
+        match key.as_str() {
+            "descr" => {
+                let d = c
+                    .string()
+                    .ok_or("structured arrays are not supported (descr is not a simple type)")?;
+                dtype = Some(dtype_from_descr(&d)?);
+            }
+            "fortran_order" => {
+                if c.word("True") {
+                    return Err(
+                        "Fortran-order arrays are not supported; save with np.ascontiguousarray".into(),
+                    );
+                }
+                if !c.word("False") {
+                    return Err("malformed 'fortran_order'".into());
+                }
+                fortran = Some(false);
+            }
+            "shape" => {
+                if !c.eat(b'(') {
+                    return Err("malformed 'shape'".into());
+                }
+                let mut dims = vec![];
+                loop {
+                    if c.eat(b')') {
+                        break;
+                    }
+                    c.skip_ws();
+                    let n = c.0.iter().take_while(|b| b.is_ascii_digit()).count();
+                    if n == 0 {
+                        return Err("malformed 'shape'".into());
+                    }
+                    let v: usize = std::str::from_utf8(&c.0[..n])
+                        .ok()
+                        .and_then(|t| t.parse::<i64>().ok())
+                        .and_then(|v| usize::try_from(v).ok())
+                        .ok_or("a dimension of 'shape' is too large")?;
+                    c.0 = &c.0[n..];
+                    c.word("L"); // Python 2 longs
+                    if dims.len() >= 64 {
+                        return Err("'shape' has more than 64 dimensions".into());
+                    }
+                    dims.push(v);
+                    if !c.eat(b',') {
+                        if !c.eat(b')') {
+                            return Err("malformed 'shape'".into());
+                        }
+                        break;
+                    }
+                }
+                shape = Some(dims);
+            }
+            _ => return Err(format!("unexpected header key '{}'", printable(&key))),
+        }
+        if !c.eat(b',') {
+            if !c.eat(b'}') {
+                return Err("malformed header".into());
+            }
+            break;
+        }
+    }
+    match (dtype, fortran, shape) {
+        (Some(d), Some(_), Some(s)) => Ok((d, s)),
+        (d, f, _) => Err(format!(
+            "the header has no '{}'",
+            if d.is_none() {
+                "descr"
+            } else if f.is_none() {
+                "fortran_order"
+            } else {
+                "shape"
+            }
+        )),
+    }
 }
 
 /// Parses `.npy` bytes.
@@ -66,38 +223,16 @@ pub fn parse_npy(bytes: &[u8], path: &str) -> Result<Tensor, NpyError> {
                 12,
             )
         }
-        v => return Err(err(format!("unsupported format version {v}"))),
+        v => return Err(err(format!("unsupported format version {v}.{}", bytes[7]))),
     };
+    if header_len > MAX_HEADER {
+        return Err(err(format!("header of {header_len} bytes is too long")));
+    }
     let end = start
         .checked_add(header_len)
         .filter(|&e| e <= bytes.len())
         .ok_or_else(|| err("truncated header".into()))?;
-    let header = std::str::from_utf8(&bytes[start..end]).map_err(|_| err("header is not text".into()))?;
-    let descr_s = dict_value(header, "descr").ok_or_else(|| err("header has no 'descr'".into()))?;
-    let descr_s = descr_s.trim().trim_matches(|c| c == '\'' || c == '"');
-    let dtype = dtype_from_descr(descr_s)
-        .ok_or_else(|| err(format!("unsupported dtype '{}'", printable(descr_s))))?;
-    let fortran =
-        dict_value(header, "fortran_order").ok_or_else(|| err("header has no 'fortran_order'".into()))?;
-    if fortran.trim().starts_with("True") {
-        return Err(err(
-            "Fortran-order arrays are not supported; save with np.ascontiguousarray".into(),
-        ));
-    }
-    let shape_s = dict_value(header, "shape").ok_or_else(|| err("header has no 'shape'".into()))?;
-    let shape_s = shape_s.trim();
-    let inner = shape_s
-        .strip_prefix('(')
-        .and_then(|s| s.split(')').next())
-        .ok_or_else(|| err(format!("bad shape '{}'", printable(shape_s))))?;
-    let mut shape = vec![];
-    for part in inner.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let d: usize = part
-            .trim_end_matches('L')
-            .parse()
-            .map_err(|_| err(format!("bad dimension '{}'", printable(part))))?;
-        shape.push(d);
-    }
+    let (dtype, shape) = parse_header(&bytes[start..end]).map_err(err)?;
     let n =
         kiln_ir::tensor::checked_numel(&shape).ok_or_else(|| err(format!("shape {shape:?} is too large")))?;
     let want = n
@@ -131,27 +266,6 @@ fn printable(s: &str) -> String {
         out.push_str("...");
     }
     out
-}
-
-/// The text after `'key':` up to the next top-level comma (shape tuples kept whole).
-fn dict_value<'a>(header: &'a str, key: &str) -> Option<&'a str> {
-    let pat1 = format!("'{key}':");
-    let pat2 = format!("\"{key}\":");
-    let i = header
-        .find(&pat1)
-        .map(|i| i + pat1.len())
-        .or_else(|| header.find(&pat2).map(|i| i + pat2.len()))?;
-    let rest = &header[i..];
-    let mut depth = 0;
-    for (j, c) in rest.char_indices() {
-        match c {
-            '(' => depth += 1,
-            ')' => depth -= 1,
-            ',' | '}' if depth == 0 => return Some(&rest[..j]),
-            _ => {}
-        }
-    }
-    Some(rest)
 }
 
 pub fn read_npy(path: &Path) -> Result<Tensor, NpyError> {

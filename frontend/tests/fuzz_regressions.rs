@@ -28,13 +28,17 @@ fn regressions(target: &str) -> Vec<PathBuf> {
     files
 }
 
-/// Runs `f` on every file; returns (accepted, rejected) counts, failing on any panic.
+/// Runs `f` on every file; returns (accepted, rejected) counts, failing on any panic. Files
+/// named `refuse_*` must be rejected: malformed in ways a reader could miss (the artifact's
+/// reader replays the same files, fuzz/regressions/npy_reader/refuse_*, and must agree).
 fn replay(target: &str, f: impl Fn(&[u8]) -> Result<(), String>) -> (usize, usize) {
     let (mut ok, mut err) = (0, 0);
     let mut panics = vec![];
     for p in regressions(target) {
         let bytes = std::fs::read(&p).unwrap();
+        let must_refuse = p.file_name().unwrap().to_string_lossy().starts_with("refuse_");
         match catch_unwind(AssertUnwindSafe(|| f(&bytes))) {
+            Ok(Ok(())) if must_refuse => panic!("{} was accepted", p.display()),
             Ok(Ok(())) => ok += 1,
             Ok(Err(e)) => {
                 assert!(!e.contains('\n'), "{}: a multi-line error: {e}", p.display());

@@ -427,9 +427,18 @@ int kiln_exe_main(int argc, char **argv, const kiln_model_desc *desc) {
     }
   }
 
+  char err[1536];
+  /* Every input file is checked (header, type, size) before the context and the input buffers are
+     allocated: a small file claiming a huge shape is refused as such, not as an allocation
+     failure. */
+  for (int32_t i = 0; i < n_in; i++) {
+    if (kiln_npy_check(files[i], &desc->inputs[i], err, sizeof err) != 0) {
+      fprintf(stderr, "error: %s\n", err);
+      goto done;
+    }
+  }
   ctx = create_context(desc, (int32_t)threads, (int32_t)device, weights_path, &rc);
   if (!ctx) goto done;
-  char err[1536];
   for (int32_t i = 0; i < n_in; i++) {
     ins[i] = alloc_tensor(desc->inputs[i].bytes);
     if (!ins[i]) {

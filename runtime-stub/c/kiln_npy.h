@@ -22,6 +22,11 @@ double kiln_stub_element_f64(int32_t dtype, const void *data, int64_t i);
    the input and the file. */
 int kiln_npy_read(const char *path, const kiln_io_desc *want, void *dst, char *err, size_t errlen);
 
+/* Checks the .npy file at path as kiln_npy_read does, without reading the data: header, dtype,
+   shape, and the file's size against the size the header implies (before anything of that size
+   is allocated). Returns 0, or -1 with kiln_npy_read's message in err. */
+int kiln_npy_check(const char *path, const kiln_io_desc *want, char *err, size_t errlen);
+
 /* Writes data (shaped and typed as d) as a .npy v1.0 file; bf16 becomes float32, as kiln does.
    Returns 0, or -1 with a message in err. */
 int kiln_npy_write(const char *path, const kiln_io_desc *d, const void *data, char *err, size_t errlen);

@@ -115,10 +115,27 @@ const kiln_model_desc *kiln_rt_desc(kiln_ctx *ctx);
 
 /* Base of the context's arena (64-byte aligned). */
 void *kiln_rt_arena(kiln_ctx *ctx);
-/* Records an error message (printf-style) for kiln_rt_last_error. */
+/* Records an error message (printf-style) for kiln_rt_last_error; with ctx NULL, in the
+   thread-local message kiln_rt_create_error returns. */
 void kiln_rt_set_error(kiln_ctx *ctx, const char *fmt, ...);
-/* The last error of this context, "" if none. */
+/* The last error of this context, "" if none; with ctx NULL, kiln_rt_create_error(). */
 const char *kiln_rt_last_error(kiln_ctx *ctx);
+
+/* What every generated NAME_run / NAME_run_generic / NAME_run_device checks before running:
+   ctx is not NULL and belongs to desc, and the tensor pointer arrays and each pointer in them
+   are not NULL. fn is the API function's name, for the message; mode says how the tensors were
+   passed (0: typed parameters, 1: inputs/outputs arrays, 2: d_inputs/d_outputs arrays). Returns
+   0 after clearing the context's last error, or -1 with the error set (thread-local when ctx
+   is NULL). */
+int32_t kiln_rt_api_check(const kiln_model_desc *desc, kiln_ctx *ctx, const char *fn,
+                          const void *const *inputs, void *const *outputs, int32_t mode);
+/* NAME_input_count/name/dtype/shape and the output_ variants (output: 0 or 1). name: NULL when
+   i is out of range; dtype: ONNX's TensorProto.DataType code, -1 out of range; shape: the rank,
+   writing the dimensions to dims when it is not NULL, -1 out of range. */
+int32_t kiln_rt_io_count(const kiln_model_desc *desc, int32_t output);
+const char *kiln_rt_io_name(const kiln_model_desc *desc, int32_t output, int32_t i);
+int32_t kiln_rt_io_dtype(const kiln_model_desc *desc, int32_t output, int32_t i);
+int32_t kiln_rt_io_shape(const kiln_model_desc *desc, int32_t output, int32_t i, int64_t *dims);
 /* Prefixes the context's last error with the node that failed (generated code calls this when a
    kernel returns non-zero). */
 void kiln_rt_error_context(kiln_ctx *ctx, const char *node, const char *op);

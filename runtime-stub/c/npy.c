@@ -7,10 +7,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* Headers this long are not arrays of the 13 dtypes (numpy itself refuses 10000 bytes by
-   default); the cap keeps a corrupt length from making us allocate gigabytes. */
-#define NPY_MAX_HEADER (1 << 20)
+   default); the cap keeps a corrupt length from making us allocate gigabytes. kiln's Rust reader
+   (frontend/src/npy.rs) has the same limit, so that both accept and refuse the same files. */
+#define NPY_MAX_HEADER (64 << 10)
 #define NPY_MAX_RANK 64
 
 static const char *const DTYPE_NAMES[13] = {"bool", "u8",  "i8",  "u16", "i16", "u32", "i32",
@@ -188,6 +190,13 @@ static int parse_header(const char *text, size_t n, npy_header *h, char *msg, si
       return -1;
     }
     skip_ws(&c);
+    /* A repeated key would leave which value counts to the parser (Python keeps the last): refuse
+       it, as kiln's Rust reader does. */
+    if ((strcmp(key, "descr") == 0 && have_descr) || (strcmp(key, "fortran_order") == 0 && have_fortran) ||
+        (strcmp(key, "shape") == 0 && have_shape)) {
+      snprintf(msg, len, "duplicate header key '%s'", key);
+      return -1;
+    }
     if (strcmp(key, "descr") == 0) {
       char d[32];
       if (!parse_str(&c, d, sizeof d)) {
@@ -264,14 +273,18 @@ static int parse_header(const char *text, size_t n, npy_header *h, char *msg, si
 
 /* ---- reading ------------------------------------------------------------------------------- */
 
-int kiln_npy_read(const char *path, const kiln_io_desc *want, void *dst, char *err, size_t errlen) {
+/* Opens path and checks everything but the data itself: the header, the dtype and shape against
+   want, and (for a regular file) the file's size against the bytes the header implies, so that
+   a file claiming a huge shape is refused before anything that large is allocated. Returns the
+   file positioned at the data, or NULL with a message in err. */
+static FILE *open_checked(const char *path, const kiln_io_desc *want, char *err, size_t errlen) {
   char msg[256] = "";
   char *header = NULL;
-  int rc = -1;
+  int ok = 0;
   FILE *f = fopen(path, "rb");
   if (!f) {
     snprintf(err, errlen, "input '%s': cannot read %s: %s", want->name, path, strerror(errno));
-    return -1;
+    return NULL;
   }
 #define FAIL(...)                                                                                  \
   do {                                                                                             \
@@ -315,6 +328,51 @@ int kiln_npy_read(const char *path, const kiln_io_desc *want, void *dst, char *e
   int64_t numel = 1;
   for (int32_t i = 0; i < want->rank; i++) numel *= want->dims[i];
   int64_t file_bytes = numel * kiln_stub_dtype_size(file_dtype);
+  struct stat st;
+  long data_at = ftell(f);
+  if (data_at >= 0 && fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode)) {
+    int64_t have = (int64_t)st.st_size - data_at;
+    if (have < file_bytes)
+      FAIL("truncated data: %s needs %lld bytes, the file has %lld", kiln_stub_dtype_name(file_dtype),
+           (long long)file_bytes, (long long)(have > 0 ? have : 0));
+    if (have > file_bytes) FAIL("%lld bytes of trailing data after the array", (long long)(have - file_bytes));
+  }
+  ok = 1;
+  goto out;
+bad_file:
+  snprintf(err, errlen, "input '%s': %s is not a valid .npy file: %s", want->name, path, msg);
+out:
+#undef FAIL
+  free(header);
+  if (!ok) {
+    fclose(f);
+    return NULL;
+  }
+  return f;
+}
+
+int kiln_npy_check(const char *path, const kiln_io_desc *want, char *err, size_t errlen) {
+  FILE *f = open_checked(path, want, err, errlen);
+  if (!f) return -1;
+  fclose(f);
+  return 0;
+}
+
+int kiln_npy_read(const char *path, const kiln_io_desc *want, void *dst, char *err, size_t errlen) {
+  char msg[256] = "";
+  int rc = -1;
+  FILE *f = open_checked(path, want, err, errlen);
+  if (!f) return -1;
+#define FAIL(...)                                                                                  \
+  do {                                                                                             \
+    snprintf(msg, sizeof msg, __VA_ARGS__);                                                        \
+    goto bad_file;                                                                                 \
+  } while (0)
+  /* open_checked compared the size of a regular file; a pipe is checked as it is read. */
+  int32_t file_dtype = want->dtype == KILN_BF16 ? KILN_F32 : want->dtype;
+  int64_t numel = 1;
+  for (int32_t i = 0; i < want->rank; i++) numel *= want->dims[i];
+  int64_t file_bytes = numel * kiln_stub_dtype_size(file_dtype);
   if (want->dtype == KILN_BF16) {
     uint16_t *out = dst;
     float buf[1024];
@@ -353,7 +411,6 @@ bad_file:
   snprintf(err, errlen, "input '%s': %s is not a valid .npy file: %s", want->name, path, msg);
 out:
 #undef FAIL
-  free(header);
   fclose(f);
   return rc;
 }

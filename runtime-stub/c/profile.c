@@ -65,6 +65,10 @@ void kiln_rt_profile_free(kiln_prof *p) {
 }
 
 int32_t kiln_rt_profile_enable(kiln_ctx *ctx, int32_t on) {
+  if (!ctx) {
+    kiln_rt_set_error(NULL, "profile_enable: ctx is NULL");
+    return -1;
+  }
   kiln_prof **slot = kiln_rt_profile_slot(ctx);
   kiln_prof *p = *slot;
   if (!on) {
@@ -150,6 +154,10 @@ static const kiln_kernel_desc *kernel_desc(const kiln_prof *p, int64_t k) {
 }
 
 int32_t kiln_rt_profile_kernels(kiln_ctx *ctx, kiln_profile_kernel *out, int32_t max) {
+  if (!ctx) {
+    kiln_rt_set_error(NULL, "profile_kernels: ctx is NULL");
+    return -1;
+  }
   kiln_prof *p = *kiln_rt_profile_slot(ctx);
   if (!p) return -1;
   for (int64_t k = 0; out && k < p->n_kernels && k < max; k++) {
@@ -179,6 +187,10 @@ static void json_us(FILE *f, int64_t ns) {
 }
 
 int32_t kiln_rt_profile_write_trace(kiln_ctx *ctx, const char *path) {
+  if (!ctx || !path) {
+    kiln_rt_set_error(ctx, "profile_write_trace: %s is NULL", ctx ? "path" : "ctx");
+    return -1;
+  }
   kiln_prof *p = *kiln_rt_profile_slot(ctx);
   if (!p) {
     kiln_rt_set_error(ctx, "cannot write the profile to %s: profiling was never turned on", path);

@@ -24,8 +24,10 @@
    workers stay awake for the whole run and a sleep/wake (tens of µs each) is paid once. */
 #define KILN_SPIN_NS 100000
 
-/* Why the last kiln_rt_create on this thread failed: the only mutable global. */
-/* Long enough for a weights file path and two hashes. */
+/* Why the last call on this thread that had no context to hold its error failed: a
+   kiln_rt_create, or an API call given a NULL context. The only mutable global; thread-local so
+   that threads creating contexts at once each read their own. Long enough for a weights file
+   path and two hashes. */
 static _Thread_local char create_error[1024];
 
 typedef struct kiln_pool kiln_pool;
@@ -501,11 +503,77 @@ void *kiln_rt_arena(kiln_ctx *ctx) { return ctx->arena; }
 void kiln_rt_set_error(kiln_ctx *ctx, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(ctx->error, sizeof ctx->error, fmt, ap);
+  if (ctx)
+    vsnprintf(ctx->error, sizeof ctx->error, fmt, ap);
+  else
+    vsnprintf(create_error, sizeof create_error, fmt, ap);
   va_end(ap);
 }
 
-const char *kiln_rt_last_error(kiln_ctx *ctx) { return ctx->error; }
+const char *kiln_rt_last_error(kiln_ctx *ctx) { return ctx ? ctx->error : create_error; }
+
+/* ---- the checks and introspection of the generated API --------------------------------------- */
+
+int32_t kiln_rt_api_check(const kiln_model_desc *desc, kiln_ctx *ctx, const char *fn,
+                          const void *const *inputs, void *const *outputs, int32_t mode) {
+  if (!ctx) {
+    snprintf(create_error, sizeof create_error, "%s: ctx is NULL", fn);
+    return -1;
+  }
+  if (ctx->desc != desc) {
+    kiln_rt_set_error(ctx, "%s: ctx was created by another model ('%s')", fn,
+                      ctx->desc ? ctx->desc->name : "?");
+    return -1;
+  }
+  const char *in_arg = mode == 2 ? "d_inputs" : "inputs", *out_arg = mode == 2 ? "d_outputs" : "outputs";
+  if ((!inputs && desc->n_inputs > 0) || (!outputs && desc->n_outputs > 0)) {
+    kiln_rt_set_error(ctx, "%s: %s is NULL", fn, !inputs && desc->n_inputs > 0 ? in_arg : out_arg);
+    return -1;
+  }
+  for (int32_t k = 0; k < desc->n_inputs + desc->n_outputs; k++) {
+    int out = k >= desc->n_inputs;
+    int32_t i = out ? k - desc->n_inputs : k;
+    if (out ? outputs[i] != NULL : inputs[i] != NULL) continue;
+    const char *name = out ? desc->outputs[i].name : desc->inputs[i].name;
+    if (mode == 0)
+      kiln_rt_set_error(ctx, "%s: the pointer to %s '%s' is NULL", fn, out ? "output" : "input", name);
+    else
+      kiln_rt_set_error(ctx, "%s: %s[%d] (%s '%s') is NULL", fn, out ? out_arg : in_arg, (int)i,
+                        out ? "output" : "input", name);
+    return -1;
+  }
+  ctx->error[0] = 0;
+  return 0;
+}
+
+static const kiln_io_desc *io_at(const kiln_model_desc *desc, int32_t output, int32_t i) {
+  int32_t n = output ? desc->n_outputs : desc->n_inputs;
+  if (i < 0 || i >= n) return NULL;
+  return output ? &desc->outputs[i] : &desc->inputs[i];
+}
+
+int32_t kiln_rt_io_count(const kiln_model_desc *desc, int32_t output) {
+  return output ? desc->n_outputs : desc->n_inputs;
+}
+
+const char *kiln_rt_io_name(const kiln_model_desc *desc, int32_t output, int32_t i) {
+  const kiln_io_desc *d = io_at(desc, output, i);
+  return d ? d->name : NULL;
+}
+
+int32_t kiln_rt_io_dtype(const kiln_model_desc *desc, int32_t output, int32_t i) {
+  /* ONNX TensorProto.DataType per enum kiln_dtype (the header's NAME_DTYPE_* values). */
+  static const int32_t onnx[13] = {9, 2, 3, 4, 5, 12, 6, 13, 7, 10, 16, 1, 11};
+  const kiln_io_desc *d = io_at(desc, output, i);
+  return d && d->dtype >= 0 && d->dtype < 13 ? onnx[d->dtype] : -1;
+}
+
+int32_t kiln_rt_io_shape(const kiln_model_desc *desc, int32_t output, int32_t i, int64_t *dims) {
+  const kiln_io_desc *d = io_at(desc, output, i);
+  if (!d) return -1;
+  for (int32_t k = 0; dims && k < d->rank; k++) dims[k] = d->dims[k];
+  return d->rank;
+}
 
 void kiln_rt_parallel_for(kiln_ctx *ctx, kiln_task_fn fn, void *data, int64_t n) {
   if (n <= 0) return;

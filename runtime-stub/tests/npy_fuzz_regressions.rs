@@ -66,6 +66,14 @@ fn npy_reader_regressions() {
         String::from_utf8_lossy(&run.stderr)
     );
     assert_eq!(stdout.lines().count(), files.len(), "{stdout}");
+    // Files named refuse_* are malformed in ways a reader could miss (a repeated or unknown
+    // header key, a header over 64 KiB); kiln's Rust reader replays the same files
+    // (fuzz/regressions/npy_rust/) and must refuse them too.
+    let refuse: Vec<&str> = stdout.lines().filter(|l| l.contains("/refuse_")).collect();
+    assert!(refuse.len() >= 3, "{stdout}");
+    for l in refuse {
+        assert!(l.ends_with(": rejected"), "{l}");
+    }
     // The sample covers both outcomes: files it must read and files it must refuse.
     assert!(stdout.contains(": accepted"), "{stdout}");
     assert!(stdout.contains(": rejected"), "{stdout}");

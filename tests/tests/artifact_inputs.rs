@@ -70,3 +70,42 @@ fn executable_rejects_bad_inputs_clearly() {
     assert_ne!(code, 0);
     assert!(err.contains("nope"), "unknown input named: {err}");
 }
+
+/// A small file whose header claims a huge shape is refused for its size before the executable
+/// allocates anything that large: the address space is capped far below the 128 GiB the shape
+/// needs, so an allocation first would fail as "out of memory" instead.
+#[test]
+fn executable_checks_file_size_before_allocating() {
+    let n = 1usize << 35;
+    let mut g = kiln_ir::Graph::new("huge");
+    let x = g.add_input("x", kiln_ir::TensorType::fixed(kiln_ir::DType::F32, &[n]));
+    let y = g
+        .add("neg", kiln_ir::Op::Unary(kiln_ir::Unary::Neg), vec![Some(x)], "y")
+        .unwrap();
+    g.add_output("y", y);
+    let w = WorkDir::new("huge_input");
+    let exe = w.0.join("huge");
+    compile_graph(&g, "huge", Emit::Exe, &exe).unwrap();
+    // A valid header for f32[2^35] followed by 16 bytes of data.
+    let mut header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': ({n},), }}");
+    header.push_str(&" ".repeat((64 - (10 + header.len() + 1) % 64) % 64));
+    header.push('\n');
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.extend_from_slice(&[0u8; 16]);
+    let file = w.0.join("claims_huge.npy");
+    std::fs::write(&file, &bytes).unwrap();
+    let o = Command::new("sh")
+        .arg("-c")
+        .arg(r#"ulimit -v 4000000 && exec "$0" --threads 1 --input "x=$1""#)
+        .arg(&exe)
+        .arg(&file)
+        .output()
+        .expect("sh");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.code().is_some_and(|c| c > 0), "{:?}: {err}", o.status);
+    assert!(err.contains("truncated data"), "{err}");
+    assert!(err.contains("the file has 16"), "{err}");
+    assert!(!err.contains("out of memory"), "{err}");
+}

@@ -115,3 +115,75 @@ fn compiling_twice_gives_identical_artifacts() {
         );
     }
 }
+
+/// A model whose tensor names are C and C++ keywords (`class`, `int`, `return`), the API's own
+/// parameter (`ctx`), names that sanitize alike (`a.b`, `a_b`) and a name that would end a
+/// comment: its header compiles as C and as C++ (tests/c/api_names.c, built both ways), and the
+/// program checks the introspection functions, the size macros, NULL handling and that a
+/// successful run clears the last error.
+#[test]
+fn header_with_hostile_names_compiles_as_c_and_cpp() {
+    use kiln_ir::{Binary, DType, Graph, Op, TensorType, Unary};
+    let mut g = Graph::new("names");
+    let f32_23 = TensorType::fixed(DType::F32, &[2, 3]);
+    let class = g.add_input("class", f32_23.clone());
+    let int = g.add_input("int", TensorType::fixed(DType::I64, &[2, 3]));
+    let ab = g.add_input("a.b", TensorType::fixed(DType::F32, &[3]));
+    let a_b = g.add_input("a_b", TensorType::fixed(DType::F32, &[1, 3]));
+    let ctx = g.add_input("ctx", f32_23);
+    let int_f = g
+        .add("cast", Op::Cast { to: DType::F32 }, vec![Some(int)], "int_f")
+        .unwrap();
+    let mut sum = class;
+    for (i, v) in [int_f, ab, a_b, ctx].into_iter().enumerate() {
+        sum = g
+            .add(
+                format!("add{i}"),
+                Op::Binary(Binary::Add),
+                vec![Some(sum), Some(v)],
+                format!("s{i}"),
+            )
+            .unwrap();
+    }
+    let neg = g
+        .add("neg", Op::Unary(Unary::Neg), vec![Some(ctx)], "neg")
+        .unwrap();
+    g.add_output("return", sum);
+    g.add_output("y*/ #error injected /*\n", neg);
+
+    let work = WorkDir::new("names");
+    let dir = &work.0;
+    compile_graph(&g, "names", Emit::StaticLib, &dir.join("names")).expect("compile");
+    let header = std::fs::read_to_string(dir.join("names.h")).unwrap();
+    assert!(
+        header.contains(r#""y*\/ #error injected /\*\x0a""#),
+        "the name is escaped in comments:\n{header}"
+    );
+    let src = kiln_tests::repo_root().join("tests/c/api_names.c");
+    let cc = kiln_tests::staticlib::cc();
+    for (compiler, lang, std) in [(cc.as_str(), "c", "-std=c99"), ("c++", "c++", "-std=c++11")] {
+        let exe = dir.join(format!("api_names_{lang}"));
+        let o = Command::new(compiler)
+            .args([std, "-O1", "-Wall", "-Wextra", "-pedantic", "-Werror", "-x", lang])
+            .arg(&src)
+            .args(["-x", "none", "-I"])
+            .arg(dir)
+            .arg(dir.join("libnames.a"))
+            .args(["-lpthread", "-lm", "-o"])
+            .arg(&exe)
+            .output()
+            .unwrap_or_else(|e| panic!("running {compiler}: {e}"));
+        assert!(
+            o.status.success(),
+            "{compiler} ({lang}) rejects the program or the header:\n{}\n{header}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let o = Command::new(&exe).output().expect("run");
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success() && out.trim() == "ok",
+            "{lang}: {out}{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+}
