@@ -80,6 +80,9 @@ pub struct TargetInfo {
     pub isa: &'static str,
     pub cpu_features: Vec<&'static str>,
     pub avx512_bf16: bool,
+    /// A portable artifact's CPU variants, baseline first (the fields above are the last's).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub variants: Vec<String>,
 }
 
 #[derive(Serialize, Debug)]
@@ -467,6 +470,7 @@ pub fn build_report(inp: &Inputs) -> Report {
             isa: plan.target.isa,
             cpu_features: plan.target.required_cpu_features.clone(),
             avx512_bf16: plan.target.avx512_bf16,
+            variants: plan.target.variants.clone(),
         },
         summary: SummaryInfo {
             nodes_before_passes: operator_nodes(g0),
@@ -601,6 +605,13 @@ pub fn to_table(r: &Report) -> String {
                 t.cpu_features.join(" ")
             }
         ));
+        if !t.variants.is_empty() {
+            out.push_str(&format!(
+                "  portable: carries {} (chosen by CPUID when a context is created; kernels below are {}'s)\n",
+                t.variants.join(", "),
+                t.variants.last().map(String::as_str).unwrap_or("")
+            ));
+        }
     }
     out.push_str(&format!(
         "  options: layout {}, precision {}, fusion {}{}\n",
