@@ -181,8 +181,9 @@ fn compile_report_accounts_for_every_node() {
     assert_eq!(bn["status"], "batchnorm");
     assert!(bn["kernel"].is_u64());
 
-    // explain --json is the same document (pass timings aside).
-    let mut e = explain_json(&model, &[]);
+    // explain --json of the same command line is the same document (pass timings aside);
+    // --emit obj makes both a portable build.
+    let mut e = explain_json(&model, &["--emit", "obj"]);
     let mut r = r;
     for doc in [&mut e, &mut r] {
         for p in doc["passes"].as_array_mut().unwrap() {

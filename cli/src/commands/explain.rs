@@ -22,7 +22,8 @@ pub const SCHEMA: &str = "kiln.report/1";
 #[group(id = "ExplainArgs")]
 pub struct Args {
     /// Takes every `kiln compile` option, so a compile command line explains by changing the
-    /// subcommand; output options (-o, --emit) are ignored, --report still writes the JSON.
+    /// subcommand; -o is ignored and --emit only decides the default CPU (portable for
+    /// libraries and objects), --report still writes the JSON.
     #[command(flatten)]
     pub compile: super::compile::Args,
 
