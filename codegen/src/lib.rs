@@ -413,14 +413,14 @@ fn finish_module(
     module
         .run_passes("default<O3>", &tm, PassBuilderOptions::create())
         .map_err(|e| CodegenError::internal(format!("LLVM optimization: {e}")))?;
-    llvm::verify(&module)?;
+    llvm::verify(module)?;
 
     let write = |path: &Path, bytes: &[u8]| -> Result<()> {
         std::fs::write(path, bytes)
             .map_err(|e| CodegenError::Io(format!("cannot write {}: {e}", path.display())))
     };
     let object = |ft: FileType| -> Result<inkwell::memory_buffer::MemoryBuffer> {
-        tm.write_to_memory_buffer(&module, ft)
+        tm.write_to_memory_buffer(module, ft)
             .map_err(|e| CodegenError::internal(format!("LLVM code generation: {e}")))
     };
     let mut files = vec![];
@@ -464,7 +464,7 @@ fn finish_module(
                 buildfiles::LibKind::Shared
             };
             let text = header::header(
-                &api,
+                api,
                 &opts.name,
                 target,
                 &emit::signature_inputs(graph),
