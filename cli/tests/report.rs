@@ -153,6 +153,13 @@ fn compile_report_accounts_for_every_node() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let r: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     check_consistent(&r, &model);
+    // An object is portable by default on x86-64: the report names the variants it carries.
+    if cfg!(target_arch = "x86_64") {
+        assert_eq!(
+            r["target"]["variants"],
+            serde_json::json!(["x86-64-v3", "x86-64-v4"])
+        );
+    }
 
     // A residual block's Conv with its Relu is one fusion group.
     let groups = r["fusion_groups"].as_array().unwrap();
