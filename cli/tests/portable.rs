@@ -1,6 +1,7 @@
 //! Portable artifacts (`--cpu portable`, the default for libraries and objects on x86-64): one
 //! library carries x86-64-v3 and x86-64-v4 kernels, the runtime picks one per context by CPUID
 //! (or `KILN_CPU_VARIANT`), and every variant computes the fixture's outputs.
+#![cfg(target_arch = "x86_64")]
 
 mod common;
 
