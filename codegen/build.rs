@@ -49,6 +49,7 @@ const UNITS: &[(&str, &[&str], bool, Runs)] = &[
             "../runtime-stub/c/error_context.c",
             "../runtime-stub/c/profile.c",
             "../runtime-stub/c/weights.c",
+            "../runtime-stub/c/cpu_dispatch.c",
         ],
         true,
         Runs::Cpu,

@@ -153,6 +153,13 @@ fn compile_report_accounts_for_every_node() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let r: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     check_consistent(&r, &model);
+    // An object is portable by default on x86-64: the report names the variants it carries.
+    if cfg!(target_arch = "x86_64") {
+        assert_eq!(
+            r["target"]["variants"],
+            serde_json::json!(["x86-64-v3", "x86-64-v4"])
+        );
+    }
 
     // A residual block's Conv with its Relu is one fusion group.
     let groups = r["fusion_groups"].as_array().unwrap();
@@ -181,8 +188,9 @@ fn compile_report_accounts_for_every_node() {
     assert_eq!(bn["status"], "batchnorm");
     assert!(bn["kernel"].is_u64());
 
-    // explain --json is the same document (pass timings aside).
-    let mut e = explain_json(&model, &[]);
+    // explain --json of the same command line is the same document (pass timings aside);
+    // --emit obj makes both a portable build.
+    let mut e = explain_json(&model, &["--emit", "obj"]);
     let mut r = r;
     for doc in [&mut e, &mut r] {
         for p in doc["passes"].as_array_mut().unwrap() {

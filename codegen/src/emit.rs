@@ -86,6 +86,39 @@ pub struct ModuleParts<'a> {
     /// A CUDA model's device code: the kernels run on the GPU, the host module carries the PTX
     /// and the launch table, and its run function is the runtime's `kiln_rt_cuda_run`.
     pub cuda: Option<&'a crate::nvptx::DeviceCode>,
+    /// A portable artifact's CPU variants (`--cpu portable`, [`build_portable_module`]).
+    pub portable: Option<&'a Portable<'a>>,
+    /// Which of them these parts are (None: the shared part, or a single-target build).
+    pub variant: Option<usize>,
+}
+
+/// The CPU variants of a portable artifact, baseline first: each one a complete set of
+/// kernels, weights and run function for its target, planned from the graph optimized for it.
+pub struct Portable<'a> {
+    pub variants: Vec<VariantParts<'a>>,
+}
+
+pub struct VariantParts<'a> {
+    pub graph: &'a Graph,
+    pub plan: &'a Plan,
+    pub target: &'a TargetDesc,
+}
+
+impl Portable<'_> {
+    pub fn names(&self) -> Vec<String> {
+        self.variants.iter().map(|v| v.target.variant_name()).collect()
+    }
+}
+
+/// Where the API functions find the model description: the one constant, or the variant the
+/// runtime picks for this CPU when a context is created.
+enum DescRef<'ctx> {
+    One(GlobalValue<'ctx>),
+    Variants {
+        descs: PointerValue<'ctx>,
+        names: PointerValue<'ctx>,
+        n: u64,
+    },
 }
 
 /// Emits `i32 kiln.k{i}(ptr ctx, ptr args)` for every kernel of the plan into `module` (whose
@@ -153,7 +186,7 @@ pub fn build_module<'ctx>(
         )
     });
     let desc = e.model_desc(run, layout_hash)?;
-    e.api_functions(desc)?;
+    e.api_functions(&DescRef::One(desc))?;
     if parts.cuda.is_some() {
         e.cuda_api_functions(desc)?;
     }
@@ -161,7 +194,7 @@ pub fn build_module<'ctx>(
         e.profile_gen().api_functions(parts.api, parts.target)?;
     }
     if parts.with_main {
-        e.main_function(desc)?;
+        e.main_function(&DescRef::One(desc))?;
     }
 
     crate::llvm::link_units(cx, &module, parts.target, "uk_")?;
@@ -172,6 +205,196 @@ pub fn build_module<'ctx>(
     if parts.cuda.is_some() {
         crate::llvm::link_units(cx, &module, parts.target, "rt_cuda")?;
     }
+    check_ukernels(&module, parts)?;
+    crate::llvm::retarget_all(cx, &module, parts.target);
+    crate::llvm::internalize(&module, &parts.api.exported(parts.with_main));
+    crate::llvm::verify(&module)?;
+    Ok((module, layout_hash))
+}
+
+/// Emits the module of a portable artifact (`--cpu portable`): the shared part (the C API, the
+/// runtime, a run function that calls the context's variant) for `parts.target`, the
+/// baseline, and one complete model per variant of `parts.portable`, each with its kernels,
+/// weights, run function and description, compiled for its own CPU through LLVM's per-function
+/// target attributes. `NAME_create` asks the runtime which variant this CPU runs
+/// (`kiln_rt_select_variant`, CPUID); the ABI is that of a single-target build.
+pub fn build_portable_module<'ctx>(
+    cx: &'ctx Context,
+    parts: &ModuleParts<'_>,
+    on_kernel: &mut dyn FnMut(usize, usize),
+) -> Result<Module<'ctx>> {
+    let portable = parts
+        .portable
+        .ok_or_else(|| CodegenError::internal("a portable module needs its variants"))?;
+    let module = cx.create_module(parts.model_name);
+    let tm = parts
+        .target
+        .target_machine(inkwell::OptimizationLevel::Aggressive)?;
+    module.set_triple(&tm.get_triple());
+    module.set_data_layout(&tm.get_target_data().get_data_layout());
+    let e = Emitter {
+        cx,
+        module: &module,
+        builder: cx.create_builder(),
+        parts,
+    };
+    let p = e.ptr();
+    let desc_ty = e.model_desc_type();
+    let names = portable.names();
+    // The variants' descriptions are defined by their modules, linked in below.
+    let descs: Vec<BasicValueEnum> = (0..names.len())
+        .map(|i| {
+            let g = module.add_global(desc_ty, None, &variant_desc_name(i));
+            g.set_linkage(Linkage::External);
+            g.as_pointer_value().into()
+        })
+        .collect();
+    let name_ptrs: Vec<_> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| e.cstring(&format!("kiln.variant_name.{i}"), n))
+        .collect();
+    let desc_table = e
+        .const_global(
+            "kiln.variants",
+            p.const_array(&descs.iter().map(|d| d.into_pointer_value()).collect::<Vec<_>>())
+                .into(),
+            8,
+        )
+        .as_pointer_value();
+    let name_table = e
+        .const_global("kiln.variant_names", p.const_array(&name_ptrs).into(), 8)
+        .as_pointer_value();
+    let desc = DescRef::Variants {
+        descs: desc_table,
+        names: name_table,
+        n: names.len() as u64,
+    };
+    e.dispatch_run_function(desc_ty)?;
+    let sig = signature_json(
+        parts,
+        &signature_inputs(parts.graph),
+        &signature_outputs(parts.graph),
+        None,
+    );
+    e.cstring("kiln.signature", &sig);
+    e.api_functions(&desc)?;
+    if parts.api.profile {
+        e.profile_gen().api_functions(parts.api, parts.target)?;
+    }
+    if parts.with_main {
+        e.main_function(&desc)?;
+    }
+    crate::llvm::link_units(cx, &module, parts.target, "rt_core")?;
+    if parts.with_main {
+        crate::llvm::link_units(cx, &module, parts.target, "rt_exe")?;
+    }
+    crate::llvm::retarget_all(cx, &module, parts.target);
+
+    let total: usize = portable.variants.iter().map(|v| v.plan.kernels.len()).sum();
+    let mut done = 0;
+    for (i, v) in portable.variants.iter().enumerate() {
+        // Packed weights depend on the register tiles (8 or 16 lanes), so variants usually
+        // carry their own; identical blobs are stored once.
+        let shared = portable.variants[..i]
+            .iter()
+            .position(|w| w.plan.weights == v.plan.weights);
+        let vparts = ModuleParts {
+            graph: v.graph,
+            plan: v.plan,
+            target: v.target,
+            api: parts.api,
+            model_name: parts.model_name,
+            with_main: parts.with_main,
+            cuda: None,
+            portable: Some(portable),
+            variant: Some(i),
+        };
+        let m = variant_module(cx, &module, &vparts, i, shared, &mut |k, _| {
+            on_kernel(done + k, total)
+        })?;
+        done += v.plan.kernels.len();
+        module
+            .link_in_module(m)
+            .map_err(|e| CodegenError::internal(format!("linking CPU variant {}: {e}", names[i])))?;
+    }
+    crate::llvm::internalize(&module, &parts.api.exported(parts.with_main));
+    crate::llvm::verify(&module)?;
+    Ok(module)
+}
+
+fn variant_desc_name(i: usize) -> String {
+    format!("kiln.variant.{i}")
+}
+
+fn variant_weights_name(i: usize) -> String {
+    format!("kiln.variant_weights.{i}")
+}
+
+/// One variant of a portable artifact as a module of its own, with the same triple and data
+/// layout as `main`: everything internal but its description (and its weights, which a later
+/// variant may share), every function compiled for the variant's CPU.
+fn variant_module<'ctx>(
+    cx: &'ctx Context,
+    main: &Module<'ctx>,
+    parts: &ModuleParts<'_>,
+    i: usize,
+    shared_weights: Option<usize>,
+    on_kernel: &mut dyn FnMut(usize, usize),
+) -> Result<Module<'ctx>> {
+    let module = cx.create_module(&format!("{}.{}", parts.model_name, i));
+    module.set_triple(&main.get_triple());
+    module.set_data_layout(&main.get_data_layout());
+    let e = Emitter {
+        cx,
+        module: &module,
+        builder: cx.create_builder(),
+        parts,
+    };
+    let weights = match shared_weights {
+        Some(j) => {
+            let ty = cx.i8_type().array_type(parts.plan.weights.len().max(1) as u32);
+            let g = module.add_global(ty, None, &variant_weights_name(j));
+            g.set_linkage(Linkage::External);
+            g
+        }
+        None => {
+            let g = e.weights_global();
+            g.set_name(&variant_weights_name(i));
+            g.set_linkage(Linkage::External);
+            g
+        }
+    };
+    let kernel_fns = kernel_functions(cx, &module, parts, on_kernel)?;
+    let run = e.run_function(&kernel_fns, Some(weights))?;
+    let desc = e.model_desc(run, None)?;
+    desc.set_name(&variant_desc_name(i));
+    desc.set_linkage(Linkage::External);
+    crate::llvm::link_units(cx, &module, parts.target, "uk_")?;
+    check_ukernels(&module, parts)?;
+    crate::llvm::retarget_all(cx, &module, parts.target);
+    crate::llvm::internalize(&module, &[variant_desc_name(i), variant_weights_name(i)]);
+    // Every function of the variant is named after it (`kiln.k3.x86_64_v4`), so profiles,
+    // debuggers and disassemblies tell the variants apart.
+    let suffix: String = parts
+        .target
+        .variant_name()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    let mut f = module.get_first_function();
+    while let Some(func) = f {
+        if func.count_basic_blocks() > 0 {
+            let name = func.get_name().to_string_lossy().into_owned();
+            func.as_global_value().set_name(&format!("{name}.{suffix}"));
+        }
+        f = func.get_next_function();
+    }
+    Ok(module)
+}
+
+/// Every kernel-library call of the plan has its definition in the module.
+fn check_ukernels(module: &Module<'_>, parts: &ModuleParts<'_>) -> Result<()> {
     for k in parts.plan.kernels.iter().filter(|_| parts.cuda.is_none()) {
         if let KernelImpl::Ukernel(c) = &k.imp {
             let name = format!("kiln_uk_{}", c.symbol);
@@ -186,10 +409,7 @@ pub fn build_module<'ctx>(
             }
         }
     }
-    crate::llvm::retarget_all(cx, &module, parts.target);
-    crate::llvm::internalize(&module, &parts.api.exported(parts.with_main));
-    crate::llvm::verify(&module)?;
-    Ok((module, layout_hash))
+    Ok(())
 }
 
 struct Emitter<'a, 'ctx> {
@@ -569,6 +789,33 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
         Ok(f)
     }
 
+    /// `i32 run(ptr ctx, ptr inputs, ptr outputs)` of a portable artifact: the run function of
+    /// the variant the context was created with (its description's `run`).
+    fn dispatch_run_function(&self, desc_ty: StructType<'ctx>) -> Result<FunctionValue<'ctx>> {
+        let (b, ptr, i32t) = (&self.builder, self.ptr(), self.cx.i32_type());
+        let ty = i32t.fn_type(&[ptr.into(), ptr.into(), ptr.into()], false);
+        let f = self.module.add_function("kiln.run", ty, Some(Linkage::Internal));
+        crate::llvm::set_kernel_attributes(self.cx, f, self.parts.target);
+        b.position_at_end(self.cx.append_basic_block(f, "entry"));
+        let params: Vec<BasicValueEnum> = f.get_param_iter().collect();
+        let desc = self
+            .call_rt("kiln_rt_desc", &params[..1])?
+            .expect("ptr")
+            .into_pointer_value();
+        // Field 12 of kiln_model_desc: run.
+        let slot = b.build_struct_gep(desc_ty, desc, 12, "run").map_err(llvm)?;
+        let run = b.build_load(ptr, slot, "run").map_err(llvm)?.into_pointer_value();
+        let args: Vec<_> = params.iter().map(|a| (*a).into()).collect();
+        let rc = b
+            .build_indirect_call(ty, run, &args, "rc")
+            .map_err(llvm)?
+            .try_as_basic_value()
+            .basic()
+            .ok_or_else(|| CodegenError::internal("run returns i32"))?;
+        b.build_return(Some(&rc)).map_err(llvm)?;
+        Ok(f)
+    }
+
     fn io_descs(&self, tag: &str, items: &[(String, TensorType)]) -> Result<PointerValue<'ctx>> {
         let (p, i32t, i64t) = (self.ptr(), self.cx.i32_type(), self.cx.i64_type());
         let st = self.cx.struct_type(
@@ -741,12 +988,10 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
             .as_pointer_value()
     }
 
-    fn model_desc(&self, run: FunctionValue<'ctx>, layout_hash: Option<u64>) -> Result<GlobalValue<'ctx>> {
-        let parts = self.parts;
+    /// `kiln_model_desc` (kiln_rt.h).
+    fn model_desc_type(&self) -> StructType<'ctx> {
         let (p, i32t, i64t) = (self.ptr(), self.cx.i32_type(), self.cx.i64_type());
-        let inputs = signature_inputs(parts.graph);
-        let outputs = signature_outputs(parts.graph);
-        let st = self.cx.struct_type(
+        self.cx.struct_type(
             &[
                 p.into(),
                 p.into(),
@@ -768,7 +1013,24 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
                 p.into(),
             ],
             false,
-        );
+        )
+    }
+
+    /// Bytes of working memory a context allocates: for a portable artifact, enough for any
+    /// of its variants.
+    fn arena_bytes(&self) -> u64 {
+        match self.parts.portable {
+            Some(p) => p.variants.iter().map(|v| v.plan.arena_bytes).max().unwrap_or(0),
+            None => self.parts.plan.arena_bytes,
+        }
+    }
+
+    fn model_desc(&self, run: FunctionValue<'ctx>, layout_hash: Option<u64>) -> Result<GlobalValue<'ctx>> {
+        let parts = self.parts;
+        let (i32t, i64t) = (self.cx.i32_type(), self.cx.i64_type());
+        let inputs = signature_inputs(parts.graph);
+        let outputs = signature_outputs(parts.graph);
+        let st = self.model_desc_type();
         let sig = signature_json(parts, &inputs, &outputs, layout_hash);
         let kernels = self
             .profile_gen()
@@ -868,7 +1130,7 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
     }
 
     /// NAME_create / destroy / run / run_generic / last_error / workspace_size / info.
-    fn api_functions(&self, desc: GlobalValue<'ctx>) -> Result<()> {
+    fn api_functions(&self, desc: &DescRef<'ctx>) -> Result<()> {
         let b = &self.builder;
         let api = self.parts.api;
         let (p, i32t, i64t) = (self.ptr(), self.cx.i32_type(), self.cx.i64_type());
@@ -876,12 +1138,24 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
 
         let f = self.exported_fn(&api.symbol("create"), p.fn_type(&[i32t.into()], false));
         let threads = f.get_nth_param(0).expect("threads");
-        let ctx = self
-            .call_rt("kiln_rt_create", &[desc.as_pointer_value().into(), threads])?
-            .expect("ptr");
+        let ctx = match desc {
+            DescRef::One(desc) => {
+                self.call_rt("kiln_rt_create", &[desc.as_pointer_value().into(), threads])?
+            }
+            DescRef::Variants { descs, names, n } => self.call_rt(
+                "kiln_rt_create_variant",
+                &[
+                    (*descs).into(),
+                    (*names).into(),
+                    i32t.const_int(*n, false).into(),
+                    threads,
+                ],
+            )?,
+        }
+        .expect("ptr");
         b.build_return(Some(&ctx)).map_err(llvm)?;
 
-        if api.weights_file.is_some() {
+        if let (Some(_), DescRef::One(desc)) = (&api.weights_file, desc) {
             let f = self.exported_fn(
                 &api.symbol("create_with_weights"),
                 p.fn_type(&[p.into(), i32t.into()], false),
@@ -921,9 +1195,8 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
         let e = self.call_rt("kiln_rt_last_error", &[ctx.into()])?.expect("ptr");
         b.build_return(Some(&e)).map_err(llvm)?;
 
-        let plan = self.parts.plan;
         self.exported_fn(&api.symbol("workspace_size"), i64t.fn_type(&[], false));
-        b.build_return(Some(&i64t.const_int(plan.arena_bytes, false)))
+        b.build_return(Some(&i64t.const_int(self.arena_bytes(), false)))
             .map_err(llvm)?;
 
         // The same JSON string the descriptor points at (--info prints that one).
@@ -1083,13 +1356,36 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
         Ok(())
     }
 
-    fn main_function(&self, desc: GlobalValue<'ctx>) -> Result<()> {
-        let (p, i32t) = (self.ptr(), self.cx.i32_type());
+    fn main_function(&self, desc: &DescRef<'ctx>) -> Result<()> {
+        let (b, p, i32t) = (&self.builder, self.ptr(), self.cx.i32_type());
         let f = self.exported_fn("main", i32t.fn_type(&[i32t.into(), p.into()], false));
         let argc = f.get_nth_param(0).expect("argc");
         let argv = f.get_nth_param(1).expect("argv");
+        let desc = match desc {
+            DescRef::One(desc) => desc.as_pointer_value(),
+            DescRef::Variants { descs, names, n } => {
+                let d = self
+                    .call_rt(
+                        "kiln_rt_select_variant",
+                        &[(*descs).into(), (*names).into(), i32t.const_int(*n, false).into()],
+                    )?
+                    .expect("ptr")
+                    .into_pointer_value();
+                let is_null = b.build_is_null(d, "null").map_err(llvm)?;
+                let (bn, bc) = (
+                    self.cx.append_basic_block(f, "none"),
+                    self.cx.append_basic_block(f, "chosen"),
+                );
+                b.build_conditional_branch(is_null, bn, bc).map_err(llvm)?;
+                b.position_at_end(bn);
+                let rc = self.call_rt("kiln_rt_no_variant_exit", &[])?.expect("i32");
+                b.build_return(Some(&rc)).map_err(llvm)?;
+                b.position_at_end(bc);
+                d
+            }
+        };
         let rc = self
-            .call_rt("kiln_exe_main", &[argc, argv, desc.as_pointer_value().into()])?
+            .call_rt("kiln_exe_main", &[argc, argv, desc.into()])?
             .expect("i32");
         self.builder.build_return(Some(&rc)).map_err(llvm)?;
         Ok(())
@@ -1152,6 +1448,27 @@ pub fn signature_json(
     });
     if let Some(code) = parts.cuda {
         sig["device"] = format!("cuda sm_{}", code.sm).into();
+    }
+    if let Some(p) = parts.portable {
+        sig["variants"] = p.names().into();
+        match parts.variant {
+            // A context's own description (`--info`): the variant it runs.
+            Some(i) => sig["cpu"] = p.names()[i].clone().into(),
+            // The artifact as a whole (`NAME_info`): what the least of its variants needs.
+            None => {
+                let first = &p.variants[0];
+                sig["cpu"] = "portable".into();
+                sig["cpu_features"] = first.target.required_cpu_features().into();
+                sig["kernels"] = first.plan.kernels.len().into();
+                sig["weights_bytes"] = p
+                    .variants
+                    .iter()
+                    .map(|v| v.plan.weights.len())
+                    .sum::<usize>()
+                    .into();
+                sig["arena_bytes"] = p.variants.iter().map(|v| v.plan.arena_bytes).max().into();
+            }
+        }
     }
     if let (Some(file), Some(hash)) = (&parts.api.weights_file, layout_hash) {
         sig["weights_file"] = file.as_str().into();

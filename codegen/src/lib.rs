@@ -119,6 +119,16 @@ pub struct Summary {
     pub report: report::PlanReport,
     /// With `weights_out`: the file written, its layout hash and content hash.
     pub weights_file: Option<WeightsFile>,
+    /// A portable artifact's CPU variants, baseline first (`x86-64-v3`, `x86-64-v4`, ...);
+    /// empty for a single target. The kernel lines and the report then describe the last.
+    pub variants: Vec<String>,
+}
+
+/// One CPU variant of a portable artifact: its target and the graph optimized for it (the
+/// passes may depend on the target: bf16 products).
+pub struct Variant<'a> {
+    pub target: TargetDesc,
+    pub graph: &'a Graph,
 }
 
 /// The weights file a compilation wrote.
@@ -219,10 +229,180 @@ pub fn compile(
         model_name: &opts.name,
         with_main: opts.emit == Emit::Exe,
         cuda: device_code.as_ref(),
+        portable: None,
+        variant: None,
     };
     progress.phase("codegen");
     let cx = Context::create();
     let (module, layout_hash) = emit::build_module(&cx, &parts, &mut |i, n| progress.kernel(i, n))?;
+    let target = match &device_code {
+        Some(code) => format!("CUDA sm_{} (host code: {})", code.sm, opts.target.triple),
+        None => opts.target.triple.clone(),
+    };
+    let files = finish_module(
+        &module,
+        opts,
+        out,
+        progress,
+        &api,
+        graph,
+        &target,
+        (plan.arena_bytes, plan.thread_scratch_bytes),
+        device_code.is_some(),
+    )?;
+    let mut summary = summarize(graph, &plan, &kernel_target, files);
+    if let (Some(path), Some(layout_hash)) = (&opts.weights_out, layout_hash) {
+        progress.phase("weights");
+        let content_hash = weights_file::write(path, &opts.name, layout_hash, &plan.weights)?;
+        summary.files.push(path.clone());
+        summary.weights_file = Some(WeightsFile {
+            path: path.clone(),
+            layout_hash,
+            content_hash,
+        });
+    }
+    Ok(summary)
+}
+
+/// Plans every variant of a portable artifact; variants that would be the same code are
+/// dropped (avx512_bf16 when no kernel computes bf16 products in hardware).
+fn plan_variants<'a>(
+    variants: &'a [Variant<'a>],
+    fusion: bool,
+) -> Result<Vec<(Graph, plan::Plan, &'a TargetDesc)>> {
+    let mut planned = vec![];
+    for v in variants {
+        let lowered = control::lower_control_flow(v.graph)?;
+        let graph = lowered.unwrap_or_else(|| v.graph.clone());
+        let plan = plan::build(&graph, &v.target, fusion)?;
+        let bf16_dots = plan
+            .kernels
+            .iter()
+            .any(|k| matches!(&k.imp, plan::KernelImpl::Generated(g) if g.bf16_dot_products()));
+        if v.target.has_avx512_bf16 && !bf16_dots && !planned.is_empty() {
+            continue;
+        }
+        planned.push((graph, plan, &v.target));
+    }
+    Ok(planned)
+}
+
+fn check_portable(opts: &CompileOptions) -> Result<()> {
+    if opts.cuda_sm.is_some() || opts.weights_out.is_some() || opts.emit == Emit::Ptx {
+        return Err(CodegenError::Target(
+            "--cpu portable applies to CPU code with built-in weights (name a CPU with --cpu for --target cuda or --weights-out)"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+fn summarize_portable(planned: &[(Graph, plan::Plan, &TargetDesc)], files: Vec<PathBuf>) -> Summary {
+    let (graph, plan, target) = planned.last().expect("at least one variant");
+    let mut s = summarize(graph, plan, target, files);
+    s.variants = planned.iter().map(|(_, _, t)| t.variant_name()).collect();
+    s.target = format!("{} portable ({})", target.triple, s.variants.join(", "));
+    let mut blobs: Vec<&Vec<u8>> = vec![];
+    for (_, p, _) in planned {
+        if !blobs.contains(&&p.weights) {
+            blobs.push(&p.weights);
+        }
+    }
+    s.weights_bytes = blobs.iter().map(|b| b.len() as u64).sum();
+    s.arena_bytes = planned.iter().map(|(_, p, _)| p.arena_bytes).max().unwrap_or(0);
+    s.thread_scratch_bytes = planned
+        .iter()
+        .map(|(_, p, _)| p.thread_scratch_bytes)
+        .max()
+        .unwrap_or(0);
+    s.report.target.variants = s.variants.clone();
+    s
+}
+
+/// [`plan_only`] for a portable artifact (`--cpu portable`).
+pub fn plan_only_portable(variants: &[Variant<'_>], opts: &CompileOptions) -> Result<Summary> {
+    check_portable(opts)?;
+    let planned = plan_variants(variants, opts.fusion)?;
+    Ok(summarize_portable(&planned, vec![]))
+}
+
+/// Compiles a portable artifact (`--cpu portable`): one set of kernels per variant, the one
+/// for this CPU chosen when a context is created. `opts.target` is the baseline the shared
+/// code is compiled for ([`TargetDesc::portable_baseline`]).
+pub fn compile_portable(
+    variants: &[Variant<'_>],
+    opts: &CompileOptions,
+    out: &Path,
+    progress: &mut dyn Progress,
+) -> Result<Summary> {
+    check_portable(opts)?;
+    progress.phase("plan");
+    let planned = plan_variants(variants, opts.fusion)?;
+    let api = emit::Api {
+        prefix: header::c_ident(&opts.name),
+        profile: opts.profile,
+        weights_file: None,
+        cuda: false,
+    };
+    let portable = emit::Portable {
+        variants: planned
+            .iter()
+            .map(|(graph, plan, target)| emit::VariantParts { graph, plan, target })
+            .collect(),
+    };
+    let (graph, plan, _) = &planned[0];
+    let parts = emit::ModuleParts {
+        graph,
+        plan,
+        target: &opts.target,
+        api: &api,
+        model_name: &opts.name,
+        with_main: opts.emit == Emit::Exe,
+        cuda: None,
+        portable: Some(&portable),
+        variant: None,
+    };
+    progress.phase("codegen");
+    let cx = Context::create();
+    let module = emit::build_portable_module(&cx, &parts, &mut |i, n| progress.kernel(i, n))?;
+    let arena = planned.iter().map(|(_, p, _)| p.arena_bytes).max().unwrap_or(0);
+    let scratch = planned
+        .iter()
+        .map(|(_, p, _)| p.thread_scratch_bytes)
+        .max()
+        .unwrap_or(0);
+    let header_target = format!(
+        "{} (portable: {})",
+        opts.target.triple,
+        portable.names().join(", ")
+    );
+    let files = finish_module(
+        &module,
+        opts,
+        out,
+        progress,
+        &api,
+        graph,
+        &header_target,
+        (arena, scratch),
+        false,
+    )?;
+    Ok(summarize_portable(&planned, files))
+}
+
+/// Optimizes the module and writes the artifact; returns the files written.
+#[allow(clippy::too_many_arguments)]
+fn finish_module(
+    module: &inkwell::module::Module<'_>,
+    opts: &CompileOptions,
+    out: &Path,
+    progress: &mut dyn Progress,
+    api: &emit::Api,
+    graph: &Graph,
+    target: &str,
+    memory: (u64, u64),
+    cuda: bool,
+) -> Result<Vec<PathBuf>> {
     progress.phase("llvm");
     let tm = opts.target.target_machine(OptimizationLevel::Aggressive)?;
     // Drop the kernel library and runtime functions this model does not use before the
@@ -233,14 +413,14 @@ pub fn compile(
     module
         .run_passes("default<O3>", &tm, PassBuilderOptions::create())
         .map_err(|e| CodegenError::internal(format!("LLVM optimization: {e}")))?;
-    llvm::verify(&module)?;
+    llvm::verify(module)?;
 
     let write = |path: &Path, bytes: &[u8]| -> Result<()> {
         std::fs::write(path, bytes)
             .map_err(|e| CodegenError::Io(format!("cannot write {}: {e}", path.display())))
     };
     let object = |ft: FileType| -> Result<inkwell::memory_buffer::MemoryBuffer> {
-        tm.write_to_memory_buffer(&module, ft)
+        tm.write_to_memory_buffer(module, ft)
             .map_err(|e| CodegenError::internal(format!("LLVM code generation: {e}")))
     };
     let mut files = vec![];
@@ -280,24 +460,19 @@ pub fn compile(
                 buildfiles::LibKind::Static
             } else {
                 progress.phase("link");
-                link_shared(&opts.cc, obj, lib, &api.exported(false), device_code.is_some())?;
+                link_shared(&opts.cc, obj, lib, &api.exported(false), cuda)?;
                 buildfiles::LibKind::Shared
             };
-            let target = match &device_code {
-                Some(code) => format!("CUDA sm_{} (host code: {})", code.sm, opts.target.triple),
-                None => opts.target.triple.clone(),
-            };
             let text = header::header(
-                &api,
+                api,
                 &opts.name,
-                &target,
+                target,
                 &emit::signature_inputs(graph),
                 &emit::signature_outputs(graph),
-                plan.arena_bytes,
-                plan.thread_scratch_bytes,
+                memory.0,
+                memory.1,
             );
             write(h, text.as_bytes())?;
-            let cuda = device_code.is_some();
             write(
                 pc,
                 buildfiles::pkg_config(&stem, &opts.name, kind, cuda).as_bytes(),
@@ -309,18 +484,7 @@ pub fn compile(
             files.extend(paths);
         }
     }
-    let mut summary = summarize(graph, &plan, &kernel_target, files);
-    if let (Some(path), Some(layout_hash)) = (&opts.weights_out, layout_hash) {
-        progress.phase("weights");
-        let content_hash = weights_file::write(path, &opts.name, layout_hash, &plan.weights)?;
-        summary.files.push(path.clone());
-        summary.weights_file = Some(WeightsFile {
-            path: path.clone(),
-            layout_hash,
-            content_hash,
-        });
-    }
-    Ok(summary)
+    Ok(files)
 }
 
 fn summarize(graph: &Graph, plan: &plan::Plan, target: &TargetDesc, files: Vec<PathBuf>) -> Summary {
@@ -358,6 +522,7 @@ fn summarize(graph: &Graph, plan: &plan::Plan, target: &TargetDesc, files: Vec<P
             .collect(),
         report: report::build(graph, plan, target),
         weights_file: None,
+        variants: vec![],
     }
 }
 

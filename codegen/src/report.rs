@@ -111,6 +111,9 @@ pub struct TargetReport {
     /// CPU features the artifact checks for at start-up.
     pub required_cpu_features: Vec<&'static str>,
     pub avx512_bf16: bool,
+    /// A portable artifact's CPU variants, baseline first (the fields above describe the
+    /// last); empty for a single target.
+    pub variants: Vec<String>,
 }
 
 /// The planner's decisions.
@@ -137,6 +140,7 @@ pub fn target_report(t: &TargetDesc) -> TargetReport {
         },
         required_cpu_features: t.required_cpu_features(),
         avx512_bf16: t.has_avx512_bf16,
+        variants: vec![],
     }
 }
 

@@ -89,6 +89,58 @@ impl TargetDesc {
         }
     }
 
+    /// The variants of a portable x86-64 artifact (`--cpu portable`), baseline first: x86-64-v3
+    /// (AVX2/FMA, 8 lanes), x86-64-v4 (AVX-512, 16 lanes) and, when `bf16` (the model has bf16
+    /// products), x86-64-v4 with avx512_bf16. Each is a complete set of kernels; the runtime
+    /// picks the last one this CPU supports when a context is created.
+    pub fn portable_variants(triple: Option<&str>, bf16: bool) -> Result<Vec<TargetDesc>> {
+        init_llvm();
+        let triple = match triple {
+            Some(t) => normalize_triple(t),
+            None => TargetDesc::host()?.triple,
+        };
+        if arch_of(&triple)? != Arch::X86_64 {
+            return Err(CodegenError::Target(format!(
+                "--cpu portable is for x86-64 (it carries x86-64-v3 and x86-64-v4 kernels); \
+                 for {triple} name a CPU with --cpu"
+            )));
+        }
+        let mut v = vec![
+            TargetDesc::select(Some(&triple), Some("x86-64-v3"))?,
+            TargetDesc::select(Some(&triple), Some("x86-64-v4"))?,
+        ];
+        if bf16 {
+            let mut t = TargetDesc::select(Some(&triple), Some("x86-64-v4"))?;
+            // x86-64-v4 does not imply avx512_bf16; the feature is added to the CPU's own.
+            t.features = "+avx512bf16".to_string();
+            t.has_avx512_bf16 = true;
+            v.push(t);
+        }
+        Ok(v)
+    }
+
+    /// The CPU the shared code of a portable artifact (runtime, API, the CPU check) is
+    /// compiled for: plain x86-64, so a CPU without AVX2 still reaches the check and is told
+    /// what it lacks instead of faulting.
+    pub fn portable_baseline(triple: Option<&str>) -> Result<TargetDesc> {
+        TargetDesc::select(triple, Some("x86-64"))
+    }
+
+    /// A variant's name in summaries, reports and `KILN_CPU_VARIANT`: the CPU, plus the
+    /// features added to it (`x86-64-v4+avx512bf16`).
+    pub fn variant_name(&self) -> String {
+        let extra: Vec<&str> = self
+            .features
+            .split(',')
+            .filter_map(|f| f.strip_prefix('+'))
+            .collect();
+        if extra.is_empty() {
+            self.cpu.clone()
+        } else {
+            format!("{}+{}", self.cpu, extra.join("+"))
+        }
+    }
+
     fn new(triple: &str, cpu: &str, features: &str) -> Result<TargetDesc> {
         let arch = arch_of(triple)?;
         // With an explicit feature string the features are exactly what it says; otherwise

@@ -49,8 +49,9 @@ struct kiln_ctx {
 /* ---- CPU features ------------------------------------------------------------------------ */
 
 #if defined(__x86_64__) || defined(__i386__)
-/* 1: present, 0: absent, -1: a name this check does not know (skipped). */
-static int x86_has(const char *name) {
+/* 1: present, 0: absent, -1: a name this check does not know (skipped). Also used by
+   cpu_dispatch.c to choose a portable artifact's variant. */
+int kiln_rt_x86_has(const char *name) {
   unsigned a, b, c, d;
   unsigned l1c = 0, l7b = 0, l71a = 0, max = __get_cpuid_max(0, NULL);
   if (max >= 1 && __get_cpuid(1, &a, &b, &c, &d)) l1c = c;
@@ -119,7 +120,7 @@ static int check_cpu_features(const char *list) {
     memcpy(name, start, len);
     name[len] = 0;
 #if defined(__x86_64__) || defined(__i386__)
-    if (x86_has(name) == 0) {
+    if (kiln_rt_x86_has(name) == 0) {
       snprintf(create_error, sizeof create_error,
                "this program was compiled for a CPU with %s, which this CPU lacks (compile with "
                "--cpu for this machine, e.g. --cpu native, or an older CPU)",

@@ -132,7 +132,12 @@ pub struct Args {
     #[arg(long, value_name = "SM", requires = "target")]
     pub sm: Option<u32>,
 
-    /// Target CPU (e.g. x86-64-v3, znver4, skylake-avx512, neoverse-v1). Default: this machine's.
+    /// Target CPU (e.g. x86-64-v3, znver4, skylake-avx512, neoverse-v1), `native` for this
+    /// machine's, or `portable`: x86-64-v3 (AVX2) and x86-64-v4 (AVX-512, plus avx512_bf16
+    /// for bf16 models) kernels in one artifact, the best one for the CPU chosen when a context
+    /// is created. Default: portable for --emit staticlib, sharedlib and obj on x86-64 (native
+    /// with --weights-out or --target cuda), this machine's for executables, LLVM IR and
+    /// assembly.
     #[arg(long, value_name = "CPU")]
     pub cpu: Option<String>,
 
@@ -254,28 +259,78 @@ pub fn build(args: Args, mode: Mode) -> Result<()> {
     progress.phase("passes");
     let mut graph = model.graph;
     let layout = args.effective_layout();
-    let mut target = TargetDesc::select(args.target_triple.as_deref(), args.cpu.as_deref())?;
+    let portable = portable_requested(&args, emit)?;
+    let mut target = match (&portable, args.cpu.as_deref()) {
+        (true, _) => TargetDesc::portable_baseline(args.target_triple.as_deref())?,
+        (false, Some("native")) => TargetDesc::select(args.target_triple.as_deref(), None)?,
+        (false, cpu) => TargetDesc::select(args.target_triple.as_deref(), cpu)?,
+    };
     target.conv_algorithm = args.conv_algorithm.into();
-    let mut popts = pipeline_options(layout, args.precision);
-    popts.products_round_operands = args.target == TargetArg::Cpu && target.has_bf16_pair_kernels();
-    let mut passes = kiln_optimizer::pipelines::cpu(&popts);
-    // Every pass name is valid, also one the options leave out of this pipeline.
+    // The portable variants, each with the graph optimized for it: the passes depend on
+    // whether the target's products round their operands to bf16 themselves.
+    let variant_targets = if portable {
+        let mut v = TargetDesc::portable_variants(
+            args.target_triple.as_deref(),
+            args.precision == PrecisionArg::Bf16,
+        )
+        .map_err(|e| {
+            anyhow::Error::new(crate::exit::Failure::new(crate::exit::Exit::Usage, e.to_string()))
+        })?;
+        for t in &mut v {
+            t.conv_algorithm = args.conv_algorithm.into();
+        }
+        v
+    } else {
+        vec![]
+    };
     let known = kiln_optimizer::pipelines::PASS_NAMES;
     for p in &args.disable_pass {
         if !known.contains(&p.as_str()) {
             anyhow::bail!("--disable-pass {p}: no such pass (passes: {})", known.join(", "));
         }
-        passes.disable(p);
-    }
-    for spec in &args.print_after {
-        passes
-            .print_after(spec.clone())
-            .map_err(|e| anyhow::anyhow!("--print-after {}: {e}", spec.pass))?;
     }
     let fusion = !args.disable_pass.iter().any(|p| p == FUSE_PASS);
     // The report compares the imported graph with the optimized one.
     let original = (explain || args.report.is_some()).then(|| graph.clone());
-    let pass_stats = passes.run(&mut graph)?;
+    let run_passes = |graph: &mut kiln_ir::Graph, round_operands: bool, print: bool| -> Result<_> {
+        let mut popts = pipeline_options(layout, args.precision);
+        popts.products_round_operands = round_operands;
+        let mut passes = kiln_optimizer::pipelines::cpu(&popts);
+        for p in &args.disable_pass {
+            passes.disable(p);
+        }
+        if print {
+            for spec in &args.print_after {
+                passes
+                    .print_after(spec.clone())
+                    .map_err(|e| anyhow::anyhow!("--print-after {}: {e}", spec.pass))?;
+            }
+        }
+        Ok(passes.run(graph)?)
+    };
+    let cpu_products_round = |t: &TargetDesc| args.target == TargetArg::Cpu && t.has_bf16_pair_kernels();
+    let mut variant_graphs: Vec<kiln_ir::Graph> = vec![];
+    let pass_stats = if portable {
+        // Variants that agree on the passes share one optimized graph.
+        let mut stats = None;
+        let mut done: Vec<(bool, usize)> = vec![];
+        for t in &variant_targets {
+            let round = cpu_products_round(t);
+            if let Some(&(_, i)) = done.iter().find(|(r, _)| *r == round) {
+                variant_graphs.push(variant_graphs[i].clone());
+                continue;
+            }
+            let mut g = graph.clone();
+            let st = run_passes(&mut g, round, stats.is_none())?;
+            stats.get_or_insert(st);
+            done.push((round, variant_graphs.len()));
+            variant_graphs.push(g);
+        }
+        graph = variant_graphs.last().cloned().expect("portable variants");
+        stats.expect("portable variants")
+    } else {
+        run_passes(&mut graph, cpu_products_round(&target), true)?
+    };
     let bf16 = (args.precision == PrecisionArg::Bf16)
         .then(|| kiln_optimizer::passes::bf16_autocast::summary(&graph));
     if args.sm.is_some() && args.target != TargetArg::Cuda {
@@ -312,11 +367,25 @@ pub fn build(args: Args, mode: Mode) -> Result<()> {
         weights_out: args.weights_out.clone(),
         cuda_sm,
     };
-    let summary = if explain {
-        progress.phase("plan");
-        kiln_codegen::plan_only(&graph, &copts)
-    } else {
-        kiln_codegen::compile(&graph, &copts, &out, &mut progress)
+    let variants: Vec<kiln_codegen::Variant> = variant_targets
+        .iter()
+        .zip(&variant_graphs)
+        .map(|(t, g)| kiln_codegen::Variant {
+            target: t.clone(),
+            graph: g,
+        })
+        .collect();
+    let summary = match (explain, portable) {
+        (true, false) => {
+            progress.phase("plan");
+            kiln_codegen::plan_only(&graph, &copts)
+        }
+        (true, true) => {
+            progress.phase("plan");
+            kiln_codegen::plan_only_portable(&variants, &copts)
+        }
+        (false, false) => kiln_codegen::compile(&graph, &copts, &out, &mut progress),
+        (false, true) => kiln_codegen::compile_portable(&variants, &copts, &out, &mut progress),
     }
     .with_context(|| format!("{}", args.model.model.display()))?;
     progress.finish();
@@ -403,6 +472,42 @@ pub fn build(args: Args, mode: Mode) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Whether to build a portable artifact: `--cpu portable`, or by default for libraries and
+/// objects (code that is shipped to other machines) on x86-64, unless the build's options tie
+/// it to one CPU (--target cuda, --weights-out, another triple).
+fn portable_requested(args: &Args, emit: Emit) -> Result<bool> {
+    let usage = |m: String| anyhow::Error::new(crate::exit::Failure::new(crate::exit::Exit::Usage, m));
+    let x86_triple = args
+        .target_triple
+        .as_deref()
+        .is_none_or(|t| t.starts_with("x86_64"));
+    if args.cpu.as_deref() == Some("portable") {
+        if args.target == TargetArg::Cuda {
+            return Err(usage(
+                "--cpu portable applies to CPU targets, not --target cuda".into(),
+            ));
+        }
+        if args.weights_out.is_some() {
+            return Err(usage(
+                "--cpu portable carries one weights layout per variant and cannot use --weights-out: name a CPU with --cpu (e.g. --cpu x86-64-v3 or --cpu native)".into(),
+            ));
+        }
+        if !x86_triple || !cfg!(target_arch = "x86_64") && args.target_triple.is_none() {
+            return Err(usage(format!(
+                "--cpu portable is for x86-64 (x86-64-v3 and x86-64-v4 kernels); for {} name a CPU with --cpu",
+                args.target_triple.as_deref().unwrap_or("this machine")
+            )));
+        }
+        return Ok(true);
+    }
+    Ok(args.cpu.is_none()
+        && matches!(emit, Emit::StaticLib | Emit::SharedLib | Emit::Obj)
+        && args.target == TargetArg::Cpu
+        && args.weights_out.is_none()
+        && x86_triple
+        && cfg!(target_arch = "x86_64"))
 }
 
 /// The file name an emit writes when -o does not give one: the executable or the library stem

@@ -22,7 +22,8 @@ pub const SCHEMA: &str = "kiln.report/1";
 #[group(id = "ExplainArgs")]
 pub struct Args {
     /// Takes every `kiln compile` option, so a compile command line explains by changing the
-    /// subcommand; output options (-o, --emit) are ignored, --report still writes the JSON.
+    /// subcommand; -o is ignored and --emit only decides the default CPU (portable for
+    /// libraries and objects), --report still writes the JSON.
     #[command(flatten)]
     pub compile: super::compile::Args,
 
@@ -80,6 +81,9 @@ pub struct TargetInfo {
     pub isa: &'static str,
     pub cpu_features: Vec<&'static str>,
     pub avx512_bf16: bool,
+    /// A portable artifact's CPU variants, baseline first (the fields above are the last's).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub variants: Vec<String>,
 }
 
 #[derive(Serialize, Debug)]
@@ -467,6 +471,7 @@ pub fn build_report(inp: &Inputs) -> Report {
             isa: plan.target.isa,
             cpu_features: plan.target.required_cpu_features.clone(),
             avx512_bf16: plan.target.avx512_bf16,
+            variants: plan.target.variants.clone(),
         },
         summary: SummaryInfo {
             nodes_before_passes: operator_nodes(g0),
@@ -601,6 +606,13 @@ pub fn to_table(r: &Report) -> String {
                 t.cpu_features.join(" ")
             }
         ));
+        if !t.variants.is_empty() {
+            out.push_str(&format!(
+                "  portable: carries {} (chosen by CPUID when a context is created; kernels below are {}'s)\n",
+                t.variants.join(", "),
+                t.variants.last().map(String::as_str).unwrap_or("")
+            ));
+        }
     }
     out.push_str(&format!(
         "  options: layout {}, precision {}, fusion {}{}\n",

@@ -267,6 +267,10 @@ pub fn runtime_fn<'ctx>(cx: &'ctx Context, module: &Module<'ctx>, name: &str) ->
         "kiln_rt_cuda_run_device" => i32t.fn_type(&[ptr.into(), ptr.into(), ptr.into(), ptr.into()], false),
         "kiln_rt_cuda_destroy" => cx.void_type().fn_type(&[ptr.into()], false),
         "kiln_exe_main" => i32t.fn_type(&[i32t.into(), ptr.into(), ptr.into()], false),
+        "kiln_rt_desc" => ptr.fn_type(&[ptr.into()], false),
+        "kiln_rt_select_variant" => ptr.fn_type(&[ptr.into(), ptr.into(), i32t.into()], false),
+        "kiln_rt_create_variant" => ptr.fn_type(&[ptr.into(), ptr.into(), i32t.into(), i32t.into()], false),
+        "kiln_rt_no_variant_exit" => i32t.fn_type(&[], false),
         other => panic!("unknown runtime function {other}"),
     };
     module.add_function(name, ty, Some(Linkage::External))

@@ -44,6 +44,8 @@ pub fn build(graph: &Graph, plan: &Plan, target: &TargetDesc, model_name: &str) 
         model_name,
         with_main: false,
         cuda: None,
+        portable: None,
+        variant: None,
     };
     let bodies = emit::kernel_functions(&cx, &module, &parts, &mut |_, _| {})?;
     let builder = cx.create_builder();

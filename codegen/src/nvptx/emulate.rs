@@ -194,6 +194,8 @@ pub(crate) fn run_plan(
         model_name: "t",
         with_main: false,
         cuda: None,
+        portable: None,
+        variant: None,
     };
     let bodies =
         crate::emit::kernel_functions(&cx, &module, &parts, &mut |_, _| {}).map_err(|e| e.to_string())?;
