@@ -118,7 +118,19 @@ enum DescRef<'ctx> {
         descs: PointerValue<'ctx>,
         names: PointerValue<'ctx>,
         n: u64,
+        /// The first variant's description: the inputs and outputs every variant shares.
+        first: PointerValue<'ctx>,
     },
+}
+
+impl<'ctx> DescRef<'ctx> {
+    /// A description of the model's inputs and outputs (the same in every variant).
+    fn io(&self) -> PointerValue<'ctx> {
+        match self {
+            DescRef::One(desc) => desc.as_pointer_value(),
+            DescRef::Variants { first, .. } => *first,
+        }
+    }
 }
 
 /// Emits `i32 kiln.k{i}(ptr ctx, ptr args)` for every kernel of the plan into `module` (whose
@@ -269,6 +281,7 @@ pub fn build_portable_module<'ctx>(
         descs: desc_table,
         names: name_table,
         n: names.len() as u64,
+        first: descs[0].into_pointer_value(),
     };
     e.dispatch_run_function(desc_ty)?;
     let sig = signature_json(
@@ -1081,11 +1094,11 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
 
     /// NAME_create_on_device / create_with_weights_on_device / run_device of a CUDA model:
     /// straight calls into the CUDA runtime (cuda.c), which is linked into such a model.
-    fn cuda_api_functions(&self, desc: GlobalValue<'ctx>) -> Result<()> {
+    fn cuda_api_functions(&self, desc_global: GlobalValue<'ctx>) -> Result<()> {
         let b = &self.builder;
         let api = self.parts.api;
         let (p, i32t) = (self.ptr(), self.cx.i32_type());
-        let desc = desc.as_pointer_value();
+        let desc = desc_global.as_pointer_value();
 
         let f = self.exported_fn(&api.symbol("create_on_device"), p.fn_type(&[i32t.into()], false));
         let device = f.get_nth_param(0).expect("device");
@@ -1118,7 +1131,7 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
         let params: Vec<BasicValueEnum> = f.get_param_iter().collect();
         self.api_check(
             f,
-            desc,
+            &DescRef::One(desc_global),
             "run_device",
             params[1].into_pointer_value(),
             params[2].into_pointer_value(),
@@ -1142,7 +1155,7 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
             DescRef::One(desc) => {
                 self.call_rt("kiln_rt_create", &[desc.as_pointer_value().into(), threads])?
             }
-            DescRef::Variants { descs, names, n } => self.call_rt(
+            DescRef::Variants { descs, names, n, .. } => self.call_rt(
                 "kiln_rt_create_variant",
                 &[
                     (*descs).into(),
@@ -1207,7 +1220,7 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
             .ok_or_else(|| CodegenError::internal("the model descriptor's signature is emitted first"))?;
         b.build_return(Some(&sig.as_pointer_value())).map_err(llvm)?;
 
-        self.introspection_functions(desc)?;
+        self.introspection_functions(desc.io())?;
 
         let guarded_run = |f: FunctionValue<'ctx>,
                            what: &str,
@@ -1215,7 +1228,7 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
                            outs: PointerValue<'ctx>,
                            mode: u64|
          -> Result<()> {
-            self.api_check(f, desc.as_pointer_value(), what, ins, outs, mode)?;
+            self.api_check(f, desc, what, ins, outs, mode)?;
             let ctx = f.get_nth_param(0).expect("ctx").into_pointer_value();
             let rc = b
                 .build_call(run, &[ctx.into(), ins.into(), outs.into()], "rc")
@@ -1263,7 +1276,7 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
     fn api_check(
         &self,
         f: FunctionValue<'ctx>,
-        desc: PointerValue<'ctx>,
+        desc: &DescRef<'ctx>,
         what: &str,
         ins: PointerValue<'ctx>,
         outs: PointerValue<'ctx>,
@@ -1273,20 +1286,32 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
         let i32t = self.cx.i32_type();
         let ctx = f.get_nth_param(0).expect("ctx");
         let name = self.cstring(&format!("kiln.api.{what}"), &self.parts.api.symbol(what));
-        let rc = self
-            .call_rt(
-                "kiln_rt_api_check",
-                &[
-                    desc.into(),
-                    ctx,
-                    name.into(),
-                    ins.into(),
-                    outs.into(),
-                    i32t.const_int(mode, false).into(),
-                ],
-            )?
-            .expect("i32")
-            .into_int_value();
+        let checked = [
+            ctx,
+            name.into(),
+            ins.into(),
+            outs.into(),
+            i32t.const_int(mode, false).into(),
+        ];
+        // A portable model's context holds whichever variant this CPU got: any of them is
+        // this model's.
+        let rc = match desc {
+            DescRef::One(d) => {
+                let args: Vec<BasicValueEnum> = std::iter::once(d.as_pointer_value().into())
+                    .chain(checked)
+                    .collect();
+                self.call_rt("kiln_rt_api_check", &args)?
+            }
+            DescRef::Variants { descs, n, .. } => {
+                let args: Vec<BasicValueEnum> = [(*descs).into(), i32t.const_int(*n, false).into()]
+                    .into_iter()
+                    .chain(checked)
+                    .collect();
+                self.call_rt("kiln_rt_api_check_variant", &args)?
+            }
+        }
+        .expect("i32")
+        .into_int_value();
         let bad = b
             .build_int_compare(IntPredicate::NE, rc, i32t.const_zero(), "bad")
             .map_err(llvm)?;
@@ -1330,10 +1355,9 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
 
     /// NAME_input_count / input_name / input_dtype / input_shape and the output_ variants:
     /// each calls its kiln_rt_io_* function on the model descriptor.
-    fn introspection_functions(&self, desc: GlobalValue<'ctx>) -> Result<()> {
+    fn introspection_functions(&self, desc: PointerValue<'ctx>) -> Result<()> {
         let b = &self.builder;
         let (p, i32t) = (self.ptr(), self.cx.i32_type());
-        let desc = desc.as_pointer_value();
         for (output, what) in [(0u64, "input"), (1, "output")] {
             let which = i32t.const_int(output, false);
             for (suffix, rt, ty) in [
@@ -1363,7 +1387,7 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
         let argv = f.get_nth_param(1).expect("argv");
         let desc = match desc {
             DescRef::One(desc) => desc.as_pointer_value(),
-            DescRef::Variants { descs, names, n } => {
+            DescRef::Variants { descs, names, n, .. } => {
                 let d = self
                     .call_rt(
                         "kiln_rt_select_variant",

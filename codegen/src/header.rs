@@ -279,16 +279,26 @@ pub fn comment_text(name: &str) -> String {
     s
 }
 
+/// The header of a library of `kind`; `memory` is (arena bytes, per-thread scratch bytes).
 pub fn header(
     api: &Api,
     model_name: &str,
     target: &str,
     inputs: &[(String, TensorType)],
     outputs: &[(String, TensorType)],
-    arena_bytes: u64,
-    thread_scratch_bytes: u64,
+    memory: (u64, u64),
+    kind: crate::buildfiles::LibKind,
 ) -> String {
+    let (arena_bytes, thread_scratch_bytes) = memory;
     let p = &api.prefix;
+    let dl = if api.cuda { " -ldl" } else { "" };
+    // How an application links this library, for the header's first lines.
+    let link = match kind {
+        crate::buildfiles::LibKind::Static => format!("cc app.c lib{p}.a -lpthread -lm{dl}"),
+        crate::buildfiles::LibKind::Shared => {
+            format!("cc app.c -L DIR -l{p} (run with DIR in the rpath or LD_LIBRARY_PATH)")
+        }
+    };
     let guard = format!("{}_H", p.to_uppercase());
     let mut s = String::new();
     s.push_str(&format!(
@@ -309,12 +319,12 @@ pub fn header(
     s.push_str(" *\n * The C names are the tensor names made valid, unique C and C++ identifiers; the size macros\n * below use them, NAME_info() and NAME_input_name() give the original names.\n");
     if api.cuda {
         s.push_str(&format!(
-            " *\n * Link: cc app.c lib{p}.a -lpthread -lm -ldl\n * The kernels run on an NVIDIA GPU. The CUDA driver (libcuda.so.1) is loaded with dlopen when a\n * context is created, so nothing CUDA is needed to build or link; -ldl is for dlopen (part of\n * the C library since glibc 2.34). Each context owns {arena_bytes} bytes of device memory for\n * intermediate values, plus the weights and a device copy of every input and output.\n"
+            " *\n * Link: {link}\n * The kernels run on an NVIDIA GPU. The CUDA driver (libcuda.so.1) is loaded with dlopen when a\n * context is created, so nothing CUDA is needed to build or link; -ldl is for dlopen (part of\n * the C library since glibc 2.34). Each context owns {arena_bytes} bytes of device memory for\n * intermediate values, plus the weights and a device copy of every input and output.\n"
         ));
         s.push_str(" * Contexts share nothing mutable, so several may run at once (one run per context at a time).\n */\n");
     } else {
         s.push_str(&format!(
-            " *\n * Link: cc app.c lib{p}.a -lpthread -lm\n * Each context owns {arena_bytes} bytes of working memory plus {thread_scratch_bytes} per thread;\n"
+            " *\n * Link: {link}\n * Each context owns {arena_bytes} bytes of working memory plus {thread_scratch_bytes} per thread;\n"
         ));
         s.push_str(" * contexts share nothing mutable, so several may run at once (one run per context at a time).\n */\n");
     }

@@ -469,8 +469,8 @@ fn finish_module(
                 target,
                 &emit::signature_inputs(graph),
                 &emit::signature_outputs(graph),
-                memory.0,
-                memory.1,
+                memory,
+                kind,
             );
             write(h, text.as_bytes())?;
             write(

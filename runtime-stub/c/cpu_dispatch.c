@@ -72,5 +72,5 @@ kiln_ctx *kiln_rt_create_variant(const kiln_model_desc *const *descs, const char
 /* The executable's exit when no variant can be chosen (the message is the create error). */
 int32_t kiln_rt_no_variant_exit(void) {
   fprintf(stderr, "error: %s\n", kiln_rt_create_error());
-  return 1;
+  return 6; /* a run failure: this CPU cannot run the model (README, "Exit status") */
 }

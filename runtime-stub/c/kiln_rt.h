@@ -129,6 +129,10 @@ const char *kiln_rt_last_error(kiln_ctx *ctx);
    is NULL). */
 int32_t kiln_rt_api_check(const kiln_model_desc *desc, kiln_ctx *ctx, const char *fn,
                           const void *const *inputs, void *const *outputs, int32_t mode);
+/* kiln_rt_api_check for a portable model: ctx may hold any of its n variant descriptions. */
+int32_t kiln_rt_api_check_variant(const kiln_model_desc *const *descs, int32_t n, kiln_ctx *ctx,
+                                  const char *fn, const void *const *inputs, void *const *outputs,
+                                  int32_t mode);
 /* NAME_input_count/name/dtype/shape and the output_ variants (output: 0 or 1). name: NULL when
    i is out of range; dtype: ONNX's TensorProto.DataType code, -1 out of range; shape: the rank,
    writing the dimensions to dims when it is not NULL, -1 out of range. */

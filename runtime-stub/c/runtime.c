@@ -547,6 +547,16 @@ int32_t kiln_rt_api_check(const kiln_model_desc *desc, kiln_ctx *ctx, const char
   return 0;
 }
 
+int32_t kiln_rt_api_check_variant(const kiln_model_desc *const *descs, int32_t n, kiln_ctx *ctx,
+                                  const char *fn, const void *const *inputs, void *const *outputs,
+                                  int32_t mode) {
+  /* A portable model's context holds the variant chosen for this CPU: accept any of its own. */
+  const kiln_model_desc *desc = descs[0];
+  for (int32_t i = 0; ctx && i < n; i++)
+    if (ctx->desc == descs[i]) desc = descs[i];
+  return kiln_rt_api_check(desc, ctx, fn, inputs, outputs, mode);
+}
+
 static const kiln_io_desc *io_at(const kiln_model_desc *desc, int32_t output, int32_t i) {
   int32_t n = output ? desc->n_outputs : desc->n_inputs;
   if (i < 0 || i >= n) return NULL;

@@ -258,6 +258,18 @@ pub fn runtime_fn<'ctx>(cx: &'ctx Context, module: &Module<'ctx>, name: &str) ->
             ],
             false,
         ),
+        "kiln_rt_api_check_variant" => i32t.fn_type(
+            &[
+                ptr.into(),
+                i32t.into(),
+                ptr.into(),
+                ptr.into(),
+                ptr.into(),
+                ptr.into(),
+                i32t.into(),
+            ],
+            false,
+        ),
         "kiln_rt_io_count" => i32t.fn_type(&[ptr.into(), i32t.into()], false),
         "kiln_rt_io_name" => ptr.fn_type(&[ptr.into(), i32t.into(), i32t.into()], false),
         "kiln_rt_io_dtype" => i32t.fn_type(&[ptr.into(), i32t.into(), i32t.into()], false),
