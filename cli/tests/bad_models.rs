@@ -300,8 +300,9 @@ fn run_rejects_wrong_input_shape() {
     // The weights file where the data input belongs: wrong shape.
     let out = run_matmul_fixture(&matmul_fixture().join("inputs/weights.npy"), &[]);
     let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(
-        !out.status.success() && err.contains("'input:0'") && err.contains("expected shape"),
+        err.contains("'input:0'") && err.contains("weights.npy") && err.contains("expected f32[5,7]"),
         "{err}"
     );
     assert_eq!(err.lines().count(), 1, "{err}");

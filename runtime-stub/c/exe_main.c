@@ -434,6 +434,7 @@ int kiln_exe_main(int argc, char **argv, const kiln_model_desc *desc) {
   for (int32_t i = 0; i < n_in; i++) {
     if (kiln_npy_check(files[i], &desc->inputs[i], err, sizeof err) != 0) {
       fprintf(stderr, "error: %s\n", err);
+      rc = EXIT_USAGE;
       goto done;
     }
   }

@@ -258,39 +258,39 @@ fn rejects_bad_inputs_with_clear_messages() {
     let cases: &[(&[&str], i32, &str)] = &[
         (
             &["-i", "x=shape.npy"],
-            1,
+            2,
             "input 'x': expected f32[3,4], got f32[4,3] in shape.npy",
         ),
         (
             &["-i", "x=dtype.npy"],
-            1,
+            2,
             "input 'x': expected f32[3,4], got f64[3,4] in dtype.npy",
         ),
         (
             &["-i", "x=trunc.npy"],
-            1,
+            2,
             "truncated data: f32 needs 48 bytes, the file has 43",
         ),
-        (&["-i", "x=trailing.npy"], 1, "2 bytes of trailing data"),
+        (&["-i", "x=trailing.npy"], 2, "2 bytes of trailing data"),
         (
             &["-i", "x=magic.npy"],
-            1,
+            2,
             "magic.npy is not a valid .npy file: missing the \\x93NUMPY magic",
         ),
-        (&["-i", "x=short.npy"], 1, "missing the \\x93NUMPY magic"),
+        (&["-i", "x=short.npy"], 2, "missing the \\x93NUMPY magic"),
         (
             &["-i", "x=fortran.npy"],
-            1,
+            2,
             "Fortran-order arrays are not supported",
         ),
-        (&["-i", "x=huge.npy"], 1, "is too long"),
-        (&["-i", "x=bigdim.npy"], 1, "too large"),
+        (&["-i", "x=huge.npy"], 2, "is too long"),
+        (&["-i", "x=bigdim.npy"], 2, "too large"),
         (
             &["-i", "x=structured.npy"],
-            1,
+            2,
             "structured arrays are not supported",
         ),
-        (&["-i", "x=missing.npy"], 1, "input 'x': cannot read missing.npy"),
+        (&["-i", "x=missing.npy"], 2, "input 'x': cannot read missing.npy"),
         (&[], 2, "missing --input for x (the model's inputs: x: f32[3,4])"),
         (
             &["-i", "y=good.npy"],
@@ -336,7 +336,7 @@ fn rejects_bad_inputs_with_clear_messages() {
     // An error raised by the model's code.
     write_npy(&d.join("boom.npy"), &x34(-999.0)).unwrap();
     let o = run("add1", &["-i", "x=boom.npy"], &d);
-    assert_fails(&o, 1, "error: node 'add' (Add): the input asked for an error");
+    assert_fails(&o, 6, "error: node 'add' (Add): the input asked for an error");
 }
 
 #[test]
@@ -535,7 +535,7 @@ fn profile_errors() {
     let o = run("add1", &["-i", "x.npy", "--profile", "no/such/dir/p.json"], &d);
     assert_fails(
         &o,
-        1,
+        2,
         "error: cannot write the profile to no/such/dir/p.json: No such file",
     );
     let o = run("add1", &["-i", "x.npy", "--profile-top", "-1"], &d);
@@ -549,7 +549,7 @@ fn profile_errors() {
     )
     .unwrap();
     let o = run("add1", &["-i", "bad.npy", "--profile", "bad.json"], &d);
-    assert_fails(&o, 1, "the input asked for an error");
+    assert_fails(&o, 6, "the input asked for an error");
     assert!(!d.join("bad.json").exists());
     let o = run("add1", &["--help"], &d);
     assert!(stdout(&o).contains("--profile FILE"), "{}", stdout(&o));
