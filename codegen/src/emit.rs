@@ -16,6 +16,7 @@ use inkwell::types::{BasicTypeEnum, StructType};
 use inkwell::values::{BasicValueEnum, FunctionValue, GlobalValue, PointerValue};
 use inkwell::{AddressSpace, IntPredicate};
 use kiln_ir::{Graph, TensorType};
+use std::collections::HashMap;
 
 /// The C API of one model: the names every artifact exports.
 pub struct Api {
@@ -97,11 +98,66 @@ pub(crate) fn kernel_functions<'ctx>(
     };
     let n = parts.plan.kernels.len();
     let mut fns = vec![];
+    let mut shared: HashMap<UkKey, FunctionValue<'ctx>> = HashMap::new();
     for (i, k) in parts.plan.kernels.iter().enumerate() {
         on_kernel(i, n);
-        fns.push(e.kernel_function(i, k)?);
+        let key = uk_key(parts.graph, k);
+        let f = match key.as_ref().and_then(|key| shared.get(key)) {
+            Some(&f) => f,
+            None => e.kernel_function(i, k)?,
+        };
+        if let Some(key) = key {
+            shared.entry(key).or_insert(f);
+        }
+        fns.push(f);
     }
     Ok(fns)
+}
+
+/// Above this many inputs, a library kernel's descriptors are filled by a loop over a constant
+/// table (`describe_in_loop`) instead of straight-line stores, which LLVM specialises best but
+/// which made a Concat of 10,000 inputs a function of 50,000 stores.
+const MAX_UNROLLED_OPERANDS: usize = 64;
+
+/// Marks the kernels `noinline`. Inlined, every kernel of the model would land in the run
+/// function, and LLVM's time on one function grows faster than its size (a graph of 2,000
+/// small kernels took 50 s): called, each kernel is optimized on its own and the run function
+/// stays a list of calls. A call costs nanoseconds next to a kernel.
+fn keep_out_of_line<'ctx>(cx: &'ctx Context, kernels: &[FunctionValue<'ctx>]) {
+    for &f in kernels {
+        crate::llvm::set_noinline(cx, f);
+    }
+}
+
+/// Everything a library kernel's body depends on: the call and its operands' types and
+/// presence. Kernels with equal keys share one function, so a graph that repeats a layer
+/// (or a chain of 200k identical Relus) gives LLVM one body to specialise, not one per node.
+#[derive(PartialEq, Eq, Hash)]
+struct UkKey {
+    symbol: &'static str,
+    iattr: Vec<i64>,
+    fattr: Vec<u64>,
+    inputs: Vec<Option<TensorType>>,
+    outputs: Vec<TensorType>,
+    scratch: bool,
+}
+
+fn uk_key(graph: &Graph, k: &Kernel) -> Option<UkKey> {
+    let KernelImpl::Ukernel(call) = &k.imp else {
+        return None;
+    };
+    Some(UkKey {
+        symbol: call.symbol,
+        iattr: call.iattr.clone(),
+        fattr: call.fattr.iter().map(|f| f.to_bits()).collect(),
+        inputs: k
+            .inputs
+            .iter()
+            .map(|v| v.map(|v| graph.value_type(v).clone()))
+            .collect(),
+        outputs: k.outputs.iter().map(|&v| graph.value_type(v).clone()).collect(),
+        scratch: k.scratch.is_some(),
+    })
 }
 
 /// Emits the whole module (unoptimized but verified). `on_kernel(i, n)` reports progress.
@@ -130,6 +186,7 @@ pub fn build_module<'ctx>(
         Some(_) => e.cuda_run_function()?,
         None => {
             let kernel_fns = kernel_functions(cx, &module, parts, on_kernel)?;
+            keep_out_of_line(cx, &kernel_fns);
             e.run_function(&kernel_fns, weights)?
         }
     };
@@ -158,6 +215,7 @@ pub fn build_module<'ctx>(
 
     crate::llvm::link_units(cx, &module, parts.target, "uk_")?;
     crate::llvm::link_units(cx, &module, parts.target, "rt_core")?;
+    crate::profile::keep_hooks_out_of_line(cx, &module);
     if parts.with_main {
         crate::llvm::link_units(cx, &module, parts.target, "rt_exe")?;
     }
@@ -374,8 +432,12 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
         let outs = b
             .build_array_alloca(tt, i64t.const_int(n_out.max(1) as u64, false), "outs")
             .map_err(llvm)?;
-        for (idx, v) in k.inputs.iter().enumerate() {
-            describe(ins, idx, idx, v.map(|v| graph.value_type(v)), "in")?;
+        if n_in > MAX_UNROLLED_OPERANDS {
+            self.describe_in_loop(i, f, ins, k)?;
+        } else {
+            for (idx, v) in k.inputs.iter().enumerate() {
+                describe(ins, idx, idx, v.map(|v| graph.value_type(v)), "in")?;
+            }
         }
         for (idx, v) in k.outputs.iter().enumerate() {
             describe(outs, idx, n_in + idx, Some(graph.value_type(*v)), "out")?;
@@ -413,6 +475,92 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
             .basic()
             .ok_or_else(|| CodegenError::internal("ukernel returns i32"))?;
         b.build_return(Some(&rc)).map_err(llvm)?;
+        Ok(())
+    }
+
+    /// The input descriptors of a library kernel with many inputs (a Concat of thousands):
+    /// copied from a constant table whose data pointers are null, then a loop sets each
+    /// `data` from the argument slots — a function whose size does not depend on the count.
+    fn describe_in_loop(
+        &self,
+        i: usize,
+        f: FunctionValue<'ctx>,
+        ins: PointerValue<'ctx>,
+        k: &Kernel,
+    ) -> Result<()> {
+        let b = &self.builder;
+        let graph = self.parts.graph;
+        let (i64t, tt, ptr) = (self.cx.i64_type(), self.tensor_type(), self.ptr());
+        // Inputs share few shapes: one dims array per shape.
+        let mut dims_of: HashMap<Vec<i64>, PointerValue<'ctx>> = HashMap::new();
+        let mut rows = Vec::with_capacity(k.inputs.len());
+        for v in &k.inputs {
+            let row = match v.map(|v| graph.value_type(v)) {
+                Some(ty) => {
+                    let shape: Vec<i64> = ty
+                        .fixed_shape()
+                        .unwrap_or_default()
+                        .iter()
+                        .map(|&d| d as i64)
+                        .collect();
+                    let n = dims_of.len();
+                    let dims = *dims_of
+                        .entry(shape.clone())
+                        .or_insert_with(|| self.i64_array(&format!("kiln.k{i}.dims{n}"), &shape));
+                    [
+                        ptr.const_null().into(),
+                        dims.into(),
+                        i64t.const_int(shape.len() as u64, false).into(),
+                        i64t.const_int(ty.dtype as u64, false).into(),
+                        i64t.const_int(shape.iter().product::<i64>() as u64, false).into(),
+                    ]
+                }
+                None => [
+                    ptr.const_null().into(),
+                    ptr.const_null().into(),
+                    i64t.const_zero().into(),
+                    i64t.const_zero().into(),
+                    i64t.const_zero().into(),
+                ],
+            };
+            rows.push(tt.const_named_struct(&row));
+        }
+        let table = self.const_global(&format!("kiln.k{i}.ins"), tt.const_array(&rows).into(), 8);
+        // kiln_tensor is five 8-byte fields.
+        let bytes = i64t.const_int(40 * rows.len() as u64, false);
+        b.build_memcpy(ins, 8, table.as_pointer_value(), 8, bytes)
+            .map_err(llvm)?;
+        // for (j = 0; j < n; j++) ins[j].data = args[j];   (input j is argument slot j)
+        let args = f.get_nth_param(1).expect("args").into_pointer_value();
+        let pre = b.get_insert_block().expect("positioned");
+        let (body, done) = (
+            self.cx.append_basic_block(f, "ins.loop"),
+            self.cx.append_basic_block(f, "ins.done"),
+        );
+        b.build_unconditional_branch(body).map_err(llvm)?;
+        b.position_at_end(body);
+        let j = b.build_phi(i64t, "j").map_err(llvm)?;
+        j.add_incoming(&[(&i64t.const_zero(), pre)]);
+        let jv = j.as_basic_value().into_int_value();
+        let src = unsafe { b.build_in_bounds_gep(ptr, args, &[jv], "slot") }.map_err(llvm)?;
+        let data = b.build_load(ptr, src, "data").map_err(llvm)?;
+        let t = unsafe { b.build_in_bounds_gep(tt, ins, &[jv], "t") }.map_err(llvm)?;
+        let dst = b.build_struct_gep(tt, t, 0, "data.p").map_err(llvm)?;
+        b.build_store(dst, data).map_err(llvm)?;
+        let next = b
+            .build_int_add(jv, i64t.const_int(1, false), "j.next")
+            .map_err(llvm)?;
+        j.add_incoming(&[(&next, body)]);
+        let more = b
+            .build_int_compare(
+                IntPredicate::ULT,
+                next,
+                i64t.const_int(rows.len() as u64, false),
+                "more",
+            )
+            .map_err(llvm)?;
+        b.build_conditional_branch(more, body, done).map_err(llvm)?;
+        b.position_at_end(done);
         Ok(())
     }
 
