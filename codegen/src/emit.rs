@@ -564,6 +564,119 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
         Ok(())
     }
 
+    /// Kernel `i`'s argument slots when it has many (a Concat of thousands of inputs): a loop
+    /// over a constant table of (kind, index or offset) rows resolves each against `bases`
+    /// (inputs, outputs, arena, weights), where straight-line code would be one basic block
+    /// that grows with the graph and that LLVM's instruction scheduler takes quadratic time on.
+    fn fill_args_in_loop(
+        &self,
+        f: FunctionValue<'ctx>,
+        i: usize,
+        args: PointerValue<'ctx>,
+        slots: &[Option<Storage>],
+        bases: [PointerValue<'ctx>; 4],
+    ) -> Result<()> {
+        let b = &self.builder;
+        let (i64t, ptr, i8t) = (self.cx.i64_type(), self.ptr(), self.cx.i8_type());
+        // Kinds: 0 to 3 index `bases`; 4 is an absent operand (null).
+        let row = |s: &Option<Storage>| -> [u64; 2] {
+            match *s {
+                Some(Storage::Input(j)) => [0, j as u64],
+                Some(Storage::Output(j)) => [1, j as u64],
+                Some(Storage::Arena(off)) => [2, off],
+                Some(Storage::Weights(off)) => [3, off],
+                None => [4, 0],
+            }
+        };
+        let flat: Vec<i64> = slots.iter().flat_map(row).map(|v| v as i64).collect();
+        let table = self.i64_array(&format!("kiln.k{i}.slots"), &flat);
+        let pre = b.get_insert_block().expect("positioned");
+        let bb = |name: &str| self.cx.append_basic_block(f, &format!("{name}{i}"));
+        let (head, io, offset, null, store, done) = (
+            bb("slots"),
+            bb("slots.io"),
+            bb("slots.offset"),
+            bb("slots.null"),
+            bb("slots.store"),
+            bb("slots.done"),
+        );
+        b.build_unconditional_branch(head).map_err(llvm)?;
+        b.position_at_end(head);
+        let j = b.build_phi(i64t, "slot").map_err(llvm)?;
+        j.add_incoming(&[(&i64t.const_zero(), pre)]);
+        let jv = j.as_basic_value().into_int_value();
+        let field = |k: u64, name: &str| -> Result<inkwell::values::IntValue<'ctx>> {
+            let at = b
+                .build_int_add(
+                    b.build_int_mul(jv, i64t.const_int(2, false), "r").map_err(llvm)?,
+                    i64t.const_int(k, false),
+                    "at",
+                )
+                .map_err(llvm)?;
+            let p = unsafe { b.build_in_bounds_gep(i64t, table, &[at], name) }.map_err(llvm)?;
+            Ok(b.build_load(i64t, p, name).map_err(llvm)?.into_int_value())
+        };
+        let (kind, value) = (field(0, "kind")?, field(1, "value")?);
+        // The base for kinds 0 to 3 (null for an absent operand, which goes to `null`).
+        let base_of = |which: &[u64]| -> Result<PointerValue<'ctx>> {
+            let mut p = ptr.const_null();
+            for &k in which {
+                let is = b
+                    .build_int_compare(IntPredicate::EQ, kind, i64t.const_int(k, false), "is")
+                    .map_err(llvm)?;
+                p = b
+                    .build_select(is, bases[k as usize], p, "base")
+                    .map_err(llvm)?
+                    .into_pointer_value();
+            }
+            Ok(p)
+        };
+        b.build_switch(
+            kind,
+            null,
+            &[
+                (i64t.const_int(0, false), io),
+                (i64t.const_int(1, false), io),
+                (i64t.const_int(2, false), offset),
+                (i64t.const_int(3, false), offset),
+            ],
+        )
+        .map_err(llvm)?;
+        // An input or output: the caller's pointer array, entry `value`.
+        b.position_at_end(io);
+        let array = base_of(&[0, 1])?;
+        let entry = unsafe { b.build_in_bounds_gep(ptr, array, &[value], "io.p") }.map_err(llvm)?;
+        let from_io = b.build_load(ptr, entry, "io").map_err(llvm)?.into_pointer_value();
+        b.build_unconditional_branch(store).map_err(llvm)?;
+        // The arena or the weights: `value` bytes in.
+        b.position_at_end(offset);
+        let base = base_of(&[2, 3])?;
+        let from_offset = unsafe { b.build_in_bounds_gep(i8t, base, &[value], "p") }.map_err(llvm)?;
+        b.build_unconditional_branch(store).map_err(llvm)?;
+        b.position_at_end(null);
+        b.build_unconditional_branch(store).map_err(llvm)?;
+        b.position_at_end(store);
+        let p = b.build_phi(ptr, "arg").map_err(llvm)?;
+        p.add_incoming(&[(&from_io, io), (&from_offset, offset), (&ptr.const_null(), null)]);
+        let dst = unsafe { b.build_in_bounds_gep(ptr, args, &[jv], "dst") }.map_err(llvm)?;
+        b.build_store(dst, p.as_basic_value()).map_err(llvm)?;
+        let next = b
+            .build_int_add(jv, i64t.const_int(1, false), "next")
+            .map_err(llvm)?;
+        j.add_incoming(&[(&next, store)]);
+        let more = b
+            .build_int_compare(
+                IntPredicate::ULT,
+                next,
+                i64t.const_int(slots.len() as u64, false),
+                "more",
+            )
+            .map_err(llvm)?;
+        b.build_conditional_branch(more, head, done).map_err(llvm)?;
+        b.position_at_end(done);
+        Ok(())
+    }
+
     /// `i32 run(ptr ctx, ptr inputs, ptr outputs)`: every kernel in order, then output copies.
     /// The weights are the embedded global, or (None) the context's mapped weights file.
     fn run_function(
@@ -653,7 +766,15 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
                 slots.push(Some(Storage::Weights(*off)));
             }
             slots.push(k.scratch.map(Storage::Arena));
-            for (slot, s) in slots.iter().enumerate() {
+            if slots.len() > MAX_UNROLLED_OPERANDS {
+                let bases = [inputs, outputs, arena, weights];
+                self.fill_args_in_loop(f, i, args, &slots, bases)?;
+            }
+            for (slot, s) in slots
+                .iter()
+                .enumerate()
+                .filter(|_| slots.len() <= MAX_UNROLLED_OPERANDS)
+            {
                 let p = match s {
                     Some(s) => locate(*s)?,
                     None => ptr.const_null(),
