@@ -1321,3 +1321,85 @@ pub fn signature_json(
     }
     sig.to_string()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use inkwell::values::AsValueRef;
+    use kiln_ir::{DType, Op, Unary};
+
+    /// The kernel functions of `graph`'s plan (fusion off) and their instruction counts.
+    fn kernel_sizes(graph: &Graph) -> (usize, Vec<usize>) {
+        let target = TargetDesc::host().unwrap();
+        let plan = crate::plan::build(graph, &target, false).unwrap();
+        let api = Api {
+            prefix: "m".into(),
+            profile: false,
+            weights_file: None,
+            cuda: false,
+        };
+        let parts = ModuleParts {
+            graph,
+            plan: &plan,
+            target: &target,
+            api: &api,
+            model_name: "m",
+            with_main: false,
+            cuda: None,
+        };
+        let cx = Context::create();
+        let module = cx.create_module("m");
+        let fns = kernel_functions(&cx, &module, &parts, &mut |_, _| {}).unwrap();
+        let sizes = fns
+            .iter()
+            .map(|f| {
+                f.get_basic_block_iter()
+                    .map(|b| b.get_instructions().count())
+                    .sum()
+            })
+            .collect();
+        let distinct: std::collections::HashSet<_> = fns.iter().map(|f| f.as_value_ref()).collect();
+        (distinct.len(), sizes)
+    }
+
+    fn concat(n: usize) -> Graph {
+        let mut g = Graph::new("concat");
+        let ins: Vec<_> = (0..n)
+            .map(|i| Some(g.add_input(format!("x{i}"), TensorType::fixed(DType::F32, &[1, 4]))))
+            .collect();
+        let y = g.add("cat", Op::Concat { axis: 0 }, ins, "y").unwrap();
+        g.add_output("y", y);
+        g
+    }
+
+    #[test]
+    fn concat_kernel_size_does_not_grow_with_its_inputs() {
+        let (_, small) = kernel_sizes(&concat(MAX_UNROLLED_OPERANDS + 1));
+        let (_, large) = kernel_sizes(&concat(5000));
+        assert_eq!(small.len(), 1);
+        assert_eq!(
+            large[0], small[0],
+            "the 5,000-input Concat's kernel is as long as a 65-input one's"
+        );
+    }
+
+    #[test]
+    fn identical_library_kernels_share_a_function() {
+        let mut g = Graph::new("chain");
+        let mut v = g.add_input("x", TensorType::fixed(DType::F32, &[1, 4]));
+        for i in 0..100 {
+            v = g
+                .add(
+                    format!("r{i}"),
+                    Op::Unary(Unary::Relu),
+                    vec![Some(v)],
+                    format!("t{i}"),
+                )
+                .unwrap();
+        }
+        g.add_output("y", v);
+        let (distinct, sizes) = kernel_sizes(&g);
+        assert_eq!(sizes.len(), 100, "a kernel per Relu");
+        assert_eq!(distinct, 1, "one function for all of them");
+    }
+}
