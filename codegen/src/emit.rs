@@ -1246,6 +1246,11 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
             b.build_store(slot, f.get_nth_param(1 + i as u32).expect("param"))
                 .map_err(llvm)?;
         }
+        if n_in + n_out > MAX_UNROLLED_OPERANDS {
+            // Thousands of parameters stored in one block: LLVM's passes and instruction
+            // scheduling take quadratic time on them, and there is nothing to optimize.
+            crate::llvm::set_optnone(self.cx, f);
+        }
         guarded_run(f, ins, outs)?;
         Ok(())
     }

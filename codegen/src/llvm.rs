@@ -32,6 +32,13 @@ pub fn set_noinline<'ctx>(cx: &'ctx Context, f: FunctionValue<'ctx>) {
     }
 }
 
+/// Leaves `f` out of LLVM's optimizations (which needs it `noinline` too).
+pub fn set_optnone<'ctx>(cx: &'ctx Context, f: FunctionValue<'ctx>) {
+    set_noinline(cx, f);
+    let optnone = Attribute::get_named_enum_kind_id("optnone");
+    f.add_attribute(AttributeLoc::Function, cx.create_enum_attribute(optnone, 0));
+}
+
 /// Replaces whatever CPU the function was compiled for (clang's bitcode says x86-64) with the
 /// selected target, so the whole module is optimized for one CPU.
 pub fn set_target_attributes<'ctx>(cx: &'ctx Context, f: FunctionValue<'ctx>, target: &TargetDesc) {
