@@ -16,6 +16,7 @@ use inkwell::types::{BasicTypeEnum, StructType};
 use inkwell::values::{BasicValueEnum, FunctionValue, GlobalValue, PointerValue};
 use inkwell::{AddressSpace, IntPredicate};
 use kiln_ir::{Graph, TensorType};
+use std::collections::HashMap;
 
 /// The C API of one model: the names every artifact exports.
 pub struct Api {
@@ -150,11 +151,66 @@ pub(crate) fn kernel_functions<'ctx>(
     };
     let n = parts.plan.kernels.len();
     let mut fns = vec![];
+    let mut shared: HashMap<UkKey, FunctionValue<'ctx>> = HashMap::new();
     for (i, k) in parts.plan.kernels.iter().enumerate() {
         on_kernel(i, n);
-        fns.push(e.kernel_function(i, k)?);
+        let key = uk_key(parts.graph, k);
+        let f = match key.as_ref().and_then(|key| shared.get(key)) {
+            Some(&f) => f,
+            None => e.kernel_function(i, k)?,
+        };
+        if let Some(key) = key {
+            shared.entry(key).or_insert(f);
+        }
+        fns.push(f);
     }
     Ok(fns)
+}
+
+/// Above this many inputs, a library kernel's descriptors are filled by a loop over a constant
+/// table (`describe_in_loop`) instead of straight-line stores, which LLVM specialises best but
+/// which made a Concat of 10,000 inputs a function of 50,000 stores.
+const MAX_UNROLLED_OPERANDS: usize = 64;
+
+/// Marks the kernels `noinline`. Inlined, every kernel of the model would land in the run
+/// function, and LLVM's time on one function grows faster than its size (a graph of 2,000
+/// small kernels took 50 s): called, each kernel is optimized on its own and the run function
+/// stays a list of calls. A call costs nanoseconds next to a kernel.
+fn keep_out_of_line<'ctx>(cx: &'ctx Context, kernels: &[FunctionValue<'ctx>]) {
+    for &f in kernels {
+        crate::llvm::set_noinline(cx, f);
+    }
+}
+
+/// Everything a library kernel's body depends on: the call and its operands' types and
+/// presence. Kernels with equal keys share one function, so a graph that repeats a layer
+/// (or a chain of 200k identical Relus) gives LLVM one body to specialise, not one per node.
+#[derive(PartialEq, Eq, Hash)]
+struct UkKey {
+    symbol: &'static str,
+    iattr: Vec<i64>,
+    fattr: Vec<u64>,
+    inputs: Vec<Option<TensorType>>,
+    outputs: Vec<TensorType>,
+    scratch: bool,
+}
+
+fn uk_key(graph: &Graph, k: &Kernel) -> Option<UkKey> {
+    let KernelImpl::Ukernel(call) = &k.imp else {
+        return None;
+    };
+    Some(UkKey {
+        symbol: call.symbol,
+        iattr: call.iattr.clone(),
+        fattr: call.fattr.iter().map(|f| f.to_bits()).collect(),
+        inputs: k
+            .inputs
+            .iter()
+            .map(|v| v.map(|v| graph.value_type(v).clone()))
+            .collect(),
+        outputs: k.outputs.iter().map(|&v| graph.value_type(v).clone()).collect(),
+        scratch: k.scratch.is_some(),
+    })
 }
 
 /// Emits the whole module (unoptimized but verified). `on_kernel(i, n)` reports progress.
@@ -183,6 +239,7 @@ pub fn build_module<'ctx>(
         Some(_) => e.cuda_run_function()?,
         None => {
             let kernel_fns = kernel_functions(cx, &module, parts, on_kernel)?;
+            keep_out_of_line(cx, &kernel_fns);
             e.run_function(&kernel_fns, weights)?
         }
     };
@@ -211,6 +268,7 @@ pub fn build_module<'ctx>(
 
     crate::llvm::link_units(cx, &module, parts.target, "uk_")?;
     crate::llvm::link_units(cx, &module, parts.target, "rt_core")?;
+    crate::profile::keep_hooks_out_of_line(cx, &module);
     if parts.with_main {
         crate::llvm::link_units(cx, &module, parts.target, "rt_exe")?;
     }
@@ -615,8 +673,12 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
         let outs = b
             .build_array_alloca(tt, i64t.const_int(n_out.max(1) as u64, false), "outs")
             .map_err(llvm)?;
-        for (idx, v) in k.inputs.iter().enumerate() {
-            describe(ins, idx, idx, v.map(|v| graph.value_type(v)), "in")?;
+        if n_in > MAX_UNROLLED_OPERANDS {
+            self.describe_in_loop(i, f, ins, k)?;
+        } else {
+            for (idx, v) in k.inputs.iter().enumerate() {
+                describe(ins, idx, idx, v.map(|v| graph.value_type(v)), "in")?;
+            }
         }
         for (idx, v) in k.outputs.iter().enumerate() {
             describe(outs, idx, n_in + idx, Some(graph.value_type(*v)), "out")?;
@@ -654,6 +716,205 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
             .basic()
             .ok_or_else(|| CodegenError::internal("ukernel returns i32"))?;
         b.build_return(Some(&rc)).map_err(llvm)?;
+        Ok(())
+    }
+
+    /// The input descriptors of a library kernel with many inputs (a Concat of thousands):
+    /// copied from a constant table whose data pointers are null, then a loop sets each
+    /// `data` from the argument slots — a function whose size does not depend on the count.
+    fn describe_in_loop(
+        &self,
+        i: usize,
+        f: FunctionValue<'ctx>,
+        ins: PointerValue<'ctx>,
+        k: &Kernel,
+    ) -> Result<()> {
+        let b = &self.builder;
+        let graph = self.parts.graph;
+        let (i64t, tt, ptr) = (self.cx.i64_type(), self.tensor_type(), self.ptr());
+        // Inputs share few shapes: one dims array per shape.
+        let mut dims_of: HashMap<Vec<i64>, PointerValue<'ctx>> = HashMap::new();
+        let mut rows = Vec::with_capacity(k.inputs.len());
+        for v in &k.inputs {
+            let row = match v.map(|v| graph.value_type(v)) {
+                Some(ty) => {
+                    let shape: Vec<i64> = ty
+                        .fixed_shape()
+                        .unwrap_or_default()
+                        .iter()
+                        .map(|&d| d as i64)
+                        .collect();
+                    let n = dims_of.len();
+                    let dims = *dims_of
+                        .entry(shape.clone())
+                        .or_insert_with(|| self.i64_array(&format!("kiln.k{i}.dims{n}"), &shape));
+                    [
+                        ptr.const_null().into(),
+                        dims.into(),
+                        i64t.const_int(shape.len() as u64, false).into(),
+                        i64t.const_int(ty.dtype as u64, false).into(),
+                        i64t.const_int(shape.iter().product::<i64>() as u64, false).into(),
+                    ]
+                }
+                None => [
+                    ptr.const_null().into(),
+                    ptr.const_null().into(),
+                    i64t.const_zero().into(),
+                    i64t.const_zero().into(),
+                    i64t.const_zero().into(),
+                ],
+            };
+            rows.push(tt.const_named_struct(&row));
+        }
+        let table = self.const_global(&format!("kiln.k{i}.ins"), tt.const_array(&rows).into(), 8);
+        // kiln_tensor is five 8-byte fields.
+        let bytes = i64t.const_int(40 * rows.len() as u64, false);
+        b.build_memcpy(ins, 8, table.as_pointer_value(), 8, bytes)
+            .map_err(llvm)?;
+        // for (j = 0; j < n; j++) ins[j].data = args[j];   (input j is argument slot j)
+        let args = f.get_nth_param(1).expect("args").into_pointer_value();
+        let pre = b.get_insert_block().expect("positioned");
+        let (body, done) = (
+            self.cx.append_basic_block(f, "ins.loop"),
+            self.cx.append_basic_block(f, "ins.done"),
+        );
+        b.build_unconditional_branch(body).map_err(llvm)?;
+        b.position_at_end(body);
+        let j = b.build_phi(i64t, "j").map_err(llvm)?;
+        j.add_incoming(&[(&i64t.const_zero(), pre)]);
+        let jv = j.as_basic_value().into_int_value();
+        let src = unsafe { b.build_in_bounds_gep(ptr, args, &[jv], "slot") }.map_err(llvm)?;
+        let data = b.build_load(ptr, src, "data").map_err(llvm)?;
+        let t = unsafe { b.build_in_bounds_gep(tt, ins, &[jv], "t") }.map_err(llvm)?;
+        let dst = b.build_struct_gep(tt, t, 0, "data.p").map_err(llvm)?;
+        b.build_store(dst, data).map_err(llvm)?;
+        let next = b
+            .build_int_add(jv, i64t.const_int(1, false), "j.next")
+            .map_err(llvm)?;
+        j.add_incoming(&[(&next, body)]);
+        let more = b
+            .build_int_compare(
+                IntPredicate::ULT,
+                next,
+                i64t.const_int(rows.len() as u64, false),
+                "more",
+            )
+            .map_err(llvm)?;
+        b.build_conditional_branch(more, body, done).map_err(llvm)?;
+        b.position_at_end(done);
+        Ok(())
+    }
+
+    /// Kernel `i`'s argument slots when it has many (a Concat of thousands of inputs): a loop
+    /// over a constant table of (kind, index or offset) rows resolves each against `bases`
+    /// (inputs, outputs, arena, weights), where straight-line code would be one basic block
+    /// that grows with the graph and that LLVM's instruction scheduler takes quadratic time on.
+    fn fill_args_in_loop(
+        &self,
+        f: FunctionValue<'ctx>,
+        i: usize,
+        args: PointerValue<'ctx>,
+        slots: &[Option<Storage>],
+        bases: [PointerValue<'ctx>; 4],
+    ) -> Result<()> {
+        let b = &self.builder;
+        let (i64t, ptr, i8t) = (self.cx.i64_type(), self.ptr(), self.cx.i8_type());
+        // Kinds: 0 to 3 index `bases`; 4 is an absent operand (null).
+        let row = |s: &Option<Storage>| -> [u64; 2] {
+            match *s {
+                Some(Storage::Input(j)) => [0, j as u64],
+                Some(Storage::Output(j)) => [1, j as u64],
+                Some(Storage::Arena(off)) => [2, off],
+                Some(Storage::Weights(off)) => [3, off],
+                None => [4, 0],
+            }
+        };
+        let flat: Vec<i64> = slots.iter().flat_map(row).map(|v| v as i64).collect();
+        let table = self.i64_array(&format!("kiln.k{i}.slots"), &flat);
+        let pre = b.get_insert_block().expect("positioned");
+        let bb = |name: &str| self.cx.append_basic_block(f, &format!("{name}{i}"));
+        let (head, io, offset, null, store, done) = (
+            bb("slots"),
+            bb("slots.io"),
+            bb("slots.offset"),
+            bb("slots.null"),
+            bb("slots.store"),
+            bb("slots.done"),
+        );
+        b.build_unconditional_branch(head).map_err(llvm)?;
+        b.position_at_end(head);
+        let j = b.build_phi(i64t, "slot").map_err(llvm)?;
+        j.add_incoming(&[(&i64t.const_zero(), pre)]);
+        let jv = j.as_basic_value().into_int_value();
+        let field = |k: u64, name: &str| -> Result<inkwell::values::IntValue<'ctx>> {
+            let at = b
+                .build_int_add(
+                    b.build_int_mul(jv, i64t.const_int(2, false), "r").map_err(llvm)?,
+                    i64t.const_int(k, false),
+                    "at",
+                )
+                .map_err(llvm)?;
+            let p = unsafe { b.build_in_bounds_gep(i64t, table, &[at], name) }.map_err(llvm)?;
+            Ok(b.build_load(i64t, p, name).map_err(llvm)?.into_int_value())
+        };
+        let (kind, value) = (field(0, "kind")?, field(1, "value")?);
+        // The base for kinds 0 to 3 (null for an absent operand, which goes to `null`).
+        let base_of = |which: &[u64]| -> Result<PointerValue<'ctx>> {
+            let mut p = ptr.const_null();
+            for &k in which {
+                let is = b
+                    .build_int_compare(IntPredicate::EQ, kind, i64t.const_int(k, false), "is")
+                    .map_err(llvm)?;
+                p = b
+                    .build_select(is, bases[k as usize], p, "base")
+                    .map_err(llvm)?
+                    .into_pointer_value();
+            }
+            Ok(p)
+        };
+        b.build_switch(
+            kind,
+            null,
+            &[
+                (i64t.const_int(0, false), io),
+                (i64t.const_int(1, false), io),
+                (i64t.const_int(2, false), offset),
+                (i64t.const_int(3, false), offset),
+            ],
+        )
+        .map_err(llvm)?;
+        // An input or output: the caller's pointer array, entry `value`.
+        b.position_at_end(io);
+        let array = base_of(&[0, 1])?;
+        let entry = unsafe { b.build_in_bounds_gep(ptr, array, &[value], "io.p") }.map_err(llvm)?;
+        let from_io = b.build_load(ptr, entry, "io").map_err(llvm)?.into_pointer_value();
+        b.build_unconditional_branch(store).map_err(llvm)?;
+        // The arena or the weights: `value` bytes in.
+        b.position_at_end(offset);
+        let base = base_of(&[2, 3])?;
+        let from_offset = unsafe { b.build_in_bounds_gep(i8t, base, &[value], "p") }.map_err(llvm)?;
+        b.build_unconditional_branch(store).map_err(llvm)?;
+        b.position_at_end(null);
+        b.build_unconditional_branch(store).map_err(llvm)?;
+        b.position_at_end(store);
+        let p = b.build_phi(ptr, "arg").map_err(llvm)?;
+        p.add_incoming(&[(&from_io, io), (&from_offset, offset), (&ptr.const_null(), null)]);
+        let dst = unsafe { b.build_in_bounds_gep(ptr, args, &[jv], "dst") }.map_err(llvm)?;
+        b.build_store(dst, p.as_basic_value()).map_err(llvm)?;
+        let next = b
+            .build_int_add(jv, i64t.const_int(1, false), "next")
+            .map_err(llvm)?;
+        j.add_incoming(&[(&next, store)]);
+        let more = b
+            .build_int_compare(
+                IntPredicate::ULT,
+                next,
+                i64t.const_int(slots.len() as u64, false),
+                "more",
+            )
+            .map_err(llvm)?;
+        b.build_conditional_branch(more, head, done).map_err(llvm)?;
+        b.position_at_end(done);
         Ok(())
     }
 
@@ -746,7 +1007,15 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
                 slots.push(Some(Storage::Weights(*off)));
             }
             slots.push(k.scratch.map(Storage::Arena));
-            for (slot, s) in slots.iter().enumerate() {
+            if slots.len() > MAX_UNROLLED_OPERANDS {
+                let bases = [inputs, outputs, arena, weights];
+                self.fill_args_in_loop(f, i, args, &slots, bases)?;
+            }
+            for (slot, s) in slots
+                .iter()
+                .enumerate()
+                .filter(|_| slots.len() <= MAX_UNROLLED_OPERANDS)
+            {
                 let p = match s {
                     Some(s) => locate(*s)?,
                     None => ptr.const_null(),
@@ -1265,6 +1534,11 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
             b.build_store(slot, f.get_nth_param(1 + i as u32).expect("param"))
                 .map_err(llvm)?;
         }
+        if n_in + n_out > MAX_UNROLLED_OPERANDS {
+            // Thousands of parameters stored in one block: LLVM's passes and instruction
+            // scheduling take quadratic time on them, and there is nothing to optimize.
+            crate::llvm::set_optnone(self.cx, f);
+        }
         guarded_run(f, "run", ins, outs, 0)?;
         Ok(())
     }
@@ -1499,4 +1773,86 @@ pub fn signature_json(
         sig["weights_layout_hash"] = crate::weights_file::hex(hash).into();
     }
     sig.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use inkwell::values::AsValueRef;
+    use kiln_ir::{DType, Op, Unary};
+
+    /// The kernel functions of `graph`'s plan (fusion off) and their instruction counts.
+    fn kernel_sizes(graph: &Graph) -> (usize, Vec<usize>) {
+        let target = TargetDesc::host().unwrap();
+        let plan = crate::plan::build(graph, &target, false).unwrap();
+        let api = Api {
+            prefix: "m".into(),
+            profile: false,
+            weights_file: None,
+            cuda: false,
+        };
+        let parts = ModuleParts {
+            graph,
+            plan: &plan,
+            target: &target,
+            api: &api,
+            model_name: "m",
+            with_main: false,
+            cuda: None,
+        };
+        let cx = Context::create();
+        let module = cx.create_module("m");
+        let fns = kernel_functions(&cx, &module, &parts, &mut |_, _| {}).unwrap();
+        let sizes = fns
+            .iter()
+            .map(|f| {
+                f.get_basic_block_iter()
+                    .map(|b| b.get_instructions().count())
+                    .sum()
+            })
+            .collect();
+        let distinct: std::collections::HashSet<_> = fns.iter().map(|f| f.as_value_ref()).collect();
+        (distinct.len(), sizes)
+    }
+
+    fn concat(n: usize) -> Graph {
+        let mut g = Graph::new("concat");
+        let ins: Vec<_> = (0..n)
+            .map(|i| Some(g.add_input(format!("x{i}"), TensorType::fixed(DType::F32, &[1, 4]))))
+            .collect();
+        let y = g.add("cat", Op::Concat { axis: 0 }, ins, "y").unwrap();
+        g.add_output("y", y);
+        g
+    }
+
+    #[test]
+    fn concat_kernel_size_does_not_grow_with_its_inputs() {
+        let (_, small) = kernel_sizes(&concat(MAX_UNROLLED_OPERANDS + 1));
+        let (_, large) = kernel_sizes(&concat(5000));
+        assert_eq!(small.len(), 1);
+        assert_eq!(
+            large[0], small[0],
+            "the 5,000-input Concat's kernel is as long as a 65-input one's"
+        );
+    }
+
+    #[test]
+    fn identical_library_kernels_share_a_function() {
+        let mut g = Graph::new("chain");
+        let mut v = g.add_input("x", TensorType::fixed(DType::F32, &[1, 4]));
+        for i in 0..100 {
+            v = g
+                .add(
+                    format!("r{i}"),
+                    Op::Unary(Unary::Relu),
+                    vec![Some(v)],
+                    format!("t{i}"),
+                )
+                .unwrap();
+        }
+        g.add_output("y", v);
+        let (distinct, sizes) = kernel_sizes(&g);
+        assert_eq!(sizes.len(), 100, "a kernel per Relu");
+        assert_eq!(distinct, 1, "one function for all of them");
+    }
 }

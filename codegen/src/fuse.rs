@@ -350,42 +350,128 @@ pub fn find_elementwise_groups_on(graph: &Graph, claimed: &HashSet<NodeId>, gpu:
         if !candidate.contains(&root) || member.contains(&root) {
             continue;
         }
-        let mut group: HashSet<NodeId> = HashSet::from([root]);
-        loop {
-            let mut grew = false;
-            let inside: Vec<NodeId> = group.iter().copied().collect();
-            for n in inside {
-                for v in graph.node(n).inputs.iter().flatten() {
-                    let p = v.node;
-                    if group.contains(&p) || member.contains(&p) || !candidate.contains(&p) {
-                        continue;
-                    }
-                    if outputs.contains(v) {
-                        continue;
-                    }
-                    let all_inside = by_value.get(v).is_some_and(|cs| {
-                        cs.len() == uses.get(v).copied().unwrap_or(0) && cs.iter().all(|c| group.contains(c))
-                    });
-                    if all_inside {
-                        group.insert(p);
-                        grew = true;
-                    }
-                }
-            }
-            if !grew {
-                break;
-            }
-        }
+        // A value can be kept inside a group when it is not a graph output and all its uses
+        // are node inputs; the group must then hold all of them.
+        let node_uses = |v: ValueId| {
+            let n = by_value.get(&v).map_or(0, Vec::len);
+            (!outputs.contains(&v) && n == uses.get(&v).copied().unwrap_or(0)).then_some(n)
+        };
+        let group = grow_group(
+            graph,
+            root,
+            |p| candidate.contains(&p) && !member.contains(&p),
+            node_uses,
+        );
         // A lone f32 node runs generated too: the loop is specialised to its shapes, where the
         // library kernel walks a generic broadcast plan.
         let lone_f32 = graph.value_type(root.out(0)).dtype == DType::F32;
         if group.len() >= 2 || lone_f32 {
-            let mut g: Vec<NodeId> = group.into_iter().collect();
-            g.sort_by_key(|n| n.index());
-            member.extend(g.iter().copied());
-            groups.push(g);
+            member.extend(group.iter().copied());
+            groups.push(group);
         }
     }
     groups.reverse();
     groups
+}
+
+/// The most nodes one elementwise group takes: its loop body is one straight-line function,
+/// and LLVM's time on a function grows faster than its size, so a long chain (thousands of
+/// Relus in a row) becomes several kernels instead of one function that takes minutes to
+/// optimize. Real models' groups are a few nodes to a few dozen.
+pub const MAX_GROUP_NODES: usize = 256;
+
+#[cfg(test)]
+thread_local! {
+    /// Nodes visited by [`grow_group`] on this thread: tests check that grouping visits each
+    /// node a bounded number of times, whatever the chain length.
+    static GROW_VISITS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// The group that grows backwards from `root`, sorted in graph order. A `free` producer joins
+/// once every use of its value is inside the group (`node_uses(v)`: how many uses v has, or
+/// None when it must be stored anyway). A worklist of new members and a count of each value's uses inside the
+/// group make this linear in the group's edges: a member's inputs are looked at once, when
+/// it joins.
+fn grow_group(
+    graph: &Graph,
+    root: NodeId,
+    free: impl Fn(NodeId) -> bool,
+    node_uses: impl Fn(ValueId) -> Option<usize>,
+) -> Vec<NodeId> {
+    let mut group: HashSet<NodeId> = HashSet::from([root]);
+    let mut uses_inside: HashMap<ValueId, usize> = HashMap::new();
+    let mut work = vec![root];
+    while let Some(n) = work.pop() {
+        #[cfg(test)]
+        GROW_VISITS.set(GROW_VISITS.get() + 1);
+        for v in graph.node(n).inputs.iter().flatten() {
+            let inside = uses_inside.entry(*v).or_insert(0);
+            *inside += 1;
+            let p = v.node;
+            if group.len() >= MAX_GROUP_NODES || group.contains(&p) || !free(p) {
+                continue;
+            }
+            if node_uses(*v) == Some(*inside) {
+                group.insert(p);
+                work.push(p);
+            }
+        }
+    }
+    let mut g: Vec<NodeId> = group.into_iter().collect();
+    g.sort_by_key(|n| n.index());
+    g
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_ir::{Dim, TensorType};
+
+    /// `x → Relu → … → Relu` (n nodes), the last value a graph output.
+    fn relu_chain(n: usize) -> Graph {
+        let mut g = Graph::new("chain");
+        let mut v = g.add_input(
+            "x",
+            TensorType::new(DType::F32, vec![Dim::Fixed(1), Dim::Fixed(4)]),
+        );
+        for i in 0..n {
+            v = g
+                .add(
+                    format!("r{i}"),
+                    Op::Unary(Unary::Relu),
+                    vec![Some(v)],
+                    format!("t{i}"),
+                )
+                .unwrap();
+        }
+        g.add_output("y", v);
+        g
+    }
+
+    #[test]
+    fn long_chain_splits_into_bounded_groups() {
+        let n = 3 * MAX_GROUP_NODES + 5;
+        let g = relu_chain(n);
+        let groups = find_elementwise_groups(&g, &HashSet::new());
+        assert!(groups.iter().all(|gr| gr.len() <= MAX_GROUP_NODES));
+        assert_eq!(
+            groups.iter().map(Vec::len).sum::<usize>(),
+            n,
+            "every Relu in a group"
+        );
+        assert_eq!(groups.len(), n.div_ceil(MAX_GROUP_NODES));
+        // Groups are in graph order and each is a contiguous run of the chain.
+        let flat: Vec<NodeId> = groups.concat();
+        assert!(flat.windows(2).all(|w| w[0].index() + 1 == w[1].index()));
+    }
+
+    #[test]
+    fn grouping_visits_each_node_once() {
+        let n = 20_000;
+        let g = relu_chain(n);
+        let before = GROW_VISITS.get();
+        find_elementwise_groups(&g, &HashSet::new());
+        let visits = GROW_VISITS.get() - before;
+        assert_eq!(visits, n, "each node visited once when it joins its group");
+    }
 }

@@ -24,6 +24,21 @@ pub fn set_kernel_attributes<'ctx>(cx: &'ctx Context, f: FunctionValue<'ctx>, ta
     f.add_attribute(AttributeLoc::Function, cx.create_enum_attribute(nounwind, 0));
 }
 
+/// Keeps every call of `f` a call (idempotent).
+pub fn set_noinline<'ctx>(cx: &'ctx Context, f: FunctionValue<'ctx>) {
+    let never = Attribute::get_named_enum_kind_id("noinline");
+    if f.get_enum_attribute(AttributeLoc::Function, never).is_none() {
+        f.add_attribute(AttributeLoc::Function, cx.create_enum_attribute(never, 0));
+    }
+}
+
+/// Leaves `f` out of LLVM's optimizations (which needs it `noinline` too).
+pub fn set_optnone<'ctx>(cx: &'ctx Context, f: FunctionValue<'ctx>) {
+    set_noinline(cx, f);
+    let optnone = Attribute::get_named_enum_kind_id("optnone");
+    f.add_attribute(AttributeLoc::Function, cx.create_enum_attribute(optnone, 0));
+}
+
 /// Replaces whatever CPU the function was compiled for (clang's bitcode says x86-64) with the
 /// selected target, so the whole module is optimized for one CPU.
 pub fn set_target_attributes<'ctx>(cx: &'ctx Context, f: FunctionValue<'ctx>, target: &TargetDesc) {

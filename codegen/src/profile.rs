@@ -151,7 +151,7 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
             .basic())
     }
 
-    /// `if (prof) name(prof, extra...)` at the builder's position; continues after it.
+    /// `if (*slot) name(*slot, extra...)` at the builder's position; continues after it.
     fn if_profiling(
         &self,
         f: FunctionValue<'ctx>,
@@ -160,6 +160,18 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
         extra: &[BasicMetadataValueEnum<'ctx>],
     ) -> Result<()> {
         let b = self.builder;
+        // A volatile load per check: LLVM cannot see that every check in the run function
+        // tests the same pointer, so it does not thread jumps from one kernel's check to the
+        // next — which duplicates the run function per path and took minutes (quadratic in
+        // the kernel count) for graphs of a few thousand kernels.
+        let prof = b
+            .build_load(self.ptr(), prof, "prof")
+            .map_err(llvm)?
+            .into_pointer_value();
+        prof.as_instruction()
+            .expect("a load is an instruction")
+            .set_volatile(true)
+            .map_err(|e| crate::error::CodegenError::internal(e.to_string()))?;
         let on = b.build_is_not_null(prof, "profiling").map_err(llvm)?;
         let (call_bb, next_bb) = (
             self.cx.append_basic_block(f, "prof"),
@@ -175,12 +187,16 @@ impl<'a, 'ctx> Gen<'a, 'ctx> {
         Ok(())
     }
 
-    /// At the start of the run function: the context's profile, or null when it is not profiled.
+    /// At the start of the run function: a stack slot holding the context's profile, or null
+    /// when it is not profiled (the other hooks take the slot).
     pub fn run_begin(&self, ctx: PointerValue<'ctx>) -> Result<PointerValue<'ctx>> {
-        Ok(self
+        let prof = self
             .call("kiln_rt_prof_run_begin", &[ctx.into()])?
             .expect("pointer")
-            .into_pointer_value())
+            .into_pointer_value();
+        let slot = self.builder.build_alloca(self.ptr(), "prof.slot").map_err(llvm)?;
+        self.builder.build_store(slot, prof).map_err(llvm)?;
+        Ok(slot)
     }
 
     pub fn kernel_begin(&self, f: FunctionValue<'ctx>, prof: PointerValue<'ctx>) -> Result<()> {
@@ -269,4 +285,18 @@ int32_t {p}_profile_write_trace({p}_ctx *ctx, const char *path);
 
 "#
     )
+}
+
+/// Marks the per-kernel hooks `noinline` once the runtime is linked in: the run function calls
+/// them around every kernel, and inlined (clock reads, event bookkeeping) they made it grow
+/// with the kernel count until LLVM took seconds per thousand kernels.
+pub fn keep_hooks_out_of_line<'ctx>(
+    cx: &'ctx inkwell::context::Context,
+    module: &inkwell::module::Module<'ctx>,
+) {
+    for name in ["kiln_rt_prof_kernel_begin", "kiln_rt_prof_kernel_end"] {
+        if let Some(f) = module.get_function(name).filter(|f| f.count_basic_blocks() > 0) {
+            crate::llvm::set_noinline(cx, f);
+        }
+    }
 }
