@@ -1799,6 +1799,8 @@ mod tests {
             model_name: "m",
             with_main: false,
             cuda: None,
+            portable: None,
+            variant: None,
         };
         let cx = Context::create();
         let module = cx.create_module("m");
