@@ -45,6 +45,8 @@ pub fn locate(e: &anyhow::Error) -> Location {
             }
         } else if let Some(kiln_ir::IrError::Node { node, op, .. }) = cause.downcast_ref() {
             (Some(node), Some(op))
+        } else if let Some(kiln_ir::IrError::OverBudget(b)) = cause.downcast_ref() {
+            (Some(&b.node), Some(&b.op))
         } else {
             (None, None)
         };

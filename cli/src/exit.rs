@@ -75,12 +75,10 @@ pub fn classify(e: &anyhow::Error) -> Exit {
     // Over the interpreter's memory budget: a limit of this run (--max-memory), wherever it
     // happened (a reference run, constant folding inside a pass, import).
     if e.chain().any(|c| {
-        matches!(c.downcast_ref(), Some(kiln_ir::IrError::OverBudget { .. }))
+        matches!(c.downcast_ref(), Some(kiln_ir::IrError::OverBudget(_)))
             || matches!(
                 c.downcast_ref(),
-                Some(kiln_frontend::FrontendError::Ir(
-                    kiln_ir::IrError::OverBudget { .. }
-                ))
+                Some(kiln_frontend::FrontendError::Ir(kiln_ir::IrError::OverBudget(_)))
             )
     }) {
         return Exit::Unsupported;

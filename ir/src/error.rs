@@ -45,20 +45,29 @@ pub enum IrError {
     Input { name: String, msg: String },
     #[error("invalid graph: {0}")]
     Invalid(String),
-    /// Evaluating the node would exceed the reference interpreter's memory budget.
-    #[error("node '{node}' ({op}): {msg}")]
-    OverBudget { node: String, op: String, msg: String },
+    /// Evaluating the node would exceed the reference interpreter's memory budget (boxed: the
+    /// rare variant keeps every `Result<_, IrError>` small).
+    #[error("node '{}' ({}): {}", .0.node, .0.op, .0.msg)]
+    OverBudget(Box<OverBudget>),
+}
+
+/// The node whose evaluation would exceed the memory budget, and by how much.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OverBudget {
+    pub node: String,
+    pub op: String,
+    pub msg: String,
 }
 
 impl IrError {
     /// An operation's error in its node's context, keeping whether it was over budget.
     pub fn op(node: &str, op: &str, err: OpError) -> IrError {
         if err.over_budget {
-            IrError::OverBudget {
+            IrError::OverBudget(Box::new(OverBudget {
                 node: node.to_string(),
                 op: op.to_string(),
                 msg: err.msg,
-            }
+            }))
         } else {
             IrError::node(node, op, err)
         }

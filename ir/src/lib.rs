@@ -21,7 +21,7 @@ mod types;
 mod verify;
 
 pub use dtype::DType;
-pub use error::{IrError, OpError};
+pub use error::{IrError, OpError, OverBudget};
 pub use graph::{
     ConstId, Graph, GraphOutput, Node, NodeId, NodeOutput, ValueId, KNOWN_VALUE_MAX_ELEMENTS, MAX_VALUE_BYTES,
 };

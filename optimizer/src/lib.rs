@@ -39,6 +39,7 @@ impl PassError {
     fn new(pass: &'static str, failure: PassFailure, source: IrError) -> PassError {
         let node = match &source {
             IrError::Node { node, .. } => Some(node.clone()),
+            IrError::OverBudget(b) => Some(b.node.clone()),
             _ => None,
         };
         PassError {

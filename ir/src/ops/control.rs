@@ -180,7 +180,7 @@ fn run_subgraph(g: &Graph, what: &str, inputs: Vec<Tensor>) -> Result<Vec<Tensor
     eval_graph(g, inputs).map_err(|e| {
         let msg = format!("in {what}: {e}");
         match e {
-            IrError::OverBudget { .. } => OpError::over_budget(msg),
+            IrError::OverBudget(_) => OpError::over_budget(msg),
             _ => OpError::new(msg),
         }
     })
