@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 /// Runs `cmd`, killing it if it has not finished within `limit`: a hang fails the test instead
 /// of the whole suite.
-fn run_bounded(mut cmd: Command, limit: Duration) -> Output {
+fn run_bounded(cmd: &mut Command, limit: Duration) -> Output {
     let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -36,9 +36,7 @@ fn run_bounded(mut cmd: Command, limit: Duration) -> Output {
 }
 
 fn kiln_bounded(args: &[&std::ffi::OsStr]) -> Output {
-    let mut cmd = kiln();
-    cmd.args(args);
-    run_bounded(cmd, Duration::from_secs(60))
+    run_bounded(kiln().args(args), Duration::from_secs(60))
 }
 
 /// Asserts a one-line error with exit status `code` that contains every needle; returns it.
@@ -214,6 +212,24 @@ fn control_characters_in_names_are_escaped() {
     let out = kiln_bounded(&["run".as_ref(), broken.as_os_str(), "--reference".as_ref()]);
     let err = one_line_error(&out, 3, &["missing\\u{1b}[31m"]);
     assert_no_control_characters("the error", err.trim_end().as_bytes(), false);
+
+    // The compiled executable prints the names it was built with escaped too: in --help, and
+    // in the one-line error that lists the model's inputs.
+    let exe = dir.path().join("evil");
+    let out = kiln_bounded(&[
+        "compile".as_ref(),
+        "-q".as_ref(),
+        model.as_os_str(),
+        "-o".as_ref(),
+        exe.as_os_str(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let help = run_bounded(Command::new(&exe).arg("--help"), Duration::from_secs(30));
+    assert_no_control_characters("--help", &help.stdout, true);
+    assert!(String::from_utf8_lossy(&help.stdout).contains("\\u{1b}[2J"));
+    let missing = run_bounded(&mut Command::new(&exe), Duration::from_secs(30));
+    let err = one_line_error(&missing, 2, &["missing --input", "\\u{1b}]0;owned\\u{7}"]);
+    assert_no_control_characters("the executable's error", err.trim_end().as_bytes(), false);
 }
 
 fn i64_initializer(name: &str, values: &[i64]) -> TensorProto {

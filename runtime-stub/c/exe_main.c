@@ -19,6 +19,27 @@
 #define EXIT_USAGE 2
 #define EXIT_RUNTIME 6
 
+/* Writes `s` with control characters escaped as kiln itself writes them (\n, \t, \r, \u{1b};
+   C1 controls, U+0080..U+009F, too): names come from the model, and a name must not be able to
+   send escape sequences to the terminal or forge lines. */
+static void put_printable(FILE *out, const char *s) {
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    if (*p == '\n') fputs("\\n", out);
+    else if (*p == '\t') fputs("\\t", out);
+    else if (*p == '\r') fputs("\\r", out);
+    else if (*p < 0x20 || *p == 0x7f) fprintf(out, "\\u{%x}", *p);
+    else if (*p == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f) fprintf(out, "\\u{%x}", *++p);
+    else fputc(*p, out);
+  }
+}
+
+/* "error: MESSAGE" on one line; messages quote model names, so they are escaped. */
+static void print_error(const char *msg) {
+  fputs("error: ", stderr);
+  put_printable(stderr, msg);
+  fputc('\n', stderr);
+}
+
 static void print_type(FILE *out, const kiln_io_desc *d) {
   char buf[1024];
   kiln_stub_format_type(buf, sizeof buf, d->dtype, d->rank, d->dims);
@@ -28,7 +49,9 @@ static void print_type(FILE *out, const kiln_io_desc *d) {
 /* "x: f32[1,3], y: i64[2]", as kiln run lists a model's inputs. */
 static void print_inputs(FILE *out, const kiln_model_desc *desc) {
   for (int32_t i = 0; i < desc->n_inputs; i++) {
-    fprintf(out, "%s%s: ", i ? ", " : "", desc->inputs[i].name);
+    fputs(i ? ", " : "", out);
+    put_printable(out, desc->inputs[i].name);
+    fputs(": ", out);
     print_type(out, &desc->inputs[i]);
   }
 }
@@ -78,21 +101,26 @@ static void usage(FILE *out, const char *prog, const kiln_model_desc *desc) {
           "Inputs:\n",
           prog, desc->name, desc->kiln_version, target_name(desc, target, sizeof target), prog);
   for (int32_t i = 0; i < desc->n_inputs; i++) {
-    fprintf(out, "  %s: ", desc->inputs[i].name);
+    fputs("  ", out);
+    put_printable(out, desc->inputs[i].name);
+    fputs(": ", out);
     print_type(out, &desc->inputs[i]);
     fprintf(out, "%s\n", desc->inputs[i].dtype == KILN_BF16 ? " (given as a float32 .npy)" : "");
   }
   fprintf(out, "Outputs:\n");
   for (int32_t i = 0; i < desc->n_outputs; i++) {
-    fprintf(out, "  %s: ", desc->outputs[i].name);
+    fputs("  ", out);
+    put_printable(out, desc->outputs[i].name);
+    fputs(": ", out);
     print_type(out, &desc->outputs[i]);
     fprintf(out, "%s\n", desc->outputs[i].dtype == KILN_BF16 ? " (written as float32)" : "");
   }
 }
 
 static int usage_error(const kiln_model_desc *desc, const char *msg, const char *arg, int list_inputs) {
-  fprintf(stderr, "error: %s", msg);
-  if (arg) fprintf(stderr, "%s", arg);
+  fputs("error: ", stderr);
+  put_printable(stderr, msg);
+  if (arg) put_printable(stderr, arg);
   if (list_inputs) {
     fprintf(stderr, " (the model's inputs: ");
     print_inputs(stderr, desc);
@@ -176,7 +204,8 @@ static void summarize(FILE *out, const kiln_io_desc *d, const void *data) {
   int64_t esize = kiln_stub_dtype_size(d->dtype);
   int64_t n = esize ? d->bytes / esize : 0;
   char v[64];
-  fprintf(out, "%s: ", d->name);
+  put_printable(out, d->name);
+  fputs(": ", out);
   print_type(out, d);
   fprintf(out, " [");
   for (int64_t i = 0; i < n && i < 6; i++) {
@@ -244,7 +273,7 @@ static kiln_ctx *create_context(const kiln_model_desc *desc, int32_t threads, in
     }
   } else if (!weights_path) {
     if (kiln_rt_find_weights(desc, found, sizeof found, err, sizeof err) != 0) {
-      fprintf(stderr, "error: %s\n", err);
+      print_error(err);
       return NULL;
     }
     weights_path = found;
@@ -254,7 +283,7 @@ static kiln_ctx *create_context(const kiln_model_desc *desc, int32_t threads, in
     ctx = desc->cuda->create(desc, device, weights_path);
   else
     ctx = kiln_rt_create_with_weights(desc, threads, weights_path);
-  if (!ctx) fprintf(stderr, "error: %s\n", kiln_rt_create_error());
+  if (!ctx) print_error(kiln_rt_create_error());
   return ctx;
 }
 
@@ -433,7 +462,7 @@ int kiln_exe_main(int argc, char **argv, const kiln_model_desc *desc) {
      failure. */
   for (int32_t i = 0; i < n_in; i++) {
     if (kiln_npy_check(files[i], &desc->inputs[i], err, sizeof err) != 0) {
-      fprintf(stderr, "error: %s\n", err);
+      print_error(err);
       rc = EXIT_USAGE;
       goto done;
     }
@@ -443,11 +472,13 @@ int kiln_exe_main(int argc, char **argv, const kiln_model_desc *desc) {
   for (int32_t i = 0; i < n_in; i++) {
     ins[i] = alloc_tensor(desc->inputs[i].bytes);
     if (!ins[i]) {
-      fprintf(stderr, "error: out of memory for input '%s'\n", desc->inputs[i].name);
+      fputs("error: out of memory for input '", stderr);
+      put_printable(stderr, desc->inputs[i].name);
+      fputs("'\n", stderr);
       goto done;
     }
     if (kiln_npy_read(files[i], &desc->inputs[i], ins[i], err, sizeof err) != 0) {
-      fprintf(stderr, "error: %s\n", err);
+      print_error(err);
       rc = EXIT_USAGE;
       goto done;
     }
@@ -455,12 +486,14 @@ int kiln_exe_main(int argc, char **argv, const kiln_model_desc *desc) {
   for (int32_t i = 0; i < n_out; i++) {
     outs[i] = alloc_tensor(desc->outputs[i].bytes);
     if (!outs[i]) {
-      fprintf(stderr, "error: out of memory for output '%s'\n", desc->outputs[i].name);
+      fputs("error: out of memory for output '", stderr);
+      put_printable(stderr, desc->outputs[i].name);
+      fputs("'\n", stderr);
       goto done;
     }
   }
   if (output_dir && make_dirs(output_dir, err, sizeof err) != 0) {
-    fprintf(stderr, "error: %s\n", err);
+    print_error(err);
     rc = EXIT_USAGE;
     goto done;
   }
@@ -470,14 +503,14 @@ int kiln_exe_main(int argc, char **argv, const kiln_model_desc *desc) {
   for (long r = bench > 0 ? -1 : 0; r < (bench > 0 ? bench : 1); r++) {
     /* The warm-up run is not profiled. */
     if (profile && r == 0 && kiln_rt_profile_enable(ctx, 1) != 0) {
-      fprintf(stderr, "error: %s\n", kiln_rt_last_error(ctx));
+      print_error(kiln_rt_last_error(ctx));
       free(times);
       goto done;
     }
     double t0 = now_ms();
     if (desc->run(ctx, (const void *const *)ins, (void *const *)outs) != 0) {
       const char *e = kiln_rt_last_error(ctx);
-      fprintf(stderr, "error: %s\n", e && *e ? e : "the model failed without saying why");
+      print_error(e && *e ? e : "the model failed without saying why");
       free(times);
       goto done;
     }
@@ -495,7 +528,7 @@ int kiln_exe_main(int argc, char **argv, const kiln_model_desc *desc) {
     if (output_dir) {
       char *path = output_file_name(output_dir, desc->outputs[i].name);
       if (!path || kiln_npy_write(path, &desc->outputs[i], outs[i], err, sizeof err) != 0) {
-        fprintf(stderr, "error: %s\n", path ? err : "out of memory");
+        print_error(path ? err : "out of memory");
         if (path) rc = EXIT_USAGE;
         free(path);
         free(times);
@@ -508,7 +541,7 @@ int kiln_exe_main(int argc, char **argv, const kiln_model_desc *desc) {
   if (profile) {
     kiln_rt_profile_enable(ctx, 0);
     if (kiln_rt_profile_write_trace(ctx, profile) != 0) {
-      fprintf(stderr, "error: %s\n", kiln_rt_last_error(ctx));
+      print_error(kiln_rt_last_error(ctx));
       rc = EXIT_USAGE;
       free(times);
       goto done;
