@@ -172,6 +172,20 @@ pub(crate) fn kernel_functions<'ctx>(
 /// which made a Concat of 10,000 inputs a function of 50,000 stores.
 const MAX_UNROLLED_OPERANDS: usize = 64;
 
+/// Kernels per part of the run function of a large model (see `run_function`).
+const RUN_PART_KERNELS: usize = 256;
+
+/// The pointers every kernel call of a run is built from.
+struct RunBases<'ctx> {
+    ctx: PointerValue<'ctx>,
+    inputs: PointerValue<'ctx>,
+    outputs: PointerValue<'ctx>,
+    arena: PointerValue<'ctx>,
+    weights: PointerValue<'ctx>,
+    /// The profile of this run, when the model is instrumented.
+    prof: Option<PointerValue<'ctx>>,
+}
+
 /// Marks the kernels `noinline`. Inlined, every kernel of the model would land in the run
 /// function, and LLVM's time on one function grows faster than its size (a graph of 2,000
 /// small kernels took 50 s): called, each kernel is optimized on its own and the run function
@@ -920,11 +934,26 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
 
     /// `i32 run(ptr ctx, ptr inputs, ptr outputs)`: every kernel in order, then output copies.
     /// The weights are the embedded global, or (None) the context's mapped weights file.
+    ///
+    /// A model of more than `RUN_PART_KERNELS` kernels calls them from `noinline` parts of that
+    /// many kernels each: one function with a block per kernel (its call, its failure exit, its
+    /// profiling hooks) costs LLVM time that grows faster than the kernel count, so the run
+    /// function's size stays bounded however large the graph.
     fn run_function(
         &self,
         kernels: &[FunctionValue<'ctx>],
         weights: Option<GlobalValue<'ctx>>,
     ) -> Result<FunctionValue<'ctx>> {
+        let n = self.parts.plan.kernels.len();
+        let parts = if n > RUN_PART_KERNELS {
+            (0..n)
+                .step_by(RUN_PART_KERNELS)
+                .enumerate()
+                .map(|(c, lo)| self.run_part(c, lo..(lo + RUN_PART_KERNELS).min(n), kernels))
+                .collect::<Result<Vec<_>>>()?
+        } else {
+            vec![]
+        };
         let b = &self.builder;
         let ptr = self.ptr();
         let i64t = self.cx.i64_type();
@@ -966,9 +995,129 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
                 .ok_or_else(|| CodegenError::internal("kiln_rt_weights returns a pointer"))?
                 .into_pointer_value(),
         };
+        let bases = RunBases {
+            ctx,
+            inputs,
+            outputs,
+            arena,
+            weights,
+            prof,
+        };
+        if parts.is_empty() {
+            self.kernel_calls(f, 0..n, kernels, &bases)?;
+        }
+        for (c, part) in parts.iter().enumerate() {
+            let prof = prof.unwrap_or(ptr.const_null());
+            let rc = b
+                .build_call(
+                    *part,
+                    &[
+                        ctx.into(),
+                        inputs.into(),
+                        outputs.into(),
+                        arena.into(),
+                        weights.into(),
+                        prof.into(),
+                    ],
+                    "rc",
+                )
+                .map_err(llvm)?
+                .try_as_basic_value()
+                .basic()
+                .ok_or_else(|| CodegenError::internal("a run part returns i32"))?
+                .into_int_value();
+            let failed = b
+                .build_int_compare(IntPredicate::NE, rc, i32t.const_zero(), "failed")
+                .map_err(llvm)?;
+            let fail_bb = self.cx.append_basic_block(f, &format!("part_fail{c}"));
+            let next_bb = self.cx.append_basic_block(f, &format!("after_part{c}"));
+            b.build_conditional_branch(failed, fail_bb, next_bb)
+                .map_err(llvm)?;
+            b.position_at_end(fail_bb);
+            b.build_return(Some(&rc)).map_err(llvm)?;
+            b.position_at_end(next_bb);
+        }
+        for c in &self.parts.plan.output_copies {
+            let src = self.locate(c.from, &bases)?;
+            let dst = self.locate(Storage::Output(c.output), &bases)?;
+            b.build_memcpy(dst, 1, src, 1, i64t.const_int(c.bytes, false))
+                .map_err(llvm)?;
+        }
+        if let Some(prof) = prof {
+            self.profile_gen().run_end(f, prof)?;
+        }
+        b.build_return(Some(&i32t.const_zero())).map_err(llvm)?;
+        Ok(f)
+    }
+
+    /// `i32 kiln.run.part{c}(ctx, inputs, outputs, arena, weights, prof)`: the kernels of
+    /// `range`, as the run function would call them; 0, or the failing kernel's status.
+    fn run_part(
+        &self,
+        c: usize,
+        range: std::ops::Range<usize>,
+        kernels: &[FunctionValue<'ctx>],
+    ) -> Result<FunctionValue<'ctx>> {
+        let b = &self.builder;
+        let ptr = self.ptr();
+        let i32t = self.cx.i32_type();
+        let ty = i32t.fn_type(&[ptr.into(); 6], false);
+        let f = self
+            .module
+            .add_function(&format!("kiln.run.part{c}"), ty, Some(Linkage::Internal));
+        crate::llvm::set_kernel_attributes(self.cx, f, self.parts.target);
+        crate::llvm::set_noinline(self.cx, f);
+        b.position_at_end(self.cx.append_basic_block(f, "entry"));
+        let param = |i: u32| f.get_nth_param(i).expect("part parameter").into_pointer_value();
+        let bases = RunBases {
+            ctx: param(0),
+            inputs: param(1),
+            outputs: param(2),
+            arena: param(3),
+            weights: param(4),
+            prof: self.instrumented().then(|| param(5)),
+        };
+        self.kernel_calls(f, range, kernels, &bases)?;
+        b.build_return(Some(&i32t.const_zero())).map_err(llvm)?;
+        Ok(f)
+    }
+
+    /// Where a storage lives, computed in the block being built.
+    fn locate(&self, s: Storage, bases: &RunBases<'ctx>) -> Result<PointerValue<'ctx>> {
+        let b = &self.builder;
+        let (ptr, i64t) = (self.ptr(), self.cx.i64_type());
+        let gep = |base: PointerValue<'ctx>, off: u64| unsafe {
+            b.build_in_bounds_gep(self.cx.i8_type(), base, &[i64t.const_int(off, false)], "p")
+        };
+        let load = |arr: PointerValue<'ctx>, i: usize| -> Result<PointerValue<'ctx>> {
+            let p = unsafe { b.build_in_bounds_gep(ptr, arr, &[i64t.const_int(i as u64, false)], "pp") }
+                .map_err(llvm)?;
+            Ok(b.build_load(ptr, p, "io").map_err(llvm)?.into_pointer_value())
+        };
+        match s {
+            Storage::Input(i) => load(bases.inputs, i),
+            Storage::Output(i) => load(bases.outputs, i),
+            Storage::Arena(off) => gep(bases.arena, off).map_err(llvm),
+            Storage::Weights(off) => gep(bases.weights, off).map_err(llvm),
+        }
+    }
+
+    /// Calls the kernels of `range` in order from `f` (at the builder's block): each with its
+    /// argument slots filled, between its profiling hooks, returning its status when it fails.
+    fn kernel_calls(
+        &self,
+        f: FunctionValue<'ctx>,
+        range: std::ops::Range<usize>,
+        kernels: &[FunctionValue<'ctx>],
+        bases: &RunBases<'ctx>,
+    ) -> Result<()> {
+        let b = &self.builder;
+        let ptr = self.ptr();
+        let i64t = self.cx.i64_type();
+        let i32t = self.cx.i32_type();
         let plan = self.parts.plan;
-        let max_args = plan
-            .kernels
+        let ctx = bases.ctx;
+        let max_args = plan.kernels[range.clone()]
             .iter()
             .map(|k| k.inputs.len() + k.outputs.len() + k.packed.len() + 1)
             .max()
@@ -976,23 +1125,8 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
         let args = b
             .build_array_alloca(ptr, i64t.const_int(max_args as u64, false), "args")
             .map_err(llvm)?;
-        let locate = |s: Storage| -> Result<PointerValue<'ctx>> {
-            let gep = |base: PointerValue<'ctx>, off: u64| unsafe {
-                b.build_in_bounds_gep(self.cx.i8_type(), base, &[i64t.const_int(off, false)], "p")
-            };
-            let load = |arr: PointerValue<'ctx>, i: usize| -> Result<PointerValue<'ctx>> {
-                let p = unsafe { b.build_in_bounds_gep(ptr, arr, &[i64t.const_int(i as u64, false)], "pp") }
-                    .map_err(llvm)?;
-                Ok(b.build_load(ptr, p, "io").map_err(llvm)?.into_pointer_value())
-            };
-            match s {
-                Storage::Input(i) => load(inputs, i),
-                Storage::Output(i) => load(outputs, i),
-                Storage::Arena(off) => gep(arena, off).map_err(llvm),
-                Storage::Weights(off) => gep(weights, off).map_err(llvm),
-            }
-        };
-        for (i, (k, kf)) in plan.kernels.iter().zip(kernels).enumerate() {
+        for i in range {
+            let (k, kf) = (&plan.kernels[i], kernels[i]);
             let mut slots: Vec<Option<Storage>> = vec![];
             for v in &k.inputs {
                 slots.push(match v {
@@ -1008,8 +1142,8 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
             }
             slots.push(k.scratch.map(Storage::Arena));
             if slots.len() > MAX_UNROLLED_OPERANDS {
-                let bases = [inputs, outputs, arena, weights];
-                self.fill_args_in_loop(f, i, args, &slots, bases)?;
+                let table_bases = [bases.inputs, bases.outputs, bases.arena, bases.weights];
+                self.fill_args_in_loop(f, i, args, &slots, table_bases)?;
             }
             for (slot, s) in slots
                 .iter()
@@ -1017,7 +1151,7 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
                 .filter(|_| slots.len() <= MAX_UNROLLED_OPERANDS)
             {
                 let p = match s {
-                    Some(s) => locate(*s)?,
+                    Some(s) => self.locate(*s, bases)?,
                     None => ptr.const_null(),
                 };
                 let dst = unsafe {
@@ -1026,11 +1160,11 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
                 .map_err(llvm)?;
                 b.build_store(dst, p).map_err(llvm)?;
             }
-            if let Some(prof) = prof {
+            if let Some(prof) = bases.prof {
                 self.profile_gen().kernel_begin(f, prof)?;
             }
             let rc = b
-                .build_call(*kf, &[ctx.into(), args.into()], "rc")
+                .build_call(kf, &[ctx.into(), args.into()], "rc")
                 .map_err(llvm)?
                 .try_as_basic_value()
                 .basic()
@@ -1054,21 +1188,11 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
             .map_err(llvm)?;
             b.build_return(Some(&rc)).map_err(llvm)?;
             b.position_at_end(next_bb);
-            if let Some(prof) = prof {
+            if let Some(prof) = bases.prof {
                 self.profile_gen().kernel_end(f, prof, i)?;
             }
         }
-        for c in &plan.output_copies {
-            let src = locate(c.from)?;
-            let dst = locate(Storage::Output(c.output))?;
-            b.build_memcpy(dst, 1, src, 1, i64t.const_int(c.bytes, false))
-                .map_err(llvm)?;
-        }
-        if let Some(prof) = prof {
-            self.profile_gen().run_end(f, prof)?;
-        }
-        b.build_return(Some(&i32t.const_zero())).map_err(llvm)?;
-        Ok(f)
+        Ok(())
     }
 
     /// `i32 run(ptr ctx, ptr inputs, ptr outputs)` of a portable artifact: the run function of
