@@ -281,6 +281,11 @@ pub fn build_module<'ctx>(
     }
 
     crate::llvm::link_units(cx, &module, parts.target, "uk_")?;
+    // The kernels, the run function and the library kernels they call run with the target's
+    // features; the runtime, the API and main (linked or named below) with the runtime target's
+    // (`TargetDesc::runtime_target`): the CPU check must run on any CPU of the architecture.
+    crate::llvm::retarget_all(cx, &module, parts.target);
+    let model_code = crate::llvm::defined_functions(&module);
     crate::llvm::link_units(cx, &module, parts.target, "rt_core")?;
     crate::profile::keep_hooks_out_of_line(cx, &module);
     if parts.with_main {
@@ -290,7 +295,17 @@ pub fn build_module<'ctx>(
         crate::llvm::link_units(cx, &module, parts.target, "rt_cuda")?;
     }
     check_ukernels(&module, parts)?;
-    crate::llvm::retarget_all(cx, &module, parts.target);
+    let runtime_target = parts.target.runtime_target();
+    let entry_points = parts.api.exported(parts.with_main);
+    let mut f = module.get_first_function();
+    while let Some(func) = f {
+        let name = func.get_name().to_string_lossy();
+        let runtime = !model_code.contains(name.as_ref()) || entry_points.iter().any(|e| *e == name);
+        if func.count_basic_blocks() > 0 && runtime {
+            crate::llvm::set_target_attributes(cx, func, &runtime_target);
+        }
+        f = func.get_next_function();
+    }
     crate::llvm::internalize(&module, &parts.api.exported(parts.with_main));
     crate::llvm::verify(&module)?;
     Ok((module, layout_hash))

@@ -125,6 +125,19 @@ pub fn internalize(module: &Module<'_>, exported: &[String]) {
 }
 
 /// Applies the target attributes to every defined function (including linked bitcode).
+/// The names of the functions `module` defines (has bodies for).
+pub fn defined_functions(module: &Module<'_>) -> std::collections::HashSet<String> {
+    let mut names = std::collections::HashSet::new();
+    let mut f = module.get_first_function();
+    while let Some(func) = f {
+        if func.count_basic_blocks() > 0 {
+            names.insert(func.get_name().to_string_lossy().into_owned());
+        }
+        f = func.get_next_function();
+    }
+    names
+}
+
 pub fn retarget_all<'ctx>(cx: &'ctx Context, module: &Module<'ctx>, target: &TargetDesc) {
     let mut f = module.get_first_function();
     while let Some(func) = f {

@@ -126,6 +126,25 @@ impl TargetDesc {
         TargetDesc::select(triple, Some("x86-64"))
     }
 
+    /// What the runtime, the C API and `main` of a single-target artifact are compiled for:
+    /// on x86-64 the architecture's baseline, so that on a CPU without the target's features
+    /// the start-up check runs and names what is missing instead of the program dying of an
+    /// illegal instruction before it (the kernels keep the target's features). Elsewhere the
+    /// target itself.
+    pub fn runtime_target(&self) -> TargetDesc {
+        if self.arch != Arch::X86_64 {
+            return self.clone();
+        }
+        let mut t = TargetDesc::select(Some(&self.triple), Some(baseline_cpu(self.arch)))
+            .unwrap_or_else(|_| self.clone());
+        // A function without "target-features" gets the target machine's, which for a host
+        // build include AVX-512: name the baseline's explicitly.
+        if t.features.is_empty() {
+            t.features = "+sse2".into();
+        }
+        t
+    }
+
     /// A variant's name in summaries, reports and `KILN_CPU_VARIANT`: the CPU, plus the
     /// features added to it (`x86-64-v4+avx512bf16`).
     pub fn variant_name(&self) -> String {
