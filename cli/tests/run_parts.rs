@@ -5,7 +5,6 @@
 mod common;
 
 use common::*;
-use kiln_frontend::onnx::proto::*;
 use std::path::Path;
 
 /// `x -> Relu -> ... -> y`, `n` nodes.
