@@ -27,9 +27,10 @@ pub fn memory_budget() -> u64 {
 }
 
 /// Three quarters of physical memory: room for kiln itself and the rest of the machine. 8 GiB
-/// where the memory size cannot be read.
+/// where the memory size cannot be read. Read once: every evaluated node asks.
 pub fn default_budget() -> u64 {
-    physical_memory().map_or(8 << 30, |m| m / 4 * 3)
+    static DEFAULT: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *DEFAULT.get_or_init(|| physical_memory().map_or(8 << 30, |m| m / 4 * 3))
 }
 
 fn physical_memory() -> Option<u64> {

@@ -57,6 +57,13 @@ impl Checker {
             extra.push("--input-shape".into());
             extra.push(s.clone());
         }
+        for s in &model.bind {
+            extra.push("--bind".into());
+            extra.push(s.clone());
+        }
+        if let Some(bytes) = model.max_memory {
+            extra.push(format!("--max-memory={bytes}"));
+        }
         let outcome = self.run(&model.model, &extra)?;
         if let (Check::Compile, Outcome::Exited { code, stderr }) = (&self.check, &outcome) {
             if *code != Some(0) {
