@@ -533,33 +533,51 @@ fn truncate(s: &str, n: usize) -> &str {
     }
 }
 
-/// Links the object into an executable with the system C compiler.
-fn link_executable(cc: &str, obj: &[u8], out: &Path) -> Result<()> {
+/// Runs the C compiler as a linker on `files` (name, bytes), written to a fresh temporary
+/// folder that is removed afterwards; `command` builds the command line from that folder.
+/// `what` names the step in the error when the linker fails.
+fn run_linker(
+    cc: &str,
+    what: &str,
+    files: &[(&str, &[u8])],
+    command: impl FnOnce(&Path) -> Command,
+) -> Result<()> {
     static LINKS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = LINKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = std::env::temp_dir().join(format!("kiln-link-{}-{n}", std::process::id()));
     std::fs::create_dir_all(&dir)
         .map_err(|e| CodegenError::Io(format!("cannot create {}: {e}", dir.display())))?;
-    let obj_path = dir.join("model.o");
-    std::fs::write(&obj_path, obj)
-        .map_err(|e| CodegenError::Io(format!("cannot write {}: {e}", obj_path.display())))?;
-    let result = Command::new(cc)
-        .arg("-o")
-        .arg(out)
-        .arg(&obj_path)
-        // libdl: a CUDA model loads the driver with dlopen (part of libc since glibc 2.34).
-        .args(["-lpthread", "-lm", "-ldl", "-Wl,--build-id=none"])
-        .output();
+    let result = files
+        .iter()
+        .try_for_each(|(name, bytes)| std::fs::write(dir.join(name), bytes))
+        .map_err(|e| CodegenError::Io(format!("cannot write in {}: {e}", dir.display())))
+        .and_then(|()| {
+            command(&dir).output().map_err(|e| {
+                CodegenError::Io(format!("cannot run the C compiler '{cc}' to link: {e} (set $CC)"))
+            })
+        });
     let _ = std::fs::remove_dir_all(&dir);
-    let output = result
-        .map_err(|e| CodegenError::Io(format!("cannot run the C compiler '{cc}' to link: {e} (set $CC)")))?;
+    let output = result?;
     if !output.status.success() {
         return Err(CodegenError::Io(format!(
-            "linking with '{cc}' failed: {}",
+            "{what} with '{cc}' failed: {}",
             String::from_utf8_lossy(&output.stderr).trim()
         )));
     }
     Ok(())
+}
+
+/// Links the object into an executable with the system C compiler.
+fn link_executable(cc: &str, obj: &[u8], out: &Path) -> Result<()> {
+    run_linker(cc, "linking", &[("model.o", obj)], |dir| {
+        let mut c = Command::new(cc);
+        c.arg("-o")
+            .arg(out)
+            .arg(dir.join("model.o"))
+            // libdl: a CUDA model loads the driver with dlopen (part of libc since glibc 2.34).
+            .args(["-lpthread", "-lm", "-ldl", "-Wl,--build-id=none"]);
+        c
+    })
 }
 
 /// Links the object (position-independent: [`TargetDesc::target_machine`] generates PIC, and
@@ -567,22 +585,7 @@ fn link_executable(cc: &str, obj: &[u8], out: &Path) -> Result<()> {
 /// and nothing else. The soname is the file name, so programs linked against it record
 /// `libNAME.so` and find it through their rpath or the loader's search path.
 fn link_shared(cc: &str, obj: &[u8], out: &Path, exported: &[String], cuda: bool) -> Result<()> {
-    static LINKS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = LINKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let dir = std::env::temp_dir().join(format!("kiln-so-{}-{n}", std::process::id()));
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| CodegenError::Io(format!("cannot create {}: {e}", dir.display())))?;
-    let obj_path = dir.join("model.o");
-    let map_path = dir.join("exports.map");
-    let written = std::fs::write(&obj_path, obj)
-        .and_then(|_| std::fs::write(&map_path, buildfiles::version_script(exported)));
-    if let Err(e) = written {
-        let _ = std::fs::remove_dir_all(&dir);
-        return Err(CodegenError::Io(format!(
-            "cannot write in {}: {e}",
-            dir.display()
-        )));
-    }
+    let script = buildfiles::version_script(exported);
     let soname = out
         .file_name()
         .map(|s| s.to_string_lossy().into_owned())
@@ -591,25 +594,21 @@ fn link_shared(cc: &str, obj: &[u8], out: &Path, exported: &[String], cuda: bool
         .iter()
         .map(|l| format!("-l{l}"))
         .collect();
-    let result = Command::new(cc)
-        .arg("-shared")
-        .arg("-o")
-        .arg(out)
-        .arg(&obj_path)
-        .arg(format!("-Wl,-soname,{soname}"))
-        .arg(format!("-Wl,--version-script={}", map_path.display()))
-        // An undefined symbol is a link error now, not a failure when the library is loaded.
-        .args(["-Wl,--no-undefined", "-Wl,--build-id=none"])
-        .args(&libs)
-        .output();
-    let _ = std::fs::remove_dir_all(&dir);
-    let output = result
-        .map_err(|e| CodegenError::Io(format!("cannot run the C compiler '{cc}' to link: {e} (set $CC)")))?;
-    if !output.status.success() {
-        return Err(CodegenError::Io(format!(
-            "linking the shared library with '{cc}' failed: {}",
-            String::from_utf8_lossy(&output.stderr).trim()
-        )));
-    }
-    Ok(())
+    let files = [("model.o", obj), ("exports.map", script.as_bytes())];
+    run_linker(cc, "linking the shared library", &files, |dir| {
+        let mut c = Command::new(cc);
+        c.arg("-shared")
+            .arg("-o")
+            .arg(out)
+            .arg(dir.join("model.o"))
+            .arg(format!("-Wl,-soname,{soname}"))
+            .arg(format!(
+                "-Wl,--version-script={}",
+                dir.join("exports.map").display()
+            ))
+            // An undefined symbol is a link error now, not a failure when the library is loaded.
+            .args(["-Wl,--no-undefined", "-Wl,--build-id=none"])
+            .args(&libs);
+        c
+    })
 }
