@@ -22,24 +22,12 @@
  */
 #include "kiln_math.h"
 #include "kiln_uk.h"
+#include "kiln_uk_ops.h" /* U_* and B_* operator codes, generated from the operator tables */
 
 #define EW_MAXR 16         /* axes after merging; the Rust side rejects larger ranks */
 #define EW_BLK 256         /* elements per block in the generic (wide domain) path */
 #define EW_PAR_MIN 65536   /* below this many elements a kernel runs on the calling thread */
 #define EW_CHUNK 16384     /* elements per parallel task */
-
-enum {
-  U_ABS, U_NEG, U_FLOOR, U_CEIL, U_ROUND, U_RECIPROCAL, U_SIGN, U_SQRT, U_EXP, U_LOG, U_ERF,
-  U_TANH, U_SIGMOID, U_RELU, U_SIN, U_COS, U_TAN, U_ASIN, U_ACOS, U_ATAN, U_SINH, U_COSH,
-  U_ASINH, U_ACOSH, U_ATANH, U_NOT, U_BITWISE_NOT, U_ISNAN, U_ISINF, U_SOFTPLUS, U_SOFTSIGN,
-  U_MISH, U_HARDSWISH, U_LEAKY_RELU, U_ELU, U_SELU, U_CELU, U_HARD_SIGMOID, U_THRESHOLDED_RELU,
-  U_GELU_ERF, U_GELU_TANH, U_SHRINK, U_SWISH,
-};
-
-enum {
-  B_ADD, B_SUB, B_MUL, B_DIV, B_POW, B_MOD, B_FMOD, B_MIN, B_MAX, B_EQ, B_LT, B_LE, B_GT, B_GE,
-  B_AND, B_OR, B_XOR, B_SHL, B_SHR, B_BITAND, B_BITOR, B_BITXOR, B_PRELU,
-};
 
 /* ------------------------------------------------------------------------------------------ */
 /* Broadcast plan                                                                             */

@@ -12,7 +12,7 @@
 use super::UkCall;
 use crate::error::Result;
 use crate::node::NodeInfo;
-use kiln_ir::{Binary, Op, Unary};
+use kiln_ir::{Op, Unary};
 
 /// The most axes the C kernels' broadcast plan holds (`EW_MAXR`).
 const MAX_RANK: usize = 16;
@@ -20,7 +20,7 @@ const MAX_RANK: usize = 16;
 pub fn lower(node: &NodeInfo) -> Result<Option<UkCall>> {
     let call = match node.op() {
         Op::Unary(u) => unary(u),
-        Op::Binary(b) => UkCall::new("ew_binary").iattr([binary_code(*b)]),
+        Op::Binary(b) => UkCall::new("ew_binary").iattr([b.kernel_code()]),
         Op::Where => UkCall::new("ew_where"),
         Op::Clip => UkCall::new("ew_clip"),
         Op::Cast { .. } => UkCall::new("ew_cast"),
@@ -40,102 +40,146 @@ pub fn lower(node: &NodeInfo) -> Result<Option<UkCall>> {
     Ok(Some(call))
 }
 
+/// The unary kernel's operator code and parameters come from the operator table
+/// (`kiln_ir::ops::unary`), which also generates the C enum they index.
 fn unary(u: &Unary) -> UkCall {
-    let (code, p0, p1, flags) = match *u {
-        Unary::Abs => (0, 0.0, 0.0, (0, 0)),
-        Unary::Neg => (1, 0.0, 0.0, (0, 0)),
-        Unary::Floor => (2, 0.0, 0.0, (0, 0)),
-        Unary::Ceil => (3, 0.0, 0.0, (0, 0)),
-        Unary::Round => (4, 0.0, 0.0, (0, 0)),
-        Unary::Reciprocal => (5, 0.0, 0.0, (0, 0)),
-        Unary::Sign => (6, 0.0, 0.0, (0, 0)),
-        Unary::Sqrt => (7, 0.0, 0.0, (0, 0)),
-        Unary::Exp => (8, 0.0, 0.0, (0, 0)),
-        Unary::Log => (9, 0.0, 0.0, (0, 0)),
-        Unary::Erf => (10, 0.0, 0.0, (0, 0)),
-        Unary::Tanh => (11, 0.0, 0.0, (0, 0)),
-        Unary::Sigmoid => (12, 0.0, 0.0, (0, 0)),
-        Unary::Relu => (13, 0.0, 0.0, (0, 0)),
-        Unary::Sin => (14, 0.0, 0.0, (0, 0)),
-        Unary::Cos => (15, 0.0, 0.0, (0, 0)),
-        Unary::Tan => (16, 0.0, 0.0, (0, 0)),
-        Unary::Asin => (17, 0.0, 0.0, (0, 0)),
-        Unary::Acos => (18, 0.0, 0.0, (0, 0)),
-        Unary::Atan => (19, 0.0, 0.0, (0, 0)),
-        Unary::Sinh => (20, 0.0, 0.0, (0, 0)),
-        Unary::Cosh => (21, 0.0, 0.0, (0, 0)),
-        Unary::Asinh => (22, 0.0, 0.0, (0, 0)),
-        Unary::Acosh => (23, 0.0, 0.0, (0, 0)),
-        Unary::Atanh => (24, 0.0, 0.0, (0, 0)),
-        Unary::Not => (25, 0.0, 0.0, (0, 0)),
-        Unary::BitwiseNot => (26, 0.0, 0.0, (0, 0)),
-        Unary::IsNaN => (27, 0.0, 0.0, (0, 0)),
-        Unary::IsInf {
-            detect_positive,
-            detect_negative,
-        } => (28, 0.0, 0.0, (detect_positive.into(), detect_negative.into())),
-        Unary::Softplus => (29, 0.0, 0.0, (0, 0)),
-        Unary::Softsign => (30, 0.0, 0.0, (0, 0)),
-        Unary::Mish => (31, 0.0, 0.0, (0, 0)),
-        Unary::HardSwish => (32, 0.0, 0.0, (0, 0)),
-        Unary::LeakyRelu { alpha } => (33, alpha, 0.0, (0, 0)),
-        Unary::Elu { alpha } => (34, alpha, 0.0, (0, 0)),
-        Unary::Selu { alpha, gamma } => (35, alpha, gamma, (0, 0)),
-        Unary::Celu { alpha } => (36, alpha, 0.0, (0, 0)),
-        Unary::HardSigmoid { alpha, beta } => (37, alpha, beta, (0, 0)),
-        Unary::ThresholdedRelu { alpha } => (38, alpha, 0.0, (0, 0)),
-        Unary::Gelu { tanh: false } => (39, 0.0, 0.0, (0, 0)),
-        Unary::Gelu { tanh: true } => (40, 0.0, 0.0, (0, 0)),
-        Unary::Shrink { bias, lambd } => (41, bias, lambd, (0, 0)),
-        Unary::Swish { alpha } => (42, alpha, 0.0, (0, 0)),
-    };
+    let k = u.kernel_call();
     UkCall::new("ew_unary")
-        .iattr([code, flags.0, flags.1])
-        .fattr([f64::from(p0), f64::from(p1)])
-}
-
-fn binary_code(b: Binary) -> i64 {
-    match b {
-        Binary::Add => 0,
-        Binary::Sub => 1,
-        Binary::Mul => 2,
-        Binary::Div => 3,
-        Binary::Pow => 4,
-        Binary::Mod => 5,
-        Binary::FMod => 6,
-        Binary::Min => 7,
-        Binary::Max => 8,
-        Binary::Equal => 9,
-        Binary::Less => 10,
-        Binary::LessOrEqual => 11,
-        Binary::Greater => 12,
-        Binary::GreaterOrEqual => 13,
-        Binary::And => 14,
-        Binary::Or => 15,
-        Binary::Xor => 16,
-        Binary::BitShiftLeft => 17,
-        Binary::BitShiftRight => 18,
-        Binary::BitwiseAnd => 19,
-        Binary::BitwiseOr => 20,
-        Binary::BitwiseXor => 21,
-        Binary::PRelu => 22,
-    }
+        .iattr([k.code, k.flags[0].into(), k.flags[1].into()])
+        .fattr(k.params.map(f64::from))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kiln_ir::ops::unary::KERNEL_OPS;
+    use kiln_ir::{Binary, UnaryAttrs};
+
+    /// The C kernel library's elementwise source, as compiled into every artifact.
+    const C_SOURCE: &str = include_str!("../../ukernels/elementwise.c");
+
+    struct OnnxDefaults;
+    impl UnaryAttrs for OnnxDefaults {
+        fn float(&self, _: &str, default: f32) -> f32 {
+            default
+        }
+        fn int(&self, _: &str, default: i64) -> i64 {
+            default
+        }
+        fn string(&self, _: &str, default: &str) -> String {
+            default.to_string()
+        }
+    }
+
+    /// Every operator form of the unary table (attribute defaults, and Gelu's tanh form).
+    fn unary_forms() -> Vec<Unary> {
+        let mut forms: Vec<Unary> = Unary::onnx_names()
+            .iter()
+            .map(|n| Unary::from_onnx(n, &OnnxDefaults).unwrap().unwrap())
+            .collect();
+        forms.push(Unary::Gelu { tanh: true });
+        forms
+    }
+
+    /// The operator constants the C source handles with the `CASE(NAME, f32 form, double
+    /// form)` list of real-valued functions, and with plain `case NAME:` labels.
+    fn c_cases(prefix: &str) -> (Vec<String>, Vec<String>) {
+        let names = |marker: &str| -> Vec<String> {
+            C_SOURCE
+                .match_indices(marker)
+                .map(|(i, _)| {
+                    let rest = &C_SOURCE[i + marker.len()..];
+                    let end = rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'));
+                    rest[..end.unwrap_or(rest.len())].to_string()
+                })
+                .filter(|n| n.starts_with(prefix))
+                .collect()
+        };
+        (names("CASE("), names("case "))
+    }
 
     #[test]
-    fn codes_match_the_c_enums() {
-        // The C enums list the operators in Unary's and Binary's declaration order.
-        assert_eq!(unary(&Unary::Swish { alpha: 1.0 }).iattr[0], 42);
-        assert_eq!(binary_code(Binary::PRelu), 22);
+    fn the_operator_tables_and_the_c_kernel_library_agree() {
+        let (real_cases, labels) = c_cases("U_");
+        for u in unary_forms() {
+            let name = KERNEL_OPS[u.kernel_call().code as usize];
+            if u.real().is_some() {
+                assert!(
+                    real_cases.iter().any(|c| c == name),
+                    "{} ({name}) has a real function in the operator table but no \
+                     CASE({name}, f32 form, double form) in EW_REAL_UNARY (elementwise.c)",
+                    u.name()
+                );
+            } else {
+                // Predicates and bitwise operators have code of their own.
+                assert!(
+                    labels.iter().any(|c| c == name) || C_SOURCE.contains(&format!("op == {name}")),
+                    "{} ({name}) is not real-valued and has no code in elementwise.c",
+                    u.name()
+                );
+            }
+        }
+        for c in real_cases.iter().chain(&labels) {
+            assert!(
+                KERNEL_OPS.contains(&c.as_str()),
+                "elementwise.c handles {c}, which no row of the unary operator table declares"
+            );
+        }
+        let (_, binary_labels) = c_cases("B_");
+        for op in Binary::KERNEL_OPS {
+            assert!(
+                binary_labels.iter().any(|c| c == op)
+                    || C_SOURCE.contains(&format!("EW_D2({op},"))
+                    || C_SOURCE.contains(&format!("EW_I2({op},")),
+                "elementwise.c does not handle {op}"
+            );
+        }
+        // `ew_is_cmp` tests a range: the comparisons must stay contiguous in the table.
+        let code = |c: &str| Binary::KERNEL_OPS.iter().position(|k| *k == c).unwrap();
+        assert_eq!(
+            code("B_GE") - code("B_EQ"),
+            4,
+            "Equal..GreaterOrEqual must be contiguous"
+        );
+    }
+
+    /// docs/design.md's "Adding an operator" shows a table row and its C case: both must be
+    /// the files' text, so the worked example cannot drift from the code.
+    #[test]
+    fn the_design_docs_worked_example_is_the_code() {
+        let doc = include_str!("../../../docs/design.md");
+        let section = &doc[doc.find("## Adding an operator").expect("the section")..];
+        let section = &section[..section[3..].find("\n## ").map_or(section.len(), |i| i + 3)];
+        let table = include_str!("../../../ir/src/ops/unary_table.rs");
+        let mut checked = 0;
+        for (fence, file) in [("```rust\n", table), ("```c\n", C_SOURCE)] {
+            let start = section.find(fence).expect("a code block") + fence.len();
+            let block = &section[start..start + section[start..].find("```").unwrap()];
+            assert!(
+                file.contains(block),
+                "the design doc's example is not in the source any more:\n{block}"
+            );
+            checked += 1;
+        }
+        assert_eq!(checked, 2);
+    }
+
+    #[test]
+    fn unary_attributes_are_packed_for_the_kernel() {
         let c = unary(&Unary::IsInf {
             detect_positive: true,
             detect_negative: false,
         });
-        assert_eq!(c.iattr, vec![28, 1, 0]);
-        assert_eq!(c.fattr.len(), 2);
+        assert_eq!(KERNEL_OPS[c.iattr[0] as usize], "U_ISINF");
+        assert_eq!(&c.iattr[1..], &[1, 0]);
+        let c = unary(&Unary::Selu {
+            alpha: 2.0,
+            gamma: 0.5,
+        });
+        assert_eq!(c.fattr, vec![2.0, 0.5]);
+        assert_eq!(
+            Binary::KERNEL_OPS[Binary::PRelu.kernel_code() as usize],
+            "B_PRELU"
+        );
     }
 }

@@ -50,7 +50,7 @@ pub(crate) fn eval(op: &Op, cx: &EvalCtx) -> Result<Vec<Tensor>, OpError> {
 
 /// A set of element types an operand may have.
 #[derive(Clone, Copy, PartialEq, Debug)]
-enum Kind {
+pub(crate) enum Kind {
     Float,
     Int,
     SignedOrFloat,
@@ -103,26 +103,11 @@ fn expect_inputs(cx: &InferCtx, min: usize, max: usize) -> Result<(), OpError> {
     Ok(())
 }
 
-fn unary_kind(u: &Unary) -> Kind {
-    match u {
-        Unary::Abs | Unary::Sign | Unary::Shrink { .. } => Kind::Numeric,
-        // Erf accepted integers up to opset 12; they are evaluated in f64 and cast back.
-        Unary::Erf => Kind::Numeric,
-        Unary::Neg | Unary::Relu => Kind::SignedOrFloat,
-        Unary::Not => Kind::Bool,
-        Unary::BitwiseNot => Kind::Int,
-        _ => Kind::Float,
-    }
-}
-
 fn infer_unary(u: &Unary, cx: &InferCtx) -> Result<TensorType, OpError> {
     expect_inputs(cx, 1, 1)?;
     let x = cx.ty(0)?;
-    check_kind("the input", x.dtype, unary_kind(u))?;
-    let dtype = match u {
-        Unary::IsNaN | Unary::IsInf { .. } => DType::Bool,
-        _ => x.dtype,
-    };
+    check_kind("the input", x.dtype, u.accepts())?;
+    let dtype = if u.returns_bool() { DType::Bool } else { x.dtype };
     Ok(TensorType { dtype, ..x.clone() })
 }
 
@@ -561,7 +546,9 @@ fn eval_unary(u: &Unary, x: &Tensor) -> Result<Tensor, OpError> {
         (Unary::BitwiseNot, _) => crate::bail!("BitwiseNot needs an integer input, got {}", x.dtype()),
         (_, TensorData::Bool(_)) => crate::bail!("{} does not accept bool input", u.name()),
         (_, d) => {
-            let f = real_unary(u)?;
+            let Some(f) = u.real() else {
+                crate::bail!("{} is not a real-valued function", u.name())
+            };
             crate::with_numeric_data!(d, v => map_real(v, &*f), bool => unreachable_bool()?)
         }
     };
@@ -598,107 +585,6 @@ fn map_real<T: Element>(v: &[T], f: &dyn Fn(f64) -> f64) -> TensorData {
     T::wrap(v.iter().map(|&x| T::from_f64(f(x.to_f64()))).collect())
 }
 
-/// The real function a floating-point unary operator computes.
-fn real_unary(u: &Unary) -> Result<Box<dyn Fn(f64) -> f64>, OpError> {
-    Ok(match *u {
-        Unary::Abs => Box::new(f64::abs),
-        Unary::Neg => Box::new(|x: f64| -x),
-        Unary::Floor => Box::new(f64::floor),
-        Unary::Ceil => Box::new(f64::ceil),
-        Unary::Round => Box::new(f64::round_ties_even),
-        Unary::Reciprocal => Box::new(|x: f64| 1.0 / x),
-        Unary::Sign => Box::new(|x: f64| {
-            if x > 0.0 {
-                1.0
-            } else if x < 0.0 {
-                -1.0
-            } else {
-                x // ±0 and NaN map to themselves
-            }
-        }),
-        Unary::Sqrt => Box::new(f64::sqrt),
-        Unary::Exp => Box::new(f64::exp),
-        Unary::Log => Box::new(f64::ln),
-        Unary::Erf => Box::new(erf),
-        Unary::Tanh => Box::new(f64::tanh),
-        Unary::Sigmoid => Box::new(sigmoid),
-        Unary::Relu => Box::new(|x: f64| if x < 0.0 { 0.0 } else { x }),
-        Unary::Sin => Box::new(f64::sin),
-        Unary::Cos => Box::new(f64::cos),
-        Unary::Tan => Box::new(f64::tan),
-        Unary::Asin => Box::new(f64::asin),
-        Unary::Acos => Box::new(f64::acos),
-        Unary::Atan => Box::new(f64::atan),
-        Unary::Sinh => Box::new(f64::sinh),
-        Unary::Cosh => Box::new(f64::cosh),
-        Unary::Asinh => Box::new(f64::asinh),
-        Unary::Acosh => Box::new(f64::acosh),
-        Unary::Atanh => Box::new(f64::atanh),
-        Unary::Softplus => Box::new(softplus),
-        Unary::Softsign => Box::new(|x: f64| x / (1.0 + x.abs())),
-        Unary::Mish => Box::new(|x: f64| x * softplus(x).tanh()),
-        Unary::HardSwish => Box::new(|x: f64| x * (x / 6.0 + 0.5).clamp(0.0, 1.0)),
-        Unary::Swish { alpha } => {
-            let alpha = f64::from(alpha);
-            Box::new(move |x: f64| x * sigmoid(alpha * x))
-        }
-        Unary::LeakyRelu { alpha } => {
-            let alpha = f64::from(alpha);
-            Box::new(move |x: f64| if x < 0.0 { alpha * x } else { x })
-        }
-        Unary::Elu { alpha } => {
-            let alpha = f64::from(alpha);
-            Box::new(move |x: f64| if x < 0.0 { alpha * x.exp_m1() } else { x })
-        }
-        Unary::Selu { alpha, gamma } => {
-            let (alpha, gamma) = (f64::from(alpha), f64::from(gamma));
-            Box::new(move |x: f64| {
-                if x > 0.0 {
-                    gamma * x
-                } else {
-                    gamma * alpha * x.exp_m1()
-                }
-            })
-        }
-        Unary::Celu { alpha } => {
-            let alpha = f64::from(alpha);
-            // max(0,x) + min(0, alpha*(exp(x/alpha)-1)), written so that NaN propagates.
-            Box::new(move |x: f64| if x > 0.0 { x } else { alpha * (x / alpha).exp_m1() })
-        }
-        Unary::HardSigmoid { alpha, beta } => {
-            let (alpha, beta) = (f64::from(alpha), f64::from(beta));
-            // `clamp` keeps NaN (f64::max/min would drop it).
-            Box::new(move |x: f64| (alpha * x + beta).clamp(0.0, 1.0))
-        }
-        Unary::ThresholdedRelu { alpha } => {
-            let alpha = f64::from(alpha);
-            Box::new(move |x: f64| if x > alpha { x } else { 0.0 })
-        }
-        // 0.5·x·(1 + erf(x/√2)), with 1 + erf(t) = erfc(-t) to keep the negative tail.
-        Unary::Gelu { tanh: false } => Box::new(|x: f64| 0.5 * x * erfc(-x / std::f64::consts::SQRT_2)),
-        Unary::Gelu { tanh: true } => Box::new(|x: f64| {
-            let k = (2.0 / std::f64::consts::PI).sqrt();
-            0.5 * x * (1.0 + (k * (x + 0.044715 * x * x * x)).tanh())
-        }),
-        Unary::Shrink { bias, lambd } => {
-            let (bias, lambd) = (f64::from(bias), f64::from(lambd));
-            Box::new(move |x: f64| {
-                if x < -lambd {
-                    x + bias
-                } else if x > lambd {
-                    x - bias
-                } else {
-                    0.0
-                }
-            })
-        }
-        Unary::Not | Unary::BitwiseNot | Unary::IsNaN | Unary::IsInf { .. } => {
-            crate::bail!("{} is not a real-valued function", u.name())
-        }
-    })
-}
-
-/// The logistic function, in the form that never overflows `exp` into inf/inf.
 pub(crate) fn sigmoid(x: f64) -> f64 {
     // Two forms so that exp never overflows into inf/inf.
     if x >= 0.0 {
@@ -710,7 +596,7 @@ pub(crate) fn sigmoid(x: f64) -> f64 {
 }
 
 /// `ln(1 + e^x)` without overflow for large `x`.
-fn softplus(x: f64) -> f64 {
+pub(crate) fn softplus(x: f64) -> f64 {
     x.max(0.0) + (-x.abs()).exp().ln_1p()
 }
 

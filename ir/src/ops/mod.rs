@@ -5,6 +5,7 @@
 //! (so that `Reshape` by a constant shape gets a static type); evaluation sees concrete tensors.
 
 mod attention;
+pub mod binary;
 mod control;
 mod conv;
 mod elementwise;
@@ -17,6 +18,7 @@ mod reduce;
 mod resize;
 mod shape;
 pub(crate) mod signal;
+pub mod unary;
 pub mod util;
 pub(crate) mod vision;
 

@@ -34,7 +34,7 @@
 
 use crate::Pass;
 use kiln_ir::rewrite::{rebuild, Rewrite};
-use kiln_ir::{DType, Graph, IrError, Node, NodeId, Op, Tensor, Unary, ValueId};
+use kiln_ir::{DType, Graph, IrError, Node, NodeId, Op, Tensor, ValueId};
 use std::collections::HashMap;
 
 pub struct Bf16Autocast {
@@ -82,7 +82,9 @@ pub fn policy(op: &Op) -> Policy {
         | Op::Loop { .. }
         | Op::If { .. } => Policy::Never,
         Op::Pool(p) if !matches!(p.kind, kiln_ir::PoolKind::Max) => Policy::Never,
-        Op::Unary(u) if sensitive_unary(u) => Policy::Never,
+        // Piecewise-linear functions and predicates are exact on bf16 inputs (the operator table
+        // says which); anything with a transcendental or a division amplifies rounding.
+        Op::Unary(u) if !u.exact_in_bf16() => Policy::Never,
         Op::Binary(kiln_ir::Binary::Pow | kiln_ir::Binary::Div) => Policy::Never,
         _ => Policy::Follow,
     }
@@ -90,27 +92,6 @@ pub fn policy(op: &Op) -> Policy {
 
 /// Every input of a variadic operator (Einsum).
 const ALL_INPUTS: &[usize] = &[usize::MAX];
-
-fn sensitive_unary(u: &Unary) -> bool {
-    // Piecewise-linear functions (and predicates) are exact on bf16 inputs; anything with a
-    // transcendental or a division amplifies rounding.
-    !matches!(
-        u,
-        Unary::Neg
-            | Unary::Abs
-            | Unary::Relu
-            | Unary::LeakyRelu { .. }
-            | Unary::ThresholdedRelu { .. }
-            | Unary::Floor
-            | Unary::Ceil
-            | Unary::Round
-            | Unary::Sign
-            | Unary::Not
-            | Unary::BitwiseNot
-            | Unary::IsNaN
-            | Unary::IsInf { .. }
-    )
-}
 
 /// A depthwise convolution (one input channel per group): k×k multiply-adds per output, so it
 /// is bound by memory, not arithmetic, and its few terms do not average rounding errors out.
@@ -366,7 +347,7 @@ pub fn summary(graph: &Graph) -> Bf16Summary {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kiln_ir::{Dim, TensorType};
+    use kiln_ir::{Dim, TensorType, Unary};
 
     fn f32_input(g: &mut Graph, name: &str, shape: &[usize]) -> ValueId {
         g.add_input(

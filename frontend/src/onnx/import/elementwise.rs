@@ -5,7 +5,7 @@
 use super::NodeCtx;
 use crate::error::Result;
 use crate::onnx::tensor::dtype_from_onnx;
-use kiln_ir::{Binary, DType, Op, Tensor, TensorData, Unary, ValueId};
+use kiln_ir::{Binary, DType, Op, Tensor, TensorData, Unary, UnaryAttrs, ValueId};
 
 pub(super) fn import(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
     let op_type = cx.op_type().to_string();
@@ -47,88 +47,36 @@ pub(super) fn flag(cx: &NodeCtx, name: &str, default: bool) -> Result<bool> {
     }
 }
 
-/// The unary operator `op_type` names, with its attributes (ONNX defaults filled in).
+/// The unary operator `op_type` names (from the table in `kiln_ir::ops::unary`), with its
+/// attributes (ONNX defaults filled in).
 fn unary(cx: &NodeCtx, op_type: &str) -> Result<Option<Unary>> {
-    Ok(Some(match op_type {
-        "Abs" => Unary::Abs,
-        "Neg" => Unary::Neg,
-        "Floor" => Unary::Floor,
-        "Ceil" => Unary::Ceil,
-        "Round" => Unary::Round,
-        "Reciprocal" => Unary::Reciprocal,
-        "Sign" => Unary::Sign,
-        "Sqrt" => Unary::Sqrt,
-        "Exp" => Unary::Exp,
-        "Log" => Unary::Log,
-        "Erf" => Unary::Erf,
-        "Tanh" => Unary::Tanh,
-        "Sigmoid" => Unary::Sigmoid,
-        "Relu" => Unary::Relu,
-        "Sin" => Unary::Sin,
-        "Cos" => Unary::Cos,
-        "Tan" => Unary::Tan,
-        "Asin" => Unary::Asin,
-        "Acos" => Unary::Acos,
-        "Atan" => Unary::Atan,
-        "Sinh" => Unary::Sinh,
-        "Cosh" => Unary::Cosh,
-        "Asinh" => Unary::Asinh,
-        "Acosh" => Unary::Acosh,
-        "Atanh" => Unary::Atanh,
-        "Not" => Unary::Not,
-        "BitwiseNot" => Unary::BitwiseNot,
-        "IsNaN" => Unary::IsNaN,
-        "IsInf" => Unary::IsInf {
-            detect_positive: flag(cx, "detect_positive", true)?,
-            detect_negative: flag(cx, "detect_negative", true)?,
-        },
-        "Softplus" => Unary::Softplus,
-        "Softsign" => Unary::Softsign,
-        "Mish" => Unary::Mish,
-        "HardSwish" => Unary::HardSwish,
-        "Swish" => Unary::Swish {
-            alpha: cx.attr_f("alpha", 1.0),
-        },
-        "LeakyRelu" => Unary::LeakyRelu {
-            alpha: cx.attr_f("alpha", 0.01),
-        },
-        "Elu" => Unary::Elu {
-            alpha: cx.attr_f("alpha", 1.0),
-        },
-        // Defaults of opset 6 and later (opset 1 had rounder constants).
-        "Selu" => Unary::Selu {
-            alpha: cx.attr_f("alpha", 1.673_263_2),
-            gamma: cx.attr_f("gamma", 1.050_701),
-        },
-        "Celu" => {
-            let alpha = cx.attr_f("alpha", 1.0);
-            if alpha == 0.0 {
-                return Err(cx.err("attribute 'alpha' must be nonzero"));
-            }
-            Unary::Celu { alpha }
-        }
-        "HardSigmoid" => Unary::HardSigmoid {
-            alpha: cx.attr_f("alpha", 0.2),
-            beta: cx.attr_f("beta", 0.5),
-        },
-        "ThresholdedRelu" => Unary::ThresholdedRelu {
-            alpha: cx.attr_f("alpha", 1.0),
-        },
-        "Gelu" => match cx.attr_s("approximate", "none").as_str() {
-            "none" => Unary::Gelu { tanh: false },
-            "tanh" => Unary::Gelu { tanh: true },
-            other => {
-                return Err(cx.err(format!(
-                    "attribute 'approximate' must be \"none\" or \"tanh\", got \"{other}\""
-                )))
-            }
-        },
-        "Shrink" => Unary::Shrink {
-            bias: cx.attr_f("bias", 0.0),
-            lambd: cx.attr_f("lambd", 0.5),
-        },
-        _ => return Ok(None),
-    }))
+    let Some(parsed) = Unary::from_onnx(op_type, &Attrs(cx)) else {
+        return Ok(None);
+    };
+    let u = parsed.map_err(|msg| cx.err(msg))?;
+    if cx.opset() < u.since() {
+        return Err(cx.err(format!(
+            "{op_type} is defined from opset {}; the model imports opset {}",
+            u.since(),
+            cx.opset()
+        )));
+    }
+    Ok(Some(u))
+}
+
+/// A node's attributes as the unary table reads them.
+struct Attrs<'a, 'b, 'p>(&'a NodeCtx<'b, 'p>);
+
+impl UnaryAttrs for Attrs<'_, '_, '_> {
+    fn float(&self, name: &str, default: f32) -> f32 {
+        self.0.attr_f(name, default)
+    }
+    fn int(&self, name: &str, default: i64) -> i64 {
+        self.0.attr_i(name, default)
+    }
+    fn string(&self, name: &str, default: &str) -> String {
+        self.0.attr_s(name, default)
+    }
 }
 
 /// The two-input operator `op_type` names.

@@ -39,14 +39,12 @@ type ImportFn = fn(&mut NodeCtx) -> Result<Vec<ValueId>>;
 /// The family importer for a default-domain operator, or `None` if kiln does not support it.
 fn importer_for(op_type: &str) -> Option<ImportFn> {
     Some(match op_type {
-        "Abs" | "Neg" | "Floor" | "Ceil" | "Round" | "Reciprocal" | "Sign" | "Sqrt" | "Exp" | "Log"
-        | "Erf" | "Tanh" | "Sigmoid" | "Relu" | "Sin" | "Cos" | "Tan" | "Asin" | "Acos" | "Atan" | "Sinh"
-        | "Cosh" | "Asinh" | "Acosh" | "Atanh" | "Not" | "BitwiseNot" | "IsNaN" | "IsInf" | "Softplus"
-        | "Softsign" | "Mish" | "HardSwish" | "LeakyRelu" | "Elu" | "Selu" | "Celu" | "HardSigmoid"
-        | "ThresholdedRelu" | "Gelu" | "Shrink" | "Swish" | "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Mod"
-        | "Min" | "Max" | "Sum" | "Mean" | "Equal" | "Less" | "LessOrEqual" | "Greater"
-        | "GreaterOrEqual" | "And" | "Or" | "Xor" | "BitShift" | "BitwiseAnd" | "BitwiseOr"
-        | "BitwiseXor" | "PRelu" | "Where" | "Clip" | "Cast" | "CastLike" => elementwise::import,
+        unary if kiln_ir::Unary::onnx_names().contains(&unary) => elementwise::import,
+        "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Mod" | "Min" | "Max" | "Sum" | "Mean" | "Equal" | "Less"
+        | "LessOrEqual" | "Greater" | "GreaterOrEqual" | "And" | "Or" | "Xor" | "BitShift" | "BitwiseAnd"
+        | "BitwiseOr" | "BitwiseXor" | "PRelu" | "Where" | "Clip" | "Cast" | "CastLike" => {
+            elementwise::import
+        }
         "MatMul" | "Gemm" | "Einsum" => linalg::import,
         "Conv" | "ConvTranspose" | "MaxPool" | "AveragePool" | "LpPool" | "GlobalAveragePool"
         | "GlobalMaxPool" | "GlobalLpPool" => conv::import,
