@@ -473,6 +473,42 @@ pub enum Op {
     Misc(MiscOp),
 }
 
+/// What an operator does with its data input's elements: the one answer the passes that
+/// share, move or pass through data read (the memory plan aliases views, bf16 autocast hoists
+/// casts above views and rearrangements, the channels-last pass carries a layout through
+/// element-wise operators, fusion groups them).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Motion {
+    /// The output is the input's bytes under another shape: it aliases the input, no kernel
+    /// runs (Reshape, Flatten, Squeeze, Unsqueeze, Identity).
+    View,
+    /// Elements are rearranged or repeated, none is computed (Transpose, Expand).
+    Rearrange,
+    /// Each output element is a function of the corresponding (broadcast) input elements
+    /// (unary and binary operators, Clip, Where, Cast).
+    Elementwise,
+    /// Everything else.
+    Compute,
+}
+
+impl Op {
+    pub fn motion(&self) -> Motion {
+        match self {
+            Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze | Op::Unsqueeze | Op::Identity => {
+                Motion::View
+            }
+            Op::Transpose { .. } | Op::Expand => Motion::Rearrange,
+            Op::Unary(_) | Op::Binary(_) | Op::Clip | Op::Where | Op::Cast { .. } => Motion::Elementwise,
+            _ => Motion::Compute,
+        }
+    }
+
+    /// The output aliases the input's bytes ([`Motion::View`]).
+    pub fn is_view(&self) -> bool {
+        self.motion() == Motion::View
+    }
+}
+
 /// The family an operator belongs to; each family has its own inference/evaluation module.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub enum OpFamily {

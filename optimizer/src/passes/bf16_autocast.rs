@@ -34,7 +34,7 @@
 
 use crate::Pass;
 use kiln_ir::rewrite::{rebuild, Rewrite};
-use kiln_ir::{DType, Graph, IrError, Node, NodeId, Op, Tensor, ValueId};
+use kiln_ir::{DType, Graph, IrError, Motion, Node, NodeId, Op, Tensor, ValueId};
 use std::collections::HashMap;
 
 pub struct Bf16Autocast {
@@ -114,20 +114,6 @@ fn bf16_inputs(graph: &Graph, node: &Node) -> Vec<usize> {
     }
 }
 
-/// Data movement a narrowing Cast may move above: it neither computes nor depends on values.
-fn is_movement(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Reshape { .. }
-            | Op::Flatten { .. }
-            | Op::Transpose { .. }
-            | Op::Squeeze
-            | Op::Unsqueeze
-            | Op::Identity
-            | Op::Expand
-    )
-}
-
 /// Values rounded to bf16 and widened back: bf16 values held in f32.
 fn round_bf16(t: &Tensor) -> Tensor {
     t.cast(DType::BF16).cast(DType::F32)
@@ -159,7 +145,12 @@ fn plan(graph: &Graph, hoist_movement: bool) -> (Vec<Vec<usize>>, Vec<bool>) {
     }
     for id in graph.node_ids().collect::<Vec<_>>().into_iter().rev() {
         let node = graph.node(id);
-        if !is_movement(&node.op) || node.outputs.len() != 1 || outputs.contains(&id.out(0)) {
+        // A narrowing Cast may move above views and rearrangements: they neither compute nor
+        // depend on values.
+        if !matches!(node.op.motion(), Motion::View | Motion::Rearrange)
+            || node.outputs.len() != 1
+            || outputs.contains(&id.out(0))
+        {
             continue;
         }
         let Some(x) = node.inputs[0] else { continue };

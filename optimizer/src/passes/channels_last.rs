@@ -16,7 +16,7 @@
 
 use crate::Pass;
 use kiln_ir::ops::{EvalCtx, InferCtx};
-use kiln_ir::{DType, Dim, Graph, IrError, Node, NodeId, Op, PoolKind, ReduceKind, Tensor, ValueId};
+use kiln_ir::{DType, Dim, Graph, IrError, Motion, Node, NodeId, Op, PoolKind, ReduceKind, Tensor, ValueId};
 use std::collections::HashMap;
 
 pub struct ChannelsLast;
@@ -98,14 +98,6 @@ fn anchor(graph: &Graph, node: &Node) -> bool {
         Op::GlobalPool(k) => matches!(k, PoolKind::Max | PoolKind::Average { .. }),
         _ => false,
     }
-}
-
-/// Elementwise operators: the layout passes through them unchanged.
-fn elementwise(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Unary(_) | Op::Binary(_) | Op::Clip | Op::Where | Op::Cast { .. }
-    )
 }
 
 struct Convert<'a> {
@@ -241,7 +233,8 @@ impl Convert<'_> {
             return Ok(None);
         }
         let concat = matches!(node.op, Op::Concat { axis: 1 | -3 });
-        if !(elementwise(&node.op) || concat) {
+        // Elementwise operators carry the layout through unchanged.
+        if !(node.op.motion() == Motion::Elementwise || concat) {
             return Ok(None);
         }
         let vals: Vec<ValueId> = node.inputs.iter().flatten().copied().collect();
