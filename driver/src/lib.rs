@@ -521,3 +521,127 @@ fn refuse_overwriting_inputs(source: &ModelSource, o: &Options, out: &Path) -> R
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(name: &str) -> ModelSource {
+        ModelSource::new(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../fixtures/models/{name}/model.onnx")),
+        )
+    }
+
+    #[test]
+    fn default_output_paths() {
+        assert_eq!(output_path(None, Emit::Exe, "m"), PathBuf::from("m"));
+        assert_eq!(output_path(None, Emit::Obj, "m"), PathBuf::from("m.o"));
+        assert_eq!(
+            output_path(Some(Path::new("no/such/dir/")), Emit::Ptx, "m"),
+            PathBuf::from("no/such/dir/m.ptx")
+        );
+        assert_eq!(
+            output_path(Some(Path::new("x.bin")), Emit::Exe, "m"),
+            PathBuf::from("x.bin")
+        );
+        // A file called model.onnx is named after its folder.
+        assert_eq!(fixture("conv_basic").default_name(), "conv_basic");
+    }
+
+    #[test]
+    fn target_decisions() {
+        let cuda = Options {
+            target: Target::Cuda,
+            ..Options::default()
+        };
+        assert_eq!(cuda.effective_layout(), Layout::Nchw);
+        assert_eq!(Options::default().effective_layout(), Layout::default());
+        let no_fuse = Options {
+            disabled_passes: vec![FUSE_PASS.to_string()],
+            ..Options::default()
+        };
+        assert!(!no_fuse.fusion() && Options::default().fusion());
+        let host = TargetDesc::host().unwrap();
+        // GPU kernels never round their operands; CPU ones do with avx512_bf16 pairs.
+        assert!(!Session::new(cuda).products_round_operands(&host));
+        assert_eq!(
+            Session::new(Options::default()).products_round_operands(&host),
+            host.has_bf16_pair_kernels()
+        );
+        let lib = Session::new(Options {
+            emit: Emit::StaticLib,
+            ..Options::default()
+        });
+        assert_eq!(lib.portable_requested().unwrap(), cfg!(target_arch = "x86_64"));
+        assert!(!Session::new(Options::host_executable())
+            .portable_requested()
+            .unwrap());
+    }
+
+    #[test]
+    fn wrong_options_are_usage_errors() {
+        let s = Session::new(Options {
+            disabled_passes: vec!["no-such-pass".into()],
+            ..Options::default()
+        });
+        assert!(s
+            .check_passes()
+            .unwrap_err()
+            .downcast_ref::<UsageError>()
+            .is_some());
+        let mut s = Session::new(Options {
+            sm: Some(80),
+            ..Options::host_executable()
+        });
+        let e = s.emit(&Graph::new("g"), Path::new("unused")).unwrap_err();
+        assert_eq!(
+            e.downcast_ref::<UsageError>().map(|u| u.0.as_str()),
+            Some("--sm applies to --target cuda")
+        );
+    }
+
+    #[derive(Default)]
+    struct Phases(Vec<String>, usize);
+
+    impl Progress for Phases {
+        fn phase(&mut self, name: &str) {
+            self.0.push(name.to_string());
+        }
+        fn kernel(&mut self, _: usize, _: usize) {
+            self.1 += 1;
+        }
+    }
+
+    #[test]
+    fn explains_and_compiles_a_model() {
+        let dir = std::env::temp_dir().join(format!("kiln-driver-test-{}", std::process::id()));
+        let source = fixture("conv_basic");
+        let mut phases = Phases::default();
+        let explained = Session::new(Options::host_executable())
+            .with_progress(&mut phases)
+            .explain(&source)
+            .unwrap();
+        assert_eq!(phases.0, ["import", "passes", "plan"]);
+        assert!(explained.summary.files.is_empty());
+        let report = explained.report.expect("explaining builds the report");
+        assert_eq!(report.summary.kernels, explained.summary.kernels);
+
+        let mut phases = Phases::default();
+        let compiled = Session::new(Options {
+            output: Some(dir.join("")),
+            ..Options::host_executable()
+        })
+        .with_progress(&mut phases)
+        .compile(&source)
+        .unwrap();
+        assert_eq!(compiled.output, dir.join("model"));
+        assert_eq!(compiled.summary.files, [dir.join("model")]);
+        assert!(compiled.output.is_file());
+        assert!(compiled.report.is_none());
+        assert_eq!(compiled.summary.kernels, explained.summary.kernels);
+        assert_eq!(phases.0[..3], ["import", "passes", "plan"]);
+        assert!(phases.0.iter().any(|p| p == "link"));
+        assert!(phases.1 > 0, "kernel progress reported");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
