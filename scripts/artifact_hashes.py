@@ -31,6 +31,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import struct
 import subprocess
@@ -145,11 +146,21 @@ def build_rev(rev: str, work: str) -> str:
     return os.path.join(work, "target", "release", "kiln")
 
 
+def checkout_relative(value: str) -> str:
+    """A refusal quotes the model's absolute path: name the fixtures relative to the checkout,
+    so that a baseline recorded in another clone or worktree compares equal."""
+    return re.sub(r"(?:/[^/\s:]+)*/fixtures/models/", "fixtures/models/", value)
+
+
 def compare(old: dict, new: dict, only: list[str] | None = None) -> int:
     a, b = old["artifacts"], new["artifacts"]
+    a = {k: checkout_relative(v) for k, v in a.items()}
+    b = {k: checkout_relative(v) for k, v in b.items()}
     if only:
-        # A baseline file holds every model; compare the ones recorded this time.
-        a = {k: v for k, v in a.items() if any(o in k.split("/")[0] for o in only)}
+        # A baseline file holds every model; compare the ones recorded this time (benchmark
+        # models only when --bench-models was given).
+        recorded = {k.split("/")[0] for k in b}
+        a = {k: v for k, v in a.items() if any(o in k.split("/")[0] for o in only) and k.split("/")[0] in recorded}
     if old.get("host") != new.get("host"):
         print(f"note: baseline recorded on '{old.get('host')}', this host is '{new.get('host')}'; "
               "executables are compiled for the host CPU (use --rev to rebuild the baseline here)")

@@ -72,6 +72,10 @@ pub fn classify(e: &anyhow::Error) -> Exit {
     if let Some(f) = e.downcast_ref::<Failure>() {
         return f.exit;
     }
+    // The driver's options that contradict each other (an unknown pass, --sm without CUDA).
+    if e.downcast_ref::<kiln_driver::UsageError>().is_some() {
+        return Exit::Usage;
+    }
     // Over the interpreter's memory budget: a limit of this run (--max-memory), wherever it
     // happened (a reference run, constant folding inside a pass, import).
     if e.chain().any(|c| {

@@ -1,8 +1,9 @@
 //! Options shared by every command that loads a model.
 
-use anyhow::{Context, Result};
-use kiln_frontend::{shapes::parse_input_shape, weights::read_safetensors, ImportOptions, Model};
-use std::path::{Path, PathBuf};
+use anyhow::Result;
+use kiln_driver::ModelSource;
+use kiln_frontend::{ImportOptions, Model};
+use std::path::PathBuf;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct ModelArgs {
@@ -64,46 +65,23 @@ fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 impl ModelArgs {
-    pub fn import_options(&self) -> Result<ImportOptions> {
-        // Every command that loads a model may evaluate it (folding, reference runs).
-        if let Some(bytes) = self.max_memory {
-            kiln_ir::budget::set_memory_budget(bytes);
+    /// The driver's description of the model and what binds into it.
+    pub fn source(&self) -> ModelSource {
+        ModelSource {
+            path: self.model.clone(),
+            weights: self.weights.clone(),
+            input_shapes: self.input_shapes.clone(),
+            bind: self.bind.clone(),
+            max_memory: self.max_memory,
         }
-        let mut opts = ImportOptions::default();
-        for s in &self.input_shapes {
-            opts.input_shapes.push(parse_input_shape(s)?);
-        }
-        for w in &self.weights {
-            opts.weights.extend(read_safetensors(w)?);
-        }
-        for spec in &self.bind {
-            let (name, file) = spec
-                .split_once('=')
-                .with_context(|| format!("--bind '{spec}': expected NAME=FILE"))?;
-            let t = crate::tensors::read_tensor_file(Path::new(file))
-                .with_context(|| format!("--bind {name}: {file}"))?;
-            opts.weights.push((name.to_string(), t));
-        }
-        Ok(opts)
     }
 
-    /// Every file these options make kiln read: the model, `--weights` and `--bind` files.
-    pub fn files_read(&self) -> Vec<&Path> {
-        let mut files = vec![self.model.as_path()];
-        files.extend(self.weights.iter().map(PathBuf::as_path));
-        files.extend(
-            self.bind
-                .iter()
-                .filter_map(|b| b.split_once('=').map(|(_, f)| Path::new(f))),
-        );
-        files
+    pub fn import_options(&self) -> Result<ImportOptions> {
+        self.source().import_options()
     }
 
     pub fn load(&self) -> Result<Model> {
-        let opts = self.import_options()?;
-        kiln_frontend::load_model(&self.model, &opts)
-            .map_err(anyhow::Error::from)
-            .with_context(|| format!("{}", self.model.display()))
+        self.source().load()
     }
 }
 

@@ -80,15 +80,7 @@ fn describe_inputs(graph: &Graph) -> String {
         .join(", ")
 }
 
-/// Reads a `.npy` file, or a `.pb` serialized ONNX `TensorProto`.
-pub fn read_tensor_file(path: &Path) -> Result<Tensor> {
-    let is_pb = path.extension().is_some_and(|e| e == "pb");
-    if is_pb {
-        Ok(kiln_frontend::onnx::read_tensor_pb(path)?.1)
-    } else {
-        Ok(kiln_frontend::npy::read_npy(path)?)
-    }
-}
+pub use kiln_driver::read_tensor_file;
 
 pub use kiln_frontend::npy::output_file_name;
 

@@ -2,10 +2,9 @@
 //! and run it as a user would (`./model --input NAME=FILE.npy --output-dir DIR`), each run in
 //! its own process so a crash or hang in generated code fails one case, not the suite.
 
-use kiln_codegen::{CompileOptions, Emit, Silent, TargetDesc};
+use kiln_driver::{Cpu, Emit, Layout, Options, Precision, Session, Target};
 use kiln_frontend::{load_model, ImportOptions, Model};
 use kiln_ir::{Graph, Tensor};
-use kiln_optimizer::Precision;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -54,12 +53,12 @@ pub fn compile_graph(
     compile_graph_without(graph, name, emit, out, &[])
 }
 
-pub use kiln_optimizer::pipelines::FUSE_PASS;
+pub use kiln_driver::FUSE_PASS;
 
 /// Whether `--disable-pass NAME` means something for the default CPU pipeline: one of its
 /// passes, or `fuse` (codegen's kernel grouping, whether or not a `fuse` pass exists).
 pub fn pass_exists(name: &str) -> bool {
-    kiln_optimizer::pipelines::PASS_NAMES.contains(&name)
+    kiln_driver::PASS_NAMES.contains(&name)
 }
 
 /// [`compile_graph`] with the passes named in `disabled` turned off, as `kiln compile
@@ -108,45 +107,40 @@ fn compile_for(
     cuda_sm: Option<u32>,
     precision: Precision,
 ) -> Result<kiln_codegen::Summary, String> {
-    let target = TargetDesc::host().map_err(|e| e.to_string())?;
-    // As `kiln compile` chooses for this target.
-    let products_round_operands = cuda_sm.is_none() && target.has_bf16_pair_kernels();
-    let opts = CompileOptions {
-        fusion: !disabled.contains(&FUSE_PASS),
-        profile: false,
-        name: name.to_string(),
-        target,
-        emit,
-        cc: std::env::var("CC").unwrap_or_else(|_| "cc".into()),
-        weights_out: None,
-        cuda_sm,
-    };
-    let mut graph = graph.clone();
-    // KILN_LAYOUT=nchw|nhwc runs the suites in one layout (default: the pipeline's; for the GPU,
-    // the model's own, as `kiln compile --target cuda` chooses).
-    let mut popts = kiln_optimizer::PipelineOptions {
-        precision,
-        products_round_operands,
-        ..Default::default()
-    };
-    if cuda_sm.is_some() {
-        popts.layout = kiln_optimizer::Layout::Nchw;
-    }
-    match std::env::var("KILN_LAYOUT").as_deref() {
-        Ok("nchw") => popts.layout = kiln_optimizer::Layout::Nchw,
-        Ok("nhwc") => popts.layout = kiln_optimizer::Layout::Nhwc,
+    // KILN_LAYOUT=nchw|nhwc runs the suites in one layout (default: the target's, as `kiln
+    // compile` chooses: the pipeline's for the CPU, the model's own for the GPU).
+    let layout = match std::env::var("KILN_LAYOUT").as_deref() {
+        Ok("nchw") => Some(Layout::Nchw),
+        Ok("nhwc") => Some(Layout::Nhwc),
         Ok(other) => return Err(format!("KILN_LAYOUT must be nchw or nhwc, got '{other}'")),
-        Err(_) => {}
-    }
-    let mut passes = kiln_optimizer::pipelines::cpu(&popts);
+        Err(_) => None,
+    };
     for p in disabled {
         if !pass_exists(p) {
             return Err(format!("no such pass '{p}'"));
         }
-        passes.disable(p);
     }
-    passes.run(&mut graph).map_err(|e| format!("optimize: {e}"))?;
-    kiln_codegen::compile(&graph, &opts, out, &mut Silent).map_err(|e| format!("compile: {e}"))
+    // This machine's CPU (a library too: not portable), as `kiln compile --cpu native`.
+    let mut session = Session::new(Options {
+        name: Some(name.to_string()),
+        emit,
+        target: if cuda_sm.is_some() {
+            Target::Cuda
+        } else {
+            Target::Cpu
+        },
+        sm: cuda_sm,
+        cpu: Cpu::Native,
+        layout,
+        precision,
+        disabled_passes: disabled.iter().map(|p| p.to_string()).collect(),
+        ..Options::default()
+    });
+    let mut graph = graph.clone();
+    session
+        .optimize(&mut graph)
+        .map_err(|e| format!("optimize: {e}"))?;
+    session.emit(&graph, out).map_err(|e| format!("compile: {e}"))
 }
 
 /// Runs a compiled executable on named inputs; returns its outputs in graph order.

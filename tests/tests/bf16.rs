@@ -5,10 +5,9 @@
 //! documented exceptions per fixture) are in `tests/src/bf16.rs`; `cuda_gpu.rs` applies the
 //! same ones to the GPU's tensor-core kernels.
 
-use kiln_codegen::{CompileOptions, Emit, Silent, TargetDesc};
+use kiln_driver::{Cpu, Options, Precision, Session};
 use kiln_ir::Tensor;
 use kiln_optimizer::passes::bf16_autocast;
-use kiln_optimizer::{PipelineOptions, Precision};
 use kiln_tests::bf16::check_bf16_outputs;
 use kiln_tests::compiled::{bind_shape_inputs, run_executable, WorkDir};
 use kiln_tests::fixtures::{load_manifest, Fixture};
@@ -37,30 +36,22 @@ fn check(f: &Fixture) -> anyhow::Result<Outcome> {
     let (bound, ordered) = bind_shape_inputs(&f.path(&f.model), &f.import_options()?, &model, ordered)
         .map_err(anyhow::Error::msg)?;
     let mut graph = bound.as_ref().unwrap_or(&model).graph.clone();
-    // As `kiln compile` for the host.
-    let host = TargetDesc::host()?;
-    let opts = PipelineOptions {
+    // As `kiln compile --precision bf16` for the host.
+    let mut session = Session::new(Options {
+        name: Some(f.name.clone()),
         precision: Precision::Bf16,
-        products_round_operands: host.has_bf16_pair_kernels(),
-        ..PipelineOptions::default()
-    };
-    kiln_optimizer::pipelines::cpu(&opts)
-        .run(&mut graph)
+        cpu: Cpu::Native,
+        ..Options::default()
+    });
+    session
+        .optimize(&mut graph)
         .map_err(|e| anyhow::anyhow!("optimize: {e}"))?;
     let summary = bf16_autocast::summary(&graph);
     let work = WorkDir::new(&format!("bf16-{}", f.name));
     let exe = work.0.join(&f.name);
-    let copts = CompileOptions {
-        fusion: true,
-        profile: false,
-        name: f.name.clone(),
-        target: host,
-        emit: Emit::Exe,
-        cc: std::env::var("CC").unwrap_or_else(|_| "cc".into()),
-        weights_out: None,
-        cuda_sm: None,
-    };
-    kiln_codegen::compile(&graph, &copts, &exe, &mut Silent).map_err(|e| anyhow::anyhow!("compile: {e}"))?;
+    session
+        .emit(&graph, &exe)
+        .map_err(|e| anyhow::anyhow!("compile: {e}"))?;
     let outputs = run_executable(&exe, &graph, &ordered, &work.0, 2).map_err(anyhow::Error::msg)?;
     let (worst_cos, worst_rel) = check_bf16_outputs(f, &graph, &outputs, summary.bf16_ops)?;
     let outcome = Outcome {

@@ -44,14 +44,18 @@ fn run_fixture_bf16(f: &Fixture) -> Result<(usize, f64, f64), String> {
     let outputs = run_executable(&exe, &graph, &inputs, &work.0, 1)?;
     // How many operators the autocast changed: none means the f32 tolerances apply.
     let mut optimized = graph.clone();
-    let opts = kiln_optimizer::PipelineOptions {
-        precision: kiln_optimizer::Precision::Bf16,
-        layout: kiln_optimizer::Layout::Nchw,
-        // The GPU kernels read the narrowed operands; data movement runs in bf16.
-        products_round_operands: false,
-    };
-    kiln_optimizer::pipelines::cpu(&opts)
-        .run(&mut optimized)
+    // As `kiln compile --target cuda --precision bf16` optimizes it (the GPU kernels read the
+    // narrowed operands; data movement runs in bf16).
+    let mut session = kiln_driver::Session::new(kiln_driver::Options {
+        target: kiln_driver::Target::Cuda,
+        sm: Some(sm()),
+        cpu: kiln_driver::Cpu::Native,
+        precision: kiln_driver::Precision::Bf16,
+        layout: Some(kiln_driver::Layout::Nchw),
+        ..kiln_driver::Options::default()
+    });
+    session
+        .optimize(&mut optimized)
         .map_err(|e| format!("optimize: {e}"))?;
     let bf16_ops = kiln_optimizer::passes::bf16_autocast::summary(&optimized).bf16_ops;
     let (cos, rel) = check_bf16_outputs(f, &graph, &outputs, bf16_ops).map_err(|e| format!("{e:#}"))?;

@@ -1,7 +1,8 @@
 //! Code for other CPUs and architectures: aarch64 objects and AVX-512 code are emitted and
 //! disassemble; an executable built for features this CPU lacks refuses to start clearly.
 
-use kiln_codegen::{CompileOptions, Emit, Silent, TargetDesc};
+use kiln_codegen::TargetDesc;
+use kiln_driver::{Cpu, Emit, Options, Session};
 use kiln_tests::compiled::WorkDir;
 use kiln_tests::fixtures::load_manifest;
 use std::path::Path;
@@ -17,18 +18,15 @@ fn model() -> kiln_frontend::Model {
 }
 
 fn compile_for(triple: Option<&str>, cpu: Option<&str>, emit: Emit, out: &Path) {
-    let target = TargetDesc::select(triple, cpu).expect("target");
-    let opts = CompileOptions {
-        fusion: true,
-        profile: false,
-        name: "m".into(),
-        target,
+    let mut session = Session::new(Options {
+        name: Some("m".into()),
         emit,
-        cc: "cc".into(),
-        weights_out: None,
-        cuda_sm: None,
-    };
-    kiln_codegen::compile(&model().graph, &opts, out, &mut Silent).expect("compile");
+        triple: triple.map(str::to_string),
+        cpu: cpu.map_or(Cpu::Native, |c| Cpu::Named(c.to_string())),
+        cc: Some("cc".into()),
+        ..Options::default()
+    });
+    session.emit(&model().graph, out).expect("compile");
 }
 
 fn objdump() -> &'static str {

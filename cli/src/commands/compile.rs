@@ -2,11 +2,10 @@
 //! assembly.
 
 use crate::model_args::ModelArgs;
-use anyhow::{Context, Result};
+use anyhow::Result;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use kiln_codegen::{CompileOptions, Emit, Progress, TargetDesc};
-use kiln_optimizer::{Layout, PipelineOptions, Precision};
-use std::path::{Path, PathBuf};
+use kiln_driver::{Cpu, Emit, Layout, Options, Precision, Progress, Session, Target};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -57,7 +56,7 @@ pub enum ConvAlgorithmArg {
     Direct,
 }
 
-impl From<ConvAlgorithmArg> for kiln_codegen::target::ConvAlgorithm {
+impl From<ConvAlgorithmArg> for kiln_driver::ConvAlgorithm {
     fn from(a: ConvAlgorithmArg) -> Self {
         match a {
             ConvAlgorithmArg::Auto => Self::Auto,
@@ -72,32 +71,67 @@ pub enum PrecisionArg {
     Bf16,
 }
 
-/// The optimizer options from the command line.
-pub fn pipeline_options(layout: Option<LayoutArg>, precision: PrecisionArg) -> PipelineOptions {
-    PipelineOptions {
-        layout: match layout {
-            Some(LayoutArg::Nchw) => Layout::Nchw,
-            Some(LayoutArg::Nhwc) => Layout::Nhwc,
-            None => Layout::default(),
-        },
-        precision: match precision {
-            PrecisionArg::F32 => Precision::F32,
-            PrecisionArg::Bf16 => Precision::Bf16,
-        },
-        // What the target's kernels can do is for the caller, which knows the target.
-        products_round_operands: false,
+impl From<LayoutArg> for Layout {
+    fn from(l: LayoutArg) -> Layout {
+        match l {
+            LayoutArg::Nchw => Layout::Nchw,
+            LayoutArg::Nhwc => Layout::Nhwc,
+        }
     }
 }
 
-use kiln_optimizer::pipelines::FUSE_PASS;
+impl From<PrecisionArg> for Precision {
+    fn from(p: PrecisionArg) -> Precision {
+        match p {
+            PrecisionArg::F32 => Precision::F32,
+            PrecisionArg::Bf16 => Precision::Bf16,
+        }
+    }
+}
+
+impl From<EmitArg> for Emit {
+    fn from(e: EmitArg) -> Emit {
+        match e {
+            EmitArg::Exe => Emit::Exe,
+            EmitArg::Staticlib => Emit::StaticLib,
+            EmitArg::Sharedlib => Emit::SharedLib,
+            EmitArg::Obj => Emit::Obj,
+            EmitArg::LlvmIr => Emit::LlvmIr,
+            EmitArg::Asm => Emit::Asm,
+            EmitArg::Ptx => Emit::Ptx,
+        }
+    }
+}
 
 impl Args {
-    /// The layout asked for, or the target's default: the GPU kernels read the model's own
-    /// (NCHW) layout, so a CUDA model keeps it unless --layout says otherwise.
-    pub fn effective_layout(&self) -> Option<LayoutArg> {
-        match (self.layout, self.target) {
-            (None, TargetArg::Cuda) => Some(LayoutArg::Nchw),
-            (layout, _) => layout,
+    /// The driver's options for these flags (`report`: build the report, as `--report` and
+    /// `kiln explain` need).
+    pub fn options(&self, report: bool) -> Options {
+        Options {
+            name: self.name.clone(),
+            output: self.output.clone(),
+            emit: self.emit.into(),
+            target: match self.target {
+                TargetArg::Cpu => Target::Cpu,
+                TargetArg::Cuda => Target::Cuda,
+            },
+            sm: self.sm,
+            cpu: match self.cpu.as_deref() {
+                None => Cpu::Default,
+                Some("native") => Cpu::Native,
+                Some("portable") => Cpu::Portable,
+                Some(other) => Cpu::Named(other.to_string()),
+            },
+            triple: self.target_triple.clone(),
+            layout: self.layout.map(Layout::from),
+            precision: self.precision.into(),
+            conv_algorithm: self.conv_algorithm.into(),
+            disabled_passes: self.disable_pass.clone(),
+            print_after: self.print_after.clone(),
+            profile: self.profile,
+            weights_out: self.weights_out.clone(),
+            report: report || self.report.is_some(),
+            cc: None,
         }
     }
 }
@@ -171,7 +205,7 @@ pub struct Args {
     /// Print the graph after a pass (or after every pass: `all`) to stderr, or with PASS=FILE
     /// to a file. May be given several times.
     #[arg(long = "print-after", value_name = "PASS[=FILE]")]
-    pub print_after: Vec<kiln_optimizer::PrintAfter>,
+    pub print_after: Vec<kiln_driver::PrintAfter>,
 
     /// List every kernel (node, operator, implementation) after compiling.
     #[arg(long)]
@@ -212,206 +246,26 @@ pub fn run(args: Args) -> Result<()> {
 
 pub fn build(args: Args, mode: Mode) -> Result<()> {
     let explain = mode != Mode::Compile;
-    let stem = args
-        .model
-        .model
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "model".to_string());
-    // A model file called model.onnx is better named after its folder.
-    let default_name = if stem == "model" {
-        args.model
-            .model
-            .canonicalize()
-            .ok()
-            .and_then(|p| {
-                p.parent()
-                    .and_then(|d| d.file_name())
-                    .map(|d| d.to_string_lossy().into_owned())
-            })
-            .unwrap_or(stem)
-    } else {
-        stem
-    };
-    let name = args.name.clone().unwrap_or(default_name);
-    let emit = match args.emit {
-        EmitArg::Exe => Emit::Exe,
-        EmitArg::Staticlib => Emit::StaticLib,
-        EmitArg::Sharedlib => Emit::SharedLib,
-        EmitArg::Obj => Emit::Obj,
-        EmitArg::LlvmIr => Emit::LlvmIr,
-        EmitArg::Asm => Emit::Asm,
-        EmitArg::Ptx => Emit::Ptx,
-    };
-    let ident = kiln_codegen::header::c_ident(&name);
-    let out = output_path(args.output.as_deref(), emit, &ident);
-    // Before anything is read: a refused path should not wait for the model to compile.
-    if !explain {
-        refuse_overwriting_inputs(&args, emit, &out)?;
-    }
     let start = Instant::now();
+    let source = args.model.source();
     let mut progress = Bars::new(args.quiet);
-    progress.phase("import");
-    let opts = args.model.import_options()?;
-    let model = kiln_frontend::load_model(&args.model.model, &opts)
-        .map_err(anyhow::Error::from)
-        .with_context(|| format!("{}", args.model.model.display()))?;
-    progress.phase("passes");
-    let mut graph = model.graph;
-    let layout = args.effective_layout();
-    let portable = portable_requested(&args, emit)?;
-    let mut target = match (&portable, args.cpu.as_deref()) {
-        (true, _) => TargetDesc::portable_baseline(args.target_triple.as_deref())?,
-        (false, Some("native")) => TargetDesc::select(args.target_triple.as_deref(), None)?,
-        (false, cpu) => TargetDesc::select(args.target_triple.as_deref(), cpu)?,
+    let compiled = {
+        let mut session = Session::new(args.options(explain)).with_progress(&mut progress);
+        if explain {
+            session.explain(&source)?
+        } else {
+            session.compile(&source)?
+        }
     };
-    target.conv_algorithm = args.conv_algorithm.into();
-    // The portable variants, each with the graph optimized for it: the passes depend on
-    // whether the target's products round their operands to bf16 themselves.
-    let variant_targets = if portable {
-        let mut v = TargetDesc::portable_variants(
-            args.target_triple.as_deref(),
-            args.precision == PrecisionArg::Bf16,
-        )
-        .map_err(|e| {
-            anyhow::Error::new(crate::exit::Failure::new(crate::exit::Exit::Usage, e.to_string()))
-        })?;
-        for t in &mut v {
-            t.conv_algorithm = args.conv_algorithm.into();
-        }
-        v
-    } else {
-        vec![]
-    };
-    let known = kiln_optimizer::pipelines::PASS_NAMES;
-    for p in &args.disable_pass {
-        if !known.contains(&p.as_str()) {
-            anyhow::bail!("--disable-pass {p}: no such pass (passes: {})", known.join(", "));
-        }
-    }
-    let fusion = !args.disable_pass.iter().any(|p| p == FUSE_PASS);
-    // The report compares the imported graph with the optimized one.
-    let original = (explain || args.report.is_some()).then(|| graph.clone());
-    let run_passes = |graph: &mut kiln_ir::Graph, round_operands: bool, print: bool| -> Result<_> {
-        let mut popts = pipeline_options(layout, args.precision);
-        popts.products_round_operands = round_operands;
-        let mut passes = kiln_optimizer::pipelines::cpu(&popts);
-        for p in &args.disable_pass {
-            passes.disable(p);
-        }
-        if print {
-            for spec in &args.print_after {
-                passes
-                    .print_after(spec.clone())
-                    .map_err(|e| anyhow::anyhow!("--print-after {}: {e}", spec.pass))?;
-            }
-        }
-        Ok(passes.run(graph)?)
-    };
-    let cpu_products_round = |t: &TargetDesc| args.target == TargetArg::Cpu && t.has_bf16_pair_kernels();
-    let mut variant_graphs: Vec<kiln_ir::Graph> = vec![];
-    let pass_stats = if portable {
-        // Variants that agree on the passes share one optimized graph.
-        let mut stats = None;
-        let mut done: Vec<(bool, usize)> = vec![];
-        for t in &variant_targets {
-            let round = cpu_products_round(t);
-            if let Some(&(_, i)) = done.iter().find(|(r, _)| *r == round) {
-                variant_graphs.push(variant_graphs[i].clone());
-                continue;
-            }
-            let mut g = graph.clone();
-            let st = run_passes(&mut g, round, stats.is_none())?;
-            stats.get_or_insert(st);
-            done.push((round, variant_graphs.len()));
-            variant_graphs.push(g);
-        }
-        graph = variant_graphs.last().cloned().expect("portable variants");
-        stats.expect("portable variants")
-    } else {
-        run_passes(&mut graph, cpu_products_round(&target), true)?
-    };
-    let bf16 = (args.precision == PrecisionArg::Bf16)
-        .then(|| kiln_optimizer::passes::bf16_autocast::summary(&graph));
-    if args.sm.is_some() && args.target != TargetArg::Cuda {
-        return Err(anyhow::Error::new(crate::exit::Failure::new(
-            crate::exit::Exit::Usage,
-            "--sm applies to --target cuda",
-        )));
-    }
-    if emit == Emit::Ptx && args.target != TargetArg::Cuda {
-        return Err(anyhow::Error::new(crate::exit::Failure::new(
-            crate::exit::Exit::Usage,
-            "--emit ptx needs --target cuda",
-        )));
-    }
-    let cuda_sm =
-        (args.target == TargetArg::Cuda).then(|| args.sm.unwrap_or(kiln_codegen::nvptx::DEFAULT_SM));
-    if !explain {
-        let dir = kiln_codegen::artifact_files(emit, &out)[0]
-            .parent()
-            .map(Path::to_path_buf)
-            .filter(|d| !d.as_os_str().is_empty());
-        if let Some(dir) = dir {
-            std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        }
-    }
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
-    let copts = CompileOptions {
-        name: name.clone(),
-        target,
-        emit,
-        cc,
-        fusion,
-        profile: args.profile,
-        weights_out: args.weights_out.clone(),
-        cuda_sm,
-    };
-    let variants: Vec<kiln_codegen::Variant> = variant_targets
-        .iter()
-        .zip(&variant_graphs)
-        .map(|(t, g)| kiln_codegen::Variant {
-            target: t.clone(),
-            graph: g,
-        })
-        .collect();
-    let summary = match (explain, portable) {
-        (true, false) => {
-            progress.phase("plan");
-            kiln_codegen::plan_only(&graph, &copts)
-        }
-        (true, true) => {
-            progress.phase("plan");
-            kiln_codegen::plan_only_portable(&variants, &copts)
-        }
-        (false, false) => kiln_codegen::compile(&graph, &copts, &out, &mut progress),
-        (false, true) => kiln_codegen::compile_portable(&variants, &copts, &out, &mut progress),
-    }
-    .with_context(|| format!("{}", args.model.model.display()))?;
     progress.finish();
-    if let Some(original) = &original {
-        let popts = pipeline_options(layout, args.precision);
-        let report = crate::commands::explain::build_report(&crate::commands::explain::Inputs {
-            model_path: &args.model.model,
-            name: &name,
-            options: crate::commands::explain::OptionsInfo {
-                layout: format!("{:?}", popts.layout).to_lowercase(),
-                precision: format!("{:?}", popts.precision).to_lowercase(),
-                disabled_passes: args.disable_pass.clone(),
-                fusion,
-                conv_algorithm: format!("{:?}", args.conv_algorithm).to_lowercase(),
-            },
-            original,
-            optimized: &graph,
-            passes: &pass_stats,
-            summary: &summary,
-        });
+    let (name, summary) = (&compiled.name, &compiled.summary);
+    if let Some(report) = &compiled.report {
         if let Some(path) = &args.report {
-            crate::commands::explain::write_json(&report, path)?;
+            crate::commands::explain::write_json(report, path)?;
         }
         match mode {
-            Mode::ExplainTable => crate::emit(&crate::commands::explain::to_table(&report)),
-            Mode::ExplainJson => crate::emit(&crate::commands::explain::to_json(&report)),
+            Mode::ExplainTable => crate::emit(&crate::commands::explain::to_table(report)),
+            Mode::ExplainJson => crate::emit(&crate::commands::explain::to_json(report)),
             Mode::Compile => {}
         }
     }
@@ -444,7 +298,7 @@ pub fn build(args: Args, mode: Mode) -> Result<()> {
                 kiln_codegen::weights_file::hex(w.layout_hash)
             );
         }
-        if let Some(b) = bf16 {
+        if let Some(b) = &compiled.bf16 {
             eprintln!(
                 "  bf16: {} of {} matmul/conv ops read bf16 operands (f32 accumulation), {:.1}% of {:.2} GFLOP",
                 b.bf16_ops,
@@ -474,101 +328,6 @@ pub fn build(args: Args, mode: Mode) -> Result<()> {
     Ok(())
 }
 
-/// Whether to build a portable artifact: `--cpu portable`, or by default for libraries and
-/// objects (code that is shipped to other machines) on x86-64, unless the build's options tie
-/// it to one CPU (--target cuda, --weights-out, another triple).
-fn portable_requested(args: &Args, emit: Emit) -> Result<bool> {
-    let usage = |m: String| anyhow::Error::new(crate::exit::Failure::new(crate::exit::Exit::Usage, m));
-    let x86_triple = args
-        .target_triple
-        .as_deref()
-        .is_none_or(|t| t.starts_with("x86_64"));
-    if args.cpu.as_deref() == Some("portable") {
-        if args.target == TargetArg::Cuda {
-            return Err(usage(
-                "--cpu portable applies to CPU targets, not --target cuda".into(),
-            ));
-        }
-        if args.weights_out.is_some() {
-            return Err(usage(
-                "--cpu portable carries one weights layout per variant and cannot use --weights-out: name a CPU with --cpu (e.g. --cpu x86-64-v3 or --cpu native)".into(),
-            ));
-        }
-        if !x86_triple || !cfg!(target_arch = "x86_64") && args.target_triple.is_none() {
-            return Err(usage(format!(
-                "--cpu portable is for x86-64 (x86-64-v3 and x86-64-v4 kernels); for {} name a CPU with --cpu",
-                args.target_triple.as_deref().unwrap_or("this machine")
-            )));
-        }
-        return Ok(true);
-    }
-    Ok(args.cpu.is_none()
-        && matches!(emit, Emit::StaticLib | Emit::SharedLib | Emit::Obj)
-        && args.target == TargetArg::Cpu
-        && args.weights_out.is_none()
-        && x86_triple
-        && cfg!(target_arch = "x86_64"))
-}
-
-/// The file name an emit writes when -o does not give one: the executable or the library stem
-/// `ident`, or `ident` with the format's extension.
-fn default_file_name(emit: Emit, ident: &str) -> String {
-    match emit {
-        Emit::Exe | Emit::StaticLib | Emit::SharedLib => ident.to_string(),
-        Emit::Obj => format!("{ident}.o"),
-        Emit::LlvmIr => format!("{ident}.ll"),
-        Emit::Asm => format!("{ident}.s"),
-        Emit::Ptx => format!("{ident}.ptx"),
-    }
-}
-
-/// Where the artifact goes: `-o PATH` as given, or the default name inside `PATH` when it is an
-/// existing folder or ends in '/' (a folder to create), or the default name here.
-fn output_path(output: Option<&Path>, emit: Emit, ident: &str) -> PathBuf {
-    let name = default_file_name(emit, ident);
-    match output {
-        None => PathBuf::from(name),
-        Some(o) => {
-            let text = o.as_os_str().to_string_lossy();
-            if o.is_dir() || text.ends_with('/') {
-                o.join(name)
-            } else {
-                o.to_path_buf()
-            }
-        }
-    }
-}
-
-/// Refuses to write over a file the compilation reads (the model, a --weights or --bind file):
-/// `kiln compile m.onnx -o m.onnx` would otherwise replace the model with the executable.
-/// Paths are compared after resolving links, so a symlink to the model is refused too.
-fn refuse_overwriting_inputs(args: &Args, emit: Emit, out: &Path) -> Result<()> {
-    let inputs: Vec<(PathBuf, &Path)> = args
-        .model
-        .files_read()
-        .into_iter()
-        .filter_map(|p| p.canonicalize().ok().map(|c| (c, p)))
-        .collect();
-    let mut outputs = kiln_codegen::artifact_files(emit, out);
-    outputs.extend(args.weights_out.clone());
-    for o in &outputs {
-        let Ok(canonical) = o.canonicalize() else {
-            continue; // not there yet: nothing to overwrite
-        };
-        if let Some((_, input)) = inputs.iter().find(|(c, _)| *c == canonical) {
-            return Err(anyhow::Error::new(crate::exit::Failure::new(
-                crate::exit::Exit::Usage,
-                format!(
-                    "output {} is the input file {}: refusing to overwrite it (give -o another path or a folder)",
-                    o.display(),
-                    input.display()
-                ),
-            )));
-        }
-    }
-    Ok(())
-}
-
 pub fn bytes(n: u64) -> String {
     match n {
         n if n >= 1 << 20 => format!("{:.1} MiB", n as f64 / (1u64 << 20) as f64),
@@ -578,23 +337,34 @@ pub fn bytes(n: u64) -> String {
 }
 
 /// Progress on stderr: a spinner naming the phase, a bar while kernels are generated. Hidden
-/// when stderr is not a terminal (indicatif's default) or with --quiet.
+/// when stderr is not a terminal (indicatif's default) or with --quiet. The spinner starts with
+/// the first phase (after the output path was checked).
 struct Bars {
-    bar: ProgressBar,
+    quiet: bool,
+    bar: Option<ProgressBar>,
 }
 
 impl Bars {
     fn new(quiet: bool) -> Bars {
-        let bar = ProgressBar::new_spinner();
-        if quiet {
-            bar.set_draw_target(ProgressDrawTarget::hidden());
-        }
-        bar.enable_steady_tick(Duration::from_millis(100));
-        Bars { bar }
+        Bars { quiet, bar: None }
+    }
+
+    fn bar(&mut self) -> &ProgressBar {
+        let quiet = self.quiet;
+        self.bar.get_or_insert_with(|| {
+            let bar = ProgressBar::new_spinner();
+            if quiet {
+                bar.set_draw_target(ProgressDrawTarget::hidden());
+            }
+            bar.enable_steady_tick(Duration::from_millis(100));
+            bar
+        })
     }
 
     fn finish(&mut self) {
-        self.bar.finish_and_clear();
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
     }
 }
 
@@ -611,20 +381,21 @@ impl Progress for Bars {
             "weights" => "writing the weights file",
             other => other,
         };
-        self.bar
-            .set_style(ProgressStyle::with_template("{spinner} {msg} [{elapsed}]").expect("valid template"));
-        self.bar.set_message(msg.to_string());
+        let bar = self.bar();
+        bar.set_style(ProgressStyle::with_template("{spinner} {msg} [{elapsed}]").expect("valid template"));
+        bar.set_message(msg.to_string());
     }
 
     fn kernel(&mut self, index: usize, total: usize) {
+        let bar = self.bar();
         if index == 0 {
-            self.bar.set_length(total as u64);
-            self.bar.set_position(0);
-            self.bar.set_style(
+            bar.set_length(total as u64);
+            bar.set_position(0);
+            bar.set_style(
                 ProgressStyle::with_template("{spinner} generating kernels {bar:30} {pos}/{len} [{elapsed}]")
                     .expect("valid template"),
             );
         }
-        self.bar.set_position(index as u64 + 1);
+        bar.set_position(index as u64 + 1);
     }
 }

@@ -145,20 +145,12 @@ pub fn run(args: Args) -> Result<()> {
 fn run_compiled(args: &Args, model: kiln_frontend::Model) -> Result<()> {
     let inputs = read_inputs(&model.graph, &args.inputs)?;
     let mut graph = model.graph;
-    kiln_optimizer::cpu_pipeline().run(&mut graph)?;
+    let mut session = kiln_driver::Session::new(kiln_driver::Options::host_executable());
+    session.optimize(&mut graph)?;
     let dir = tempfile::tempdir().context("cannot create a temporary folder")?;
     let exe = dir.path().join("model");
-    let opts = kiln_codegen::CompileOptions {
-        fusion: true,
-        profile: false,
-        name: "model".to_string(),
-        target: kiln_codegen::TargetDesc::host()?,
-        emit: kiln_codegen::Emit::Exe,
-        cc: std::env::var("CC").unwrap_or_else(|_| "cc".to_string()),
-        weights_out: None,
-        cuda_sm: None,
-    };
-    kiln_codegen::compile(&graph, &opts, &exe, &mut kiln_codegen::Silent)
+    session
+        .emit(&graph, &exe)
         .with_context(|| format!("{}", args.model.model.display()))?;
     let mut cmd = std::process::Command::new(&exe);
     let values = graph.input_types().map(|(name, _)| &inputs[name]);

@@ -13,16 +13,14 @@
 mod compare;
 mod random;
 
-use crate::commands::compile::{pipeline_options, LayoutArg, PrecisionArg};
+use crate::commands::compile::{LayoutArg, PrecisionArg};
 use crate::exit::{Exit, Failure};
 use crate::model_args::ModelArgs;
 use crate::tensors::{read_output_files, write_input_files};
 use anyhow::{bail, Context, Result};
 use compare::{Metrics, Tolerance};
-use kiln_codegen::plan::Plan;
-use kiln_codegen::{CompileOptions, Emit, Silent, TargetDesc};
+use kiln_driver::{Layout, Options, Plan, Session};
 use kiln_ir::{Graph, NodeId, Op, Tensor, ValueId};
-use kiln_optimizer::pipelines::{FUSE_PASS, PASS_NAMES};
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -202,9 +200,15 @@ struct Probe {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let mut popts = pipeline_options(args.layout, args.precision);
-    // The pipeline `kiln compile` runs for the host.
-    popts.products_round_operands = TargetDesc::host()?.has_bf16_pair_kernels();
+    // The pipeline `kiln compile` runs for the host, to an executable.
+    let mut session = Session::new(Options {
+        layout: args.layout.map(Layout::from),
+        precision: args.precision.into(),
+        disabled_passes: args.disable_pass.clone(),
+        ..Options::host_executable()
+    });
+    let target = session.target()?;
+    let popts = session.pipeline_options(&target);
     let base_tol = {
         let d = match args.precision {
             PrecisionArg::F32 => Tolerance::F32,
@@ -217,35 +221,20 @@ pub fn run(args: Args) -> Result<()> {
             range_tol: args.range_tol.unwrap_or(d.range_tol),
         }
     };
-    for p in &args.disable_pass {
-        if !PASS_NAMES.contains(&p.as_str()) {
-            bail!(
-                "--disable-pass {p}: no such pass (passes: {})",
-                PASS_NAMES.join(", ")
-            );
-        }
-    }
-    let opts = args.model.import_options()?;
-    let original = kiln_frontend::load_model(&args.model.model, &opts)
-        .map_err(anyhow::Error::from)
-        .with_context(|| format!("{}", args.model.model.display()))?
-        .graph;
+    session.check_passes()?;
+    let source = args.model.source();
+    let original = source.load()?.graph;
     let (inputs, input_info) = gather_inputs(&original, &args.inputs, args.seed)?;
     let reference = kiln_ir::eval::eval_graph(&original, inputs.clone())
         .context("the reference interpreter cannot run the model on these inputs")?;
 
-    let mut passes = kiln_optimizer::pipelines::cpu(&popts);
-    for p in &args.disable_pass {
-        passes.disable(p);
-    }
+    let passes = session.pass_manager(&target, false)?;
     let mut graph = original.clone();
     let mut snapshots: Vec<(&'static str, Graph)> = vec![];
     passes.run_observed(&mut graph, |p, g| snapshots.push((p, g.clone())))?;
-    let fusion = !args.disable_pass.iter().any(|p| p == FUSE_PASS);
-    let lowered = kiln_codegen::control::lower_control_flow(&graph)?;
-    let graph = lowered.unwrap_or(graph);
-    let target = TargetDesc::host()?;
-    let plan = kiln_codegen::plan::build(&graph, &target, fusion)?;
+    let fusion = session.options().fusion();
+    let graph = session.lower_control_flow(graph)?;
+    let plan = session.plan(&graph)?;
 
     // The optimized graph with every kernel output as an extra graph output.
     let mut probed = graph.clone();
@@ -267,25 +256,15 @@ pub fn run(args: Args) -> Result<()> {
             });
         }
     }
-    let probed_plan = kiln_codegen::plan::build(&probed, &target, fusion)?;
+    let probed_plan = session.plan(&probed)?;
     let same_plan = plan_signature(&plan) == plan_signature(&probed_plan);
     let compiled_graph = if same_plan { &probed } else { &graph };
 
     let dir = tempfile::tempdir().context("cannot create a temporary folder")?;
     let input_files = write_input_files(dir.path(), &graph, &inputs)?;
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
-    let copts = |fusion: bool| CompileOptions {
-        name: "model".to_string(),
-        target: target.clone(),
-        emit: Emit::Exe,
-        cc: cc.clone(),
-        fusion,
-        profile: false,
-        weights_out: None,
-        cuda_sm: None,
-    };
     let exe = dir.path().join("model");
-    kiln_codegen::compile(compiled_graph, &copts(fusion), &exe, &mut Silent)
+    session
+        .emit(compiled_graph, &exe)
         .with_context(|| format!("{}", args.model.model.display()))?;
     let actual = run_exe(
         &exe,
@@ -385,17 +364,13 @@ pub fn run(args: Args) -> Result<()> {
                 .into_iter()
                 .filter(|p| !passes.is_disabled(p))
                 .collect();
+            let options = session.options();
             let without = |pass: &'static str| -> Result<bool> {
-                let mut pm = kiln_optimizer::pipelines::cpu(&popts);
-                for p in &args.disable_pass {
-                    pm.disable(p);
-                }
-                pm.disable(pass);
+                let mut s = Session::new(kiln_driver::without_pass(options, pass));
                 let mut g = original.clone();
-                pm.run(&mut g)?;
-                let fusion = fusion && pass != FUSE_PASS;
+                s.optimize(&mut g)?;
                 let exe = dir.path().join(format!("model-without-{pass}"));
-                kiln_codegen::compile(&g, &copts(fusion), &exe, &mut Silent)?;
+                s.emit(&g, &exe)?;
                 let out_dir = dir.path().join(format!("out-without-{pass}"));
                 let out = run_exe(&exe, &out_dir, &g, &input_files, args.threads)?;
                 Ok(original

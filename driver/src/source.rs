@@ -1,0 +1,107 @@
+//! Where a model comes from: the model file and what binds its inputs and initializers.
+
+use anyhow::{Context, Result};
+use kiln_frontend::{shapes::parse_input_shape, weights::read_safetensors, ImportOptions, Model};
+use kiln_ir::Tensor;
+use std::path::{Path, PathBuf};
+
+/// A model file and what the import binds into it (`kiln <command> MODEL --weights ... --bind
+/// ... --input-shape ... --max-memory ...`).
+#[derive(Clone, Debug, Default)]
+pub struct ModelSource {
+    /// The model file (.onnx). External data files are read from its folder.
+    pub path: PathBuf,
+    /// Safetensors files whose tensors are bound to initializers or inputs by name.
+    pub weights: Vec<PathBuf>,
+    /// Input shapes, `NAME=D0,D1,...` (binding symbolic dims).
+    pub input_shapes: Vec<String>,
+    /// Inputs frozen to a value known at compile time, `NAME=FILE` (.npy or .pb).
+    pub bind: Vec<String>,
+    /// Memory the reference interpreter may use (reference runs, constant folding).
+    pub max_memory: Option<u64>,
+}
+
+impl ModelSource {
+    pub fn new(path: impl Into<PathBuf>) -> ModelSource {
+        ModelSource {
+            path: path.into(),
+            ..ModelSource::default()
+        }
+    }
+
+    /// The frontend's options: shapes parsed, weight and bind files read. Sets the
+    /// interpreter's memory budget when `max_memory` is given (every command that loads a
+    /// model may evaluate it).
+    pub fn import_options(&self) -> Result<ImportOptions> {
+        if let Some(bytes) = self.max_memory {
+            kiln_ir::budget::set_memory_budget(bytes);
+        }
+        let mut opts = ImportOptions::default();
+        for s in &self.input_shapes {
+            opts.input_shapes.push(parse_input_shape(s)?);
+        }
+        for w in &self.weights {
+            opts.weights.extend(read_safetensors(w)?);
+        }
+        for spec in &self.bind {
+            let (name, file) = spec
+                .split_once('=')
+                .with_context(|| format!("--bind '{spec}': expected NAME=FILE"))?;
+            let t = read_tensor_file(Path::new(file)).with_context(|| format!("--bind {name}: {file}"))?;
+            opts.weights.push((name.to_string(), t));
+        }
+        Ok(opts)
+    }
+
+    /// Every file the import reads: the model, the weights and bind files.
+    pub fn files_read(&self) -> Vec<&Path> {
+        let mut files = vec![self.path.as_path()];
+        files.extend(self.weights.iter().map(PathBuf::as_path));
+        files.extend(
+            self.bind
+                .iter()
+                .filter_map(|b| b.split_once('=').map(|(_, f)| Path::new(f))),
+        );
+        files
+    }
+
+    /// Imports the model (errors name the model file).
+    pub fn load(&self) -> Result<Model> {
+        let opts = self.import_options()?;
+        kiln_frontend::load_model(&self.path, &opts)
+            .map_err(anyhow::Error::from)
+            .with_context(|| format!("{}", self.path.display()))
+    }
+
+    /// The model's name when none is given: the file's stem, or for a file called
+    /// `model.onnx` its folder's name.
+    pub fn default_name(&self) -> String {
+        let stem = self
+            .path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".to_string());
+        if stem != "model" {
+            return stem;
+        }
+        self.path
+            .canonicalize()
+            .ok()
+            .and_then(|p| {
+                p.parent()
+                    .and_then(|d| d.file_name())
+                    .map(|d| d.to_string_lossy().into_owned())
+            })
+            .unwrap_or(stem)
+    }
+}
+
+/// Reads a `.npy` file, or a `.pb` serialized ONNX `TensorProto`.
+pub fn read_tensor_file(path: &Path) -> Result<Tensor> {
+    let is_pb = path.extension().is_some_and(|e| e == "pb");
+    if is_pb {
+        Ok(kiln_frontend::onnx::read_tensor_pb(path)?.1)
+    } else {
+        Ok(kiln_frontend::npy::read_npy(path)?)
+    }
+}
