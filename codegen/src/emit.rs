@@ -3,10 +3,13 @@
 //! exported C API (`NAME_create`, `NAME_run`, ...). The micro-kernel and runtime bitcode is
 //! linked in, everything but the API is made internal, and the module is verified.
 
+use crate::api::Api;
 use crate::error::{CodegenError, Result};
 use crate::gen::{llvm, runtime_fn, KernelBuilder};
+use crate::kernel::Storage;
 use crate::node::NodeInfo;
-use crate::plan::{Kernel, KernelImpl, Plan, Storage};
+use crate::plan::kernel::{Kernel, KernelImpl};
+use crate::plan::Plan;
 use crate::target::TargetDesc;
 use crate::uk::UkCall;
 use inkwell::builder::Builder;
@@ -17,65 +20,6 @@ use inkwell::values::{BasicValueEnum, FunctionValue, GlobalValue, PointerValue};
 use inkwell::{AddressSpace, IntPredicate};
 use kiln_ir::{Graph, TensorType};
 use std::collections::HashMap;
-
-/// The C API of one model: the names every artifact exports.
-pub struct Api {
-    pub prefix: String,
-    /// The profiling functions are part of the API (`kiln compile --profile`).
-    pub profile: bool,
-    /// The weights file's name (no folder) when the weights live outside the binary
-    /// (`--weights-out`): the API then has `NAME_create_with_weights`.
-    pub weights_file: Option<String>,
-    /// A CUDA model (`--target cuda`): the API adds `NAME_create_on_device` and
-    /// `NAME_run_device` (device pointers, a stream).
-    pub cuda: bool,
-}
-
-impl Api {
-    pub fn symbol(&self, what: &str) -> String {
-        format!("{}_{what}", self.prefix)
-    }
-
-    pub fn exported(&self, with_main: bool) -> Vec<String> {
-        let mut v: Vec<String> = [
-            "create",
-            "destroy",
-            "run",
-            "run_generic",
-            "last_error",
-            "workspace_size",
-            "info",
-            "input_count",
-            "input_name",
-            "input_dtype",
-            "input_shape",
-            "output_count",
-            "output_name",
-            "output_dtype",
-            "output_shape",
-        ]
-        .iter()
-        .map(|w| self.symbol(w))
-        .collect();
-        if self.profile {
-            v.extend(crate::profile::API_FUNCTIONS.iter().map(|w| self.symbol(w)));
-        }
-        if self.weights_file.is_some() {
-            v.push(self.symbol("create_with_weights"));
-        }
-        if self.cuda {
-            v.push(self.symbol("create_on_device"));
-            v.push(self.symbol("run_device"));
-            if self.weights_file.is_some() {
-                v.push(self.symbol("create_with_weights_on_device"));
-            }
-        }
-        if with_main {
-            v.push("main".to_string());
-        }
-        v
-    }
-}
 
 pub struct ModuleParts<'a> {
     pub graph: &'a Graph,

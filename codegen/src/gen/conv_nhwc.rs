@@ -7,10 +7,12 @@
 //! output row, a few channel vectors per step with the taps' weights laid out `[tap][C]`, and the
 //! bias, residual and activation applied in registers.
 
+use super::activation::activation;
 use super::emit::Emit;
-use super::gemm::{activation, Activation, Bias, Epilogue, Residual};
-use super::{llvm, GeneratedKernel, KernelBuilder, PackedConst, Scratch};
+use super::{llvm, GeneratedKernel, KernelBuilder};
 use crate::error::Result;
+use crate::kernel::epilogue::{Activation, Bias, Epilogue, Residual};
+use crate::kernel::{PackedConst, Scratch};
 use crate::node::NodeInfo;
 use crate::target::TargetDesc;
 use inkwell::values::{IntValue, PointerValue, VectorValue};

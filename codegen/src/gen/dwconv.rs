@@ -3,10 +3,12 @@
 //! the inner loops need no bounds checks; outputs are computed a few vectors along the output
 //! row at a time (independent FMA chains), with the bias and activation applied in registers.
 
+use super::activation::activation;
 use super::emit::Emit;
-use super::gemm::{activation, Activation, Bias, Epilogue};
-use super::{llvm, GeneratedKernel, KernelBuilder, PackedConst, Scratch};
+use super::{llvm, GeneratedKernel, KernelBuilder};
 use crate::error::Result;
+use crate::kernel::epilogue::{Activation, Bias, Epilogue};
+use crate::kernel::{PackedConst, Scratch};
 use crate::node::NodeInfo;
 use crate::target::TargetDesc;
 use inkwell::values::{PointerValue, VectorValue};
@@ -209,7 +211,7 @@ impl DwConvKernel {
         };
         let u = self.unroll;
         let cw = u as i64 * l;
-        let nchunks = super::gemm::cdiv(g.ow as i64, cw);
+        let nchunks = super::cdiv(g.ow as i64, cw);
         let tmp = e.entry_alloca(e.cx.f32_type().array_type(cw as u32), "tmp")?;
         let i32t = e.cx.i32_type();
         let even: Vec<_> = (0..lanes).map(|i| i32t.const_int(2 * i as u64, false)).collect();

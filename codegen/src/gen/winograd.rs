@@ -22,10 +22,14 @@
 //! result differs from the direct convolution by a few f32 roundings of the tile's terms:
 //! relative errors around 1e-6 for F(4×4) and smaller for F(2×2).
 
+use super::activation::activation;
 use super::emit::Emit;
-use super::gemm::{activation, batched_product, to_bytes, Activation, Bias, Epilogue, GemmKernel, Residual};
-use super::{llvm, GeneratedKernel, KernelBuilder, PackedConst, Scratch};
+use super::gemm::pack::to_bytes;
+use super::gemm::{batched_product, GemmKernel};
+use super::{llvm, GeneratedKernel, KernelBuilder};
 use crate::error::Result;
+use crate::kernel::epilogue::{Activation, Bias, Epilogue, Residual};
+use crate::kernel::{PackedConst, Scratch};
 use crate::node::NodeInfo;
 use crate::target::{ConvAlgorithm, TargetDesc};
 use inkwell::values::{IntValue, PointerValue, VectorValue};

@@ -5,11 +5,14 @@
 //! printed as PTX.
 
 use super::{frame, libdevice, DeviceCode, GpuBuilder, GpuKernel, Launch, LaunchDims, Mode};
-use crate::emit::{self, Api, ModuleParts};
+use crate::api::Api;
+use crate::emit::{self, ModuleParts};
 use crate::error::{CodegenError, Result};
 use crate::gen::llvm;
+use crate::kernel::Storage;
 use crate::node::NodeInfo;
-use crate::plan::{Kernel, KernelImpl, Plan, Storage};
+use crate::plan::kernel::{Kernel, KernelImpl};
+use crate::plan::Plan;
 use crate::target::TargetDesc;
 use inkwell::builder::Builder;
 use inkwell::context::Context;

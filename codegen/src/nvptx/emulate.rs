@@ -21,7 +21,9 @@
 #![allow(dead_code)] // the API for the GPU kernel tests
 
 use super::{device, frame, MmaKind, Mode, Sreg};
-use crate::plan::{self, KernelImpl, Plan, Storage};
+use crate::kernel::Storage;
+use crate::plan::kernel::KernelImpl;
+use crate::plan::{self, Plan};
 use crate::target::TargetDesc;
 use inkwell::context::Context;
 use inkwell::passes::PassBuilderOptions;
@@ -180,7 +182,7 @@ pub(crate) fn run_plan(
     module.set_triple(&tm.get_triple());
     module.set_data_layout(&tm.get_target_data().get_data_layout());
     let builder = cx.create_builder();
-    let api = crate::emit::Api {
+    let api = crate::api::Api {
         prefix: "t".into(),
         profile: false,
         weights_file: None,

@@ -12,7 +12,8 @@
 //! synchronization are tested on machines without a GPU.
 
 use crate::error::{CodegenError, Result};
-use crate::gen::{llvm, PackedConst};
+use crate::gen::llvm;
+use crate::kernel::PackedConst;
 use crate::node::NodeInfo;
 use crate::target::TargetDesc;
 use inkwell::builder::Builder;

@@ -268,7 +268,7 @@ fn global<'ctx>(k: &GpuBuilder<'_, 'ctx>, p: PointerValue<'ctx>) -> Result<Point
 mod tests {
     use super::*;
     use crate::nvptx::emulate::{check_graph, compare, ptxas_check, run_plan, SM};
-    use crate::plan::KernelImpl;
+    use crate::plan::kernel::KernelImpl;
     use crate::test_rng::TestRng;
     use kiln_ir::{Binary, DType, Dim, Op, Tensor, TensorType, Unary};
 

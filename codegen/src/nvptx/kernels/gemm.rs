@@ -17,8 +17,9 @@
 
 use crate::error::Result;
 use crate::gen::emit::Emit;
-use crate::gen::gemm::{Activation, Bias, Epilogue, Residual};
-use crate::gen::{llvm, PackedConst};
+use crate::gen::llvm;
+use crate::kernel::epilogue::{Activation, Bias, Epilogue, Residual};
+use crate::kernel::PackedConst;
 use crate::node::NodeInfo;
 use crate::nvptx::{GpuBuilder, GpuKernel, LaunchDims, MmaKind, Sreg};
 use crate::target::TargetDesc;
@@ -832,7 +833,7 @@ fn activate<'ctx>(e: &Emit<'_, 'ctx>, act: Activation, x: FloatValue<'ctx>) -> R
         return Ok(x);
     }
     let v = e.splat(x, 1)?;
-    let y = crate::gen::gemm::activation(e, act, v, 1)?;
+    let y = crate::gen::activation::activation(e, act, v, 1)?;
     Ok(e.b
         .build_extract_element(y, e.i32c(0), "")
         .map_err(llvm)?

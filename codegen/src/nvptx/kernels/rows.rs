@@ -1152,7 +1152,10 @@ mod tests {
         );
         let (gr, _) = g.graph(y);
         let plan = crate::plan::build(&gr, &crate::target::TargetDesc::cuda(80).unwrap(), true).unwrap();
-        assert!(!matches!(plan.kernels[0].imp, crate::plan::KernelImpl::Gpu(_)));
+        assert!(!matches!(
+            plan.kernels[0].imp,
+            crate::plan::kernel::KernelImpl::Gpu(_)
+        ));
     }
 
     #[test]

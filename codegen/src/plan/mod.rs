@@ -6,64 +6,19 @@
 //! values that are never alive together share bytes. Nothing is allocated while the model runs.
 
 use crate::error::{CodegenError, Result};
-use crate::gen::{self, GeneratedKernel};
+use crate::gen;
+use crate::kernel::{is_view, Storage};
 use crate::node::NodeInfo;
 use crate::target::TargetDesc;
-use crate::uk::{self, UkCall};
+use crate::uk;
 use kiln_ir::{Graph, NodeId, Op, ValueId};
 use std::collections::HashMap;
 
+pub mod kernel;
+
+use kernel::{Kernel, KernelImpl};
+
 pub const ALIGN: u64 = 64;
-
-/// Where a value's bytes are at run time.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Storage {
-    /// The caller's buffer for graph input `i`.
-    Input(usize),
-    /// The caller's buffer for graph output `i`.
-    Output(usize),
-    /// An offset in the context's arena.
-    Arena(u64),
-    /// An offset in the read-only weights blob.
-    Weights(u64),
-}
-
-pub enum KernelImpl {
-    Generated(Box<dyn GeneratedKernel>),
-    Ukernel(UkCall),
-    /// A kernel generated for the GPU (`--target cuda`).
-    Gpu(Box<dyn crate::nvptx::GpuKernel>),
-}
-
-pub struct Kernel {
-    pub node: NodeId,
-    /// The node's name and operator, for messages and reports.
-    pub node_name: String,
-    pub op_name: &'static str,
-    pub imp: KernelImpl,
-    /// One entry per node input; None for absent optional inputs (and weights a generated
-    /// kernel reads only in packed form).
-    pub inputs: Vec<Option<ValueId>>,
-    pub outputs: Vec<ValueId>,
-    /// Offsets of packed constants in the weights blob.
-    pub packed: Vec<u64>,
-    /// Arena offset of the kernel's shared scratch, if any.
-    pub scratch: Option<u64>,
-    /// A fused kernel's extra input (input index, value): the residual of an epilogue.
-    pub extra: Option<(usize, ValueId)>,
-    /// Nodes fused into this kernel after `node`, for reports.
-    pub fused: Vec<NodeId>,
-}
-
-impl Kernel {
-    pub fn describe(&self) -> String {
-        match &self.imp {
-            KernelImpl::Generated(g) => g.describe(),
-            KernelImpl::Ukernel(c) => format!("kiln_uk_{}", c.symbol),
-            KernelImpl::Gpu(g) => g.describe(),
-        }
-    }
-}
 
 /// A copy into a graph output buffer at the end of a run (an output that is a graph input, a
 /// constant, a view of another value, or listed twice).
@@ -111,13 +66,6 @@ impl Plan {
             .copied()
             .ok_or_else(|| CodegenError::internal(format!("no storage planned for value {v:?}")))
     }
-}
-
-pub(crate) fn is_view(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze | Op::Unsqueeze | Op::Identity
-    )
 }
 
 /// The value whose bytes `v` shares: itself, or for a view of a compile-time constant too big
@@ -477,7 +425,11 @@ fn fused_kernel(
                 .flatten()?,
         )
     } else {
-        KernelImpl::Generated(gen::gemm::lower_fused(&info, target, epilogue).ok().flatten()?)
+        KernelImpl::Generated(
+            gen::products::lower_fused(&info, target, epilogue)
+                .ok()
+                .flatten()?,
+        )
     };
     let (reads, constants) = match &imp {
         KernelImpl::Gpu(g) => (

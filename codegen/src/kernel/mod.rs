@@ -1,0 +1,44 @@
+//! The kernel vocabulary: the terms the planner (`plan`), the CPU emitter (`gen`) and the NVPTX
+//! emitter (`nvptx`) share to describe a kernel — where its tensors live ([`Storage`]), the
+//! constants and scratch it asks for, and what it does to a product's result ([`epilogue`]).
+//! It depends on none of them, so each can use it without importing the others.
+
+pub mod epilogue;
+
+use kiln_ir::Op;
+
+/// Where a value's bytes are at run time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Storage {
+    /// The caller's buffer for graph input `i`.
+    Input(usize),
+    /// The caller's buffer for graph output `i`.
+    Output(usize),
+    /// An offset in the context's arena.
+    Arena(u64),
+    /// An offset in the read-only weights blob.
+    Weights(u64),
+}
+
+/// Whether `op` is a view: its output shares its input's bytes (no kernel runs for it).
+pub fn is_view(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze | Op::Unsqueeze | Op::Identity
+    )
+}
+
+/// A constant the kernel wants in its own layout (packed weights), computed at compile time.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PackedConst {
+    pub bytes: Vec<u8>,
+}
+
+/// Scratch memory a kernel needs while it runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Scratch {
+    /// One buffer for the whole kernel, from the arena (args' last entry).
+    pub shared_bytes: u64,
+    /// A buffer per worker thread (`kiln_rt_thread_scratch`).
+    pub per_thread_bytes: u64,
+}
