@@ -469,8 +469,8 @@ fn finish_module(
                 api,
                 &opts.name,
                 target,
-                &emit::signature_inputs(graph),
-                &emit::signature_outputs(graph),
+                &emit::signature::signature_inputs(graph),
+                &emit::signature::signature_outputs(graph),
                 memory,
                 kind,
             );

@@ -199,8 +199,8 @@ pub(crate) fn run_plan(
         portable: None,
         variant: None,
     };
-    let bodies =
-        crate::emit::kernel_functions(&cx, &module, &parts, &mut |_, _| {}).map_err(|e| e.to_string())?;
+    let bodies = crate::emit::kernels::kernel_functions(&cx, &module, &parts, &mut |_, _| {})
+        .map_err(|e| e.to_string())?;
     let mut launches = vec![];
     let mut library = false;
     for (i, k) in plan.kernels.iter().enumerate() {

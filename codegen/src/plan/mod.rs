@@ -66,6 +66,26 @@ impl Plan {
             .copied()
             .ok_or_else(|| CodegenError::internal(format!("no storage planned for value {v:?}")))
     }
+
+    /// The storage of every argument slot of kernel `k`, in the order every kernel reads
+    /// them: inputs (None for an absent optional one), outputs, packed constants, scratch.
+    /// The CPU run function passes them as the `args` array (`gen::KernelBuilder`), the GPU
+    /// entries resolve them to frame addresses (`nvptx::device`).
+    pub fn arg_slots(&self, k: &Kernel) -> Result<Vec<Option<Storage>>> {
+        let mut slots = vec![];
+        for v in &k.inputs {
+            slots.push(match v {
+                Some(v) => Some(self.storage_of(*v)?),
+                None => None,
+            });
+        }
+        for v in &k.outputs {
+            slots.push(Some(self.storage_of(*v)?));
+        }
+        slots.extend(k.packed.iter().map(|off| Some(Storage::Weights(*off))));
+        slots.push(k.scratch.map(Storage::Arena));
+        Ok(slots)
+    }
 }
 
 /// The value whose bytes `v` shares: itself, or for a view of a compile-time constant too big
