@@ -2,14 +2,16 @@
 //! NHWC), the depthwise kernels (`dwconv`, `conv_nhwc`) or Winograd (`winograd`), from the
 //! convolution's geometry.
 
-use super::gemm::pack::{f32s, pack_a, pack_b, to_bytes};
-use super::gemm::{BatchDim, Builder, ConvGeom, Operand, Tile};
+use super::gemm::pack::{f32s, pack_a, pack_b};
+use super::gemm::{BatchDim, Builder, Operand, Tile};
 use crate::error::Result;
 use crate::gen::GeneratedKernel;
 use crate::kernel::epilogue::{Bias, Epilogue};
+use crate::kernel::geometry::ConvWindow;
+use crate::kernel::PackedConst;
 use crate::node::NodeInfo;
 use crate::target::TargetDesc;
-use kiln_ir::{AutoPad, ConvAttrs};
+use kiln_ir::ConvAttrs;
 
 pub(crate) fn lower_conv(
     node: &NodeInfo,
@@ -34,7 +36,7 @@ pub(crate) fn lower_conv(
     let (m, cg, kh, kw) = (ws[0], ws[1], ws[2], ws[3]);
     let g = attrs.group.max(1);
     let (oh, ow) = (ys[2], ys[3]);
-    let Some(geo) = conv_geometry(attrs, h, wd, kh, kw, oh, ow) else {
+    let Some(geo) = ConvWindow::resolve(attrs, cg, h, wd, kh, kw, oh, ow) else {
         return Err(node.unsupported("convolution window does not match the output shape"));
     };
     if g == c && g == m && cg == 1 && g > 1 {
@@ -50,7 +52,6 @@ pub(crate) fn lower_conv(
         return Ok(None);
     }
     let mg = m / g;
-    let geo = ConvGeom { c: cg, ..geo };
     let k = cg * kh * kw;
     let n = oh * ow;
     let per = mg.div_ceil(tile.mr) * tile.mr * k;
@@ -100,7 +101,7 @@ pub(crate) fn lower_conv(
         ],
         a: Operand::Packed { slot: 0 },
         b: bop,
-        packed: vec![to_bytes(&packed_w)],
+        packed: vec![PackedConst::from_f32s(&packed_w)],
         unread,
         what: format!("conv{kh}x{kw}/{}", geo.sh),
         scalable_rows: None,
@@ -128,7 +129,7 @@ fn lower_conv_nhwc(
     let (m, cg, kh, kw) = (ws[0], ws[1], ws[2], ws[3]);
     let g = attrs.group.max(1);
     let (oh, ow) = (ys[1], ys[2]);
-    let Some(geo) = conv_geometry(attrs, h, wd, kh, kw, oh, ow) else {
+    let Some(geo) = ConvWindow::resolve(attrs, cg, h, wd, kh, kw, oh, ow) else {
         return Err(node.unsupported("convolution window does not match the output shape"));
     };
     if g == c && g == m && cg == 1 && g > 1 {
@@ -188,10 +189,7 @@ fn lower_conv_nhwc(
         };
         (nb * oh * ow, a, vec![])
     } else {
-        let a = Operand::Im2colNhwc {
-            input: 0,
-            g: ConvGeom { c, ..geo },
-        };
+        let a = Operand::Im2colNhwc { input: 0, g: geo };
         let batch = vec![BatchDim {
             extent: nb,
             a: h * wd * c,
@@ -208,79 +206,10 @@ fn lower_conv_nhwc(
         batch,
         a,
         b: Operand::Packed { slot: 0 },
-        packed: vec![to_bytes(&packed)],
+        packed: vec![PackedConst::from_f32s(&packed)],
         unread,
         what: format!("conv{kh}x{kw}/{} nhwc", geo.sh),
         scalable_rows: pointwise.then_some(oh * ow),
     };
     b.finish(node, target, tile, epi)
-}
-
-/// Resolved 2-D window (pads from `auto_pad`), checked against the output extents.
-fn conv_geometry(
-    a: &ConvAttrs,
-    h: usize,
-    w: usize,
-    kh: usize,
-    kw: usize,
-    oh: usize,
-    ow: usize,
-) -> Option<ConvGeom> {
-    if !a.kernel_shape.is_empty() && a.kernel_shape != [kh, kw] {
-        return None;
-    }
-    let get = |v: &Vec<usize>, i: usize| if v.is_empty() { 1 } else { v[i] };
-    let (sh, sw) = (get(&a.strides, 0), get(&a.strides, 1));
-    let (dh, dw) = (get(&a.dilations, 0), get(&a.dilations, 1));
-    if sh == 0 || sw == 0 || dh == 0 || dw == 0 {
-        return None;
-    }
-    let axis = |input: usize, k: usize, s: usize, d: usize, i: usize| -> Option<(usize, usize)> {
-        let ext = (k - 1) * d + 1;
-        let (pb, pe) = match a.auto_pad {
-            AutoPad::NotSet => {
-                if a.pads.is_empty() {
-                    (0, 0)
-                } else {
-                    (a.pads[i], a.pads[i + 2])
-                }
-            }
-            AutoPad::Valid => (0, 0),
-            AutoPad::SameUpper | AutoPad::SameLower => {
-                let out = input.div_ceil(s);
-                let total = ((out.max(1) - 1) * s + ext).saturating_sub(input);
-                let b = if a.auto_pad == AutoPad::SameUpper {
-                    total / 2
-                } else {
-                    total.div_ceil(2)
-                };
-                return Some((b, out));
-            }
-        };
-        let padded = input + pb + pe;
-        if padded < ext {
-            return None;
-        }
-        Some((pb, (padded - ext) / s + 1))
-    };
-    let (ph, o_h) = axis(h, kh, sh, dh, 0)?;
-    let (pw, o_w) = axis(w, kw, sw, dw, 1)?;
-    if o_h != oh || o_w != ow || kh == 0 || kw == 0 {
-        return None;
-    }
-    Some(ConvGeom {
-        c: 0,
-        h,
-        w,
-        kh,
-        kw,
-        sh,
-        sw,
-        dh,
-        dw,
-        ph,
-        pw,
-        oh,
-        ow,
-    })
 }

@@ -8,6 +8,7 @@ use super::emit::Emit;
 use super::{llvm, GeneratedKernel, KernelBuilder};
 use crate::error::Result;
 use crate::kernel::epilogue::{Activation, Bias, Epilogue};
+use crate::kernel::geometry::ConvWindow;
 use crate::kernel::{PackedConst, Scratch};
 use crate::node::NodeInfo;
 use crate::target::TargetDesc;
@@ -30,6 +31,28 @@ pub(crate) struct DwGeom {
     pub pw: usize,
     pub oh: usize,
     pub ow: usize,
+}
+
+impl ConvWindow {
+    /// The depthwise kernels' geometry of this window over `batch` images of `c` channels.
+    pub(crate) fn into_dw(self, batch: usize, c: usize) -> DwGeom {
+        DwGeom {
+            batch,
+            c,
+            h: self.h,
+            w: self.w,
+            kh: self.kh,
+            kw: self.kw,
+            sh: self.sh,
+            sw: self.sw,
+            dh: self.dh,
+            dw: self.dw,
+            ph: self.ph,
+            pw: self.pw,
+            oh: self.oh,
+            ow: self.ow,
+        }
+    }
 }
 
 #[derive(Debug)]

@@ -24,7 +24,6 @@
 
 use super::activation::activation;
 use super::emit::Emit;
-use super::gemm::pack::to_bytes;
 use super::gemm::{batched_product, GemmKernel};
 use super::{llvm, GeneratedKernel, KernelBuilder};
 use crate::error::Result;
@@ -236,7 +235,7 @@ pub(crate) fn lower(
     };
     let packed_bias = match &epi.bias {
         Bias::None => None,
-        Bias::PerRow(b) | Bias::PerCol(b) if b.len() == g.k => Some(to_bytes(b)),
+        Bias::PerRow(b) | Bias::PerCol(b) if b.len() == g.k => Some(PackedConst::from_f32s(b)),
         Bias::PerRow(_) | Bias::PerCol(_) => return Ok(None),
     };
     let a = v.alpha();

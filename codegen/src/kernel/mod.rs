@@ -1,9 +1,11 @@
 //! The kernel vocabulary: the terms the planner (`plan`), the CPU emitter (`gen`) and the NVPTX
 //! emitter (`nvptx`) share to describe a kernel — where its tensors live ([`Storage`]), the
-//! constants and scratch it asks for, and what it does to a product's result ([`epilogue`]).
+//! constants and scratch it asks for, the shape of the problem a product kernel solves
+//! ([`geometry`]) and what it does to the product's result ([`epilogue`]).
 //! It depends on none of them, so each can use it without importing the others.
 
 pub mod epilogue;
+pub mod geometry;
 
 use kiln_ir::Op;
 
@@ -32,6 +34,15 @@ pub fn is_view(op: &Op) -> bool {
 #[derive(Clone, Debug, PartialEq)]
 pub struct PackedConst {
     pub bytes: Vec<u8>,
+}
+
+impl PackedConst {
+    /// f32 values as the little-endian bytes the kernels read.
+    pub fn from_f32s(v: &[f32]) -> PackedConst {
+        PackedConst {
+            bytes: v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        }
+    }
 }
 
 /// Scratch memory a kernel needs while it runs.

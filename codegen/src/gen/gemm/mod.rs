@@ -31,15 +31,15 @@ pub(crate) mod pack;
 mod task;
 
 use crate::error::Result;
-use crate::gen::dwconv::DwGeom;
 use crate::gen::{GeneratedKernel, KernelBuilder};
 use crate::kernel::epilogue::{Activation, Bias, Epilogue, Residual};
+use crate::kernel::geometry::{ConvWindow, Product};
 use crate::kernel::{PackedConst, Scratch};
 use crate::node::NodeInfo;
 use crate::target::{Isa, TargetDesc};
 use blocking::plan_blocks;
 use microkernel::PAIRS_PER_VECTOR;
-use pack::{block_major_panels, f32s, pack_a, pack_b, pair_panels, strides, to_bytes};
+use pack::{block_major_panels, f32s, pack_a, pack_b, pair_panels};
 
 /// The register tile and vector width for a target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,49 +86,10 @@ pub(crate) enum Operand {
     /// Node input `input`: element (row, col) at `row * rs + col * cs`.
     Strided { input: usize, rs: usize, cs: usize },
     /// The im2col matrix of a convolution input (B only).
-    Im2col { input: usize, g: ConvGeom },
+    Im2col { input: usize, g: ConvWindow },
     /// The im2col matrix of a channels-last convolution input (A only): row = output pixel,
     /// k = (kh, kw, c) (see `conv_nhwc`).
-    Im2colNhwc { input: usize, g: ConvGeom },
-}
-
-/// Convolution geometry for im2col (per group: `c` is the group's input channels).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct ConvGeom {
-    pub(crate) c: usize,
-    pub(crate) h: usize,
-    pub(crate) w: usize,
-    pub(crate) kh: usize,
-    pub(crate) kw: usize,
-    pub(crate) sh: usize,
-    pub(crate) sw: usize,
-    pub(crate) dh: usize,
-    pub(crate) dw: usize,
-    pub(crate) ph: usize,
-    pub(crate) pw: usize,
-    pub(crate) oh: usize,
-    pub(crate) ow: usize,
-}
-
-impl ConvGeom {
-    pub(crate) fn into_dw(self, batch: usize, c: usize) -> DwGeom {
-        DwGeom {
-            batch,
-            c,
-            h: self.h,
-            w: self.w,
-            kh: self.kh,
-            kw: self.kw,
-            sh: self.sh,
-            sw: self.sw,
-            dh: self.dh,
-            dw: self.dw,
-            ph: self.ph,
-            pw: self.pw,
-            oh: self.oh,
-            ow: self.ow,
-        }
-    }
+    Im2colNhwc { input: usize, g: ConvWindow },
 }
 
 /// One batch axis: its extent and the element stride it adds to each operand.
@@ -236,7 +197,7 @@ impl Builder {
                 let mut p = v.clone();
                 p.resize(rows + mr, 0.0);
                 bias_row = Some(self.packed.len());
-                self.packed.push(to_bytes(&p));
+                self.packed.push(PackedConst::from_f32s(&p));
             }
             Bias::PerCol(v) => {
                 if v.len() != n {
@@ -247,7 +208,7 @@ impl Builder {
                 let mut p = v.clone();
                 p.resize(n + nr, 0.0);
                 bias_col = Some(self.packed.len());
-                self.packed.push(to_bytes(&p));
+                self.packed.push(PackedConst::from_f32s(&p));
             }
         }
         let residual = match &epi.residual {
@@ -269,7 +230,7 @@ impl Builder {
                     return Err(node.unsupported("constant residual is not an [M, N] matrix"));
                 }
                 let slot = self.packed.len();
-                self.packed.push(to_bytes(v));
+                self.packed.push(PackedConst::from_f32s(v));
                 Some(Operand::Packed { slot })
             }
         };
@@ -394,7 +355,7 @@ pub(crate) fn batched_product(
     }
     let b_per_entry = panels.len() / batch;
     let (kc, mb, nb) = plan_blocks(&tile, m, n, k, batch, false);
-    let mut packed = to_bytes(&panels);
+    let mut packed = PackedConst::from_f32s(&panels);
     if kc < k {
         packed = block_major_panels(&packed, k, nr, kc, n.div_ceil(nr));
     }
@@ -447,30 +408,10 @@ pub(crate) fn lower_matmul(
     tile: Tile,
     epi: Epilogue,
 ) -> Result<Option<Box<dyn GeneratedKernel>>> {
-    let sa = node.input_shape(0)?;
-    let sb = node.input_shape(1)?;
-    if sa.is_empty() || sb.is_empty() {
+    let Some(p) = Product::matmul(node)? else {
         return Ok(None);
-    }
-    let (ra, rb) = (sa.len(), sb.len());
-    let m = if ra >= 2 { sa[ra - 2] } else { 1 };
-    let k = sa[ra - 1];
-    let n = if rb >= 2 { sb[rb - 1] } else { 1 };
-    let kb = if rb >= 2 { sb[rb - 2] } else { sb[0] };
-    if k != kb {
-        return Err(node.unsupported("inner dimensions differ"));
-    }
-    let ba: Vec<usize> = if ra > 2 { sa[..ra - 2].to_vec() } else { vec![] };
-    let bb: Vec<usize> = if rb > 2 { sb[..rb - 2].to_vec() } else { vec![] };
-    let nd = ba.len().max(bb.len());
-    let pad = |v: &[usize]| -> Vec<usize> {
-        let mut r = vec![1; nd - v.len()];
-        r.extend_from_slice(v);
-        r
     };
-    let (pa, pb) = (pad(&ba), pad(&bb));
-    let out_batch: Vec<usize> = (0..nd).map(|i| pa[i].max(pb[i])).collect();
-    let (sta, stb, stc) = (strides(&pa), strides(&pb), strides(&out_batch));
+    let (m, n, k) = (p.m, p.n, p.k);
     let mut b = Builder {
         m,
         n,
@@ -478,13 +419,13 @@ pub(crate) fn lower_matmul(
         batch: vec![],
         a: Operand::Strided {
             input: 0,
-            rs: k,
-            cs: 1,
+            rs: p.a.rs,
+            cs: p.a.cs,
         },
         b: Operand::Strided {
             input: 1,
-            rs: n,
-            cs: 1,
+            rs: p.b.rs,
+            cs: p.b.cs,
         },
         packed: vec![],
         unread: vec![],
@@ -494,31 +435,33 @@ pub(crate) fn lower_matmul(
     let (mut a_mat, mut b_mat) = (m * k, k * n);
     if let Some(w) = f32s(node, 1) {
         let per = n.div_ceil(tile.nr()) * tile.nr() * k;
-        let mut all = Vec::with_capacity(per * pb.iter().product::<usize>());
-        for bi in 0..pb.iter().product::<usize>() {
+        let mut all = Vec::with_capacity(per * p.b_matrices());
+        for bi in 0..p.b_matrices() {
             all.extend(pack_b(&w[bi * k * n..], k, n, n, 1, tile.nr(), 1.0));
         }
         b.b = Operand::Packed { slot: 0 };
-        b.packed.push(to_bytes(&all));
+        b.packed.push(PackedConst::from_f32s(&all));
         b.unread.push(1);
         b_mat = per;
     } else if let Some(w) = f32s(node, 0) {
         let per = m.div_ceil(tile.mr) * tile.mr * k;
-        let mut all = Vec::with_capacity(per * pa.iter().product::<usize>());
-        for bi in 0..pa.iter().product::<usize>() {
+        let mut all = Vec::with_capacity(per * p.a_matrices());
+        for bi in 0..p.a_matrices() {
             all.extend(pack_a(&w[bi * m * k..], m, k, k, 1, tile.mr, 1.0));
         }
         b.a = Operand::Packed { slot: 0 };
-        b.packed.push(to_bytes(&all));
+        b.packed.push(PackedConst::from_f32s(&all));
         b.unread.push(0);
         a_mat = per;
     }
-    b.batch = (0..nd)
-        .map(|i| BatchDim {
-            extent: out_batch[i],
-            a: if pa[i] == 1 { 0 } else { sta[i] * a_mat },
-            b: if pb[i] == 1 { 0 } else { stb[i] * b_mat },
-            c: stc[i] * m * n,
+    b.batch = p
+        .batch_axes()
+        .iter()
+        .map(|axis| BatchDim {
+            extent: axis.extent,
+            a: axis.a * a_mat,
+            b: axis.b * b_mat,
+            c: axis.out * m * n,
             bias_row: 0,
         })
         .collect();
@@ -536,16 +479,13 @@ pub(crate) fn lower_gemm(
     trans_a: bool,
     trans_b: bool,
 ) -> Result<Option<Box<dyn GeneratedKernel>>> {
-    let sa = node.input_shape(0)?;
-    let sb = node.input_shape(1)?;
-    if sa.len() != 2 || sb.len() != 2 {
+    let Some(p) = Product::gemm(node, trans_a, trans_b)? else {
         return Ok(None);
-    }
-    let (m, k) = if trans_a { (sa[1], sa[0]) } else { (sa[0], sa[1]) };
-    let n = if trans_b { sb[0] } else { sb[1] };
+    };
+    let (m, n, k) = (p.m, p.n, p.k);
     // Element (i, kk) of op(A) and (kk, j) of op(B).
-    let (ars, acs) = if trans_a { (1, m) } else { (k, 1) };
-    let (brs, bcs) = if trans_b { (1, k) } else { (n, 1) };
+    let (ars, acs) = (p.a.rs, p.a.cs);
+    let (brs, bcs) = (p.b.rs, p.b.cs);
     let mut b = Builder {
         m,
         n,
@@ -567,13 +507,21 @@ pub(crate) fn lower_gemm(
         scalable_rows: None,
     };
     if let Some(w) = f32s(node, 1) {
-        b.packed
-            .push(to_bytes(&pack_b(&w, k, n, brs, bcs, tile.nr(), alpha)));
+        b.packed.push(PackedConst::from_f32s(&pack_b(
+            &w,
+            k,
+            n,
+            brs,
+            bcs,
+            tile.nr(),
+            alpha,
+        )));
         b.b = Operand::Packed { slot: 0 };
         b.unread.push(1);
     } else if let Some(w) = f32s(node, 0) {
-        b.packed
-            .push(to_bytes(&pack_a(&w, m, k, ars, acs, tile.mr, alpha)));
+        b.packed.push(PackedConst::from_f32s(&pack_a(
+            &w, m, k, ars, acs, tile.mr, alpha,
+        )));
         b.a = Operand::Packed { slot: 0 };
         b.unread.push(0);
     } else {

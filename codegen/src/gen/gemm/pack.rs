@@ -3,11 +3,12 @@
 //! (rows of A, im2col matrices, bf16 pair rows) into per-thread scratch as a task runs.
 
 use super::microkernel::{bf16_pair_row, PAIRS_PER_VECTOR};
-use super::{ConvGeom, GemmKernel, Operand};
+use super::{GemmKernel, Operand};
 use crate::error::Result;
 use crate::gen::conv_nhwc::PackTo;
 use crate::gen::emit::Emit;
 use crate::gen::llvm;
+use crate::kernel::geometry::ConvWindow;
 use crate::kernel::PackedConst;
 use crate::node::NodeInfo;
 use inkwell::values::{IntValue, PointerValue, VectorValue};
@@ -67,21 +68,6 @@ pub(crate) fn pack_b(
         }
     }
     out
-}
-
-pub(crate) fn to_bytes(v: &[f32]) -> PackedConst {
-    PackedConst {
-        bytes: v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-    }
-}
-
-/// Row-major strides of a shape.
-pub(crate) fn strides(shape: &[usize]) -> Vec<usize> {
-    let mut s = vec![1; shape.len()];
-    for i in (0..shape.len().saturating_sub(1)).rev() {
-        s[i] = s[i + 1] * shape[i + 1];
-    }
-    s
 }
 
 /// Re-lays packed B panels `[panel][K][NR]` (4-byte elements, one panel set per batch entry)
@@ -320,7 +306,7 @@ impl GemmKernel {
         valid: VectorValue<'ctx>,
         k0: IntValue<'ctx>,
         kc: IntValue<'ctx>,
-        g: ConvGeom,
+        g: ConvWindow,
     ) -> Result<()> {
         let nr = self.tile.nr() as u32;
         let b = e.b;

@@ -1,10 +1,11 @@
 //! The GPU depthwise convolution: a direct kernel, one thread per output element.
 
 use super::body::{and, guarded_load, store_elem, ult};
-use super::{to_bytes, Epi, Geom, Slot};
+use super::{Epi, Slot};
 use crate::error::Result;
 use crate::gen::emit::Emit;
 use crate::kernel::epilogue::{Activation, Bias, Epilogue, Residual};
+use crate::kernel::geometry::ConvWindow;
 use crate::kernel::PackedConst;
 use crate::node::NodeInfo;
 use crate::nvptx::{GpuBuilder, GpuKernel, LaunchDims, Sreg};
@@ -17,7 +18,7 @@ pub struct DwConvGpu {
     /// The element type of the input, output and run-time bias/residual (f32 or f16).
     elem: DType,
     batch: usize,
-    g: Geom,
+    g: ConvWindow,
     epi: Epi,
     packed: Vec<PackedConst>,
     unread: Vec<usize>,
@@ -29,7 +30,7 @@ pub(super) fn lower(
     node: &NodeInfo,
     epi: Epilogue,
     w: &[f32],
-    g: Geom,
+    g: ConvWindow,
     batch: usize,
     elem: DType,
 ) -> Result<Option<Box<dyn GpuKernel>>> {
@@ -37,14 +38,14 @@ pub(super) fn lower(
     if total.div_ceil(DW_BLOCK) >= 1 << 31 {
         return Ok(None);
     }
-    let mut packed = vec![to_bytes(w)];
+    let mut packed = vec![PackedConst::from_f32s(w)];
     let mut unread = vec![1];
     if node.known(2).is_some() {
         unread.push(2);
     }
     let bias = match &epi.bias {
         Bias::PerRow(v) if v.len() == g.c => {
-            packed.push(to_bytes(v));
+            packed.push(PackedConst::from_f32s(v));
             Some((Slot::Packed(1), true))
         }
         Bias::None if node.has_input(2) => {

@@ -25,11 +25,12 @@ mod tests;
 
 use crate::error::Result;
 use crate::kernel::epilogue::{Activation, Bias, Epilogue, Residual};
+use crate::kernel::geometry::{ConvWindow, Product};
 use crate::kernel::PackedConst;
 use crate::node::NodeInfo;
 use crate::nvptx::{GpuKernel, MmaKind};
 use crate::target::TargetDesc;
-use kiln_ir::{AutoPad, ConvAttrs, DType, Layout, Op};
+use kiln_ir::{ConvAttrs, DType, Layout, Op};
 
 const BK: usize = 16;
 /// Threads along N and along M of the block tile (256 in all).
@@ -108,7 +109,7 @@ struct Mat {
 #[derive(Clone, Copy, Debug)]
 struct Im2col {
     input: usize,
-    g: Geom,
+    g: ConvWindow,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -245,20 +246,6 @@ fn f32s(node: &NodeInfo, i: usize) -> Option<Vec<f32>> {
     }
 }
 
-fn to_bytes(v: &[f32]) -> PackedConst {
-    PackedConst {
-        bytes: v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-    }
-}
-
-fn strides(shape: &[usize]) -> Vec<usize> {
-    let mut s = vec![1; shape.len()];
-    for i in (0..shape.len().saturating_sub(1)).rev() {
-        s[i] = s[i + 1] * shape[i + 1];
-    }
-    s
-}
-
 /// Copies `count` `rows×cols` matrices (element `(r, c)` of matrix `b` at
 /// `b·rows·cols + r·rs + c·cs`) into row-major (`k_major` false) or column-major order.
 fn repack(
@@ -321,7 +308,7 @@ impl Parts {
                     )));
                 }
                 bias = Some((Slot::Packed(self.packed.len()), true));
-                self.packed.push(to_bytes(v));
+                self.packed.push(PackedConst::from_f32s(v));
             }
             Bias::PerCol(v) => {
                 if v.len() != n {
@@ -330,7 +317,7 @@ impl Parts {
                     );
                 }
                 bias = Some((Slot::Packed(self.packed.len()), false));
-                self.packed.push(to_bytes(v));
+                self.packed.push(PackedConst::from_f32s(v));
             }
         }
         // A convolution's bias computed at run time.
@@ -360,7 +347,7 @@ impl Parts {
                     return Err(node.unsupported("constant residual is not an [M, N] matrix"));
                 }
                 let slot = Slot::Packed(self.packed.len());
-                self.packed.push(to_bytes(v));
+                self.packed.push(PackedConst::from_f32s(v));
                 Some((slot, 0, n, 1, 1.0))
             }
         };
@@ -406,51 +393,33 @@ impl Parts {
 }
 
 fn matmul(node: &NodeInfo, epi: Epilogue, ty: Operands) -> Result<Option<Box<dyn GpuKernel>>> {
-    let sa = node.input_shape(0)?;
-    let sb = node.input_shape(1)?;
-    if sa.is_empty() || sb.is_empty() {
+    let Some(p) = Product::matmul(node)? else {
         return Ok(None);
-    }
-    let (ra, rb) = (sa.len(), sb.len());
-    let m = if ra >= 2 { sa[ra - 2] } else { 1 };
-    let k = sa[ra - 1];
-    let n = if rb >= 2 { sb[rb - 1] } else { 1 };
-    let kb = if rb >= 2 { sb[rb - 2] } else { sb[0] };
-    if k != kb {
-        return Err(node.unsupported("inner dimensions differ"));
-    }
-    let ba: Vec<usize> = if ra > 2 { sa[..ra - 2].to_vec() } else { vec![] };
-    let bb: Vec<usize> = if rb > 2 { sb[..rb - 2].to_vec() } else { vec![] };
-    let nd = ba.len().max(bb.len());
-    let pad = |v: &[usize]| -> Vec<usize> {
-        let mut r = vec![1; nd - v.len()];
-        r.extend_from_slice(v);
-        r
     };
-    let (pa, pb) = (pad(&ba), pad(&bb));
-    let out_batch: Vec<usize> = (0..nd).map(|i| pa[i].max(pb[i])).collect();
-    let (sta, stb) = (strides(&pa), strides(&pb));
+    let (m, n, k) = (p.m, p.n, p.k);
     let mut parts = Parts {
         m,
         n,
         k,
-        batch: (0..nd)
-            .map(|i| BatchDim {
-                extent: out_batch[i],
-                a: if pa[i] == 1 { 0 } else { sta[i] * m * k },
-                b: if pb[i] == 1 { 0 } else { stb[i] * k * n },
+        batch: p
+            .batch_axes()
+            .iter()
+            .map(|axis| BatchDim {
+                extent: axis.extent,
+                a: axis.a * m * k,
+                b: axis.b * k * n,
             })
             .collect(),
         groups: 1,
         a: Mat {
             slot: Slot::Input(0),
-            rs: k,
-            cs: 1,
+            rs: p.a.rs,
+            cs: p.a.cs,
         },
         b: BSrc::Mat(Mat {
             slot: Slot::Input(1),
-            rs: n,
-            cs: 1,
+            rs: p.b.rs,
+            cs: p.b.cs,
         }),
         packed: vec![],
         unread: vec![],
@@ -464,17 +433,19 @@ fn matmul(node: &NodeInfo, epi: Epilogue, ty: Operands) -> Result<Option<Box<dyn
             rs: n,
             cs: 1,
         });
-        parts.packed.push(to_bytes(&w));
+        parts.packed.push(PackedConst::from_f32s(&w));
         parts.unread.push(1);
     } else if let Some(w) = f32s(node, 0) {
         // K-major: consecutive threads load consecutive rows of one k into shared memory.
-        let count = pa.iter().product();
+        let count = p.a_matrices();
         parts.a = Mat {
             slot: Slot::Packed(0),
             rs: 1,
             cs: m,
         };
-        parts.packed.push(to_bytes(&repack(&w, count, m, k, k, 1, true)));
+        parts
+            .packed
+            .push(PackedConst::from_f32s(&repack(&w, count, m, k, k, 1, true)));
         parts.unread.push(0);
     }
     if parts.batch.is_empty() {
@@ -496,18 +467,12 @@ fn gemm(
     trans_b: bool,
     ty: Operands,
 ) -> Result<Option<Box<dyn GpuKernel>>> {
-    let sa = node.input_shape(0)?;
-    let sb = node.input_shape(1)?;
-    if sa.len() != 2 || sb.len() != 2 {
+    let Some(p) = Product::gemm(node, trans_a, trans_b)? else {
         return Ok(None);
-    }
-    let (m, k) = if trans_a { (sa[1], sa[0]) } else { (sa[0], sa[1]) };
-    let (kb, n) = if trans_b { (sb[1], sb[0]) } else { (sb[0], sb[1]) };
-    if k != kb {
-        return Err(node.unsupported("inner dimensions differ"));
-    }
-    let (ars, acs) = if trans_a { (1, m) } else { (k, 1) };
-    let (brs, bcs) = if trans_b { (1, k) } else { (n, 1) };
+    };
+    let (m, n, k) = (p.m, p.n, p.k);
+    let (ars, acs) = (p.a.rs, p.a.cs);
+    let (brs, bcs) = (p.b.rs, p.b.cs);
     let mut parts = Parts {
         m,
         n,
@@ -539,7 +504,9 @@ fn gemm(
             rs: n,
             cs: 1,
         });
-        parts.packed.push(to_bytes(&repack(&w, 1, k, n, brs, bcs, false)));
+        parts
+            .packed
+            .push(PackedConst::from_f32s(&repack(&w, 1, k, n, brs, bcs, false)));
         parts.unread.push(1);
     }
     if let Some(w) = f32s(node, 0) {
@@ -548,7 +515,9 @@ fn gemm(
             rs: 1,
             cs: m,
         };
-        parts.packed.push(to_bytes(&repack(&w, 1, m, k, ars, acs, true)));
+        parts
+            .packed
+            .push(PackedConst::from_f32s(&repack(&w, 1, m, k, ars, acs, true)));
         parts.unread.push(0);
     }
     let mut epi = epi;
@@ -571,7 +540,7 @@ fn gemm(
         let slot = match f32s(node, 2) {
             Some(v) => {
                 parts.unread.push(2);
-                parts.packed.push(to_bytes(&v));
+                parts.packed.push(PackedConst::from_f32s(&v));
                 Slot::Packed(parts.packed.len() - 1)
             }
             None => Slot::Input(2),
@@ -581,90 +550,6 @@ fn gemm(
         parts.unread.push(2);
     }
     parts.finish(node, epi, c)
-}
-
-/// A resolved 2-D convolution window.
-#[derive(Clone, Copy, Debug)]
-struct Geom {
-    c: usize,
-    h: usize,
-    w: usize,
-    kh: usize,
-    kw: usize,
-    sh: usize,
-    sw: usize,
-    dh: usize,
-    dw: usize,
-    ph: usize,
-    pw: usize,
-    oh: usize,
-    ow: usize,
-}
-
-/// The window of `attrs` (pads from `auto_pad`), None unless it produces `oh×ow`.
-#[allow(clippy::too_many_arguments)]
-fn geometry(
-    a: &ConvAttrs,
-    c: usize,
-    h: usize,
-    w: usize,
-    kh: usize,
-    kw: usize,
-    oh: usize,
-    ow: usize,
-) -> Option<Geom> {
-    if !a.kernel_shape.is_empty() && a.kernel_shape != [kh, kw] {
-        return None;
-    }
-    let get = |v: &Vec<usize>, i: usize| if v.is_empty() { 1 } else { v[i] };
-    let (sh, sw) = (get(&a.strides, 0), get(&a.strides, 1));
-    let (dh, dw) = (get(&a.dilations, 0), get(&a.dilations, 1));
-    if sh == 0 || sw == 0 || dh == 0 || dw == 0 || kh == 0 || kw == 0 {
-        return None;
-    }
-    let axis = |input: usize, k: usize, s: usize, d: usize, i: usize| -> Option<(usize, usize)> {
-        let ext = (k - 1) * d + 1;
-        let (pb, pe) = match a.auto_pad {
-            AutoPad::NotSet if a.pads.is_empty() => (0, 0),
-            AutoPad::NotSet => (*a.pads.get(i)?, *a.pads.get(i + 2)?),
-            AutoPad::Valid => (0, 0),
-            AutoPad::SameUpper | AutoPad::SameLower => {
-                let out = input.div_ceil(s);
-                let total = ((out.max(1) - 1) * s + ext).saturating_sub(input);
-                let b = if a.auto_pad == AutoPad::SameUpper {
-                    total / 2
-                } else {
-                    total.div_ceil(2)
-                };
-                return Some((b, out));
-            }
-        };
-        let padded = input + pb + pe;
-        if padded < ext {
-            return None;
-        }
-        Some((pb, (padded - ext) / s + 1))
-    };
-    let (ph, o_h) = axis(h, kh, sh, dh, 0)?;
-    let (pw, o_w) = axis(w, kw, sw, dw, 1)?;
-    if o_h != oh || o_w != ow {
-        return None;
-    }
-    Some(Geom {
-        c,
-        h,
-        w,
-        kh,
-        kw,
-        sh,
-        sw,
-        dh,
-        dw,
-        ph,
-        pw,
-        oh,
-        ow,
-    })
 }
 
 fn conv(
@@ -691,7 +576,7 @@ fn conv(
     if c != cg * g || mt % g != 0 || ys[1] != mt || ys[0] != nb {
         return Err(node.unsupported("weights do not match the input channels and groups"));
     }
-    let Some(geo) = geometry(attrs, c, h, wd, kh, kw, ys[2], ys[3]) else {
+    let Some(geo) = ConvWindow::resolve(attrs, c, h, wd, kh, kw, ys[2], ys[3]) else {
         return Err(node.unsupported("convolution window does not match the output shape"));
     };
     if g == c && g == mt && g > 1 {
@@ -738,7 +623,7 @@ fn conv(
             cs: mg,
         },
         b,
-        packed: vec![to_bytes(&repack(&w, g, mg, kk, kk, 1, true))],
+        packed: vec![PackedConst::from_f32s(&repack(&w, g, mg, kk, kk, 1, true))],
         unread,
         what: format!("conv{kh}x{kw}/{}", geo.sh),
         ty,
