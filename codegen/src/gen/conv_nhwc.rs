@@ -12,7 +12,7 @@ use super::emit::Emit;
 use super::{llvm, GeneratedKernel, KernelBuilder};
 use crate::error::Result;
 use crate::kernel::epilogue::{Activation, Bias, Epilogue, Residual};
-use crate::kernel::{PackedConst, Scratch};
+use crate::kernel::{KernelCommon, PackedConst, Scratch};
 use crate::node::NodeInfo;
 use crate::target::TargetDesc;
 use inkwell::values::{IntValue, PointerValue, VectorValue};
@@ -359,7 +359,7 @@ pub(crate) fn lower_dw(
     })))
 }
 
-impl GeneratedKernel for DwNhwcKernel {
+impl KernelCommon for DwNhwcKernel {
     fn describe(&self) -> String {
         let g = &self.g;
         format!(
@@ -375,7 +375,9 @@ impl GeneratedKernel for DwNhwcKernel {
     fn reads_input(&self, i: usize) -> bool {
         i == 0 || Some(i) == self.residual
     }
+}
 
+impl GeneratedKernel for DwNhwcKernel {
     fn scratch(&self) -> Scratch {
         Scratch::default()
     }

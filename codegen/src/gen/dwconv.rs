@@ -9,7 +9,7 @@ use super::{llvm, GeneratedKernel, KernelBuilder};
 use crate::error::Result;
 use crate::kernel::epilogue::{Activation, Bias, Epilogue};
 use crate::kernel::geometry::ConvWindow;
-use crate::kernel::{PackedConst, Scratch};
+use crate::kernel::{KernelCommon, PackedConst, Scratch};
 use crate::node::NodeInfo;
 use crate::target::TargetDesc;
 use inkwell::values::{PointerValue, VectorValue};
@@ -128,7 +128,7 @@ pub(crate) fn lower(
     })))
 }
 
-impl GeneratedKernel for DwConvKernel {
+impl KernelCommon for DwConvKernel {
     fn describe(&self) -> String {
         let g = &self.g;
         format!(
@@ -155,7 +155,9 @@ impl GeneratedKernel for DwConvKernel {
     fn reads_input(&self, i: usize) -> bool {
         i == 0
     }
+}
 
+impl GeneratedKernel for DwConvKernel {
     fn scratch(&self) -> Scratch {
         Scratch {
             shared_bytes: 0,

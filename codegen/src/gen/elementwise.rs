@@ -12,6 +12,7 @@
 use super::emit::Emit;
 use super::{llvm, vmath, GeneratedKernel, KernelBuilder};
 use crate::error::{CodegenError, Result};
+use crate::kernel::KernelCommon;
 use crate::target::TargetDesc;
 use inkwell::types::{BasicTypeEnum, VectorType};
 use inkwell::values::{BasicValue, BasicValueEnum, IntValue, PointerValue, VectorValue};
@@ -350,11 +351,13 @@ impl EwGroup {
 /// Elements per task: enough work to amortize the task, few enough to balance two threads.
 const TASK_ELEMS: usize = 8192;
 
-impl GeneratedKernel for EwKernel {
+impl KernelCommon for EwKernel {
     fn describe(&self) -> String {
         self.what.clone()
     }
+}
 
+impl GeneratedKernel for EwKernel {
     fn emit(&self, k: &KernelBuilder<'_, '_>) -> Result<()> {
         if self.g.dims.contains(&0) {
             return k.ret_ok(); // an empty output

@@ -21,7 +21,7 @@ pub(crate) mod vmath;
 pub mod winograd;
 
 use crate::error::{CodegenError, Result};
-use crate::kernel::{PackedConst, Scratch};
+use crate::kernel::{KernelCommon, Scratch};
 use crate::node::NodeInfo;
 use crate::target::TargetDesc;
 use inkwell::builder::Builder;
@@ -30,22 +30,10 @@ use inkwell::module::{Linkage, Module};
 use inkwell::values::{FunctionValue, IntValue, PointerValue};
 use inkwell::AddressSpace;
 
-pub trait GeneratedKernel {
-    /// A short description for reports, e.g. `gemm 6x16 avx2 M=64 N=3136 K=576`.
-    fn describe(&self) -> String;
-
-    /// Constants in the layout the kernel reads, passed after the outputs in `args`.
-    fn packed_constants(&self) -> Vec<PackedConst> {
-        vec![]
-    }
-
-    /// Whether the kernel reads input `i` at run time (false for a weight it only reads packed,
-    /// so the original need not be stored in the artifact).
-    fn reads_input(&self, i: usize) -> bool {
-        let _ = i;
-        true
-    }
-
+/// A CPU kernel: what the planner asks of every generated kernel ([`KernelCommon`]: its
+/// description, e.g. `gemm 6x16 avx2 M=64 N=3136 K=576`, the constants it reads packed after
+/// the outputs in `args`, the inputs it reads), and what only CPU kernels have.
+pub trait GeneratedKernel: KernelCommon {
     /// Whether the kernel rounds input `i` to bf16 (to nearest even) as it reads it, so it
     /// may read the f32 value behind the autocast's `Cast<f32>(Cast<bf16>(x))` instead of the
     /// pair's result (`bf16_rounding`).

@@ -28,7 +28,7 @@ use super::gemm::{batched_product, GemmKernel};
 use super::{llvm, GeneratedKernel, KernelBuilder};
 use crate::error::Result;
 use crate::kernel::epilogue::{Activation, Bias, Epilogue, Residual};
-use crate::kernel::{PackedConst, Scratch};
+use crate::kernel::{KernelCommon, PackedConst, Scratch};
 use crate::node::NodeInfo;
 use crate::target::{ConvAlgorithm, TargetDesc};
 use inkwell::values::{IntValue, PointerValue, VectorValue};
@@ -277,7 +277,7 @@ pub(crate) fn lower(
     })))
 }
 
-impl GeneratedKernel for WinogradKernel {
+impl KernelCommon for WinogradKernel {
     fn describe(&self) -> String {
         let g = &self.g;
         format!(
@@ -300,7 +300,9 @@ impl GeneratedKernel for WinogradKernel {
     fn reads_input(&self, i: usize) -> bool {
         !self.unread.contains(&i)
     }
+}
 
+impl GeneratedKernel for WinogradKernel {
     fn rounds_input_to_bf16(&self, i: usize) -> bool {
         self.round_input && i == 0
     }

@@ -53,3 +53,23 @@ pub struct Scratch {
     /// A buffer per worker thread (`kiln_rt_thread_scratch`).
     pub per_thread_bytes: u64,
 }
+
+/// What the planner asks of every generated kernel, CPU (`gen::GeneratedKernel`) or GPU
+/// (`nvptx::GpuKernel`): a description for reports, the constants to store in its own layout,
+/// and which inputs it reads at run time.
+pub trait KernelCommon {
+    /// A short description for reports, e.g. `gemm 6x16 avx2 M=64 N=3136 K=576`.
+    fn describe(&self) -> String;
+
+    /// Constants in the layout the kernel reads (packed weights), passed after the outputs.
+    fn packed_constants(&self) -> Vec<PackedConst> {
+        vec![]
+    }
+
+    /// Whether the kernel reads input `i` at run time (false for a weight it only reads packed,
+    /// so the original need not be stored in the artifact).
+    fn reads_input(&self, i: usize) -> bool {
+        let _ = i;
+        true
+    }
+}

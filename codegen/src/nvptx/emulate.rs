@@ -750,6 +750,7 @@ mod tests {
     use super::*;
     use crate::error::Result;
     use crate::gen::llvm;
+    use crate::kernel::KernelCommon;
     use crate::nvptx::{GpuBuilder, GpuKernel, LaunchDims, Sreg};
     use inkwell::IntPredicate;
     use kiln_ir::{Op, TensorType, Unary};
@@ -762,10 +763,13 @@ mod tests {
         block: u32,
     }
 
-    impl GpuKernel for Rotate {
+    impl KernelCommon for Rotate {
         fn describe(&self) -> String {
             "gpu test rotate".into()
         }
+    }
+
+    impl GpuKernel for Rotate {
         fn launch(&self) -> LaunchDims {
             LaunchDims {
                 grid: [self.blocks, 1, 1],

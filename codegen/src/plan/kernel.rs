@@ -2,6 +2,7 @@
 //! library call or a generated GPU kernel) and the values, packed constants and scratch it uses.
 
 use crate::gen::GeneratedKernel;
+use crate::kernel::KernelCommon;
 use crate::nvptx::GpuKernel;
 use crate::uk::UkCall;
 use kiln_ir::{NodeId, ValueId};
@@ -39,6 +40,17 @@ impl Kernel {
             KernelImpl::Generated(g) => g.describe(),
             KernelImpl::Ukernel(c) => format!("kiln_uk_{}", c.symbol),
             KernelImpl::Gpu(g) => g.describe(),
+        }
+    }
+}
+
+impl KernelImpl {
+    /// A generated kernel, CPU or GPU, as the planner sees it; None for a kernel-library call.
+    pub fn generated(&self) -> Option<&dyn KernelCommon> {
+        match self {
+            KernelImpl::Generated(g) => Some(g.as_ref()),
+            KernelImpl::Gpu(g) => Some(g.as_ref()),
+            KernelImpl::Ukernel(_) => None,
         }
     }
 }

@@ -314,17 +314,7 @@ pub fn build(graph: &Graph, target: &TargetDesc, fusion: bool) -> Result<Plan> {
         };
         let mut inputs = node.inputs.clone();
         let mut packed = vec![];
-        if let KernelImpl::Generated(g) = &imp {
-            for (i, inp) in inputs.iter_mut().enumerate() {
-                if !g.reads_input(i) {
-                    *inp = None;
-                }
-            }
-            for p in g.packed_constants() {
-                packed.push(push_weights(&mut weights, &p.bytes));
-            }
-        }
-        if let KernelImpl::Gpu(g) = &imp {
+        if let Some(g) = imp.generated() {
             for (i, inp) in inputs.iter_mut().enumerate() {
                 if !g.reads_input(i) {
                     *inp = None;
@@ -451,17 +441,9 @@ fn fused_kernel(
                 .flatten()?,
         )
     };
-    let (reads, constants) = match &imp {
-        KernelImpl::Gpu(g) => (
-            (0..info.n_inputs()).map(|i| g.reads_input(i)).collect::<Vec<_>>(),
-            g.packed_constants(),
-        ),
-        KernelImpl::Generated(g) => (
-            (0..info.n_inputs()).map(|i| g.reads_input(i)).collect(),
-            g.packed_constants(),
-        ),
-        KernelImpl::Ukernel(_) => return None,
-    };
+    let g = imp.generated()?;
+    let reads: Vec<bool> = (0..info.n_inputs()).map(|i| g.reads_input(i)).collect();
+    let constants = g.packed_constants();
     let mut inputs: Vec<Option<ValueId>> = (0..info.n_inputs()).map(|i| info.input(i)).collect();
     for (inp, read) in inputs.iter_mut().zip(reads) {
         if !read {

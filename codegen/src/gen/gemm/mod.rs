@@ -34,7 +34,7 @@ use crate::error::Result;
 use crate::gen::{GeneratedKernel, KernelBuilder};
 use crate::kernel::epilogue::{Activation, Bias, Epilogue, Residual};
 use crate::kernel::geometry::{ConvWindow, Product};
-use crate::kernel::{PackedConst, Scratch};
+use crate::kernel::{KernelCommon, PackedConst, Scratch};
 use crate::node::NodeInfo;
 use crate::target::{Isa, TargetDesc};
 use blocking::plan_blocks;
@@ -556,7 +556,7 @@ pub(crate) fn lower_gemm(
     b.finish(node, target, tile, epi)
 }
 
-impl GeneratedKernel for GemmKernel {
+impl KernelCommon for GemmKernel {
     fn describe(&self) -> String {
         self.what.clone()
     }
@@ -568,7 +568,9 @@ impl GeneratedKernel for GemmKernel {
     fn reads_input(&self, i: usize) -> bool {
         !self.unread.contains(&i)
     }
+}
 
+impl GeneratedKernel for GemmKernel {
     fn bf16_dot_products(&self) -> bool {
         self.bf16_pairs
     }

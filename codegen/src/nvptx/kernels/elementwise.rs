@@ -16,6 +16,7 @@ use crate::error::Result;
 use crate::gen::elementwise::{self as ew, EwGroup};
 use crate::gen::emit::Emit;
 use crate::gen::llvm;
+use crate::kernel::KernelCommon;
 use crate::node::NodeInfo;
 use crate::nvptx::{GpuBuilder, GpuKernel, LaunchDims, Mode, Sreg};
 use crate::target::TargetDesc;
@@ -144,21 +145,23 @@ impl<'ctx> Ix<'_, '_, 'ctx> {
     }
 }
 
-impl GpuKernel for EwGpu {
+impl KernelCommon for EwGpu {
     fn describe(&self) -> String {
         self.what.clone()
     }
 
+    fn reads_input(&self, i: usize) -> bool {
+        !self.unread.contains(&i)
+    }
+}
+
+impl GpuKernel for EwGpu {
     fn launch(&self) -> LaunchDims {
         LaunchDims {
             grid: [self.grid as u32, 1, 1],
             block: [BLOCK as u32, 1, 1],
             shared_bytes: 0,
         }
-    }
-
-    fn reads_input(&self, i: usize) -> bool {
-        !self.unread.contains(&i)
     }
 
     fn emit(&self, k: &GpuBuilder<'_, '_>) -> Result<()> {

@@ -6,7 +6,7 @@ use crate::error::Result;
 use crate::gen::emit::Emit;
 use crate::gen::llvm;
 use crate::kernel::epilogue::Activation;
-use crate::kernel::PackedConst;
+use crate::kernel::{KernelCommon, PackedConst};
 use crate::nvptx::{GpuBuilder, GpuKernel, LaunchDims, MmaKind, Sreg};
 use inkwell::values::{FloatValue, IntValue, PointerValue};
 use inkwell::IntPredicate;
@@ -319,11 +319,21 @@ impl<'ctx> WarpTiles<'ctx> {
     }
 }
 
-impl GpuKernel for GemmGpu {
+impl KernelCommon for GemmGpu {
     fn describe(&self) -> String {
         self.what.clone()
     }
 
+    fn packed_constants(&self) -> Vec<PackedConst> {
+        self.packed.clone()
+    }
+
+    fn reads_input(&self, i: usize) -> bool {
+        !self.unread.contains(&i)
+    }
+}
+
+impl GpuKernel for GemmGpu {
     fn launch(&self) -> LaunchDims {
         let z: usize = self.batch.iter().map(|d| d.extent).product();
         LaunchDims {
@@ -335,14 +345,6 @@ impl GpuKernel for GemmGpu {
             block: [THREADS as u32, 1, 1],
             shared_bytes: self.tile.shared_bytes() as u32,
         }
-    }
-
-    fn packed_constants(&self) -> Vec<PackedConst> {
-        self.packed.clone()
-    }
-
-    fn reads_input(&self, i: usize) -> bool {
-        !self.unread.contains(&i)
     }
 
     fn emit(&self, k: &GpuBuilder<'_, '_>) -> Result<()> {

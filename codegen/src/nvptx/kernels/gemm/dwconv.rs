@@ -6,7 +6,7 @@ use crate::error::Result;
 use crate::gen::emit::Emit;
 use crate::kernel::epilogue::{Activation, Bias, Epilogue, Residual};
 use crate::kernel::geometry::ConvWindow;
-use crate::kernel::PackedConst;
+use crate::kernel::{KernelCommon, PackedConst};
 use crate::node::NodeInfo;
 use crate::nvptx::{GpuBuilder, GpuKernel, LaunchDims, Sreg};
 use kiln_ir::DType;
@@ -97,18 +97,9 @@ pub(super) fn lower(
     })))
 }
 
-impl GpuKernel for DwConvGpu {
+impl KernelCommon for DwConvGpu {
     fn describe(&self) -> String {
         self.what.clone()
-    }
-
-    fn launch(&self) -> LaunchDims {
-        let total = self.batch * self.g.c * self.g.oh * self.g.ow;
-        LaunchDims {
-            grid: [total.div_ceil(DW_BLOCK) as u32, 1, 1],
-            block: [DW_BLOCK as u32, 1, 1],
-            shared_bytes: 0,
-        }
     }
 
     fn packed_constants(&self) -> Vec<PackedConst> {
@@ -117,6 +108,17 @@ impl GpuKernel for DwConvGpu {
 
     fn reads_input(&self, i: usize) -> bool {
         !self.unread.contains(&i)
+    }
+}
+
+impl GpuKernel for DwConvGpu {
+    fn launch(&self) -> LaunchDims {
+        let total = self.batch * self.g.c * self.g.oh * self.g.ow;
+        LaunchDims {
+            grid: [total.div_ceil(DW_BLOCK) as u32, 1, 1],
+            block: [DW_BLOCK as u32, 1, 1],
+            shared_bytes: 0,
+        }
     }
 
     fn emit(&self, k: &GpuBuilder<'_, '_>) -> Result<()> {
