@@ -1,5 +1,5 @@
 //! Channels-last (NHWC) convolution pieces: the A-side im2col packing the GEMM kernel uses for
-//! a dense NHWC convolution (`gemm::lower_conv_nhwc`), and a direct depthwise kernel.
+//! a dense NHWC convolution (`conv::lower_conv_nhwc`), and a direct depthwise kernel.
 //!
 //! In NHWC the channels of one pixel are contiguous, so an im2col row (one output pixel, k =
 //! (kh, kw, c)) is a sequence of contiguous channel runs, one per tap (one per tap row where the

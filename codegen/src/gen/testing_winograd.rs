@@ -126,7 +126,7 @@ fn winograd_fused_epilogue() {
     }
 }
 
-/// What `gemm::lower` makes of a channels-last 3×3 convolution under `algorithm`.
+/// What `products::lower` makes of a channels-last 3×3 convolution under `algorithm`.
 fn lowered(n: usize, c: usize, h: usize, m: usize, algorithm: crate::target::ConvAlgorithm) -> String {
     let case = CaseBuilder::new(1400)
         .operand(&[n, h, h, c], false)
