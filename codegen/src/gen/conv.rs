@@ -7,7 +7,7 @@ use super::gemm::{BatchDim, Builder, Operand, Tile};
 use crate::error::Result;
 use crate::gen::GeneratedKernel;
 use crate::kernel::epilogue::{Bias, Epilogue};
-use crate::kernel::geometry::ConvWindow;
+use crate::kernel::geometry::ConvShape;
 use crate::kernel::PackedConst;
 use crate::node::NodeInfo;
 use crate::target::TargetDesc;
@@ -20,23 +20,20 @@ pub(crate) fn lower_conv(
     epi: Epilogue,
     attrs: &ConvAttrs,
 ) -> Result<Option<Box<dyn GeneratedKernel>>> {
-    let xs = node.input_shape(0)?;
-    let ws = node.input_shape(1)?;
-    let ys = node.output_shape(0)?;
-    if xs.len() != 4 || ws.len() != 4 || ys.len() != 4 {
+    let Some(s) = ConvShape::of(node, attrs)? else {
         return Ok(None);
-    }
+    };
     let Some(w) = f32s(node, 1) else {
         return Ok(None);
     };
     if attrs.channels_last {
-        return lower_conv_nhwc(node, target, tile, epi, attrs, &w);
+        return lower_conv_nhwc(node, target, tile, epi, attrs, &s, &w);
     }
-    let (nb, c, h, wd) = (xs[0], xs[1], xs[2], xs[3]);
-    let (m, cg, kh, kw) = (ws[0], ws[1], ws[2], ws[3]);
-    let g = attrs.group.max(1);
-    let (oh, ow) = (ys[2], ys[3]);
-    let Some(geo) = ConvWindow::resolve(attrs, cg, h, wd, kh, kw, oh, ow) else {
+    let (nb, c, h, wd) = (s.batch, s.c, s.h, s.w);
+    let (m, cg, kh, kw) = (s.m, s.cg, s.kh, s.kw);
+    let g = s.groups;
+    let (oh, ow) = (s.oh, s.ow);
+    let Some(geo) = s.window(attrs, cg) else {
         return Err(node.unsupported("convolution window does not match the output shape"));
     };
     if g == c && g == m && cg == 1 && g > 1 {
@@ -48,7 +45,7 @@ pub(crate) fn lower_conv(
     if epi.pool_mean {
         return Ok(None);
     }
-    if c % g != 0 || m % g != 0 || cg != c / g || ys[1] != m {
+    if c % g != 0 || m % g != 0 || cg != c / g || s.y_channels != m {
         return Ok(None);
     }
     let mg = m / g;
@@ -120,16 +117,14 @@ fn lower_conv_nhwc(
     tile: Tile,
     mut epi: Epilogue,
     attrs: &ConvAttrs,
+    s: &ConvShape,
     w: &[f32],
 ) -> Result<Option<Box<dyn GeneratedKernel>>> {
-    let xs = node.input_shape(0)?;
-    let ws = node.input_shape(1)?;
-    let ys = node.output_shape(0)?;
-    let (nb, h, wd, c) = (xs[0], xs[1], xs[2], xs[3]);
-    let (m, cg, kh, kw) = (ws[0], ws[1], ws[2], ws[3]);
-    let g = attrs.group.max(1);
-    let (oh, ow) = (ys[1], ys[2]);
-    let Some(geo) = ConvWindow::resolve(attrs, cg, h, wd, kh, kw, oh, ow) else {
+    let (nb, h, wd, c) = (s.batch, s.h, s.w, s.c);
+    let (m, cg, kh, kw) = (s.m, s.cg, s.kh, s.kw);
+    let g = s.groups;
+    let (oh, ow) = (s.oh, s.ow);
+    let Some(geo) = s.window(attrs, cg) else {
         return Err(node.unsupported("convolution window does not match the output shape"));
     };
     if g == c && g == m && cg == 1 && g > 1 {
@@ -138,7 +133,7 @@ fn lower_conv_nhwc(
         }
         return crate::gen::conv_nhwc::lower_dw(node, target, epi, w, geo.into_dw(nb, c));
     }
-    if g != 1 || cg != c || ys[3] != m {
+    if g != 1 || cg != c || s.y_channels != m {
         return Ok(None);
     }
     epi.bias = match epi.bias {

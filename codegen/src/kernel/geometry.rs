@@ -1,7 +1,7 @@
 //! The geometry of a product node, derived once from the node and read by both the CPU GEMM
 //! kernel (`gen::gemm`, `gen::conv`) and the GPU one (`nvptx::kernels::gemm`): the matrix
-//! product of a MatMul or Gemm (M, N, K, operand strides, broadcast batch axes) and the
-//! resolved window of a 2-D convolution.
+//! product of a MatMul or Gemm (M, N, K, operand strides, broadcast batch axes), and a 2-D
+//! convolution's extents and resolved window.
 
 use crate::error::Result;
 use crate::node::NodeInfo;
@@ -237,5 +237,65 @@ impl ConvWindow {
             oh,
             ow,
         })
+    }
+}
+
+/// A 2-D convolution's extents as its tensors give them, in either layout: X `[N, C, H, W]`
+/// (channels-last `[N, H, W, C]`), W `[M, C/group, KH, KW]`, Y `[N, M, OH, OW]`
+/// (`[N, OH, OW, M]`). Which combinations a kernel takes is the kernel's to check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConvShape {
+    pub batch: usize,
+    pub c: usize,
+    pub h: usize,
+    pub w: usize,
+    /// W's extents: output channels, the input channels each one reads, the kernel window.
+    pub m: usize,
+    pub cg: usize,
+    pub kh: usize,
+    pub kw: usize,
+    /// Y's batch and channel extents (which should be `batch` and `m`) and its spatial ones.
+    pub y_batch: usize,
+    pub y_channels: usize,
+    pub oh: usize,
+    pub ow: usize,
+    pub groups: usize,
+}
+
+impl ConvShape {
+    /// The extents of a Conv node; None unless X, W and Y are 4-D.
+    pub fn of(node: &NodeInfo, attrs: &ConvAttrs) -> Result<Option<ConvShape>> {
+        let xs = node.input_shape(0)?;
+        let ws = node.input_shape(1)?;
+        let ys = node.output_shape(0)?;
+        if xs.len() != 4 || ws.len() != 4 || ys.len() != 4 {
+            return Ok(None);
+        }
+        let ((batch, c, h, w), (y_batch, y_channels, oh, ow)) = if attrs.channels_last {
+            ((xs[0], xs[3], xs[1], xs[2]), (ys[0], ys[3], ys[1], ys[2]))
+        } else {
+            ((xs[0], xs[1], xs[2], xs[3]), (ys[0], ys[1], ys[2], ys[3]))
+        };
+        Ok(Some(ConvShape {
+            batch,
+            c,
+            h,
+            w,
+            m: ws[0],
+            cg: ws[1],
+            kh: ws[2],
+            kw: ws[3],
+            y_batch,
+            y_channels,
+            oh,
+            ow,
+            groups: attrs.group.max(1),
+        }))
+    }
+
+    /// The window of `attrs` over `c` of the input channels (see [`ConvWindow`]), None unless
+    /// it produces the output's extents.
+    pub fn window(&self, attrs: &ConvAttrs, c: usize) -> Option<ConvWindow> {
+        ConvWindow::resolve(attrs, c, self.h, self.w, self.kh, self.kw, self.oh, self.ow)
     }
 }

@@ -1,8 +1,9 @@
 //! The kernel vocabulary: the terms the planner (`plan`), the CPU emitter (`gen`) and the NVPTX
-//! emitter (`nvptx`) share to describe a kernel — where its tensors live ([`Storage`]), the
-//! constants and scratch it asks for, the shape of the problem a product kernel solves
-//! ([`geometry`]) and what it does to the product's result ([`epilogue`]).
-//! It depends on none of them, so each can use it without importing the others.
+//! emitter (`nvptx`) share to describe a kernel — where its tensors live ([`Storage`]), what
+//! the planner asks of every generated kernel ([`KernelCommon`]: its description, the
+//! constants it reads packed, the inputs it reads), the scratch it needs, the shape of the
+//! problem a product kernel solves ([`geometry`]) and what it does to the product's result
+//! ([`epilogue`]). It depends on none of them, so each can use it without importing the others.
 
 pub mod epilogue;
 pub mod geometry;

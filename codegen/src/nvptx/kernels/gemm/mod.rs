@@ -25,7 +25,7 @@ mod tests;
 
 use crate::error::Result;
 use crate::kernel::epilogue::{Activation, Bias, Epilogue, Residual};
-use crate::kernel::geometry::{ConvWindow, Product};
+use crate::kernel::geometry::{ConvShape, ConvWindow, Product};
 use crate::kernel::PackedConst;
 use crate::node::NodeInfo;
 use crate::nvptx::{GpuKernel, MmaKind};
@@ -561,22 +561,19 @@ fn conv(
     if attrs.channels_last {
         return Ok(None);
     }
-    let xs = node.input_shape(0)?;
-    let ws = node.input_shape(1)?;
-    let ys = node.output_shape(0)?;
-    if xs.len() != 4 || ws.len() != 4 || ys.len() != 4 {
+    let Some(s) = ConvShape::of(node, attrs)? else {
         return Ok(None);
-    }
+    };
     let Some(w) = f32s(node, 1) else {
         return Ok(None);
     };
-    let (nb, c, h, wd) = (xs[0], xs[1], xs[2], xs[3]);
-    let (mt, cg, kh, kw) = (ws[0], ws[1], ws[2], ws[3]);
-    let g = attrs.group.max(1);
-    if c != cg * g || mt % g != 0 || ys[1] != mt || ys[0] != nb {
+    let (nb, c, h, wd) = (s.batch, s.c, s.h, s.w);
+    let (mt, cg, kh, kw) = (s.m, s.cg, s.kh, s.kw);
+    let g = s.groups;
+    if c != cg * g || mt % g != 0 || s.y_channels != mt || s.y_batch != nb {
         return Err(node.unsupported("weights do not match the input channels and groups"));
     }
-    let Some(geo) = ConvWindow::resolve(attrs, c, h, wd, kh, kw, ys[2], ys[3]) else {
+    let Some(geo) = s.window(attrs, c) else {
         return Err(node.unsupported("convolution window does not match the output shape"));
     };
     if g == c && g == mt && g > 1 {
