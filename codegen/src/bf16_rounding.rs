@@ -14,7 +14,8 @@
 //! cast would keep a bf16 subnormal; the pair product (`vdpbf16ps`) does the same with bf16
 //! subnormals, so the result is the one the unabsorbed casts give.
 
-use crate::plan::{is_view, Kernel, KernelImpl};
+use crate::kernel::is_view;
+use crate::plan::kernel::{Kernel, KernelImpl};
 use kiln_ir::{DType, Graph, NodeId, Op, ValueId};
 use std::collections::{HashMap, HashSet};
 

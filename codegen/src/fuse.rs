@@ -8,7 +8,7 @@
 //! On the input side, a channels-last convolution whose input is `x * s` with a per-channel
 //! `s` (squeeze-excitation) reads `x` and `s` and scales while packing (`InputScale`).
 
-use crate::gen::gemm::{Activation, Bias, Epilogue, Residual};
+use crate::kernel::epilogue::{Activation, Bias, Epilogue, Residual};
 use kiln_ir::{Binary, DType, Graph, NodeId, Op, Unary, ValueId};
 use std::collections::{HashMap, HashSet};
 

@@ -1,7 +1,7 @@
 //! The C header shipped with a static library: the model's API, each input and output
 //! documented with name, dtype and shape.
 
-use crate::emit::Api;
+use crate::api::Api;
 use kiln_ir::{DType, TensorType};
 
 fn c_type(dt: DType) -> &'static str {

@@ -2,6 +2,7 @@
 //! links the micro-kernel and runtime bitcode, and writes artifacts (executable, static or shared
 //! library + C header + pkg-config and CMake files, object, LLVM IR, assembly).
 
+pub mod api;
 mod archive;
 mod bf16_rounding;
 pub mod buildfiles;
@@ -11,6 +12,7 @@ pub mod error;
 pub mod fuse;
 pub mod gen;
 pub mod header;
+pub mod kernel;
 pub mod llvm;
 pub mod node;
 pub mod nvptx;
@@ -215,7 +217,7 @@ pub fn compile(
         ),
         None => None,
     };
-    let api = emit::Api {
+    let api = api::Api {
         prefix: header::c_ident(&opts.name),
         profile: opts.profile,
         weights_file,
@@ -278,7 +280,7 @@ fn plan_variants<'a>(
         let bf16_dots = plan
             .kernels
             .iter()
-            .any(|k| matches!(&k.imp, plan::KernelImpl::Generated(g) if g.bf16_dot_products()));
+            .any(|k| matches!(&k.imp, plan::kernel::KernelImpl::Generated(g) if g.bf16_dot_products()));
         if v.target.has_avx512_bf16 && !bf16_dots && !planned.is_empty() {
             continue;
         }
@@ -338,7 +340,7 @@ pub fn compile_portable(
     check_portable(opts)?;
     progress.phase("plan");
     let planned = plan_variants(variants, opts.fusion)?;
-    let api = emit::Api {
+    let api = api::Api {
         prefix: header::c_ident(&opts.name),
         profile: opts.profile,
         weights_file: None,
@@ -397,7 +399,7 @@ fn finish_module(
     opts: &CompileOptions,
     out: &Path,
     progress: &mut dyn Progress,
-    api: &emit::Api,
+    api: &api::Api,
     graph: &Graph,
     target: &str,
     memory: (u64, u64),
@@ -467,8 +469,8 @@ fn finish_module(
                 api,
                 &opts.name,
                 target,
-                &emit::signature_inputs(graph),
-                &emit::signature_outputs(graph),
+                &emit::signature::signature_inputs(graph),
+                &emit::signature::signature_outputs(graph),
                 memory,
                 kind,
             );
@@ -491,12 +493,17 @@ fn summarize(graph: &Graph, plan: &plan::Plan, target: &TargetDesc, files: Vec<P
     let generated_kernels = plan
         .kernels
         .iter()
-        .filter(|k| matches!(k.imp, plan::KernelImpl::Generated(_) | plan::KernelImpl::Gpu(_)))
+        .filter(|k| {
+            matches!(
+                k.imp,
+                plan::kernel::KernelImpl::Generated(_) | plan::kernel::KernelImpl::Gpu(_)
+            )
+        })
         .count();
     let bf16_dot_kernels = plan
         .kernels
         .iter()
-        .filter(|k| matches!(&k.imp, plan::KernelImpl::Generated(g) if g.bf16_dot_products()))
+        .filter(|k| matches!(&k.imp, plan::kernel::KernelImpl::Generated(g) if g.bf16_dot_products()))
         .count();
     Summary {
         files,

@@ -3,7 +3,7 @@
 //! function, and the profiling functions of the C API (`kiln compile --profile`). The recording
 //! itself is runtime-stub/c/profile.c.
 
-use crate::emit::Api;
+use crate::api::Api;
 use crate::error::Result;
 use crate::gen::llvm;
 use crate::plan::Plan;
@@ -50,9 +50,6 @@ pub fn kernel_table(graph: &Graph, plan: &Plan) -> Vec<KernelEntry> {
         })
         .collect()
 }
-
-/// The profiling functions of a model's C API (present only when compiled with `--profile`).
-pub const API_FUNCTIONS: [&str; 3] = ["profile_enable", "profile_kernels", "profile_write_trace"];
 
 /// What emits into one module.
 pub struct Gen<'a, 'ctx> {

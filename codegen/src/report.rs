@@ -2,7 +2,9 @@
 //! of every node of the planned graph, the arena buffers with their lifetimes, and what the
 //! target is assumed to have. `kiln compile --report` and `kiln explain` are built from it.
 
-use crate::plan::{self, BufferOwner, KernelImpl, Plan, Storage};
+use crate::kernel::Storage;
+use crate::plan::kernel::KernelImpl;
+use crate::plan::{self, BufferOwner, Plan};
 use crate::target::{Isa, TargetDesc};
 use kiln_ir::{Graph, Layout, NodeId, Op, TensorType, ValueId};
 use std::collections::{HashMap, HashSet};
@@ -248,7 +250,7 @@ pub fn build(graph: &Graph, plan: &Plan, target: &TargetDesc) -> PlanReport {
                 .first()
                 .copied()
                 .flatten()
-                .filter(|_| plan::is_view(&node.op))
+                .filter(|_| crate::kernel::is_view(&node.op))
             {
                 NodeFate::View {
                     of: graph.value_name(src).to_string(),

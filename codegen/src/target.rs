@@ -221,7 +221,7 @@ impl TargetDesc {
     }
 
     /// f32 lanes in one native vector of the selected ISA.
-    /// Whether products of bf16 values run on `vdpbf16ps` pairs here (`gen/gemm.rs`,
+    /// Whether products of bf16 values run on `vdpbf16ps` pairs here (`gen/gemm/`,
     /// `bf16_pairs`): avx512_bf16 with the 512-bit tiles. Such kernels round their run-time
     /// operands to bf16 as they pack them, so they absorb the autocast's
     /// `Cast<f32>(Cast<bf16>(x))` pairs (`bf16_rounding`): the optimizer's

@@ -16,7 +16,8 @@
 //!   time to catch truncated or corrupted files.
 
 use crate::error::{CodegenError, Result};
-use crate::plan::{Plan, Storage, ALIGN};
+use crate::kernel::Storage;
+use crate::plan::{Plan, ALIGN};
 use crate::target::TargetDesc;
 use kiln_ir::Graph;
 use kiln_runtime::weights as keys;

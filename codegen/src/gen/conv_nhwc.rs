@@ -1,5 +1,5 @@
 //! Channels-last (NHWC) convolution pieces: the A-side im2col packing the GEMM kernel uses for
-//! a dense NHWC convolution (`gemm::lower_conv_nhwc`), and a direct depthwise kernel.
+//! a dense NHWC convolution (`conv::lower_conv_nhwc`), and a direct depthwise kernel.
 //!
 //! In NHWC the channels of one pixel are contiguous, so an im2col row (one output pixel, k =
 //! (kh, kw, c)) is a sequence of contiguous channel runs, one per tap (one per tap row where the
@@ -7,10 +7,12 @@
 //! output row, a few channel vectors per step with the taps' weights laid out `[tap][C]`, and the
 //! bias, residual and activation applied in registers.
 
+use super::activation::activation;
 use super::emit::Emit;
-use super::gemm::{activation, Activation, Bias, Epilogue, Residual};
-use super::{llvm, GeneratedKernel, KernelBuilder, PackedConst, Scratch};
+use super::{llvm, GeneratedKernel, KernelBuilder};
 use crate::error::Result;
+use crate::kernel::epilogue::{Activation, Bias, Epilogue, Residual};
+use crate::kernel::{KernelCommon, PackedConst, Scratch};
 use crate::node::NodeInfo;
 use crate::target::TargetDesc;
 use inkwell::values::{IntValue, PointerValue, VectorValue};
@@ -357,7 +359,7 @@ pub(crate) fn lower_dw(
     })))
 }
 
-impl GeneratedKernel for DwNhwcKernel {
+impl KernelCommon for DwNhwcKernel {
     fn describe(&self) -> String {
         let g = &self.g;
         format!(
@@ -373,7 +375,9 @@ impl GeneratedKernel for DwNhwcKernel {
     fn reads_input(&self, i: usize) -> bool {
         i == 0 || Some(i) == self.residual
     }
+}
 
+impl GeneratedKernel for DwNhwcKernel {
     fn scratch(&self) -> Scratch {
         Scratch::default()
     }

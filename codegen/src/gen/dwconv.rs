@@ -3,10 +3,13 @@
 //! the inner loops need no bounds checks; outputs are computed a few vectors along the output
 //! row at a time (independent FMA chains), with the bias and activation applied in registers.
 
+use super::activation::activation;
 use super::emit::Emit;
-use super::gemm::{activation, Activation, Bias, Epilogue};
-use super::{llvm, GeneratedKernel, KernelBuilder, PackedConst, Scratch};
+use super::{llvm, GeneratedKernel, KernelBuilder};
 use crate::error::Result;
+use crate::kernel::epilogue::{Activation, Bias, Epilogue};
+use crate::kernel::geometry::ConvWindow;
+use crate::kernel::{KernelCommon, PackedConst, Scratch};
 use crate::node::NodeInfo;
 use crate::target::TargetDesc;
 use inkwell::values::{PointerValue, VectorValue};
@@ -28,6 +31,28 @@ pub(crate) struct DwGeom {
     pub pw: usize,
     pub oh: usize,
     pub ow: usize,
+}
+
+impl ConvWindow {
+    /// The depthwise kernels' geometry of this window over `batch` images of `c` channels.
+    pub(crate) fn into_dw(self, batch: usize, c: usize) -> DwGeom {
+        DwGeom {
+            batch,
+            c,
+            h: self.h,
+            w: self.w,
+            kh: self.kh,
+            kw: self.kw,
+            sh: self.sh,
+            sw: self.sw,
+            dh: self.dh,
+            dw: self.dw,
+            ph: self.ph,
+            pw: self.pw,
+            oh: self.oh,
+            ow: self.ow,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -103,7 +128,7 @@ pub(crate) fn lower(
     })))
 }
 
-impl GeneratedKernel for DwConvKernel {
+impl KernelCommon for DwConvKernel {
     fn describe(&self) -> String {
         let g = &self.g;
         format!(
@@ -130,7 +155,9 @@ impl GeneratedKernel for DwConvKernel {
     fn reads_input(&self, i: usize) -> bool {
         i == 0
     }
+}
 
+impl GeneratedKernel for DwConvKernel {
     fn scratch(&self) -> Scratch {
         Scratch {
             shared_bytes: 0,
@@ -209,7 +236,7 @@ impl DwConvKernel {
         };
         let u = self.unroll;
         let cw = u as i64 * l;
-        let nchunks = super::gemm::cdiv(g.ow as i64, cw);
+        let nchunks = super::cdiv(g.ow as i64, cw);
         let tmp = e.entry_alloca(e.cx.f32_type().array_type(cw as u32), "tmp")?;
         let i32t = e.cx.i32_type();
         let even: Vec<_> = (0..lanes).map(|i| i32t.const_int(2 * i as u64, false)).collect();

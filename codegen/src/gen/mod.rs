@@ -7,17 +7,21 @@
 //! `[inputs..., outputs..., packed constants..., shared scratch]` (absent optional inputs are
 //! null). The function returns 0, or non-zero after `kiln_rt_set_error`.
 
+pub(crate) mod activation;
+pub mod conv;
 pub mod conv_nhwc;
 pub mod dwconv;
 pub mod elementwise;
 pub(crate) mod emit;
 pub mod gemm;
+pub mod products;
 #[cfg(test)]
 mod testing;
 pub(crate) mod vmath;
 pub mod winograd;
 
 use crate::error::{CodegenError, Result};
+use crate::kernel::{KernelCommon, Scratch};
 use crate::node::NodeInfo;
 use crate::target::TargetDesc;
 use inkwell::builder::Builder;
@@ -26,37 +30,10 @@ use inkwell::module::{Linkage, Module};
 use inkwell::values::{FunctionValue, IntValue, PointerValue};
 use inkwell::AddressSpace;
 
-/// A constant the kernel wants in its own layout (packed weights), computed at compile time.
-#[derive(Clone, Debug, PartialEq)]
-pub struct PackedConst {
-    pub bytes: Vec<u8>,
-}
-
-/// Scratch memory a kernel needs while it runs.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Scratch {
-    /// One buffer for the whole kernel, from the arena (args' last entry).
-    pub shared_bytes: u64,
-    /// A buffer per worker thread (`kiln_rt_thread_scratch`).
-    pub per_thread_bytes: u64,
-}
-
-pub trait GeneratedKernel {
-    /// A short description for reports, e.g. `gemm 6x16 avx2 M=64 N=3136 K=576`.
-    fn describe(&self) -> String;
-
-    /// Constants in the layout the kernel reads, passed after the outputs in `args`.
-    fn packed_constants(&self) -> Vec<PackedConst> {
-        vec![]
-    }
-
-    /// Whether the kernel reads input `i` at run time (false for a weight it only reads packed,
-    /// so the original need not be stored in the artifact).
-    fn reads_input(&self, i: usize) -> bool {
-        let _ = i;
-        true
-    }
-
+/// A CPU kernel: what the planner asks of every generated kernel ([`KernelCommon`]: its
+/// description, e.g. `gemm 6x16 avx2 M=64 N=3136 K=576`, the constants it reads packed after
+/// the outputs in `args`, the inputs it reads), and what only CPU kernels have.
+pub trait GeneratedKernel: KernelCommon {
     /// Whether the kernel rounds input `i` to bf16 (to nearest even) as it reads it, so it
     /// may read the f32 value behind the autocast's `Cast<f32>(Cast<bf16>(x))` instead of the
     /// pair's result (`bf16_rounding`).
@@ -80,13 +57,18 @@ pub trait GeneratedKernel {
     fn emit(&self, k: &KernelBuilder<'_, '_>) -> Result<()>;
 }
 
+/// Ceiling division of positive i64 values.
+pub(crate) fn cdiv(a: i64, b: i64) -> i64 {
+    (a + b - 1) / b
+}
+
 /// The generated kernel for `node`, or None when no generator handles it.
 pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GeneratedKernel>>> {
     // These are CPU micro-kernels (explicit vector registers, a thread pool's tiles).
     if target.is_gpu() {
         return Ok(None);
     }
-    for generator in [gemm::lower] {
+    for generator in [products::lower] {
         if let Some(k) = generator(node, target)? {
             return Ok(Some(k));
         }

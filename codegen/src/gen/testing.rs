@@ -2,8 +2,8 @@
 //! the kernel for the host, runs it through MCJIT with a small stand-in runtime
 //! (`parallel_for` on std threads, per-thread scratch), and compares with `kiln_ir`'s evaluator.
 
-use super::gemm::{Activation, Bias, Epilogue};
 use super::{GeneratedKernel, KernelBuilder};
+use crate::kernel::epilogue::{Activation, Bias, Epilogue};
 use crate::node::NodeInfo;
 use crate::target::TargetDesc;
 use inkwell::context::Context;
@@ -293,8 +293,8 @@ impl Case {
         let node = NodeInfo::new(&self.g, self.id);
         let target = TargetDesc::host().unwrap();
         let k = match epi {
-            None => super::gemm::lower(&node, &target),
-            Some(e) => super::gemm::lower_fused(&node, &target, e),
+            None => super::products::lower(&node, &target),
+            Some(e) => super::products::lower_fused(&node, &target, e),
         }
         .unwrap()
         .unwrap_or_else(|| panic!("not lowered: {:?}", self.g.node(self.id).op));
@@ -583,7 +583,7 @@ fn other_isas_verify() {
     for target in &targets {
         for case in &cases {
             let node = NodeInfo::new(&case.g, case.id);
-            let k = super::gemm::lower(&node, target).unwrap().unwrap();
+            let k = super::products::lower(&node, target).unwrap().unwrap();
             let cx = Context::create();
             let module = cx.create_module("t");
             let tm = target.target_machine(OptimizationLevel::Aggressive).unwrap();
@@ -675,7 +675,7 @@ fn gemm_speed() {
     let filter = std::env::var("KILN_SPEED_FILTER").unwrap_or_default();
     for (name, case, flops) in layers.iter().filter(|l| l.0.contains(&filter)) {
         let node = NodeInfo::new(&case.g, case.id);
-        let k = super::gemm::lower(&node, &target).unwrap().unwrap();
+        let k = super::products::lower(&node, &target).unwrap().unwrap();
         let n: usize = node.output_shape(0).unwrap().iter().product();
         for threads in [1, 2] {
             let reps = (6e10 / flops).clamp(20.0, 400.0) as usize;

@@ -74,8 +74,8 @@ impl Case {
         let (target, host_pairs) = host();
         let node = NodeInfo::new(&self.g, self.id);
         let k = match epi {
-            None => super::super::gemm::lower(&node, &target),
-            Some(e) => super::super::gemm::lower_fused(&node, &target, e),
+            None => super::super::products::lower(&node, &target),
+            Some(e) => super::super::products::lower_fused(&node, &target, e),
         }
         .unwrap()
         .unwrap_or_else(|| panic!("{what}: not lowered"));
@@ -207,10 +207,10 @@ fn bf16_pairs_fused_epilogue() {
     let bias = case.data[2].clone().unwrap();
     let epi = Epilogue::new(
         Bias::PerRow(bias),
-        Some(super::super::gemm::Residual::Input(3)),
+        Some(crate::kernel::epilogue::Residual::Input(3)),
         Activation::Relu,
     );
-    let k = super::super::gemm::lower_fused(&node, &target, epi)
+    let k = super::super::products::lower_fused(&node, &target, epi)
         .unwrap()
         .unwrap();
     assert_eq!(k.bf16_dot_products(), host_pairs, "{}", k.describe());
@@ -223,11 +223,11 @@ fn bf16_pairs_fused_epilogue() {
     // Cast<bf16> → Cast<f32> pair): every output a bf16 value, the nearest one.
     let mut epi = Epilogue::new(
         Bias::PerRow(case.data[2].clone().unwrap()),
-        Some(super::super::gemm::Residual::Input(3)),
+        Some(crate::kernel::epilogue::Residual::Input(3)),
         Activation::Relu,
     );
     epi.round_bf16 = true;
-    let k = super::super::gemm::lower_fused(&node, &target, epi)
+    let k = super::super::products::lower_fused(&node, &target, epi)
         .unwrap()
         .unwrap();
     let rounded = round_bf16(&want);
@@ -360,7 +360,7 @@ fn bf16_gemm_speed() {
             ..host.clone()
         };
         for (what, target) in [("bf16", &host), ("f32 ", &f32_target)] {
-            let k = super::super::gemm::lower(&node, target).unwrap().unwrap();
+            let k = super::super::products::lower(&node, target).unwrap().unwrap();
             let n: usize = node.output_shape(0).unwrap().iter().product();
             for threads in [1, 2] {
                 let reps = (6e10 / flops).clamp(20.0, 400.0) as usize;

@@ -8,7 +8,7 @@ use super::*;
 fn run_winograd(case: &Case, epi: Epilogue, variant: &str, threads: usize) -> Vec<f32> {
     let node = NodeInfo::new(&case.g, case.id);
     let target = TargetDesc::host().unwrap();
-    let k = super::super::gemm::lower_fused(&node, &target, epi)
+    let k = super::super::products::lower_fused(&node, &target, epi)
         .unwrap()
         .expect("lowered");
     let what = k.describe();
@@ -112,7 +112,7 @@ fn winograd_fused_epilogue() {
                 (0.5 * (y - b) + b + residual[j]).max(0.0)
             })
             .collect();
-        let residual_input = Some(super::super::gemm::Residual::Input(3));
+        let residual_input = Some(crate::kernel::epilogue::Residual::Input(3));
         let mut epi = Epilogue::new(Bias::PerRow(bias), residual_input, Activation::Relu);
         epi.scale = 0.5;
         // The epilogue halves the product's rounding errors and adds the residual's.
@@ -126,7 +126,7 @@ fn winograd_fused_epilogue() {
     }
 }
 
-/// What `gemm::lower` makes of a channels-last 3×3 convolution under `algorithm`.
+/// What `products::lower` makes of a channels-last 3×3 convolution under `algorithm`.
 fn lowered(n: usize, c: usize, h: usize, m: usize, algorithm: crate::target::ConvAlgorithm) -> String {
     let case = CaseBuilder::new(1400)
         .operand(&[n, h, h, c], false)
@@ -135,7 +135,7 @@ fn lowered(n: usize, c: usize, h: usize, m: usize, algorithm: crate::target::Con
     let node = NodeInfo::new(&case.g, case.id);
     let mut target = TargetDesc::host().unwrap();
     target.conv_algorithm = algorithm;
-    super::super::gemm::lower(&node, &target)
+    super::super::products::lower(&node, &target)
         .unwrap()
         .unwrap()
         .describe()

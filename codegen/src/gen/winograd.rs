@@ -22,10 +22,13 @@
 //! result differs from the direct convolution by a few f32 roundings of the tile's terms:
 //! relative errors around 1e-6 for F(4×4) and smaller for F(2×2).
 
+use super::activation::activation;
 use super::emit::Emit;
-use super::gemm::{activation, batched_product, to_bytes, Activation, Bias, Epilogue, GemmKernel, Residual};
-use super::{llvm, GeneratedKernel, KernelBuilder, PackedConst, Scratch};
+use super::gemm::{batched_product, GemmKernel};
+use super::{llvm, GeneratedKernel, KernelBuilder};
 use crate::error::Result;
+use crate::kernel::epilogue::{Activation, Bias, Epilogue, Residual};
+use crate::kernel::{KernelCommon, PackedConst, Scratch};
 use crate::node::NodeInfo;
 use crate::target::{ConvAlgorithm, TargetDesc};
 use inkwell::values::{IntValue, PointerValue, VectorValue};
@@ -232,7 +235,7 @@ pub(crate) fn lower(
     };
     let packed_bias = match &epi.bias {
         Bias::None => None,
-        Bias::PerRow(b) | Bias::PerCol(b) if b.len() == g.k => Some(to_bytes(b)),
+        Bias::PerRow(b) | Bias::PerCol(b) if b.len() == g.k => Some(PackedConst::from_f32s(b)),
         Bias::PerRow(_) | Bias::PerCol(_) => return Ok(None),
     };
     let a = v.alpha();
@@ -274,7 +277,7 @@ pub(crate) fn lower(
     })))
 }
 
-impl GeneratedKernel for WinogradKernel {
+impl KernelCommon for WinogradKernel {
     fn describe(&self) -> String {
         let g = &self.g;
         format!(
@@ -297,7 +300,9 @@ impl GeneratedKernel for WinogradKernel {
     fn reads_input(&self, i: usize) -> bool {
         !self.unread.contains(&i)
     }
+}
 
+impl GeneratedKernel for WinogradKernel {
     fn rounds_input_to_bf16(&self, i: usize) -> bool {
         self.round_input && i == 0
     }

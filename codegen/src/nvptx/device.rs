@@ -5,11 +5,14 @@
 //! printed as PTX.
 
 use super::{frame, libdevice, DeviceCode, GpuBuilder, GpuKernel, Launch, LaunchDims, Mode};
-use crate::emit::{self, Api, ModuleParts};
+use crate::api::Api;
+use crate::emit::{self, ModuleParts};
 use crate::error::{CodegenError, Result};
 use crate::gen::llvm;
+use crate::kernel::Storage;
 use crate::node::NodeInfo;
-use crate::plan::{Kernel, KernelImpl, Plan, Storage};
+use crate::plan::kernel::{Kernel, KernelImpl};
+use crate::plan::Plan;
 use crate::target::TargetDesc;
 use inkwell::builder::Builder;
 use inkwell::context::Context;
@@ -47,7 +50,7 @@ pub fn build(graph: &Graph, plan: &Plan, target: &TargetDesc, model_name: &str) 
         portable: None,
         variant: None,
     };
-    let bodies = emit::kernel_functions(&cx, &module, &parts, &mut |_, _| {})?;
+    let bodies = emit::kernels::kernel_functions(&cx, &module, &parts, &mut |_, _| {})?;
     let builder = cx.create_builder();
     let mut launches = vec![];
     let n_inputs = graph.inputs().len();
@@ -174,7 +177,7 @@ pub(crate) fn gpu_entry<'ctx>(
     b.position_at_end(cx.append_basic_block(f, "entry"));
     let frame = f.get_nth_param(0).expect("frame").into_pointer_value();
     let mut slots = vec![];
-    for s in kernel_slots(k, plan)? {
+    for s in plan.arg_slots(k)? {
         slots.push(match s {
             Some(s) => Some(resolve(cx, b, frame, s, graph.inputs().len())?),
             None => None,
@@ -281,7 +284,7 @@ pub(crate) fn library_entry<'ctx>(
     let stride = plan.thread_scratch_bytes.div_ceil(64) * 64;
     b.build_call(begin, &[i64t.const_int(stride, false).into()], "")
         .map_err(llvm)?;
-    let slots = kernel_slots(k, plan)?;
+    let slots = plan.arg_slots(k)?;
     let args = b
         .build_array_alloca(ptr, i64t.const_int(slots.len().max(1) as u64, false), "args")
         .map_err(llvm)?;
@@ -319,24 +322,6 @@ pub(crate) fn library_entry<'ctx>(
     b.position_at_end(done_bb);
     b.build_return(None).map_err(llvm)?;
     Ok(())
-}
-
-/// The storage of every `args` slot of a kernel: inputs, outputs, packed constants, scratch
-/// (the layout `gen::KernelBuilder` and the micro-kernel calls read).
-pub(crate) fn kernel_slots(k: &Kernel, plan: &Plan) -> Result<Vec<Option<Storage>>> {
-    let mut slots = vec![];
-    for v in &k.inputs {
-        slots.push(match v {
-            Some(v) => Some(plan.storage_of(*v)?),
-            None => None,
-        });
-    }
-    for v in &k.outputs {
-        slots.push(Some(plan.storage_of(*v)?));
-    }
-    slots.extend(k.packed.iter().map(|off| Some(Storage::Weights(*off))));
-    slots.push(k.scratch.map(Storage::Arena));
-    Ok(slots)
 }
 
 /// The device address of a value: a frame base plus a constant offset.

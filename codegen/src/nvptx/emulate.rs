@@ -21,7 +21,9 @@
 #![allow(dead_code)] // the API for the GPU kernel tests
 
 use super::{device, frame, MmaKind, Mode, Sreg};
-use crate::plan::{self, KernelImpl, Plan, Storage};
+use crate::kernel::Storage;
+use crate::plan::kernel::KernelImpl;
+use crate::plan::{self, Plan};
 use crate::target::TargetDesc;
 use inkwell::context::Context;
 use inkwell::passes::PassBuilderOptions;
@@ -180,7 +182,7 @@ pub(crate) fn run_plan(
     module.set_triple(&tm.get_triple());
     module.set_data_layout(&tm.get_target_data().get_data_layout());
     let builder = cx.create_builder();
-    let api = crate::emit::Api {
+    let api = crate::api::Api {
         prefix: "t".into(),
         profile: false,
         weights_file: None,
@@ -197,8 +199,8 @@ pub(crate) fn run_plan(
         portable: None,
         variant: None,
     };
-    let bodies =
-        crate::emit::kernel_functions(&cx, &module, &parts, &mut |_, _| {}).map_err(|e| e.to_string())?;
+    let bodies = crate::emit::kernels::kernel_functions(&cx, &module, &parts, &mut |_, _| {})
+        .map_err(|e| e.to_string())?;
     let mut launches = vec![];
     let mut library = false;
     for (i, k) in plan.kernels.iter().enumerate() {
@@ -748,6 +750,7 @@ mod tests {
     use super::*;
     use crate::error::Result;
     use crate::gen::llvm;
+    use crate::kernel::KernelCommon;
     use crate::nvptx::{GpuBuilder, GpuKernel, LaunchDims, Sreg};
     use inkwell::IntPredicate;
     use kiln_ir::{Op, TensorType, Unary};
@@ -760,10 +763,13 @@ mod tests {
         block: u32,
     }
 
-    impl GpuKernel for Rotate {
+    impl KernelCommon for Rotate {
         fn describe(&self) -> String {
             "gpu test rotate".into()
         }
+    }
+
+    impl GpuKernel for Rotate {
         fn launch(&self) -> LaunchDims {
             LaunchDims {
                 grid: [self.blocks, 1, 1],

@@ -12,7 +12,8 @@
 //! synchronization are tested on machines without a GPU.
 
 use crate::error::{CodegenError, Result};
-use crate::gen::{llvm, PackedConst};
+use crate::gen::llvm;
+use crate::kernel::KernelCommon;
 use crate::node::NodeInfo;
 use crate::target::TargetDesc;
 use inkwell::builder::Builder;
@@ -32,24 +33,12 @@ pub struct LaunchDims {
     pub shared_bytes: u32,
 }
 
-pub trait GpuKernel {
-    /// A short description for reports, e.g. `gpu gemm 64x64x16 M=.. N=.. K=..`.
-    fn describe(&self) -> String;
-
+/// A GPU kernel: what the planner asks of every generated kernel ([`KernelCommon`]: its
+/// description, e.g. `gpu gemm 64x64x16 M=.. N=.. K=..`, its packed constants, the inputs it
+/// reads), and how it is launched.
+pub trait GpuKernel: KernelCommon {
     /// How the kernel is launched.
     fn launch(&self) -> LaunchDims;
-
-    /// Constants in the layout the kernel reads (packed weights), after the outputs.
-    fn packed_constants(&self) -> Vec<PackedConst> {
-        vec![]
-    }
-
-    /// Whether the kernel reads input `i` at run time (false for a weight it only reads
-    /// packed).
-    fn reads_input(&self, i: usize) -> bool {
-        let _ = i;
-        true
-    }
 
     /// Bytes of scratch in the arena for the whole launch (`GpuBuilder::scratch`).
     fn scratch_bytes(&self) -> u64 {

@@ -18,7 +18,7 @@ pub use kernel::{GpuBuilder, GpuKernel, LaunchDims, MmaKind, Mode, Sreg};
 pub use kernels::lower;
 
 use crate::error::{CodegenError, Result};
-use crate::plan::Storage;
+use crate::kernel::Storage;
 
 /// Compute capabilities kiln generates PTX for (`--sm`).
 pub const SUPPORTED_SM: &[u32] = &[70, 75, 80, 86, 89, 90];

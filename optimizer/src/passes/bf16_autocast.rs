@@ -21,8 +21,8 @@
 //! Cast pair left at the product costs nothing and a hoisted one costs two kernels. Codegen
 //! recognizes a `Cast<f32>` of a bf16 value as a bf16 operand (and a weight whose values are all
 //! bf16 as bf16 weights, `NodeInfo::input_is_bf16_valued`): the CUDA GEMM then runs on tensor
-//! cores (`codegen/src/nvptx/kernels/gemm.rs`), and on CPUs with avx512_bf16 the GEMM and
-//! convolution kernels run on bf16 pairs with `vdpbf16ps` (`codegen/src/gen/gemm.rs`), reading
+//! cores (`codegen/src/nvptx/kernels/gemm/`), and on CPUs with avx512_bf16 the GEMM and
+//! convolution kernels run on bf16 pairs with `vdpbf16ps` (`codegen/src/gen/gemm/`), reading
 //! `x` itself and rounding it as they pack it, so the pair's two casts disappear. The pass runs
 //! after `fuse` (`pipelines`), so it rounds the fused Attention's inputs rather than cutting a
 //! decomposed attention apart.

@@ -17,6 +17,7 @@
 use crate::error::Result;
 use crate::gen::emit::Emit;
 use crate::gen::llvm;
+use crate::kernel::KernelCommon;
 use crate::node::NodeInfo;
 use crate::nvptx::{GpuBuilder, GpuKernel, LaunchDims, Sreg};
 use crate::target::TargetDesc;
@@ -192,7 +193,7 @@ impl AttentionGpu {
     }
 }
 
-impl GpuKernel for AttentionGpu {
+impl KernelCommon for AttentionGpu {
     fn describe(&self) -> String {
         format!(
             "gpu attention B={} H={}/{} Sq={} T={} Dk={} Dv={}{}{}",
@@ -211,7 +212,9 @@ impl GpuKernel for AttentionGpu {
             }
         )
     }
+}
 
+impl GpuKernel for AttentionGpu {
     fn launch(&self) -> LaunchDims {
         LaunchDims {
             grid: [self.sq.div_ceil(ROWS).max(1) as u32, (self.b * self.hq) as u32, 1],

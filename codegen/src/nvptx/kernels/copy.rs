@@ -11,6 +11,7 @@
 use crate::error::Result;
 use crate::gen::emit::Emit;
 use crate::gen::llvm;
+use crate::kernel::KernelCommon;
 use crate::node::NodeInfo;
 use crate::nvptx::{GpuBuilder, GpuKernel, LaunchDims, Sreg};
 use crate::target::TargetDesc;
@@ -151,7 +152,7 @@ impl CopyGpu {
     }
 }
 
-impl GpuKernel for CopyGpu {
+impl KernelCommon for CopyGpu {
     fn describe(&self) -> String {
         format!(
             "gpu copy {} {} copies of {} elements ({} B each)",
@@ -161,7 +162,9 @@ impl GpuKernel for CopyGpu {
             self.esize
         )
     }
+}
 
+impl GpuKernel for CopyGpu {
     fn launch(&self) -> LaunchDims {
         let blocks = self.total().div_ceil(THREADS).clamp(1, MAX_BLOCKS);
         LaunchDims {

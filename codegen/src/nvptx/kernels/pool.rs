@@ -8,6 +8,7 @@ use super::rows::{fadd, fdiv};
 use crate::error::Result;
 use crate::gen::emit::Emit;
 use crate::gen::llvm;
+use crate::kernel::KernelCommon;
 use crate::node::NodeInfo;
 use crate::nvptx::{GpuBuilder, GpuKernel, LaunchDims, Sreg};
 use crate::target::TargetDesc;
@@ -104,11 +105,13 @@ impl PoolGpu {
     }
 }
 
-impl GpuKernel for PoolGpu {
+impl KernelCommon for PoolGpu {
     fn describe(&self) -> String {
         self.what.clone()
     }
+}
 
+impl GpuKernel for PoolGpu {
     fn launch(&self) -> LaunchDims {
         LaunchDims {
             grid: [self.total().div_ceil(BLOCK) as u32, 1, 1],

@@ -16,6 +16,7 @@
 use crate::error::Result;
 use crate::gen::emit::Emit;
 use crate::gen::llvm;
+use crate::kernel::KernelCommon;
 use crate::node::NodeInfo;
 use crate::nvptx::{GpuBuilder, GpuKernel, LaunchDims, Sreg};
 use crate::target::TargetDesc;
@@ -678,22 +679,24 @@ fn load_param<'ctx>(
     }
 }
 
-impl GpuKernel for RowGpu {
+impl KernelCommon for RowGpu {
     fn describe(&self) -> String {
         self.what.clone()
     }
 
+    fn reads_input(&self, i: usize) -> bool {
+        // A reduction's axes are compiled in.
+        !(matches!(self.op, RowOp::Reduce(_)) && i > 0)
+    }
+}
+
+impl GpuKernel for RowGpu {
     fn launch(&self) -> LaunchDims {
         LaunchDims {
             grid: [self.rows().div_ceil(self.r) as u32, 1, 1],
             block: [self.t as u32, self.r as u32, 1],
             shared_bytes: (self.t * self.r * 4) as u32,
         }
-    }
-
-    fn reads_input(&self, i: usize) -> bool {
-        // A reduction's axes are compiled in.
-        !(matches!(self.op, RowOp::Reduce(_)) && i > 0)
     }
 
     fn emit(&self, k: &GpuBuilder<'_, '_>) -> Result<()> {
@@ -1152,7 +1155,10 @@ mod tests {
         );
         let (gr, _) = g.graph(y);
         let plan = crate::plan::build(&gr, &crate::target::TargetDesc::cuda(80).unwrap(), true).unwrap();
-        assert!(!matches!(plan.kernels[0].imp, crate::plan::KernelImpl::Gpu(_)));
+        assert!(!matches!(
+            plan.kernels[0].imp,
+            crate::plan::kernel::KernelImpl::Gpu(_)
+        ));
     }
 
     #[test]

@@ -6,64 +6,19 @@
 //! values that are never alive together share bytes. Nothing is allocated while the model runs.
 
 use crate::error::{CodegenError, Result};
-use crate::gen::{self, GeneratedKernel};
+use crate::gen;
+use crate::kernel::{is_view, Storage};
 use crate::node::NodeInfo;
 use crate::target::TargetDesc;
-use crate::uk::{self, UkCall};
+use crate::uk;
 use kiln_ir::{Graph, NodeId, Op, ValueId};
 use std::collections::HashMap;
 
+pub mod kernel;
+
+use kernel::{Kernel, KernelImpl};
+
 pub const ALIGN: u64 = 64;
-
-/// Where a value's bytes are at run time.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Storage {
-    /// The caller's buffer for graph input `i`.
-    Input(usize),
-    /// The caller's buffer for graph output `i`.
-    Output(usize),
-    /// An offset in the context's arena.
-    Arena(u64),
-    /// An offset in the read-only weights blob.
-    Weights(u64),
-}
-
-pub enum KernelImpl {
-    Generated(Box<dyn GeneratedKernel>),
-    Ukernel(UkCall),
-    /// A kernel generated for the GPU (`--target cuda`).
-    Gpu(Box<dyn crate::nvptx::GpuKernel>),
-}
-
-pub struct Kernel {
-    pub node: NodeId,
-    /// The node's name and operator, for messages and reports.
-    pub node_name: String,
-    pub op_name: &'static str,
-    pub imp: KernelImpl,
-    /// One entry per node input; None for absent optional inputs (and weights a generated
-    /// kernel reads only in packed form).
-    pub inputs: Vec<Option<ValueId>>,
-    pub outputs: Vec<ValueId>,
-    /// Offsets of packed constants in the weights blob.
-    pub packed: Vec<u64>,
-    /// Arena offset of the kernel's shared scratch, if any.
-    pub scratch: Option<u64>,
-    /// A fused kernel's extra input (input index, value): the residual of an epilogue.
-    pub extra: Option<(usize, ValueId)>,
-    /// Nodes fused into this kernel after `node`, for reports.
-    pub fused: Vec<NodeId>,
-}
-
-impl Kernel {
-    pub fn describe(&self) -> String {
-        match &self.imp {
-            KernelImpl::Generated(g) => g.describe(),
-            KernelImpl::Ukernel(c) => format!("kiln_uk_{}", c.symbol),
-            KernelImpl::Gpu(g) => g.describe(),
-        }
-    }
-}
 
 /// A copy into a graph output buffer at the end of a run (an output that is a graph input, a
 /// constant, a view of another value, or listed twice).
@@ -111,13 +66,26 @@ impl Plan {
             .copied()
             .ok_or_else(|| CodegenError::internal(format!("no storage planned for value {v:?}")))
     }
-}
 
-pub(crate) fn is_view(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze | Op::Unsqueeze | Op::Identity
-    )
+    /// The storage of every argument slot of kernel `k`, in the order every kernel reads
+    /// them: inputs (None for an absent optional one), outputs, packed constants, scratch.
+    /// The CPU run function passes them as the `args` array (`gen::KernelBuilder`), the GPU
+    /// entries resolve them to frame addresses (`nvptx::device`).
+    pub fn arg_slots(&self, k: &Kernel) -> Result<Vec<Option<Storage>>> {
+        let mut slots = vec![];
+        for v in &k.inputs {
+            slots.push(match v {
+                Some(v) => Some(self.storage_of(*v)?),
+                None => None,
+            });
+        }
+        for v in &k.outputs {
+            slots.push(Some(self.storage_of(*v)?));
+        }
+        slots.extend(k.packed.iter().map(|off| Some(Storage::Weights(*off))));
+        slots.push(k.scratch.map(Storage::Arena));
+        Ok(slots)
+    }
 }
 
 /// The value whose bytes `v` shares: itself, or for a view of a compile-time constant too big
@@ -346,17 +314,7 @@ pub fn build(graph: &Graph, target: &TargetDesc, fusion: bool) -> Result<Plan> {
         };
         let mut inputs = node.inputs.clone();
         let mut packed = vec![];
-        if let KernelImpl::Generated(g) = &imp {
-            for (i, inp) in inputs.iter_mut().enumerate() {
-                if !g.reads_input(i) {
-                    *inp = None;
-                }
-            }
-            for p in g.packed_constants() {
-                packed.push(push_weights(&mut weights, &p.bytes));
-            }
-        }
-        if let KernelImpl::Gpu(g) = &imp {
+        if let Some(g) = imp.generated() {
             for (i, inp) in inputs.iter_mut().enumerate() {
                 if !g.reads_input(i) {
                     *inp = None;
@@ -477,19 +435,15 @@ fn fused_kernel(
                 .flatten()?,
         )
     } else {
-        KernelImpl::Generated(gen::gemm::lower_fused(&info, target, epilogue).ok().flatten()?)
+        KernelImpl::Generated(
+            gen::products::lower_fused(&info, target, epilogue)
+                .ok()
+                .flatten()?,
+        )
     };
-    let (reads, constants) = match &imp {
-        KernelImpl::Gpu(g) => (
-            (0..info.n_inputs()).map(|i| g.reads_input(i)).collect::<Vec<_>>(),
-            g.packed_constants(),
-        ),
-        KernelImpl::Generated(g) => (
-            (0..info.n_inputs()).map(|i| g.reads_input(i)).collect(),
-            g.packed_constants(),
-        ),
-        KernelImpl::Ukernel(_) => return None,
-    };
+    let g = imp.generated()?;
+    let reads: Vec<bool> = (0..info.n_inputs()).map(|i| g.reads_input(i)).collect();
+    let constants = g.packed_constants();
     let mut inputs: Vec<Option<ValueId>> = (0..info.n_inputs()).map(|i| info.input(i)).collect();
     for (inp, read) in inputs.iter_mut().zip(reads) {
         if !read {

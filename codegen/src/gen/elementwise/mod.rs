@@ -12,6 +12,7 @@
 use super::emit::Emit;
 use super::{llvm, vmath, GeneratedKernel, KernelBuilder};
 use crate::error::{CodegenError, Result};
+use crate::kernel::KernelCommon;
 use crate::target::TargetDesc;
 use inkwell::types::{BasicTypeEnum, VectorType};
 use inkwell::values::{BasicValue, BasicValueEnum, IntValue, PointerValue, VectorValue};
@@ -350,11 +351,13 @@ impl EwGroup {
 /// Elements per task: enough work to amortize the task, few enough to balance two threads.
 const TASK_ELEMS: usize = 8192;
 
-impl GeneratedKernel for EwKernel {
+impl KernelCommon for EwKernel {
     fn describe(&self) -> String {
         self.what.clone()
     }
+}
 
+impl GeneratedKernel for EwKernel {
     fn emit(&self, k: &KernelBuilder<'_, '_>) -> Result<()> {
         if self.g.dims.contains(&0) {
             return k.ret_ok(); // an empty output
@@ -933,218 +936,4 @@ fn cast<'ctx>(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::node::NodeInfo;
-    use crate::test_rng::TestRng;
-    use kiln_ir::{Dim, Tensor, TensorType};
-
-    /// A graph under construction with its runtime inputs' data.
-    struct G {
-        g: Graph,
-        data: Vec<Tensor>,
-        rng: TestRng,
-    }
-
-    impl G {
-        fn new() -> G {
-            G {
-                g: Graph::new("ew"),
-                data: vec![],
-                rng: TestRng::new(7),
-            }
-        }
-
-        fn rand(&mut self, n: usize) -> Vec<f32> {
-            self.rng.vec_scaled(n, 4.0)
-        }
-
-        fn input(&mut self, dtype: DType, shape: &[usize]) -> ValueId {
-            let n: usize = shape.iter().product();
-            let r = self.rand(n);
-            let s = shape.to_vec();
-            let t = match dtype {
-                DType::F32 => Tensor::from_vec(s, r),
-                DType::I32 => Tensor::from_vec(s, r.iter().map(|x| (x * 1000.0) as i32).collect()),
-                DType::I64 => Tensor::from_vec(s, r.iter().map(|x| (x * 1e6) as i64).collect()),
-                _ => Tensor::from_vec(s, r.iter().map(|x| *x > 0.0).collect::<Vec<bool>>()),
-            };
-            self.data.push(t);
-            let ty = TensorType::new(dtype, shape.iter().map(|&d| Dim::Fixed(d)).collect());
-            self.g.add_input(format!("in{}", self.data.len()), ty)
-        }
-
-        fn op(&mut self, op: Op, ins: &[ValueId]) -> ValueId {
-            let n = self.g.len();
-            self.g
-                .add(
-                    format!("n{n}"),
-                    op,
-                    ins.iter().map(|v| Some(*v)).collect(),
-                    format!("v{n}"),
-                )
-                .unwrap()
-        }
-
-        fn konst(&mut self, t: Tensor) -> ValueId {
-            let n = self.g.len();
-            self.g.add_const(format!("c{n}"), t)
-        }
-
-        /// Groups the graph's elementwise nodes (as the planner does), generates the one group
-        /// that must cover them all, runs it on 1 and 2 threads and compares with the evaluator.
-        fn check(mut self, out: ValueId, expect_nodes: usize) {
-            self.g.add_output("y", out);
-            let want = kiln_ir::eval::eval_graph(&self.g, self.data.clone())
-                .unwrap()
-                .remove(0);
-            let groups = crate::fuse::find_elementwise_groups(&self.g, &Default::default());
-            assert_eq!(groups.len(), 1, "one group");
-            assert_eq!(groups[0].len(), expect_nodes, "every node in the group");
-            assert_eq!(*groups[0].last().unwrap(), out.node);
-            let target = TargetDesc::host().unwrap();
-            let (k, ext) = lower_group(&self.g, &groups[0], &target).expect("lowered");
-            // The harness passes f32 buffers: carry every dtype's bytes in them.
-            let words = |b: Vec<u8>| -> Vec<f32> {
-                let mut b = b;
-                b.resize(b.len().div_ceil(4) * 4 + 4, 0);
-                b.chunks(4)
-                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                    .collect()
-            };
-            let inputs: Vec<Option<Vec<f32>>> = ext
-                .iter()
-                .map(|v| {
-                    let t = match self.g.known_value(*v) {
-                        Some(t) => t.clone(),
-                        None => {
-                            let i = self.g.inputs().iter().position(|n| n.out(0) == *v).unwrap();
-                            self.data[i].clone()
-                        }
-                    };
-                    Some(words(t.to_le_bytes()))
-                })
-                .collect();
-            let want_bytes = want.to_le_bytes();
-            let node = NodeInfo::new(&self.g, out.node);
-            for threads in [1, 2] {
-                let (got, _) = super::super::testing::run_kernel(
-                    k.as_ref(),
-                    &node,
-                    &target,
-                    &inputs,
-                    want_bytes.len().div_ceil(4) + 1,
-                    threads,
-                    0,
-                );
-                let got: Vec<u8> = got
-                    .iter()
-                    .flat_map(|x| x.to_le_bytes())
-                    .take(want_bytes.len())
-                    .collect();
-                if want.dtype() == DType::F32 {
-                    let w = want.as_slice::<f32>().unwrap();
-                    for (i, c) in got.chunks(4).enumerate() {
-                        let g = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                        assert!(
-                            (g - w[i]).abs() <= 1e-6 + 2e-6 * w[i].abs() || (g.is_nan() && w[i].is_nan()),
-                            "{}: element {i}: got {g}, want {}",
-                            k.describe(),
-                            w[i]
-                        );
-                    }
-                } else {
-                    assert_eq!(got, want_bytes, "{}", k.describe());
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn f32_chain_with_broadcast_inputs() {
-        let mut g = G::new();
-        let x = g.input(DType::F32, &[2, 3, 4, 13]);
-        let s = g.input(DType::F32, &[3, 1, 1]);
-        let c = g.input(DType::F32, &[13]);
-        let m = g.op(Op::Binary(Binary::Mul), &[x, s]);
-        let a = g.op(Op::Binary(Binary::Add), &[m, c]);
-        let t = g.op(Op::Unary(Unary::Sigmoid), &[a]);
-        let u = g.op(Op::Binary(Binary::Mul), &[a, t]);
-        let e = g.op(Op::Unary(Unary::Tanh), &[u]);
-        let h = g.op(Op::Unary(Unary::HardSwish), &[e]);
-        g.check(h, 6);
-    }
-
-    #[test]
-    fn f32_transcendentals_and_scalar_constants() {
-        let mut g = G::new();
-        let x = g.input(DType::F32, &[5, 37]);
-        let k = g.konst(Tensor::scalar(0.25f32));
-        let d = g.op(Op::Binary(Binary::Div), &[x, k]);
-        let e = g.op(Op::Unary(Unary::Exp), &[d]);
-        let ab = g.op(Op::Unary(Unary::Abs), &[x]);
-        let sq = g.op(Op::Unary(Unary::Sqrt), &[ab]);
-        let mx = g.op(Op::Binary(Binary::Max), &[e, sq]);
-        let lo = g.konst(Tensor::scalar(-1.0f32));
-        let hi = g.konst(Tensor::scalar(100.0f32));
-        let cl = g.op(Op::Clip, &[mx, lo, hi]);
-        let lr = g.op(Op::Unary(Unary::LeakyRelu { alpha: 0.1 }), &[cl]);
-        g.check(lr, 7);
-    }
-
-    #[test]
-    fn integer_arithmetic_is_exact() {
-        for dtype in [DType::I32, DType::I64] {
-            let mut g = G::new();
-            let a = g.input(dtype, &[3, 17]);
-            let b = g.input(dtype, &[17]);
-            let s = g.op(Op::Binary(Binary::Add), &[a, b]);
-            let m = g.op(Op::Binary(Binary::Mul), &[s, a]);
-            let n = g.op(Op::Unary(Unary::Neg), &[m]);
-            let r = g.op(Op::Binary(Binary::Max), &[n, b]);
-            let ab = g.op(Op::Unary(Unary::Abs), &[r]);
-            g.check(ab, 5);
-        }
-    }
-
-    #[test]
-    fn comparisons_produce_bool() {
-        let mut g = G::new();
-        let x = g.input(DType::F32, &[4, 19]);
-        let y = g.input(DType::F32, &[19]);
-        let f = g.input(DType::Bool, &[4, 1]);
-        let lt = g.op(Op::Binary(Binary::Less), &[x, y]);
-        let a = g.op(Op::Binary(Binary::And), &[lt, f]);
-        let n = g.op(Op::Unary(Unary::Not), &[a]);
-        let i = g.input(DType::I64, &[4, 19]);
-        let z = g.konst(Tensor::scalar(0i64));
-        let ge = g.op(Op::Binary(Binary::GreaterOrEqual), &[i, z]);
-        let o = g.op(Op::Binary(Binary::Xor), &[n, ge]);
-        g.check(o, 5);
-    }
-
-    #[test]
-    fn where_and_casts() {
-        let mut g = G::new();
-        let x = g.input(DType::F32, &[3, 2, 21]);
-        let q = g.input(DType::I32, &[2, 21]);
-        let z = g.konst(Tensor::scalar(0.0f32));
-        let c = g.op(Op::Binary(Binary::Greater), &[x, z]);
-        let qf = g.op(Op::Cast { to: DType::F32 }, &[q]);
-        let w = g.op(Op::Where, &[c, x, qf]);
-        let cb = g.op(Op::Cast { to: DType::I64 }, &[c]);
-        let cf = g.op(Op::Cast { to: DType::F32 }, &[cb]);
-        let y = g.op(Op::Binary(Binary::Sub), &[w, cf]);
-        g.check(y, 6);
-    }
-
-    #[test]
-    fn large_rows_split_into_blocks() {
-        let mut g = G::new();
-        let x = g.input(DType::F32, &[3, 40003]);
-        let b = g.input(DType::F32, &[3, 1]);
-        let a = g.op(Op::Binary(Binary::Add), &[x, b]);
-        let r = g.op(Op::Unary(Unary::Relu), &[a]);
-        g.check(r, 2);
-    }
-}
+mod tests;

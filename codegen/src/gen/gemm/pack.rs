@@ -1,0 +1,426 @@
+//! Operand panels of the GEMM kernel: constants packed at compile time (`pack_a`, `pack_b`,
+//! their K-block-major and bf16-pair re-layouts), and the code that packs run-time operands
+//! (rows of A, im2col matrices, bf16 pair rows) into per-thread scratch as a task runs.
+
+use super::microkernel::{bf16_pair_row, PAIRS_PER_VECTOR};
+use super::{GemmKernel, Operand};
+use crate::error::Result;
+use crate::gen::conv_nhwc::PackTo;
+use crate::gen::emit::Emit;
+use crate::gen::llvm;
+use crate::kernel::geometry::ConvWindow;
+use crate::kernel::PackedConst;
+use crate::node::NodeInfo;
+use inkwell::values::{IntValue, PointerValue, VectorValue};
+use inkwell::IntPredicate;
+
+pub(crate) fn f32s(node: &NodeInfo, i: usize) -> Option<Vec<f32>> {
+    node.known(i)
+        .and_then(|t| t.as_slice::<f32>().map(|s| s.to_vec()))
+}
+
+/// Packs an `m×k` matrix (element (i,kk) at `i*rs + kk*cs`) into MR-row panels over all of K,
+/// zero-padded to a multiple of MR rows.
+pub(crate) fn pack_a(
+    src: &[f32],
+    m: usize,
+    k: usize,
+    rs: usize,
+    cs: usize,
+    mr: usize,
+    scale: f32,
+) -> Vec<f32> {
+    let panels = m.div_ceil(mr);
+    let mut out = vec![0f32; panels * mr * k];
+    for p in 0..panels {
+        for kk in 0..k {
+            for i in 0..mr {
+                let row = p * mr + i;
+                if row < m {
+                    out[p * mr * k + kk * mr + i] = src[row * rs + kk * cs] * scale;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Packs a `k×n` matrix (element (kk,j) at `kk*rs + j*cs`) into NR-column panels over all of K.
+pub(crate) fn pack_b(
+    src: &[f32],
+    k: usize,
+    n: usize,
+    rs: usize,
+    cs: usize,
+    nr: usize,
+    scale: f32,
+) -> Vec<f32> {
+    let panels = n.div_ceil(nr);
+    let mut out = vec![0f32; panels * nr * k];
+    for p in 0..panels {
+        for kk in 0..k {
+            for j in 0..nr {
+                let col = p * nr + j;
+                if col < n {
+                    out[p * nr * k + kk * nr + j] = src[kk * rs + col * cs] * scale;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Re-lays packed B panels `[panel][K][NR]` (4-byte elements, one panel set per batch entry)
+/// out K-block major, `[K block][panel][kc][NR]` with blocks of `kc` rows (the last one
+/// shorter): a task walks its panels of one K block, then the next block, so it reads B
+/// front to back. Weights larger than the caches stream from memory on every run, and with
+/// panel-major B each panel's block was a separate stream the hardware prefetcher had to
+/// find again.
+pub(crate) fn block_major_panels(
+    packed: &PackedConst,
+    k: usize,
+    nr: usize,
+    kc: usize,
+    n_panels: usize,
+) -> PackedConst {
+    let panel_bytes = k * nr * 4;
+    let mut out = Vec::with_capacity(packed.bytes.len());
+    // Batch entries are whole panel sets of `n_panels` panels each, re-laid one by one.
+    for matrix in packed.bytes.chunks_exact(n_panels * panel_bytes) {
+        for k0 in (0..k).step_by(kc) {
+            let rows = kc.min(k - k0);
+            for panel in matrix.chunks_exact(panel_bytes) {
+                out.extend_from_slice(&panel[k0 * nr * 4..(k0 + rows) * nr * 4]);
+            }
+        }
+    }
+    PackedConst { bytes: out }
+}
+
+/// Re-packs f32 B panels `[panel][K][NR]` as bf16 pairs `[panel][ceil(K/2)][NR]`, the operand
+/// layout of `vdpbf16ps`: the 32-bit word (kp, j) holds row 2kp in its low half and row 2kp+1
+/// (zero past K) in its high half. None when some value is not exactly a bf16 value (a Gemm's
+/// alpha folded into the weights, say), which the pairs could not represent.
+pub(crate) fn pair_panels(packed: &PackedConst, k: usize, nr: usize) -> Option<PackedConst> {
+    let words: Vec<u32> = packed
+        .bytes
+        .chunks_exact(4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    if words.iter().any(|w| w & 0xffff != 0) || !words.len().is_multiple_of(k * nr) {
+        return None;
+    }
+    let k2 = k.div_ceil(2);
+    let mut out = Vec::with_capacity(words.len() / (k * nr) * k2 * nr * 4);
+    for panel in words.chunks_exact(k * nr) {
+        for kp in 0..k2 {
+            for j in 0..nr {
+                let lo = panel[2 * kp * nr + j] >> 16;
+                let hi = if 2 * kp + 1 < k {
+                    panel[(2 * kp + 1) * nr + j] & 0xffff_0000
+                } else {
+                    0
+                };
+                out.extend_from_slice(&(lo | hi).to_le_bytes());
+            }
+        }
+    }
+    Some(PackedConst { bytes: out })
+}
+
+impl GemmKernel {
+    /// Packs rows `[row, row+MR)` × pairs `[k0, k0+kc)` of a run-time A into `dst` as bf16
+    /// pair rows (row i at `dst[i*rs..]`, `rs = pair_row_stride`), rounding to nearest even;
+    /// rows past M are zero.
+    pub(super) fn pack_a_pairs<'ctx>(
+        &self,
+        e: &Emit<'_, 'ctx>,
+        dst: PointerValue<'ctx>,
+        src: PointerValue<'ctx>,
+        row: IntValue<'ctx>,
+        k0: IntValue<'ctx>,
+        kc: IntValue<'ctx>,
+    ) -> Result<()> {
+        let (mr, m, rs) = (self.tile.mr as i64, self.m as i64, self.pair_row_stride());
+        // The block's k range in elements; the last block of an odd K ends on half a pair,
+        // whose high half the conversion fills with zero.
+        let k0e = e.mulc(k0, 2)?;
+        let kce = e.umin(e.mulc(kc, 2)?, e.sub(e.i64c(self.k_elems as i64), k0e)?)?;
+        match self.a {
+            Operand::Im2colNhwc { g, .. } => {
+                // A row of bf16 elements is a row of pairs: pack straight into it, then give
+                // an odd K's last pair its zero high half.
+                let g = g.into_dw(1, g.c);
+                crate::gen::conv_nhwc::pack_a_im2col(
+                    e,
+                    dst,
+                    src,
+                    row,
+                    k0e,
+                    kce,
+                    mr,
+                    m,
+                    &g,
+                    2 * rs,
+                    PackTo::Bf16,
+                    self.tile.lanes,
+                )?;
+                let odd = e.b.build_int_truncate(kce, e.cx.bool_type(), "").map_err(llvm)?;
+                e.if_then(odd, || {
+                    for i in 0..mr {
+                        let row_end = PackTo::Bf16.gep(e, dst, e.addc(kce, i * 2 * rs)?)?;
+                        e.store(row_end, e.cx.bf16_type().const_zero())?;
+                    }
+                    Ok(())
+                })
+            }
+            Operand::Strided {
+                rs: src_rs, cs: 1, ..
+            } => {
+                for i in 0..mr {
+                    let r = e.addc(row, i)?;
+                    let to = e.gep_f32c(dst, i * rs)?;
+                    let valid = e.icmp(IntPredicate::ULT, r, e.i64c(m))?;
+                    e.if_else(
+                        valid,
+                        || {
+                            let from = e.gep_f32(src, e.add(e.mulc(r, src_rs as i64)?, k0e)?)?;
+                            bf16_pair_row(e, to, from, kce)
+                        },
+                        || {
+                            let per_vector = 2 * PAIRS_PER_VECTOR as i64;
+                            let vectors = e.udivc(e.addc(kce, per_vector - 1)?, per_vector)?;
+                            e.for_range(e.i64c(0), vectors, 1, |x| {
+                                let at = e.gep_f32(to, e.mulc(x, PAIRS_PER_VECTOR as i64)?)?;
+                                e.store(at, e.zero_vec(PAIRS_PER_VECTOR as u32))
+                            })
+                        },
+                    )?;
+                }
+                Ok(())
+            }
+            _ => Err(crate::error::CodegenError::internal(
+                "bf16 pair packing needs a row-major or NHWC im2col A",
+            )),
+        }
+    }
+
+    /// Packs rows `[row, row+MR)` × k `[k0, k0+kc)` of a run-time A into `dst`, interleaved
+    /// (zero rows past M).
+    pub(super) fn pack_a_panel<'ctx>(
+        &self,
+        e: &Emit<'_, 'ctx>,
+        dst: PointerValue<'ctx>,
+        src: PointerValue<'ctx>,
+        row: IntValue<'ctx>,
+        k0: IntValue<'ctx>,
+        kc: IntValue<'ctx>,
+    ) -> Result<()> {
+        let Operand::Strided { rs, cs, .. } = self.a else {
+            return Err(crate::error::CodegenError::internal(
+                "A panel packing needs a strided A",
+            ));
+        };
+        let mr = self.tile.mr as i64;
+        for i in 0..mr {
+            let r = e.addc(row, i)?;
+            let valid = e.icmp(IntPredicate::ULT, r, e.i64c(self.m as i64))?;
+            e.if_else(
+                valid,
+                || {
+                    let base = e.gep_f32(src, e.add(e.mulc(r, rs as i64)?, e.mulc(k0, cs as i64)?)?)?;
+                    e.for_range(e.i64c(0), kc, 1, |x| {
+                        let v = e.load_f32(e.gep_f32(base, e.mulc(x, cs as i64)?)?)?;
+                        e.store(e.gep_f32(dst, e.addc(e.mulc(x, mr)?, i)?)?, v)
+                    })
+                },
+                || {
+                    e.for_range(e.i64c(0), kc, 1, |x| {
+                        e.store(e.gep_f32(dst, e.addc(e.mulc(x, mr)?, i)?)?, e.f32c(0.0))
+                    })
+                },
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Packs columns `[col, col+NR)` × k `[k0, k0+kc)` of a run-time B (or the im2col matrix of
+    /// the conv input) into `dst`; columns past N are zero.
+    pub(super) fn pack_b_panel<'ctx>(
+        &self,
+        e: &Emit<'_, 'ctx>,
+        dst: PointerValue<'ctx>,
+        src: PointerValue<'ctx>,
+        col: IntValue<'ctx>,
+        k0: IntValue<'ctx>,
+        kc: IntValue<'ctx>,
+    ) -> Result<()> {
+        let nr = self.tile.nr() as u32;
+        let i32t = e.cx.i32_type();
+        let iota = e.iota_i32(nr);
+        let col32 = e.b.build_int_truncate(col, i32t, "").map_err(llvm)?;
+        let cols =
+            e.b.build_int_add(iota, e.splat_i32(col32, nr)?, "")
+                .map_err(llvm)?;
+        let valid =
+            e.b.build_int_compare(
+                IntPredicate::SLT,
+                cols,
+                e.splat_i32(e.i32c(self.n as i32), nr)?,
+                "",
+            )
+            .map_err(llvm)?;
+        match self.b {
+            Operand::Strided { rs, cs, .. } => {
+                if cs == 1 {
+                    e.for_range(e.i64c(0), kc, 1, |x| {
+                        let off = e.add(e.mulc(e.add(k0, x)?, rs as i64)?, col)?;
+                        let v = e.masked_load(e.gep_f32(src, off)?, valid, nr)?;
+                        e.store(e.gep_f32(dst, e.mulc(x, nr as i64)?)?, v)
+                    })
+                } else {
+                    let csv = e.splat_i32(e.i32c(cs as i32), nr)?;
+                    let idx = e.b.build_int_mul(cols, csv, "").map_err(llvm)?;
+                    e.for_range(e.i64c(0), kc, 1, |x| {
+                        let base = e.gep_f32(src, e.mulc(e.add(k0, x)?, rs as i64)?)?;
+                        let v = e.masked_gather(base, idx, valid, nr)?;
+                        e.store(e.gep_f32(dst, e.mulc(x, nr as i64)?)?, v)
+                    })
+                }
+            }
+            Operand::Im2col { g, .. } => self.pack_im2col(e, dst, src, col, cols, valid, k0, kc, g),
+            Operand::Packed { .. } | Operand::Im2colNhwc { .. } => Err(crate::error::CodegenError::internal(
+                "packed B is not packed at run time",
+            )),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn pack_im2col<'ctx>(
+        &self,
+        e: &Emit<'_, 'ctx>,
+        dst: PointerValue<'ctx>,
+        src: PointerValue<'ctx>,
+        col: IntValue<'ctx>,
+        cols: VectorValue<'ctx>,
+        valid: VectorValue<'ctx>,
+        k0: IntValue<'ctx>,
+        kc: IntValue<'ctx>,
+        g: ConvWindow,
+    ) -> Result<()> {
+        let nr = self.tile.nr() as u32;
+        let b = e.b;
+        let i32t = e.cx.i32_type();
+        let sv = |x: i64| e.splat_i32(e.i32c(x as i32), nr);
+        let oh = b
+            .build_int_unsigned_div(cols, sv(g.ow as i64)?, "")
+            .map_err(llvm)?;
+        let ow = b
+            .build_int_unsigned_rem(cols, sv(g.ow as i64)?, "")
+            .map_err(llvm)?;
+        let ihb = b
+            .build_int_sub(
+                b.build_int_mul(oh, sv(g.sh as i64)?, "").map_err(llvm)?,
+                sv(g.ph as i64)?,
+                "",
+            )
+            .map_err(llvm)?;
+        let iwb = b
+            .build_int_sub(
+                b.build_int_mul(ow, sv(g.sw as i64)?, "").map_err(llvm)?,
+                sv(g.pw as i64)?,
+                "",
+            )
+            .map_err(llvm)?;
+        // Lanes of a panel that lie in one output row read consecutive inputs when the stride
+        // is 1: one masked load instead of a gather.
+        let ow0 = e.uremc(col, g.ow as i64)?;
+        let one_row = if g.sw == 1 {
+            e.icmp(IntPredicate::ULE, e.addc(ow0, nr as i64)?, e.i64c(g.ow as i64))?
+        } else {
+            e.cx.bool_type().const_zero()
+        };
+        let khw = (g.kh * g.kw) as i64;
+        let hw = (g.h * g.w) as i64;
+        let ch0 = e.udivc(k0, khw)?;
+        let r0 = e.uremc(k0, khw)?;
+        let kh0 = e.udivc(r0, g.kw as i64)?;
+        let kw0 = e.uremc(r0, g.kw as i64)?;
+        let st = |name: &str, v: IntValue<'ctx>| -> Result<PointerValue<'ctx>> {
+            let p = e.entry_alloca(e.cx.i64_type(), name)?;
+            e.store(p, v)?;
+            Ok(p)
+        };
+        let (pc, ph, pw) = (st("ic", ch0)?, st("ikh", kh0)?, st("ikw", kw0)?);
+        let ld = |p: PointerValue<'ctx>| -> Result<IntValue<'ctx>> {
+            Ok(b.build_load(e.cx.i64_type(), p, "")
+                .map_err(llvm)?
+                .into_int_value())
+        };
+        let body = |contiguous: bool| -> Result<()> {
+            e.for_range(e.i64c(0), kc, 1, |x| {
+                let (c, kh, kw) = (ld(pc)?, ld(ph)?, ld(pw)?);
+                let dh = b
+                    .build_int_truncate(e.mulc(kh, g.dh as i64)?, i32t, "")
+                    .map_err(llvm)?;
+                let dw = b
+                    .build_int_truncate(e.mulc(kw, g.dw as i64)?, i32t, "")
+                    .map_err(llvm)?;
+                let ih = b.build_int_add(ihb, e.splat_i32(dh, nr)?, "").map_err(llvm)?;
+                let iw = b.build_int_add(iwb, e.splat_i32(dw, nr)?, "").map_err(llvm)?;
+                let okh = b
+                    .build_int_compare(IntPredicate::ULT, ih, sv(g.h as i64)?, "")
+                    .map_err(llvm)?;
+                let okw = b
+                    .build_int_compare(IntPredicate::ULT, iw, sv(g.w as i64)?, "")
+                    .map_err(llvm)?;
+                let mask = b
+                    .build_and(b.build_and(okh, okw, "").map_err(llvm)?, valid, "")
+                    .map_err(llvm)?;
+                let plane = e.gep_f32(src, e.mulc(c, hw)?)?;
+                let v = if contiguous {
+                    // Lane 0's (ih, iw) may be out of bounds; masked lanes are not accessed, so
+                    // the address only has to be formed, not read (no inbounds here).
+                    let ih0 = b
+                        .build_extract_element(ih, e.i32c(0), "")
+                        .map_err(llvm)?
+                        .into_int_value();
+                    let iw0 = b
+                        .build_extract_element(iw, e.i32c(0), "")
+                        .map_err(llvm)?
+                        .into_int_value();
+                    let ih0 = b.build_int_s_extend(ih0, e.cx.i64_type(), "").map_err(llvm)?;
+                    let iw0 = b.build_int_s_extend(iw0, e.cx.i64_type(), "").map_err(llvm)?;
+                    let off = e.add(e.mulc(ih0, g.w as i64)?, iw0)?;
+                    // SAFETY (of the IR): plain GEP, no inbounds claim for a possibly
+                    // out-of-range start address.
+                    let p = unsafe { b.build_gep(e.cx.f32_type(), plane, &[off], "") }.map_err(llvm)?;
+                    e.masked_load(p, mask, nr)?
+                } else {
+                    let idx = b
+                        .build_int_add(b.build_int_mul(ih, sv(g.w as i64)?, "").map_err(llvm)?, iw, "")
+                        .map_err(llvm)?;
+                    e.masked_gather(plane, idx, mask, nr)?
+                };
+                e.store(e.gep_f32(dst, e.mulc(x, nr as i64)?)?, v)?;
+                // Advance (c, kh, kw).
+                let kw1 = e.addc(kw, 1)?;
+                let wrap_w = e.icmp(IntPredicate::EQ, kw1, e.i64c(g.kw as i64))?;
+                let kh1 = e.addc(kh, 1)?;
+                let wrap_h = e.icmp(IntPredicate::EQ, kh1, e.i64c(g.kh as i64))?;
+                let sel =
+                    |c: IntValue<'ctx>, a: IntValue<'ctx>, bb: IntValue<'ctx>| -> Result<IntValue<'ctx>> {
+                        Ok(b.build_select(c, a, bb, "").map_err(llvm)?.into_int_value())
+                    };
+                let nkw = sel(wrap_w, e.i64c(0), kw1)?;
+                let nkh = sel(wrap_w, sel(wrap_h, e.i64c(0), kh1)?, kh)?;
+                let both = b.build_and(wrap_w, wrap_h, "").map_err(llvm)?;
+                let nc = sel(both, e.addc(c, 1)?, c)?;
+                e.store(pw, nkw)?;
+                e.store(ph, nkh)?;
+                e.store(pc, nc)
+            })
+        };
+        e.if_else(one_row, || body(true), || body(false))
+    }
+}

@@ -1,0 +1,400 @@
+//! Tests of the GPU elementwise kernels, run under emulation through the planner.
+
+use super::*;
+use crate::nvptx::emulate::{check_graph, compare, ptxas_check, run_plan, SM};
+use crate::plan::kernel::KernelImpl;
+use crate::test_rng::TestRng;
+use kiln_ir::{Binary, DType, Dim, Op, Tensor, TensorType, Unary};
+
+/// A graph under construction with its run-time inputs.
+struct G {
+    g: Graph,
+    rng: TestRng,
+    inputs: Vec<Tensor>,
+    names: usize,
+}
+
+impl G {
+    fn new(seed: u64) -> G {
+        G {
+            g: Graph::new("ew"),
+            rng: TestRng::new(seed),
+            inputs: vec![],
+            names: 0,
+        }
+    }
+
+    /// Values in [-4, 4).
+    fn rand(&mut self, n: usize) -> Vec<f32> {
+        self.rng.vec_scaled(n, 4.0)
+    }
+
+    fn tensor(&mut self, dtype: DType, shape: &[usize]) -> Tensor {
+        let r = self.rand(shape.iter().product());
+        let s = shape.to_vec();
+        match dtype {
+            DType::F32 => Tensor::from_vec(s, r),
+            DType::I32 => Tensor::from_vec(s, r.iter().map(|x| (x * 1000.0) as i32).collect()),
+            DType::I64 => Tensor::from_vec(s, r.iter().map(|x| (x * 1e6) as i64).collect()),
+            _ => Tensor::from_vec(s, r.iter().map(|x| *x > 0.0).collect::<Vec<bool>>()),
+        }
+    }
+
+    fn input(&mut self, dtype: DType, shape: &[usize]) -> ValueId {
+        let t = self.tensor(dtype, shape);
+        self.input_tensor(t)
+    }
+
+    fn input_tensor(&mut self, t: Tensor) -> ValueId {
+        let ty = TensorType::new(t.dtype(), t.shape().iter().map(|&d| Dim::Fixed(d)).collect());
+        self.inputs.push(t);
+        self.g.add_input(format!("in{}", self.inputs.len()), ty)
+    }
+
+    fn konst(&mut self, t: Tensor) -> ValueId {
+        self.names += 1;
+        self.g.add_const(format!("c{}", self.names), t)
+    }
+
+    fn op(&mut self, op: Op, ins: &[ValueId]) -> ValueId {
+        self.names += 1;
+        let n = self.names;
+        self.g
+            .add(
+                format!("n{n}"),
+                op,
+                ins.iter().map(|v| Some(*v)).collect(),
+                format!("v{n}"),
+            )
+            .unwrap()
+    }
+
+    fn un(&mut self, u: Unary, x: ValueId) -> ValueId {
+        self.op(Op::Unary(u), &[x])
+    }
+
+    fn bin(&mut self, b: Binary, x: ValueId, y: ValueId) -> ValueId {
+        self.op(Op::Binary(b), &[x, y])
+    }
+
+    /// Checks the graph (outputs `outs`) in emulation; returns the kernel descriptions.
+    fn check(mut self, outs: &[ValueId]) -> Vec<String> {
+        for (i, o) in outs.iter().enumerate() {
+            self.g.add_output(format!("y{i}"), *o);
+        }
+        let d = check_graph(&self.g, &self.inputs);
+        assert!(
+            d.iter().all(|s| s.starts_with("gpu elementwise")),
+            "kernels {d:?}"
+        );
+        d
+    }
+}
+
+#[test]
+fn chain_with_broadcasting_and_blocks() {
+    // Size-1 dims, a scalar input, a constant scalar, sizes not multiples of 256 and
+    // several blocks.
+    for (seed, shape) in [
+        (1, vec![2, 3, 1, 67]),
+        (2, vec![1, 5, 300]),
+        (3, vec![7]),
+        (4, vec![3, 1, 1]),
+    ] {
+        let mut g = G::new(seed);
+        let x = g.input(DType::F32, &shape);
+        let rank = shape.len();
+        let mut col = vec![1; rank];
+        col[rank - 1] = shape[rank - 1];
+        let mut row = vec![1; rank];
+        row[0] = shape[0];
+        let c = g.input(DType::F32, &col);
+        let r = g.input(DType::F32, &row);
+        let s = g.input(DType::F32, &[]);
+        let k = g.konst(Tensor::scalar(0.75f32));
+        let a = g.bin(Binary::Mul, x, c);
+        let a = g.bin(Binary::Add, a, r);
+        let a = g.bin(Binary::Sub, a, s);
+        let a = g.bin(Binary::Div, a, k);
+        let t = g.un(Unary::Tanh, a);
+        let m = g.bin(Binary::Max, t, r);
+        let n = g.un(Unary::Neg, m);
+        let d = g.check(&[n]);
+        assert_eq!(d.len(), 1, "one fused kernel: {d:?}");
+    }
+    // An output broadcast from every input: [5, 1, 130] and [1, 4, 1] to [5, 4, 130].
+    let mut g = G::new(9);
+    let a = g.input(DType::F32, &[5, 1, 130]);
+    let b = g.input(DType::F32, &[1, 4, 1]);
+    let y = g.bin(Binary::Add, a, b);
+    let y = g.un(Unary::Exp, y);
+    assert_eq!(g.check(&[y]).len(), 1);
+}
+
+#[test]
+fn activations() {
+    let acts = [
+        Unary::Relu,
+        Unary::Sigmoid,
+        Unary::Tanh,
+        Unary::Erf,
+        Unary::Gelu { tanh: false },
+        Unary::Gelu { tanh: true },
+        Unary::Swish { alpha: 1.0 },
+        Unary::HardSwish,
+        Unary::HardSigmoid {
+            alpha: 0.2,
+            beta: 0.5,
+        },
+        Unary::LeakyRelu { alpha: 0.1 },
+        Unary::Elu { alpha: 1.5 },
+        Unary::Selu {
+            alpha: 1.673_263_2,
+            gamma: 1.050_701,
+        },
+        Unary::Celu { alpha: 0.7 },
+        Unary::Softsign,
+        Unary::Softplus,
+        Unary::Mish,
+        Unary::Sign,
+        Unary::ThresholdedRelu { alpha: 1.0 },
+        Unary::Exp,
+        Unary::Abs,
+        Unary::Floor,
+        Unary::Ceil,
+        Unary::Round,
+        Unary::Reciprocal,
+    ];
+    for (i, act) in acts.into_iter().enumerate() {
+        let mut g = G::new(100 + i as u64);
+        let x = g.input(DType::F32, &[3, 301]);
+        let y = g.un(act.clone(), x);
+        let d = g.check(&[y]);
+        assert_eq!(d.len(), 1, "{act:?}: {d:?}");
+    }
+    // Log, Sqrt and Pow on positive values (and a negative base with integer powers),
+    // Clip with both bounds, PRelu with a per-channel slope.
+    let mut g = G::new(200);
+    let x = g.input(DType::F32, &[2, 3, 70]);
+    let ax = g.un(Unary::Abs, x);
+    let l = g.un(Unary::Log, ax);
+    let q = g.un(Unary::Sqrt, ax);
+    let lq = g.bin(Binary::Add, l, q);
+    let p = g.input(DType::F32, &[70]);
+    let pw = g.bin(Binary::Pow, ax, p);
+    let two = g.konst(Tensor::scalar(3.0f32));
+    let cube = g.bin(Binary::Pow, x, two);
+    let lo = g.konst(Tensor::scalar(-2.0f32));
+    let hi = g.konst(Tensor::scalar(2.5f32));
+    let cl = g.op(Op::Clip, &[x, lo, hi]);
+    let slope = g.input(DType::F32, &[3, 1]);
+    let pr = g.bin(Binary::PRelu, x, slope);
+    g.check(&[lq, pw, cube, cl, pr]);
+}
+
+#[test]
+fn integers_comparisons_and_where() {
+    for dtype in [DType::I32, DType::I64] {
+        let mut g = G::new(300);
+        let a = g.input(dtype, &[3, 1, 260]);
+        let b = g.input(dtype, &[4, 1]);
+        let s = g.bin(Binary::Add, a, b);
+        let m = g.bin(Binary::Mul, s, a);
+        let n = g.un(Unary::Neg, m);
+        let r = g.bin(Binary::Max, n, b);
+        let y = g.un(Unary::Abs, r);
+        let lt = g.bin(Binary::Less, a, b);
+        let w = g.op(Op::Where, &[lt, y, s]);
+        g.check(&[w]);
+    }
+    let mut g = G::new(301);
+    let x = g.input(DType::F32, &[4, 300]);
+    let y = g.input(DType::F32, &[300]);
+    let f = g.input(DType::Bool, &[4, 1]);
+    let lt = g.bin(Binary::LessOrEqual, x, y);
+    let a = g.bin(Binary::And, lt, f);
+    let n = g.un(Unary::Not, a);
+    let z = g.konst(Tensor::scalar(0.0f32));
+    let w = g.op(Op::Where, &[n, x, z]);
+    let q = g.input(DType::I32, &[300]);
+    let qf = g.op(Op::Cast { to: DType::F32 }, &[q]);
+    let y = g.bin(Binary::Sub, w, qf);
+    g.check(&[y, n]);
+}
+
+#[test]
+fn float_to_integer_casts_saturate() {
+    let mut g = G::new(450);
+    let mut v = g.rand(300);
+    for x in v.iter_mut() {
+        *x *= 1e9;
+    }
+    let special = [
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        3e9,
+        -3e9,
+        1e19,
+        -1e19,
+        -0.7,
+        0.7,
+        2.5,
+    ];
+    v[..special.len()].copy_from_slice(&special);
+    let x = g.input_tensor(Tensor::from_vec(vec![3, 100], v));
+    let a = g.op(Op::Cast { to: DType::I32 }, &[x]);
+    let b = g.op(Op::Cast { to: DType::I64 }, &[x]);
+    g.check(&[a, b]);
+}
+
+#[test]
+fn bf16_round_trip() {
+    let mut g = G::new(400);
+    // Ties, values that round up into the next binade, NaN, infinities, subnormals.
+    let special = [
+        1.0f32,
+        1.0 + 1.0 / 256.0,
+        1.0 + 3.0 / 256.0,
+        2.0 - 1.0 / 256.0,
+        -(3.0 + 1.0 / 128.0),
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        1e-40,
+        f32::MAX,
+        0.0,
+        -0.0,
+    ];
+    let mut v = g.rand(517);
+    v[..special.len()].copy_from_slice(&special);
+    let x = g.input_tensor(Tensor::from_vec(vec![11, 47], v));
+    let b = g.op(Op::Cast { to: DType::BF16 }, &[x]);
+    let y = g.op(Op::Cast { to: DType::F32 }, &[b]);
+    let s = g.un(Unary::Sigmoid, y);
+    let fused = G {
+        g: g.g.clone(),
+        rng: TestRng::new(0),
+        inputs: g.inputs.clone(),
+        names: g.names,
+    };
+    let d = fused.check(&[s]);
+    assert_eq!(d.len(), 1, "{d:?}");
+    // The rounded values themselves, bit for bit.
+    for (i, o) in [y, b].iter().enumerate() {
+        g.g.add_output(format!("y{i}"), *o);
+    }
+    let (got, _) = crate::nvptx::emulate::run_graph(&g.g, &g.inputs).unwrap();
+    let want = kiln_ir::eval::eval_graph(&g.g, g.inputs.clone()).unwrap();
+    for (a, b) in got.iter().zip(&want) {
+        assert_eq!(a.dtype(), b.dtype());
+        let (a, b) = (a.to_le_bytes(), b.to_le_bytes());
+        for (i, (x, y)) in a.chunks(4).zip(b.chunks(4)).enumerate() {
+            let nan = |c: &[u8]| c.len() == 4 && f32::from_le_bytes([c[0], c[1], c[2], c[3]]).is_nan();
+            assert!(x == y || (nan(x) && nan(y)), "word {i}: {x:?} vs {y:?}");
+        }
+    }
+}
+
+#[test]
+fn lone_nodes_go_through_the_generator() {
+    // Without fusion every node is its own kernel, found through the generator list.
+    let mut g = G::new(500);
+    let a = g.input(DType::I64, &[5, 33]);
+    let k = g.konst(Tensor::scalar(3i64));
+    let m = g.bin(Binary::Mul, a, k);
+    let c = g.bin(Binary::Greater, m, a);
+    g.g.add_output("m", m);
+    g.g.add_output("c", c);
+    let (got, d) = crate::nvptx::emulate::run_graph_with(&g.g, &g.inputs, false).unwrap();
+    assert!(d.iter().all(|s| s.starts_with("gpu elementwise")), "{d:?}");
+    let want = kiln_ir::eval::eval_graph(&g.g, g.inputs.clone()).unwrap();
+    for (a, b) in got.iter().zip(&want) {
+        compare("lone nodes", a, b);
+    }
+}
+
+#[test]
+fn grid_stride_loop() {
+    // A grid smaller than the output: each thread loops.
+    let mut g = G::new(600);
+    let x = g.input(DType::F32, &[3, 1000]);
+    let b = g.input(DType::F32, &[3, 1]);
+    let y = g.bin(Binary::Add, x, b);
+    let y = g.un(Unary::Relu, y);
+    g.g.add_output("y", y);
+    let target = TargetDesc::cuda(SM).unwrap();
+    let mut plan = crate::plan::build(&g.g, &target, true).unwrap();
+    assert_eq!(plan.kernels.len(), 1);
+    let mut nodes = plan.kernels[0].fused.clone();
+    nodes.push(plan.kernels[0].node);
+    let (k, _) = lower_group_with(&g.g, &nodes, &target, 3).unwrap();
+    assert_eq!(k.launch().grid[0], 3);
+    plan.kernels[0].imp = KernelImpl::Gpu(k);
+    let got = run_plan(&g.g, &plan, &target, &g.inputs).unwrap();
+    let want = kiln_ir::eval::eval_graph(&g.g, g.inputs.clone()).unwrap();
+    compare("grid-stride", &got[0], &want[0]);
+}
+
+#[test]
+fn wide_index_math_for_large_outputs() {
+    let small = EwGpu::new(group_of_size(&[1 << 10, 1 << 15]), vec![], vec![], MAX_GRID);
+    assert!(small.narrow());
+    let big = EwGpu::new(group_of_size(&[1 << 16, 1 << 15]), vec![], vec![], MAX_GRID);
+    assert!(!big.narrow(), "2^31 elements need 64-bit indices");
+    assert_eq!(big.launch().grid[0] as usize, MAX_GRID);
+}
+
+/// A one-node group with an output of `shape`.
+fn group_of_size(shape: &[usize]) -> EwGroup {
+    let mut g = G::new(0);
+    let ty = TensorType::new(DType::F32, shape.iter().map(|&d| Dim::Fixed(d)).collect());
+    let x = g.g.add_input("x", ty);
+    let y = g.un(Unary::Relu, x);
+    ew::analyze(&g.g, &[y.node]).unwrap().0
+}
+
+#[test]
+fn ptx_assembles() {
+    let mut graphs = vec![];
+    let mut g = G::new(700);
+    let x = g.input(DType::F32, &[2, 3, 50]);
+    let c = g.input(DType::F32, &[3, 1]);
+    let a = g.bin(Binary::Mul, x, c);
+    let e = g.un(Unary::Gelu { tanh: false }, a);
+    let m = g.un(Unary::Mish, e);
+    let l = g.un(Unary::Log, m);
+    let p = g.bin(Binary::Pow, l, c);
+    let s = g.un(Unary::Swish { alpha: 1.0 }, p);
+    let b = g.op(Op::Cast { to: DType::BF16 }, &[s]);
+    let f = g.op(Op::Cast { to: DType::F32 }, &[b]);
+    let z = g.konst(Tensor::scalar(0.0f32));
+    let gt = g.bin(Binary::Greater, f, z);
+    let w = g.op(Op::Where, &[gt, f, x]);
+    g.g.add_output("w", w);
+    let i = g.input(DType::I64, &[2, 3, 50]);
+    let j = g.input(DType::I64, &[50]);
+    let s = g.bin(Binary::Add, i, j);
+    let q = g.bin(Binary::Less, s, i);
+    g.g.add_output("q", q);
+    let t = g.op(Op::Cast { to: DType::I32 }, &[x]);
+    g.g.add_output("t", t);
+    graphs.push(g.g);
+    // 64-bit indices.
+    let mut g = G::new(701);
+    let ty = TensorType::new(DType::F32, vec![Dim::Fixed(1 << 16), Dim::Fixed(1 << 15)]);
+    let x = g.g.add_input("x", ty.clone());
+    let r =
+        g.g.add_input("r", TensorType::new(DType::F32, vec![Dim::Fixed(1 << 15)]));
+    let y = g.bin(Binary::Add, x, r);
+    let y = g.un(Unary::Tanh, y);
+    g.g.add_output("y", y);
+    graphs.push(g.g);
+    for graph in &graphs {
+        for sm in [80, 90] {
+            if !ptxas_check(graph, sm) {
+                return;
+            }
+        }
+    }
+}

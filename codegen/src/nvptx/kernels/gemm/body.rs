@@ -1,0 +1,526 @@
+//! The tiled GEMM kernel's body: staging A and B slices in shared memory, the FMA micro-tile
+//! or the tensor-core `mma` fragments, and the epilogue as results are stored.
+
+use super::{BSrc, Epi, GemmGpu, Slot, Tile, BK, THREADS, TX, TY};
+use crate::error::Result;
+use crate::gen::emit::Emit;
+use crate::gen::llvm;
+use crate::kernel::epilogue::Activation;
+use crate::kernel::{KernelCommon, PackedConst};
+use crate::nvptx::{GpuBuilder, GpuKernel, LaunchDims, MmaKind, Sreg};
+use inkwell::values::{FloatValue, IntValue, PointerValue};
+use inkwell::IntPredicate;
+use kiln_ir::DType;
+
+pub(super) fn resolve<'ctx>(k: &GpuBuilder<'_, 'ctx>, s: Slot) -> Result<PointerValue<'ctx>> {
+    match s {
+        Slot::Input(i) => k.input(i),
+        Slot::Packed(i) => k.packed(i),
+    }
+}
+
+pub(super) fn select_i<'ctx>(
+    e: &Emit<'_, 'ctx>,
+    c: IntValue<'ctx>,
+    a: IntValue<'ctx>,
+    b: IntValue<'ctx>,
+) -> Result<IntValue<'ctx>> {
+    Ok(e.b.build_select(c, a, b, "").map_err(llvm)?.into_int_value())
+}
+
+pub(super) fn and<'ctx>(e: &Emit<'_, 'ctx>, a: IntValue<'ctx>, b: IntValue<'ctx>) -> Result<IntValue<'ctx>> {
+    e.b.build_and(a, b, "").map_err(llvm)
+}
+
+pub(super) fn ult<'ctx>(e: &Emit<'_, 'ctx>, a: IntValue<'ctx>, n: usize) -> Result<IntValue<'ctx>> {
+    e.icmp(IntPredicate::ULT, a, e.i64c(n as i64))
+}
+
+/// Element `idx` of `p`, a tensor of `elem` (f32 or f16) values, as f32.
+pub(super) fn load_elem<'ctx>(
+    k: &GpuBuilder<'_, 'ctx>,
+    e: &Emit<'_, 'ctx>,
+    elem: DType,
+    p: PointerValue<'ctx>,
+    idx: IntValue<'ctx>,
+) -> Result<FloatValue<'ctx>> {
+    if elem != DType::F16 {
+        return e.load_f32(e.gep_f32(p, idx)?);
+    }
+    let i16t = k.cx.i16_type();
+    // SAFETY: the callers' indices lie inside the tensor.
+    let at = unsafe { e.b.build_gep(i16t, p, &[idx], "") }.map_err(llvm)?;
+    let bits = e.b.build_load(i16t, at, "").map_err(llvm)?.into_int_value();
+    k.f16_to_f32(bits)
+}
+
+/// Stores `v` as element `idx` of `p`, a tensor of `elem` values (rounded to f16 for f16).
+pub(super) fn store_elem<'ctx>(
+    k: &GpuBuilder<'_, 'ctx>,
+    e: &Emit<'_, 'ctx>,
+    elem: DType,
+    p: PointerValue<'ctx>,
+    idx: IntValue<'ctx>,
+    v: FloatValue<'ctx>,
+) -> Result<()> {
+    if elem != DType::F16 {
+        return e.store(e.gep_f32(p, idx)?, v);
+    }
+    let i16t = k.cx.i16_type();
+    // SAFETY: as for load_elem.
+    let at = unsafe { e.b.build_gep(i16t, p, &[idx], "") }.map_err(llvm)?;
+    e.store(at, k.f32_to_f16(v)?)
+}
+
+/// The element type `slot` holds in a kernel over `elem` tensors: packed constants are f32.
+pub(super) fn slot_elem(slot: Slot, elem: DType) -> DType {
+    match slot {
+        Slot::Input(_) => elem,
+        Slot::Packed(_) => DType::F32,
+    }
+}
+
+/// `valid ? p[idx] : 0`, never reading outside the buffer (an invalid lane reads element 0).
+pub(super) fn guarded_load<'ctx>(
+    k: &GpuBuilder<'_, 'ctx>,
+    e: &Emit<'_, 'ctx>,
+    elem: DType,
+    p: PointerValue<'ctx>,
+    idx: IntValue<'ctx>,
+    valid: IntValue<'ctx>,
+) -> Result<FloatValue<'ctx>> {
+    let safe = select_i(e, valid, idx, e.i64c(0))?;
+    let v = load_elem(k, e, elem, p, safe)?;
+    Ok(e.b
+        .build_select(valid, v, e.f32c(0.0), "")
+        .map_err(llvm)?
+        .into_float_value())
+}
+
+/// Applies `act` to a scalar (the CPU kernels' polynomials on a one-lane vector).
+pub(super) fn activate<'ctx>(
+    e: &Emit<'_, 'ctx>,
+    act: Activation,
+    x: FloatValue<'ctx>,
+) -> Result<FloatValue<'ctx>> {
+    if act == Activation::None {
+        return Ok(x);
+    }
+    let v = e.splat(x, 1)?;
+    let y = crate::gen::activation::activation(e, act, v, 1)?;
+    Ok(e.b
+        .build_extract_element(y, e.i32c(0), "")
+        .map_err(llvm)?
+        .into_float_value())
+}
+
+impl Epi {
+    /// `act(alpha·acc + bias[bias_idx] + scale·residual[res_idx])`, reading run-time tensors
+    /// of `elem`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn apply<'ctx>(
+        &self,
+        k: &GpuBuilder<'_, 'ctx>,
+        e: &Emit<'_, 'ctx>,
+        elem: DType,
+        acc: FloatValue<'ctx>,
+        bias_idx: (IntValue<'ctx>, IntValue<'ctx>),
+        res_idx: impl FnOnce(usize, usize, usize) -> Result<IntValue<'ctx>>,
+    ) -> Result<FloatValue<'ctx>> {
+        let b = e.b;
+        let mut v = acc;
+        if self.alpha != 1.0 {
+            v = b.build_float_mul(v, e.f32c(self.alpha), "").map_err(llvm)?;
+        }
+        if let Some((slot, per_row)) = self.bias {
+            let idx = if per_row { bias_idx.0 } else { bias_idx.1 };
+            let x = load_elem(k, e, slot_elem(slot, elem), resolve(k, slot)?, idx)?;
+            v = b.build_float_add(v, x, "").map_err(llvm)?;
+        }
+        if let Some((slot, zs, rs, cs, scale)) = self.residual {
+            let idx = res_idx(zs, rs, cs)?;
+            let mut x = load_elem(k, e, slot_elem(slot, elem), resolve(k, slot)?, idx)?;
+            if scale != 1.0 {
+                x = b.build_float_mul(x, e.f32c(scale), "").map_err(llvm)?;
+            }
+            v = b.build_float_add(v, x, "").map_err(llvm)?;
+        }
+        activate(e, self.activation, v)
+    }
+}
+
+/// How the block's 8 warps share a tile on tensor cores. The tile is a grid of 16×8 `mma`
+/// units (`bm/16` by `bn/8`); with 8 or more units each warp takes `per_warp` consecutive units
+/// of one unit row (so one A fragment serves them all), with fewer (16×16, 16×32, 32×16 tiles)
+/// warp `w` computes unit `w mod units` and only the first `units` warps store.
+pub(super) struct WarpTiles<'ctx> {
+    tile: Tile,
+    kind: MmaKind,
+    per_warp: usize,
+    /// Unit row and first unit column of this warp.
+    unit_row: IntValue<'ctx>,
+    unit_col: IntValue<'ctx>,
+    /// `lane / 4` and `lane % 4`: the fragment coordinates of PTX's layout.
+    group: IntValue<'ctx>,
+    in_group: IntValue<'ctx>,
+    /// Whether this warp's results are stored (false for a duplicate of another warp's unit).
+    owner: IntValue<'ctx>,
+}
+
+impl<'ctx> WarpTiles<'ctx> {
+    pub(super) fn new(
+        e: &Emit<'_, 'ctx>,
+        t: Tile,
+        kind: MmaKind,
+        tid: IntValue<'ctx>,
+    ) -> Result<WarpTiles<'ctx>> {
+        let (units_n, units) = (t.bn / 8, (t.bm / 16) * (t.bn / 8));
+        let warp = e.udivc(tid, 32)?;
+        let lane = e.uremc(tid, 32)?;
+        let warps = THREADS / 32;
+        let (per_warp, first, owner) = if units >= warps {
+            (
+                units / warps,
+                e.mulc(warp, (units / warps) as i64)?,
+                ult(e, warp, warps)?,
+            )
+        } else {
+            (1, e.uremc(warp, units as i64)?, ult(e, warp, units)?)
+        };
+        Ok(WarpTiles {
+            tile: t,
+            kind,
+            per_warp,
+            unit_row: e.udivc(first, units_n as i64)?,
+            unit_col: e.uremc(first, units_n as i64)?,
+            group: e.udivc(lane, 4)?,
+            in_group: e.uremc(lane, 4)?,
+            owner,
+        })
+    }
+
+    /// Two values as one 32-bit register of `self.kind`, `lo` in the low half. The values are
+    /// of that type already (the kernel is chosen for such operands; f16 tensors are widened
+    /// exactly as they are staged), so the narrowing is exact.
+    pub(super) fn pack(
+        &self,
+        k: &GpuBuilder<'_, 'ctx>,
+        e: &Emit<'_, 'ctx>,
+        lo: FloatValue<'ctx>,
+        hi: FloatValue<'ctx>,
+    ) -> Result<IntValue<'ctx>> {
+        let i32t = e.cx.i32_type();
+        let sixteen = i32t.const_int(16, false);
+        match self.kind {
+            MmaKind::Bf16 => {
+                // A bf16 is the upper half of its f32.
+                let bits = |v: FloatValue<'ctx>| -> Result<IntValue<'ctx>> {
+                    Ok(e.b.build_bit_cast(v, i32t, "").map_err(llvm)?.into_int_value())
+                };
+                let lo =
+                    e.b.build_right_shift(bits(lo)?, sixteen, false, "")
+                        .map_err(llvm)?;
+                let hi =
+                    e.b.build_and(bits(hi)?, i32t.const_int(0xffff_0000, false), "")
+                        .map_err(llvm)?;
+                e.b.build_or(lo, hi, "").map_err(llvm)
+            }
+            MmaKind::F16 => {
+                let bits = |v: FloatValue<'ctx>| -> Result<IntValue<'ctx>> {
+                    e.b.build_int_z_extend(k.f32_to_f16(v)?, i32t, "").map_err(llvm)
+                };
+                let hi = e.b.build_left_shift(bits(hi)?, sixteen, "").map_err(llvm)?;
+                e.b.build_or(bits(lo)?, hi, "").map_err(llvm)
+            }
+        }
+    }
+
+    /// Reads two consecutive-k elements `(k, x)` and `(k + 1, x)` of a k-major shared slice
+    /// with row stride `stride`, as one packed register.
+    pub(super) fn pair(
+        &self,
+        kb: &GpuBuilder<'_, 'ctx>,
+        e: &Emit<'_, 'ctx>,
+        sh: PointerValue<'ctx>,
+        stride: usize,
+        k: IntValue<'ctx>,
+        x: IntValue<'ctx>,
+    ) -> Result<IntValue<'ctx>> {
+        let at = e.add(e.mulc(k, stride as i64)?, x)?;
+        let lo = e.load_f32(e.gep_f32(sh, at)?)?;
+        let hi = e.load_f32(e.gep_f32(sh, e.addc(at, stride as i64)?)?)?;
+        self.pack(kb, e, lo, hi)
+    }
+
+    /// One K step (BK = 16 = the `mma` k) of this warp's units: A and B fragments from the
+    /// shared slices (both k-major), then an `mma` per unit into the accumulators.
+    pub(super) fn multiply(
+        &self,
+        k: &GpuBuilder<'_, 'ctx>,
+        e: &Emit<'_, 'ctx>,
+        a_sh: PointerValue<'ctx>,
+        b_sh: PointerValue<'ctx>,
+        acc: PointerValue<'ctx>,
+    ) -> Result<()> {
+        let (sa, sb) = (self.tile.sa(), self.tile.sb());
+        let k_lo = e.mulc(self.in_group, 2)?;
+        let k_hi = e.addc(k_lo, 8)?;
+        let row = e.add(e.mulc(self.unit_row, 16)?, self.group)?;
+        let row8 = e.addc(row, 8)?;
+        // a0a1: (g, 2t), a2a3: (g + 8, 2t), a4a5: (g, 2t + 8), a6a7: (g + 8, 2t + 8).
+        let a = [
+            self.pair(k, e, a_sh, sa, k_lo, row)?,
+            self.pair(k, e, a_sh, sa, k_lo, row8)?,
+            self.pair(k, e, a_sh, sa, k_hi, row)?,
+            self.pair(k, e, a_sh, sa, k_hi, row8)?,
+        ];
+        for u in 0..self.per_warp {
+            // b0b1: (2t, g), b2b3: (2t + 8, g) of the unit's 16×8 B.
+            let col = e.add(e.mulc(e.addc(self.unit_col, u as i64)?, 8)?, self.group)?;
+            let b = [
+                self.pair(k, e, b_sh, sb, k_lo, col)?,
+                self.pair(k, e, b_sh, sb, k_hi, col)?,
+            ];
+            let slot = |q: usize| e.gep_f32c(acc, (u * 4 + q) as i64);
+            let c = [
+                e.load_f32(slot(0)?)?,
+                e.load_f32(slot(1)?)?,
+                e.load_f32(slot(2)?)?,
+                e.load_f32(slot(3)?)?,
+            ];
+            let d = k.mma(self.kind, a, b, c)?;
+            for (q, v) in d.iter().enumerate() {
+                e.store(slot(q)?, *v)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The tile coordinates (row, column) of accumulator `q` (0..4) of unit `u`: c0c1 at
+    /// (g, 2t..2t+1), c2c3 at (g + 8, 2t..2t+1) of the unit.
+    pub(super) fn element(
+        &self,
+        e: &Emit<'_, 'ctx>,
+        u: usize,
+        q: usize,
+    ) -> Result<(IntValue<'ctx>, IntValue<'ctx>)> {
+        let row = e.addc(
+            e.add(e.mulc(self.unit_row, 16)?, self.group)?,
+            if q >= 2 { 8 } else { 0 },
+        )?;
+        let col = e.addc(
+            e.add(
+                e.mulc(e.addc(self.unit_col, u as i64)?, 8)?,
+                e.mulc(self.in_group, 2)?,
+            )?,
+            (q & 1) as i64,
+        )?;
+        Ok((row, col))
+    }
+}
+
+impl KernelCommon for GemmGpu {
+    fn describe(&self) -> String {
+        self.what.clone()
+    }
+
+    fn packed_constants(&self) -> Vec<PackedConst> {
+        self.packed.clone()
+    }
+
+    fn reads_input(&self, i: usize) -> bool {
+        !self.unread.contains(&i)
+    }
+}
+
+impl GpuKernel for GemmGpu {
+    fn launch(&self) -> LaunchDims {
+        let z: usize = self.batch.iter().map(|d| d.extent).product();
+        LaunchDims {
+            grid: [
+                self.n.div_ceil(self.tile.bn) as u32,
+                self.m.div_ceil(self.tile.bm) as u32,
+                z as u32,
+            ],
+            block: [THREADS as u32, 1, 1],
+            shared_bytes: self.tile.shared_bytes() as u32,
+        }
+    }
+
+    fn emit(&self, k: &GpuBuilder<'_, '_>) -> Result<()> {
+        let e = Emit::new(k.cx, k.module, k.builder, k.function);
+        let f32t = k.cx.f32_type();
+        let t = self.tile;
+        let (bm, bn, tm, tn, sa, sb) = (t.bm, t.bn, t.tm(), t.tn(), t.sa(), t.sb());
+        let tid = k.sreg64(Sreg::TidX)?;
+        let col0 = e.mulc(k.sreg64(Sreg::CtaidX)?, bn as i64)?;
+        let row0 = e.mulc(k.sreg64(Sreg::CtaidY)?, bm as i64)?;
+        let z = k.sreg64(Sreg::CtaidZ)?;
+        // Operand offsets of this batch entry (last dimension fastest).
+        let (mut a_off, mut b_off) = (e.i64c(0), e.i64c(0));
+        let mut rest = z;
+        for d in self.batch.iter().rev() {
+            let idx = e.uremc(rest, d.extent as i64)?;
+            rest = e.udivc(rest, d.extent as i64)?;
+            a_off = e.add(a_off, e.mulc(idx, d.a as i64)?)?;
+            b_off = e.add(b_off, e.mulc(idx, d.b as i64)?)?;
+        }
+        let smem = k.shared()?;
+        let a_sh = smem;
+        let b_sh = e.gep_f32c(smem, (BK * sa) as i64)?;
+        let tx = e.uremc(tid, TX as i64)?;
+        let ty = e.udivc(tid, TX as i64)?;
+        let warps = if let Some(kind) = t.mma {
+            Some(WarpTiles::new(&e, t, kind, tid)?)
+        } else {
+            None
+        };
+        let n_acc = warps.as_ref().map_or(tm * tn, |w| w.per_warp * 4);
+        let acc = e.entry_alloca(f32t.array_type(n_acc as u32), "acc")?;
+        let acc_at = |r: usize, c: usize| e.gep_f32c(acc, (r * tn + c) as i64);
+        for i in 0..n_acc {
+            e.store(e.gep_f32c(acc, i as i64)?, f32t.const_zero())?;
+        }
+        let a_ptr = resolve(k, self.a.slot)?;
+        let (m, n, kk) = (self.m, self.n, self.k);
+        e.for_range(e.i64c(0), e.i64c(kk as i64), BK as i64, |k0| {
+            // A slice: bm×BK elements, THREADS at a time, along A's contiguous axis.
+            let a_k_fast = self.a.cs == 1 || self.a.rs != 1;
+            for l in 0..(bm * BK) / THREADS {
+                let el = e.addc(tid, (l * THREADS) as i64)?;
+                let (ii, kq) = if a_k_fast {
+                    (e.udivc(el, BK as i64)?, e.uremc(el, BK as i64)?)
+                } else {
+                    (e.uremc(el, bm as i64)?, e.udivc(el, bm as i64)?)
+                };
+                let gi = e.add(row0, ii)?;
+                let gk = e.add(k0, kq)?;
+                let valid = and(&e, ult(&e, gi, m)?, ult(&e, gk, kk)?)?;
+                let idx = e.add(
+                    a_off,
+                    e.add(e.mulc(gi, self.a.rs as i64)?, e.mulc(gk, self.a.cs as i64)?)?,
+                )?;
+                let v = guarded_load(k, &e, slot_elem(self.a.slot, self.elem), a_ptr, idx, valid)?;
+                e.store(e.gep_f32(a_sh, e.add(e.mulc(kq, sa as i64)?, ii)?)?, v)?;
+            }
+            // B slice: BK×bn.
+            let b_k_fast = matches!(self.b, BSrc::Mat(bm) if bm.cs != 1 && bm.rs == 1);
+            for l in 0..(BK * bn) / THREADS {
+                let el = e.addc(tid, (l * THREADS) as i64)?;
+                let (kq, jj) = if b_k_fast {
+                    (e.uremc(el, BK as i64)?, e.udivc(el, BK as i64)?)
+                } else {
+                    (e.udivc(el, bn as i64)?, e.uremc(el, bn as i64)?)
+                };
+                let gk = e.add(k0, kq)?;
+                let gj = e.add(col0, jj)?;
+                let mut valid = and(&e, ult(&e, gk, kk)?, ult(&e, gj, n)?)?;
+                let (ptr, elem, idx) = match self.b {
+                    BSrc::Mat(bm) => (
+                        resolve(k, bm.slot)?,
+                        slot_elem(bm.slot, self.elem),
+                        e.add(
+                            b_off,
+                            e.add(e.mulc(gk, bm.rs as i64)?, e.mulc(gj, bm.cs as i64)?)?,
+                        )?,
+                    ),
+                    BSrc::Im2col(ic) => {
+                        let g = ic.g;
+                        let taps = (g.kh * g.kw) as i64;
+                        let ch = e.udivc(gk, taps)?;
+                        let t = e.uremc(gk, taps)?;
+                        let khi = e.udivc(t, g.kw as i64)?;
+                        let kwi = e.uremc(t, g.kw as i64)?;
+                        let oh = e.udivc(gj, g.ow as i64)?;
+                        let ow = e.uremc(gj, g.ow as i64)?;
+                        // Negative coordinates wrap to large unsigned values: one compare each.
+                        let ih = e.addc(
+                            e.add(e.mulc(oh, g.sh as i64)?, e.mulc(khi, g.dh as i64)?)?,
+                            -(g.ph as i64),
+                        )?;
+                        let iw = e.addc(
+                            e.add(e.mulc(ow, g.sw as i64)?, e.mulc(kwi, g.dw as i64)?)?,
+                            -(g.pw as i64),
+                        )?;
+                        valid = and(&e, valid, and(&e, ult(&e, ih, g.h)?, ult(&e, iw, g.w)?)?)?;
+                        let idx = e.add(
+                            e.mulc(ch, (g.h * g.w) as i64)?,
+                            e.add(e.mulc(ih, g.w as i64)?, iw)?,
+                        )?;
+                        (k.input(ic.input)?, self.elem, e.add(b_off, idx)?)
+                    }
+                };
+                let v = guarded_load(k, &e, elem, ptr, idx, valid)?;
+                e.store(e.gep_f32(b_sh, e.add(e.mulc(kq, sb as i64)?, jj)?)?, v)?;
+            }
+            k.barrier()?;
+            if let Some(warps) = &warps {
+                warps.multiply(k, &e, a_sh, b_sh, acc)?;
+                // The next slice overwrites what slower warps may still read.
+                return k.barrier();
+            }
+            for q in 0..BK {
+                let av: Vec<FloatValue> = (0..tm)
+                    .map(|r| e.load_f32(e.gep_f32(a_sh, e.addc(ty, (q * sa + r * TY) as i64)?)?))
+                    .collect::<Result<_>>()?;
+                let bv: Vec<FloatValue> = (0..tn)
+                    .map(|c| e.load_f32(e.gep_f32(b_sh, e.addc(tx, (q * sb + c * TX) as i64)?)?))
+                    .collect::<Result<_>>()?;
+                for (r, a) in av.iter().enumerate() {
+                    for (c, bval) in bv.iter().enumerate() {
+                        let p = acc_at(r, c)?;
+                        let s = e.load_f32(p)?;
+                        let s = e
+                            .intrinsic(
+                                "llvm.fma",
+                                &[f32t.into()],
+                                &[(*a).into(), (*bval).into(), s.into()],
+                            )?
+                            .into_float_value();
+                        e.store(p, s)?;
+                    }
+                }
+            }
+            // The next slice overwrites what slower threads may still read.
+            k.barrier()
+        })?;
+        let g_idx = e.uremc(z, self.groups as i64)?;
+        // Stores accumulator `slot` as output element (i, j) when inside the output (and
+        // `also`, when given).
+        let store = |slot: usize, i, j, also: Option<_>| -> Result<()> {
+            let mut inside = and(&e, ult(&e, i, m)?, ult(&e, j, n)?)?;
+            if let Some(c) = also {
+                inside = and(&e, inside, c)?;
+            }
+            e.if_then(inside, || {
+                let s = e.load_f32(e.gep_f32c(acc, slot as i64)?)?;
+                let bias_row = e.add(e.mulc(g_idx, m as i64)?, i)?;
+                let v = self.epi.apply(k, &e, self.elem, s, (bias_row, j), |zs, rs, cs| {
+                    e.add(
+                        e.mulc(z, zs as i64)?,
+                        e.add(e.mulc(i, rs as i64)?, e.mulc(j, cs as i64)?)?,
+                    )
+                })?;
+                let o = e.add(e.mulc(z, (m * n) as i64)?, e.add(e.mulc(i, n as i64)?, j)?)?;
+                store_elem(k, &e, self.elem, k.output(0)?, o, v)
+            })
+        };
+        if let Some(warps) = &warps {
+            for u in 0..warps.per_warp {
+                for q in 0..4 {
+                    let (i, j) = warps.element(&e, u, q)?;
+                    store(u * 4 + q, e.add(row0, i)?, e.add(col0, j)?, Some(warps.owner))?;
+                }
+            }
+            return k.ret();
+        }
+        for r in 0..tm {
+            for c in 0..tn {
+                let i = e.add(row0, e.addc(ty, (r * TY) as i64)?)?;
+                let j = e.add(col0, e.addc(tx, (c * TX) as i64)?)?;
+                store(r * tn + c, i, j, None)?;
+            }
+        }
+        k.ret()
+    }
+}
