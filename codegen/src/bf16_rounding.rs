@@ -14,7 +14,6 @@
 //! cast would keep a bf16 subnormal; the pair product (`vdpbf16ps`) does the same with bf16
 //! subnormals, so the result is the one the unabsorbed casts give.
 
-use crate::kernel::is_view;
 use crate::plan::kernel::{Kernel, KernelImpl};
 use kiln_ir::{DType, Graph, NodeId, Op, ValueId};
 use std::collections::{HashMap, HashSet};
@@ -60,7 +59,7 @@ fn view_root(graph: &Graph, mut v: ValueId) -> ValueId {
     loop {
         let node = graph.node(v.node);
         match node.inputs.first().copied().flatten() {
-            Some(src) if is_view(&node.op) => v = src,
+            Some(src) if node.op.is_view() => v = src,
             _ => return v,
         }
     }

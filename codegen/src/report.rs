@@ -250,7 +250,7 @@ pub fn build(graph: &Graph, plan: &Plan, target: &TargetDesc) -> PlanReport {
                 .first()
                 .copied()
                 .flatten()
-                .filter(|_| crate::kernel::is_view(&node.op))
+                .filter(|_| node.op.is_view())
             {
                 NodeFate::View {
                     of: graph.value_name(src).to_string(),

@@ -8,8 +8,6 @@
 pub mod epilogue;
 pub mod geometry;
 
-use kiln_ir::Op;
-
 /// Where a value's bytes are at run time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Storage {
@@ -21,14 +19,6 @@ pub enum Storage {
     Arena(u64),
     /// An offset in the read-only weights blob.
     Weights(u64),
-}
-
-/// Whether `op` is a view: its output shares its input's bytes (no kernel runs for it).
-pub fn is_view(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze | Op::Unsqueeze | Op::Identity
-    )
 }
 
 /// A constant the kernel wants in its own layout (packed weights), computed at compile time.

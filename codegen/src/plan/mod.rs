@@ -7,7 +7,7 @@
 
 use crate::error::{CodegenError, Result};
 use crate::gen;
-use crate::kernel::{is_view, Storage};
+use crate::kernel::Storage;
 use crate::node::NodeInfo;
 use crate::target::TargetDesc;
 use crate::uk;
@@ -94,7 +94,7 @@ fn known_root(graph: &Graph, mut v: ValueId) -> ValueId {
     while graph.known_value(v).is_none() {
         let node = graph.node(v.node);
         match node.inputs.first().copied().flatten() {
-            Some(src) if is_view(&node.op) => v = src,
+            Some(src) if node.op.is_view() => v = src,
             _ => break,
         }
     }
@@ -302,7 +302,7 @@ pub fn build(graph: &Graph, target: &TargetDesc, fusion: bool) -> Result<Plan> {
             continue;
         }
         // A view shares its input's bytes; plan_arena gives it the input's storage.
-        if is_view(&node.op) && node.inputs.first().copied().flatten().is_some() {
+        if node.op.is_view() && node.inputs.first().copied().flatten().is_some() {
             continue;
         }
         let imp = match select(&info, target) {
@@ -504,7 +504,7 @@ fn plan_arena(
     let mut root: HashMap<ValueId, ValueId> = HashMap::new();
     for id in graph.node_ids() {
         let node = graph.node(id);
-        if is_view(&node.op) && !kernel_outputs.contains_key(&id.out(0)) {
+        if node.op.is_view() && !kernel_outputs.contains_key(&id.out(0)) {
             if let Some(src) = node.inputs.first().copied().flatten() {
                 let r = root.get(&src).copied().unwrap_or(src);
                 root.insert(id.out(0), r);
