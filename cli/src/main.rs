@@ -4,6 +4,7 @@ mod commands;
 mod diagnostic;
 mod exit;
 mod model_args;
+mod report_text;
 mod tensors;
 mod term;
 

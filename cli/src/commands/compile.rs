@@ -2,6 +2,7 @@
 //! assembly.
 
 use crate::model_args::ModelArgs;
+use crate::report_text::bytes;
 use anyhow::Result;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kiln_driver::{Cpu, Emit, Layout, Options, Precision, Progress, Session, Target};
@@ -261,11 +262,11 @@ pub fn build(args: Args, mode: Mode) -> Result<()> {
     let (name, summary) = (&compiled.name, &compiled.summary);
     if let Some(report) = &compiled.report {
         if let Some(path) = &args.report {
-            crate::commands::explain::write_json(report, path)?;
+            crate::report_text::write_json(report, path)?;
         }
         match mode {
-            Mode::ExplainTable => crate::emit(&crate::commands::explain::to_table(report)),
-            Mode::ExplainJson => crate::emit(&crate::commands::explain::to_json(report)),
+            Mode::ExplainTable => crate::emit(&crate::report_text::to_table(report)),
+            Mode::ExplainJson => crate::emit(&crate::report_text::to_json(report)),
             Mode::Compile => {}
         }
     }
@@ -326,14 +327,6 @@ pub fn build(args: Args, mode: Mode) -> Result<()> {
         }
     }
     Ok(())
-}
-
-pub fn bytes(n: u64) -> String {
-    match n {
-        n if n >= 1 << 20 => format!("{:.1} MiB", n as f64 / (1u64 << 20) as f64),
-        n if n >= 1 << 10 => format!("{:.1} KiB", n as f64 / 1024.0),
-        n => format!("{n} B"),
-    }
 }
 
 /// Progress on stderr: a spinner naming the phase, a bar while kernels are generated. Hidden
