@@ -15,7 +15,7 @@ mod norm;
 pub(crate) mod quant;
 mod recurrent;
 mod reduce;
-mod resize;
+pub mod resize;
 mod shape;
 pub(crate) mod signal;
 pub mod unary;
