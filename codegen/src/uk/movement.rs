@@ -9,6 +9,7 @@
 use super::UkCall;
 use crate::error::Result;
 use crate::node::NodeInfo;
+use kiln_ir::ops::pad_axis_map;
 use kiln_ir::ops::resize::{
     apply_aspect_policy, interpolation_taps, is_identity, kernel_width, nearest_index, saturated,
     source_coord, AxisPlan,
@@ -555,41 +556,6 @@ fn one_hot(node: &NodeInfo, axis: i64) -> Result<UkCall> {
 // ---------------------------------------------------------------------------------------------
 // Pad and generators.
 
-/// Source index along one axis for each output position (None: the fill value), as ir's
-/// `pad_axis_map`.
-fn pad_axis_map(d: usize, (b, e): (i64, i64), out: usize, mode: PadMode) -> Option<Vec<i64>> {
-    let crop_b = (-(b as i128)).max(0);
-    let crop_e = (-(e as i128)).max(0);
-    let c = d as i128 - crop_b - crop_e;
-    if c < 0 || (c == 0 && out > 0 && mode != PadMode::Constant) {
-        return None;
-    }
-    let pb = (b as i128).max(0);
-    Some(
-        (0..out as i128)
-            .map(|o| {
-                let i = o - pb;
-                let src = if (0..c).contains(&i) {
-                    Some(i)
-                } else {
-                    match mode {
-                        PadMode::Constant => None,
-                        PadMode::Edge => Some(i.clamp(0, c - 1)),
-                        PadMode::Wrap => Some(i.rem_euclid(c)),
-                        PadMode::Reflect if c == 1 => Some(0),
-                        PadMode::Reflect => {
-                            let period = 2 * (c - 1);
-                            let m = i.rem_euclid(period);
-                            Some(if m >= c { period - m } else { m })
-                        }
-                    }
-                };
-                src.map_or(-1, |s| (s + crop_b) as i64)
-            })
-            .collect(),
-    )
-}
-
 fn pad(node: &NodeInfo, mode: PadMode) -> Result<UkCall> {
     let in_shape = node.input_shape(0)?;
     let out_shape = node.output_shape(0)?;
@@ -618,8 +584,11 @@ fn pad(node: &NodeInfo, mode: PadMode) -> Result<UkCall> {
     iattr.extend(strides(&in_shape).iter().map(|&s| s * esize));
     let mut last = vec![];
     for k in 0..rank {
-        let m = pad_axis_map(in_shape[k], amounts[k], out_shape[k], mode)
-            .ok_or_else(|| node.unsupported(format!("pads {:?} do not fit axis {k}", amounts[k])))?;
+        let m: Vec<i64> = pad_axis_map(in_shape[k], amounts[k], out_shape[k], mode)
+            .map_err(|_| node.unsupported(format!("pads {:?} do not fit axis {k}", amounts[k])))?
+            .into_iter()
+            .map(|s| s.map_or(-1, |s| s as i64))
+            .collect();
         iattr.extend(&m);
         last = m;
     }

@@ -28,6 +28,11 @@ use crate::{DType, Op, OpError, Tensor, TensorType};
 /// and the ONNX rules (auto_pad, ceil_mode) that resolve it.
 pub use conv::{resolve_axis as resolve_window_axis, Axis as WindowAxis};
 
+// Reference semantics that backends computing constants at compile time call rather than copy
+// (Resize's coordinate and coefficient math is the public module `resize`).
+/// Pad's per-axis source index map (constant, reflect, edge and wrap modes, negative pads).
+pub use shape::pad_axis_map;
+
 /// What type inference knows about a node's inputs.
 pub struct InferCtx<'a> {
     /// Input types; `None` for an absent optional input.

@@ -33,6 +33,8 @@ mod tests;
 mod transpose;
 mod trilu_nonzero;
 
+pub use pad::pad_axis_map;
+
 use concat_split::{eval_concat, eval_split, infer_concat, infer_split};
 use expand_tile::{eval_expand, eval_tile, infer_expand, infer_tile};
 use gather::{

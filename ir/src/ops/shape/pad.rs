@@ -77,7 +77,8 @@ pub(super) fn infer_pad(cx: &InferCtx) -> Res<TensorType> {
 /// Source coordinate for each output coordinate along one axis of extent `d` padded by
 /// `(b, e)` to `out` (= d + b + e, already checked). Negative pads first crop the input; the
 /// padding then refers to the cropped extent (as onnxruntime does). `None` is the fill value.
-fn pad_axis_map(d: usize, (b, e): (i64, i64), out: usize, mode: PadMode) -> Res<Vec<Option<usize>>> {
+/// Reflect mirrors without repeating the edge, edge clamps, wrap repeats periodically.
+pub fn pad_axis_map(d: usize, (b, e): (i64, i64), out: usize, mode: PadMode) -> Res<Vec<Option<usize>>> {
     let crop_b = (-(b as i128)).max(0);
     let crop_e = (-(e as i128)).max(0);
     let c = d as i128 - crop_b - crop_e;
