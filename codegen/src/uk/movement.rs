@@ -9,11 +9,11 @@
 use super::UkCall;
 use crate::error::Result;
 use crate::node::NodeInfo;
-use kiln_ir::ops::pad_axis_map;
 use kiln_ir::ops::resize::{
     apply_aspect_policy, interpolation_taps, is_identity, kernel_width, nearest_index, saturated,
     source_coord, AxisPlan,
 };
+use kiln_ir::ops::{pad_axis_map, slice_range};
 use kiln_ir::{
     CoordTransform, DType, GridMode, GridPadding, MiscOp, Op, PadMode, ResizeAttrs, ResizeMode,
     ScatterReduction, Tensor, TensorData, VisionOp,
@@ -284,24 +284,6 @@ fn transpose(node: &NodeInfo, perm: &[usize]) -> Result<UkCall> {
     copy_call(node, elem_size(node), vec![Copy::into_output(0, 0, 0, dims, ss)])
 }
 
-/// Start and length along an axis of extent `dim`, with ONNX clamping (as ir's `slice_range`).
-fn slice_range(dim: usize, start: i64, end: i64, step: i64) -> (i64, i64) {
-    let d = dim as i128;
-    let wrap = |v: i64| if v < 0 { v as i128 + d } else { v as i128 };
-    let (s, e, st) = (wrap(start), wrap(end), step as i128);
-    if dim == 0 {
-        return (0, 0);
-    }
-    let (s, len) = if st > 0 {
-        let (s, e) = (s.clamp(0, d), e.clamp(0, d));
-        (s, if e > s { (e - s + st - 1) / st } else { 0 })
-    } else {
-        let (s, e) = (s.clamp(0, d - 1), e.clamp(-1, d - 1));
-        (s, if s > e { (s - e - st - 1) / -st } else { 0 })
-    };
-    (s as i64, len as i64)
-}
-
 fn slice(node: &NodeInfo) -> Result<UkCall> {
     let in_shape = node.input_shape(0)?;
     let out_shape = node.output_shape(0)?;
@@ -334,7 +316,8 @@ fn slice(node: &NodeInfo) -> Result<UkCall> {
     let mut ss = vec![];
     for (k, &(s, e, step)) in spec.iter().enumerate() {
         let d = in_shape[k];
-        let (begin, len) = slice_range(d, s, e, step);
+        let (begin, len) = slice_range(d, s, e, step).map_err(|e| node.unsupported(e.to_string()))?;
+        let (begin, len) = (begin as i64, len as i64);
         if len as usize != out_shape[k] {
             return Err(node.unsupported(format!(
                 "slice of axis {k} has {len} elements but the output type says {}",

@@ -36,6 +36,8 @@ pub use attention::promote as attention_promote;
 pub use quant::promote as quant_promote;
 /// Pad's per-axis source index map (constant, reflect, edge and wrap modes, negative pads).
 pub use shape::pad_axis_map;
+/// Slice's start and length along one axis, with ONNX's clamping of starts, ends and steps.
+pub use shape::slice_range;
 /// `(cos, sin)` of `2πk/n`, exact at quarter turns: the DFT's twiddle factors.
 pub use signal::unit_root;
 

@@ -34,6 +34,7 @@ mod transpose;
 mod trilu_nonzero;
 
 pub use pad::pad_axis_map;
+pub use slice::slice_range;
 
 use concat_split::{eval_concat, eval_split, infer_concat, infer_split};
 use expand_tile::{eval_expand, eval_tile, infer_expand, infer_tile};

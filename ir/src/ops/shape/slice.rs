@@ -8,7 +8,7 @@ use crate::{bail, DType, Dim, Element, Tensor, TensorData, TensorType};
 /// Start and length of `Slice` along one axis of extent `dim` with ONNX clamping: negative
 /// starts/ends count from the back, then starts clamp to `[0, dim]` (`[0, dim-1]` for negative
 /// steps) and ends to `[0, dim]` (`[-1, dim-1]`).
-pub(super) fn slice_range(dim: usize, start: i64, end: i64, step: i64) -> Res<(usize, usize)> {
+pub fn slice_range(dim: usize, start: i64, end: i64, step: i64) -> Res<(usize, usize)> {
     if step == 0 {
         bail!("slice step cannot be 0");
     }
