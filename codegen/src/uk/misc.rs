@@ -5,6 +5,7 @@
 use super::UkCall;
 use crate::error::Result;
 use crate::node::NodeInfo;
+use kiln_ir::ops::{quant_promote as promote, unit_root};
 use kiln_ir::{
     Activation, AutoPad, ConvAttrs, DType, Op, QuantOp, RnnAttrs, RnnDirection, RnnKind, RoiPoolMode,
     SignalOp, VisionOp,
@@ -180,18 +181,6 @@ fn quant(node: &NodeInfo, q: &QuantOp) -> Result<Option<UkCall>> {
 fn dtype(node: &NodeInfo, i: usize) -> Result<DType> {
     node.input_dtype(i)
         .ok_or_else(|| node.unsupported(format!("input {i} is missing")))
-}
-
-/// numpy's result dtype of a binary operation on a float or i32 tensor and a float tensor
-/// (bf16, which numpy lacks, pairs up as f32), as in `ir/src/ops/quant.rs`.
-fn promote(a: DType, b: DType) -> DType {
-    if a == b {
-        a
-    } else if a == DType::F64 || b == DType::F64 || !a.is_float() || !b.is_float() {
-        DType::F64
-    } else {
-        DType::F32
-    }
 }
 
 fn int_range(d: DType) -> Option<(i64, i64)> {
@@ -503,25 +492,6 @@ fn known_int(node: &NodeInfo, i: usize, what: &str) -> Result<Option<i64>> {
         [v] => Ok(Some(*v)),
         _ => Err(node.unsupported(format!("{what} must be a scalar"))),
     }
-}
-
-/// `(cos θ, sin θ)` for `θ = 2πk/n`, reduced by symmetry to `θ ≤ π/4` exactly as kiln_ir's
-/// reference does, so quarter turns are exact and the results agree bit for bit.
-fn unit_root(k: u128, n: u128) -> (f64, f64) {
-    if 2 * k > n {
-        let (c, s) = unit_root(n - k, n);
-        return (c, -s);
-    }
-    if 4 * k > n {
-        let (c, s) = unit_root(n - 2 * k, 2 * n);
-        return (-c, s);
-    }
-    if 8 * k > n {
-        let (c, s) = unit_root(n - 4 * k, 4 * n);
-        return (s, c);
-    }
-    let a = 2.0 * std::f64::consts::PI * (k as f64 / n as f64);
-    (a.cos(), a.sin())
 }
 
 /// `exp(∓2πik/n)` for k in 0..n as (re, im) pairs.

@@ -9,9 +9,14 @@
 use super::UkCall;
 use crate::error::Result;
 use crate::node::NodeInfo;
+use kiln_ir::ops::resize::{
+    apply_aspect_policy, interpolation_taps, is_identity, kernel_width, nearest_index, saturated,
+    source_coord, AxisPlan,
+};
+use kiln_ir::ops::{pad_axis_map, slice_range};
 use kiln_ir::{
-    AspectRatioPolicy, CoordTransform, DType, GridMode, GridPadding, MiscOp, NearestMode, Op, PadMode,
-    ResizeAttrs, ResizeMode, ScatterReduction, Tensor, TensorData, VisionOp,
+    CoordTransform, DType, GridMode, GridPadding, MiscOp, Op, PadMode, ResizeAttrs, ResizeMode,
+    ScatterReduction, Tensor, TensorData, VisionOp,
 };
 
 /// Must match MV_MAX_RANK in movement.c.
@@ -279,24 +284,6 @@ fn transpose(node: &NodeInfo, perm: &[usize]) -> Result<UkCall> {
     copy_call(node, elem_size(node), vec![Copy::into_output(0, 0, 0, dims, ss)])
 }
 
-/// Start and length along an axis of extent `dim`, with ONNX clamping (as ir's `slice_range`).
-fn slice_range(dim: usize, start: i64, end: i64, step: i64) -> (i64, i64) {
-    let d = dim as i128;
-    let wrap = |v: i64| if v < 0 { v as i128 + d } else { v as i128 };
-    let (s, e, st) = (wrap(start), wrap(end), step as i128);
-    if dim == 0 {
-        return (0, 0);
-    }
-    let (s, len) = if st > 0 {
-        let (s, e) = (s.clamp(0, d), e.clamp(0, d));
-        (s, if e > s { (e - s + st - 1) / st } else { 0 })
-    } else {
-        let (s, e) = (s.clamp(0, d - 1), e.clamp(-1, d - 1));
-        (s, if s > e { (s - e - st - 1) / -st } else { 0 })
-    };
-    (s as i64, len as i64)
-}
-
 fn slice(node: &NodeInfo) -> Result<UkCall> {
     let in_shape = node.input_shape(0)?;
     let out_shape = node.output_shape(0)?;
@@ -329,7 +316,8 @@ fn slice(node: &NodeInfo) -> Result<UkCall> {
     let mut ss = vec![];
     for (k, &(s, e, step)) in spec.iter().enumerate() {
         let d = in_shape[k];
-        let (begin, len) = slice_range(d, s, e, step);
+        let (begin, len) = slice_range(d, s, e, step).map_err(|e| node.unsupported(e.to_string()))?;
+        let (begin, len) = (begin as i64, len as i64);
         if len as usize != out_shape[k] {
             return Err(node.unsupported(format!(
                 "slice of axis {k} has {len} elements but the output type says {}",
@@ -551,41 +539,6 @@ fn one_hot(node: &NodeInfo, axis: i64) -> Result<UkCall> {
 // ---------------------------------------------------------------------------------------------
 // Pad and generators.
 
-/// Source index along one axis for each output position (None: the fill value), as ir's
-/// `pad_axis_map`.
-fn pad_axis_map(d: usize, (b, e): (i64, i64), out: usize, mode: PadMode) -> Option<Vec<i64>> {
-    let crop_b = (-(b as i128)).max(0);
-    let crop_e = (-(e as i128)).max(0);
-    let c = d as i128 - crop_b - crop_e;
-    if c < 0 || (c == 0 && out > 0 && mode != PadMode::Constant) {
-        return None;
-    }
-    let pb = (b as i128).max(0);
-    Some(
-        (0..out as i128)
-            .map(|o| {
-                let i = o - pb;
-                let src = if (0..c).contains(&i) {
-                    Some(i)
-                } else {
-                    match mode {
-                        PadMode::Constant => None,
-                        PadMode::Edge => Some(i.clamp(0, c - 1)),
-                        PadMode::Wrap => Some(i.rem_euclid(c)),
-                        PadMode::Reflect if c == 1 => Some(0),
-                        PadMode::Reflect => {
-                            let period = 2 * (c - 1);
-                            let m = i.rem_euclid(period);
-                            Some(if m >= c { period - m } else { m })
-                        }
-                    }
-                };
-                src.map_or(-1, |s| (s + crop_b) as i64)
-            })
-            .collect(),
-    )
-}
-
 fn pad(node: &NodeInfo, mode: PadMode) -> Result<UkCall> {
     let in_shape = node.input_shape(0)?;
     let out_shape = node.output_shape(0)?;
@@ -614,8 +567,11 @@ fn pad(node: &NodeInfo, mode: PadMode) -> Result<UkCall> {
     iattr.extend(strides(&in_shape).iter().map(|&s| s * esize));
     let mut last = vec![];
     for k in 0..rank {
-        let m = pad_axis_map(in_shape[k], amounts[k], out_shape[k], mode)
-            .ok_or_else(|| node.unsupported(format!("pads {:?} do not fit axis {k}", amounts[k])))?;
+        let m: Vec<i64> = pad_axis_map(in_shape[k], amounts[k], out_shape[k], mode)
+            .map_err(|_| node.unsupported(format!("pads {:?} do not fit axis {k}", amounts[k])))?
+            .into_iter()
+            .map(|s| s.map_or(-1, |s| s as i64))
+            .collect();
         iattr.extend(&m);
         last = m;
     }
@@ -647,15 +603,10 @@ fn trilu(node: &NodeInfo, upper: bool) -> Result<UkCall> {
 
 // ---------------------------------------------------------------------------------------------
 // Resize. Scales, sizes and roi are known, so the whole geometry (which source indices and
-// weights each output position uses) is computed here, ported from ir's `ops/resize.rs`; the C
+// weights each output position uses) is computed here with the reference's own math
+// (`kiln_ir::ops::resize`: coordinates, nearest indices, coefficients, tap windows); the C
 // kernel only applies it. Nearest mode is a per-axis index map (`gather_axes`); linear and
 // cubic run one separable pass per resized axis in f64 and cast once, as the reference does.
-
-struct AxisPlan {
-    out: usize,
-    scale: f64,
-    roi: (f64, f64),
-}
 
 fn resize_axes(node: &NodeInfo, a: &ResizeAttrs, rank: usize) -> Result<Vec<usize>> {
     if a.axes.is_empty() {
@@ -720,109 +671,14 @@ fn plan_axes(
             plan[ax].out = usize::try_from(s).ok()?;
             plan[ax].scale = s as f64 / dims[ax] as f64;
         }
-        let pick = |f: fn(f64, f64) -> f64| axes.iter().map(|&ax| plan[ax].scale).reduce(f);
-        let scale = match a.keep_aspect_ratio_policy {
-            AspectRatioPolicy::Stretch => None,
-            AspectRatioPolicy::NotLarger => pick(f64::min),
-            AspectRatioPolicy::NotSmaller => pick(f64::max),
-        };
-        if let Some(scale) = scale {
-            for &ax in axes {
-                plan[ax].scale = scale;
-                plan[ax].out = (scale * dims[ax] as f64 + 0.5) as usize;
-            }
-        }
+        apply_aspect_policy(a.keep_aspect_ratio_policy, dims, axes, &mut plan);
     }
     Some(plan)
 }
 
-fn round_to(dtype: DType, v: f64) -> f64 {
-    match dtype {
-        DType::F32 => v as f32 as f64,
-        DType::F16 => kiln_ir::tensor::f16_from_f64(v).to_f64(),
-        DType::BF16 => kiln_ir::tensor::bf16_from_f64(v).to_f64(),
-        _ => v,
-    }
-}
-
-fn is_identity(p: &AxisPlan, input: usize, crop: bool) -> bool {
-    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs());
-    close(p.scale, 1.0) && p.out == input && (!crop || (p.roi.0 == 0.0 && close(p.roi.1, 1.0)))
-}
-
-fn source_coord(a: &ResizeAttrs, roi_dtype: DType, p: &AxisPlan, input: usize, y: usize) -> (f64, bool) {
-    let y = y as f64;
-    let scale = p.scale;
-    let in_w = input as f64;
-    let out_w = scale * in_w;
-    let x = match a.coord {
-        CoordTransform::AlignCorners if out_w == 1.0 => 0.0,
-        CoordTransform::AlignCorners => y * (in_w - 1.0) / (out_w - 1.0),
-        CoordTransform::Asymmetric => y / scale,
-        CoordTransform::PytorchHalfPixel if out_w == 1.0 => -0.5,
-        CoordTransform::PytorchHalfPixel | CoordTransform::HalfPixel => (y + 0.5) / scale - 0.5,
-        CoordTransform::HalfPixelSymmetric => {
-            let adjustment = p.out as f64 / out_w;
-            let center = in_w / 2.0;
-            let offset = center * (1.0 - adjustment);
-            offset + (y + 0.5) / scale - 0.5
-        }
-        CoordTransform::TfHalfPixelForNn => (y + 0.5) / scale,
-        CoordTransform::TfCropAndResize => {
-            let r = |v: f64| round_to(roi_dtype, v);
-            let (r0, r1) = p.roi;
-            let span = r(r1 - r0);
-            let x = if out_w == 1.0 {
-                r(r(span * (in_w - 1.0)) / 2.0)
-            } else {
-                y * span * (in_w - 1.0) / (out_w - 1.0)
-            };
-            let x = x + r(r0 * (in_w - 1.0));
-            return (x, x < 0.0 || x > in_w - 1.0);
-        }
-    };
-    (x, false)
-}
-
-fn nearest_index(mode: NearestMode, x: f64, scale: f64, input: usize) -> usize {
-    let fl = x.floor();
-    let idx = if x == fl {
-        fl
-    } else {
-        let ratio = x - fl;
-        let up = match mode {
-            NearestMode::RoundPreferFloor => ratio > 0.5,
-            NearestMode::RoundPreferCeil => ratio >= 0.5,
-            NearestMode::Floor => false,
-            NearestMode::Ceil => true,
-            NearestMode::Simple => scale < 1.0,
-        };
-        if up {
-            fl + 1.0
-        } else {
-            fl
-        }
-    };
-    idx.clamp(0.0, (input.max(1) - 1) as f64) as usize
-}
-
 /// `v` cast to `dtype` as the reference's `saturate_cast`, as little-endian bits.
 fn saturated_bits(dtype: DType, v: f64) -> i64 {
-    let v = if dtype.is_int() {
-        v.round_ties_even()
-    } else {
-        let max = match dtype {
-            DType::F16 => 65504.0,
-            DType::BF16 => 3.3895313892515355e38,
-            DType::F32 => f32::MAX as f64,
-            _ => f64::MAX,
-        };
-        if v.is_nan() {
-            v
-        } else {
-            v.clamp(-max, max)
-        }
-    };
+    let v = saturated(dtype, v);
     let bytes = Tensor::new(vec![1], TensorData::from_f64s(dtype, [v]))
         .map(|t| t.to_le_bytes())
         .unwrap_or_default();
@@ -830,65 +686,6 @@ fn saturated_bits(dtype: DType, v: f64) -> i64 {
     let n = bytes.len().min(8);
     bits[..n].copy_from_slice(&bytes[..n]);
     i64::from_le_bytes(bits)
-}
-
-fn linear_coeffs(ratio: f64, scale: f64, antialias: bool) -> Vec<f64> {
-    if !antialias {
-        return vec![1.0 - ratio, ratio];
-    }
-    let s = scale.min(1.0);
-    let start = (-1.0 / s).floor() as i64 + 1;
-    let footprint = 2 - 2 * start;
-    let c: Vec<f64> = (start..start + footprint)
-        .map(|i| (1.0 - ((i as f64 - ratio) * s).abs()).clamp(0.0, 1.0))
-        .collect();
-    let sum: f64 = c.iter().sum();
-    c.into_iter().map(|v| v / sum).collect()
-}
-
-fn cubic_coeffs(ratio: f64, scale: f64, a: f32, antialias: bool) -> Vec<f64> {
-    if !antialias {
-        let t = (ratio + 1.0) as f32;
-        let r = ratio as f32;
-        let u = (1.0 - ratio) as f32;
-        let v = ((1.0 - ratio) + 1.0) as f32;
-        let c = [
-            ((a * t - 5.0 * a) * t + 8.0 * a) * t - 4.0 * a,
-            ((a + 2.0) * r - (a + 3.0)) * r * r + 1.0,
-            ((a + 2.0) * u - (a + 3.0)) * u * u + 1.0,
-            ((a * v - 5.0 * a) * v + 8.0 * a) * v - 4.0 * a,
-        ];
-        return c.iter().map(|&x| x as f64).collect();
-    }
-    let s = scale.min(1.0);
-    let kernel = |x: f64| -> Option<f32> {
-        let x = x.abs();
-        let x2 = x * x;
-        let x3 = x * x2;
-        let (x, x2, x3) = (x as f32, x2 as f32, x3 as f32);
-        if x <= 1.0 {
-            Some((a + 2.0) * x3 - (a + 3.0) * x2 + 1.0)
-        } else if x < 2.0 {
-            Some(a * x3 - 5.0 * a * x2 + 8.0 * a * x - 4.0 * a)
-        } else {
-            None
-        }
-    };
-    let i_start = (-2.0 / s).floor() as i64 + 1;
-    let i_end = 2 - i_start;
-    let c: Vec<Option<f32>> = (i_start..i_end).map(|i| kernel(s * (i as f64 - ratio))).collect();
-    let sum = c.iter().fold(0.0f32, |acc, x| acc + x.unwrap_or(0.0));
-    let all_f32 = c.iter().all(Option::is_some);
-    c.iter()
-        .map(|x| {
-            let x = x.unwrap_or(0.0);
-            if all_f32 {
-                (x / sum) as f64
-            } else {
-                x as f64 / sum as f64
-            }
-        })
-        .collect()
 }
 
 /// Taps of every output position along one axis: (outside the crop region, source indices
@@ -901,12 +698,7 @@ fn axis_taps(
     p: &AxisPlan,
     input: usize,
 ) -> Result<Vec<(bool, Vec<i64>, Vec<f64>)>> {
-    let support = if a.mode == ResizeMode::Cubic { 2.0 } else { 1.0 };
-    let width = if a.antialias {
-        2.0 - 2.0 * ((-support / p.scale.min(1.0)).floor() + 1.0)
-    } else {
-        2.0 * support
-    };
+    let width = kernel_width(a, p.scale);
     if width.is_nan() || width > 4.0 * input as f64 + 16.0 {
         return Err(node.unsupported(format!("interpolation kernel of {width} taps is too wide")));
     }
@@ -916,44 +708,9 @@ fn axis_taps(
         if !x.is_finite() {
             return Err(node.unsupported("resize coordinate is not finite"));
         }
-        let x_int = x.floor();
-        let ratio = if x == x_int { 1.0 } else { x - x_int };
-        let mut coeff = match a.mode {
-            ResizeMode::Cubic => cubic_coeffs(ratio, p.scale, a.cubic_coeff_a, a.antialias),
-            _ => linear_coeffs(ratio, p.scale, a.antialias),
-        };
-        let n = coeff.len() as i64;
-        let pad = (n + 1) / 2;
-        let xp = x + pad as f64;
-        let pf = xp.floor();
-        let frac = xp - pf;
-        let offset = if n % 2 == 0 {
-            if frac == 0.0 {
-                -(n / 2)
-            } else {
-                -(n / 2) + 1
-            }
-        } else {
-            let base = -((n - 1) / 2);
-            if frac <= 0.5 {
-                base
-            } else {
-                base + 1
-            }
-        };
-        let start = (pf as i64).saturating_add(offset).saturating_sub(pad);
-        let raw: Vec<i64> = (0..n).map(|k| start.saturating_add(k)).collect();
-        if a.exclude_outside {
-            for (c, &i) in coeff.iter_mut().zip(&raw) {
-                if i < 0 || i >= input as i64 {
-                    *c = 0.0;
-                }
-            }
-            let sum: f64 = coeff.iter().sum();
-            let sum = if sum == 0.0 { 1.0 } else { sum };
-            coeff.iter_mut().for_each(|c| *c /= sum);
-        }
-        let idx = raw.iter().map(|&i| i.clamp(0, input as i64 - 1)).collect();
+        let (idx, coeff) =
+            interpolation_taps(a, x, p.scale, input).map_err(|e| node.unsupported(e.to_string()))?;
+        let idx = idx.into_iter().map(|i| i as i64).collect();
         taps.push((outside, idx, coeff));
     }
     Ok(taps)

@@ -9,6 +9,7 @@
 use super::UkCall;
 use crate::error::Result;
 use crate::node::NodeInfo;
+use kiln_ir::ops::attention_promote as promote;
 use kiln_ir::ops::WindowAxis as Axis;
 use kiln_ir::{
     AttentionAttrs, AutoPad, ConvAttrs, ConvTransposeAttrs, DType, MiscOp, Op, PoolAttrs, PoolKind,
@@ -679,15 +680,6 @@ fn rotary(node: &NodeInfo, interleaved: bool, rotary_dim: usize, num_heads: usiz
 // ---------------------------------------------------------------------------------------------
 // Attention
 // ---------------------------------------------------------------------------------------------
-
-/// The wider of two float dtypes, as numpy promotes them (f16 with bf16 gives f32).
-fn promote(a: DType, b: DType) -> DType {
-    match (a, b) {
-        _ if a == b => a,
-        (DType::F64, _) | (_, DType::F64) => DType::F64,
-        _ => DType::F32,
-    }
-}
 
 fn attention(node: &NodeInfo, a: &AttentionAttrs) -> Result<UkCall> {
     let dt = node

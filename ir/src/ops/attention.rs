@@ -532,8 +532,9 @@ fn softmax_row(row: &mut [f64], r: fn(f64) -> f64) {
     }
 }
 
-/// The wider of two float dtypes, as numpy promotes them (f16 with bf16 gives f32).
-fn promote(a: DType, b: DType) -> DType {
+/// The wider of two float dtypes, as numpy promotes them (f16 with bf16 gives f32): the dtype
+/// Attention's softmax input and additive bias are built in.
+pub fn promote(a: DType, b: DType) -> DType {
     match (a, b) {
         _ if a == b => a,
         (DType::F64, _) | (_, DType::F64) => DType::F64,

@@ -15,7 +15,7 @@ mod norm;
 pub(crate) mod quant;
 mod recurrent;
 mod reduce;
-mod resize;
+pub mod resize;
 mod shape;
 pub(crate) mod signal;
 pub mod unary;
@@ -27,6 +27,19 @@ use crate::{DType, Op, OpError, Tensor, TensorType};
 /// The window geometry of Conv and the pools, for backends that lower them: one resolved axis,
 /// and the ONNX rules (auto_pad, ceil_mode) that resolve it.
 pub use conv::{resolve_axis as resolve_window_axis, Axis as WindowAxis};
+
+// Reference semantics that backends computing constants at compile time call rather than copy
+// (Resize's coordinate and coefficient math is the public module `resize`).
+/// Attention's dtype promotion: the dtype its softmax input and additive bias are built in.
+pub use attention::promote as attention_promote;
+/// The quantization operators' dtype promotion: their compute precision when none is set.
+pub use quant::promote as quant_promote;
+/// Pad's per-axis source index map (constant, reflect, edge and wrap modes, negative pads).
+pub use shape::pad_axis_map;
+/// Slice's start and length along one axis, with ONNX's clamping of starts, ends and steps.
+pub use shape::slice_range;
+/// `(cos, sin)` of `2πk/n`, exact at quarter turns: the DFT's twiddle factors.
+pub use signal::unit_root;
 
 /// What type inference knows about a node's inputs.
 pub struct InferCtx<'a> {

@@ -149,8 +149,9 @@ fn round_to(d: DType, v: f64) -> f64 {
 }
 
 /// numpy's result dtype of a binary operation on a float or i32 tensor and a float tensor
-/// (bf16, which numpy lacks, pairs up as f32).
-fn promote(a: DType, b: DType) -> DType {
+/// (bf16, which numpy lacks, pairs up as f32): the precision the quantize/dequantize
+/// arithmetic runs in when the model does not set one.
+pub fn promote(a: DType, b: DType) -> DType {
     if a == b {
         a
     } else if a == DType::F64 || b == DType::F64 || !a.is_float() || !b.is_float() {

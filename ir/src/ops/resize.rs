@@ -5,6 +5,11 @@
 //! resized axis is processed in turn in f64 and the result is cast back once (saturating, as
 //! the reference does). Nearest mode selects source elements directly, so it is exact for
 //! every dtype.
+//!
+//! The coordinate and coefficient math ([`AxisPlan`], [`source_coord`], [`nearest_index`],
+//! [`linear_coeffs`], [`cubic_coeffs`], [`interpolation_taps`], [`saturated`], ...) is public:
+//! codegen precomputes a Resize's geometry at compile time with these same functions, so its
+//! constants are the reference's bit for bit.
 
 use super::util::{check_alloc, norm_axis, strides};
 use super::{EvalCtx, InferCtx};
@@ -48,12 +53,13 @@ enum Target<'a> {
 
 /// How one axis is resized.
 #[derive(Clone, Debug, PartialEq)]
-struct AxisPlan {
-    out: usize,
+pub struct AxisPlan {
+    /// The output extent.
+    pub out: usize,
     /// The scale coordinates are computed with (`out / in` when sizes were given).
-    scale: f64,
+    pub scale: f64,
     /// `(start, end)` of the region of interest (tf_crop_and_resize), as given.
-    roi: (f64, f64),
+    pub roi: (f64, f64),
 }
 
 /// The resized axes, normalized, in the order the model lists them (all axes if none).
@@ -136,7 +142,7 @@ fn plan_axes(
 
 /// `not_larger` / `not_smaller`: one scale for every resized axis (the smallest or largest of
 /// the requested ones), extents rounded half up.
-fn apply_aspect_policy(policy: AspectRatioPolicy, dims: &[usize], axes: &[usize], plan: &mut [AxisPlan]) {
+pub fn apply_aspect_policy(policy: AspectRatioPolicy, dims: &[usize], axes: &[usize], plan: &mut [AxisPlan]) {
     let pick = |f: fn(f64, f64) -> f64| axes.iter().map(|&ax| plan[ax].scale).reduce(f);
     let scale = match policy {
         AspectRatioPolicy::Stretch => return,
@@ -231,7 +237,7 @@ fn output_dims(a: &ResizeAttrs, cx: &InferCtx, shape: &[Dim], axes: &[usize]) ->
 
 /// `v` rounded to the float `dtype`: the reference does its roi arithmetic in the roi's own
 /// type, and this reproduces that rounding from f64 results.
-fn round_to(dtype: DType, v: f64) -> f64 {
+pub fn round_to(dtype: DType, v: f64) -> f64 {
     match dtype {
         DType::F32 => v as f32 as f64,
         DType::F16 => crate::tensor::f16_from_f64(v).to_f64(),
@@ -277,20 +283,21 @@ struct Geometry<'a> {
 }
 
 /// Whether resizing this axis changes nothing (the reference skips such axes).
-fn is_identity(p: &AxisPlan, input: usize, crop: bool) -> bool {
+pub fn is_identity(p: &AxisPlan, input: usize, crop: bool) -> bool {
     let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs());
     close(p.scale, 1.0) && p.out == input && (!crop || (p.roi.0 == 0.0 && close(p.roi.1, 1.0)))
 }
 
 /// Source coordinate of output index `y` along an axis of `input` elements, and whether it
-/// lies outside the crop region (tf_crop_and_resize extrapolates there).
-fn source_coord(g: &Geometry, p: &AxisPlan, input: usize, y: usize) -> (f64, bool) {
+/// lies outside the crop region (tf_crop_and_resize extrapolates there). `roi_dtype` is the
+/// dtype of the roi input (the reference rounds the crop arithmetic to it).
+pub fn source_coord(a: &ResizeAttrs, roi_dtype: DType, p: &AxisPlan, input: usize, y: usize) -> (f64, bool) {
     let y = y as f64;
     let scale = p.scale;
     let in_w = input as f64;
     // The reference compares the float product, not the integer extent, with 1.
     let out_w = scale * in_w;
-    let x = match g.attrs.coord {
+    let x = match a.coord {
         CoordTransform::AlignCorners if out_w == 1.0 => 0.0,
         CoordTransform::AlignCorners => y * (in_w - 1.0) / (out_w - 1.0),
         CoordTransform::Asymmetric => y / scale,
@@ -304,7 +311,7 @@ fn source_coord(g: &Geometry, p: &AxisPlan, input: usize, y: usize) -> (f64, boo
         }
         CoordTransform::TfHalfPixelForNn => (y + 0.5) / scale,
         CoordTransform::TfCropAndResize => {
-            let r = |v: f64| round_to(g.roi_dtype, v);
+            let r = |v: f64| round_to(roi_dtype, v);
             let (r0, r1) = p.roi;
             let span = r(r1 - r0);
             let x = if out_w == 1.0 {
@@ -320,7 +327,7 @@ fn source_coord(g: &Geometry, p: &AxisPlan, input: usize, y: usize) -> (f64, boo
 }
 
 /// The source index nearest mode picks for coordinate `x`.
-fn nearest_index(mode: NearestMode, x: f64, scale: f64, input: usize) -> usize {
+pub fn nearest_index(mode: NearestMode, x: f64, scale: f64, input: usize) -> usize {
     let fl = x.floor();
     let idx = if x == fl {
         fl
@@ -345,17 +352,27 @@ fn nearest_index(mode: NearestMode, x: f64, scale: f64, input: usize) -> usize {
 /// The value of `v` in dtype `T` as the reference's `saturate_cast` computes it: integers
 /// round half to even and clamp; floats clamp to the finite range (NaN stays NaN).
 fn saturate<T: Element>(v: f64) -> T {
-    let d = T::DTYPE;
-    if d.is_int() {
-        return T::from_f64(v.round_ties_even());
+    T::from_f64(saturated(T::DTYPE, v))
+}
+
+/// `v` prepared for the reference's `saturate_cast` to `dtype`: integers round half to even,
+/// floats clamp to the dtype's finite range (NaN stays NaN). Casting the result to `dtype` is
+/// then exact or the dtype's own rounding.
+pub fn saturated(dtype: DType, v: f64) -> f64 {
+    if dtype.is_int() {
+        return v.round_ties_even();
     }
-    let max = match d {
+    let max = match dtype {
         DType::F16 => 65504.0,
         DType::BF16 => 3.3895313892515355e38,
         DType::F32 => f32::MAX as f64,
         _ => f64::MAX,
     };
-    T::from_f64(if v.is_nan() { v } else { v.clamp(-max, max) })
+    if v.is_nan() {
+        v
+    } else {
+        v.clamp(-max, max)
+    }
 }
 
 fn resize_nearest(x: &Tensor, g: &Geometry, plan: &[AxisPlan], axes: &[usize]) -> Result<Tensor, OpError> {
@@ -371,7 +388,7 @@ fn resize_nearest(x: &Tensor, g: &Geometry, plan: &[AxisPlan], axes: &[usize]) -
             }
             (0..p.out)
                 .map(|y| {
-                    let (c, outside) = source_coord(g, p, input, y);
+                    let (c, outside) = source_coord(g.attrs, g.roi_dtype, p, input, y);
                     (!outside).then(|| nearest_index(g.attrs.nearest_mode, c, p.scale, input))
                 })
                 .collect()
@@ -430,7 +447,10 @@ struct Taps {
     outside: bool,
 }
 
-fn linear_coeffs(ratio: f64, scale: f64, antialias: bool) -> Vec<f64> {
+/// Linear interpolation weights for the fractional source position `ratio`: the two-tap
+/// `[1 - ratio, ratio]`, or with antialiasing a triangle filter widened by `1 / scale` when
+/// shrinking, normalized to sum 1.
+pub fn linear_coeffs(ratio: f64, scale: f64, antialias: bool) -> Vec<f64> {
     if !antialias {
         return vec![1.0 - ratio, ratio];
     }
@@ -447,7 +467,7 @@ fn linear_coeffs(ratio: f64, scale: f64, antialias: bool) -> Vec<f64> {
 /// Cubic convolution weights. The coefficient `a` is an f32 attribute and, as in the reference
 /// (and onnxruntime), the polynomials are evaluated in f32: every f64 subexpression (`ratio`,
 /// `1 - ratio`, powers of the distance) is rounded to f32 where it meets `a`.
-fn cubic_coeffs(ratio: f64, scale: f64, a: f32, antialias: bool) -> Vec<f64> {
+pub fn cubic_coeffs(ratio: f64, scale: f64, a: f32, antialias: bool) -> Vec<f64> {
     if !antialias {
         let t = (ratio + 1.0) as f32;
         let r = ratio as f32;
@@ -501,7 +521,7 @@ fn normalized(c: Vec<f64>) -> Vec<f64> {
 }
 
 /// How many taps the kernel has at `scale`.
-fn kernel_width(a: &ResizeAttrs, scale: f64) -> f64 {
+pub fn kernel_width(a: &ResizeAttrs, scale: f64) -> f64 {
     let support = match a.mode {
         ResizeMode::Cubic => 2.0,
         _ => 1.0,
@@ -527,56 +547,70 @@ fn axis_taps(g: &Geometry, p: &AxisPlan, input: usize) -> Result<Vec<Taps>, OpEr
     }
     let mut taps = Vec::with_capacity(p.out);
     for y in 0..p.out {
-        let (x, outside) = source_coord(g, p, input, y);
+        let (x, outside) = source_coord(a, g.roi_dtype, p, input, y);
         if !x.is_finite() {
             crate::bail!("resize coordinate is not finite (scale {})", p.scale);
         }
-        let x_int = x.floor();
-        let ratio = if x == x_int { 1.0 } else { x - x_int };
-        let mut coeff = match a.mode {
-            ResizeMode::Linear => linear_coeffs(ratio, p.scale, a.antialias),
-            ResizeMode::Cubic => cubic_coeffs(ratio, p.scale, a.cubic_coeff_a, a.antialias),
-            ResizeMode::Nearest => crate::bail!("nearest mode has no interpolation taps"),
-        };
-        let n = coeff.len() as i64;
-        let pad = (n + 1) / 2;
-        let xp = x + pad as f64;
-        let pf = xp.floor();
-        let frac = xp - pf;
-        let offset = if n % 2 == 0 {
-            if frac == 0.0 {
-                -(n / 2)
-            } else {
-                -(n / 2) + 1
-            }
-        } else {
-            let base = -((n - 1) / 2);
-            if frac <= 0.5 {
-                base
-            } else {
-                base + 1
-            }
-        };
-        // Saturating: a coordinate far outside the input only needs to clamp to its edge.
-        let start = (pf as i64).saturating_add(offset).saturating_sub(pad);
-        let raw: Vec<i64> = (0..n).map(|k| start.saturating_add(k)).collect();
-        if a.exclude_outside {
-            for (c, &i) in coeff.iter_mut().zip(&raw) {
-                if i < 0 || i >= input as i64 {
-                    *c = 0.0;
-                }
-            }
-            let sum: f64 = coeff.iter().sum();
-            let sum = if sum == 0.0 { 1.0 } else { sum };
-            coeff.iter_mut().for_each(|c| *c /= sum);
-        }
-        let idx = raw
-            .iter()
-            .map(|&i| i.clamp(0, input as i64 - 1) as usize)
-            .collect();
+        let (idx, coeff) = interpolation_taps(a, x, p.scale, input)?;
         taps.push(Taps { idx, coeff, outside });
     }
     Ok(taps)
+}
+
+/// The taps that interpolate the finite source coordinate `x` along an axis of `input > 0`
+/// elements resized by `scale`: source indices (clamped to the input, which is the reference's
+/// edge padding) and their coefficients. The window is the reference's: the taps nearest to
+/// `x`, ties to the left, renormalized without the out-of-range ones under `exclude_outside`.
+pub fn interpolation_taps(
+    a: &ResizeAttrs,
+    x: f64,
+    scale: f64,
+    input: usize,
+) -> Result<(Vec<usize>, Vec<f64>), OpError> {
+    let x_int = x.floor();
+    let ratio = if x == x_int { 1.0 } else { x - x_int };
+    let mut coeff = match a.mode {
+        ResizeMode::Linear => linear_coeffs(ratio, scale, a.antialias),
+        ResizeMode::Cubic => cubic_coeffs(ratio, scale, a.cubic_coeff_a, a.antialias),
+        ResizeMode::Nearest => crate::bail!("nearest mode has no interpolation taps"),
+    };
+    let n = coeff.len() as i64;
+    let pad = (n + 1) / 2;
+    let xp = x + pad as f64;
+    let pf = xp.floor();
+    let frac = xp - pf;
+    let offset = if n % 2 == 0 {
+        if frac == 0.0 {
+            -(n / 2)
+        } else {
+            -(n / 2) + 1
+        }
+    } else {
+        let base = -((n - 1) / 2);
+        if frac <= 0.5 {
+            base
+        } else {
+            base + 1
+        }
+    };
+    // Saturating: a coordinate far outside the input only needs to clamp to its edge.
+    let start = (pf as i64).saturating_add(offset).saturating_sub(pad);
+    let raw: Vec<i64> = (0..n).map(|k| start.saturating_add(k)).collect();
+    if a.exclude_outside {
+        for (c, &i) in coeff.iter_mut().zip(&raw) {
+            if i < 0 || i >= input as i64 {
+                *c = 0.0;
+            }
+        }
+        let sum: f64 = coeff.iter().sum();
+        let sum = if sum == 0.0 { 1.0 } else { sum };
+        coeff.iter_mut().for_each(|c| *c /= sum);
+    }
+    let idx = raw
+        .iter()
+        .map(|&i| i.clamp(0, input as i64 - 1) as usize)
+        .collect();
+    Ok((idx, coeff))
 }
 
 fn resize_interpolate(

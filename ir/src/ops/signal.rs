@@ -273,8 +273,9 @@ impl Fft {
 
 /// `(cos θ, sin θ)` for `θ = 2πk/n`, `k < n`, reduced by symmetry to `θ ≤ π/4` before `sin`
 /// and `cos` run, so that quarter turns are exact (a real input's DFT has exactly zero
-/// imaginary parts where it should) and conjugate twiddles are exact conjugates.
-fn unit_root(k: u128, n: u128) -> (f64, f64) {
+/// imaginary parts where it should) and conjugate twiddles are exact conjugates. Backends that
+/// precompute DFT twiddles call this, so their constants equal the reference's bit for bit.
+pub fn unit_root(k: u128, n: u128) -> (f64, f64) {
     if 2 * k > n {
         // θ = 2π - θ'.
         let (c, s) = unit_root(n - k, n);
