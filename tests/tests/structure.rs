@@ -6,7 +6,16 @@ use kiln_tests::repo_root;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const CRATES: &[&str] = &["ir", "frontend", "optimizer", "codegen", "driver", "cli", "runtime-stub", "tests"];
+const CRATES: &[&str] = &[
+    "ir",
+    "frontend",
+    "optimizer",
+    "codegen",
+    "driver",
+    "cli",
+    "runtime-stub",
+    "tests",
+];
 const MAX_LINES: usize = 1500;
 
 #[test]
