@@ -5,31 +5,13 @@
 //! row added to the table without its C math, or with math that disagrees, fails here.
 
 use kiln_codegen::Emit;
-use kiln_ir::{DType, Graph, Op, Tensor, TensorType, Unary, UnaryAttrs};
+use kiln_ir::{DType, Graph, Op, Tensor, TensorType, Unary};
 use kiln_tests::compiled::{compile_graph, run_executable, WorkDir};
-
-struct OnnxDefaults;
-
-impl UnaryAttrs for OnnxDefaults {
-    fn float(&self, _: &str, default: f32) -> f32 {
-        default
-    }
-    fn int(&self, _: &str, default: i64) -> i64 {
-        default
-    }
-    fn string(&self, _: &str, default: &str) -> String {
-        default.to_string()
-    }
-}
 
 /// Every operator form of the table: each row with its ONNX attribute defaults, and the forms
 /// the attributes select (Gelu's tanh approximation, IsInf for one sign).
 fn forms() -> Vec<Unary> {
-    let mut forms: Vec<Unary> = Unary::onnx_names()
-        .iter()
-        .map(|n| Unary::from_onnx(n, &OnnxDefaults).unwrap().unwrap())
-        .collect();
-    forms.push(Unary::Gelu { tanh: true });
+    let mut forms = Unary::every_form();
     forms.push(Unary::IsInf {
         detect_positive: false,
         detect_negative: true,

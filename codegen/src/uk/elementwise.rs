@@ -53,33 +53,10 @@ fn unary(u: &Unary) -> UkCall {
 mod tests {
     use super::*;
     use kiln_ir::ops::unary::KERNEL_OPS;
-    use kiln_ir::{Binary, UnaryAttrs};
+    use kiln_ir::Binary;
 
     /// The C kernel library's elementwise source, as compiled into every artifact.
     const C_SOURCE: &str = include_str!("../../ukernels/elementwise.c");
-
-    struct OnnxDefaults;
-    impl UnaryAttrs for OnnxDefaults {
-        fn float(&self, _: &str, default: f32) -> f32 {
-            default
-        }
-        fn int(&self, _: &str, default: i64) -> i64 {
-            default
-        }
-        fn string(&self, _: &str, default: &str) -> String {
-            default.to_string()
-        }
-    }
-
-    /// Every operator form of the unary table (attribute defaults, and Gelu's tanh form).
-    fn unary_forms() -> Vec<Unary> {
-        let mut forms: Vec<Unary> = Unary::onnx_names()
-            .iter()
-            .map(|n| Unary::from_onnx(n, &OnnxDefaults).unwrap().unwrap())
-            .collect();
-        forms.push(Unary::Gelu { tanh: true });
-        forms
-    }
 
     /// The operator constants the C source handles with the `CASE(NAME, f32 form, double
     /// form)` list of real-valued functions, and with plain `case NAME:` labels.
@@ -101,7 +78,7 @@ mod tests {
     #[test]
     fn the_operator_tables_and_the_c_kernel_library_agree() {
         let (real_cases, labels) = c_cases("U_");
-        for u in unary_forms() {
+        for u in Unary::every_form() {
             let name = KERNEL_OPS[u.kernel_call().code as usize];
             if u.real().is_some() {
                 assert!(
