@@ -498,7 +498,8 @@ impl Op {
                 Motion::View
             }
             Op::Transpose { .. } | Op::Expand => Motion::Rearrange,
-            Op::Unary(_) | Op::Binary(_) | Op::Clip | Op::Where | Op::Cast { .. } => Motion::Elementwise,
+            // The element-wise family is exactly the element-wise motion.
+            _ if self.family() == OpFamily::Elementwise => Motion::Elementwise,
             _ => Motion::Compute,
         }
     }
