@@ -12,6 +12,7 @@ mod error;
 pub mod eval;
 mod graph;
 pub mod op;
+mod op_table;
 pub mod ops;
 mod print;
 mod printable;
@@ -26,6 +27,9 @@ pub use graph::{
     ConstId, Graph, GraphOutput, Node, NodeId, NodeOutput, ValueId, KNOWN_VALUE_MAX_ELEMENTS, MAX_VALUE_BYTES,
 };
 pub use op::*;
+pub use op_table::{
+    onnx_operator, Autocast, LayoutRole, Motion, OnnxOperator, OpFamily, OpInfo, ALL_INPUTS, ONNX_OPERATORS,
+};
 pub use print::op_label;
 pub use printable::{escape_controls, printable};
 pub use tensor::{Element, Tensor, TensorData};

@@ -7,7 +7,7 @@
 
 use super::util::{broadcast_index_map, broadcast_shapes, norm_axis, ravel, strides, unravel};
 use super::{EvalCtx, InferCtx};
-use crate::{DType, Dim, Element, OpError, Tensor, TensorData, TensorType};
+use crate::{DType, Dim, Element, Op, OpError, Tensor, TensorData, TensorType};
 use std::cmp::Ordering;
 
 /// How a loss is aggregated over its elements.
@@ -72,7 +72,10 @@ impl MiscOp {
     }
 }
 
-pub(crate) fn infer(op: &MiscOp, cx: &InferCtx) -> Result<Vec<TensorType>, OpError> {
+pub(crate) fn infer(op: &Op, cx: &InferCtx) -> Result<Vec<TensorType>, OpError> {
+    let Op::Misc(op) = op else {
+        crate::bail!("{} is not in the misc family", op.name())
+    };
     match op {
         MiscOp::RmsNorm { axis, .. } => {
             let x = float_input(cx, 0, "X")?;
@@ -136,7 +139,10 @@ pub(crate) fn infer(op: &MiscOp, cx: &InferCtx) -> Result<Vec<TensorType>, OpErr
     }
 }
 
-pub(crate) fn eval(op: &MiscOp, cx: &EvalCtx) -> Result<Vec<Tensor>, OpError> {
+pub(crate) fn eval(op: &Op, cx: &EvalCtx) -> Result<Vec<Tensor>, OpError> {
+    let Op::Misc(op) = op else {
+        crate::bail!("{} is not in the misc family", op.name())
+    };
     match op {
         MiscOp::RmsNorm { axis, epsilon, .. } => rms_norm(cx.input(0)?, cx.input(1)?, *axis, *epsilon),
         MiscOp::Compress { axis } => compress(cx.input(0)?, cx.input(1)?, *axis),

@@ -22,7 +22,7 @@ pub mod unary;
 pub mod util;
 pub(crate) mod vision;
 
-use crate::{DType, Op, OpError, Tensor, TensorType};
+use crate::{DType, Op, OpError, OpFamily, Tensor, TensorType};
 
 /// The window geometry of Conv and the pools, for backends that lower them: one resolved axis,
 /// and the ONNX rules (auto_pad, ceil_mode) that resolve it.
@@ -107,61 +107,24 @@ impl<'a> EvalCtx<'a> {
     }
 }
 
-/// Infers the output types of `op`.
+/// Infers the output types of `op`, in the module of its family (the operator table).
 pub fn infer(op: &Op, cx: &InferCtx) -> Result<Vec<TensorType>, OpError> {
-    match op {
-        Op::Input | Op::Constant(_) => crate::bail!("source nodes have no inputs to infer from"),
-        Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Clip | Op::Cast { .. } => elementwise::infer(op, cx),
-        Op::MatMul | Op::Gemm { .. } | Op::Einsum { .. } => linalg::infer(op, cx),
-        Op::Conv(_) | Op::ConvTranspose(_) | Op::Pool(_) | Op::GlobalPool(_) => conv::infer(op, cx),
-        Op::BatchNorm { .. }
-        | Op::LayerNorm { .. }
-        | Op::InstanceNorm { .. }
-        | Op::GroupNorm { .. }
-        | Op::LpNorm { .. }
-        | Op::MeanVarianceNorm { .. }
-        | Op::Softmax { .. }
-        | Op::LogSoftmax { .. }
-        | Op::Hardmax { .. } => norm::infer(op, cx),
-        Op::Resize(_) | Op::DepthToSpace { .. } | Op::SpaceToDepth { .. } => resize::infer(op, cx),
-        Op::Attention(_) => attention::infer(op, cx),
-        Op::Reduce { .. }
-        | Op::ArgMax { .. }
-        | Op::ArgMin { .. }
-        | Op::TopK { .. }
-        | Op::CumSum { .. }
-        | Op::CumProd { .. } => reduce::infer(op, cx),
-        Op::Reshape { .. }
-        | Op::Flatten { .. }
-        | Op::Transpose { .. }
-        | Op::Squeeze
-        | Op::Unsqueeze
-        | Op::Concat { .. }
-        | Op::Split { .. }
-        | Op::Slice
-        | Op::Gather { .. }
-        | Op::GatherElements { .. }
-        | Op::GatherND { .. }
-        | Op::ScatterND { .. }
-        | Op::ScatterElements { .. }
-        | Op::Expand
-        | Op::Tile
-        | Op::Pad { .. }
-        | Op::Shape { .. }
-        | Op::Size
-        | Op::Range
-        | Op::ConstantOfShape { .. }
-        | Op::Identity
-        | Op::Trilu { .. }
-        | Op::NonZero
-        | Op::OneHot { .. }
-        | Op::EyeLike { .. } => shape::infer(op, cx),
-        Op::Rnn(_) => recurrent::infer(op, cx),
-        Op::If { .. } | Op::Loop { .. } => control::infer(op, cx),
-        Op::Quant(q) => quant::infer(q, cx),
-        Op::Vision(v) => vision::infer(v, cx),
-        Op::Signal(x) => signal::infer(x, cx),
-        Op::Misc(m) => misc::infer(m, cx),
+    match op.family() {
+        OpFamily::Source => crate::bail!("source nodes have no inputs to infer from"),
+        OpFamily::Elementwise => elementwise::infer(op, cx),
+        OpFamily::Linalg => linalg::infer(op, cx),
+        OpFamily::Conv => conv::infer(op, cx),
+        OpFamily::Norm => norm::infer(op, cx),
+        OpFamily::Resize => resize::infer(op, cx),
+        OpFamily::Attention => attention::infer(op, cx),
+        OpFamily::Reduce => reduce::infer(op, cx),
+        OpFamily::DataMovement => shape::infer(op, cx),
+        OpFamily::Recurrent => recurrent::infer(op, cx),
+        OpFamily::Control => control::infer(op, cx),
+        OpFamily::Quant => quant::infer(op, cx),
+        OpFamily::Vision => vision::infer(op, cx),
+        OpFamily::Signal => signal::infer(op, cx),
+        OpFamily::Misc => misc::infer(op, cx),
     }
 }
 
@@ -175,63 +138,22 @@ pub fn eval(op: &Op, cx: &EvalCtx) -> Result<Vec<Tensor>, OpError> {
         .map(|b| b as u128)
         .sum();
     crate::budget::check(static_bytes, 0, "its output")?;
-    eval_op(op, cx)
-}
-
-fn eval_op(op: &Op, cx: &EvalCtx) -> Result<Vec<Tensor>, OpError> {
-    match op {
-        Op::Input | Op::Constant(_) => crate::bail!("source nodes are not evaluated"),
-        Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Clip | Op::Cast { .. } => elementwise::eval(op, cx),
-        Op::MatMul | Op::Gemm { .. } | Op::Einsum { .. } => linalg::eval(op, cx),
-        Op::Conv(_) | Op::ConvTranspose(_) | Op::Pool(_) | Op::GlobalPool(_) => conv::eval(op, cx),
-        Op::BatchNorm { .. }
-        | Op::LayerNorm { .. }
-        | Op::InstanceNorm { .. }
-        | Op::GroupNorm { .. }
-        | Op::LpNorm { .. }
-        | Op::MeanVarianceNorm { .. }
-        | Op::Softmax { .. }
-        | Op::LogSoftmax { .. }
-        | Op::Hardmax { .. } => norm::eval(op, cx),
-        Op::Resize(_) | Op::DepthToSpace { .. } | Op::SpaceToDepth { .. } => resize::eval(op, cx),
-        Op::Attention(_) => attention::eval(op, cx),
-        Op::Reduce { .. }
-        | Op::ArgMax { .. }
-        | Op::ArgMin { .. }
-        | Op::TopK { .. }
-        | Op::CumSum { .. }
-        | Op::CumProd { .. } => reduce::eval(op, cx),
-        Op::Reshape { .. }
-        | Op::Flatten { .. }
-        | Op::Transpose { .. }
-        | Op::Squeeze
-        | Op::Unsqueeze
-        | Op::Concat { .. }
-        | Op::Split { .. }
-        | Op::Slice
-        | Op::Gather { .. }
-        | Op::GatherElements { .. }
-        | Op::GatherND { .. }
-        | Op::ScatterND { .. }
-        | Op::ScatterElements { .. }
-        | Op::Expand
-        | Op::Tile
-        | Op::Pad { .. }
-        | Op::Shape { .. }
-        | Op::Size
-        | Op::Range
-        | Op::ConstantOfShape { .. }
-        | Op::Identity
-        | Op::Trilu { .. }
-        | Op::NonZero
-        | Op::OneHot { .. }
-        | Op::EyeLike { .. } => shape::eval(op, cx),
-        Op::Rnn(_) => recurrent::eval(op, cx),
-        Op::If { .. } | Op::Loop { .. } => control::eval(op, cx),
-        Op::Quant(q) => quant::eval(q, cx),
-        Op::Vision(v) => vision::eval(v, cx),
-        Op::Signal(x) => signal::eval(x, cx),
-        Op::Misc(m) => misc::eval(m, cx),
+    match op.family() {
+        OpFamily::Source => crate::bail!("source nodes are not evaluated"),
+        OpFamily::Elementwise => elementwise::eval(op, cx),
+        OpFamily::Linalg => linalg::eval(op, cx),
+        OpFamily::Conv => conv::eval(op, cx),
+        OpFamily::Norm => norm::eval(op, cx),
+        OpFamily::Resize => resize::eval(op, cx),
+        OpFamily::Attention => attention::eval(op, cx),
+        OpFamily::Reduce => reduce::eval(op, cx),
+        OpFamily::DataMovement => shape::eval(op, cx),
+        OpFamily::Recurrent => recurrent::eval(op, cx),
+        OpFamily::Control => control::eval(op, cx),
+        OpFamily::Quant => quant::eval(op, cx),
+        OpFamily::Vision => vision::eval(op, cx),
+        OpFamily::Signal => signal::eval(op, cx),
+        OpFamily::Misc => misc::eval(op, cx),
     }
 }
 

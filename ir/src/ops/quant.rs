@@ -63,7 +63,10 @@ impl QuantOp {
     }
 }
 
-pub(crate) fn infer(op: &QuantOp, cx: &InferCtx) -> Result<Vec<TensorType>, OpError> {
+pub(crate) fn infer(op: &Op, cx: &InferCtx) -> Result<Vec<TensorType>, OpError> {
+    let Op::Quant(op) = op else {
+        crate::bail!("{} is not in the quant family", op.name())
+    };
     match op {
         QuantOp::QuantizeLinear {
             axis,
@@ -84,7 +87,10 @@ pub(crate) fn infer(op: &QuantOp, cx: &InferCtx) -> Result<Vec<TensorType>, OpEr
     }
 }
 
-pub(crate) fn eval(op: &QuantOp, cx: &EvalCtx) -> Result<Vec<Tensor>, OpError> {
+pub(crate) fn eval(op: &Op, cx: &EvalCtx) -> Result<Vec<Tensor>, OpError> {
+    let Op::Quant(op) = op else {
+        crate::bail!("{} is not in the quant family", op.name())
+    };
     match op {
         QuantOp::QuantizeLinear {
             axis,
@@ -838,6 +844,7 @@ mod tests {
     use super::*;
 
     fn run(op: QuantOp, inputs: Vec<Option<Tensor>>) -> Vec<Tensor> {
+        let op = Op::Quant(op);
         let refs: Vec<Option<&Tensor>> = inputs.iter().map(Option::as_ref).collect();
         let types: Vec<Option<TensorType>> = inputs
             .iter()
@@ -921,6 +928,6 @@ mod tests {
             values: vec![None, None],
             num_outputs: 1,
         };
-        assert!(infer(&op, &cx).is_err());
+        assert!(infer(&Op::Quant(op), &cx).is_err());
     }
 }

@@ -6,7 +6,7 @@
 
 use super::util::check_alloc;
 use super::{EvalCtx, InferCtx};
-use crate::{DType, Dim, OpError, Tensor, TensorData, TensorType};
+use crate::{DType, Dim, Op, OpError, Tensor, TensorData, TensorType};
 use std::f64::consts::PI;
 use std::ops::{Add, Mul};
 
@@ -48,7 +48,10 @@ impl SignalOp {
     }
 }
 
-pub(crate) fn infer(op: &SignalOp, cx: &InferCtx) -> Result<Vec<TensorType>, OpError> {
+pub(crate) fn infer(op: &Op, cx: &InferCtx) -> Result<Vec<TensorType>, OpError> {
+    let Op::Signal(op) = op else {
+        crate::bail!("{} is not in the signal family", op.name())
+    };
     let ty = match *op {
         SignalOp::Dft { inverse, onesided } => infer_dft(cx, inverse, onesided)?,
         SignalOp::Stft { onesided } => infer_stft(cx, onesided)?,
@@ -60,7 +63,10 @@ pub(crate) fn infer(op: &SignalOp, cx: &InferCtx) -> Result<Vec<TensorType>, OpE
     Ok(vec![ty])
 }
 
-pub(crate) fn eval(op: &SignalOp, cx: &EvalCtx) -> Result<Vec<Tensor>, OpError> {
+pub(crate) fn eval(op: &Op, cx: &EvalCtx) -> Result<Vec<Tensor>, OpError> {
+    let Op::Signal(op) = op else {
+        crate::bail!("{} is not in the signal family", op.name())
+    };
     let t = match *op {
         SignalOp::Dft { inverse, onesided } => eval_dft(cx, inverse, onesided)?,
         SignalOp::Stft { onesided } => eval_stft(cx, onesided)?,

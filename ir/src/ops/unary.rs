@@ -113,6 +113,15 @@ macro_rules! unary_ops {
                 forms
             }
 
+            /// The ONNX operator `op_type`'s name and the first default-domain opset that
+            /// defines it, if the table has it.
+            pub fn onnx_since(op_type: &str) -> Option<(&'static str, i64)> {
+                match op_type {
+                    $( $onnx => Some(($onnx, $since)), )*
+                    _ => None,
+                }
+            }
+
             /// The first default-domain opset that defines the operator.
             pub fn since(&self) -> i64 {
                 match self { $( Unary::$V { .. } => $since, )* }

@@ -9,7 +9,7 @@ mod sample;
 mod window;
 
 use super::{EvalCtx, InferCtx};
-use crate::{DType, Dim, OpError, Tensor, TensorData, TensorType};
+use crate::{DType, Dim, Op, OpError, Tensor, TensorData, TensorType};
 
 /// How RoiAlign pools the samples of one output bin.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -118,7 +118,10 @@ impl VisionOp {
     }
 }
 
-pub(crate) fn infer(op: &VisionOp, cx: &InferCtx) -> Result<Vec<TensorType>, OpError> {
+pub(crate) fn infer(op: &Op, cx: &InferCtx) -> Result<Vec<TensorType>, OpError> {
+    let Op::Vision(op) = op else {
+        crate::bail!("{} is not in the vision family", op.name())
+    };
     let ty = match op {
         VisionOp::NonMaxSuppression { .. } => detect::infer_nms(cx)?,
         VisionOp::RoiAlign {
@@ -137,7 +140,10 @@ pub(crate) fn infer(op: &VisionOp, cx: &InferCtx) -> Result<Vec<TensorType>, OpE
     Ok(vec![ty])
 }
 
-pub(crate) fn eval(op: &VisionOp, cx: &EvalCtx) -> Result<Vec<Tensor>, OpError> {
+pub(crate) fn eval(op: &Op, cx: &EvalCtx) -> Result<Vec<Tensor>, OpError> {
+    let Op::Vision(op) = op else {
+        crate::bail!("{} is not in the vision family", op.name())
+    };
     let t = match op {
         VisionOp::NonMaxSuppression { center_point_box } => detect::eval_nms(*center_point_box, cx)?,
         VisionOp::RoiAlign { .. } => detect::eval_roi_align(op, cx)?,

@@ -1,7 +1,7 @@
 //! BF16 autocast (`bf16-autocast`): matrix products and convolutions read their multiplicands in
 //! bf16 and accumulate in f32; everything numerically sensitive stays f32.
 //!
-//! Per-op policy ([`policy`]):
+//! Per-op policy (the operator table's [`kiln_ir::Autocast`], `Op::autocast`):
 //! - *always* (MatMul, Gemm, Conv, ConvTranspose, Attention, Einsum): the multiplicand inputs
 //!   (not biases, Gemm's C or attention masks) are rounded to bf16 (round to nearest even);
 //! - *never* (Softmax, LogSoftmax, norms, reductions, Exp/Log/Erf/Pow/..., recurrent ops): f32;
@@ -34,7 +34,7 @@
 
 use crate::Pass;
 use kiln_ir::rewrite::{rebuild, Rewrite};
-use kiln_ir::{DType, Graph, IrError, Motion, Node, NodeId, Op, Tensor, ValueId};
+use kiln_ir::{Autocast, DType, Graph, IrError, Motion, Node, NodeId, Op, Tensor, ValueId, ALL_INPUTS};
 use std::collections::HashMap;
 
 pub struct Bf16Autocast {
@@ -45,53 +45,6 @@ pub struct Bf16Autocast {
     /// a pair left at the product is read through by the product's packing.
     pub hoist_movement: bool,
 }
-
-/// What the autocast does with an operator.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Policy {
-    /// The multiplicands listed are rounded to bf16; accumulation and output stay f32.
-    Always(&'static [usize]),
-    /// Stays f32: numerically sensitive.
-    Never,
-    /// Keeps the dtype of its inputs (elementwise arithmetic, data movement).
-    Follow,
-}
-
-/// The op table. Inputs not listed for an *always* op (Conv/Gemm bias, attention mask and
-/// caches) are added in f32.
-pub fn policy(op: &Op) -> Policy {
-    match op {
-        Op::MatMul => Policy::Always(&[0, 1]),
-        Op::Gemm { .. } => Policy::Always(&[0, 1]),
-        Op::Conv(_) | Op::ConvTranspose(_) => Policy::Always(&[0, 1]),
-        Op::Attention(_) => Policy::Always(&[0, 1, 2]),
-        Op::Einsum { .. } => Policy::Always(ALL_INPUTS),
-        Op::Softmax { .. }
-        | Op::LogSoftmax { .. }
-        | Op::BatchNorm { .. }
-        | Op::LayerNorm { .. }
-        | Op::InstanceNorm { .. }
-        | Op::GroupNorm { .. }
-        | Op::LpNorm { .. }
-        | Op::MeanVarianceNorm { .. }
-        | Op::Reduce { .. }
-        | Op::GlobalPool(_)
-        | Op::CumSum { .. }
-        | Op::CumProd { .. }
-        | Op::Rnn(_)
-        | Op::Loop { .. }
-        | Op::If { .. } => Policy::Never,
-        Op::Pool(p) if !matches!(p.kind, kiln_ir::PoolKind::Max) => Policy::Never,
-        // Piecewise-linear functions and predicates are exact on bf16 inputs (the operator table
-        // says which); anything with a transcendental or a division amplifies rounding.
-        Op::Unary(u) if !u.exact_in_bf16() => Policy::Never,
-        Op::Binary(kiln_ir::Binary::Pow | kiln_ir::Binary::Div) => Policy::Never,
-        _ => Policy::Follow,
-    }
-}
-
-/// Every input of a variadic operator (Einsum).
-const ALL_INPUTS: &[usize] = &[usize::MAX];
 
 /// A depthwise convolution (one input channel per group): k×k multiply-adds per output, so it
 /// is bound by memory, not arithmetic, and its few terms do not average rounding errors out.
@@ -107,9 +60,10 @@ fn bf16_inputs(graph: &Graph, node: &Node) -> Vec<usize> {
     if is_depthwise(graph, node) {
         return vec![];
     }
-    match policy(&node.op) {
-        Policy::Always(ALL_INPUTS) => (0..node.inputs.len()).collect(),
-        Policy::Always(list) => list.iter().copied().filter(|&i| i < node.inputs.len()).collect(),
+    // The operator table says which inputs (`Op::autocast`).
+    match node.op.autocast() {
+        Autocast::Always(ALL_INPUTS) => (0..node.inputs.len()).collect(),
+        Autocast::Always(list) => list.iter().copied().filter(|&i| i < node.inputs.len()).collect(),
         _ => vec![],
     }
 }
@@ -369,18 +323,19 @@ mod tests {
 
     #[test]
     fn policy_table() {
-        assert_eq!(policy(&Op::MatMul), Policy::Always(&[0, 1]));
+        assert_eq!(Op::MatMul.autocast(), Autocast::Always(&[0, 1]));
         assert_eq!(
-            policy(&Op::Softmax {
+            Op::Softmax {
                 axis: -1,
                 coerce_2d: false
-            }),
-            Policy::Never
+            }
+            .autocast(),
+            Autocast::Never
         );
-        assert_eq!(policy(&Op::Unary(Unary::Exp)), Policy::Never);
-        assert_eq!(policy(&Op::Unary(Unary::Relu)), Policy::Follow);
-        assert_eq!(policy(&Op::Binary(kiln_ir::Binary::Add)), Policy::Follow);
-        assert_eq!(policy(&Op::Transpose { perm: vec![1, 0] }), Policy::Follow);
+        assert_eq!(Op::Unary(Unary::Exp).autocast(), Autocast::Never);
+        assert_eq!(Op::Unary(Unary::Relu).autocast(), Autocast::Follow);
+        assert_eq!(Op::Binary(kiln_ir::Binary::Add).autocast(), Autocast::Follow);
+        assert_eq!(Op::Transpose { perm: vec![1, 0] }.autocast(), Autocast::Follow);
     }
 
     /// x @ W with W constant: W is rounded at compile time, x gets one Cast pair, the output

@@ -16,7 +16,9 @@
 
 use crate::Pass;
 use kiln_ir::ops::{EvalCtx, InferCtx};
-use kiln_ir::{DType, Dim, Graph, IrError, Motion, Node, NodeId, Op, PoolKind, ReduceKind, Tensor, ValueId};
+use kiln_ir::{
+    DType, Dim, Graph, IrError, LayoutRole, Node, NodeId, Op, PoolKind, ReduceKind, Tensor, ValueId,
+};
 use std::collections::HashMap;
 
 pub struct ChannelsLast;
@@ -63,6 +65,9 @@ fn is_f32_4d_static(graph: &Graph, v: ValueId) -> bool {
 /// convolution with constant weights (and bias) that is dense or depthwise (the shapes the
 /// NHWC kernels implement).
 fn anchor(graph: &Graph, node: &Node) -> bool {
+    if node.op.layout_role() != LayoutRole::Anchor {
+        return false;
+    }
     let Some(x) = node.inputs.first().copied().flatten() else {
         return false;
     };
@@ -232,9 +237,14 @@ impl Convert<'_> {
         if node.outputs.len() != 1 || node.outputs[0].ty.rank() != 4 || !node.outputs[0].ty.is_static() {
             return Ok(None);
         }
-        let concat = matches!(node.op, Op::Concat { axis: 1 | -3 });
-        // Elementwise operators carry the layout through unchanged.
-        if !(node.op.motion() == Motion::Elementwise || concat) {
+        // Elementwise operators carry the layout through unchanged; a Concat does along the
+        // channel axis (the operator table's layout role).
+        let carries = match node.op.layout_role() {
+            LayoutRole::Carry => true,
+            LayoutRole::ChannelConcat => matches!(node.op, Op::Concat { axis: 1 | -3 }),
+            LayoutRole::Anchor | LayoutRole::Model => false,
+        };
+        if !carries {
             return Ok(None);
         }
         let vals: Vec<ValueId> = node.inputs.iter().flatten().copied().collect();

@@ -24,7 +24,7 @@ mod vision;
 use super::proto::{attribute_type, AttributeProto, GraphProto, NodeProto, OperatorSetIdProto};
 use super::tensor::{tensor_from_proto, tensor_type_from_proto, ExternalData};
 use crate::error::{FrontendError, Result, UnsupportedOp};
-use kiln_ir::{Dim, Graph, Op, Tensor, TensorType, ValueId};
+use kiln_ir::{Dim, Graph, Op, OpFamily, Tensor, TensorType, ValueId};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
@@ -36,61 +36,26 @@ pub const MIN_OPSET: i64 = 7;
 /// Imports one node; returns a value for each of the node's declared outputs.
 type ImportFn = fn(&mut NodeCtx) -> Result<Vec<ValueId>>;
 
-/// The family importer for a default-domain operator, or `None` if kiln does not support it.
-fn importer_for(op_type: &str) -> Option<ImportFn> {
-    Some(match op_type {
-        unary if kiln_ir::Unary::onnx_names().contains(&unary) => elementwise::import,
-        "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Mod" | "Min" | "Max" | "Sum" | "Mean" | "Equal" | "Less"
-        | "LessOrEqual" | "Greater" | "GreaterOrEqual" | "And" | "Or" | "Xor" | "BitShift" | "BitwiseAnd"
-        | "BitwiseOr" | "BitwiseXor" | "PRelu" | "Where" | "Clip" | "Cast" | "CastLike" => {
-            elementwise::import
-        }
-        "MatMul" | "Gemm" | "Einsum" => linalg::import,
-        "Conv" | "ConvTranspose" | "MaxPool" | "AveragePool" | "LpPool" | "GlobalAveragePool"
-        | "GlobalMaxPool" | "GlobalLpPool" => conv::import,
-        "BatchNormalization"
-        | "LayerNormalization"
-        | "InstanceNormalization"
-        | "GroupNormalization"
-        | "LpNormalization"
-        | "MeanVarianceNormalization"
-        | "Softmax"
-        | "LogSoftmax"
-        | "Hardmax" => norm::import,
-        "Resize" | "Upsample" | "DepthToSpace" | "SpaceToDepth" => resize::import,
-        "Attention" => attention::import,
-        "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceProd" | "ReduceL1" | "ReduceL2"
-        | "ReduceLogSum" | "ReduceLogSumExp" | "ReduceSumSquare" | "ArgMax" | "ArgMin" | "TopK"
-        | "CumSum" | "CumProd" => reduce::import,
-        "Reshape" | "Flatten" | "Transpose" | "Squeeze" | "Unsqueeze" | "Concat" | "Split" | "Slice"
-        | "Gather" | "GatherElements" | "GatherND" | "ScatterND" | "ScatterElements" | "Scatter"
-        | "Expand" | "Tile" | "Pad" | "Shape" | "Size" | "Range" | "ConstantOfShape" | "Identity"
-        | "Dropout" | "Trilu" | "NonZero" | "OneHot" | "EyeLike" | "Constant" => shape::import,
-        "LSTM" | "GRU" | "RNN" => recurrent::import,
-        "If" | "Loop" => control::import,
-        "QuantizeLinear"
-        | "DequantizeLinear"
-        | "DynamicQuantizeLinear"
-        | "QLinearMatMul"
-        | "QLinearConv"
-        | "MatMulInteger"
-        | "ConvInteger" => quant::import,
-        "NonMaxSuppression" | "RoiAlign" | "GridSample" | "AffineGrid" | "LRN" | "MaxUnpool" | "Col2Im"
-        | "CenterCropPad" | "DeformConv" => vision::import,
-        "DFT" | "STFT" | "HannWindow" | "HammingWindow" | "BlackmanWindow" | "MelWeightMatrix" => {
-            signal::import
-        }
-        "RMSNormalization"
-        | "Compress"
-        | "ReverseSequence"
-        | "Unique"
-        | "RotaryEmbedding"
-        | "TensorScatter"
-        | "Det"
-        | "NegativeLogLikelihoodLoss"
-        | "SoftmaxCrossEntropyLoss" => misc::import,
-        _ => return None,
-    })
+/// The importer of each operator family (the operator table, `kiln_ir::onnx_operator`, says
+/// which family an ONNX operator belongs to).
+fn family_importer(family: OpFamily) -> ImportFn {
+    match family {
+        OpFamily::Elementwise => elementwise::import,
+        OpFamily::Linalg => linalg::import,
+        OpFamily::Conv => conv::import,
+        OpFamily::Norm => norm::import,
+        OpFamily::Resize => resize::import,
+        OpFamily::Attention => attention::import,
+        OpFamily::Reduce => reduce::import,
+        // Constant nodes are imported with the data-movement operators.
+        OpFamily::DataMovement | OpFamily::Source => shape::import,
+        OpFamily::Recurrent => recurrent::import,
+        OpFamily::Control => control::import,
+        OpFamily::Quant => quant::import,
+        OpFamily::Vision => vision::import,
+        OpFamily::Signal => signal::import,
+        OpFamily::Misc => misc::import,
+    }
 }
 
 /// Options that change how a model is imported.
@@ -238,7 +203,19 @@ impl<'p> GraphImporter<'p> {
             })?;
             inputs.push(Some(v));
         }
-        let import = importer_for(&node.op_type).expect("support checked before import");
+        let op = kiln_ir::onnx_operator(&node.op_type).expect("support checked before import");
+        let opset = self.opset;
+        if opset < op.since {
+            return Err(FrontendError::Node {
+                node: name,
+                op_type: node.op_type.clone(),
+                msg: format!(
+                    "{} is defined from opset {}; the model imports opset {opset}",
+                    op.name, op.since
+                ),
+            });
+        }
+        let import = family_importer(op.family);
         let mut cx = NodeCtx {
             imp: self,
             node,
@@ -431,7 +408,7 @@ fn collect_unsupported_node(
     imports: &[OperatorSetIdProto],
     out: &mut Vec<UnsupportedOp>,
 ) {
-    if !is_default_domain(&n.domain) || importer_for(&n.op_type).is_none() {
+    if !is_default_domain(&n.domain) || kiln_ir::onnx_operator(&n.op_type).is_none() {
         out.push(UnsupportedOp {
             node: display_name(n, i),
             op_type: n.op_type.clone(),
