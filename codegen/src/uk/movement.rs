@@ -10,8 +10,8 @@ use super::UkCall;
 use crate::error::Result;
 use crate::node::NodeInfo;
 use kiln_ir::ops::resize::{
-    apply_aspect_policy, interpolation_taps, is_identity, kernel_width, nearest_index, saturated,
-    source_coord, AxisPlan,
+    interpolation_taps, is_identity, kernel_width, nearest_index, plan_axes, resize_axes, saturated,
+    source_coord, AxisPlan, Target,
 };
 use kiln_ir::ops::{pad_axis_map, slice_range};
 use kiln_ir::{
@@ -608,13 +608,6 @@ fn trilu(node: &NodeInfo, upper: bool) -> Result<UkCall> {
 // kernel only applies it. Nearest mode is a per-axis index map (`gather_axes`); linear and
 // cubic run one separable pass per resized axis in f64 and cast once, as the reference does.
 
-fn resize_axes(node: &NodeInfo, a: &ResizeAttrs, rank: usize) -> Result<Vec<usize>> {
-    if a.axes.is_empty() {
-        return Ok((0..rank).collect());
-    }
-    a.axes.iter().map(|&x| norm_axis(node, x, rank)).collect()
-}
-
 /// A known input, None when absent or empty (an empty tensor counts as absent).
 fn present<'g>(node: &NodeInfo<'g>, i: usize, what: &str) -> Result<Option<&'g Tensor>> {
     if !node.has_input(i) {
@@ -628,52 +621,6 @@ fn present<'g>(node: &NodeInfo<'g>, i: usize, what: &str) -> Result<Option<&'g T
         Some(t) => Ok(Some(t)),
         None => Err(node.unsupported(format!("{what} must be known at compile time"))),
     }
-}
-
-fn plan_axes(
-    a: &ResizeAttrs,
-    dims: &[usize],
-    axes: &[usize],
-    scales: Option<&[f64]>,
-    sizes: Option<&[i64]>,
-    roi: Option<&[f64]>,
-) -> Option<Vec<AxisPlan>> {
-    let mut plan: Vec<AxisPlan> = dims
-        .iter()
-        .map(|&d| AxisPlan {
-            out: d,
-            scale: 1.0,
-            roi: (0.0, 1.0),
-        })
-        .collect();
-    if let Some(roi) = roi {
-        if roi.len() != 2 * axes.len() {
-            return None;
-        }
-        for (i, &ax) in axes.iter().enumerate() {
-            plan[ax].roi = (roi[i], roi[axes.len() + i]);
-        }
-    }
-    if let Some(scales) = scales {
-        if scales.len() != axes.len() {
-            return None;
-        }
-        for (&ax, &s) in axes.iter().zip(scales) {
-            plan[ax].out = (s * dims[ax] as f64).floor() as usize;
-            plan[ax].scale = s;
-        }
-    } else {
-        let sizes = sizes?;
-        if sizes.len() != axes.len() {
-            return None;
-        }
-        for (&ax, &s) in axes.iter().zip(sizes) {
-            plan[ax].out = usize::try_from(s).ok()?;
-            plan[ax].scale = s as f64 / dims[ax] as f64;
-        }
-        apply_aspect_policy(a.keep_aspect_ratio_policy, dims, axes, &mut plan);
-    }
-    Some(plan)
 }
 
 /// `v` cast to `dtype` as the reference's `saturate_cast`, as little-endian bits.
@@ -723,7 +670,7 @@ fn resize(node: &NodeInfo, a: &ResizeAttrs) -> Result<UkCall> {
     if rank > MAX_RANK {
         return Err(node.unsupported(format!("rank {rank} exceeds the kernel's {MAX_RANK}")));
     }
-    let axes = resize_axes(node, a, rank)?;
+    let axes = resize_axes(a, rank).map_err(|e| node.unsupported(e.to_string()))?;
     let roi_t = present(node, 1, "roi").unwrap_or(None);
     let scales = present(node, 2, "scales")?.map(Tensor::to_f64_vec);
     let sizes = present(node, 3, "sizes")?.map(|t| t.to_i64_vec());
@@ -735,15 +682,13 @@ fn resize(node: &NodeInfo, a: &ResizeAttrs) -> Result<UkCall> {
     } else {
         None
     };
-    let plan = plan_axes(
-        a,
-        &in_shape,
-        &axes,
-        scales.as_deref(),
-        sizes.as_deref(),
-        roi.as_deref(),
-    )
-    .ok_or_else(|| node.unsupported("scales/sizes/roi do not match the resized axes"))?;
+    let target = match (scales.as_deref(), sizes.as_deref()) {
+        (Some(s), _) => Target::Scales(s),
+        (None, Some(s)) => Target::Sizes(s),
+        (None, None) => return Err(node.unsupported("Resize needs scales or sizes")),
+    };
+    let plan = plan_axes(a, &in_shape, &axes, &target, roi.as_deref())
+        .map_err(|e| node.unsupported(format!("scales/sizes/roi do not fit the input: {e}")))?;
     if plan.iter().map(|p| p.out).ne(out_shape.iter().copied()) {
         return Err(node.unsupported("resize geometry disagrees with the output type"));
     }

@@ -499,90 +499,8 @@ fn gemm(node: &NodeInfo, alpha: f32, beta: f32, trans_a: bool, trans_b: bool) ->
 // Einsum
 // ---------------------------------------------------------------------------------------------
 
-/// Label ids: `A-Z` 0..26, `a-z` 26..52, the ellipsis' broadcast axes `ELLIPSIS_BASE + i`
-/// (right-aligned across operands), as in ir's parser.
-const ELLIPSIS_BASE: usize = 52;
 /// Operands the C kernel accepts (`EINSUM_MAX_OPS`).
 const EINSUM_MAX_OPS: usize = 16;
-
-struct Term {
-    labels: Vec<usize>,
-    ellipsis_at: Option<usize>,
-}
-
-fn parse_term(node: &NodeInfo, s: &str) -> Result<Term> {
-    let mut labels = vec![];
-    let mut ellipsis_at = None;
-    let bytes = s.as_bytes();
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            c @ b'A'..=b'Z' => labels.push((c - b'A') as usize),
-            c @ b'a'..=b'z' => labels.push((c - b'a') as usize + 26),
-            b'.' if s[i..].starts_with("...") && ellipsis_at.is_none() => {
-                ellipsis_at = Some(labels.len());
-                i += 2;
-            }
-            _ => return Err(node.unsupported(format!("malformed Einsum term '{s}'"))),
-        }
-        i += 1;
-    }
-    Ok(Term { labels, ellipsis_at })
-}
-
-/// Each operand's axis labels and the output's labels.
-fn parse_einsum(node: &NodeInfo, equation: &str, ranks: &[usize]) -> Result<(Vec<Vec<usize>>, Vec<usize>)> {
-    let eq: String = equation.chars().filter(|c| *c != ' ').collect();
-    let (lhs, rhs) = match eq.split_once("->") {
-        Some((l, r)) => (l, Some(r)),
-        None => (eq.as_str(), None),
-    };
-    let terms = lhs
-        .split(',')
-        .map(|t| parse_term(node, t))
-        .collect::<Result<Vec<_>>>()?;
-    if terms.len() != ranks.len() {
-        return Err(node.unsupported("the equation's terms do not match the inputs"));
-    }
-    let mut ell_dims = vec![];
-    for (t, &rank) in terms.iter().zip(ranks) {
-        match (rank.checked_sub(t.labels.len()), t.ellipsis_at) {
-            (Some(e), Some(_)) => ell_dims.push(e),
-            (Some(0), None) => ell_dims.push(0),
-            _ => return Err(node.unsupported("a term does not match its input's rank")),
-        }
-    }
-    let ell_rank = ell_dims.iter().copied().max().unwrap_or(0);
-    let expand = |t: &Term, n_ell: usize| -> Vec<usize> {
-        let mut out = t.labels.clone();
-        if let Some(at) = t.ellipsis_at {
-            out.splice(at..at, (ell_rank - n_ell..ell_rank).map(|i| ELLIPSIS_BASE + i));
-        }
-        out
-    };
-    let operands: Vec<Vec<usize>> = terms.iter().zip(&ell_dims).map(|(t, &e)| expand(t, e)).collect();
-    let output = match rhs {
-        Some(r) => {
-            let t = parse_term(node, r)?;
-            if t.ellipsis_at.is_none() && ell_rank > 0 {
-                return Err(node.unsupported("the output has no '...' for the broadcast axes"));
-            }
-            expand(&t, ell_rank)
-        }
-        None => {
-            let mut count = [0usize; ELLIPSIS_BASE];
-            for t in &terms {
-                for &l in &t.labels {
-                    count[l] += 1;
-                }
-            }
-            let mut out: Vec<usize> = (0..ell_rank).map(|i| ELLIPSIS_BASE + i).collect();
-            out.extend((0..ELLIPSIS_BASE).filter(|&l| count[l] == 1));
-            out
-        }
-    };
-    Ok((operands, output))
-}
 
 fn einsum(node: &NodeInfo, equation: &str) -> Result<UkCall> {
     let n_ops = node.n_inputs();
@@ -595,7 +513,9 @@ fn einsum(node: &NodeInfo, equation: &str) -> Result<UkCall> {
         .map(|i| node.input_shape(i))
         .collect::<Result<Vec<_>>>()?;
     let ranks: Vec<usize> = shapes.iter().map(Vec::len).collect();
-    let (operands, output) = parse_einsum(node, equation, &ranks)?;
+    // The labels as the reference interpreter reads the equation.
+    let kiln_ir::ops::EinsumSpec { operands, output } = kiln_ir::ops::parse_einsum(equation, &ranks)
+        .map_err(|e| node.unsupported(format!("invalid Einsum equation: {e}")))?;
     // Extent of every label: equal across operands, or 1 broadcast against the others.
     let mut ext: std::collections::BTreeMap<usize, usize> = Default::default();
     for (labels, shape) in operands.iter().zip(&shapes) {

@@ -569,11 +569,11 @@ const ELLIPSIS_BASE: usize = 52;
 
 /// A parsed equation resolved against the operand ranks.
 #[derive(Debug, PartialEq)]
-struct EinsumSpec {
+pub struct EinsumSpec {
     /// Label of each axis of each operand.
-    operands: Vec<Vec<usize>>,
+    pub operands: Vec<Vec<usize>>,
     /// Label of each output axis.
-    output: Vec<usize>,
+    pub output: Vec<usize>,
 }
 
 /// One term of the equation: letters, with the position of `...` among them if present.
@@ -606,7 +606,9 @@ fn parse_term(s: &str) -> Result<Term, OpError> {
     Ok(Term { labels, ellipsis_at })
 }
 
-fn parse_einsum(equation: &str, ranks: &[usize]) -> Result<EinsumSpec, OpError> {
+/// Parses `equation` for operands of `ranks`: the labels of every operand axis and of the
+/// output (the implicit output is the broadcast dimensions, then the letters used once, sorted).
+pub fn parse_einsum(equation: &str, ranks: &[usize]) -> Result<EinsumSpec, OpError> {
     let eq: String = equation.chars().filter(|c| *c != ' ').collect();
     if eq.is_empty() {
         crate::bail!("the equation is empty");

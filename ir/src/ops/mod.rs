@@ -32,6 +32,8 @@ pub use conv::{resolve_axis as resolve_window_axis, Axis as WindowAxis};
 // (Resize's coordinate and coefficient math is the public module `resize`).
 /// Attention's dtype promotion: the dtype its softmax input and additive bias are built in.
 pub use attention::promote as attention_promote;
+/// Einsum's equation resolved to axis labels (implicit output, ellipsis broadcasting).
+pub use linalg::{parse_einsum, EinsumSpec};
 /// The quantization operators' dtype promotion: their compute precision when none is set.
 pub use quant::promote as quant_promote;
 /// Pad's per-axis source index map (constant, reflect, edge and wrap modes, negative pads).

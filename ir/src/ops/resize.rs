@@ -46,7 +46,7 @@ pub(crate) fn eval(op: &Op, cx: &EvalCtx) -> Result<Vec<Tensor>, OpError> {
 
 /// The target of a resize, as given: scales or sizes (for the resized axes, in `axes` order).
 #[derive(Debug)]
-enum Target<'a> {
+pub enum Target<'a> {
     Scales(&'a [f64]),
     Sizes(&'a [i64]),
 }
@@ -63,7 +63,7 @@ pub struct AxisPlan {
 }
 
 /// The resized axes, normalized, in the order the model lists them (all axes if none).
-fn resize_axes(a: &ResizeAttrs, rank: usize) -> Result<Vec<usize>, OpError> {
+pub fn resize_axes(a: &ResizeAttrs, rank: usize) -> Result<Vec<usize>, OpError> {
     if a.axes.is_empty() {
         return Ok((0..rank).collect());
     }
@@ -79,7 +79,7 @@ fn resize_axes(a: &ResizeAttrs, rank: usize) -> Result<Vec<usize>, OpError> {
 }
 
 /// Per-axis output extent and scale for an input of shape `dims` (resized axes in `axes`).
-fn plan_axes(
+pub fn plan_axes(
     a: &ResizeAttrs,
     dims: &[usize],
     axes: &[usize],
