@@ -6,7 +6,6 @@ pub mod api;
 mod archive;
 mod bf16_rounding;
 pub mod buildfiles;
-pub mod control;
 pub mod emit;
 pub mod error;
 pub mod fuse;
@@ -144,8 +143,6 @@ pub struct WeightsFile {
 /// Plans `graph` (kernel selection and memory) without generating code: what [`compile`] would
 /// build, for reports. Cheap next to the LLVM pipeline.
 pub fn plan_only(graph: &Graph, opts: &CompileOptions) -> Result<Summary> {
-    let lowered = control::lower_control_flow(graph)?;
-    let graph = lowered.as_ref().unwrap_or(graph);
     let kernel_target = opts.kernel_target()?;
     let plan = plan::build(graph, &kernel_target, opts.fusion)?;
     Ok(summarize(graph, &plan, &kernel_target, vec![]))
@@ -185,8 +182,6 @@ pub fn compile(
     progress: &mut dyn Progress,
 ) -> Result<Summary> {
     progress.phase("plan");
-    let lowered = control::lower_control_flow(graph)?;
-    let graph = lowered.as_ref().unwrap_or(graph);
     let kernel_target = opts.kernel_target()?;
     if opts.emit == Emit::Ptx && opts.cuda_sm.is_none() {
         return Err(CodegenError::Target("--emit ptx needs --target cuda".into()));
@@ -274,8 +269,7 @@ fn plan_variants<'a>(
 ) -> Result<Vec<(Graph, plan::Plan, &'a TargetDesc)>> {
     let mut planned = vec![];
     for v in variants {
-        let lowered = control::lower_control_flow(v.graph)?;
-        let graph = lowered.unwrap_or_else(|| v.graph.clone());
+        let graph = v.graph.clone();
         let plan = plan::build(&graph, &v.target, fusion)?;
         let bf16_dots = plan
             .kernels

@@ -312,14 +312,8 @@ impl<'p> Session<'p> {
         Ok(self.pass_manager(&target, true)?.run(graph)?)
     }
 
-    /// Lowers the control flow codegen lowers itself (`If` on constants, unrolled `Loop`s):
-    /// the graph [`Self::plan`] and [`Self::emit`] plan.
-    pub fn lower_control_flow(&self, graph: Graph) -> Result<Graph> {
-        Ok(kiln_codegen::control::lower_control_flow(&graph)?.unwrap_or(graph))
-    }
-
-    /// Codegen's plan of a lowered graph ([`Self::lower_control_flow`]) for the kernel target:
-    /// the kernels, the fusion groups, the memory.
+    /// Codegen's plan of an optimized graph (control flow lowered by the passes) for the
+    /// kernel target: the kernels, the fusion groups, the memory.
     pub fn plan(&self, lowered: &Graph) -> Result<Plan> {
         Ok(kiln_codegen::plan::build(
             lowered,
@@ -371,7 +365,17 @@ impl<'p> Session<'p> {
         // The report compares the imported graph with the optimized one.
         let original = (explain || o.report).then(|| graph.clone());
         let run_passes = |graph: &mut Graph, t: &TargetDesc, print: bool| -> Result<Vec<PassStats>> {
-            Ok(self.pass_manager(t, print)?.run(graph)?)
+            self.pass_manager(t, print)?.run(graph).map_err(|e| {
+                // What the model uses and kiln cannot compile is said about the model file, as
+                // codegen's refusals are.
+                let unsupported = e.failure == kiln_optimizer::PassFailure::Unsupported;
+                let e = anyhow::Error::new(e);
+                if unsupported {
+                    e.context(format!("{}", source.path.display()))
+                } else {
+                    e
+                }
+            })
         };
         let mut variant_graphs: Vec<Graph> = vec![];
         let pass_stats = if targets.portable {

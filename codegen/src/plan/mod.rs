@@ -137,8 +137,20 @@ fn value_bytes(graph: &Graph, v: ValueId) -> Result<u64> {
 }
 
 /// Selects a kernel for every live node and plans memory. Reports every node that cannot be
-/// compiled, not just the first.
+/// compiled, not just the first. The graph has no control flow left: the optimizer's
+/// `lower-control-flow` pass lowers it.
 pub fn build(graph: &Graph, target: &TargetDesc, fusion: bool) -> Result<Plan> {
+    if let Some(node) = graph
+        .nodes()
+        .iter()
+        .find(|n| matches!(n.op, Op::If { .. } | Op::Loop { .. }))
+    {
+        return Err(CodegenError::unsupported(
+            &node.name,
+            node.op.name(),
+            "control flow reaches codegen unlowered: the lower-control-flow pass lowers If and Loop (is it disabled with --disable-pass?)",
+        ));
+    }
     let live = live_nodes(graph);
     let mut storage: HashMap<ValueId, Storage> = HashMap::new();
     let mut weights = Vec::new();

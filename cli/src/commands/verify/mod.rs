@@ -233,7 +233,6 @@ pub fn run(args: Args) -> Result<()> {
     let mut snapshots: Vec<(&'static str, Graph)> = vec![];
     passes.run_observed(&mut graph, |p, g| snapshots.push((p, g.clone())))?;
     let fusion = session.options().fusion();
-    let graph = session.lower_control_flow(graph)?;
     let plan = session.plan(&graph)?;
 
     // The optimized graph with every kernel output as an extra graph output.
