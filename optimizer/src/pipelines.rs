@@ -57,8 +57,8 @@ pub const PASS_NAMES: &[&str] = &[
     passes::lower_control_flow::NAME,
 ];
 
-/// Fusion happens in two places (the `fuse` pass and kernel grouping in codegen); disabling
-/// `fuse` turns off both (`CompileOptions::fusion`).
+/// The graph pass that recognizes decomposed patterns (LayerNorm, Softmax, GELU, attention).
+/// Kernel grouping is codegen's `fuse-kernels` plan pass, switched on its own.
 pub const FUSE_PASS: &str = "fuse";
 
 /// The CPU pipeline: freeze → channels-last (NHWC only) → fuse → bf16 autocast (bf16 only) →
