@@ -359,10 +359,12 @@ pub fn run(args: Args) -> Result<()> {
         report.passes = Some(checks);
         report.culprit = Some(culprit);
         if !args.no_bisect {
+            // The graph passes that ran, then the plan passes that ran (kernel grouping).
             let to_try: Vec<&'static str> = passes
                 .pass_names()
                 .into_iter()
                 .filter(|p| !passes.is_disabled(p))
+                .chain(plan.passes.iter().map(|p| p.pass))
                 .collect();
             let options = session.options();
             let without = |pass: &'static str| -> Result<bool> {
