@@ -96,8 +96,12 @@ pub fn classify(e: &anyhow::Error) -> Exit {
             _ => Exit::InvalidModel,
         };
     }
-    if e.downcast_ref::<kiln_optimizer::PassError>().is_some() {
-        return Exit::Internal;
+    if let Some(p) = e.downcast_ref::<kiln_optimizer::PassError>() {
+        return match p.failure {
+            // The model uses something a pass cannot handle (control flow it cannot lower).
+            kiln_optimizer::PassFailure::Unsupported => Exit::Unsupported,
+            kiln_optimizer::PassFailure::Run | kiln_optimizer::PassFailure::Verify => Exit::Internal,
+        };
     }
     if let Some(c) = e.downcast_ref::<kiln_codegen::CodegenError>() {
         use kiln_codegen::CodegenError as C;

@@ -357,6 +357,39 @@ fn loop_scan_outputs_are_checked_against_the_budget_up_front() {
 }
 
 #[test]
+fn control_flow_that_cannot_be_lowered_is_unsupported() {
+    let dir = tempfile::tempdir().unwrap();
+    // The trip count is a graph input: the loop cannot be unrolled at compile time.
+    let mut m = long_loop(3);
+    let g = m.graph.as_mut().unwrap();
+    g.initializer.clear();
+    g.input = vec![scalar_info("M", data_type::INT64)];
+    let model = write_model(dir.path(), "loop.onnx", &m);
+    let exe = dir.path().join("exe");
+    let out = kiln_bounded(&[
+        "compile".as_ref(),
+        model.as_os_str(),
+        "-o".as_ref(),
+        exe.as_os_str(),
+    ]);
+    one_line_error(
+        &out,
+        4,
+        &["loop.onnx: node 'loop' (Loop): the trip count is not known at compile time (bind it with --bind)"],
+    );
+    // With the lowering disabled, codegen says why it cannot compile the control flow.
+    let out = kiln_bounded(&[
+        "compile".as_ref(),
+        fixture("if_captured").join("model.onnx").as_os_str(),
+        "--disable-pass".as_ref(),
+        "lower-control-flow".as_ref(),
+        "-o".as_ref(),
+        exe.as_os_str(),
+    ]);
+    one_line_error(&out, 4, &["node 'If' (If)", "lower-control-flow"]);
+}
+
+#[test]
 fn absurd_output_sizes_are_invalid_at_import() {
     let dir = tempfile::tempdir().unwrap();
     let mut m = one_node_model("Conv", "conv");

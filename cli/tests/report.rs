@@ -204,11 +204,75 @@ fn compile_report_accounts_for_every_node() {
 fn fusion_off_gives_one_kernel_per_node() {
     let model = fixture("resnet_basic_tiny");
     let fused = explain_json(&model, &[]);
-    let unfused = explain_json(&model, &["--disable-pass", "fuse"]);
+    let unfused = explain_json(
+        &model,
+        &["--disable-pass", "fuse", "--disable-pass", "fuse-kernels"],
+    );
     check_consistent(&unfused, &model);
     assert_eq!(unfused["options"]["fusion"], false);
     assert_eq!(unfused["fusion_groups"].as_array().unwrap().len(), 0);
     assert!(unfused["summary"]["kernels"].as_u64().unwrap() > fused["summary"]["kernels"].as_u64().unwrap());
+}
+
+#[test]
+fn kernel_grouping_is_a_pass_of_its_own() {
+    let model = fixture("resnet_basic_tiny");
+    let kernels = |r: &Value| r["summary"]["kernels"].as_u64().unwrap();
+    let groups = |r: &Value| r["fusion_groups"].as_array().unwrap().len();
+    let fused = explain_json(&model, &[]);
+    let passes: Vec<&str> = fused["passes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    // The plan passes follow the graph passes (`absorb-bf16-rounding` only for CPUs whose
+    // products round their operands).
+    let at = |name: &str| passes.iter().position(|p| *p == name);
+    assert_eq!(
+        at("fuse-kernels"),
+        at("lower-control-flow").map(|i| i + 1),
+        "{passes:?}"
+    );
+    let ungrouped = explain_json(&model, &["--disable-pass", "fuse-kernels"]);
+    check_consistent(&ungrouped, &model);
+    assert_eq!(ungrouped["options"]["fusion"], false);
+    assert_eq!(groups(&ungrouped), 0);
+    assert!(kernels(&ungrouped) > kernels(&fused));
+    // The graph pass alone leaves the grouping on.
+    let no_fuse = explain_json(&model, &["--disable-pass", "fuse"]);
+    assert_eq!(no_fuse["options"]["fusion"], true);
+    assert!(groups(&no_fuse) > 0);
+
+    // `--print-after` prints the kernel list after a plan pass.
+    let out = kiln()
+        .arg("explain")
+        .arg(&model)
+        .args(["--print-after", "fuse-kernels"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.starts_with("# after fuse-kernels: "), "{err}");
+    assert_eq!(err.lines().count(), kernels(&fused) as usize + 1, "{err}");
+    assert!(err.contains(" + Relu): "), "a fused Conv + Relu kernel: {err}");
+
+    // Unknown names are refused with the list of graph and plan passes.
+    for flag in ["--disable-pass", "--print-after"] {
+        let out = kiln()
+            .arg("explain")
+            .arg(&model)
+            .args([flag, "nope"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains("'nope'") || err.contains(" nope:"), "{err}");
+        assert!(
+            err.contains("lower-control-flow, fuse-kernels, absorb-bf16-rounding"),
+            "{err}"
+        );
+    }
 }
 
 #[test]

@@ -45,7 +45,14 @@ fn a_long_unfused_chain_runs_from_bounded_parts() {
     let model = relu_chain(dir.path(), n);
     let ll = dir.path().join("chain.ll");
     let o = kiln()
-        .args(["compile", "-q", "--disable-pass", "fuse", "--emit", "llvm-ir"])
+        .args([
+            "compile",
+            "-q",
+            "--disable-pass",
+            "fuse-kernels",
+            "--emit",
+            "llvm-ir",
+        ])
         .arg(&model)
         .arg("-o")
         .arg(&ll)
@@ -68,7 +75,7 @@ fn a_long_unfused_chain_runs_from_bounded_parts() {
     // The executable: right values, and the profile sees every kernel.
     let exe = dir.path().join("chain");
     let o = kiln()
-        .args(["compile", "-q", "--disable-pass", "fuse", "--profile"])
+        .args(["compile", "-q", "--disable-pass", "fuse-kernels", "--profile"])
         .arg(&model)
         .arg("-o")
         .arg(&exe)

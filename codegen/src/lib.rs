@@ -6,7 +6,6 @@ pub mod api;
 mod archive;
 mod bf16_rounding;
 pub mod buildfiles;
-pub mod control;
 pub mod emit;
 pub mod error;
 pub mod fuse;
@@ -27,7 +26,7 @@ pub mod weights_file;
 mod test_rng;
 
 pub use error::CodegenError;
-pub use target::TargetDesc;
+pub use target::{TargetDesc, TargetNeeds};
 
 use error::Result;
 use inkwell::context::Context;
@@ -65,9 +64,11 @@ pub struct CompileOptions {
     pub emit: Emit,
     /// The system C compiler used to link executables (`cc` unless `$CC` says otherwise).
     pub cc: String,
-    /// Group nodes into fused kernels (epilogues, elementwise chains). Off with
-    /// `--disable-pass fuse`, to measure what fusion buys or to bisect a wrong result.
-    pub fusion: bool,
+    /// What the kernel target needs ([`TargetNeeds`], the value the driver also gave the
+    /// optimizer) and which plan passes run: `fuse-kernels` groups nodes into fused kernels
+    /// (epilogues, elementwise chains; off with `--disable-pass fuse-kernels`, to measure what
+    /// fusion buys or to bisect a wrong result), `absorb-bf16-rounding`.
+    pub plan: plan::passes::PlanOptions,
     /// Add the profiling functions to the C API (`NAME_profile_enable`, ...). Executables can
     /// always profile (`--profile FILE.json`); a library without them times nothing.
     pub profile: bool,
@@ -117,6 +118,8 @@ pub struct Summary {
     pub target: String,
     /// One line per kernel: node name, operator, implementation.
     pub kernel_lines: Vec<String>,
+    /// What each plan pass did (`fuse-kernels`, `absorb-bf16-rounding`).
+    pub plan_passes: Vec<plan::passes::PlanPassStats>,
     /// The planner's decisions in detail (kernels, nodes, memory, target).
     pub report: report::PlanReport,
     /// With `weights_out`: the file written, its layout hash and content hash.
@@ -130,6 +133,8 @@ pub struct Summary {
 /// passes may depend on the target: bf16 products).
 pub struct Variant<'a> {
     pub target: TargetDesc,
+    /// What the variant's kernels need (the value its graph was optimized with).
+    pub needs: TargetNeeds,
     pub graph: &'a Graph,
 }
 
@@ -144,10 +149,8 @@ pub struct WeightsFile {
 /// Plans `graph` (kernel selection and memory) without generating code: what [`compile`] would
 /// build, for reports. Cheap next to the LLVM pipeline.
 pub fn plan_only(graph: &Graph, opts: &CompileOptions) -> Result<Summary> {
-    let lowered = control::lower_control_flow(graph)?;
-    let graph = lowered.as_ref().unwrap_or(graph);
     let kernel_target = opts.kernel_target()?;
-    let plan = plan::build(graph, &kernel_target, opts.fusion)?;
+    let plan = plan::build_with(graph, &kernel_target, &opts.plan)?;
     Ok(summarize(graph, &plan, &kernel_target, vec![]))
 }
 
@@ -185,13 +188,11 @@ pub fn compile(
     progress: &mut dyn Progress,
 ) -> Result<Summary> {
     progress.phase("plan");
-    let lowered = control::lower_control_flow(graph)?;
-    let graph = lowered.as_ref().unwrap_or(graph);
     let kernel_target = opts.kernel_target()?;
     if opts.emit == Emit::Ptx && opts.cuda_sm.is_none() {
         return Err(CodegenError::Target("--emit ptx needs --target cuda".into()));
     }
-    let plan = plan::build(graph, &kernel_target, opts.fusion)?;
+    let plan = plan::build_with(graph, &kernel_target, &opts.plan)?;
     let device_code = match opts.cuda_sm {
         Some(_) => {
             progress.phase("ptx");
@@ -270,13 +271,16 @@ pub fn compile(
 /// dropped (avx512_bf16 when no kernel computes bf16 products in hardware).
 fn plan_variants<'a>(
     variants: &'a [Variant<'a>],
-    fusion: bool,
+    opts: &plan::passes::PlanOptions,
 ) -> Result<Vec<(Graph, plan::Plan, &'a TargetDesc)>> {
     let mut planned = vec![];
     for v in variants {
-        let lowered = control::lower_control_flow(v.graph)?;
-        let graph = lowered.unwrap_or_else(|| v.graph.clone());
-        let plan = plan::build(&graph, &v.target, fusion)?;
+        let graph = v.graph.clone();
+        let opts = plan::passes::PlanOptions {
+            needs: v.needs,
+            ..opts.clone()
+        };
+        let plan = plan::build_with(&graph, &v.target, &opts)?;
         let bf16_dots = plan
             .kernels
             .iter()
@@ -324,7 +328,7 @@ fn summarize_portable(planned: &[(Graph, plan::Plan, &TargetDesc)], files: Vec<P
 /// [`plan_only`] for a portable artifact (`--cpu portable`).
 pub fn plan_only_portable(variants: &[Variant<'_>], opts: &CompileOptions) -> Result<Summary> {
     check_portable(opts)?;
-    let planned = plan_variants(variants, opts.fusion)?;
+    let planned = plan_variants(variants, &opts.plan)?;
     Ok(summarize_portable(&planned, vec![]))
 }
 
@@ -339,7 +343,7 @@ pub fn compile_portable(
 ) -> Result<Summary> {
     check_portable(opts)?;
     progress.phase("plan");
-    let planned = plan_variants(variants, opts.fusion)?;
+    let planned = plan_variants(variants, &opts.plan)?;
     let api = api::Api {
         prefix: header::c_ident(&opts.name),
         profile: opts.profile,
@@ -514,19 +518,8 @@ fn summarize(graph: &Graph, plan: &plan::Plan, target: &TargetDesc, files: Vec<P
         arena_bytes: plan.arena_bytes,
         thread_scratch_bytes: plan.thread_scratch_bytes,
         target: target.describe(),
-        kernel_lines: plan
-            .kernels
-            .iter()
-            .map(|k| {
-                let fused: Vec<&str> = k.fused.iter().map(|n| graph.node(*n).op.name()).collect();
-                let with = if fused.is_empty() {
-                    String::new()
-                } else {
-                    format!(" + {}", fused.join(" + "))
-                };
-                format!("{} ({}{with}): {}", k.node_name, k.op_name, k.describe())
-            })
-            .collect(),
+        kernel_lines: plan::passes::kernel_lines(graph, &plan.kernels),
+        plan_passes: plan.passes.clone(),
         report: report::build(graph, plan, target),
         weights_file: None,
         variants: vec![],

@@ -230,6 +230,15 @@ impl TargetDesc {
         self.has_avx512_bf16 && self.isa == Isa::Avx512
     }
 
+    /// What this target's kernels need from the passes before them, decided once: the driver
+    /// gives the same value to the optimizer (`PipelineOptions`) and to the planner
+    /// (`plan::passes::PlanOptions`).
+    pub fn needs(&self) -> TargetNeeds {
+        TargetNeeds {
+            products_round_operands: !self.is_gpu() && self.has_bf16_pair_kernels(),
+        }
+    }
+
     pub fn f32_lanes(&self) -> u32 {
         match self.isa {
             Isa::Avx512 => 16,
@@ -393,4 +402,15 @@ fn cpu_features(triple: &str, cpu: &str) -> Result<String> {
             }
         }
     }
+}
+
+/// What a target's kernels need from the passes: one value per target ([`TargetDesc::needs`]),
+/// so that the optimizer and the planner never ask the target separately.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TargetNeeds {
+    /// The product kernels round their run-time operands to bf16 as they pack them (CPUs with
+    /// avx512_bf16 pair kernels; never GPU kernels). The bf16 autocast then leaves its
+    /// `Cast<f32>(Cast<bf16>(x))` pairs next to the products, and the planner's
+    /// `absorb-bf16-rounding` pass lets the products read `x` themselves.
+    pub products_round_operands: bool,
 }

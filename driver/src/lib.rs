@@ -5,9 +5,10 @@
 //! goes to a [`Progress`] callback, and the command line (or a test) decides what to show.
 //!
 //! The session also makes, in one place, the decisions that depend on the target: which CPU
-//! or GPU the code is for, whether the artifact is portable, and whether the target's product
-//! kernels round their operands to bf16 themselves (which changes what the bf16 autocast
-//! inserts: [`Session::products_round_operands`]).
+//! or GPU the code is for, whether the artifact is portable, and what the target's kernels
+//! need from the passes ([`Session::target_needs`]: whether the product kernels round their
+//! operands to bf16 themselves, which changes what the bf16 autocast inserts and whether the
+//! planner absorbs its casts). That one value goes to both the optimizer and the planner.
 //!
 //! Errors are `anyhow` errors carrying the underlying crate's error (`FrontendError`,
 //! `PassError`, `CodegenError`, ...) so callers can classify them; a wrong option is a
@@ -17,17 +18,26 @@ mod options;
 pub mod report;
 mod source;
 
+pub use kiln_codegen::plan::passes::{ABSORB_BF16_ROUNDING, FUSE_KERNELS, PLAN_PASS_NAMES};
 pub use kiln_codegen::plan::Plan;
-pub use kiln_codegen::{Summary, TargetDesc, WeightsFile};
+pub use kiln_codegen::{Summary, TargetDesc, TargetNeeds, WeightsFile};
 pub use kiln_optimizer::passes::bf16_autocast::Bf16Summary;
 pub use kiln_optimizer::pipelines::{FUSE_PASS, PASS_NAMES};
 pub use kiln_optimizer::{PassManager, PassStats, PipelineOptions};
+
+/// Every name `--disable-pass` and `--print-after` accept, in the order the passes run: the
+/// optimizer's graph passes ([`PASS_NAMES`]), then codegen's plan passes ([`PLAN_PASS_NAMES`]).
+pub fn pass_names() -> Vec<&'static str> {
+    PASS_NAMES.iter().chain(PLAN_PASS_NAMES).copied().collect()
+}
 pub use options::{ConvAlgorithm, Cpu, Emit, Layout, Options, Precision, PrintAfter, Target};
 pub use report::Report;
 pub use source::{read_tensor_file, ModelSource};
 
 use anyhow::{Context, Result};
+use kiln_codegen::plan::passes::{PlanOptions, PlanPrint};
 use kiln_ir::Graph;
+use kiln_optimizer::PrintTarget;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -137,51 +147,114 @@ impl<'p> Session<'p> {
         &self.options
     }
 
-    /// Fails on a disabled pass that does not exist.
+    /// Fails on a disabled pass that does not exist (graph or plan pass).
     pub fn check_passes(&self) -> Result<()> {
+        let names = pass_names();
         for p in &self.options.disabled_passes {
-            if !PASS_NAMES.contains(&p.as_str()) {
+            if !names.contains(&p.as_str()) {
                 return Err(usage(format!(
                     "--disable-pass {p}: no such pass (passes: {})",
-                    PASS_NAMES.join(", ")
+                    names.join(", ")
                 )));
             }
         }
         Ok(())
     }
 
-    /// The one place that decides what the target's kernels do for the passes: whether the
-    /// product kernels of CPU target `t` round their operands to bf16 as they pack them
-    /// (avx512_bf16 pair kernels), so that the bf16 autocast leaves the rounding to codegen.
-    /// GPU kernels never do.
-    pub fn products_round_operands(&self, t: &TargetDesc) -> bool {
-        self.options.target == Target::Cpu && t.has_bf16_pair_kernels()
-    }
-
-    /// The optimizer's options for CPU target `t` (for a CUDA model, the host CPU).
-    pub fn pipeline_options(&self, t: &TargetDesc) -> PipelineOptions {
-        PipelineOptions {
-            layout: self.options.effective_layout(),
-            precision: self.options.precision,
-            products_round_operands: self.products_round_operands(t),
+    /// The one place that decides what the target's kernels need from the passes, for CPU
+    /// target `t` (for a CUDA model, the host CPU: then the GPU's kernels decide, and they never
+    /// round their operands to bf16 themselves). The optimizer ([`Self::pipeline_options`])
+    /// and the planner ([`kiln_codegen::plan::passes::PlanOptions`]) get this same value.
+    pub fn target_needs(&self, t: &TargetDesc) -> TargetNeeds {
+        match self.options.target {
+            Target::Cpu => t.needs(),
+            Target::Cuda => TargetNeeds::default(),
         }
     }
 
-    /// The pass pipeline for target `t`, with the disabled passes off and, when `print`, the
-    /// `print_after` requests set.
-    pub fn pass_manager(&self, t: &TargetDesc, print: bool) -> Result<PassManager> {
-        let mut passes = kiln_optimizer::pipelines::cpu(&self.pipeline_options(t));
+    /// The optimizer's options for a target that needs `needs` ([`Self::target_needs`]).
+    pub fn pipeline_options(&self, needs: TargetNeeds) -> PipelineOptions {
+        PipelineOptions {
+            layout: self.options.effective_layout(),
+            precision: self.options.precision,
+            products_round_operands: needs.products_round_operands,
+        }
+    }
+
+    /// The pass pipeline for a target that needs `needs`, with the disabled passes off and,
+    /// when `print`, the `print_after` requests set (those naming a plan pass go to the
+    /// planner: [`Self::plan_options`]; their files are started empty here).
+    pub fn pass_manager(&self, needs: TargetNeeds, print: bool) -> Result<PassManager> {
+        let mut passes = kiln_optimizer::pipelines::cpu(&self.pipeline_options(needs));
         for p in &self.options.disabled_passes {
             passes.disable(p);
         }
         if print {
             for spec in &self.options.print_after {
+                if PLAN_PASS_NAMES.contains(&spec.pass.as_str()) {
+                    if let PrintTarget::File(path) = &spec.target {
+                        std::fs::write(path, "").map_err(|e| {
+                            anyhow::anyhow!(
+                                "--print-after {}: cannot write {}: {e}",
+                                spec.pass,
+                                path.display()
+                            )
+                        })?;
+                    }
+                    continue;
+                }
+                if spec.pass != kiln_optimizer::ALL_PASSES && passes.check_pass_name(&spec.pass).is_err() {
+                    let names: Vec<&str> = passes
+                        .pass_names()
+                        .into_iter()
+                        .chain(PLAN_PASS_NAMES.iter().copied())
+                        .collect();
+                    return Err(anyhow::anyhow!(
+                        "--print-after {}: no such pass '{}' (passes: {}); or '{}'",
+                        spec.pass,
+                        spec.pass,
+                        names.join(", "),
+                        kiln_optimizer::ALL_PASSES
+                    ));
+                }
                 passes
                     .print_after(spec.clone())
                     .map_err(|e| anyhow::anyhow!("--print-after {}: {e}", spec.pass))?;
             }
         }
         Ok(passes)
+    }
+
+    /// The planner's options for a target that needs `needs`: the disabled plan passes and,
+    /// when `print`, the `print_after` requests for plan passes (or `all`).
+    pub fn plan_options(&self, needs: TargetNeeds, print: bool) -> PlanOptions {
+        let o = &self.options;
+        let print_after = o
+            .print_after
+            .iter()
+            .filter(|spec| {
+                print
+                    && (spec.pass == kiln_optimizer::ALL_PASSES
+                        || PLAN_PASS_NAMES.contains(&spec.pass.as_str()))
+            })
+            .map(|spec| PlanPrint {
+                pass: spec.pass.clone(),
+                file: match &spec.target {
+                    PrintTarget::File(p) => Some(p.clone()),
+                    PrintTarget::Stderr => None,
+                },
+            })
+            .collect();
+        PlanOptions {
+            needs,
+            disabled: o
+                .disabled_passes
+                .iter()
+                .filter(|p| PLAN_PASS_NAMES.contains(&p.as_str()))
+                .cloned()
+                .collect(),
+            print_after,
+        }
     }
 
     /// Whether to build a portable artifact: [`Cpu::Portable`], or by default for libraries
@@ -258,7 +331,7 @@ impl<'p> Session<'p> {
 
     /// The target the kernels are planned for: the GPU of a CUDA model, else [`Self::target`].
     pub fn kernel_target(&self) -> Result<TargetDesc> {
-        Ok(self.codegen_options(self.target()?)?.kernel_target()?)
+        Ok(self.codegen_options(self.target()?, false)?.kernel_target()?)
     }
 
     fn check_target_options(&self) -> Result<()> {
@@ -276,23 +349,27 @@ impl<'p> Session<'p> {
         self.options.name.clone().unwrap_or_else(default)
     }
 
-    fn codegen_options(&self, target: TargetDesc) -> Result<kiln_codegen::CompileOptions> {
-        self.codegen_options_named(self.name_or(|| "model".to_string()), target)
+    fn codegen_options(&self, target: TargetDesc, print: bool) -> Result<kiln_codegen::CompileOptions> {
+        self.codegen_options_named(self.name_or(|| "model".to_string()), target, print)
     }
 
+    /// Codegen's options for `target` (a portable artifact's baseline: each variant brings its
+    /// own needs), printing after the plan passes when `print`.
     fn codegen_options_named(
         &self,
         name: String,
         target: TargetDesc,
+        print: bool,
     ) -> Result<kiln_codegen::CompileOptions> {
         let o = &self.options;
+        let plan = self.plan_options(self.target_needs(&target), print);
         let cuda_sm = (o.target == Target::Cuda).then(|| o.sm.unwrap_or(kiln_codegen::nvptx::DEFAULT_SM));
         Ok(kiln_codegen::CompileOptions {
             name,
             target,
             emit: o.emit,
             cc: o.cc(),
-            fusion: o.fusion(),
+            plan,
             profile: o.profile,
             weights_out: o.weights_out.clone(),
             cuda_sm,
@@ -309,22 +386,17 @@ impl<'p> Session<'p> {
     pub fn optimize(&mut self, graph: &mut Graph) -> Result<Vec<PassStats>> {
         let target = self.target()?;
         self.progress.phase("passes");
-        Ok(self.pass_manager(&target, true)?.run(graph)?)
+        Ok(self.pass_manager(self.target_needs(&target), true)?.run(graph)?)
     }
 
-    /// Lowers the control flow codegen lowers itself (`If` on constants, unrolled `Loop`s):
-    /// the graph [`Self::plan`] and [`Self::emit`] plan.
-    pub fn lower_control_flow(&self, graph: Graph) -> Result<Graph> {
-        Ok(kiln_codegen::control::lower_control_flow(&graph)?.unwrap_or(graph))
-    }
-
-    /// Codegen's plan of a lowered graph ([`Self::lower_control_flow`]) for the kernel target:
-    /// the kernels, the fusion groups, the memory.
+    /// Codegen's plan of an optimized graph (control flow lowered by the passes) for the
+    /// kernel target: the kernels, the fusion groups, the memory.
     pub fn plan(&self, lowered: &Graph) -> Result<Plan> {
-        Ok(kiln_codegen::plan::build(
+        let target = self.target()?;
+        Ok(kiln_codegen::plan::build_with(
             lowered,
             &self.kernel_target()?,
-            self.options.fusion(),
+            &self.plan_options(self.target_needs(&target), false),
         )?)
     }
 
@@ -332,7 +404,7 @@ impl<'p> Session<'p> {
     /// at `out` (for a library, the folder-and-stem).
     pub fn emit(&mut self, graph: &Graph, out: &Path) -> Result<Summary> {
         self.check_target_options()?;
-        let copts = self.codegen_options(self.target()?)?;
+        let copts = self.codegen_options(self.target()?, true)?;
         Ok(kiln_codegen::compile(
             graph,
             &copts,
@@ -370,30 +442,40 @@ impl<'p> Session<'p> {
         let o = &self.options;
         // The report compares the imported graph with the optimized one.
         let original = (explain || o.report).then(|| graph.clone());
-        let run_passes = |graph: &mut Graph, t: &TargetDesc, print: bool| -> Result<Vec<PassStats>> {
-            Ok(self.pass_manager(t, print)?.run(graph)?)
+        let run_passes = |graph: &mut Graph, needs: TargetNeeds, print: bool| -> Result<Vec<PassStats>> {
+            self.pass_manager(needs, print)?.run(graph).map_err(|e| {
+                // What the model uses and kiln cannot compile is said about the model file, as
+                // codegen's refusals are.
+                let unsupported = e.failure == kiln_optimizer::PassFailure::Unsupported;
+                let e = anyhow::Error::new(e);
+                if unsupported {
+                    e.context(format!("{}", source.path.display()))
+                } else {
+                    e
+                }
+            })
         };
         let mut variant_graphs: Vec<Graph> = vec![];
         let pass_stats = if targets.portable {
             // Variants that agree on the passes share one optimized graph.
             let mut stats = None;
-            let mut done: Vec<(bool, usize)> = vec![];
+            let mut done: Vec<(TargetNeeds, usize)> = vec![];
             for t in &targets.variants {
-                let round = self.products_round_operands(t);
-                if let Some(&(_, i)) = done.iter().find(|(r, _)| *r == round) {
+                let needs = self.target_needs(t);
+                if let Some(&(_, i)) = done.iter().find(|(n, _)| *n == needs) {
                     variant_graphs.push(variant_graphs[i].clone());
                     continue;
                 }
                 let mut g = graph.clone();
-                let st = run_passes(&mut g, t, stats.is_none())?;
+                let st = run_passes(&mut g, needs, stats.is_none())?;
                 stats.get_or_insert(st);
-                done.push((round, variant_graphs.len()));
+                done.push((needs, variant_graphs.len()));
                 variant_graphs.push(g);
             }
             graph = variant_graphs.last().cloned().expect("portable variants");
             stats.expect("portable variants")
         } else {
-            run_passes(&mut graph, &targets.main, true)?
+            run_passes(&mut graph, self.target_needs(&targets.main), true)?
         };
         let bf16 =
             (o.precision == Precision::Bf16).then(|| kiln_optimizer::passes::bf16_autocast::summary(&graph));
@@ -407,13 +489,14 @@ impl<'p> Session<'p> {
                 std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
             }
         }
-        let copts = self.codegen_options_named(name.clone(), targets.main)?;
+        let copts = self.codegen_options_named(name.clone(), targets.main, true)?;
         let variants: Vec<kiln_codegen::Variant> = targets
             .variants
             .iter()
             .zip(&variant_graphs)
             .map(|(t, g)| kiln_codegen::Variant {
                 target: t.clone(),
+                needs: self.target_needs(t),
                 graph: g,
             })
             .collect();
@@ -431,6 +514,20 @@ impl<'p> Session<'p> {
             (false, true) => kiln_codegen::compile_portable(&variants, &copts, &out, &mut progress),
         }
         .with_context(|| format!("{}", source.path.display()))?;
+        // The plan passes after the graph passes; they leave the graph as it is and say what
+        // they did to the kernels in their summary.
+        let mut pass_stats = pass_stats;
+        pass_stats.extend(summary.plan_passes.iter().map(|p| PassStats {
+            pass: p.pass,
+            nodes_before: graph.len(),
+            nodes_after: graph.len(),
+            rewrites: p.rewrites,
+            summary: format!(
+                "{} → {} kernels: {}",
+                p.kernels_before, p.kernels_after, p.summary
+            ),
+            time: p.time,
+        }));
         let o = &self.options;
         let report = original.map(|original| {
             report::build_report(&report::Inputs {
@@ -556,17 +653,30 @@ mod tests {
         };
         assert_eq!(cuda.effective_layout(), Layout::Nchw);
         assert_eq!(Options::default().effective_layout(), Layout::default());
+        // The graph pass and the kernel grouping are switched separately.
         let no_fuse = Options {
             disabled_passes: vec![FUSE_PASS.to_string()],
             ..Options::default()
         };
-        assert!(!no_fuse.fusion() && Options::default().fusion());
+        let no_grouping = Options {
+            disabled_passes: vec![FUSE_KERNELS.to_string()],
+            ..Options::default()
+        };
+        assert!(no_fuse.fusion() && !no_grouping.fusion() && Options::default().fusion());
+        assert!(Session::new(no_grouping).check_passes().is_ok());
         let host = TargetDesc::host().unwrap();
         // GPU kernels never round their operands; CPU ones do with avx512_bf16 pairs.
-        assert!(!Session::new(cuda).products_round_operands(&host));
+        assert!(!Session::new(cuda).target_needs(&host).products_round_operands);
+        let cpu = Session::new(Options::default());
         assert_eq!(
-            Session::new(Options::default()).products_round_operands(&host),
+            cpu.target_needs(&host).products_round_operands,
             host.has_bf16_pair_kernels()
+        );
+        // The optimizer and the planner get the same value.
+        let needs = cpu.target_needs(&host);
+        assert_eq!(
+            cpu.pipeline_options(needs).products_round_operands,
+            cpu.plan_options(needs, false).needs.products_round_operands
         );
         let lib = Session::new(Options {
             emit: Emit::StaticLib,
@@ -584,11 +694,13 @@ mod tests {
             disabled_passes: vec!["no-such-pass".into()],
             ..Options::default()
         });
-        assert!(s
-            .check_passes()
-            .unwrap_err()
-            .downcast_ref::<UsageError>()
-            .is_some());
+        let e = s.check_passes().unwrap_err();
+        assert!(e.downcast_ref::<UsageError>().is_some());
+        // The list names the graph passes and the plan passes.
+        assert!(
+            e.to_string().contains("freeze") && e.to_string().contains("fuse-kernels, absorb-bf16-rounding"),
+            "{e}"
+        );
         let mut s = Session::new(Options {
             sm: Some(80),
             ..Options::host_executable()

@@ -53,7 +53,8 @@ pub struct Options {
     pub layout: Option<Layout>,
     pub precision: Precision,
     pub conv_algorithm: ConvAlgorithm,
-    /// Optimizer passes to skip, by name (`fuse` also turns off codegen's kernel grouping).
+    /// Passes to skip, by name: the optimizer's graph passes and codegen's plan passes
+    /// ([`crate::pass_names`]; `fuse-kernels` turns off codegen's kernel grouping).
     pub disabled_passes: Vec<String>,
     /// Print the graph after these passes (the optimizer writes to stderr or to a file).
     pub print_after: Vec<PrintAfter>,
@@ -111,12 +112,13 @@ impl Options {
         }
     }
 
-    /// Whether codegen groups nodes into fused kernels (off with the `fuse` pass disabled).
+    /// Whether codegen groups nodes into fused kernels (off with the `fuse-kernels` plan pass
+    /// disabled; the `fuse` graph pass is switched on its own).
     pub fn fusion(&self) -> bool {
         !self
             .disabled_passes
             .iter()
-            .any(|p| p == kiln_optimizer::pipelines::FUSE_PASS)
+            .any(|p| p == kiln_codegen::plan::passes::FUSE_KERNELS)
     }
 
     /// The C compiler that links executables.

@@ -565,12 +565,13 @@ mod tests {
             .unwrap();
         g1.add_output("y", m);
 
+        let target = TargetDesc::host().unwrap();
         let opts = CompileOptions {
             name: "g".into(),
-            target: TargetDesc::host().unwrap(),
+            plan: kiln_codegen::plan::passes::PlanOptions::for_target(&target, false),
+            target,
             emit: Emit::Obj,
             cc: "cc".into(),
-            fusion: false,
             profile: false,
             weights_out: None,
             cuda_sm: None,

@@ -17,11 +17,14 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-/// What went wrong in a pass: the pass itself failed, or the graph it produced does not verify
-/// (a compiler bug, never the model's fault).
+/// What went wrong in a pass: the pass itself failed, the model uses something the pass cannot
+/// handle (a valid model kiln does not compile, e.g. a Loop whose trip count is only known at
+/// run time), or the graph it produced does not verify (a compiler bug, never the model's
+/// fault).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PassFailure {
     Run,
+    Unsupported,
     Verify,
 }
 
@@ -56,6 +59,8 @@ impl fmt::Display for PassError {
         // The IR error already names the node ("node 'x' (Conv): ..."); say where it happened.
         match self.failure {
             PassFailure::Run => write!(f, "pass '{}': {}", self.pass, self.source),
+            // About the model, not the pass: said as codegen says what it cannot compile.
+            PassFailure::Unsupported => write!(f, "{}", self.source),
             PassFailure::Verify => write!(
                 f,
                 "pass '{}' produced an invalid graph (a compiler bug): {}",
@@ -89,6 +94,12 @@ pub trait Pass {
                 format!("{rewrites} rewrites")
             },
         })
+    }
+    /// Whether the pass's errors that name a node (`IrError::Node`) mean the model uses
+    /// something kiln cannot compile ([`PassFailure::Unsupported`]) rather than a failure of
+    /// the pass. Other errors are always [`PassFailure::Run`].
+    fn node_errors_are_unsupported(&self) -> bool {
+        false
     }
 }
 
@@ -237,9 +248,13 @@ impl PassManager {
                 }
             } else {
                 let before = fault::requested_for(p.name()).then(|| graph.clone());
-                let report = p
-                    .run_with_report(graph)
-                    .map_err(|e| PassError::new(p.name(), PassFailure::Run, e))?;
+                let report = p.run_with_report(graph).map_err(|e| {
+                    let failure = match e {
+                        IrError::Node { .. } if p.node_errors_are_unsupported() => PassFailure::Unsupported,
+                        _ => PassFailure::Run,
+                    };
+                    PassError::new(p.name(), failure, e)
+                })?;
                 if let Some(before) = before {
                     inject_fault(p.name(), &before, graph)?;
                 }

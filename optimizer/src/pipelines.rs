@@ -1,10 +1,13 @@
 //! Pipelines: which passes run, in which order, for each target.
 //!
 //! A pipeline is a plain function of the user's options. The order follows the design:
-//! freeze → channels-last → fuse → bf16 autocast; the manager verifies after every pass.
+//! freeze → channels-last → fuse → bf16 autocast → lower-control-flow; the manager verifies
+//! after every pass.
 //! Fusion runs before the autocast so that the decomposed patterns it recognizes (attention,
 //! LayerNorm, Softmax, GELU) are not cut apart by the autocast's casts: the autocast then
 //! rounds the fused Attention's Q, K and V, not the pieces of a MatMul-Softmax-MatMul chain.
+//! Control flow is lowered last: the other passes see an `If` or a `Loop` as one node and leave
+//! its subgraphs alone, and codegen receives a graph without control flow.
 
 use crate::{passes, PassManager};
 
@@ -46,13 +49,20 @@ pub struct PipelineOptions {
 
 /// Every pass a pipeline may run, in pipeline order (for `--disable-pass`/`--print-after`
 /// validation: a pass the options leave out is still a valid name).
-pub const PASS_NAMES: &[&str] = &["freeze", "channels-last", FUSE_PASS, "bf16-autocast"];
+pub const PASS_NAMES: &[&str] = &[
+    "freeze",
+    "channels-last",
+    FUSE_PASS,
+    "bf16-autocast",
+    passes::lower_control_flow::NAME,
+];
 
-/// Fusion happens in two places (the `fuse` pass and kernel grouping in codegen); disabling
-/// `fuse` turns off both (`CompileOptions::fusion`).
+/// The graph pass that recognizes decomposed patterns (LayerNorm, Softmax, GELU, attention).
+/// Kernel grouping is codegen's `fuse-kernels` plan pass, switched on its own.
 pub const FUSE_PASS: &str = "fuse";
 
-/// The CPU pipeline: freeze → channels-last (NHWC only) → fuse → bf16 autocast (bf16 only).
+/// The CPU pipeline: freeze → channels-last (NHWC only) → fuse → bf16 autocast (bf16 only) →
+/// lower-control-flow.
 pub fn cpu(opts: &PipelineOptions) -> PassManager {
     let mut pm = PassManager::new().with(passes::freeze::Freeze);
     if opts.layout == Layout::Nhwc {
@@ -64,5 +74,5 @@ pub fn cpu(opts: &PipelineOptions) -> PassManager {
             hoist_movement: !opts.products_round_operands,
         });
     }
-    pm
+    pm.with(passes::lower_control_flow::LowerControlFlow)
 }

@@ -56,13 +56,13 @@ pub fn compile_graph(
 pub use kiln_driver::FUSE_PASS;
 
 /// Whether `--disable-pass NAME` means something for the default CPU pipeline: one of its
-/// passes, or `fuse` (codegen's kernel grouping, whether or not a `fuse` pass exists).
+/// graph passes or one of codegen's plan passes (`fuse-kernels`: kernel grouping).
 pub fn pass_exists(name: &str) -> bool {
-    kiln_driver::PASS_NAMES.contains(&name)
+    kiln_driver::pass_names().contains(&name)
 }
 
 /// [`compile_graph`] with the passes named in `disabled` turned off, as `kiln compile
-/// --disable-pass` does (`fuse` also turns off codegen's kernel grouping).
+/// --disable-pass` does.
 pub fn compile_graph_without(
     graph: &Graph,
     name: &str,

@@ -108,17 +108,23 @@ fn fixtures_compiled_to_static_libraries_match_onnxruntime() {
 /// Every fixture compiled to an executable with `pass` disabled. A pass this branch's pipeline
 /// does not have (yet) is skipped with a note, so the test is ready when the pass lands.
 fn check_pass_off(pass: &str) {
-    if !pass_exists(pass) {
-        println!("skipped: no pass '{pass}' in the CPU pipeline");
+    check_passes_off(&[pass]);
+}
+
+/// [`check_pass_off`] with several passes off at once.
+fn check_passes_off(passes: &[&str]) {
+    if let Some(missing) = passes.iter().find(|p| !pass_exists(p)) {
+        println!("skipped: no pass '{missing}' in the CPU pipeline");
         return;
     }
+    let names = passes.join("', '");
     let start = std::time::Instant::now();
     check_all(
         Artifact::Executable,
-        &format!("compiled fixtures with '{pass}' off (executables)"),
-        &[pass],
+        &format!("compiled fixtures with '{names}' off (executables)"),
+        passes,
     );
-    println!("'{pass}' off: {:.1} s", start.elapsed().as_secs_f64());
+    println!("'{names}' off: {:.1} s", start.elapsed().as_secs_f64());
 }
 
 #[test]
@@ -134,7 +140,9 @@ fn fixtures_with_channels_last_off() {
 // bf16-autocast only runs with `--precision bf16`: with it off, bf16 compiles exactly like the
 // default f32 suite above, and with it on, `tests/bf16.rs` checks every fixture.
 
+/// The graph pass and codegen's kernel grouping off together, as `--disable-pass fuse` did
+/// before grouping became a pass of its own (one suite run, not two).
 #[test]
 fn fixtures_with_fuse_off() {
-    check_pass_off("fuse");
+    check_passes_off(&["fuse", "fuse-kernels"]);
 }

@@ -100,7 +100,7 @@ fn long_relu_chain_unfused() {
             "chain_unfused",
             relu_chain(2000),
             vec![("x".into(), row(0))],
-            &["fuse"],
+            &["fuse", "fuse-kernels"],
         );
     });
 }

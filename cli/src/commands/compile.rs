@@ -199,12 +199,14 @@ pub struct Args {
     #[arg(long, value_enum, value_name = "ALGORITHM", default_value = "auto")]
     pub conv_algorithm: ConvAlgorithmArg,
 
-    /// Skip an optimizer pass (e.g. freeze). May be given several times.
+    /// Skip a pass: a graph pass (freeze, channels-last, fuse, bf16-autocast,
+    /// lower-control-flow) or a plan pass (fuse-kernels: kernel grouping,
+    /// absorb-bf16-rounding). May be given several times.
     #[arg(long = "disable-pass", value_name = "PASS")]
     pub disable_pass: Vec<String>,
 
-    /// Print the graph after a pass (or after every pass: `all`) to stderr, or with PASS=FILE
-    /// to a file. May be given several times.
+    /// Print the graph after a pass (the kernel list after a plan pass; after every pass:
+    /// `all`) to stderr, or with PASS=FILE to a file. May be given several times.
     #[arg(long = "print-after", value_name = "PASS[=FILE]")]
     pub print_after: Vec<kiln_driver::PrintAfter>,
 

@@ -35,6 +35,17 @@ pub struct Kernel {
 }
 
 impl Kernel {
+    /// `node (Op + Fused...): implementation`, as `kiln compile --list-kernels` shows it.
+    pub fn line(&self, graph: &kiln_ir::Graph) -> String {
+        let fused: Vec<&str> = self.fused.iter().map(|n| graph.node(*n).op.name()).collect();
+        let with = if fused.is_empty() {
+            String::new()
+        } else {
+            format!(" + {}", fused.join(" + "))
+        };
+        format!("{} ({}{with}): {}", self.node_name, self.op_name, self.describe())
+    }
+
     pub fn describe(&self) -> String {
         match &self.imp {
             KernelImpl::Generated(g) => g.describe(),

@@ -15,8 +15,11 @@ use kiln_ir::{Graph, NodeId, Op, ValueId};
 use std::collections::HashMap;
 
 pub mod kernel;
+pub mod passes;
 
 use kernel::{Kernel, KernelImpl};
+use passes::{PlanOptions, PlanPassStats, ABSORB_BF16_ROUNDING, FUSE_KERNELS};
+use std::time::{Duration, Instant};
 
 pub const ALIGN: u64 = 64;
 
@@ -37,6 +40,8 @@ pub struct Plan {
     pub thread_scratch_bytes: u64,
     /// Every arena buffer with its placement and lifetime, for reports.
     pub buffers: Vec<ArenaBuffer>,
+    /// What each plan pass that ran did (`passes`).
+    pub passes: Vec<PlanPassStats>,
 }
 
 /// What an arena buffer holds.
@@ -136,9 +141,27 @@ fn value_bytes(graph: &Graph, v: ValueId) -> Result<u64> {
         .ok_or_else(|| CodegenError::internal(format!("value '{}' has no static size", graph.value_name(v))))
 }
 
-/// Selects a kernel for every live node and plans memory. Reports every node that cannot be
-/// compiled, not just the first.
+/// [`build_with`] with the target's own needs and kernel grouping on or off.
 pub fn build(graph: &Graph, target: &TargetDesc, fusion: bool) -> Result<Plan> {
+    build_with(graph, target, &PlanOptions::for_target(target, fusion))
+}
+
+/// Selects a kernel for every live node, runs the plan passes (`passes`) and plans memory.
+/// Reports every node that cannot be compiled, not just the first. The graph has no control
+/// flow left: the optimizer's `lower-control-flow` pass lowers it.
+pub fn build_with(graph: &Graph, target: &TargetDesc, opts: &PlanOptions) -> Result<Plan> {
+    let fusion = !opts.is_disabled(FUSE_KERNELS);
+    if let Some(node) = graph
+        .nodes()
+        .iter()
+        .find(|n| matches!(n.op, Op::If { .. } | Op::Loop { .. }))
+    {
+        return Err(CodegenError::unsupported(
+            &node.name,
+            node.op.name(),
+            "control flow reaches codegen unlowered: the lower-control-flow pass lowers If and Loop (is it disabled with --disable-pass?)",
+        ));
+    }
     let live = live_nodes(graph);
     let mut storage: HashMap<ValueId, Storage> = HashMap::new();
     let mut weights = Vec::new();
@@ -159,6 +182,7 @@ pub fn build(graph: &Graph, target: &TargetDesc, fusion: bool) -> Result<Plan> {
         }
         storage.insert(id.out(0), Storage::Input(i));
     }
+    let grouping_start = Instant::now();
     let mut chains = if fusion {
         crate::fuse::find_chains(graph, !target.is_gpu())
     } else {
@@ -229,6 +253,8 @@ pub fn build(graph: &Graph, target: &TargetDesc, fusion: bool) -> Result<Plan> {
             );
         }
     }
+    let grouping_time = grouping_start.elapsed();
+    let groups = (chains.len(), ew_kernels.len());
     // Fused kernels wait here until the last node of their chain is reached.
     let mut pending: HashMap<usize, Kernel> = HashMap::new();
     for id in graph.node_ids() {
@@ -337,13 +363,58 @@ pub fn build(graph: &Graph, target: &TargetDesc, fusion: bool) -> Result<Plan> {
             fused: vec![],
         });
     }
-    if !target.is_gpu() {
-        crate::bf16_rounding::absorb(graph, &mut kernels);
-    }
     match unsupported.len() {
         0 => {}
         1 => return Err(unsupported.remove(0)),
         _ => return Err(CodegenError::UnsupportedNodes(unsupported)),
+    }
+    let mut pass_stats = vec![];
+    // `fuse-kernels` decided the groups the schedule above emitted: its result is this list.
+    let fused_nodes: usize = kernels.iter().map(|k| k.fused.len()).sum();
+    let grouped = kernels.iter().filter(|k| !k.fused.is_empty()).count();
+    after_plan_pass(
+        opts,
+        graph,
+        &kernels,
+        &mut pass_stats,
+        PlanPassStats {
+            pass: FUSE_KERNELS,
+            kernels_before: kernels.len() + fused_nodes,
+            kernels_after: kernels.len(),
+            rewrites: grouped,
+            summary: format!(
+                "{} epilogue chains, {} elementwise groups: {fused_nodes} nodes fused into {grouped} kernels",
+                groups.0, groups.1
+            ),
+            time: grouping_time,
+        },
+    )?;
+    // Only targets whose products round their operands have pairs to absorb.
+    if opts.needs.products_round_operands {
+        let start = Instant::now();
+        let before = kernels.len();
+        if !opts.is_disabled(ABSORB_BF16_ROUNDING) {
+            crate::bf16_rounding::absorb(graph, &mut kernels);
+        }
+        let absorbed = before - kernels.len();
+        after_plan_pass(
+            opts,
+            graph,
+            &kernels,
+            &mut pass_stats,
+            PlanPassStats {
+                pass: ABSORB_BF16_ROUNDING,
+                kernels_before: before,
+                kernels_after: kernels.len(),
+                rewrites: absorbed,
+                summary: if absorbed == 0 {
+                    "unchanged".to_string()
+                } else {
+                    format!("absorbed {absorbed} cast kernels")
+                },
+                time: start.elapsed(),
+            },
+        )?;
     }
 
     // Constants read by kernels (weights, and known inputs of kernels) go into the blob.
@@ -402,7 +473,35 @@ pub fn build(graph: &Graph, target: &TargetDesc, fusion: bool) -> Result<Plan> {
         arena_bytes,
         thread_scratch_bytes,
         buffers,
+        passes: pass_stats,
     })
+}
+
+/// After a plan pass: checks the kernel list, prints it where asked and records what the pass
+/// did (a disabled pass is printed, not checked or recorded, as the graph passes are).
+fn after_plan_pass(
+    opts: &PlanOptions,
+    graph: &Graph,
+    kernels: &[Kernel],
+    stats: &mut Vec<PlanPassStats>,
+    mut st: PlanPassStats,
+) -> Result<()> {
+    let disabled = opts.is_disabled(st.pass);
+    if disabled {
+        st.summary = "disabled".to_string();
+        st.rewrites = 0;
+        st.kernels_before = kernels.len();
+        st.time = Duration::ZERO;
+    } else {
+        let start = Instant::now();
+        passes::verify(graph, kernels, st.pass)?;
+        st.time += start.elapsed();
+    }
+    passes::print(opts, graph, kernels, &st);
+    if !disabled {
+        stats.push(st);
+    }
+    Ok(())
 }
 
 /// The generated kernel for `chain` (anchor plus epilogue), or None if the generator declines.

@@ -4,3 +4,4 @@ pub mod bf16_autocast;
 pub mod channels_last;
 pub mod freeze;
 pub mod fuse;
+pub mod lower_control_flow;

@@ -51,7 +51,7 @@ pub struct Args {
     #[arg(long, value_enum, default_value = "f32")]
     pub precision: PrecisionArg,
 
-    /// Skip an optimizer pass, as `kiln compile --disable-pass`. May be given several times.
+    /// Skip a graph or plan pass, as `kiln compile --disable-pass`. May be given several times.
     #[arg(long = "disable-pass", value_name = "PASS")]
     pub disable_pass: Vec<String>,
 
@@ -208,7 +208,8 @@ pub fn run(args: Args) -> Result<()> {
         ..Options::host_executable()
     });
     let target = session.target()?;
-    let popts = session.pipeline_options(&target);
+    let needs = session.target_needs(&target);
+    let popts = session.pipeline_options(needs);
     let base_tol = {
         let d = match args.precision {
             PrecisionArg::F32 => Tolerance::F32,
@@ -228,12 +229,11 @@ pub fn run(args: Args) -> Result<()> {
     let reference = kiln_ir::eval::eval_graph(&original, inputs.clone())
         .context("the reference interpreter cannot run the model on these inputs")?;
 
-    let passes = session.pass_manager(&target, false)?;
+    let passes = session.pass_manager(needs, false)?;
     let mut graph = original.clone();
     let mut snapshots: Vec<(&'static str, Graph)> = vec![];
     passes.run_observed(&mut graph, |p, g| snapshots.push((p, g.clone())))?;
     let fusion = session.options().fusion();
-    let graph = session.lower_control_flow(graph)?;
     let plan = session.plan(&graph)?;
 
     // The optimized graph with every kernel output as an extra graph output.
@@ -359,10 +359,12 @@ pub fn run(args: Args) -> Result<()> {
         report.passes = Some(checks);
         report.culprit = Some(culprit);
         if !args.no_bisect {
+            // The graph passes that ran, then the plan passes that ran (kernel grouping).
             let to_try: Vec<&'static str> = passes
                 .pass_names()
                 .into_iter()
                 .filter(|p| !passes.is_disabled(p))
+                .chain(plan.passes.iter().map(|p| p.pass))
                 .collect();
             let options = session.options();
             let without = |pass: &'static str| -> Result<bool> {

@@ -1,13 +1,63 @@
-//! Lowering of control flow before kernel selection: an `If` whose condition is known at
-//! compile time becomes its branch; any other `If` computes both branches and selects with
-//! `Where` (branches are side-effect free); a `Loop` with a trip count known at compile time
-//! (and a condition that stays known) is unrolled, its scan outputs stacked with `Concat`.
-//! What cannot be lowered statically is reported naming the node.
+//! `lower-control-flow`: the last pass, so that codegen receives a graph without control flow.
+//!
+//! An `If` whose condition is known at compile time becomes its branch; any other `If`
+//! computes both branches and selects with `Where` (branches are side-effect free); a `Loop`
+//! with a trip count known at compile time (and a condition that stays known) is unrolled, its
+//! scan outputs stacked with `Concat`. What cannot be lowered statically is reported naming
+//! the node, as a construct kiln does not compile ([`crate::PassFailure::Unsupported`]), not
+//! as a compiler bug.
+//!
+//! It runs after the other passes, which see (and leave) `If` and `Loop` as single nodes.
 
-use crate::error::{CodegenError, Result};
+use crate::{Pass, PassReport};
 use kiln_ir::rewrite::{copy_into, Rewrite};
-use kiln_ir::{Graph, Node, Op, Tensor, ValueId};
+use kiln_ir::{Graph, IrError, Node, Op, Tensor, ValueId};
 use std::collections::HashMap;
+
+type Result<T> = std::result::Result<T, IrError>;
+
+pub struct LowerControlFlow;
+
+/// The pass's name (`--disable-pass`, `--print-after`).
+pub const NAME: &str = "lower-control-flow";
+
+impl Pass for LowerControlFlow {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn run(&self, graph: &mut Graph) -> Result<usize> {
+        Ok(self.run_with_report(graph)?.rewrites)
+    }
+
+    fn run_with_report(&self, graph: &mut Graph) -> Result<PassReport> {
+        let count = |g: &Graph, f: fn(&Op) -> bool| g.nodes().iter().filter(|n| f(&n.op)).count();
+        let ifs = count(graph, |op| matches!(op, Op::If { .. }));
+        let loops = count(graph, |op| matches!(op, Op::Loop { .. }));
+        let Some(lowered) = lower_control_flow(graph)? else {
+            return Ok(PassReport {
+                rewrites: 0,
+                summary: "unchanged".to_string(),
+            });
+        };
+        *graph = lowered;
+        let lowered: Vec<String> = [(ifs, "If"), (loops, "Loop")]
+            .iter()
+            .filter(|(n, _)| *n > 0)
+            .map(|(n, op)| format!("{n} {op}"))
+            .collect();
+        Ok(PassReport {
+            rewrites: ifs + loops,
+            summary: format!("lowered {}", lowered.join(", ")),
+        })
+    }
+
+    /// A node it cannot lower is a construct kiln does not compile (a Loop whose trip count
+    /// is only known at run time), reported as such.
+    fn node_errors_are_unsupported(&self) -> bool {
+        true
+    }
+}
 
 /// Unrolling beyond this many body copies would blow up compile time and code size.
 const MAX_UNROLLED_NODES: usize = 20_000;
@@ -32,16 +82,16 @@ pub fn lower_control_flow(graph: &Graph) -> Result<Option<Graph>> {
     let mut budget = MAX_UNROLLED_NODES;
     copy_nodes(graph, &mut dst, &mut map, "", &mut budget)?;
     for o in graph.outputs() {
-        let v = *map.get(&o.value).ok_or_else(|| {
-            CodegenError::internal(format!("output '{}' lost in control-flow lowering", o.name))
-        })?;
+        let v = *map
+            .get(&o.value)
+            .ok_or_else(|| IrError::Invalid(format!("output '{}' lost in control-flow lowering", o.name)))?;
         dst.add_output(o.name.clone(), v);
     }
     Ok(Some(dst))
 }
 
-fn ir_err(node: &Node, e: impl std::fmt::Display) -> CodegenError {
-    CodegenError::unsupported(&node.name, node.op.name(), e.to_string())
+fn ir_err(node: &Node, e: impl std::fmt::Display) -> IrError {
+    IrError::node(&node.name, node.op.name(), e)
 }
 
 /// Copies `src`'s nodes (except inputs, already in `map`) into `dst`, lowering control flow.
@@ -94,7 +144,7 @@ fn inline(
     for (i, &id) in body.inputs().iter().enumerate() {
         let v = *args
             .get(i)
-            .ok_or_else(|| CodegenError::internal(format!("subgraph {prefix} has more inputs than given")))?;
+            .ok_or_else(|| IrError::Invalid(format!("subgraph {prefix} has more inputs than given")))?;
         map.insert(id.out(0), v);
     }
     copy_nodes(body, dst, &mut map, prefix, budget)?;
@@ -267,4 +317,98 @@ fn lower_loop(
         );
     }
     Ok(result)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{PassFailure, PassManager};
+    use kiln_ir::{DType, TensorType, Unary};
+
+    fn f32x2() -> TensorType {
+        TensorType::fixed(DType::F32, &[2])
+    }
+
+    /// `relu(x)` (then) or `x` (else), of a captured `x`.
+    fn branches() -> (Graph, Graph) {
+        let mut then_g = Graph::new("then");
+        let x = then_g.add_input("x", f32x2());
+        let r = then_g
+            .add("r", Op::Unary(Unary::Relu), vec![Some(x)], "r")
+            .unwrap();
+        then_g.add_output("r", r);
+        let mut else_g = Graph::new("else");
+        let x = else_g.add_input("x", f32x2());
+        else_g.add_output("x", x);
+        (then_g, else_g)
+    }
+
+    #[test]
+    fn an_if_on_a_constant_becomes_its_branch() {
+        let (then_g, else_g) = branches();
+        let mut g = Graph::new("g");
+        let x = g.add_input("x", f32x2());
+        let cond = g.add_const("cond", Tensor::scalar(true));
+        let y = g
+            .add(
+                "if",
+                Op::If {
+                    then_branch: Box::new(then_g),
+                    else_branch: Box::new(else_g),
+                },
+                vec![Some(cond), Some(x)],
+                "y",
+            )
+            .unwrap();
+        g.add_output("y", y);
+        let stats = PassManager::new().with(LowerControlFlow).run(&mut g).unwrap();
+        assert_eq!(stats[0].rewrites, 1);
+        assert_eq!(stats[0].summary, "lowered 1 If");
+        assert!(g.nodes().iter().all(|n| !matches!(n.op, Op::If { .. })), "{g}");
+        let relu = g
+            .nodes()
+            .iter()
+            .find(|n| n.name == "if/r")
+            .expect("the branch inlined");
+        assert!(matches!(relu.op, Op::Unary(Unary::Relu)), "{g}");
+        assert_eq!(g.outputs()[0].name, "y");
+        // A graph without control flow is left alone.
+        let before = g.to_string();
+        let stats = PassManager::new().with(LowerControlFlow).run(&mut g).unwrap();
+        assert_eq!((stats[0].rewrites, stats[0].summary.as_str()), (0, "unchanged"));
+        assert_eq!(g.to_string(), before);
+    }
+
+    #[test]
+    fn a_loop_with_a_run_time_trip_count_is_unsupported() {
+        let mut body = Graph::new("body");
+        let _iter = body.add_input("iter", TensorType::fixed(DType::I64, &[]));
+        let cond = body.add_input("cond", TensorType::fixed(DType::Bool, &[]));
+        let v = body.add_input("v", f32x2());
+        let r = body.add("r", Op::Unary(Unary::Relu), vec![Some(v)], "r").unwrap();
+        body.add_output("cond_out", cond);
+        body.add_output("v_out", r);
+        let mut g = Graph::new("g");
+        let m = g.add_input("m", TensorType::fixed(DType::I64, &[]));
+        let x = g.add_input("x", f32x2());
+        let y = g
+            .add(
+                "loop",
+                Op::Loop {
+                    body: Box::new(body),
+                    num_carried: 1,
+                },
+                vec![Some(m), None, Some(x)],
+                "y",
+            )
+            .unwrap();
+        g.add_output("y", y);
+        let err = PassManager::new().with(LowerControlFlow).run(&mut g).unwrap_err();
+        assert_eq!(err.failure, PassFailure::Unsupported);
+        assert_eq!((err.pass, err.node.as_deref()), (NAME, Some("loop")));
+        assert_eq!(
+            err.to_string(),
+            "node 'loop' (Loop): the trip count is not known at compile time (bind it with --bind)"
+        );
+    }
 }
