@@ -10,6 +10,7 @@
  * fewer are padded with leading unit axes so that one loop nest serves 1-D to 3-D.
  */
 #include "kiln_uk.h"
+#include "kiln_uk_ops.h" /* ACC_* codes, generated from codegen/src/uk/codes.rs */
 #include "kiln_math.h"
 
 #include <float.h>
@@ -598,8 +599,6 @@ int32_t kiln_uk_conv_transpose(const kiln_uk_args *a) { return conv_common(a, 1)
  * The product runs in i-k-j order (out row += a[i,p] * b row p, p ascending), the summation
  * order of ir's kernel, over tasks of (matrix, block of rows).
  * ------------------------------------------------------------------------------------------- */
-
-enum { ACC_F32 = 0, ACC_F64 = 1, ACC_I64 = 2 };
 
 static int acc_kind(int64_t dt) {
   if (dt == KILN_F64) return ACC_F64;

@@ -334,24 +334,20 @@ fn conv_transpose(node: &NodeInfo, a: &ConvTransposeAttrs) -> Result<UkCall> {
 // MatMul / Gemm
 // ---------------------------------------------------------------------------------------------
 
-#[derive(Clone, Copy, PartialEq)]
-enum Acc {
-    F32,
-    F64,
-    I64,
-}
+// The accumulation type, chosen by the C kernel's rule (`acc_kind` in nn.c).
+use super::codes::AccCode as Acc;
 
 fn acc_of(d: DType) -> Acc {
     match d {
-        DType::F64 => Acc::F64,
-        d if d.is_float() => Acc::F32,
-        _ => Acc::I64,
+        DType::F64 => Acc::ACC_F64,
+        d if d.is_float() => Acc::ACC_F32,
+        _ => Acc::ACC_I64,
     }
 }
 
 impl Acc {
     fn size(self) -> usize {
-        if self == Acc::F32 {
+        if self == Acc::ACC_F32 {
             4
         } else {
             8
@@ -362,7 +358,7 @@ impl Acc {
     fn direct(self, d: DType) -> bool {
         matches!(
             (self, d),
-            (Acc::F32, DType::F32) | (Acc::F64, DType::F64) | (Acc::I64, DType::I64 | DType::U64)
+            (Acc::ACC_F32, DType::F32) | (Acc::ACC_F64, DType::F64) | (Acc::ACC_I64, DType::I64 | DType::U64)
         )
     }
 }
@@ -478,7 +474,7 @@ fn gemm(node: &NodeInfo, alpha: f32, beta: f32, trans_a: bool, trans_b: bool) ->
     if !acc.direct(dt) {
         s.take(m * n * sz);
     }
-    if c_len > 0 && beta != 0.0 && acc != Acc::I64 && !acc.direct(dt) {
+    if c_len > 0 && beta != 0.0 && acc != Acc::ACC_I64 && !acc.direct(dt) {
         s.take(c_len * sz);
     }
     Ok(UkCall::new("gemm")
