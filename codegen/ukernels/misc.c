@@ -2,7 +2,7 @@
    RoiAlign. See kiln_uk.h for the contract; codegen/src/uk/misc.rs packs the attributes in the
    order each kernel documents. */
 #include "kiln_uk.h"
-#include "kiln_uk_ops.h" /* RNN_*, RA_*, WIN_* codes, generated from codegen/src/uk/codes.rs */
+#include "kiln_uk_ops.h" /* RNN_*, RA_*, WIN_*, QP_* codes, generated from codegen/src/uk/codes.rs */
 #include <float.h>
 
 /* Every kernel here computes in double, like kiln_ir's reference interpreter, and rounds once
@@ -278,13 +278,13 @@ KILN_UK_INLINE double saturate(double v, double lo, double hi) {
   return clampd(__builtin_roundeven(v), lo, hi);
 }
 
-/* Scale / zero-point layout: pl = [kind (0 per tensor, 1 per axis, 2 blocked), inner, dim,
+/* Scale / zero-point layout: pl = [kind (QP_TENSOR, QP_AXIS, QP_BLOCKED), inner, dim,
    block, blocks]; the parameter's flat index for the quantized tensor's flat index i. */
 KILN_UK_INLINE int64_t param_index(const int64_t *pl, int64_t i) {
   switch (pl[0]) {
-  case 0: return 0;
-  case 1: return (i / pl[1]) % pl[2];
-  default: {
+  case QP_TENSOR: return 0;
+  case QP_AXIS: return (i / pl[1]) % pl[2];
+  default: { /* QP_BLOCKED */
     int64_t inner = pl[1], dim = pl[2];
     int64_t ax = (i / inner) % dim, outer = i / (inner * dim);
     return (outer * pl[4] + ax / pl[3]) * inner + i % inner;

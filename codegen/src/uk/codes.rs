@@ -59,6 +59,12 @@ c_enums! {
     GridModeCode: c_enum [GS_LINEAR, GS_NEAREST, GS_CUBIC];
     /// `kiln_uk_grid_sample`'s padding mode (iattr[2], movement.c).
     GridPadCode: c_enum [GS_ZEROS, GS_BORDER, GS_REFLECTION];
+    /// The attention kernels' mask (`kiln_uk_attention` iattr[17], `kiln_uk_attention_f32`
+    /// iattr[9], nn.c): none, bool (false masks), or float (added to the scores).
+    MaskCode: c_enum [MASK_NONE, MASK_BOOL, MASK_FLOAT];
+    /// How a quantization scale or zero point maps onto the tensor (the first entry of a
+    /// parameter layout, misc.c `param_index`).
+    QuantParamCode: c_enum [QP_TENSOR, QP_AXIS, QP_BLOCKED];
 }
 
 #[cfg(test)]
@@ -122,6 +128,29 @@ mod tests {
                 .collect();
             assert_eq!(&c, codes, "the generated header and the Rust codes disagree");
         }
+    }
+
+    /// The element type codes are not generated: `enum kiln_dtype` is the runtime's public
+    /// ABI (`runtime-stub/c/kiln_rt.h`, explicit values that never change), and codegen
+    /// passes `DType as i64`. This holds the two together.
+    #[test]
+    fn the_runtime_dtype_codes_are_the_dtype_order() {
+        let rt = include_str!("../../../runtime-stub/c/kiln_rt.h");
+        let body = &rt[rt.find("enum kiln_dtype {").expect("enum kiln_dtype")..];
+        let body = &body[body.find('{').unwrap() + 1..body.find('}').unwrap()];
+        let c: Vec<(String, i64)> = body
+            .split(',')
+            .filter(|e| !e.trim().is_empty())
+            .map(|e| {
+                let (n, v) = e.split_once('=').expect("an explicit value");
+                (n.trim().to_string(), v.trim().parse().unwrap())
+            })
+            .collect();
+        let rust: Vec<(String, i64)> = kiln_ir::DType::ALL
+            .iter()
+            .map(|&d| (format!("KILN_{}", format!("{d:?}").to_uppercase()), d as i64))
+            .collect();
+        assert_eq!(c, rust, "kiln_rt.h's enum kiln_dtype and kiln_ir::DType disagree");
     }
 
     /// The C sources use the generated names and keep no copy of their own.

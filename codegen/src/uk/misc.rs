@@ -2,7 +2,7 @@
 //! quantization, signal processing and RoiAlign. Each function's comment gives the iattr/fattr
 //! order the C kernel reads.
 
-use super::codes::{RnnActCode, RnnCode, WindowCode};
+use super::codes::{QuantParamCode, RnnActCode, RnnCode, WindowCode};
 use super::UkCall;
 use crate::error::Result;
 use crate::node::NodeInfo;
@@ -203,12 +203,13 @@ fn int_range(d: DType) -> Option<(i64, i64)> {
 /// The layout `[kind, inner, dim, block, blocks]` (misc.c `param_index`) of input `i`, a scale
 /// or zero point of the tensor of shape `x`; per tensor when the input is absent.
 fn param_layout(node: &NodeInfo, x: &[usize], i: usize, axis: i64, block_size: usize) -> Result<[i64; 5]> {
+    let per_tensor = [QuantParamCode::QP_TENSOR.code(), 0, 0, 0, 0];
     if !node.has_input(i) {
-        return Ok([0; 5]);
+        return Ok(per_tensor);
     }
     let p = node.input_shape(i)?;
     if p.iter().product::<usize>() == 1 {
-        return Ok([0; 5]);
+        return Ok(per_tensor);
     }
     let ax = norm_axis(node, axis, x.len())?;
     let inner: usize = x[ax + 1..].iter().product();
@@ -219,7 +220,7 @@ fn param_layout(node: &NodeInfo, x: &[usize], i: usize, axis: i64, block_size: u
                 "input {i} of shape {p:?} must be 1-D of length {dim} (axis {axis} of {x:?})"
             )));
         }
-        return Ok([1, inner as i64, dim as i64, 0, 0]);
+        return Ok([QuantParamCode::QP_AXIS.code(), inner as i64, dim as i64, 0, 0]);
     }
     let blocks = dim.div_ceil(block_size);
     let expected: Vec<usize> = x
@@ -232,7 +233,13 @@ fn param_layout(node: &NodeInfo, x: &[usize], i: usize, axis: i64, block_size: u
             "input {i} of shape {p:?} does not match blocked quantization of {x:?} with block_size {block_size} (expected {expected:?})"
         )));
     }
-    Ok([2, inner as i64, dim as i64, block_size as i64, blocks as i64])
+    Ok([
+        QuantParamCode::QP_BLOCKED.code(),
+        inner as i64,
+        dim as i64,
+        block_size as i64,
+        blocks as i64,
+    ])
 }
 
 fn norm_axis(node: &NodeInfo, axis: i64, rank: usize) -> Result<usize> {

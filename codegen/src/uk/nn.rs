@@ -6,6 +6,7 @@
 //! compile time with the rules of `ir/src/ops/conv.rs`, so the C kernels only see explicit
 //! per-axis (kernel, stride, dilation, pad_begin, pad_end).
 
+use super::codes::MaskCode;
 use super::UkCall;
 use crate::error::Result;
 use crate::node::NodeInfo;
@@ -706,7 +707,7 @@ fn attention(node: &NodeInfo, a: &AttentionAttrs) -> Result<UkCall> {
         return Ok(call);
     }
     let (mask_kind, mask_shape, bias_dtype) = match node.input_type(3) {
-        None => (0, [1; 4], dt),
+        None => (MaskCode::MASK_NONE, [1; 4], dt),
         Some(m) => {
             let s = node.input_shape(3)?;
             if s.is_empty() || s.len() > 4 {
@@ -719,8 +720,8 @@ fn attention(node: &NodeInfo, a: &AttentionAttrs) -> Result<UkCall> {
                 return Err(node.unsupported("attn_mask does not broadcast to [B, Hq, Sq, T]"));
             }
             match m.dtype {
-                DType::Bool => (1, shape, dt),
-                d if d.is_float() => (2, shape, promote(dt, d)),
+                DType::Bool => (MaskCode::MASK_BOOL, shape, dt),
+                d if d.is_float() => (MaskCode::MASK_FLOAT, shape, promote(dt, d)),
                 _ => return Err(node.unsupported("attn_mask must be bool or float")),
             }
         }
@@ -755,7 +756,7 @@ fn attention(node: &NodeInfo, a: &AttentionAttrs) -> Result<UkCall> {
         capped as i64,
         biased as i64,
         softmax as i64,
-        mask_kind,
+        mask_kind.code(),
     ];
     iattr.extend(mask_shape.iter().map(|&d| d as i64));
     let mut c = Carve::default();
@@ -789,12 +790,12 @@ fn attention_f32(
         return Ok(None);
     }
     let (mask_kind, mask_shape) = match node.input_type(3) {
-        None => (0, [1; 4]),
+        None => (MaskCode::MASK_NONE, [1; 4]),
         Some(m) => {
             let s = node.input_shape(3)?;
             let kind = match m.dtype {
-                DType::Bool => 1,
-                DType::F32 => 2,
+                DType::Bool => MaskCode::MASK_BOOL,
+                DType::F32 => MaskCode::MASK_FLOAT,
                 _ => return Ok(None),
             };
             if s.is_empty() || s.len() > 4 {
@@ -822,7 +823,7 @@ fn attention_f32(
         dk as i64,
         dv as i64,
         a.is_causal as i64,
-        mask_kind,
+        mask_kind.code(),
     ];
     iattr.extend(mask_shape.iter().map(|&d| d as i64));
     iattr.extend([rows as i64, tp as i64]);
