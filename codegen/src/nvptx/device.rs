@@ -393,6 +393,23 @@ mod tests {
         );
     }
 
+    #[test]
+    fn storage_codes_match_the_runtime_header() {
+        let header = include_str!("../../../runtime-stub/c/kiln_cuda.h");
+        for (s, name) in [
+            (Storage::Input(0), "KILN_CUDA_INPUT"),
+            (Storage::Output(0), "KILN_CUDA_OUTPUT"),
+            (Storage::Arena(0), "KILN_CUDA_ARENA"),
+            (Storage::Weights(0), "KILN_CUDA_WEIGHTS"),
+        ] {
+            let code = super::super::storage_code(s).0;
+            assert!(
+                header.contains(&format!("  {name} = {code},")),
+                "kiln_cuda.h's {name} differs from storage_code's {code}"
+            );
+        }
+    }
+
     /// Einsum's micro-kernel is listed as block-parallel, Gather's is not: one launch of a
     /// block of LIBRARY_THREADS, one of a single thread, each entry starting the block state.
     #[test]
