@@ -2,6 +2,7 @@
    RoiAlign. See kiln_uk.h for the contract; codegen/src/uk/misc.rs packs the attributes in the
    order each kernel documents. */
 #include "kiln_uk.h"
+#include "kiln_uk_ops.h" /* RNN_*, RA_*, WIN_*, QP_* codes, generated from codegen/src/uk/codes.rs */
 #include <float.h>
 
 /* Every kernel here computes in double, like kiln_ir's reference interpreter, and rounds once
@@ -72,15 +73,12 @@ KILN_UK_INLINE void stf(void *p, int64_t dt, int64_t i, double v) {
 
    Inputs (ONNX order): X, W, R, B?, sequence_lens?, initial_h?, initial_c? (LSTM), P? (LSTM).
    Outputs: Y?, Y_h?, Y_c? (LSTM); an output with data == NULL is not written.
-   iattr: [kind (0 RNN, 1 GRU, 2 LSTM), dirs, reverse (direction == reverse), hidden, layout,
+   iattr: [kind (RNN_RNN, RNN_GRU, RNN_LSTM), dirs, reverse (direction == reverse), hidden, layout,
            input_forget, linear_before_reset, has_clip, seq, batch, input,
            n_act, act_code[n_act]]
    fattr: [clip, (alpha, beta)[n_act]]
-   Activation codes: 0 Relu, 1 Tanh, 2 Sigmoid, 3 Affine, 4 LeakyRelu, 5 ThresholdedRelu,
-   6 ScaledTanh, 7 HardSigmoid, 8 Elu, 9 Softsign, 10 Softplus.
+   Activation codes: RA_* (RnnActCode in codegen/src/uk/codes.rs).
    scratch: dirs * batch * rnn_task_doubles(...) doubles. */
-
-enum { RNN_RNN = 0, RNN_GRU = 1, RNN_LSTM = 2 };
 
 KILN_UK_INLINE double sigmoid_d(double x) {
   /* Two forms so that exp never overflows into inf/inf. */
@@ -91,17 +89,17 @@ KILN_UK_INLINE double sigmoid_d(double x) {
 
 KILN_UK_INLINE double rnn_activate(int64_t code, double alpha, double beta, double x) {
   switch (code) {
-  case 0: return (x > 0 || x != x) ? x : 0.0;
-  case 1: return __builtin_tanh(x);
-  case 2: return sigmoid_d(x);
-  case 3: return alpha * x + beta;
-  case 4: return x >= 0 ? x : alpha * x;
-  case 5: return x > alpha ? x : 0.0;
-  case 6: return alpha * __builtin_tanh(beta * x);
-  case 7: return clampd(alpha * x + beta, 0.0, 1.0);
-  case 8: return x >= 0 ? x : alpha * __builtin_expm1(x);
-  case 9: return x / (1.0 + __builtin_fabs(x));
-  default: return x > 0 ? x + __builtin_log1p(__builtin_exp(-x)) : __builtin_log1p(__builtin_exp(x));
+  case RA_RELU: return (x > 0 || x != x) ? x : 0.0;
+  case RA_TANH: return __builtin_tanh(x);
+  case RA_SIGMOID: return sigmoid_d(x);
+  case RA_AFFINE: return alpha * x + beta;
+  case RA_LEAKY_RELU: return x >= 0 ? x : alpha * x;
+  case RA_THRESHOLDED_RELU: return x > alpha ? x : 0.0;
+  case RA_SCALED_TANH: return alpha * __builtin_tanh(beta * x);
+  case RA_HARD_SIGMOID: return clampd(alpha * x + beta, 0.0, 1.0);
+  case RA_ELU: return x >= 0 ? x : alpha * __builtin_expm1(x);
+  case RA_SOFTSIGN: return x / (1.0 + __builtin_fabs(x));
+  default: /* RA_SOFTPLUS */ return x > 0 ? x + __builtin_log1p(__builtin_exp(-x)) : __builtin_log1p(__builtin_exp(x));
   }
 }
 
@@ -280,13 +278,13 @@ KILN_UK_INLINE double saturate(double v, double lo, double hi) {
   return clampd(__builtin_roundeven(v), lo, hi);
 }
 
-/* Scale / zero-point layout: pl = [kind (0 per tensor, 1 per axis, 2 blocked), inner, dim,
+/* Scale / zero-point layout: pl = [kind (QP_TENSOR, QP_AXIS, QP_BLOCKED), inner, dim,
    block, blocks]; the parameter's flat index for the quantized tensor's flat index i. */
 KILN_UK_INLINE int64_t param_index(const int64_t *pl, int64_t i) {
   switch (pl[0]) {
-  case 0: return 0;
-  case 1: return (i / pl[1]) % pl[2];
-  default: {
+  case QP_TENSOR: return 0;
+  case QP_AXIS: return (i / pl[1]) % pl[2];
+  default: { /* QP_BLOCKED */
     int64_t inner = pl[1], dim = pl[2];
     int64_t ax = (i / inner) % dim, outer = i / (inner * dim);
     return (outer * pl[4] + ax / pl[3]) * inner + i % inner;
@@ -696,7 +694,7 @@ int32_t kiln_uk_stft(const kiln_uk_args *a) {
 }
 
 /* HannWindow / HammingWindow / BlackmanWindow. Inputs: size (known). Output [size].
-   iattr: [kind (0 Hann, 1 Hamming, 2 Blackman), size, periodic] */
+   iattr: [kind (WIN_HANN, WIN_HAMMING, WIN_BLACKMAN), size, periodic] */
 int32_t kiln_uk_window(const kiln_uk_args *a) {
   const double pi = 3.141592653589793;
   const int64_t kind = a->iattr[0], size = a->iattr[1];
@@ -706,10 +704,10 @@ int32_t kiln_uk_window(const kiln_uk_args *a) {
   for (int64_t i = 0; i < size; i++) {
     const double n = (double)i;
     double v;
-    if (kind == 0) {
+    if (kind == WIN_HANN) {
       const double s = __builtin_sin(pi * n / denom);
       v = s * s;
-    } else if (kind == 1) {
+    } else if (kind == WIN_HAMMING) {
       const double alpha = 25.0 / 46.0;
       v = alpha - (1.0 - alpha) * __builtin_cos(2.0 * pi * n / denom);
     } else {

@@ -5,6 +5,7 @@
  * first), so these loops only walk what is left. Indices read from runtime inputs are always
  * range-checked before use. */
 #include "kiln_uk.h"
+#include "kiln_uk_ops.h" /* SC_*, GS_* codes, generated from codegen/src/uk/codes.rs */
 
 typedef int64_t i64;
 
@@ -379,7 +380,7 @@ int32_t kiln_uk_gather_nd(const kiln_uk_args *a) {
 
 /* ---------------------------------------------------------------------------------------------
  * Scatter family: the output starts as a copy of the data, then updates are combined in index
- * order. Reduction codes: 0 none, 1 add, 2 mul, 3 max, 4 min. Integers wrap, f16/bf16 round
+ * order. Reduction codes: SC_NONE, SC_ADD, SC_MUL, SC_MAX, SC_MIN. Integers wrap, f16/bf16 round
  * each step through f32, bool uses or/and. ScatterND's max/min propagate NaN (numpy maximum);
  * ScatterElements' keep the current value unless the update compares greater/less. */
 
@@ -387,10 +388,10 @@ int32_t kiln_uk_gather_nd(const kiln_uk_args *a) {
   {                                                                                        \
     T x = ((T *)o)[i], y = ((const T *)u)[j], z;                                           \
     switch (r) {                                                                           \
-    case 1: z = (T)((UT)x + (UT)y); break;                                                 \
-    case 2: z = (T)((UT)x * (UT)y); break;                                                 \
-    case 3: z = y > x ? y : x; break;                                                      \
-    case 4: z = y < x ? y : x; break;                                                      \
+    case SC_ADD: z = (T)((UT)x + (UT)y); break;                                            \
+    case SC_MUL: z = (T)((UT)x * (UT)y); break;                                            \
+    case SC_MAX: z = y > x ? y : x; break;                                                 \
+    case SC_MIN: z = y < x ? y : x; break;                                                 \
     default: z = y; break;                                                                 \
     }                                                                                      \
     ((T *)o)[i] = z;                                                                       \
@@ -400,10 +401,10 @@ int32_t kiln_uk_gather_nd(const kiln_uk_args *a) {
 KILN_UK_INLINE float mv_red_float(i64 r, float x, float y, int nan_prop) {
   int nan = nan_prop && (x != x || y != y);
   switch (r) {
-  case 1: return x + y;
-  case 2: return x * y;
-  case 3: return nan ? (x != x ? x : y) : (y > x ? y : x);
-  case 4: return nan ? (x != x ? x : y) : (y < x ? y : x);
+  case SC_ADD: return x + y;
+  case SC_MUL: return x * y;
+  case SC_MAX: return nan ? (x != x ? x : y) : (y > x ? y : x);
+  case SC_MIN: return nan ? (x != x ? x : y) : (y < x ? y : x);
   default: return y;
   }
 }
@@ -411,10 +412,10 @@ KILN_UK_INLINE float mv_red_float(i64 r, float x, float y, int nan_prop) {
 KILN_UK_INLINE double mv_red_double(i64 r, double x, double y, int nan_prop) {
   int nan = nan_prop && (x != x || y != y);
   switch (r) {
-  case 1: return x + y;
-  case 2: return x * y;
-  case 3: return nan ? (x != x ? x : y) : (y > x ? y : x);
-  case 4: return nan ? (x != x ? x : y) : (y < x ? y : x);
+  case SC_ADD: return x + y;
+  case SC_MUL: return x * y;
+  case SC_MAX: return nan ? (x != x ? x : y) : (y > x ? y : x);
+  case SC_MIN: return nan ? (x != x ? x : y) : (y < x ? y : x);
   default: return y;
   }
 }
@@ -424,10 +425,10 @@ static void mv_reduce(i64 dt, i64 r, void *o, i64 i, const void *u, i64 j, int n
   case KILN_BOOL: {
     uint8_t x = ((uint8_t *)o)[i], y = ((const uint8_t *)u)[j], z;
     switch (r) {
-    case 1: z = x || y; break;
-    case 2: z = x && y; break;
-    case 3: z = y > x ? y : x; break;
-    case 4: z = y < x ? y : x; break;
+    case SC_ADD: z = x || y; break;
+    case SC_MUL: z = x && y; break;
+    case SC_MAX: z = y > x ? y : x; break;
+    case SC_MIN: z = y < x ? y : x; break;
     default: z = y; break;
     }
     ((uint8_t *)o)[i] = z;
@@ -467,7 +468,7 @@ int32_t kiln_uk_scatter_nd(const kiln_uk_args *a) {
   for (i64 t = 0; t < tuples; t++) {
     i64 off;
     if (mv_nd_offset(a, a->iattr + 3, t, &off)) return KILN_UK_EINDEX;
-    if (red == 0)
+    if (red == SC_NONE)
       __builtin_memcpy(dst + off * es, upd + t * slice * es, (size_t)(slice * es));
     else
       for (i64 j = 0; j < slice; j++) mv_reduce(dt, red, dst, off + j, upd, t * slice + j, 1);
@@ -877,7 +878,7 @@ int32_t kiln_uk_grid_sample(const kiln_uk_args *a) {
     hi[k] = align ? (double)len[k] - 1.0 : (double)len[k] - 0.5;
   }
   i64 dt = a->out[0].dtype;
-  i64 ntaps = mode == 0 ? 2 : mode == 1 ? 1 : 4;
+  i64 ntaps = mode == GS_LINEAR ? 2 : mode == GS_NEAREST ? 1 : 4;
   for (i64 b = 0; b < n; b++) {
     for (i64 p = 0; p < points; p++) {
       /* Per axis: tap indices into the plane (-1: a zero read) and weights. */
@@ -887,19 +888,19 @@ int32_t kiln_uk_grid_sample(const kiln_uk_args *a) {
         float gv = (float)kiln_load_f64(g->data, g->dtype, (b * points + p) * r + (r - 1 - i));
         float fl = (float)len[i];
         double v = align ? (double)((gv + 1.0f) / 2.0f * (fl - 1.0f)) : (double)(((gv + 1.0f) * fl - 1.0f) / 2.0f);
-        if (mode == 1) v = __builtin_rint(v);
+        if (mode == GS_NEAREST) v = __builtin_rint(v);
         if (v < lo[i] || v > hi[i]) {
-          if (padding == 1)
+          if (padding == GS_BORDER)
             v = v < 0 ? 0 : v > (double)len[i] - 1 ? (double)len[i] - 1 : v;
-          else if (padding == 2)
+          else if (padding == GS_REFLECTION)
             v = mv_gs_reflect(v, lo[i], hi[i]);
         }
         v = (double)(float)v;
         i64 base;
-        if (mode == 1) {
+        if (mode == GS_NEAREST) {
           tidx[i][0] = mv_f2i(v);
           tw[i][0] = 1.0;
-        } else if (mode == 0) {
+        } else if (mode == GS_LINEAR) {
           double x0 = __builtin_floor(v), t = v - x0;
           base = mv_f2i(x0);
           tidx[i][0] = base;
@@ -918,9 +919,9 @@ int32_t kiln_uk_grid_sample(const kiln_uk_args *a) {
         }
         for (i64 k = 0; k < ntaps; k++) {
           i64 t = tidx[i][k], last = len[i] - 1;
-          if (padding == 0)
+          if (padding == GS_ZEROS)
             t = t >= 0 && t <= last ? t : -1;
-          else if (padding == 1)
+          else if (padding == GS_BORDER)
             t = t < 0 ? 0 : t > last ? last : t;
           else {
             t = mv_f2i(mv_gs_reflect((double)t, lo[i], hi[i]));

@@ -10,6 +10,7 @@
  * fewer are padded with leading unit axes so that one loop nest serves 1-D to 3-D.
  */
 #include "kiln_uk.h"
+#include "kiln_uk_ops.h" /* ACC_*, MASK_* codes, generated from codegen/src/uk/codes.rs */
 #include "kiln_math.h"
 
 #include <float.h>
@@ -599,8 +600,6 @@ int32_t kiln_uk_conv_transpose(const kiln_uk_args *a) { return conv_common(a, 1)
  * order of ir's kernel, over tasks of (matrix, block of rows).
  * ------------------------------------------------------------------------------------------- */
 
-enum { ACC_F32 = 0, ACC_F64 = 1, ACC_I64 = 2 };
-
 static int acc_kind(int64_t dt) {
   if (dt == KILN_F64) return ACC_F64;
   if (kiln_dtype_is_float(dt)) return ACC_F32;
@@ -1022,7 +1021,7 @@ int32_t kiln_uk_rotary_embedding(const kiln_uk_args *a) {
  * iattr: 0 three_d, 1 B, 2 Hq, 3 Hkv, 4 Sq, 5 Skv, 6 past, 7 Dk, 8 Dv, 9 is_causal,
  *        10 qk_matmul_output_mode, 11 left_window, 12 right_window, 13-16 rounding dtype codes
  *        of the operator, the softcapped scores, the biased scores and the softmax,
- *        17 mask kind (0 none, 1 bool, 2 float), 18-21 mask shape padded to 4-D with leading 1s.
+ *        17 mask kind (MASK_NONE, MASK_BOOL, MASK_FLOAT), 18-21 mask shape padded to 4-D with leading 1s.
  * fattr: 0 sqrt(scale) before rounding, 1 softcap (<= 0: none).
  * in: Q, K, V, attn_mask?, past_key?, past_value?, nonpad_kv_seqlen? (i64 [B]).
  * out: Y, present_key?, present_value?, qk_matmul_output?.
@@ -1052,13 +1051,13 @@ static double attn_in(const attn_job *j, const kiln_tensor *t, int64_t heads, in
 static double attn_bias(const attn_job *j, int64_t b, int64_t h, int64_t i, int64_t jj) {
   const kiln_uk_args *a = j->a;
   double v = 0;
-  if (j->mask_kind) {
+  if (j->mask_kind != MASK_NONE) {
     if (jj >= j->mlen) {
       v = -__builtin_inf();
     } else {
       const kiln_tensor *m = &a->in[3];
       double mv = kiln_load_f64(m->data, m->dtype, b * j->mstr[0] + h * j->mstr[1] + i * j->mstr[2] + jj * j->mstr[3]);
-      v = j->mask_kind == 1 ? (mv != 0 ? 0.0 : -__builtin_inf()) : mv;
+      v = j->mask_kind == MASK_BOOL ? (mv != 0 ? 0.0 : -__builtin_inf()) : mv;
     }
   }
   /* nonpad_kv_seqlen never comes with a past (the type check rejects it). */
@@ -1207,8 +1206,8 @@ int32_t kiln_uk_attention(const kiln_uk_args *a) {
  * Attention, f32 fast path: no KV cache, softcap, sliding window, QK output or nonpad lengths
  * (the lowering picks kiln_uk_attention for those), f32 Q/K/V, mask none, bool or f32.
  *
- * iattr: 0 three_d, 1 B, 2 Hq, 3 Hkv, 4 Sq, 5 T, 6 Dk, 7 Dv, 8 is_causal, 9 mask kind (0 none,
- *        1 bool, 2 f32), 10-13 mask shape padded to 4-D, 14 query rows per task, 15 T padded
+ * iattr: 0 three_d, 1 B, 2 Hq, 3 Hkv, 4 Sq, 5 T, 6 Dk, 7 Dv, 8 is_causal, 9 mask kind
+ *        (MASK_NONE, MASK_BOOL, MASK_FLOAT), 10-13 mask shape padded to 4-D, 14 query rows per task, 15 T padded
  *        to a multiple of AF_NC.
  * fattr: 0 scale.
  * in: Q, K, V ([B, H, S, D], or [B, S, H*D] when three_d), attn_mask?. out: Y.
@@ -1355,14 +1354,14 @@ static void af_task(void *data, int64_t task, int64_t tid) {
   for (int64_t r = r4; r < nrows; r++)
     for (int64_t jj = 0; jj < Tp; jj += AF_NC) af_scores1(q0 + (i0 + r) * qs, kt, Tp, Dk, jj, sc + r * Tp, j->scale);
   /* Mask and softmax, row by row; a row with every key masked gives zeros, as the reference. */
-  const kiln_tensor *m = j->mask_kind ? &a->in[3] : NULL;
+  const kiln_tensor *m = j->mask_kind != MASK_NONE ? &a->in[3] : NULL;
   float ninf = -__builtin_inff();
   for (int64_t r = 0; r < nrows; r++) {
     int64_t i = i0 + r;
     float *row = sc + r * Tp;
     if (m) {
       int64_t mo = b * j->mstr[0] + h * j->mstr[1] + i * j->mstr[2];
-      if (j->mask_kind == 1) {
+      if (j->mask_kind == MASK_BOOL) {
         const uint8_t *mb = (const uint8_t *)m->data + mo;
         for (int64_t t = 0; t < j->mlen; t++) row[t] = mb[t * j->mstr[3]] ? row[t] : ninf;
       } else {

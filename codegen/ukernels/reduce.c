@@ -14,6 +14,7 @@
  * the loops specialise per element type.
  */
 #include "kiln_uk.h"
+#include "kiln_uk_ops.h" /* K_*, SM_*, LOSS_* codes, generated from codegen/src/uk/codes.rs */
 #include <float.h>
 
 #define R_INF __builtin_inf()
@@ -166,10 +167,9 @@ KILN_UK_INLINE float rd_expf(float x) {
  * kiln_uk_reduce: in[0] data (in[1] axes, already applied), out[0].
  * iattr: [kind, ng, extent_0, reduced_0, extent_1, reduced_1, ...] -- the input's dims with
  * neighbours of the same kind merged and extent-1 dims dropped (at most 16 groups).
- * kind: 0 Sum, 1 Mean, 2 Max, 3 Min, 4 Prod, 5 L1, 6 L2, 7 LogSum, 8 LogSumExp, 9 SumSquare.
+ * kind: K_* (ReduceCode in codegen/src/uk/codes.rs).
  * ------------------------------------------------------------------------------------------- */
 
-enum { K_SUM, K_MEAN, K_MAX, K_MIN, K_PROD, K_L1, K_L2, K_LOGSUM, K_LSE, K_SUMSQ };
 /* How elements accumulate. */
 enum { A_SUM, A_ABS, A_SQ, A_MAX, A_MIN, A_PROD };
 
@@ -655,11 +655,9 @@ int32_t kiln_uk_cumulative(const kiln_uk_args *a) {
  * Softmax / LogSoftmax / Hardmax
  *
  * kiln_uk_softmax: in[0] x, out[0] y.
- * iattr: [outer, n, inner, kind]  kind: 0 Softmax, 1 LogSoftmax, 2 Hardmax. (The Rust side
+ * iattr: [outer, n, inner, kind]  kind: SM_SOFTMAX, SM_LOG, SM_HARD. (The Rust side
  * flattens coerce_2d forms to [outer, n, 1].)
  * ------------------------------------------------------------------------------------------- */
-
-enum { SM_SOFTMAX, SM_LOG, SM_HARD };
 
 typedef struct {
   const void *x;
@@ -1123,7 +1121,7 @@ int32_t kiln_uk_lrn(const kiln_uk_args *a) {
  * kiln_uk_loss: in[0] input [N, C, d...], in[1] target [N, d...] (integer), in[2] weight [C]
  * (absent: NULL); out[0] loss, out[1] log_prob? (SoftmaxCrossEntropyLoss).
  * iattr: [N, C, D, log_softmax, reduction, has_ignore_index, ignore_index]
- * reduction: 0 none, 1 sum, 2 mean.  scratch: 8 * N * C * D bytes when log_softmax.
+ * reduction: LOSS_NONE, LOSS_SUM, LOSS_MEAN.  scratch: 8 * N * C * D bytes when log_softmax.
  * ------------------------------------------------------------------------------------------- */
 
 KILN_UK_INLINE int32_t loss_body(const kiln_uk_args *a, int64_t dt) {
@@ -1159,13 +1157,13 @@ KILN_UK_INLINE int32_t loss_body(const kiln_uk_args *a, int64_t dt) {
         l = -(lsm ? lp[at] : ld(x, dt, at)) * w;
         wsum += w;
       }
-      if (red == 0)
+      if (red == LOSS_NONE)
         st(a->out[0].data, dt, ni * d + di, l);
       else
         total += l;
     }
-  if (red == 1) st(a->out[0].data, dt, 0, total);
-  if (red == 2) st(a->out[0].data, dt, 0, total / wsum);
+  if (red == LOSS_SUM) st(a->out[0].data, dt, 0, total);
+  if (red == LOSS_MEAN) st(a->out[0].data, dt, 0, total / wsum);
   return 0;
 }
 

@@ -9,6 +9,7 @@
 //! `signature` the JSON signature written beside an artifact.
 
 mod c_api;
+pub(crate) mod call;
 mod descriptor;
 pub(crate) mod kernels;
 mod run;

@@ -2,6 +2,7 @@
 //! parts for large models; the dispatching run function of a portable artifact and the CUDA
 //! one.
 
+use super::call::{call_and_branch_on_status, store_arg_slots};
 use super::{Emitter, MAX_UNROLLED_OPERANDS};
 use crate::error::{CodegenError, Result};
 use crate::gen::{llvm, runtime_fn};
@@ -10,7 +11,6 @@ use inkwell::context::Context;
 use inkwell::module::Linkage;
 use inkwell::types::StructType;
 use inkwell::values::{BasicValueEnum, FunctionValue, GlobalValue, PointerValue};
-use inkwell::IntPredicate;
 
 /// Kernels per part of the run function of a large model (see `run_function`).
 pub(super) const RUN_PART_KERNELS: usize = 256;
@@ -113,32 +113,23 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
         }
         for (c, part) in parts.iter().enumerate() {
             let prof = prof.unwrap_or(ptr.const_null());
-            let rc = b
-                .build_call(
-                    *part,
-                    &[
-                        ctx.into(),
-                        inputs.into(),
-                        outputs.into(),
-                        arena.into(),
-                        weights.into(),
-                        prof.into(),
-                    ],
-                    "rc",
-                )
-                .map_err(llvm)?
-                .try_as_basic_value()
-                .basic()
-                .ok_or_else(|| CodegenError::internal("a run part returns i32"))?
-                .into_int_value();
-            let failed = b
-                .build_int_compare(IntPredicate::NE, rc, i32t.const_zero(), "failed")
-                .map_err(llvm)?;
-            let fail_bb = self.cx.append_basic_block(f, &format!("part_fail{c}"));
-            let next_bb = self.cx.append_basic_block(f, &format!("after_part{c}"));
-            b.build_conditional_branch(failed, fail_bb, next_bb)
-                .map_err(llvm)?;
-            b.position_at_end(fail_bb);
+            let (rc, next_bb) = call_and_branch_on_status(
+                self.cx,
+                b,
+                f,
+                *part,
+                &[
+                    ctx.into(),
+                    inputs.into(),
+                    outputs.into(),
+                    arena.into(),
+                    weights.into(),
+                    prof.into(),
+                ],
+                "a run part",
+                &format!("part_fail{c}"),
+                &format!("after_part{c}"),
+            )?;
             b.build_return(Some(&rc)).map_err(llvm)?;
             b.position_at_end(next_bb);
         }
@@ -219,7 +210,6 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
         let b = &self.builder;
         let ptr = self.ptr();
         let i64t = self.cx.i64_type();
-        let i32t = self.cx.i32_type();
         let plan = self.parts.plan;
         let ctx = bases.ctx;
         let max_args = plan.kernels[range.clone()]
@@ -236,40 +226,22 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
             if slots.len() > MAX_UNROLLED_OPERANDS {
                 let table_bases = [bases.inputs, bases.outputs, bases.arena, bases.weights];
                 self.fill_args_in_loop(f, i, args, &slots, table_bases)?;
-            }
-            for (slot, s) in slots
-                .iter()
-                .enumerate()
-                .filter(|_| slots.len() <= MAX_UNROLLED_OPERANDS)
-            {
-                let p = match s {
-                    Some(s) => self.locate(*s, bases)?,
-                    None => ptr.const_null(),
-                };
-                let dst = unsafe {
-                    b.build_in_bounds_gep(ptr, args, &[i64t.const_int(slot as u64, false)], "slot")
-                }
-                .map_err(llvm)?;
-                b.build_store(dst, p).map_err(llvm)?;
+            } else {
+                store_arg_slots(self.cx, b, args, &slots, |s| self.locate(s, bases))?;
             }
             if let Some(prof) = bases.prof {
                 self.profile_gen().kernel_begin(f, prof)?;
             }
-            let rc = b
-                .build_call(kf, &[ctx.into(), args.into()], "rc")
-                .map_err(llvm)?
-                .try_as_basic_value()
-                .basic()
-                .ok_or_else(|| CodegenError::internal("kernel returns i32"))?
-                .into_int_value();
-            let failed = b
-                .build_int_compare(IntPredicate::NE, rc, i32t.const_zero(), "failed")
-                .map_err(llvm)?;
-            let fail_bb = self.cx.append_basic_block(f, &format!("fail{i}"));
-            let next_bb = self.cx.append_basic_block(f, &format!("after{i}"));
-            b.build_conditional_branch(failed, fail_bb, next_bb)
-                .map_err(llvm)?;
-            b.position_at_end(fail_bb);
+            let (rc, next_bb) = call_and_branch_on_status(
+                self.cx,
+                b,
+                f,
+                kf,
+                &[ctx.into(), args.into()],
+                "kernel",
+                &format!("fail{i}"),
+                &format!("after{i}"),
+            )?;
             let node = self.cstring(&format!("kiln.k{i}.node"), &k.node_name);
             let op = self.cstring(&format!("kiln.k{i}.op"), k.op_name);
             b.build_call(

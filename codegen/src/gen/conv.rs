@@ -7,7 +7,7 @@ use super::gemm::{BatchDim, Builder, Operand, Tile};
 use crate::error::Result;
 use crate::gen::GeneratedKernel;
 use crate::kernel::epilogue::{Bias, Epilogue};
-use crate::kernel::geometry::ConvShape;
+use crate::kernel::geometry::{ConvShape, ConvWindow};
 use crate::kernel::PackedConst;
 use crate::node::NodeInfo;
 use crate::target::TargetDesc;
@@ -36,11 +36,12 @@ pub(crate) fn lower_conv(
     let Some(geo) = s.window(attrs, cg) else {
         return Err(node.unsupported("convolution window does not match the output shape"));
     };
-    if g == c && g == m && cg == 1 && g > 1 {
+    if s.is_depthwise() {
         if epi.input_scale.is_some() {
             return Ok(None);
         }
-        return crate::gen::dwconv::lower(node, target, epi, &w, geo.into_dw(nb, c));
+        let geo = ConvWindow { c, ..geo };
+        return crate::gen::dwconv::lower(node, target, epi, &w, nb, geo);
     }
     if epi.pool_mean {
         return Ok(None);
@@ -127,11 +128,12 @@ fn lower_conv_nhwc(
     let Some(geo) = s.window(attrs, cg) else {
         return Err(node.unsupported("convolution window does not match the output shape"));
     };
-    if g == c && g == m && cg == 1 && g > 1 {
+    if s.is_depthwise() {
         if epi.input_scale.is_some() {
             return Ok(None);
         }
-        return crate::gen::conv_nhwc::lower_dw(node, target, epi, w, geo.into_dw(nb, c));
+        let geo = ConvWindow { c, ..geo };
+        return crate::gen::conv_nhwc::lower_dw(node, target, epi, w, nb, geo);
     }
     if g != 1 || cg != c || s.y_channels != m {
         return Ok(None);

@@ -12,13 +12,12 @@ use super::emit::Emit;
 use super::{llvm, GeneratedKernel, KernelBuilder};
 use crate::error::Result;
 use crate::kernel::epilogue::{Activation, Bias, Epilogue, Residual};
+use crate::kernel::geometry::ConvWindow;
 use crate::kernel::{KernelCommon, PackedConst, Scratch};
 use crate::node::NodeInfo;
 use crate::target::TargetDesc;
 use inkwell::values::{IntValue, PointerValue, VectorValue};
 use inkwell::IntPredicate;
-
-pub(crate) use super::dwconv::DwGeom;
 
 /// The element type an im2col panel is packed in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -191,7 +190,7 @@ pub(crate) fn pack_a_im2col<'ctx>(
     kc: IntValue<'ctx>,
     mr: i64,
     m: i64,
-    g: &DwGeom,
+    g: &ConvWindow,
     stride: i64,
     to: PackTo,
     lanes: u32,
@@ -292,7 +291,9 @@ pub(crate) fn pack_a_im2col<'ctx>(
 /// Depthwise NHWC convolution (group == C == M).
 #[derive(Debug)]
 pub struct DwNhwcKernel {
-    g: DwGeom,
+    batch: usize,
+    /// The window over all the channels.
+    g: ConvWindow,
     lanes: u32,
     /// Channels padded to a multiple of `lanes` (the packed weight and bias rows).
     cpad: usize,
@@ -311,7 +312,8 @@ pub(crate) fn lower_dw(
     target: &TargetDesc,
     epi: Epilogue,
     w: &[f32],
-    g: DwGeom,
+    batch: usize,
+    g: ConvWindow,
 ) -> Result<Option<Box<dyn GeneratedKernel>>> {
     if epi.scale != 1.0 || epi.round_bf16 {
         return Ok(None);
@@ -326,7 +328,7 @@ pub(crate) fn lower_dw(
         Some(Residual::Input(i)) if node.input_shape(*i)? == node.output_shape(0)? => Some(*i),
         Some(_) => return Ok(None),
     };
-    let total = (g.batch * g.h * g.w * g.c).max(g.batch * g.oh * g.ow * g.c);
+    let total = (batch * g.h * g.w * g.c).max(batch * g.oh * g.ow * g.c);
     if total >= (1 << 31) {
         return Ok(None);
     }
@@ -348,6 +350,7 @@ pub(crate) fn lower_dw(
         packed.push(bytes(&b));
     }
     Ok(Some(Box::new(DwNhwcKernel {
+        batch,
         g,
         lanes,
         cpad,
@@ -400,7 +403,7 @@ impl GeneratedKernel for DwNhwcKernel {
             .expect("kernel has args")
             .into_pointer_value();
         me.store(me.gep_ptr(data, 1)?, args)?;
-        k.parallel_for(task, data, me.i64c((self.g.batch * self.g.oh) as i64))?;
+        k.parallel_for(task, data, me.i64c((self.batch * self.g.oh) as i64))?;
         k.ret_ok()
     }
 }

@@ -15,49 +15,11 @@ use crate::target::TargetDesc;
 use inkwell::values::{PointerValue, VectorValue};
 use inkwell::IntPredicate;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct DwGeom {
-    pub batch: usize,
-    pub c: usize,
-    pub h: usize,
-    pub w: usize,
-    pub kh: usize,
-    pub kw: usize,
-    pub sh: usize,
-    pub sw: usize,
-    pub dh: usize,
-    pub dw: usize,
-    pub ph: usize,
-    pub pw: usize,
-    pub oh: usize,
-    pub ow: usize,
-}
-
-impl ConvWindow {
-    /// The depthwise kernels' geometry of this window over `batch` images of `c` channels.
-    pub(crate) fn into_dw(self, batch: usize, c: usize) -> DwGeom {
-        DwGeom {
-            batch,
-            c,
-            h: self.h,
-            w: self.w,
-            kh: self.kh,
-            kw: self.kw,
-            sh: self.sh,
-            sw: self.sw,
-            dh: self.dh,
-            dw: self.dw,
-            ph: self.ph,
-            pw: self.pw,
-            oh: self.oh,
-            ow: self.ow,
-        }
-    }
-}
-
 #[derive(Debug)]
 pub struct DwConvKernel {
-    g: DwGeom,
+    batch: usize,
+    /// The window over all the channels.
+    g: ConvWindow,
     lanes: u32,
     /// Vectors per chunk of an output row.
     unroll: usize,
@@ -79,7 +41,8 @@ pub(crate) fn lower(
     target: &TargetDesc,
     epi: Epilogue,
     w: &[f32],
-    g: DwGeom,
+    batch: usize,
+    g: ConvWindow,
 ) -> Result<Option<Box<dyn GeneratedKernel>>> {
     if epi.residual.is_some() || epi.scale != 1.0 || epi.round_bf16 {
         return Ok(None);
@@ -101,7 +64,7 @@ pub(crate) fn lower(
     let max_col = (nchunks * cw - 1) * g.sw + (g.kw - 1) * g.dw + g.sw;
     let plane_w = (g.w + 2 * g.pw).max(max_col + 1).max(g.w + g.pw);
     let plane_h = (g.h + g.ph).max((g.oh - 1) * g.sh + (g.kh - 1) * g.dh + 1);
-    let total = g.batch * g.c * g.h * g.w;
+    let total = batch * g.c * g.h * g.w;
     if total >= (1 << 31) || plane_h * plane_w >= (1 << 31) {
         return Ok(None);
     }
@@ -114,6 +77,7 @@ pub(crate) fn lower(
         });
     }
     Ok(Some(Box::new(DwConvKernel {
+        batch,
         g,
         lanes,
         unroll,
@@ -183,7 +147,7 @@ impl GeneratedKernel for DwConvKernel {
             .expect("kernel has args")
             .into_pointer_value();
         me.store(me.gep_ptr(data, 1)?, args)?;
-        k.parallel_for(task, data, me.i64c((self.g.batch * self.g.c) as i64))?;
+        k.parallel_for(task, data, me.i64c((self.batch * self.g.c) as i64))?;
         k.ret_ok()
     }
 }

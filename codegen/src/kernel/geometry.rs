@@ -293,6 +293,13 @@ impl ConvShape {
         }))
     }
 
+    /// Whether each input channel is a group of its own with one output channel: a depthwise
+    /// convolution, whose kernels (CPU `gen::dwconv` and `gen::conv_nhwc`, GPU
+    /// `nvptx::kernels::gemm::dwconv`) walk the window over all `c` channels of `batch` images.
+    pub fn is_depthwise(&self) -> bool {
+        self.groups > 1 && self.groups == self.c && self.groups == self.m && self.cg == 1
+    }
+
     /// The window of `attrs` over `c` of the input channels (see [`ConvWindow`]), None unless
     /// it produces the output's extents.
     pub fn window(&self, attrs: &ConvAttrs, c: usize) -> Option<ConvWindow> {

@@ -6,6 +6,7 @@
 
 use super::{frame, libdevice, DeviceCode, GpuBuilder, GpuKernel, Launch, LaunchDims, Mode};
 use crate::api::Api;
+use crate::emit::call::{call_and_branch_on_status, store_arg_slots};
 use crate::emit::{self, ModuleParts};
 use crate::error::{CodegenError, Result};
 use crate::gen::llvm;
@@ -20,7 +21,7 @@ use inkwell::module::{Linkage, Module};
 use inkwell::passes::PassBuilderOptions;
 use inkwell::targets::FileType;
 use inkwell::values::{FunctionValue, PointerValue};
-use inkwell::{AddressSpace, IntPredicate, OptimizationLevel};
+use inkwell::{AddressSpace, OptimizationLevel};
 use kiln_ir::Graph;
 
 /// Generates the PTX of every kernel in `plan` for `target` (a [`TargetDesc::cuda`]).
@@ -288,30 +289,17 @@ pub(crate) fn library_entry<'ctx>(
     let args = b
         .build_array_alloca(ptr, i64t.const_int(slots.len().max(1) as u64, false), "args")
         .map_err(llvm)?;
-    for (slot, s) in slots.iter().enumerate() {
-        let p = match s {
-            Some(s) => resolve(cx, b, frame, *s, n_inputs)?,
-            None => ptr.const_null(),
-        };
-        let dst = unsafe { b.build_in_bounds_gep(ptr, args, &[i64t.const_int(slot as u64, false)], "slot") }
-            .map_err(llvm)?;
-        b.build_store(dst, p).map_err(llvm)?;
-    }
-    let rc = b
-        .build_call(body, &[frame.into(), args.into()], "rc")
-        .map_err(llvm)?
-        .try_as_basic_value()
-        .basic()
-        .ok_or_else(|| CodegenError::internal("kernel returns i32"))?
-        .into_int_value();
-    let failed = b
-        .build_int_compare(IntPredicate::NE, rc, i32t.const_zero(), "failed")
-        .map_err(llvm)?;
-    let fail_bb = cx.append_basic_block(f, "fail");
-    let done_bb = cx.append_basic_block(f, "done");
-    b.build_conditional_branch(failed, fail_bb, done_bb)
-        .map_err(llvm)?;
-    b.position_at_end(fail_bb);
+    store_arg_slots(cx, b, args, &slots, |s| resolve(cx, b, frame, s, n_inputs))?;
+    let (rc, done_bb) = call_and_branch_on_status(
+        cx,
+        b,
+        f,
+        body,
+        &[frame.into(), args.into()],
+        "kernel",
+        "fail",
+        "done",
+    )?;
     let error = load_ptr(cx, b, frame, frame::ERROR)?;
     b.build_store(error, i32t.const_int(i as u64 + 1, false))
         .map_err(llvm)?;
@@ -403,6 +391,23 @@ mod tests {
             header.contains(&format!("#define KILN_GPU_LIBRARY_THREADS {LIBRARY_THREADS}\n")),
             "kiln_cuda.h's KILN_GPU_LIBRARY_THREADS differs from LIBRARY_THREADS"
         );
+    }
+
+    #[test]
+    fn storage_codes_match_the_runtime_header() {
+        let header = include_str!("../../../runtime-stub/c/kiln_cuda.h");
+        for (s, name) in [
+            (Storage::Input(0), "KILN_CUDA_INPUT"),
+            (Storage::Output(0), "KILN_CUDA_OUTPUT"),
+            (Storage::Arena(0), "KILN_CUDA_ARENA"),
+            (Storage::Weights(0), "KILN_CUDA_WEIGHTS"),
+        ] {
+            let code = super::super::storage_code(s).0;
+            assert!(
+                header.contains(&format!("  {name} = {code},")),
+                "kiln_cuda.h's {name} differs from storage_code's {code}"
+            );
+        }
     }
 
     /// Einsum's micro-kernel is listed as block-parallel, Gather's is not: one launch of a

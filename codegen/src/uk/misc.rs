@@ -2,6 +2,7 @@
 //! quantization, signal processing and RoiAlign. Each function's comment gives the iattr/fattr
 //! order the C kernel reads.
 
+use super::codes::{QuantParamCode, RnnActCode, RnnCode, WindowCode};
 use super::UkCall;
 use crate::error::Result;
 use crate::node::NodeInfo;
@@ -58,21 +59,23 @@ pub fn lower(node: &NodeInfo) -> Result<Option<UkCall>> {
 
 const F64: u64 = 8;
 
-/// `(code, alpha, beta)` of an activation, codes as in misc.c.
+/// `(code, alpha, beta)` of an activation.
 fn activation(f: Activation) -> (i64, f64, f64) {
-    match f {
-        Activation::Relu => (0, 0.0, 0.0),
-        Activation::Tanh => (1, 0.0, 0.0),
-        Activation::Sigmoid => (2, 0.0, 0.0),
-        Activation::Affine { alpha, beta } => (3, alpha.into(), beta.into()),
-        Activation::LeakyRelu { alpha } => (4, alpha.into(), 0.0),
-        Activation::ThresholdedRelu { alpha } => (5, alpha.into(), 0.0),
-        Activation::ScaledTanh { alpha, beta } => (6, alpha.into(), beta.into()),
-        Activation::HardSigmoid { alpha, beta } => (7, alpha.into(), beta.into()),
-        Activation::Elu { alpha } => (8, alpha.into(), 0.0),
-        Activation::Softsign => (9, 0.0, 0.0),
-        Activation::Softplus => (10, 0.0, 0.0),
-    }
+    use RnnActCode as A;
+    let (code, alpha, beta) = match f {
+        Activation::Relu => (A::RA_RELU, 0.0, 0.0),
+        Activation::Tanh => (A::RA_TANH, 0.0, 0.0),
+        Activation::Sigmoid => (A::RA_SIGMOID, 0.0, 0.0),
+        Activation::Affine { alpha, beta } => (A::RA_AFFINE, alpha.into(), beta.into()),
+        Activation::LeakyRelu { alpha } => (A::RA_LEAKY_RELU, alpha.into(), 0.0),
+        Activation::ThresholdedRelu { alpha } => (A::RA_THRESHOLDED_RELU, alpha.into(), 0.0),
+        Activation::ScaledTanh { alpha, beta } => (A::RA_SCALED_TANH, alpha.into(), beta.into()),
+        Activation::HardSigmoid { alpha, beta } => (A::RA_HARD_SIGMOID, alpha.into(), beta.into()),
+        Activation::Elu { alpha } => (A::RA_ELU, alpha.into(), 0.0),
+        Activation::Softsign => (A::RA_SOFTSIGN, 0.0, 0.0),
+        Activation::Softplus => (A::RA_SOFTPLUS, 0.0, 0.0),
+    };
+    (code.code(), alpha, beta)
 }
 
 /// iattr: kind, dirs, reverse, hidden, layout, input_forget, linear_before_reset, has_clip,
@@ -85,15 +88,19 @@ fn rnn(node: &NodeInfo, a: &RnnAttrs) -> Result<UkCall> {
     let (seq, batch) = if a.layout == 1 { (x[1], x[0]) } else { (x[0], x[1]) };
     let input = x[2];
     let (kind, gates) = match a.kind {
-        RnnKind::Rnn => (0, 1),
-        RnnKind::Gru => (1, 3),
-        RnnKind::Lstm => (2, 4),
+        RnnKind::Rnn => (RnnCode::RNN_RNN, 1),
+        RnnKind::Gru => (RnnCode::RNN_GRU, 3),
+        RnnKind::Lstm => (RnnCode::RNN_LSTM, 4),
     };
     let dirs = match a.direction {
         RnnDirection::Bidirectional => 2,
         _ => 1,
     };
-    let per = [1, 2, 3][kind as usize];
+    let per = match kind {
+        RnnCode::RNN_RNN => 1,
+        RnnCode::RNN_GRU => 2,
+        RnnCode::RNN_LSTM => 3,
+    };
     if a.activations.len() != per * dirs {
         return Err(node.unsupported(format!(
             "{} activations given, {} expected",
@@ -112,7 +119,7 @@ fn rnn(node: &NodeInfo, a: &RnnAttrs) -> Result<UkCall> {
     let scratch = (dirs * batch * task) as u64 * F64;
     Ok(UkCall::new("rnn")
         .iattr([
-            kind,
+            kind.code(),
             dirs as i64,
             (a.direction == RnnDirection::Reverse) as i64,
             hidden as i64,
@@ -196,12 +203,13 @@ fn int_range(d: DType) -> Option<(i64, i64)> {
 /// The layout `[kind, inner, dim, block, blocks]` (misc.c `param_index`) of input `i`, a scale
 /// or zero point of the tensor of shape `x`; per tensor when the input is absent.
 fn param_layout(node: &NodeInfo, x: &[usize], i: usize, axis: i64, block_size: usize) -> Result<[i64; 5]> {
+    let per_tensor = [QuantParamCode::QP_TENSOR.code(), 0, 0, 0, 0];
     if !node.has_input(i) {
-        return Ok([0; 5]);
+        return Ok(per_tensor);
     }
     let p = node.input_shape(i)?;
     if p.iter().product::<usize>() == 1 {
-        return Ok([0; 5]);
+        return Ok(per_tensor);
     }
     let ax = norm_axis(node, axis, x.len())?;
     let inner: usize = x[ax + 1..].iter().product();
@@ -212,7 +220,7 @@ fn param_layout(node: &NodeInfo, x: &[usize], i: usize, axis: i64, block_size: u
                 "input {i} of shape {p:?} must be 1-D of length {dim} (axis {axis} of {x:?})"
             )));
         }
-        return Ok([1, inner as i64, dim as i64, 0, 0]);
+        return Ok([QuantParamCode::QP_AXIS.code(), inner as i64, dim as i64, 0, 0]);
     }
     let blocks = dim.div_ceil(block_size);
     let expected: Vec<usize> = x
@@ -225,7 +233,13 @@ fn param_layout(node: &NodeInfo, x: &[usize], i: usize, axis: i64, block_size: u
             "input {i} of shape {p:?} does not match blocked quantization of {x:?} with block_size {block_size} (expected {expected:?})"
         )));
     }
-    Ok([2, inner as i64, dim as i64, block_size as i64, blocks as i64])
+    Ok([
+        QuantParamCode::QP_BLOCKED.code(),
+        inner as i64,
+        dim as i64,
+        block_size as i64,
+        blocks as i64,
+    ])
 }
 
 fn norm_axis(node: &NodeInfo, axis: i64, rank: usize) -> Result<usize> {
@@ -590,17 +604,17 @@ fn signal(node: &NodeInfo, op: &SignalOp) -> Result<Option<UkCall>> {
                 .fattr(twiddles(fl, false))
                 .scratch((x[0] * frames * 4 * fl) as u64 * F64)
         }
-        SignalOp::HannWindow { periodic, .. } => window(node, 0, periodic)?,
-        SignalOp::HammingWindow { periodic, .. } => window(node, 1, periodic)?,
-        SignalOp::BlackmanWindow { periodic, .. } => window(node, 2, periodic)?,
+        SignalOp::HannWindow { periodic, .. } => window(node, WindowCode::WIN_HANN, periodic)?,
+        SignalOp::HammingWindow { periodic, .. } => window(node, WindowCode::WIN_HAMMING, periodic)?,
+        SignalOp::BlackmanWindow { periodic, .. } => window(node, WindowCode::WIN_BLACKMAN, periodic)?,
         // Its inputs are scalars that fix the output shape, so it is always folded at compile
         // time; a kernel would never run.
         SignalOp::MelWeightMatrix { .. } => return Ok(None),
     }))
 }
 
-/// iattr: kind (0 Hann, 1 Hamming, 2 Blackman), size, periodic.
-fn window(node: &NodeInfo, kind: i64, periodic: bool) -> Result<UkCall> {
+/// iattr: kind, size, periodic.
+fn window(node: &NodeInfo, kind: WindowCode, periodic: bool) -> Result<UkCall> {
     let size = node.output_shape(0)?[0];
-    Ok(UkCall::new("window").iattr([kind, size as i64, periodic as i64]))
+    Ok(UkCall::new("window").iattr([kind.code(), size as i64, periodic as i64]))
 }

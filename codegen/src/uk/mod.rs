@@ -5,6 +5,7 @@
 //! and output tensors (static shapes as constant descriptors) and links the kernels' bitcode
 //! into the model, where LLVM inlines and specialises them.
 
+pub mod codes;
 mod elementwise;
 mod misc;
 mod movement;

@@ -6,6 +6,7 @@
 //! loop only walks what is left, copying whole contiguous blocks at a time. Ops driven by
 //! runtime indices (Gather*, Scatter*, OneHot) get their own kernels, which check every index.
 
+use super::codes::{GridModeCode, GridPadCode, ScatterCode};
 use super::UkCall;
 use crate::error::Result;
 use crate::node::NodeInfo;
@@ -102,16 +103,16 @@ pub fn lower(node: &NodeInfo) -> Result<Option<UkCall>> {
                 return Err(node.unsupported("cannot sample from an empty spatial extent"));
             }
             let mode = match mode {
-                GridMode::Linear => 0,
-                GridMode::Nearest => 1,
-                GridMode::Cubic => 2,
+                GridMode::Linear => GridModeCode::GS_LINEAR,
+                GridMode::Nearest => GridModeCode::GS_NEAREST,
+                GridMode::Cubic => GridModeCode::GS_CUBIC,
             };
             let padding = match padding {
-                GridPadding::Zeros => 0,
-                GridPadding::Border => 1,
-                GridPadding::Reflection => 2,
+                GridPadding::Zeros => GridPadCode::GS_ZEROS,
+                GridPadding::Border => GridPadCode::GS_BORDER,
+                GridPadding::Reflection => GridPadCode::GS_REFLECTION,
             };
-            UkCall::new("grid_sample").iattr([r as i64, mode, padding, *align_corners as i64])
+            UkCall::new("grid_sample").iattr([r as i64, mode.code(), padding.code(), *align_corners as i64])
         }
         Op::Misc(MiscOp::ReverseSequence { batch_axis, .. }) => {
             let s = node.input_shape(0)?;
@@ -509,12 +510,13 @@ fn gather_nd(node: &NodeInfo, b: usize) -> Result<UkCall> {
 
 fn reduction_code(r: ScatterReduction) -> i64 {
     match r {
-        ScatterReduction::None => 0,
-        ScatterReduction::Add => 1,
-        ScatterReduction::Mul => 2,
-        ScatterReduction::Max => 3,
-        ScatterReduction::Min => 4,
+        ScatterReduction::None => ScatterCode::SC_NONE,
+        ScatterReduction::Add => ScatterCode::SC_ADD,
+        ScatterReduction::Mul => ScatterCode::SC_MUL,
+        ScatterReduction::Max => ScatterCode::SC_MAX,
+        ScatterReduction::Min => ScatterCode::SC_MIN,
     }
+    .code()
 }
 
 fn scatter_nd(node: &NodeInfo, r: ScatterReduction) -> Result<UkCall> {

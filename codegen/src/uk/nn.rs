@@ -6,6 +6,7 @@
 //! compile time with the rules of `ir/src/ops/conv.rs`, so the C kernels only see explicit
 //! per-axis (kernel, stride, dilation, pad_begin, pad_end).
 
+use super::codes::MaskCode;
 use super::UkCall;
 use crate::error::Result;
 use crate::node::NodeInfo;
@@ -334,24 +335,20 @@ fn conv_transpose(node: &NodeInfo, a: &ConvTransposeAttrs) -> Result<UkCall> {
 // MatMul / Gemm
 // ---------------------------------------------------------------------------------------------
 
-#[derive(Clone, Copy, PartialEq)]
-enum Acc {
-    F32,
-    F64,
-    I64,
-}
+// The accumulation type, chosen by the C kernel's rule (`acc_kind` in nn.c).
+use super::codes::AccCode as Acc;
 
 fn acc_of(d: DType) -> Acc {
     match d {
-        DType::F64 => Acc::F64,
-        d if d.is_float() => Acc::F32,
-        _ => Acc::I64,
+        DType::F64 => Acc::ACC_F64,
+        d if d.is_float() => Acc::ACC_F32,
+        _ => Acc::ACC_I64,
     }
 }
 
 impl Acc {
     fn size(self) -> usize {
-        if self == Acc::F32 {
+        if self == Acc::ACC_F32 {
             4
         } else {
             8
@@ -362,7 +359,7 @@ impl Acc {
     fn direct(self, d: DType) -> bool {
         matches!(
             (self, d),
-            (Acc::F32, DType::F32) | (Acc::F64, DType::F64) | (Acc::I64, DType::I64 | DType::U64)
+            (Acc::ACC_F32, DType::F32) | (Acc::ACC_F64, DType::F64) | (Acc::ACC_I64, DType::I64 | DType::U64)
         )
     }
 }
@@ -478,7 +475,7 @@ fn gemm(node: &NodeInfo, alpha: f32, beta: f32, trans_a: bool, trans_b: bool) ->
     if !acc.direct(dt) {
         s.take(m * n * sz);
     }
-    if c_len > 0 && beta != 0.0 && acc != Acc::I64 && !acc.direct(dt) {
+    if c_len > 0 && beta != 0.0 && acc != Acc::ACC_I64 && !acc.direct(dt) {
         s.take(c_len * sz);
     }
     Ok(UkCall::new("gemm")
@@ -630,7 +627,7 @@ fn attention(node: &NodeInfo, a: &AttentionAttrs) -> Result<UkCall> {
         return Ok(call);
     }
     let (mask_kind, mask_shape, bias_dtype) = match node.input_type(3) {
-        None => (0, [1; 4], dt),
+        None => (MaskCode::MASK_NONE, [1; 4], dt),
         Some(m) => {
             let s = node.input_shape(3)?;
             if s.is_empty() || s.len() > 4 {
@@ -643,8 +640,8 @@ fn attention(node: &NodeInfo, a: &AttentionAttrs) -> Result<UkCall> {
                 return Err(node.unsupported("attn_mask does not broadcast to [B, Hq, Sq, T]"));
             }
             match m.dtype {
-                DType::Bool => (1, shape, dt),
-                d if d.is_float() => (2, shape, promote(dt, d)),
+                DType::Bool => (MaskCode::MASK_BOOL, shape, dt),
+                d if d.is_float() => (MaskCode::MASK_FLOAT, shape, promote(dt, d)),
                 _ => return Err(node.unsupported("attn_mask must be bool or float")),
             }
         }
@@ -679,7 +676,7 @@ fn attention(node: &NodeInfo, a: &AttentionAttrs) -> Result<UkCall> {
         capped as i64,
         biased as i64,
         softmax as i64,
-        mask_kind,
+        mask_kind.code(),
     ];
     iattr.extend(mask_shape.iter().map(|&d| d as i64));
     let mut c = Carve::default();
@@ -713,12 +710,12 @@ fn attention_f32(
         return Ok(None);
     }
     let (mask_kind, mask_shape) = match node.input_type(3) {
-        None => (0, [1; 4]),
+        None => (MaskCode::MASK_NONE, [1; 4]),
         Some(m) => {
             let s = node.input_shape(3)?;
             let kind = match m.dtype {
-                DType::Bool => 1,
-                DType::F32 => 2,
+                DType::Bool => MaskCode::MASK_BOOL,
+                DType::F32 => MaskCode::MASK_FLOAT,
                 _ => return Ok(None),
             };
             if s.is_empty() || s.len() > 4 {
@@ -746,7 +743,7 @@ fn attention_f32(
         dk as i64,
         dv as i64,
         a.is_causal as i64,
-        mask_kind,
+        mask_kind.code(),
     ];
     iattr.extend(mask_shape.iter().map(|&d| d as i64));
     iattr.extend([rows as i64, tp as i64]);

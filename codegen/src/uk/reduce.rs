@@ -2,6 +2,7 @@
 //! ArgMax/ArgMin, TopK, CumSum/CumProd, the softmax family, the normalizations, LRN and the
 //! losses. Each function below packs `iattr`/`fattr` in the order its C kernel's comment gives.
 
+use super::codes::{LossCode, ReduceCode, SoftmaxCode};
 use super::UkCall;
 use crate::error::Result;
 use crate::node::NodeInfo;
@@ -30,9 +31,9 @@ pub fn lower(node: &NodeInfo) -> Result<Option<UkCall>> {
         Op::TopK { axis, largest, .. } => topk(node, *axis, *largest)?,
         Op::CumSum { exclusive, reverse } => cumulative(node, false, *exclusive, *reverse)?,
         Op::CumProd { exclusive, reverse } => cumulative(node, true, *exclusive, *reverse)?,
-        Op::Softmax { axis, coerce_2d } => softmax(node, *axis, *coerce_2d, 0)?,
-        Op::LogSoftmax { axis, coerce_2d } => softmax(node, *axis, *coerce_2d, 1)?,
-        Op::Hardmax { axis, coerce_2d } => softmax(node, *axis, *coerce_2d, 2)?,
+        Op::Softmax { axis, coerce_2d } => softmax(node, *axis, *coerce_2d, SoftmaxCode::SM_SOFTMAX)?,
+        Op::LogSoftmax { axis, coerce_2d } => softmax(node, *axis, *coerce_2d, SoftmaxCode::SM_LOG)?,
+        Op::Hardmax { axis, coerce_2d } => softmax(node, *axis, *coerce_2d, SoftmaxCode::SM_HARD)?,
         Op::BatchNorm { epsilon } => batch_norm(node, *epsilon)?,
         Op::LayerNorm { axis, epsilon, .. } => layer_norm(node, *axis, *epsilon, false)?,
         Op::Misc(MiscOp::RmsNorm { axis, epsilon, .. }) => layer_norm(node, *axis, *epsilon, true)?,
@@ -163,18 +164,18 @@ fn reduce(node: &NodeInfo, kind: ReduceKind, noop_with_empty_axes: bool) -> Resu
         axes_mask(node, &axes, shape.len())?
     };
     let code = match kind {
-        ReduceKind::Sum => 0,
-        ReduceKind::Mean => 1,
-        ReduceKind::Max => 2,
-        ReduceKind::Min => 3,
-        ReduceKind::Prod => 4,
-        ReduceKind::L1 => 5,
-        ReduceKind::L2 => 6,
-        ReduceKind::LogSum => 7,
-        ReduceKind::LogSumExp => 8,
-        ReduceKind::SumSquare => 9,
+        ReduceKind::Sum => ReduceCode::K_SUM,
+        ReduceKind::Mean => ReduceCode::K_MEAN,
+        ReduceKind::Max => ReduceCode::K_MAX,
+        ReduceKind::Min => ReduceCode::K_MIN,
+        ReduceKind::Prod => ReduceCode::K_PROD,
+        ReduceKind::L1 => ReduceCode::K_L1,
+        ReduceKind::L2 => ReduceCode::K_L2,
+        ReduceKind::LogSum => ReduceCode::K_LOGSUM,
+        ReduceKind::LogSumExp => ReduceCode::K_LSE,
+        ReduceKind::SumSquare => ReduceCode::K_SUMSQ,
     };
-    let mut iattr = vec![code];
+    let mut iattr = vec![code.code()];
     iattr.extend(pack_groups(node, &groups(&shape, &mask))?);
     Ok(UkCall::new("reduce").iattr(iattr))
 }
@@ -222,7 +223,7 @@ fn cumulative(node: &NodeInfo, prod: bool, exclusive: bool, reverse: bool) -> Re
     Ok(UkCall::new("cumulative").iattr(iattr))
 }
 
-fn softmax(node: &NodeInfo, axis: i64, coerce_2d: bool, kind: i64) -> Result<UkCall> {
+fn softmax(node: &NodeInfo, axis: i64, coerce_2d: bool, kind: SoftmaxCode) -> Result<UkCall> {
     let shape = node.input_shape(0)?;
     let a = norm_axis(node, axis, shape.len())?;
     // Before opset 13 the input is flattened to 2-D at `axis` and each row is normalized.
@@ -231,7 +232,7 @@ fn softmax(node: &NodeInfo, axis: i64, coerce_2d: bool, kind: i64) -> Result<UkC
     } else {
         split_at(&shape, a)
     };
-    Ok(UkCall::new("softmax").iattr([outer, n, inner, kind]))
+    Ok(UkCall::new("softmax").iattr([outer, n, inner, kind.code()]))
 }
 
 /// How a LayerNormalization/RMSNormalization parameter broadcasts over X's rows: 0 when it
@@ -344,9 +345,9 @@ fn loss(
 ) -> Result<UkCall> {
     let (n, c, d) = channels(node)?;
     let reduction = match reduction {
-        LossReduction::None => 0,
-        LossReduction::Sum => 1,
-        LossReduction::Mean => 2,
+        LossReduction::None => LossCode::LOSS_NONE,
+        LossReduction::Sum => LossCode::LOSS_SUM,
+        LossReduction::Mean => LossCode::LOSS_MEAN,
     };
     let scratch = if log_softmax { 8 * (n * c * d) as u64 } else { 0 };
     Ok(UkCall::new("loss")
@@ -355,7 +356,7 @@ fn loss(
             i(c),
             i(d),
             i64::from(log_softmax),
-            reduction,
+            reduction.code(),
             i64::from(ignore_index.is_some()),
             ignore_index.unwrap_or(0),
         ])

@@ -150,7 +150,6 @@ impl GemmKernel {
             Operand::Im2colNhwc { g, .. } => {
                 // A row of bf16 elements is a row of pairs: pack straight into it, then give
                 // an odd K's last pair its zero high half.
-                let g = g.into_dw(1, g.c);
                 crate::gen::conv_nhwc::pack_a_im2col(
                     e,
                     dst,

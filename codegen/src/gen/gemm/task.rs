@@ -162,7 +162,6 @@ impl GemmKernel {
                 let off = e.add(e.mulc(m0, kk)?, e.mulc(k0, mr)?)?;
                 (e.gep_f32(ptrs.a, off)?, e.i64c(mr * kk))
             } else if let (Some(rs), Operand::Im2colNhwc { g, .. }) = (self.a_row_stride(), &self.a) {
-                let g = g.into_dw(1, g.c);
                 e.for_range(e.i64c(0), n_mp, 1, |mp| {
                     let row = e.add(m0, e.mulc(mp, mr)?)?;
                     let dst = e.gep_f32(apack, e.mulc(mp, mr * rs)?)?;
@@ -175,7 +174,7 @@ impl GemmKernel {
                         kc,
                         mr,
                         m,
-                        &g,
+                        g,
                         rs,
                         PackTo::F32,
                         self.tile.lanes,

@@ -576,7 +576,7 @@ fn conv(
     let Some(geo) = s.window(attrs, c) else {
         return Err(node.unsupported("convolution window does not match the output shape"));
     };
-    if g == c && g == mt && g > 1 {
+    if s.is_depthwise() {
         return dwconv::lower(node, epi, &w, geo, nb, ty.elem);
     }
     let mg = mt / g;
