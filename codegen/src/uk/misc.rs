@@ -153,7 +153,8 @@ fn quant(node: &NodeInfo, q: &QuantOp) -> Result<Option<UkCall>> {
             let xd = dtype(node, 0)?;
             let sd = dtype(node, 1)?;
             let prec = precision.unwrap_or(promote(xd, sd));
-            let (lo, hi) = int_range(*output_dtype)
+            let (lo, hi) = kiln_ir::ops::quant_range(*output_dtype)
+                .map(|(lo, hi)| (lo as i64, hi as i64))
                 .ok_or_else(|| node.unsupported(format!("cannot quantize to {output_dtype}")))?;
             UkCall::new("quantize_linear")
                 .iattr([prec as i64, lo, hi])
@@ -188,16 +189,6 @@ fn quant(node: &NodeInfo, q: &QuantOp) -> Result<Option<UkCall>> {
 fn dtype(node: &NodeInfo, i: usize) -> Result<DType> {
     node.input_dtype(i)
         .ok_or_else(|| node.unsupported(format!("input {i} is missing")))
-}
-
-fn int_range(d: DType) -> Option<(i64, i64)> {
-    Some(match d {
-        DType::U8 => (0, 255),
-        DType::I8 => (-128, 127),
-        DType::U16 => (0, 65535),
-        DType::I16 => (-32768, 32767),
-        _ => return None,
-    })
 }
 
 /// The layout `[kind, inner, dim, block, blocks]` (misc.c `param_index`) of input `i`, a scale

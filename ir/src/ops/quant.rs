@@ -115,8 +115,9 @@ pub(crate) fn eval(op: &Op, cx: &EvalCtx) -> Result<Vec<Tensor>, OpError> {
 // Numeric helpers
 // ---------------------------------------------------------------------------------------------
 
-/// The saturation range of a quantized integer dtype.
-fn int_range(d: DType) -> Option<(f64, f64)> {
+/// The saturation range of a quantized integer dtype (None for a dtype QuantizeLinear does
+/// not produce).
+pub fn int_range(d: DType) -> Option<(f64, f64)> {
     Some(match d {
         DType::U8 => (0.0, 255.0),
         DType::I8 => (-128.0, 127.0),
