@@ -13,51 +13,10 @@ pub struct Location {
     pub pass: Option<String>,
 }
 
-/// The first node/op named along the error's chain of causes.
+/// The first node/op/pass named along the error's chain of causes (`kiln_driver::locate`).
 pub fn locate(e: &anyhow::Error) -> Location {
-    let mut loc = Location::default();
-    for cause in e.chain() {
-        if let Some(p) = cause.downcast_ref::<kiln_optimizer::PassError>() {
-            loc.pass.get_or_insert_with(|| p.pass.to_string());
-            if loc.node.is_none() {
-                loc.node = p.node.clone();
-            }
-        }
-        let (node, op) = if let Some(f) = cause.downcast_ref::<kiln_frontend::FrontendError>() {
-            use kiln_frontend::FrontendError as F;
-            match f {
-                F::Node { node, op_type, .. } => (Some(node), Some(op_type)),
-                F::Unsupported(ops) => match ops.first() {
-                    Some(u) => (Some(&u.node), Some(&u.op_type)),
-                    None => (None, None),
-                },
-                _ => (None, None),
-            }
-        } else if let Some(c) = cause.downcast_ref::<kiln_codegen::CodegenError>() {
-            use kiln_codegen::CodegenError as C;
-            match c {
-                C::Unsupported { node, op, .. } => (Some(node), Some(op)),
-                C::UnsupportedNodes(all) => match all.first() {
-                    Some(C::Unsupported { node, op, .. }) => (Some(node), Some(op)),
-                    _ => (None, None),
-                },
-                _ => (None, None),
-            }
-        } else if let Some(kiln_ir::IrError::Node { node, op, .. }) = cause.downcast_ref() {
-            (Some(node), Some(op))
-        } else if let Some(kiln_ir::IrError::OverBudget(b)) = cause.downcast_ref() {
-            (Some(&b.node), Some(&b.op))
-        } else {
-            (None, None)
-        };
-        if loc.node.is_none() {
-            loc.node = node.cloned();
-        }
-        if loc.op.is_none() {
-            loc.op = op.cloned();
-        }
-    }
-    loc
+    let kiln_driver::Location { node, op, pass } = kiln_driver::locate(e);
+    Location { node, op, pass }
 }
 
 fn exit_name(exit: Exit) -> &'static str {
@@ -131,8 +90,15 @@ mod tests {
     }
 
     #[test]
-    fn unsupported_codegen_node_is_exit_4() {
-        let e = anyhow::Error::new(kiln_codegen::CodegenError::unsupported("n", "Foo", "no"));
+    fn unsupported_operator_is_exit_4() {
+        let e = anyhow::Error::new(kiln_frontend::FrontendError::Unsupported(vec![
+            kiln_frontend::UnsupportedOp {
+                node: "n".into(),
+                op_type: "Foo".into(),
+                domain: String::new(),
+                opset: 17,
+            },
+        ]));
         let r = failure_report("compile", &e, "x");
         assert_eq!((r.exit_code, r.location.node.as_deref()), (4, Some("n")));
     }

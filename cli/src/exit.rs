@@ -72,43 +72,15 @@ pub fn classify(e: &anyhow::Error) -> Exit {
     if let Some(f) = e.downcast_ref::<Failure>() {
         return f.exit;
     }
-    // The driver's options that contradict each other (an unknown pass, --sm without CUDA).
-    if e.downcast_ref::<kiln_driver::UsageError>().is_some() {
-        return Exit::Usage;
-    }
-    // Over the interpreter's memory budget: a limit of this run (--max-memory), wherever it
-    // happened (a reference run, constant folding inside a pass, import).
-    if e.chain().any(|c| {
-        matches!(c.downcast_ref(), Some(kiln_ir::IrError::OverBudget(_)))
-            || matches!(
-                c.downcast_ref(),
-                Some(kiln_frontend::FrontendError::Ir(kiln_ir::IrError::OverBudget(_)))
-            )
-    }) {
-        return Exit::Unsupported;
-    }
-    if let Some(fe) = e.downcast_ref::<kiln_frontend::FrontendError>() {
-        use kiln_frontend::FrontendError as F;
-        return match fe {
-            F::Unsupported(_) => Exit::Unsupported,
-            F::InputShape(_) => Exit::Usage,
-            F::Io { .. } => Exit::Usage,
-            _ => Exit::InvalidModel,
-        };
-    }
-    if let Some(p) = e.downcast_ref::<kiln_optimizer::PassError>() {
-        return match p.failure {
-            // The model uses something a pass cannot handle (control flow it cannot lower).
-            kiln_optimizer::PassFailure::Unsupported => Exit::Unsupported,
-            kiln_optimizer::PassFailure::Run | kiln_optimizer::PassFailure::Verify => Exit::Internal,
-        };
-    }
-    if let Some(c) = e.downcast_ref::<kiln_codegen::CodegenError>() {
-        use kiln_codegen::CodegenError as C;
-        return match c {
-            C::Unsupported { .. } | C::UnsupportedNodes(_) | C::Target(_) => Exit::Unsupported,
-            C::Internal(_) => Exit::Internal,
-            C::Io(_) => Exit::CompileFailed,
+    // The layers' own errors, as the driver reads them.
+    if let Some(kind) = kiln_driver::failure_kind(e) {
+        use kiln_driver::FailureKind as K;
+        return match kind {
+            K::Usage => Exit::Usage,
+            K::InvalidModel => Exit::InvalidModel,
+            K::Unsupported => Exit::Unsupported,
+            K::CompileFailed => Exit::CompileFailed,
+            K::Internal => Exit::Internal,
         };
     }
     // Commands report problems with their own arguments and files through plain `anyhow`

@@ -14,12 +14,14 @@
 //! `PassError`, `CodegenError`, ...) so callers can classify them; a wrong option is a
 //! [`UsageError`].
 
+mod failure;
 mod options;
 pub mod report;
 mod source;
 
 pub use kiln_codegen::plan::passes::{ABSORB_BF16_ROUNDING, FUSE_KERNELS, PLAN_PASS_NAMES};
 pub use kiln_codegen::plan::Plan;
+pub use kiln_codegen::weights_file::hex as layout_hash_hex;
 pub use kiln_codegen::{Summary, TargetDesc, TargetNeeds, WeightsFile};
 pub use kiln_optimizer::passes::bf16_autocast::Bf16Summary;
 pub use kiln_optimizer::pipelines::{FUSE_PASS, PASS_NAMES};
@@ -30,6 +32,7 @@ pub use kiln_optimizer::{PassManager, PassStats, PipelineOptions};
 pub fn pass_names() -> Vec<&'static str> {
     PASS_NAMES.iter().chain(PLAN_PASS_NAMES).copied().collect()
 }
+pub use failure::{failure_kind, locate, FailureKind, Location};
 pub use options::{ConvAlgorithm, Cpu, Emit, Layout, Options, Precision, PrintAfter, Target};
 pub use report::Report;
 pub use source::{read_tensor_file, ModelSource};

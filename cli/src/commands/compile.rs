@@ -298,7 +298,7 @@ pub fn build(args: Args, mode: Mode) -> Result<()> {
                 "  weights in {} ({}, layout hash {}), mapped by the artifact when it starts",
                 w.path.display(),
                 bytes(summary.weights_bytes),
-                kiln_codegen::weights_file::hex(w.layout_hash)
+                kiln_driver::layout_hash_hex(w.layout_hash)
             );
         }
         if let Some(b) = &compiled.bf16 {

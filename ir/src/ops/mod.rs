@@ -34,10 +34,10 @@ pub use conv::{resolve_axis as resolve_window_axis, Axis as WindowAxis};
 pub use attention::promote as attention_promote;
 /// Einsum's equation resolved to axis labels (implicit output, ellipsis broadcasting).
 pub use linalg::{parse_einsum, EinsumSpec};
-/// The quantization operators' dtype promotion: their compute precision when none is set.
-pub use quant::promote as quant_promote;
 /// The saturation range of a quantized integer dtype.
 pub use quant::int_range as quant_range;
+/// The quantization operators' dtype promotion: their compute precision when none is set.
+pub use quant::promote as quant_promote;
 /// Pad's per-axis source index map (constant, reflect, edge and wrap modes, negative pads).
 pub use shape::pad_axis_map;
 /// Slice's start and length along one axis, with ONNX's clamping of starts, ends and steps.
