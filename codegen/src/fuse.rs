@@ -336,7 +336,15 @@ pub fn find_elementwise_groups_on(graph: &Graph, claimed: &HashSet<NodeId>, gpu:
         .copied()
         .filter(|&id| {
             let node = graph.node(id);
-            node.op.family() == kiln_ir::OpFamily::Elementwise
+            // The generator table says which operators the loops (and GPU kernels) cover.
+            let gens = crate::generators::generators(&node.op);
+            let listed = if gpu {
+                gens.gpu.contains(&crate::generators::GpuGenerator::Elementwise)
+            } else {
+                gens.cpu
+                    .contains(&crate::generators::CpuGenerator::ElementwiseLoop)
+            };
+            listed
                 && !claimed.contains(&id)
                 && node.outputs.len() == 1
                 && graph.known_value(id.out(0)).is_none()

@@ -10,6 +10,7 @@ pub mod emit;
 pub mod error;
 pub mod fuse;
 pub mod gen;
+pub mod generators;
 pub mod header;
 pub mod kernel;
 pub mod llvm;

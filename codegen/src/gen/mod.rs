@@ -62,20 +62,6 @@ pub(crate) fn cdiv(a: i64, b: i64) -> i64 {
     (a + b - 1) / b
 }
 
-/// The generated kernel for `node`, or None when no generator handles it.
-pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GeneratedKernel>>> {
-    // These are CPU micro-kernels (explicit vector registers, a thread pool's tiles).
-    if target.is_gpu() {
-        return Ok(None);
-    }
-    for generator in [products::lower] {
-        if let Some(k) = generator(node, target)? {
-            return Ok(Some(k));
-        }
-    }
-    Ok(None)
-}
-
 /// What a generator needs to emit one kernel function.
 pub struct KernelBuilder<'a, 'ctx> {
     pub cx: &'ctx Context,

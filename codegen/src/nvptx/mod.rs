@@ -15,7 +15,6 @@ pub(crate) mod kernels;
 mod libdevice;
 
 pub use kernel::{GpuBuilder, GpuKernel, LaunchDims, MmaKind, Mode, Sreg};
-pub use kernels::lower;
 
 use crate::error::{CodegenError, Result};
 use crate::kernel::Storage;

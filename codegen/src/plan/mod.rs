@@ -7,6 +7,7 @@
 
 use crate::error::{CodegenError, Result};
 use crate::gen;
+use crate::generators::Generated;
 use crate::kernel::Storage;
 use crate::node::NodeInfo;
 use crate::target::TargetDesc;
@@ -576,13 +577,10 @@ fn fused_kernel(
 }
 
 fn select(info: &NodeInfo, target: &TargetDesc) -> Result<KernelImpl> {
-    if target.is_gpu() {
-        if let Some(g) = crate::nvptx::lower(info, target)? {
-            return Ok(KernelImpl::Gpu(g));
-        }
-    }
-    if let Some(g) = gen::lower(info, target)? {
-        return Ok(KernelImpl::Generated(g));
+    match crate::generators::lower(info, target)? {
+        Some(Generated::Gpu(g)) => return Ok(KernelImpl::Gpu(g)),
+        Some(Generated::Cpu(g)) => return Ok(KernelImpl::Generated(g)),
+        None => {}
     }
     if let Some(c) = uk::lower(info)? {
         return Ok(KernelImpl::Ukernel(c));

@@ -1,0 +1,146 @@
+//! Which kernel generators handle each operator: codegen's column of the operator table
+//! (`kiln_ir::Op::info` holds the rest).
+//!
+//! The planner asks only the generators listed for a node's operator, in the order listed; a
+//! generator may still decline a node (its shape or dtypes), and a node no generator takes
+//! runs as a call into the C kernel library (`uk`), on the CPU or, for `--target cuda`, on one
+//! GPU block. Giving an operator a new kernel is its generator plus its entry here; `kiln
+//! explain` shows which kernel each node got.
+
+use crate::error::Result;
+use crate::gen::{self, GeneratedKernel};
+use crate::node::NodeInfo;
+use crate::nvptx::{kernels, GpuKernel};
+use crate::target::TargetDesc;
+use kiln_ir::{MiscOp, Op, OpFamily};
+
+/// A GPU kernel generator (`nvptx/kernels/`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GpuGenerator {
+    /// Tiled products and convolutions (`gemm`).
+    Gemm,
+    /// Fused attention (`attention`).
+    Attention,
+    /// Strided copies and gathers (`copy`).
+    Copy,
+    /// One block per row: softmax, normalizations, reductions (`rows`).
+    Rows,
+    /// Windowed pooling (`pool`).
+    Pool,
+    /// Element-wise groups (`elementwise`).
+    Elementwise,
+}
+
+/// A CPU kernel generator (`gen/`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CpuGenerator {
+    /// GEMM, convolutions and their epilogues (`gen::products`), for a single node.
+    Products,
+    /// Vector loops over groups of element-wise nodes (`gen::elementwise`), formed by the
+    /// `fuse-kernels` plan pass.
+    ElementwiseLoop,
+}
+
+/// The generators of one operator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Generators {
+    pub gpu: &'static [GpuGenerator],
+    pub cpu: &'static [CpuGenerator],
+}
+
+/// The generators that may handle `op`, in the order they are asked.
+pub fn generators(op: &Op) -> Generators {
+    use CpuGenerator as C;
+    use GpuGenerator as G;
+    let (gpu, cpu): (&'static [GpuGenerator], &'static [CpuGenerator]) = match op {
+        Op::MatMul | Op::Gemm { .. } | Op::Conv(_) => (&[G::Gemm], &[C::Products]),
+        Op::Attention(_) => (&[G::Attention], &[]),
+        Op::Pool(_) => (&[G::Pool], &[]),
+        Op::Softmax { .. }
+        | Op::LogSoftmax { .. }
+        | Op::LayerNorm { .. }
+        | Op::Misc(MiscOp::RmsNorm { .. })
+        | Op::Reduce { .. }
+        | Op::GlobalPool(_) => (&[G::Rows], &[]),
+        _ => match op.family() {
+            OpFamily::DataMovement => (&[G::Copy], &[]),
+            OpFamily::Elementwise => (&[G::Elementwise], &[C::ElementwiseLoop]),
+            _ => (&[], &[]),
+        },
+    };
+    Generators { gpu, cpu }
+}
+
+impl GpuGenerator {
+    /// The generator's kernel for `node`, or None when it declines it.
+    pub fn lower(self, node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GpuKernel>>> {
+        match self {
+            GpuGenerator::Gemm => kernels::gemm::lower(node, target),
+            GpuGenerator::Attention => kernels::attention::lower(node, target),
+            GpuGenerator::Copy => kernels::copy::lower(node, target),
+            GpuGenerator::Rows => kernels::rows::lower(node, target),
+            GpuGenerator::Pool => kernels::pool::lower(node, target),
+            GpuGenerator::Elementwise => kernels::elementwise::lower(node, target),
+        }
+    }
+}
+
+/// The generated kernel for a single node: the GPU generators of its operator for a GPU
+/// target, else the CPU ones; None when none of them takes it.
+pub enum Generated {
+    Gpu(Box<dyn GpuKernel>),
+    Cpu(Box<dyn GeneratedKernel>),
+}
+
+pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Generated>> {
+    let gens = generators(node.op());
+    if target.is_gpu() {
+        for g in gens.gpu {
+            if let Some(k) = g.lower(node, target)? {
+                return Ok(Some(Generated::Gpu(k)));
+            }
+        }
+    }
+    // CPU micro-kernels (explicit vector registers, a thread pool's tiles): never for the GPU.
+    if !target.is_gpu() && gens.cpu.contains(&CpuGenerator::Products) {
+        if let Some(k) = gen::products::lower(node, target)? {
+            return Ok(Some(Generated::Cpu(k)));
+        }
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_ir::{Binary, Unary};
+
+    #[test]
+    fn element_wise_operators_go_to_the_element_wise_generators() {
+        for op in [
+            Op::Unary(Unary::Relu),
+            Op::Binary(Binary::Add),
+            Op::Where,
+            Op::Clip,
+        ] {
+            let g = generators(&op);
+            assert_eq!(g.gpu, &[GpuGenerator::Elementwise], "{op:?}");
+            assert_eq!(g.cpu, &[CpuGenerator::ElementwiseLoop], "{op:?}");
+        }
+    }
+
+    #[test]
+    fn products_have_both_generators_and_sources_none() {
+        let g = generators(&Op::MatMul);
+        assert_eq!(
+            (g.gpu, g.cpu),
+            (&[GpuGenerator::Gemm][..], &[CpuGenerator::Products][..])
+        );
+        let g = generators(&Op::Input);
+        assert!(g.gpu.is_empty() && g.cpu.is_empty());
+        assert_eq!(
+            generators(&Op::Transpose { perm: vec![1, 0] }).gpu,
+            &[GpuGenerator::Copy]
+        );
+    }
+}
