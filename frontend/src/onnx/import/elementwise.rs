@@ -276,14 +276,30 @@ pub(super) mod testing {
         opset: i64,
     ) -> crate::error::Result<Graph> {
         let outputs: Vec<String> = (0..n_out).map(|i| format!("y{i}")).collect();
+        import_node_in("", op_type, inputs, attribute, outputs, opset)
+    }
+
+    /// Like [`import_one`] for an operator of `domain` (imported at version 1 besides the
+    /// default domain's `opset`), with the node's declared output names (empty: not read); the
+    /// named ones become the graph outputs.
+    pub fn import_node_in(
+        domain: &str,
+        op_type: &str,
+        inputs: Vec<ValueInfoProto>,
+        attribute: Vec<AttributeProto>,
+        outputs: Vec<String>,
+        opset: i64,
+    ) -> crate::error::Result<Graph> {
         let node = NodeProto {
             input: inputs.iter().map(|v| v.name.clone()).collect(),
             output: outputs.clone(),
             name: "n".into(),
             op_type: op_type.into(),
+            domain: domain.into(),
             attribute,
             ..Default::default()
         };
+        let outputs: Vec<String> = outputs.into_iter().filter(|o| !o.is_empty()).collect();
         let graph = GraphProto {
             node: vec![node],
             name: "g".into(),
@@ -299,10 +315,11 @@ pub(super) mod testing {
         };
         let model = ModelProto {
             ir_version: 8,
-            opset_import: vec![OperatorSetIdProto {
-                domain: String::new(),
-                version: opset,
-            }],
+            opset_import: [(String::new(), opset), (domain.to_string(), 1)]
+                .into_iter()
+                .take(if domain.is_empty() { 1 } else { 2 })
+                .map(|(domain, version)| OperatorSetIdProto { domain, version })
+                .collect(),
             graph: Some(graph),
             ..Default::default()
         };

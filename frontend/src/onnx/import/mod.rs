@@ -7,6 +7,7 @@
 //! inference runs as each node is added, so a malformed model fails here, naming the node.
 
 mod attention;
+mod contrib;
 mod control;
 mod conv;
 mod elementwise;
@@ -35,6 +36,28 @@ pub const MIN_OPSET: i64 = 7;
 
 /// Imports one node; returns a value for each of the node's declared outputs.
 type ImportFn = fn(&mut NodeCtx) -> Result<Vec<ValueId>>;
+
+/// How a node's operator is imported.
+enum Importer {
+    /// An ONNX operator of the operator table (`kiln_ir::onnx_operator`).
+    Standard(kiln_ir::OnnxOperator),
+    /// An onnxruntime contrib operator (`contrib.rs`).
+    Contrib,
+}
+
+/// The importer of operator `op_type` of `domain`, or None when kiln does not import it.
+fn importer(domain: &str, op_type: &str) -> Option<Importer> {
+    if is_default_domain(domain) {
+        if let Some(op) = kiln_ir::onnx_operator(op_type) {
+            return Some(Importer::Standard(op));
+        }
+        return contrib::DEFAULT_DOMAIN_EXTENSIONS
+            .contains(&op_type)
+            .then_some(Importer::Contrib);
+    }
+    (domain == contrib::MICROSOFT_DOMAIN && contrib::MICROSOFT_OPERATORS.contains(&op_type))
+        .then_some(Importer::Contrib)
+}
 
 /// The importer of each operator family (the operator table, `kiln_ir::onnx_operator`, says
 /// which family an ONNX operator belongs to).
@@ -203,19 +226,23 @@ impl<'p> GraphImporter<'p> {
             })?;
             inputs.push(Some(v));
         }
-        let op = kiln_ir::onnx_operator(&node.op_type).expect("support checked before import");
-        let opset = self.opset;
-        if opset < op.since {
-            return Err(FrontendError::Node {
-                node: name,
-                op_type: node.op_type.clone(),
-                msg: format!(
-                    "{} is defined from opset {}; the model imports opset {opset}",
-                    op.name, op.since
-                ),
-            });
-        }
-        let import = family_importer(op.family);
+        let import = match importer(&node.domain, &node.op_type).expect("support checked before import") {
+            Importer::Standard(op) => {
+                let opset = self.opset;
+                if opset < op.since {
+                    return Err(FrontendError::Node {
+                        node: name,
+                        op_type: node.op_type.clone(),
+                        msg: format!(
+                            "{} is defined from opset {}; the model imports opset {opset}",
+                            op.name, op.since
+                        ),
+                    });
+                }
+                family_importer(op.family)
+            }
+            Importer::Contrib => contrib::import as ImportFn,
+        };
         let mut cx = NodeCtx {
             imp: self,
             node,
@@ -408,7 +435,7 @@ fn collect_unsupported_node(
     imports: &[OperatorSetIdProto],
     out: &mut Vec<UnsupportedOp>,
 ) {
-    if !is_default_domain(&n.domain) || kiln_ir::onnx_operator(&n.op_type).is_none() {
+    if importer(&n.domain, &n.op_type).is_none() {
         out.push(UnsupportedOp {
             node: display_name(n, i),
             op_type: n.op_type.clone(),
@@ -598,6 +625,11 @@ impl<'a, 'p> NodeCtx<'a, 'p> {
 
     pub fn num_outputs(&self) -> usize {
         self.node.output.len()
+    }
+
+    /// Whether the model reads output `i` (declared with a non-empty name).
+    pub fn output_is_named(&self, i: usize) -> bool {
+        self.node.output.get(i).is_some_and(|n| !n.is_empty())
     }
 
     /// Required input `i`.

@@ -1,0 +1,293 @@
+//! onnxruntime's contrib operators that its tools write into models (the transformer optimizer
+//! fuses exported graphs into them), imported as compositions of the IR's own operators.
+//!
+//! Semantics follow onnxruntime's contrib-operator documentation, checked against onnxruntime
+//! 1.23's outputs (the defaults below are those it applies: `SkipLayerNormalization` and
+//! `SkipSimplifiedLayerNormalization` normalize with epsilon 1e-12 and include the bias in
+//! `input_skip_bias_sum`; `SimplifiedLayerNormalization`, which onnxruntime registers in the
+//! default domain, uses 1e-5).
+
+use super::NodeCtx;
+use crate::error::Result;
+use kiln_ir::{Binary, DType, MiscOp, Op, Unary, ValueId};
+
+/// The `com.microsoft` domain.
+pub(super) const MICROSOFT_DOMAIN: &str = "com.microsoft";
+
+/// The `com.microsoft` operators kiln imports.
+pub(super) const MICROSOFT_OPERATORS: &[&str] = &[
+    "Gelu",
+    "FastGelu",
+    "BiasGelu",
+    "QuickGelu",
+    "BiasAdd",
+    "SkipLayerNormalization",
+    "SkipSimplifiedLayerNormalization",
+    "SimplifiedLayerNormalization",
+    "FusedMatMul",
+];
+
+/// Operators outside the ONNX standard that onnxruntime registers in the default domain.
+pub(super) const DEFAULT_DOMAIN_EXTENSIONS: &[&str] = &["SimplifiedLayerNormalization"];
+
+/// onnxruntime's epsilon for the skip normalizations when the attribute is absent.
+const SKIP_NORM_EPSILON: f32 = 1e-12;
+
+pub(super) fn import(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
+    match cx.op_type() {
+        "Gelu" => {
+            let y = cx.add1(Op::Unary(Unary::Gelu { tanh: false }), vec![Some(cx.input(0)?)])?;
+            Ok(vec![y])
+        }
+        // Gelu's tanh approximation of `x + bias`.
+        "FastGelu" => {
+            let x = with_bias(cx, 0, 1)?;
+            Ok(vec![
+                cx.add1(Op::Unary(Unary::Gelu { tanh: true }), vec![Some(x)])?
+            ])
+        }
+        // Gelu (erf form) of `A + B`.
+        "BiasGelu" => {
+            let x = with_bias(cx, 0, 1)?;
+            Ok(vec![
+                cx.add1(Op::Unary(Unary::Gelu { tanh: false }), vec![Some(x)])?
+            ])
+        }
+        // `x * sigmoid(alpha * x)`: ONNX's Swish.
+        "QuickGelu" => {
+            let alpha = cx.attr_f("alpha", 1.702);
+            Ok(vec![cx.add1(
+                Op::Unary(Unary::Swish { alpha }),
+                vec![Some(cx.input(0)?)],
+            )?])
+        }
+        // `X + bias + skip`.
+        "BiasAdd" => {
+            let xb = with_bias(cx, 0, 1)?;
+            let skip = cx.input(2)?;
+            Ok(vec![cx.add1(Op::Binary(Binary::Add), vec![Some(xb), Some(skip)])?])
+        }
+        "SkipLayerNormalization" => skip_norm(cx, false),
+        "SkipSimplifiedLayerNormalization" => skip_norm(cx, true),
+        "SimplifiedLayerNormalization" => {
+            refuse_outputs_from(cx, 1, "inv_std_var")?;
+            let op = rms_norm(cx, cx.attr_i("axis", -1), cx.attr_f("epsilon", 1e-5))?;
+            let y = cx.add1(op, vec![Some(cx.input(0)?), Some(cx.input(1)?)])?;
+            Ok(vec![y; cx.num_outputs()])
+        }
+        "FusedMatMul" => fused_matmul(cx),
+        other => Err(cx.err(format!("{other} is not a contrib operator kiln imports"))),
+    }
+}
+
+/// Input `x` plus the optional input `bias` (just `x` when it is absent).
+fn with_bias(cx: &mut NodeCtx, x: usize, bias: usize) -> Result<ValueId> {
+    let xv = cx.input(x)?;
+    match cx.opt_input(bias) {
+        None => Ok(xv),
+        Some(b) => cx.add_aux1(Op::Binary(Binary::Add), vec![Some(xv), Some(b)]),
+    }
+}
+
+/// Outputs from `first` on are the training statistics kiln does not compute: refused when
+/// the model reads them.
+fn refuse_outputs_from(cx: &NodeCtx, first: usize, what: &str) -> Result<()> {
+    let node_outputs = (first..cx.num_outputs()).filter(|&i| cx.output_is_named(i));
+    match node_outputs.min() {
+        None => Ok(()),
+        Some(i) => Err(cx.err(format!(
+            "output {i} ({what}) is a training statistic kiln does not compute; leave it unnamed"
+        ))),
+    }
+}
+
+fn rms_norm(cx: &NodeCtx, axis: i64, epsilon: f32) -> Result<Op> {
+    Ok(Op::Misc(MiscOp::RmsNorm {
+        axis,
+        epsilon,
+        stash_type: super::norm::stash_type(cx)?,
+    }))
+}
+
+/// `SkipLayerNormalization` (inputs input, skip, gamma, beta?, bias?) and
+/// `SkipSimplifiedLayerNormalization` (input, skip, gamma, bias?): the sum `input + skip + bias`
+/// normalized over the last axis. Outputs: output, mean and inv_std_var (not computed),
+/// input_skip_bias_sum.
+fn skip_norm(cx: &mut NodeCtx, rms: bool) -> Result<Vec<ValueId>> {
+    if (1..cx.num_outputs().min(3)).any(|i| cx.output_is_named(i)) {
+        return Err(cx.err(
+            "outputs 1 and 2 (mean, inv_std_var) are training statistics kiln does not compute; leave them unnamed",
+        ));
+    }
+    let epsilon = cx.attr_f("epsilon", SKIP_NORM_EPSILON);
+    let (x, skip, gamma) = (cx.input(0)?, cx.input(1)?, cx.input(2)?);
+    let (beta, bias) = if rms {
+        (None, cx.opt_input(3))
+    } else {
+        (cx.opt_input(3), cx.opt_input(4))
+    };
+    let mut sum = cx.add_aux1(Op::Binary(Binary::Add), vec![Some(x), Some(skip)])?;
+    if let Some(b) = bias {
+        sum = cx.add_aux1(Op::Binary(Binary::Add), vec![Some(sum), Some(b)])?;
+    }
+    let y = if rms {
+        let op = rms_norm(cx, -1, epsilon)?;
+        cx.add1(op, vec![Some(sum), Some(gamma)])?
+    } else {
+        let op = Op::LayerNorm {
+            axis: -1,
+            epsilon,
+            stash_type: DType::F32,
+        };
+        cx.add1(op, vec![Some(sum), Some(gamma), beta])?
+    };
+    let mut outs = vec![y; cx.num_outputs()];
+    if let Some(last) = outs.get_mut(3) {
+        *last = sum;
+    }
+    Ok(outs)
+}
+
+/// `alpha * op(A) @ op(B)`, `op` transposing the last two axes where `transA`/`transB` say.
+fn fused_matmul(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
+    for attr in ["transBatchA", "transBatchB"] {
+        if cx.attr_i(attr, 0) != 0 {
+            return Err(cx.err(format!("{attr} is not supported")));
+        }
+    }
+    let a = transposed_last_two(cx, 0, "transA")?;
+    let b = transposed_last_two(cx, 1, "transB")?;
+    let alpha = cx.attr_f("alpha", 1.0);
+    if alpha == 1.0 {
+        return Ok(vec![cx.add1(Op::MatMul, vec![Some(a), Some(b)])?]);
+    }
+    let product = cx.add_aux1(Op::MatMul, vec![Some(a), Some(b)])?;
+    let dtype = cx.ty(product).dtype;
+    let scale = cx.constant(kiln_ir::Tensor::scalar(alpha).cast(dtype));
+    Ok(vec![cx.add1(
+        Op::Binary(Binary::Mul),
+        vec![Some(product), Some(scale)],
+    )?])
+}
+
+/// Input `i`, with its last two axes swapped when attribute `flag` is set.
+fn transposed_last_two(cx: &mut NodeCtx, i: usize, flag: &str) -> Result<ValueId> {
+    let v = cx.input(i)?;
+    if cx.attr_i(flag, 0) == 0 {
+        return Ok(v);
+    }
+    let rank = cx.ty(v).rank();
+    if rank < 2 {
+        return Err(cx.err(format!("{flag} needs an operand of rank 2 or more")));
+    }
+    let mut perm: Vec<usize> = (0..rank).collect();
+    perm.swap(rank - 2, rank - 1);
+    cx.add_aux1(Op::Transpose { perm }, vec![Some(v)])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::elementwise::testing::*;
+    use crate::onnx::proto::data_type as dt;
+    use kiln_ir::{Binary, Op, Unary};
+
+    fn ops(g: &kiln_ir::Graph) -> Vec<&Op> {
+        g.nodes()
+            .iter()
+            .map(|n| &n.op)
+            .filter(|op| !matches!(op, Op::Input | Op::Constant(_)))
+            .collect()
+    }
+
+    fn names(outputs: &[&str]) -> Vec<String> {
+        outputs.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn bias_add_is_two_adds() {
+        // onnxruntime computes BiasAdd on CUDA only, so the fixture cannot hold it.
+        let ins = vec![
+            input(0, dt::FLOAT, &[2, 3, 4]),
+            input(1, dt::FLOAT, &[4]),
+            input(2, dt::FLOAT, &[2, 3, 4]),
+        ];
+        let g = import_node_in(super::MICROSOFT_DOMAIN, "BiasAdd", ins, vec![], names(&["y"]), 17).unwrap();
+        assert_eq!(ops(&g), vec![&Op::Binary(Binary::Add), &Op::Binary(Binary::Add)]);
+    }
+
+    #[test]
+    fn quick_gelu_is_swish_with_its_alpha() {
+        let ins = || vec![input(0, dt::FLOAT, &[3])];
+        let g = import_node_in(
+            super::MICROSOFT_DOMAIN,
+            "QuickGelu",
+            ins(),
+            vec![],
+            names(&["y"]),
+            17,
+        )
+        .unwrap();
+        assert_eq!(ops(&g), vec![&Op::Unary(Unary::Swish { alpha: 1.702 })]);
+        let a = vec![attr_f("alpha", 1.0)];
+        let g = import_node_in(super::MICROSOFT_DOMAIN, "QuickGelu", ins(), a, names(&["y"]), 17).unwrap();
+        assert_eq!(ops(&g), vec![&Op::Unary(Unary::Swish { alpha: 1.0 })]);
+    }
+
+    #[test]
+    fn skip_layer_norm_statistics_outputs_are_refused_by_name() {
+        let ins = || {
+            vec![
+                input(0, dt::FLOAT, &[2, 4]),
+                input(1, dt::FLOAT, &[2, 4]),
+                input(2, dt::FLOAT, &[4]),
+            ]
+        };
+        let ms = super::MICROSOFT_DOMAIN;
+        let ok = import_node_in(
+            ms,
+            "SkipLayerNormalization",
+            ins(),
+            vec![],
+            names(&["y", "", "", "s"]),
+            17,
+        );
+        assert!(ok.is_ok(), "{:?}", ok.err());
+        let err = import_node_in(
+            ms,
+            "SkipLayerNormalization",
+            ins(),
+            vec![],
+            names(&["y", "mean"]),
+            17,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("training statistics"), "{err}");
+    }
+
+    #[test]
+    fn fused_matmul_batch_transposes_are_refused() {
+        let ins = vec![input(0, dt::FLOAT, &[2, 3, 4]), input(1, dt::FLOAT, &[2, 4, 5])];
+        let a = vec![attr_i("transBatchA", 1)];
+        let err = import_node_in(super::MICROSOFT_DOMAIN, "FusedMatMul", ins, a, names(&["y"]), 17)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("transBatchA"), "{err}");
+    }
+
+    #[test]
+    fn other_contrib_operators_are_still_reported_with_their_domain() {
+        let ins = vec![input(0, dt::FLOAT, &[3])];
+        let err = import_node_in(
+            super::MICROSOFT_DOMAIN,
+            "NoSuchFusion",
+            ins,
+            vec![],
+            names(&["y"]),
+            17,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("com.microsoft"), "{err}");
+    }
+}
