@@ -9,7 +9,7 @@
 
 use super::NodeCtx;
 use crate::error::Result;
-use kiln_ir::{Binary, DType, MiscOp, Op, Unary, ValueId};
+use kiln_ir::{AttentionAttrs, Binary, DType, MiscOp, Op, Tensor, Unary, ValueId};
 
 /// The `com.microsoft` domain.
 pub(super) const MICROSOFT_DOMAIN: &str = "com.microsoft";
@@ -25,6 +25,7 @@ pub(super) const MICROSOFT_OPERATORS: &[&str] = &[
     "SkipSimplifiedLayerNormalization",
     "SimplifiedLayerNormalization",
     "FusedMatMul",
+    "Attention",
 ];
 
 /// Operators outside the ONNX standard that onnxruntime registers in the default domain.
@@ -76,6 +77,7 @@ pub(super) fn import(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
             Ok(vec![y; cx.num_outputs()])
         }
         "FusedMatMul" => fused_matmul(cx),
+        "Attention" => attention(cx),
         other => Err(cx.err(format!("{other} is not a contrib operator kiln imports"))),
     }
 }
@@ -163,7 +165,7 @@ fn fused_matmul(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
     }
     let product = cx.add_aux1(Op::MatMul, vec![Some(a), Some(b)])?;
     let dtype = cx.ty(product).dtype;
-    let scale = cx.constant(kiln_ir::Tensor::scalar(alpha).cast(dtype));
+    let scale = cx.constant(Tensor::scalar(alpha).cast(dtype));
     Ok(vec![cx.add1(
         Op::Binary(Binary::Mul),
         vec![Some(product), Some(scale)],
@@ -183,6 +185,106 @@ fn transposed_last_two(cx: &mut NodeCtx, i: usize, flag: &str) -> Result<ValueId
     let mut perm: Vec<usize> = (0..rank).collect();
     perm.swap(rank - 2, rank - 1);
     cx.add_aux1(Op::Transpose { perm }, vec![Some(v)])
+}
+
+/// `com.microsoft` Attention without a KV cache: the packed projection `input @ weights + bias`
+/// split into Q, K and V (`qkv_hidden_sizes`, equal thirds by default), then the IR's
+/// multi-head Attention on the 3-D heads-packed operands. A 2-D (`[batch, total_sequence]`) or
+/// 3-D (`[batch, sequence, total_sequence]`) `mask_index` of 1s and 0s adds
+/// `mask_filter_value` (default -10000) to the scores of the 0 positions, as onnxruntime does;
+/// `attention_bias` is added as well; `unidirectional` is the causal mask.
+fn attention(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
+    let num_heads = cx.attr_i("num_heads", 0);
+    let Ok(heads) = usize::try_from(num_heads) else {
+        return Err(cx.err(format!("num_heads must be positive, got {num_heads}")));
+    };
+    if heads == 0 {
+        return Err(cx.err("num_heads must be positive, got 0"));
+    }
+    if cx.attr_i("do_rotary", 0) != 0 {
+        return Err(cx.err("do_rotary is not supported"));
+    }
+    if cx.opt_input(4).is_some() || cx.opt_input(6).is_some() || cx.output_is_named(1) {
+        return Err(cx.err("past and present (a KV cache) are not supported"));
+    }
+    let x = cx.input(0)?;
+    let w = cx.input(1)?;
+    let total = match cx.ty(w).fixed_shape().as_deref() {
+        Some([_, total]) => *total,
+        _ => return Err(cx.err("weights must be a 2-D tensor of known shape")),
+    };
+    let sizes: Vec<usize> = match cx.attr_ints("qkv_hidden_sizes") {
+        Some(v) if v.len() == 3 && v.iter().all(|&d| d > 0) => v.iter().map(|&d| d as usize).collect(),
+        Some(v) => return Err(cx.err(format!("qkv_hidden_sizes must be 3 positive sizes, got {v:?}"))),
+        None if total % 3 == 0 => vec![total / 3; 3],
+        None => return Err(cx.err(format!("weights' {total} columns do not split into Q, K and V"))),
+    };
+    if sizes.iter().sum::<usize>() != total || sizes[0] != sizes[1] || sizes.iter().any(|s| s % heads != 0) {
+        return Err(cx.err(format!(
+            "qkv_hidden_sizes {sizes:?} must give Q and K one size, sum to the weights' {total} columns and divide into {heads} heads"
+        )));
+    }
+    let mut qkv = cx.add_aux1(Op::MatMul, vec![Some(x), Some(w)])?;
+    if let Some(b) = cx.opt_input(2) {
+        qkv = cx.add_aux1(Op::Binary(Binary::Add), vec![Some(qkv), Some(b)])?;
+    }
+    let mut start = 0;
+    let mut parts = vec![];
+    for size in &sizes {
+        let starts = cx.const_i64s(&[start as i64]);
+        let ends = cx.const_i64s(&[(start + size) as i64]);
+        let axes = cx.const_i64s(&[-1]);
+        parts.push(cx.add_aux1(Op::Slice, vec![Some(qkv), Some(starts), Some(ends), Some(axes)])?);
+        start += size;
+    }
+    let dtype = cx.ty(x).dtype;
+    let mut mask = match cx.opt_input(3) {
+        None => None,
+        Some(m) => Some(additive_mask(cx, m, dtype)?),
+    };
+    if let Some(bias) = cx.opt_input(5) {
+        mask = Some(match mask {
+            None => bias,
+            Some(m) => cx.add_aux1(Op::Binary(Binary::Add), vec![Some(m), Some(bias)])?,
+        });
+    }
+    let attrs = AttentionAttrs {
+        is_causal: cx.attr_i("unidirectional", 0) != 0,
+        q_num_heads: heads,
+        kv_num_heads: heads,
+        qk_matmul_output_mode: 0,
+        scale: cx.attr_opt_f("scale"),
+        softcap: 0.0,
+        softmax_precision: None,
+        left_window_size: -1,
+        right_window_size: -1,
+    };
+    let inputs = vec![Some(parts[0]), Some(parts[1]), Some(parts[2]), mask];
+    let y = cx.add1(Op::Attention(attrs), inputs)?;
+    Ok(vec![y; cx.num_outputs()])
+}
+
+/// A 0/1 `mask_index` as the scores' additive mask, broadcast over the heads:
+/// `(1 - mask) * mask_filter_value`, shaped `[batch, 1, 1 or sequence, total_sequence]`.
+fn additive_mask(cx: &mut NodeCtx, mask: ValueId, dtype: DType) -> Result<ValueId> {
+    let rank = cx.ty(mask).rank();
+    let axes: &[i64] = match rank {
+        2 => &[1, 2],
+        3 => &[1],
+        _ => {
+            return Err(cx.err(format!(
+                "a mask_index of rank {rank} (sequence lengths or a 4-D mask) is not supported; a 2-D or 3-D mask of 1s and 0s is"
+            )))
+        }
+    };
+    let filter = cx.attr_f("mask_filter_value", -10000.0);
+    let m = cx.add_aux1(Op::Cast { to: dtype }, vec![Some(mask)])?;
+    let one = cx.constant(Tensor::scalar(1.0f32).cast(dtype));
+    let off = cx.add_aux1(Op::Binary(Binary::Sub), vec![Some(one), Some(m)])?;
+    let filter = cx.constant(Tensor::scalar(filter).cast(dtype));
+    let add = cx.add_aux1(Op::Binary(Binary::Mul), vec![Some(off), Some(filter)])?;
+    let axes = cx.const_i64s(axes);
+    cx.add_aux1(Op::Unsqueeze, vec![Some(add), Some(axes)])
 }
 
 #[cfg(test)]
