@@ -9,7 +9,7 @@
 
 use super::NodeCtx;
 use crate::error::Result;
-use kiln_ir::{AttentionAttrs, Binary, DType, MiscOp, Op, Tensor, Unary, ValueId};
+use kiln_ir::{AttentionAttrs, Binary, DType, MiscOp, Op, ReduceKind, Tensor, Unary, ValueId};
 
 /// The `com.microsoft` domain.
 pub(super) const MICROSOFT_DOMAIN: &str = "com.microsoft";
@@ -26,6 +26,7 @@ pub(super) const MICROSOFT_OPERATORS: &[&str] = &[
     "SimplifiedLayerNormalization",
     "FusedMatMul",
     "Attention",
+    "EmbedLayerNormalization",
 ];
 
 /// Operators outside the ONNX standard that onnxruntime registers in the default domain.
@@ -78,6 +79,7 @@ pub(super) fn import(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
         }
         "FusedMatMul" => fused_matmul(cx),
         "Attention" => attention(cx),
+        "EmbedLayerNormalization" => embed_layer_norm(cx),
         other => Err(cx.err(format!("{other} is not a contrib operator kiln imports"))),
     }
 }
@@ -240,7 +242,7 @@ fn attention(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
     let dtype = cx.ty(x).dtype;
     let mut mask = match cx.opt_input(3) {
         None => None,
-        Some(m) => Some(additive_mask(cx, m, dtype)?),
+        Some(m) => Some(additive_mask(cx, m, x, dtype)?),
     };
     if let Some(bias) = cx.opt_input(5) {
         mask = Some(match mask {
@@ -264,27 +266,111 @@ fn attention(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
     Ok(vec![y; cx.num_outputs()])
 }
 
-/// A 0/1 `mask_index` as the scores' additive mask, broadcast over the heads:
-/// `(1 - mask) * mask_filter_value`, shaped `[batch, 1, 1 or sequence, total_sequence]`.
-fn additive_mask(cx: &mut NodeCtx, mask: ValueId, dtype: DType) -> Result<ValueId> {
+/// `mask_index` as the scores' additive mask, broadcast over the heads:
+/// `(1 - keep) * mask_filter_value`, shaped `[batch, 1, 1 or sequence, total_sequence]`. `keep`
+/// is the 2-D or 3-D mask of 1s and 0s itself, or, for a 1-D mask of per-batch lengths (what
+/// EmbedLayerNormalization writes), 1 for the key positions before the length.
+fn additive_mask(cx: &mut NodeCtx, mask: ValueId, x: ValueId, dtype: DType) -> Result<ValueId> {
     let rank = cx.ty(mask).rank();
+    let batch = cx.ty(x).fixed_shape().map(|s| s[0]);
     let axes: &[i64] = match rank {
+        1 if cx.ty(mask).fixed_shape().map(|s| s[0]) == batch => &[1, 2],
         2 => &[1, 2],
         3 => &[1],
         _ => {
             return Err(cx.err(format!(
-                "a mask_index of rank {rank} (sequence lengths or a 4-D mask) is not supported; a 2-D or 3-D mask of 1s and 0s is"
+                "a mask_index of rank {rank} (start and end positions, or a 4-D mask) is not supported; sequence lengths or a 2-D or 3-D mask of 1s and 0s are"
             )))
         }
     };
     let filter = cx.attr_f("mask_filter_value", -10000.0);
-    let m = cx.add_aux1(Op::Cast { to: dtype }, vec![Some(mask)])?;
+    let keep = if rank == 1 {
+        lengths_to_mask(cx, mask, x)?
+    } else {
+        mask
+    };
+    let m = cx.add_aux1(Op::Cast { to: dtype }, vec![Some(keep)])?;
     let one = cx.constant(Tensor::scalar(1.0f32).cast(dtype));
     let off = cx.add_aux1(Op::Binary(Binary::Sub), vec![Some(one), Some(m)])?;
     let filter = cx.constant(Tensor::scalar(filter).cast(dtype));
     let add = cx.add_aux1(Op::Binary(Binary::Mul), vec![Some(off), Some(filter)])?;
     let axes = cx.const_i64s(axes);
     cx.add_aux1(Op::Unsqueeze, vec![Some(add), Some(axes)])
+}
+
+/// Per-batch key lengths `[batch]` as a `[batch, total_sequence]` bool mask (true before the
+/// length); the total sequence is `x`'s (no KV cache).
+fn lengths_to_mask(cx: &mut NodeCtx, lengths: ValueId, x: ValueId) -> Result<ValueId> {
+    let Some(total) = cx.ty(x).fixed_shape().map(|s| s[1]) else {
+        return Err(cx.err("a mask_index of sequence lengths needs a static sequence length"));
+    };
+    let positions: Vec<i64> = (0..total as i64).collect();
+    let positions = cx.constant(Tensor::from_vec(vec![1, total], positions));
+    let len = cx.add_aux1(Op::Cast { to: DType::I64 }, vec![Some(lengths)])?;
+    let axes = cx.const_i64s(&[1]);
+    let len = cx.add_aux1(Op::Unsqueeze, vec![Some(len), Some(axes)])?;
+    cx.add_aux1(Op::Binary(Binary::Less), vec![Some(positions), Some(len)])
+}
+
+/// `com.microsoft` EmbedLayerNormalization: word, position (`position_ids`, else 0..sequence)
+/// and optional segment embeddings summed and layer-normalized (epsilon 1e-12 by default).
+/// Outputs: output, mask_index (the number of 1s in each row of `mask`, 0 without one, as
+/// onnxruntime computes it), embedding_sum.
+fn embed_layer_norm(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
+    let ids = cx.input(0)?;
+    let word = cx.input(2)?;
+    let mut sum = cx.add_aux1(Op::Gather { axis: 0 }, vec![Some(word), Some(ids)])?;
+    let position_table = cx.input(3)?;
+    let positions = match cx.opt_input(8) {
+        Some(p) => p,
+        None => {
+            let Some(seq) = cx.ty(ids).fixed_shape().and_then(|s| s.get(1).copied()) else {
+                return Err(cx.err("input_ids must be [batch, sequence] with a static sequence length"));
+            };
+            cx.const_i64s(&(0..seq as i64).collect::<Vec<_>>())
+        }
+    };
+    let pos = cx.add_aux1(
+        Op::Gather { axis: 0 },
+        vec![Some(position_table), Some(positions)],
+    )?;
+    sum = cx.add_aux1(Op::Binary(Binary::Add), vec![Some(sum), Some(pos)])?;
+    if let (Some(seg_ids), Some(seg_table)) = (cx.opt_input(1), cx.opt_input(4)) {
+        let seg = cx.add_aux1(Op::Gather { axis: 0 }, vec![Some(seg_table), Some(seg_ids)])?;
+        sum = cx.add_aux1(Op::Binary(Binary::Add), vec![Some(sum), Some(seg)])?;
+    }
+    let op = Op::LayerNorm {
+        axis: -1,
+        epsilon: cx.attr_f("epsilon", SKIP_NORM_EPSILON),
+        stash_type: DType::F32,
+    };
+    let (gamma, beta) = (cx.input(5)?, cx.opt_input(6));
+    let y = cx.add1(op, vec![Some(sum), Some(gamma), beta])?;
+    let mut outs = vec![y; cx.num_outputs()];
+    if cx.output_is_named(1) {
+        outs[1] = match cx.opt_input(7) {
+            Some(mask) => {
+                let mask = cx.add_aux1(Op::Cast { to: DType::I32 }, vec![Some(mask)])?;
+                let axes = cx.const_i64s(&[1]);
+                let reduce = Op::Reduce {
+                    kind: ReduceKind::Sum,
+                    keepdims: false,
+                    noop_with_empty_axes: false,
+                };
+                cx.add_aux1(reduce, vec![Some(mask), Some(axes)])?
+            }
+            None => {
+                let Some(batch) = cx.ty(ids).fixed_shape().map(|s| s[0]) else {
+                    return Err(cx.err("input_ids must have a static batch size"));
+                };
+                cx.constant(Tensor::from_vec(vec![batch], vec![0i32; batch]))
+            }
+        };
+    }
+    if let Some(last) = outs.get_mut(2) {
+        *last = sum;
+    }
+    Ok(outs)
 }
 
 #[cfg(test)]
