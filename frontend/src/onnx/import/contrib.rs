@@ -27,6 +27,8 @@ pub(super) const MICROSOFT_OPERATORS: &[&str] = &[
     "FusedMatMul",
     "Attention",
     "EmbedLayerNormalization",
+    "MultiHeadAttention",
+    "FusedConv",
 ];
 
 /// Operators outside the ONNX standard that onnxruntime registers in the default domain.
@@ -80,6 +82,8 @@ pub(super) fn import(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
         "FusedMatMul" => fused_matmul(cx),
         "Attention" => attention(cx),
         "EmbedLayerNormalization" => embed_layer_norm(cx),
+        "MultiHeadAttention" => multi_head_attention(cx),
+        "FusedConv" => fused_conv(cx),
         other => Err(cx.err(format!("{other} is not a contrib operator kiln imports"))),
     }
 }
@@ -196,13 +200,7 @@ fn transposed_last_two(cx: &mut NodeCtx, i: usize, flag: &str) -> Result<ValueId
 /// `mask_filter_value` (default -10000) to the scores of the 0 positions, as onnxruntime does;
 /// `attention_bias` is added as well; `unidirectional` is the causal mask.
 fn attention(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
-    let num_heads = cx.attr_i("num_heads", 0);
-    let Ok(heads) = usize::try_from(num_heads) else {
-        return Err(cx.err(format!("num_heads must be positive, got {num_heads}")));
-    };
-    if heads == 0 {
-        return Err(cx.err("num_heads must be positive, got 0"));
-    }
+    let heads = num_heads(cx)?;
     if cx.attr_i("do_rotary", 0) != 0 {
         return Err(cx.err("do_rotary is not supported"));
     }
@@ -239,12 +237,43 @@ fn attention(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
         parts.push(cx.add_aux1(Op::Slice, vec![Some(qkv), Some(starts), Some(ends), Some(axes)])?);
         start += size;
     }
-    let dtype = cx.ty(x).dtype;
-    let mut mask = match cx.opt_input(3) {
+    let y = heads_attention(
+        cx,
+        heads,
+        [parts[0], parts[1], parts[2]],
+        x,
+        cx.opt_input(3),
+        cx.opt_input(5),
+    )?;
+    Ok(vec![y; cx.num_outputs()])
+}
+
+/// The `num_heads` attribute, which must be positive.
+fn num_heads(cx: &NodeCtx) -> Result<usize> {
+    let n = cx.attr_i("num_heads", 0);
+    match usize::try_from(n) {
+        Ok(h) if h > 0 => Ok(h),
+        _ => Err(cx.err(format!("num_heads must be positive, got {n}"))),
+    }
+}
+
+/// The IR's multi-head Attention on 3-D `[q, k, v]` with the contrib operators' masks: the
+/// `mask_index`/`key_padding_mask` (`mask`, batch and key length read from `keys`) and the
+/// additive `attention_bias`; `unidirectional` and `scale` from the node's attributes.
+fn heads_attention(
+    cx: &mut NodeCtx,
+    heads: usize,
+    qkv: [ValueId; 3],
+    keys: ValueId,
+    mask: Option<ValueId>,
+    attention_bias: Option<ValueId>,
+) -> Result<ValueId> {
+    let dtype = cx.ty(qkv[0]).dtype;
+    let mut mask = match mask {
         None => None,
-        Some(m) => Some(additive_mask(cx, m, x, dtype)?),
+        Some(m) => Some(additive_mask(cx, m, keys, dtype)?),
     };
-    if let Some(bias) = cx.opt_input(5) {
+    if let Some(bias) = attention_bias {
         mask = Some(match mask {
             None => bias,
             Some(m) => cx.add_aux1(Op::Binary(Binary::Add), vec![Some(m), Some(bias)])?,
@@ -261,9 +290,79 @@ fn attention(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
         left_window_size: -1,
         right_window_size: -1,
     };
-    let inputs = vec![Some(parts[0]), Some(parts[1]), Some(parts[2]), mask];
-    let y = cx.add1(Op::Attention(attrs), inputs)?;
+    let inputs = vec![Some(qkv[0]), Some(qkv[1]), Some(qkv[2]), mask];
+    cx.add1(Op::Attention(attrs), inputs)
+}
+
+/// `com.microsoft` MultiHeadAttention with separate 3-D query, key and value (`[batch,
+/// sequence, hidden]`) and no KV cache: the optional packed `bias` (query, key, value parts)
+/// added, then the IR's multi-head Attention with the `key_padding_mask` and `attention_bias`.
+fn multi_head_attention(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
+    let heads = num_heads(cx)?;
+    if (6..10).any(|i| cx.opt_input(i).is_some()) || cx.output_is_named(1) || cx.output_is_named(2) {
+        return Err(cx.err("past and present (a KV cache) are not supported"));
+    }
+    let (q, k, v) = (cx.input(0)?, cx.opt_input(1), cx.opt_input(2));
+    let (Some(k), Some(v)) = (k, v) else {
+        return Err(cx.err("packed query/key/value are not supported: give key and value as inputs"));
+    };
+    if [q, k, v].iter().any(|&t| cx.ty(t).rank() != 3) {
+        return Err(cx.err("query, key and value must be 3-D [batch, sequence, hidden] (the 4-D and packed forms are not supported)"));
+    }
+    let mut qkv = [q, k, v];
+    if let Some(bias) = cx.opt_input(3) {
+        let widths: Vec<usize> = qkv
+            .iter()
+            .map(|&t| cx.ty(t).fixed_shape().map(|s| s[2]))
+            .collect::<Option<_>>()
+            .ok_or_else(|| cx.err("a bias needs query, key and value of known hidden sizes"))?;
+        let mut start = 0;
+        for (t, width) in qkv.iter_mut().zip(widths) {
+            let starts = cx.const_i64s(&[start as i64]);
+            let ends = cx.const_i64s(&[(start + width) as i64]);
+            let part = cx.add_aux1(Op::Slice, vec![Some(bias), Some(starts), Some(ends)])?;
+            *t = cx.add_aux1(Op::Binary(Binary::Add), vec![Some(*t), Some(part)])?;
+            start += width;
+        }
+    }
+    let y = heads_attention(cx, heads, qkv, k, cx.opt_input(4), cx.opt_input(5))?;
     Ok(vec![y; cx.num_outputs()])
+}
+
+/// `com.microsoft` FusedConv: `activation(Conv(X, W, B) + Z)`, the activation named by the
+/// `activation` attribute with its `activation_params` (Relu, Tanh, Sigmoid, LeakyRelu [alpha],
+/// HardSigmoid [alpha, beta], Clip [min, max]).
+fn fused_conv(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
+    let attrs = super::conv::conv_attrs(cx)?;
+    let inputs = vec![Some(cx.input(0)?), Some(cx.input(1)?), cx.opt_input(2)];
+    let mut y = cx.add_aux1(Op::Conv(attrs), inputs)?;
+    if let Some(z) = cx.opt_input(3) {
+        y = cx.add_aux1(Op::Binary(Binary::Add), vec![Some(y), Some(z)])?;
+    }
+    let params = cx.attr_floats("activation_params").unwrap_or_default();
+    let param = |i: usize, default: f32| params.get(i).copied().unwrap_or(default);
+    let activation = cx.attr_s("activation", "");
+    let op = match activation.as_str() {
+        "" | "Identity" => Op::Identity,
+        "Relu" => Op::Unary(Unary::Relu),
+        "Tanh" => Op::Unary(Unary::Tanh),
+        "Sigmoid" => Op::Unary(Unary::Sigmoid),
+        "LeakyRelu" => Op::Unary(Unary::LeakyRelu {
+            alpha: param(0, 0.01),
+        }),
+        "HardSigmoid" => Op::Unary(Unary::HardSigmoid {
+            alpha: param(0, 0.2),
+            beta: param(1, 0.5),
+        }),
+        "Clip" => {
+            let dtype = cx.ty(y).dtype;
+            let lo = cx.constant(Tensor::scalar(param(0, f32::MIN)).cast(dtype));
+            let hi = cx.constant(Tensor::scalar(param(1, f32::MAX)).cast(dtype));
+            return Ok(vec![cx.add1(Op::Clip, vec![Some(y), Some(lo), Some(hi)])?]);
+        }
+        other => return Err(cx.err(format!("activation '{other}' is not supported"))),
+    };
+    Ok(vec![cx.add1(op, vec![Some(y)])?])
 }
 
 /// `mask_index` as the scores' additive mask, broadcast over the heads:
@@ -377,6 +476,7 @@ fn embed_layer_norm(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
 mod tests {
     use super::super::elementwise::testing::*;
     use crate::onnx::proto::data_type as dt;
+    use crate::onnx::proto::AttributeProto;
     use kiln_ir::{Binary, Op, Unary};
 
     fn ops(g: &kiln_ir::Graph) -> Vec<&Op> {
@@ -461,6 +561,31 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("transBatchA"), "{err}");
+    }
+
+    #[test]
+    fn fused_conv_names_an_unknown_activation_and_mha_a_packed_form() {
+        let ms = super::MICROSOFT_DOMAIN;
+        let ins = vec![
+            input(0, dt::FLOAT, &[1, 2, 4, 4]),
+            input(1, dt::FLOAT, &[3, 2, 1, 1]),
+        ];
+        let a = vec![AttributeProto {
+            name: "activation".into(),
+            r#type: crate::onnx::proto::attribute_type::STRING,
+            s: b"Gelu".to_vec().into(),
+            ..Default::default()
+        }];
+        let err = import_node_in(ms, "FusedConv", ins, a, names(&["y"]), 17)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("activation 'Gelu'"), "{err}");
+        let packed = vec![input(0, dt::FLOAT, &[2, 3, 2, 3, 4])];
+        let a = vec![attr_i("num_heads", 2)];
+        let err = import_node_in(ms, "MultiHeadAttention", packed, a, names(&["y"]), 17)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("packed"), "{err}");
     }
 
     #[test]
