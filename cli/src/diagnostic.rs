@@ -5,19 +5,7 @@ use crate::exit::{classify, Exit};
 use serde::Serialize;
 use std::path::Path;
 
-/// Where an error points in the model (every field `null` when the error does not say).
-#[derive(Serialize, Debug, Default, PartialEq, Eq)]
-pub struct Location {
-    pub node: Option<String>,
-    pub op: Option<String>,
-    pub pass: Option<String>,
-}
-
-/// The first node/op/pass named along the error's chain of causes (`kiln_driver::locate`).
-pub fn locate(e: &anyhow::Error) -> Location {
-    let kiln_driver::Location { node, op, pass } = kiln_driver::locate(e);
-    Location { node, op, pass }
-}
+pub use kiln_driver::{locate, Location};
 
 fn exit_name(exit: Exit) -> &'static str {
     match exit {

@@ -85,13 +85,14 @@ impl GpuGenerator {
     }
 }
 
-/// The generated kernel for a single node: the GPU generators of its operator for a GPU
-/// target, else the CPU ones; None when none of them takes it.
+/// A kernel a generator made for one node.
 pub enum Generated {
     Gpu(Box<dyn GpuKernel>),
     Cpu(Box<dyn GeneratedKernel>),
 }
 
+/// The generated kernel for a single node: the GPU generators of its operator for a GPU
+/// target, else the CPU ones; None when none of them takes it.
 pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Generated>> {
     let gens = generators(node.op());
     if target.is_gpu() {

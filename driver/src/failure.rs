@@ -66,8 +66,9 @@ pub fn failure_kind(e: &anyhow::Error) -> Option<FailureKind> {
     None
 }
 
-/// Where an error points in the model (every field `None` when the error does not say).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// Where an error points in the model (every field `None` when the error does not say;
+/// serialized into the CLI's failure report).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Location {
     pub node: Option<String>,
     pub op: Option<String>,

@@ -101,19 +101,10 @@ pub struct OpInfo {
     pub layout: LayoutRole,
 }
 
-/// A row's columns after the name and family: most operators compute, follow the autocast and
-/// read the model's layout.
-struct Row {
-    name: &'static str,
-    family: OpFamily,
-    motion: Motion,
-    autocast: Autocast,
-    layout: LayoutRole,
-}
-
-impl Row {
-    const fn new(name: &'static str, family: OpFamily) -> Row {
-        Row {
+/// Building a row: most operators compute, follow the autocast and read the model's layout.
+impl OpInfo {
+    const fn new(name: &'static str, family: OpFamily) -> OpInfo {
+        OpInfo {
             name,
             family,
             motion: Motion::Compute,
@@ -121,20 +112,20 @@ impl Row {
             layout: LayoutRole::Model,
         }
     }
-    const fn motion(mut self, motion: Motion) -> Row {
+    const fn motion(mut self, motion: Motion) -> OpInfo {
         self.motion = motion;
         self
     }
-    const fn autocast(mut self, autocast: Autocast) -> Row {
+    const fn autocast(mut self, autocast: Autocast) -> OpInfo {
         self.autocast = autocast;
         self
     }
-    const fn layout(mut self, layout: LayoutRole) -> Row {
+    const fn layout(mut self, layout: LayoutRole) -> OpInfo {
         self.layout = layout;
         self
     }
     /// An element-wise operator: its motion, and the layout it carries through.
-    const fn elementwise(self) -> Row {
+    const fn elementwise(self) -> OpInfo {
         self.motion(Motion::Elementwise).layout(LayoutRole::Carry)
     }
 }
@@ -144,15 +135,15 @@ impl Op {
     pub fn info(&self) -> OpInfo {
         use Autocast::{Always, Never};
         use OpFamily as F;
-        let row = match self {
-            Op::Input => Row::new("Input", F::Source),
-            Op::Constant(_) => Row::new("Constant", F::Source),
+        match self {
+            Op::Input => OpInfo::new("Input", F::Source),
+            Op::Constant(_) => OpInfo::new("Constant", F::Source),
 
             // Piecewise-linear functions and predicates are exact on bf16 inputs (the unary
             // table says which); anything with a transcendental or a division amplifies
             // rounding.
             Op::Unary(u) => {
-                let row = Row::new(u.name(), F::Elementwise).elementwise();
+                let row = OpInfo::new(u.name(), F::Elementwise).elementwise();
                 if u.exact_in_bf16() {
                     row
                 } else {
@@ -160,32 +151,32 @@ impl Op {
                 }
             }
             Op::Binary(b) => {
-                let row = Row::new(b.name(), F::Elementwise).elementwise();
+                let row = OpInfo::new(b.name(), F::Elementwise).elementwise();
                 match b {
                     Binary::Pow | Binary::Div => row.autocast(Never),
                     _ => row,
                 }
             }
-            Op::Where => Row::new("Where", F::Elementwise).elementwise(),
-            Op::Clip => Row::new("Clip", F::Elementwise).elementwise(),
-            Op::Cast { .. } => Row::new("Cast", F::Elementwise).elementwise(),
+            Op::Where => OpInfo::new("Where", F::Elementwise).elementwise(),
+            Op::Clip => OpInfo::new("Clip", F::Elementwise).elementwise(),
+            Op::Cast { .. } => OpInfo::new("Cast", F::Elementwise).elementwise(),
 
-            Op::MatMul => Row::new("MatMul", F::Linalg).autocast(Always(&[0, 1])),
-            Op::Gemm { .. } => Row::new("Gemm", F::Linalg).autocast(Always(&[0, 1])),
-            Op::Einsum { .. } => Row::new("Einsum", F::Linalg).autocast(Always(ALL_INPUTS)),
+            Op::MatMul => OpInfo::new("MatMul", F::Linalg).autocast(Always(&[0, 1])),
+            Op::Gemm { .. } => OpInfo::new("Gemm", F::Linalg).autocast(Always(&[0, 1])),
+            Op::Einsum { .. } => OpInfo::new("Einsum", F::Linalg).autocast(Always(ALL_INPUTS)),
 
-            Op::Conv(_) => Row::new("Conv", F::Conv)
+            Op::Conv(_) => OpInfo::new("Conv", F::Conv)
                 .autocast(Always(&[0, 1]))
                 .layout(LayoutRole::Anchor),
-            Op::ConvTranspose(_) => Row::new("ConvTranspose", F::Conv).autocast(Always(&[0, 1])),
+            Op::ConvTranspose(_) => OpInfo::new("ConvTranspose", F::Conv).autocast(Always(&[0, 1])),
             // Max pooling selects an input element; averages stay f32.
             Op::Pool(p) => match p.kind {
-                PoolKind::Max => Row::new("MaxPool", F::Conv),
-                PoolKind::Average { .. } => Row::new("AveragePool", F::Conv).autocast(Never),
-                PoolKind::Lp { .. } => Row::new("LpPool", F::Conv).autocast(Never),
+                PoolKind::Max => OpInfo::new("MaxPool", F::Conv),
+                PoolKind::Average { .. } => OpInfo::new("AveragePool", F::Conv).autocast(Never),
+                PoolKind::Lp { .. } => OpInfo::new("LpPool", F::Conv).autocast(Never),
             }
             .layout(LayoutRole::Anchor),
-            Op::GlobalPool(k) => Row::new(
+            Op::GlobalPool(k) => OpInfo::new(
                 match k {
                     PoolKind::Max => "GlobalMaxPool",
                     PoolKind::Average { .. } => "GlobalAveragePool",
@@ -196,56 +187,56 @@ impl Op {
             .autocast(Never)
             .layout(LayoutRole::Anchor),
 
-            Op::BatchNorm { .. } => Row::new("BatchNormalization", F::Norm).autocast(Never),
-            Op::LayerNorm { .. } => Row::new("LayerNormalization", F::Norm).autocast(Never),
-            Op::InstanceNorm { .. } => Row::new("InstanceNormalization", F::Norm).autocast(Never),
-            Op::GroupNorm { .. } => Row::new("GroupNormalization", F::Norm).autocast(Never),
-            Op::LpNorm { .. } => Row::new("LpNormalization", F::Norm).autocast(Never),
-            Op::MeanVarianceNorm { .. } => Row::new("MeanVarianceNormalization", F::Norm).autocast(Never),
-            Op::Softmax { .. } => Row::new("Softmax", F::Norm).autocast(Never),
-            Op::LogSoftmax { .. } => Row::new("LogSoftmax", F::Norm).autocast(Never),
-            Op::Hardmax { .. } => Row::new("Hardmax", F::Norm),
+            Op::BatchNorm { .. } => OpInfo::new("BatchNormalization", F::Norm).autocast(Never),
+            Op::LayerNorm { .. } => OpInfo::new("LayerNormalization", F::Norm).autocast(Never),
+            Op::InstanceNorm { .. } => OpInfo::new("InstanceNormalization", F::Norm).autocast(Never),
+            Op::GroupNorm { .. } => OpInfo::new("GroupNormalization", F::Norm).autocast(Never),
+            Op::LpNorm { .. } => OpInfo::new("LpNormalization", F::Norm).autocast(Never),
+            Op::MeanVarianceNorm { .. } => OpInfo::new("MeanVarianceNormalization", F::Norm).autocast(Never),
+            Op::Softmax { .. } => OpInfo::new("Softmax", F::Norm).autocast(Never),
+            Op::LogSoftmax { .. } => OpInfo::new("LogSoftmax", F::Norm).autocast(Never),
+            Op::Hardmax { .. } => OpInfo::new("Hardmax", F::Norm),
 
-            Op::Resize(_) => Row::new("Resize", F::Resize),
-            Op::DepthToSpace { .. } => Row::new("DepthToSpace", F::Resize),
-            Op::SpaceToDepth { .. } => Row::new("SpaceToDepth", F::Resize),
+            Op::Resize(_) => OpInfo::new("Resize", F::Resize),
+            Op::DepthToSpace { .. } => OpInfo::new("DepthToSpace", F::Resize),
+            Op::SpaceToDepth { .. } => OpInfo::new("SpaceToDepth", F::Resize),
 
-            Op::Attention(_) => Row::new("Attention", F::Attention).autocast(Always(&[0, 1, 2])),
+            Op::Attention(_) => OpInfo::new("Attention", F::Attention).autocast(Always(&[0, 1, 2])),
 
-            Op::Reduce { kind, .. } => Row::new(kind.op_name(), F::Reduce).autocast(Never),
-            Op::ArgMax { .. } => Row::new("ArgMax", F::Reduce),
-            Op::ArgMin { .. } => Row::new("ArgMin", F::Reduce),
-            Op::TopK { .. } => Row::new("TopK", F::Reduce),
-            Op::CumSum { .. } => Row::new("CumSum", F::Reduce).autocast(Never),
-            Op::CumProd { .. } => Row::new("CumProd", F::Reduce).autocast(Never),
+            Op::Reduce { kind, .. } => OpInfo::new(kind.op_name(), F::Reduce).autocast(Never),
+            Op::ArgMax { .. } => OpInfo::new("ArgMax", F::Reduce),
+            Op::ArgMin { .. } => OpInfo::new("ArgMin", F::Reduce),
+            Op::TopK { .. } => OpInfo::new("TopK", F::Reduce),
+            Op::CumSum { .. } => OpInfo::new("CumSum", F::Reduce).autocast(Never),
+            Op::CumProd { .. } => OpInfo::new("CumProd", F::Reduce).autocast(Never),
 
-            Op::Reshape { .. } => Row::new("Reshape", F::DataMovement).motion(Motion::View),
-            Op::Flatten { .. } => Row::new("Flatten", F::DataMovement).motion(Motion::View),
-            Op::Squeeze => Row::new("Squeeze", F::DataMovement).motion(Motion::View),
-            Op::Unsqueeze => Row::new("Unsqueeze", F::DataMovement).motion(Motion::View),
-            Op::Identity => Row::new("Identity", F::DataMovement).motion(Motion::View),
-            Op::Transpose { .. } => Row::new("Transpose", F::DataMovement).motion(Motion::Rearrange),
-            Op::Expand => Row::new("Expand", F::DataMovement).motion(Motion::Rearrange),
-            Op::Concat { .. } => Row::new("Concat", F::DataMovement).layout(LayoutRole::ChannelConcat),
-            Op::Split { .. } => Row::new("Split", F::DataMovement),
-            Op::Slice => Row::new("Slice", F::DataMovement),
-            Op::Gather { .. } => Row::new("Gather", F::DataMovement),
-            Op::GatherElements { .. } => Row::new("GatherElements", F::DataMovement),
-            Op::GatherND { .. } => Row::new("GatherND", F::DataMovement),
-            Op::ScatterND { .. } => Row::new("ScatterND", F::DataMovement),
-            Op::ScatterElements { .. } => Row::new("ScatterElements", F::DataMovement),
-            Op::Tile => Row::new("Tile", F::DataMovement),
-            Op::Pad { .. } => Row::new("Pad", F::DataMovement),
-            Op::Shape { .. } => Row::new("Shape", F::DataMovement),
-            Op::Size => Row::new("Size", F::DataMovement),
-            Op::Range => Row::new("Range", F::DataMovement),
-            Op::ConstantOfShape { .. } => Row::new("ConstantOfShape", F::DataMovement),
-            Op::Trilu { .. } => Row::new("Trilu", F::DataMovement),
-            Op::NonZero => Row::new("NonZero", F::DataMovement),
-            Op::OneHot { .. } => Row::new("OneHot", F::DataMovement),
-            Op::EyeLike { .. } => Row::new("EyeLike", F::DataMovement),
+            Op::Reshape { .. } => OpInfo::new("Reshape", F::DataMovement).motion(Motion::View),
+            Op::Flatten { .. } => OpInfo::new("Flatten", F::DataMovement).motion(Motion::View),
+            Op::Squeeze => OpInfo::new("Squeeze", F::DataMovement).motion(Motion::View),
+            Op::Unsqueeze => OpInfo::new("Unsqueeze", F::DataMovement).motion(Motion::View),
+            Op::Identity => OpInfo::new("Identity", F::DataMovement).motion(Motion::View),
+            Op::Transpose { .. } => OpInfo::new("Transpose", F::DataMovement).motion(Motion::Rearrange),
+            Op::Expand => OpInfo::new("Expand", F::DataMovement).motion(Motion::Rearrange),
+            Op::Concat { .. } => OpInfo::new("Concat", F::DataMovement).layout(LayoutRole::ChannelConcat),
+            Op::Split { .. } => OpInfo::new("Split", F::DataMovement),
+            Op::Slice => OpInfo::new("Slice", F::DataMovement),
+            Op::Gather { .. } => OpInfo::new("Gather", F::DataMovement),
+            Op::GatherElements { .. } => OpInfo::new("GatherElements", F::DataMovement),
+            Op::GatherND { .. } => OpInfo::new("GatherND", F::DataMovement),
+            Op::ScatterND { .. } => OpInfo::new("ScatterND", F::DataMovement),
+            Op::ScatterElements { .. } => OpInfo::new("ScatterElements", F::DataMovement),
+            Op::Tile => OpInfo::new("Tile", F::DataMovement),
+            Op::Pad { .. } => OpInfo::new("Pad", F::DataMovement),
+            Op::Shape { .. } => OpInfo::new("Shape", F::DataMovement),
+            Op::Size => OpInfo::new("Size", F::DataMovement),
+            Op::Range => OpInfo::new("Range", F::DataMovement),
+            Op::ConstantOfShape { .. } => OpInfo::new("ConstantOfShape", F::DataMovement),
+            Op::Trilu { .. } => OpInfo::new("Trilu", F::DataMovement),
+            Op::NonZero => OpInfo::new("NonZero", F::DataMovement),
+            Op::OneHot { .. } => OpInfo::new("OneHot", F::DataMovement),
+            Op::EyeLike { .. } => OpInfo::new("EyeLike", F::DataMovement),
 
-            Op::Rnn(a) => Row::new(
+            Op::Rnn(a) => OpInfo::new(
                 match a.kind {
                     RnnKind::Rnn => "RNN",
                     RnnKind::Gru => "GRU",
@@ -254,20 +245,13 @@ impl Op {
                 F::Recurrent,
             )
             .autocast(Never),
-            Op::If { .. } => Row::new("If", F::Control).autocast(Never),
-            Op::Loop { .. } => Row::new("Loop", F::Control).autocast(Never),
+            Op::If { .. } => OpInfo::new("If", F::Control).autocast(Never),
+            Op::Loop { .. } => OpInfo::new("Loop", F::Control).autocast(Never),
 
-            Op::Quant(q) => Row::new(q.name(), F::Quant),
-            Op::Vision(v) => Row::new(v.name(), F::Vision),
-            Op::Signal(s) => Row::new(s.name(), F::Signal),
-            Op::Misc(m) => Row::new(m.name(), F::Misc),
-        };
-        OpInfo {
-            name: row.name,
-            family: row.family,
-            motion: row.motion,
-            autocast: row.autocast,
-            layout: row.layout,
+            Op::Quant(q) => OpInfo::new(q.name(), F::Quant),
+            Op::Vision(v) => OpInfo::new(v.name(), F::Vision),
+            Op::Signal(s) => OpInfo::new(s.name(), F::Signal),
+            Op::Misc(m) => OpInfo::new(m.name(), F::Misc),
         }
     }
 

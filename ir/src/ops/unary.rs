@@ -2,7 +2,7 @@
 //!
 //! Each row of the table declares an operator once; the `unary_ops!` macro below turns the rows
 //! into the [`Unary`] enum and the functions every layer reads: the ONNX name and opset
-//! ([`Unary::from_onnx`], [`Unary::since`]), type inference ([`Unary::accepts`],
+//! ([`Unary::from_onnx`], [`Unary::onnx_since`]), type inference ([`Unary::accepts`],
 //! [`Unary::returns_bool`]), reference math ([`Unary::real`]), autocast policy
 //! ([`Unary::exact_in_bf16`]) and the C kernel library's operator code
 //! ([`Unary::kernel_call`], [`KERNEL_OPS`]). codegen's build script reads the same table file
@@ -120,11 +120,6 @@ macro_rules! unary_ops {
                     $( $onnx => Some(($onnx, $since)), )*
                     _ => None,
                 }
-            }
-
-            /// The first default-domain opset that defines the operator.
-            pub fn since(&self) -> i64 {
-                match self { $( Unary::$V { .. } => $since, )* }
             }
 
             /// The ONNX operator `op_type` with its attributes, or `None` if `op_type` is not a
