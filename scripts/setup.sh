@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Installs what kiln needs to build and test on a fresh Debian 12 machine, idempotently:
 # from apt, LLVM 19 development packages, clang 19 with its sanitizer runtimes, a C/C++
-# toolchain, the aarch64 C headers, valgrind, cmake and pkg-config (the tests build programs
-# against compiled libraries with both) and qemu-user (the tests run artifacts on emulated older
-# CPUs); and a Python virtual environment at .venv with the
+# toolchain, the aarch64 C headers and cross compiler, valgrind, cmake and pkg-config (the tests
+# build programs against compiled libraries with both) and qemu-user (the tests run artifacts on
+# emulated older CPUs, and aarch64 artifacts); and a Python virtual environment at .venv with the
 # pinned packages that generate the ONNX conformance cases and CUDA's ptxas and libdevice
 # (nvidia-cuda-nvcc-cu12, for the CUDA target and its PTX checks).
 # Run as root (or with sudo available). Safe to run again: it skips what is already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(llvm-19-dev libpolly-19-dev zlib1g-dev libzstd-dev libffi-dev libxml2-dev clang-19 libclang-rt-19-dev python3-venv build-essential libc6-dev-arm64-cross valgrind cmake pkg-config qemu-user)
+APT_PACKAGES=(llvm-19-dev libpolly-19-dev zlib1g-dev libzstd-dev libffi-dev libxml2-dev clang-19 libclang-rt-19-dev python3-venv build-essential libc6-dev-arm64-cross gcc-aarch64-linux-gnu valgrind cmake pkg-config qemu-user)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do

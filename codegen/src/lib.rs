@@ -13,6 +13,7 @@ pub mod gen;
 pub mod generators;
 pub mod header;
 pub mod kernel;
+pub mod linker;
 pub mod llvm;
 pub mod node;
 pub mod nvptx;
@@ -36,7 +37,6 @@ use inkwell::targets::FileType;
 use inkwell::OptimizationLevel;
 use kiln_ir::Graph;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 /// What `kiln compile` writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,8 +63,10 @@ pub struct CompileOptions {
     pub name: String,
     pub target: TargetDesc,
     pub emit: Emit,
-    /// The system C compiler used to link executables (`cc` unless `$CC` says otherwise).
-    pub cc: String,
+    /// The C compiler that links executables and shared libraries; `None`: the one
+    /// [`linker::linker_for`] finds for the target (`$CC` or `cc` for this machine's
+    /// architecture, the cross toolchain for another).
+    pub cc: Option<String>,
     /// What the kernel target needs ([`TargetNeeds`], the value the driver also gave the
     /// optimizer) and which plan passes run: `fuse-kernels` groups nodes into fused kernels
     /// (epilogues, elementwise chains; off with `--disable-pass fuse-kernels`, to measure what
@@ -448,7 +450,8 @@ fn finish_module(
         Emit::Exe => {
             let obj = object(FileType::Object)?;
             progress.phase("link");
-            link_executable(&opts.cc, obj.as_slice(), out)?;
+            let cc = linker::linker_for(opts.cc.as_deref(), &opts.target)?;
+            linker::link_executable(&cc, obj.as_slice(), out)?;
             files.push(out.to_path_buf());
         }
         Emit::StaticLib | Emit::SharedLib => {
@@ -467,7 +470,8 @@ fn finish_module(
                 buildfiles::LibKind::Static
             } else {
                 progress.phase("link");
-                link_shared(&opts.cc, obj, lib, &api.exported(false), cuda)?;
+                let cc = linker::linker_for(opts.cc.as_deref(), &opts.target)?;
+                linker::link_shared(&cc, obj, lib, &api.exported(false), cuda)?;
                 buildfiles::LibKind::Shared
             };
             let text = header::header(
@@ -532,84 +536,4 @@ fn truncate(s: &str, n: usize) -> &str {
         Some((i, _)) => &s[..i],
         None => s,
     }
-}
-
-/// Runs the C compiler as a linker on `files` (name, bytes), written to a fresh temporary
-/// folder that is removed afterwards; `command` builds the command line from that folder.
-/// `what` names the step in the error when the linker fails.
-fn run_linker(
-    cc: &str,
-    what: &str,
-    files: &[(&str, &[u8])],
-    command: impl FnOnce(&Path) -> Command,
-) -> Result<()> {
-    static LINKS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = LINKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let dir = std::env::temp_dir().join(format!("kiln-link-{}-{n}", std::process::id()));
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| CodegenError::Io(format!("cannot create {}: {e}", dir.display())))?;
-    let result = files
-        .iter()
-        .try_for_each(|(name, bytes)| std::fs::write(dir.join(name), bytes))
-        .map_err(|e| CodegenError::Io(format!("cannot write in {}: {e}", dir.display())))
-        .and_then(|()| {
-            command(&dir).output().map_err(|e| {
-                CodegenError::Io(format!("cannot run the C compiler '{cc}' to link: {e} (set $CC)"))
-            })
-        });
-    let _ = std::fs::remove_dir_all(&dir);
-    let output = result?;
-    if !output.status.success() {
-        return Err(CodegenError::Io(format!(
-            "{what} with '{cc}' failed: {}",
-            String::from_utf8_lossy(&output.stderr).trim()
-        )));
-    }
-    Ok(())
-}
-
-/// Links the object into an executable with the system C compiler.
-fn link_executable(cc: &str, obj: &[u8], out: &Path) -> Result<()> {
-    run_linker(cc, "linking", &[("model.o", obj)], |dir| {
-        let mut c = Command::new(cc);
-        c.arg("-o")
-            .arg(out)
-            .arg(dir.join("model.o"))
-            // libdl: a CUDA model loads the driver with dlopen (part of libc since glibc 2.34).
-            .args(["-lpthread", "-lm", "-ldl", "-Wl,--build-id=none"]);
-        c
-    })
-}
-
-/// Links the object (position-independent: [`TargetDesc::target_machine`] generates PIC, and
-/// the runtime bitcode is compiled with `-fPIC`) into a shared library that exports `exported`
-/// and nothing else. The soname is the file name, so programs linked against it record
-/// `libNAME.so` and find it through their rpath or the loader's search path.
-fn link_shared(cc: &str, obj: &[u8], out: &Path, exported: &[String], cuda: bool) -> Result<()> {
-    let script = buildfiles::version_script(exported);
-    let soname = out
-        .file_name()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let libs: Vec<String> = buildfiles::system_libs(cuda)
-        .iter()
-        .map(|l| format!("-l{l}"))
-        .collect();
-    let files = [("model.o", obj), ("exports.map", script.as_bytes())];
-    run_linker(cc, "linking the shared library", &files, |dir| {
-        let mut c = Command::new(cc);
-        c.arg("-shared")
-            .arg("-o")
-            .arg(out)
-            .arg(dir.join("model.o"))
-            .arg(format!("-Wl,-soname,{soname}"))
-            .arg(format!(
-                "-Wl,--version-script={}",
-                dir.join("exports.map").display()
-            ))
-            // An undefined symbol is a link error now, not a failure when the library is loaded.
-            .args(["-Wl,--no-undefined", "-Wl,--build-id=none"])
-            .args(&libs);
-        c
-    })
 }

@@ -371,7 +371,7 @@ impl<'p> Session<'p> {
             name,
             target,
             emit: o.emit,
-            cc: o.cc(),
+            cc: o.cc.clone(),
             plan,
             profile: o.profile,
             weights_out: o.weights_out.clone(),

@@ -64,7 +64,9 @@ pub struct Options {
     pub weights_out: Option<PathBuf>,
     /// Build the [`crate::Report`] of a compilation (always built when explaining).
     pub report: bool,
-    /// The C compiler that links executables; default `$CC`, else `cc`.
+    /// The C compiler that links executables and shared libraries; default: the one codegen
+    /// finds for the target (`kiln_codegen::linker::linker_for`: `$CC` or `cc` for this
+    /// machine's architecture, the cross toolchain for another).
     pub cc: Option<String>,
 }
 
@@ -119,12 +121,5 @@ impl Options {
             .disabled_passes
             .iter()
             .any(|p| p == kiln_codegen::plan::passes::FUSE_KERNELS)
-    }
-
-    /// The C compiler that links executables.
-    pub fn cc(&self) -> String {
-        self.cc
-            .clone()
-            .unwrap_or_else(|| std::env::var("CC").unwrap_or_else(|_| "cc".to_string()))
     }
 }

@@ -571,7 +571,7 @@ mod tests {
             plan: kiln_codegen::plan::passes::PlanOptions::for_target(&target, false),
             target,
             emit: Emit::Obj,
-            cc: "cc".into(),
+            cc: None,
             profile: false,
             weights_out: None,
             cuda_sm: None,

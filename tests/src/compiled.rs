@@ -98,6 +98,26 @@ pub fn compile_graph_cuda_bf16(
     compile_for(graph, name, emit, out, &[], Some(sm), Precision::Bf16)
 }
 
+/// A CPU other than this machine's: the triple and CPU `kiln compile --target-triple T --cpu C`
+/// take (no CPU: the architecture's baseline).
+#[derive(Clone, Copy)]
+pub struct CrossCpu<'a> {
+    pub triple: &'a str,
+    pub cpu: Option<&'a str>,
+}
+
+/// Optimizes `graph` with the CPU pipeline and compiles it to `out` for `cross` (an executable
+/// is linked with that architecture's C toolchain; run it with [`run_executable_under`]).
+pub fn compile_graph_cross(
+    graph: &Graph,
+    name: &str,
+    emit: Emit,
+    out: &Path,
+    cross: CrossCpu,
+) -> Result<kiln_codegen::Summary, String> {
+    compile_with(graph, name, emit, out, &[], None, Precision::F32, Some(cross))
+}
+
 fn compile_for(
     graph: &Graph,
     name: &str,
@@ -106,6 +126,20 @@ fn compile_for(
     disabled: &[&str],
     cuda_sm: Option<u32>,
     precision: Precision,
+) -> Result<kiln_codegen::Summary, String> {
+    compile_with(graph, name, emit, out, disabled, cuda_sm, precision, None)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn compile_with(
+    graph: &Graph,
+    name: &str,
+    emit: Emit,
+    out: &Path,
+    disabled: &[&str],
+    cuda_sm: Option<u32>,
+    precision: Precision,
+    cross: Option<CrossCpu>,
 ) -> Result<kiln_codegen::Summary, String> {
     // KILN_LAYOUT=nchw|nhwc runs the suites in one layout (default: the target's, as `kiln
     // compile` chooses: the pipeline's for the CPU, the model's own for the GPU).
@@ -120,7 +154,13 @@ fn compile_for(
             return Err(format!("no such pass '{p}'"));
         }
     }
-    // This machine's CPU (a library too: not portable), as `kiln compile --cpu native`.
+    // This machine's CPU (a library too: not portable), as `kiln compile --cpu native`, or the
+    // CPU of another architecture.
+    let cpu = match cross {
+        None => Cpu::Native,
+        Some(CrossCpu { cpu: Some(c), .. }) => Cpu::Named(c.to_string()),
+        Some(CrossCpu { cpu: None, .. }) => Cpu::Default,
+    };
     let mut session = Session::new(Options {
         name: Some(name.to_string()),
         emit,
@@ -130,7 +170,8 @@ fn compile_for(
             Target::Cpu
         },
         sm: cuda_sm,
-        cpu: Cpu::Native,
+        cpu,
+        triple: cross.map(|c| c.triple.to_string()),
         layout,
         precision,
         disabled_passes: disabled.iter().map(|p| p.to_string()).collect(),
@@ -151,7 +192,28 @@ pub fn run_executable(
     dir: &Path,
     threads: usize,
 ) -> Result<Vec<Tensor>, String> {
-    let mut cmd = Command::new(exe);
+    run_executable_under(&[], exe, graph, inputs, dir, threads)
+}
+
+/// [`run_executable`] for an executable of another architecture, started by `launcher` (an
+/// emulator's command line, such as `qemu-aarch64 -L /usr/aarch64-linux-gnu`, the executable
+/// appended); an empty launcher runs it directly.
+pub fn run_executable_under(
+    launcher: &[&str],
+    exe: &Path,
+    graph: &Graph,
+    inputs: &[(String, Tensor)],
+    dir: &Path,
+    threads: usize,
+) -> Result<Vec<Tensor>, String> {
+    let mut cmd = match launcher.split_first() {
+        None => Command::new(exe),
+        Some((program, args)) => {
+            let mut c = Command::new(program);
+            c.args(args).arg(exe);
+            c
+        }
+    };
     for (i, (name, t)) in inputs.iter().enumerate() {
         let p = dir.join(format!("input{i}.npy"));
         kiln_frontend::npy::write_npy(&p, t).map_err(|e| format!("write input: {e}"))?;

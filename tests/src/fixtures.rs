@@ -130,3 +130,42 @@ impl Fixture {
             .collect()
     }
 }
+
+/// Runs `check` on every fixture of `all` that `$KILN_FIXTURE_FILTER` selects, on `threads`
+/// threads, printing `ok   NAME[: what it said]` or `FAIL NAME: why` for each, then
+/// `WHAT: P passed, F failed`; panics naming the failures if any failed.
+pub fn check_fixtures(
+    all: &[Fixture],
+    what: &str,
+    threads: usize,
+    check: impl Fn(&Fixture) -> std::result::Result<String, String> + Sync,
+) {
+    assert!(!all.is_empty(), "no fixtures in the manifest");
+    let fixtures = Fixture::filtered(all);
+    let results = crate::cuda::run_parallel(&fixtures, threads, |f| {
+        let r = check(f);
+        match &r {
+            Ok(said) if said.is_empty() => println!("ok   {}", f.name),
+            Ok(said) => println!("ok   {}: {said}", f.name),
+            Err(e) => println!("FAIL {}: {e}", f.name),
+        }
+        r
+    });
+    let failed: Vec<&str> = fixtures
+        .iter()
+        .zip(&results)
+        .filter(|(_, r)| r.is_err())
+        .map(|(f, _)| f.name.as_str())
+        .collect();
+    println!(
+        "{what}: {} passed, {} failed",
+        fixtures.len() - failed.len(),
+        failed.len()
+    );
+    assert!(failed.is_empty(), "{what} failing: {}", failed.join(", "));
+}
+
+/// The threads a fixture suite checks fixtures on: one per core.
+pub fn suite_threads() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+}

@@ -1,7 +1,7 @@
 //! Running a model compiled as a static library from a C program (`tests/c/run_model.c`), as
 //! an application embedding kiln's output would.
 
-use crate::compiled::{compile_graph, WorkDir};
+use crate::compiled::{compile_graph, compile_graph_cross, CrossCpu, WorkDir};
 use kiln_codegen::Emit;
 use kiln_ir::{Graph, Tensor};
 use std::path::Path;
@@ -19,18 +19,38 @@ pub fn build_c_program(
     libs: &[&Path],
     out: &Path,
 ) -> Result<(), String> {
-    let mut cmd = Command::new(cc());
+    build_c_program_with(&cc(), sources, defines, include, libs, out)
+}
+
+/// [`build_c_program`] with the C compiler `cc` (a cross compiler for another architecture).
+pub fn build_c_program_with(
+    cc: &str,
+    sources: &[&Path],
+    defines: &[String],
+    include: &Path,
+    libs: &[&Path],
+    out: &Path,
+) -> Result<(), String> {
+    let mut cmd = Command::new(cc);
     cmd.args(["-O1", "-Wall", "-Werror", "-o"]).arg(out);
     cmd.arg("-I").arg(include);
     for d in defines {
         cmd.arg(format!("-D{d}"));
     }
     cmd.args(sources).args(libs).args(["-lpthread", "-lm"]);
-    let o = cmd.output().map_err(|e| format!("cannot run {}: {e}", cc()))?;
+    let o = cmd.output().map_err(|e| format!("cannot run {cc}: {e}"))?;
     if !o.status.success() {
         return Err(format!("C build failed: {}", String::from_utf8_lossy(&o.stderr)));
     }
     Ok(())
+}
+
+/// Another architecture's static library and its C program: the CPU it is compiled for, the C
+/// compiler that builds the program, and the emulator command that runs it.
+pub struct Foreign<'a> {
+    pub cross: CrossCpu<'a>,
+    pub cc: &'a str,
+    pub launcher: &'a [&'a str],
 }
 
 /// Compiles `graph` to `libNAME.a` + `NAME.h`, builds run_model.c against it, runs it on
@@ -41,12 +61,30 @@ pub fn compile_and_run_staticlib(
     inputs: &[Tensor],
     threads: usize,
 ) -> Result<Vec<Tensor>, String> {
+    compile_and_run_staticlib_on(None, graph, name, inputs, threads)
+}
+
+/// [`compile_and_run_staticlib`] for this machine (`foreign` None) or for another architecture,
+/// its program run under the emulator.
+pub fn compile_and_run_staticlib_on(
+    foreign: Option<&Foreign>,
+    graph: &Graph,
+    name: &str,
+    inputs: &[Tensor],
+    threads: usize,
+) -> Result<Vec<Tensor>, String> {
     let work = WorkDir::new("lib");
     let dir = &work.0;
-    compile_graph(graph, name, Emit::StaticLib, &dir.join(name))?;
+    let lib = dir.join(name);
+    match foreign {
+        None => compile_graph(graph, name, Emit::StaticLib, &lib)?,
+        Some(f) => compile_graph_cross(graph, name, Emit::StaticLib, &lib, f.cross)?,
+    };
     let driver = crate::repo_root().join("tests/c/run_model.c");
     let exe = dir.join("run_model");
-    build_c_program(
+    let cc = foreign.map_or_else(cc, |f| f.cc.to_string());
+    build_c_program_with(
+        &cc,
         &[&driver],
         &[
             format!("KILN_HEADER=\"{name}.h\""),
@@ -56,7 +94,14 @@ pub fn compile_and_run_staticlib(
         &[&dir.join(format!("lib{name}.a"))],
         &exe,
     )?;
-    let mut cmd = Command::new(&exe);
+    let mut cmd = match foreign {
+        None => Command::new(&exe),
+        Some(f) => {
+            let mut c = Command::new(f.launcher[0]);
+            c.args(&f.launcher[1..]).arg(&exe);
+            c
+        }
+    };
     cmd.arg(threads.to_string());
     for (i, t) in inputs.iter().enumerate() {
         let p = dir.join(format!("in{i}.bin"));

@@ -6,12 +6,10 @@
 //! same ones to the GPU's tensor-core kernels.
 
 use kiln_driver::{Cpu, Options, Precision, Session};
-use kiln_ir::Tensor;
 use kiln_optimizer::passes::bf16_autocast;
 use kiln_tests::bf16::check_bf16_outputs;
-use kiln_tests::compiled::{bind_shape_inputs, run_executable, WorkDir};
-use kiln_tests::fixtures::{load_manifest, Fixture};
-use std::sync::Mutex;
+use kiln_tests::compiled::{run_executable, WorkDir};
+use kiln_tests::fixtures::{check_fixtures, load_manifest, suite_threads, Fixture};
 
 /// What one fixture gave: whether the autocast changed it, and the worst cosine / error.
 struct Outcome {
@@ -21,21 +19,7 @@ struct Outcome {
 }
 
 fn check(f: &Fixture) -> anyhow::Result<Outcome> {
-    let model = f.load()?;
-    let mut inputs = f.read_inputs()?;
-    let names: Vec<String> = model.graph.input_types().map(|(n, _)| n.to_string()).collect();
-    let ordered: Vec<(String, Tensor)> = names
-        .iter()
-        .map(|n| {
-            let t = inputs
-                .remove(n)
-                .ok_or_else(|| anyhow::anyhow!("no input file for '{n}'"))?;
-            Ok((n.clone(), t))
-        })
-        .collect::<anyhow::Result<_>>()?;
-    let (bound, ordered) = bind_shape_inputs(&f.path(&f.model), &f.import_options()?, &model, ordered)
-        .map_err(anyhow::Error::msg)?;
-    let mut graph = bound.as_ref().unwrap_or(&model).graph.clone();
+    let (mut graph, ordered) = f.prepared()?;
     // As `kiln compile --precision bf16` for the host.
     let mut session = Session::new(Options {
         name: Some(f.name.clone()),
@@ -65,51 +49,12 @@ fn check(f: &Fixture) -> anyhow::Result<Outcome> {
 #[test]
 fn fixtures_in_bf16_match_the_f32_reference() {
     let fixtures = load_manifest().expect("fixtures/manifest.json");
-    assert!(!fixtures.is_empty(), "no fixtures in the manifest");
-    let filter = std::env::var("KILN_FIXTURE_FILTER").ok();
-    let fixtures: Vec<&Fixture> = fixtures
-        .iter()
-        .filter(|f| {
-            filter
-                .as_ref()
-                .is_none_or(|s| s.split(',').any(|p| f.name.contains(p)))
-        })
-        .collect();
-    let next = Mutex::new(0usize);
-    let failed = Mutex::new(vec![]);
-    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    std::thread::scope(|s| {
-        for _ in 0..threads {
-            s.spawn(|| loop {
-                let i = {
-                    let mut n = next.lock().unwrap();
-                    *n += 1;
-                    *n - 1
-                };
-                let Some(f) = fixtures.get(i) else { break };
-                match check(f) {
-                    Ok(o) if o.bf16_ops == 0 => println!("ok   {} (nothing in bf16)", f.name),
-                    Ok(o) => println!(
-                        "ok   {}: {} ops in bf16, cosine {:.6}, max error {:.4} of the range",
-                        f.name, o.bf16_ops, o.worst_cos, o.worst_rel
-                    ),
-                    Err(e) => {
-                        println!("FAIL {}: {e:#}", f.name);
-                        failed.lock().unwrap().push(f.name.clone());
-                    }
-                }
-            });
-        }
+    check_fixtures(&fixtures, "bf16 fixtures", suite_threads(), |f| match check(f) {
+        Ok(o) if o.bf16_ops == 0 => Ok("nothing in bf16".to_string()),
+        Ok(o) => Ok(format!(
+            "{} ops in bf16, cosine {:.6}, max error {:.4} of the range",
+            o.bf16_ops, o.worst_cos, o.worst_rel
+        )),
+        Err(e) => Err(format!("{e:#}")),
     });
-    let failed = failed.into_inner().unwrap();
-    println!(
-        "bf16 fixtures: {} passed, {} failed",
-        fixtures.len() - failed.len(),
-        failed.len()
-    );
-    assert!(
-        failed.is_empty(),
-        "fixtures failing in bf16: {}",
-        failed.join(", ")
-    );
 }

@@ -11,8 +11,8 @@ use kiln_tests::compiled::{
     compile_graph_cuda, compile_graph_cuda_bf16, node_case_backend_cuda, run_executable, WorkDir,
 };
 use kiln_tests::conformance::{cache_dir, filtered_cases, list_cases, read_manifest, run_all};
-use kiln_tests::cuda::{export_libdevice, gpu_required, no_device_reason, run_parallel};
-use kiln_tests::fixtures::{load_manifest, Fixture};
+use kiln_tests::cuda::{export_libdevice, gpu_required, no_device_reason};
+use kiln_tests::fixtures::{check_fixtures, load_manifest, suite_threads, Fixture};
 
 fn sm() -> u32 {
     match std::env::var("KILN_CUDA_SM") {
@@ -93,10 +93,6 @@ fn device(fixtures: &[Fixture]) -> Result<(), String> {
     Err(reason)
 }
 
-fn threads() -> usize {
-    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
-}
-
 #[test]
 fn fixtures_on_gpu_match_onnxruntime() {
     let Some(fixtures) = fixtures_if_device() else {
@@ -109,32 +105,9 @@ fn fixtures_on_gpu_match_onnxruntime() {
     });
 }
 
-/// Runs `check` on every (filtered) fixture in parallel, printing `ok NAME[: what it said]` or
-/// the failure, then a `what (sm_N): P passed, F failed` line; fails if any failed.
+/// [`check_fixtures`] on one thread per core, the suite's line naming the GPU architecture.
 fn run_fixtures(all: &[Fixture], what: &str, check: impl Fn(&Fixture) -> Result<String, String> + Sync) {
-    let fixtures = Fixture::filtered(all);
-    let results = run_parallel(&fixtures, threads(), |f| {
-        let r = check(f);
-        match &r {
-            Ok(said) if said.is_empty() => println!("ok   {}", f.name),
-            Ok(said) => println!("ok   {}: {said}", f.name),
-            Err(e) => println!("FAIL {}: {e}", f.name),
-        }
-        r
-    });
-    let failed: Vec<&str> = fixtures
-        .iter()
-        .zip(&results)
-        .filter(|(_, r)| r.is_err())
-        .map(|(f, _)| f.name.as_str())
-        .collect();
-    println!(
-        "{what} (sm_{}): {} passed, {} failed",
-        sm(),
-        fixtures.len() - failed.len(),
-        failed.len()
-    );
-    assert!(failed.is_empty(), "{what} failing: {}", failed.join(", "));
+    check_fixtures(all, &format!("{what} (sm_{})", sm()), suite_threads(), check);
 }
 
 /// Every fixture in bf16 on the GPU: its products on tensor cores, judged like the CPU's bf16.
@@ -172,7 +145,7 @@ fn onnx_node_tests_on_gpu() {
     );
     let (cases, _) = filtered_cases(cases);
     let backend = node_case_backend_cuda(sm());
-    let results = run_all(&cases, &backend, threads());
+    let results = run_all(&cases, &backend, suite_threads());
     let failed: Vec<_> = results.iter().filter(|r| r.outcome.is_err()).collect();
     for r in &failed {
         println!("FAIL {}: {}", r.name, r.outcome.as_ref().unwrap_err());

@@ -4,11 +4,9 @@
 //! only, to keep the cost down): every pass must be optional, and a wrong result that goes away
 //! with a pass off points at that pass.
 
-use kiln_tests::compare::compare;
-use kiln_tests::compiled::{bind_shape_inputs, compile_graph_without, pass_exists, run_executable, WorkDir};
-use kiln_tests::fixtures::{load_manifest, Fixture};
+use kiln_tests::compiled::{compile_graph_without, pass_exists, run_executable, WorkDir};
+use kiln_tests::fixtures::{check_fixtures, load_manifest, suite_threads, Fixture};
 use kiln_tests::staticlib::compile_and_run_staticlib;
-use std::sync::Mutex;
 
 #[derive(Clone, Copy, PartialEq)]
 enum Artifact {
@@ -17,82 +15,31 @@ enum Artifact {
 }
 
 fn check(f: &Fixture, artifact: Artifact, disabled: &[&str]) -> anyhow::Result<()> {
-    let model = f.load()?;
-    let mut inputs = f.read_inputs()?;
-    let names: Vec<String> = model.graph.input_types().map(|(n, _)| n.to_string()).collect();
-    let ordered: Vec<(String, kiln_ir::Tensor)> = names
-        .iter()
-        .map(|n| {
-            let t = inputs
-                .remove(n)
-                .ok_or_else(|| anyhow::anyhow!("no input file for '{n}'"))?;
-            Ok((n.clone(), t))
-        })
-        .collect::<anyhow::Result<_>>()?;
-    let (bound, ordered) = bind_shape_inputs(&f.path(&f.model), &f.import_options()?, &model, ordered)
-        .map_err(anyhow::Error::msg)?;
-    let graph = &bound.as_ref().unwrap_or(&model).graph;
+    let (graph, inputs) = f.prepared()?;
     let outputs = match artifact {
         Artifact::Executable => {
             let work = WorkDir::new(&f.name);
             let exe = work.0.join(&f.name);
-            compile_graph_without(graph, &f.name, kiln_codegen::Emit::Exe, &exe, disabled)
+            compile_graph_without(&graph, &f.name, kiln_codegen::Emit::Exe, &exe, disabled)
                 .map_err(anyhow::Error::msg)?;
-            run_executable(&exe, graph, &ordered, &work.0, 2).map_err(anyhow::Error::msg)?
+            run_executable(&exe, &graph, &inputs, &work.0, 2).map_err(anyhow::Error::msg)?
         }
         Artifact::StaticLib => {
             assert!(disabled.is_empty(), "pass-off variants compile executables only");
-            let tensors: Vec<_> = ordered.into_iter().map(|(_, t)| t).collect();
-            compile_and_run_staticlib(graph, &f.name, &tensors, 2).map_err(anyhow::Error::msg)?
+            let tensors: Vec<_> = inputs.into_iter().map(|(_, t)| t).collect();
+            compile_and_run_staticlib(&graph, &f.name, &tensors, 2).map_err(anyhow::Error::msg)?
         }
     };
-    let expected = f.read_expected()?;
-    for (out, actual) in graph.outputs().iter().zip(&outputs) {
-        let want = expected
-            .get(&out.name)
-            .ok_or_else(|| anyhow::anyhow!("no expected value for output '{}'", out.name))?;
-        compare(want, actual).map_err(|e| anyhow::anyhow!("output '{}': {e}", out.name))?;
-    }
-    Ok(())
+    f.check_outputs(&graph, &outputs)
 }
 
 fn check_all(artifact: Artifact, label: &str, disabled: &[&str]) {
     let fixtures = load_manifest().expect("fixtures/manifest.json");
-    assert!(!fixtures.is_empty(), "no fixtures in the manifest");
-    let filter = std::env::var("KILN_FIXTURE_FILTER").ok();
-    let fixtures: Vec<&Fixture> = fixtures
-        .iter()
-        .filter(|f| filter.as_ref().is_none_or(|s| f.name.contains(s.as_str())))
-        .collect();
-    let next = Mutex::new(0usize);
-    let failed = Mutex::new(vec![]);
-    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    std::thread::scope(|s| {
-        for _ in 0..threads {
-            s.spawn(|| loop {
-                let i = {
-                    let mut n = next.lock().unwrap();
-                    *n += 1;
-                    *n - 1
-                };
-                let Some(f) = fixtures.get(i) else { break };
-                match check(f, artifact, disabled) {
-                    Ok(()) => println!("ok   {}", f.name),
-                    Err(e) => {
-                        println!("FAIL {}: {e:#}", f.name);
-                        failed.lock().unwrap().push(f.name.clone());
-                    }
-                }
-            });
-        }
+    check_fixtures(&fixtures, label, suite_threads(), |f| {
+        check(f, artifact, disabled)
+            .map(|()| String::new())
+            .map_err(|e| format!("{e:#}"))
     });
-    let failed = failed.into_inner().unwrap();
-    println!(
-        "{label}: {} passed, {} failed",
-        fixtures.len() - failed.len(),
-        failed.len()
-    );
-    assert!(failed.is_empty(), "fixtures failing: {}", failed.join(", "));
 }
 
 #[test]
