@@ -28,6 +28,13 @@ pub fn thresholds(name: &str) -> (f64, f64) {
         // Cosine meets the bar (0.99916); the largest error, 4% of the logits' range, is on one
         // logit.
         "efficientnet_tiny" => (0.999, 0.05),
+        // Dynamically quantized: every product's activation is re-quantized to 8 bits with a
+        // scale taken from its own range, so a bf16 rounding upstream that moves a value across
+        // a rounding boundary changes it by a whole quantization step (1/255 of that range), not
+        // by an ulp, and the step propagates. Rounding the float MatMuls' operands to bf16 in
+        // onnxruntime (`scripts/bf16_reference.py`) already costs 1.8% of the pooler output's
+        // range on this input; kiln's bf16 attention measures 3.9% (cosine 0.99975).
+        "bert_tiny_dynamic_int8" => (0.999, 0.05),
         _ => (0.999, 0.02),
     }
 }

@@ -84,6 +84,7 @@ pub(super) fn import(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
         "EmbedLayerNormalization" => embed_layer_norm(cx),
         "MultiHeadAttention" => multi_head_attention(cx),
         "FusedConv" => fused_conv(cx),
+        other if super::contrib_quant::OPERATORS.contains(&other) => super::contrib_quant::import(cx),
         other => Err(cx.err(format!("{other} is not a contrib operator kiln imports"))),
     }
 }

@@ -102,9 +102,18 @@ fn lp_order(cx: &NodeCtx) -> Result<f32> {
 }
 
 fn pool(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
+    let attrs = pool_attrs(cx)?;
+    let x = cx.input(0)?;
+    // MaxPool's optional Indices output is produced when the node declares it.
+    cx.add(Op::Pool(attrs), vec![Some(x)])
+}
+
+/// The attributes of MaxPool, AveragePool (and the quantized contrib QLinearAveragePool, whose
+/// attributes are AveragePool's) and LpPool.
+pub(super) fn pool_attrs(cx: &NodeCtx) -> Result<PoolAttrs> {
     let kind = match cx.op_type() {
         "MaxPool" => PoolKind::Max,
-        "AveragePool" => PoolKind::Average {
+        "AveragePool" | "QLinearAveragePool" => PoolKind::Average {
             count_include_pad: flag(cx, "count_include_pad")?,
         },
         _ => PoolKind::Lp { p: lp_order(cx)? },
@@ -124,7 +133,7 @@ fn pool(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
             cx.num_outputs()
         )));
     }
-    let attrs = PoolAttrs {
+    Ok(PoolAttrs {
         kind,
         kernel_shape,
         strides: list(cx, "strides", true)?,
@@ -134,10 +143,7 @@ fn pool(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
         ceil_mode: flag(cx, "ceil_mode")?,
         storage_order: storage_order as u8,
         channels_last: false,
-    };
-    let x = cx.input(0)?;
-    // MaxPool's optional Indices output is produced when the node declares it.
-    cx.add(Op::Pool(attrs), vec![Some(x)])
+    })
 }
 
 /// A 0/1 attribute (default 0).
