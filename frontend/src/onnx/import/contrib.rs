@@ -31,6 +31,18 @@ pub(super) const MICROSOFT_OPERATORS: &[&str] = &[
     "FusedConv",
 ];
 
+/// Whether kiln imports `com.microsoft` operator `op_type`: one of the compositions here, the
+/// quantized operators (`contrib_quant`) or the decoder attention operators (`contrib_rotary`).
+pub(super) fn is_microsoft_operator(op_type: &str) -> bool {
+    [
+        MICROSOFT_OPERATORS,
+        super::contrib_quant::OPERATORS,
+        super::contrib_rotary::OPERATORS,
+    ]
+    .iter()
+    .any(|list| list.contains(&op_type))
+}
+
 /// Operators outside the ONNX standard that onnxruntime registers in the default domain.
 pub(super) const DEFAULT_DOMAIN_EXTENSIONS: &[&str] = &["SimplifiedLayerNormalization"];
 
@@ -85,6 +97,7 @@ pub(super) fn import(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
         "MultiHeadAttention" => multi_head_attention(cx),
         "FusedConv" => fused_conv(cx),
         other if super::contrib_quant::OPERATORS.contains(&other) => super::contrib_quant::import(cx),
+        other if super::contrib_rotary::OPERATORS.contains(&other) => super::contrib_rotary::import(cx),
         other => Err(cx.err(format!("{other} is not a contrib operator kiln imports"))),
     }
 }
@@ -250,7 +263,7 @@ fn attention(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
 }
 
 /// The `num_heads` attribute, which must be positive.
-fn num_heads(cx: &NodeCtx) -> Result<usize> {
+pub(super) fn num_heads(cx: &NodeCtx) -> Result<usize> {
     let n = cx.attr_i("num_heads", 0);
     match usize::try_from(n) {
         Ok(h) if h > 0 => Ok(h),

@@ -9,6 +9,7 @@
 mod attention;
 mod contrib;
 mod contrib_quant;
+mod contrib_rotary;
 mod control;
 mod conv;
 mod elementwise;
@@ -56,9 +57,8 @@ fn importer(domain: &str, op_type: &str) -> Option<Importer> {
             .contains(&op_type)
             .then_some(Importer::Contrib);
     }
-    (domain == contrib::MICROSOFT_DOMAIN
-        && (contrib::MICROSOFT_OPERATORS.contains(&op_type) || contrib_quant::OPERATORS.contains(&op_type)))
-    .then_some(Importer::Contrib)
+    (domain == contrib::MICROSOFT_DOMAIN && contrib::is_microsoft_operator(op_type))
+        .then_some(Importer::Contrib)
 }
 
 /// The importer of each operator family (the operator table, `kiln_ir::onnx_operator`, says
