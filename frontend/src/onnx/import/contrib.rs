@@ -11,11 +11,8 @@ use super::NodeCtx;
 use crate::error::Result;
 use kiln_ir::{AttentionAttrs, Binary, DType, MiscOp, Op, ReduceKind, Tensor, Unary, ValueId};
 
-/// The `com.microsoft` domain.
-pub(super) const MICROSOFT_DOMAIN: &str = "com.microsoft";
-
-/// The `com.microsoft` operators kiln imports.
-pub(super) const MICROSOFT_OPERATORS: &[&str] = &[
+/// The `com.microsoft` operators imported here.
+pub(super) const OPERATORS: &[&str] = &[
     "Gelu",
     "FastGelu",
     "BiasGelu",
@@ -30,18 +27,6 @@ pub(super) const MICROSOFT_OPERATORS: &[&str] = &[
     "MultiHeadAttention",
     "FusedConv",
 ];
-
-/// Whether kiln imports `com.microsoft` operator `op_type`: one of the compositions here, the
-/// quantized operators (`contrib_quant`) or the decoder attention operators (`contrib_rotary`).
-pub(super) fn is_microsoft_operator(op_type: &str) -> bool {
-    [
-        MICROSOFT_OPERATORS,
-        super::contrib_quant::OPERATORS,
-        super::contrib_rotary::OPERATORS,
-    ]
-    .iter()
-    .any(|list| list.contains(&op_type))
-}
 
 /// Operators outside the ONNX standard that onnxruntime registers in the default domain.
 pub(super) const DEFAULT_DOMAIN_EXTENSIONS: &[&str] = &["SimplifiedLayerNormalization"];
@@ -96,8 +81,6 @@ pub(super) fn import(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
         "EmbedLayerNormalization" => embed_layer_norm(cx),
         "MultiHeadAttention" => multi_head_attention(cx),
         "FusedConv" => fused_conv(cx),
-        other if super::contrib_quant::OPERATORS.contains(&other) => super::contrib_quant::import(cx),
-        other if super::contrib_rotary::OPERATORS.contains(&other) => super::contrib_rotary::import(cx),
         other => Err(cx.err(format!("{other} is not a contrib operator kiln imports"))),
     }
 }
@@ -214,7 +197,7 @@ fn transposed_last_two(cx: &mut NodeCtx, i: usize, flag: &str) -> Result<ValueId
 /// `mask_filter_value` (default -10000) to the scores of the 0 positions, as onnxruntime does;
 /// `attention_bias` is added as well; `unidirectional` is the causal mask.
 fn attention(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
-    let heads = num_heads(cx)?;
+    let heads = cx.attr_positive("num_heads")?;
     if cx.attr_i("do_rotary", 0) != 0 {
         return Err(cx.err("do_rotary is not supported"));
     }
@@ -262,15 +245,6 @@ fn attention(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
     Ok(vec![y; cx.num_outputs()])
 }
 
-/// The `num_heads` attribute, which must be positive.
-pub(super) fn num_heads(cx: &NodeCtx) -> Result<usize> {
-    let n = cx.attr_i("num_heads", 0);
-    match usize::try_from(n) {
-        Ok(h) if h > 0 => Ok(h),
-        _ => Err(cx.err(format!("num_heads must be positive, got {n}"))),
-    }
-}
-
 /// The IR's multi-head Attention on 3-D `[q, k, v]` with the contrib operators' masks: the
 /// `mask_index`/`key_padding_mask` (`mask`, batch and key length read from `keys`) and the
 /// additive `attention_bias`; `unidirectional` and `scale` from the node's attributes.
@@ -312,7 +286,7 @@ fn heads_attention(
 /// sequence, hidden]`) and no KV cache: the optional packed `bias` (query, key, value parts)
 /// added, then the IR's multi-head Attention with the `key_padding_mask` and `attention_bias`.
 fn multi_head_attention(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
-    let heads = num_heads(cx)?;
+    let heads = cx.attr_positive("num_heads")?;
     if (6..10).any(|i| cx.opt_input(i).is_some()) || cx.output_is_named(1) || cx.output_is_named(2) {
         return Err(cx.err("past and present (a KV cache) are not supported"));
     }
@@ -513,7 +487,15 @@ mod tests {
             input(1, dt::FLOAT, &[4]),
             input(2, dt::FLOAT, &[2, 3, 4]),
         ];
-        let g = import_node_in(super::MICROSOFT_DOMAIN, "BiasAdd", ins, vec![], names(&["y"]), 17).unwrap();
+        let g = import_node_in(
+            super::super::MICROSOFT_DOMAIN,
+            "BiasAdd",
+            ins,
+            vec![],
+            names(&["y"]),
+            17,
+        )
+        .unwrap();
         assert_eq!(ops(&g), vec![&Op::Binary(Binary::Add), &Op::Binary(Binary::Add)]);
     }
 
@@ -521,7 +503,7 @@ mod tests {
     fn quick_gelu_is_swish_with_its_alpha() {
         let ins = || vec![input(0, dt::FLOAT, &[3])];
         let g = import_node_in(
-            super::MICROSOFT_DOMAIN,
+            super::super::MICROSOFT_DOMAIN,
             "QuickGelu",
             ins(),
             vec![],
@@ -531,7 +513,15 @@ mod tests {
         .unwrap();
         assert_eq!(ops(&g), vec![&Op::Unary(Unary::Swish { alpha: 1.702 })]);
         let a = vec![attr_f("alpha", 1.0)];
-        let g = import_node_in(super::MICROSOFT_DOMAIN, "QuickGelu", ins(), a, names(&["y"]), 17).unwrap();
+        let g = import_node_in(
+            super::super::MICROSOFT_DOMAIN,
+            "QuickGelu",
+            ins(),
+            a,
+            names(&["y"]),
+            17,
+        )
+        .unwrap();
         assert_eq!(ops(&g), vec![&Op::Unary(Unary::Swish { alpha: 1.0 })]);
     }
 
@@ -544,7 +534,7 @@ mod tests {
                 input(2, dt::FLOAT, &[4]),
             ]
         };
-        let ms = super::MICROSOFT_DOMAIN;
+        let ms = super::super::MICROSOFT_DOMAIN;
         let ok = import_node_in(
             ms,
             "SkipLayerNormalization",
@@ -571,15 +561,22 @@ mod tests {
     fn fused_matmul_batch_transposes_are_refused() {
         let ins = vec![input(0, dt::FLOAT, &[2, 3, 4]), input(1, dt::FLOAT, &[2, 4, 5])];
         let a = vec![attr_i("transBatchA", 1)];
-        let err = import_node_in(super::MICROSOFT_DOMAIN, "FusedMatMul", ins, a, names(&["y"]), 17)
-            .unwrap_err()
-            .to_string();
+        let err = import_node_in(
+            super::super::MICROSOFT_DOMAIN,
+            "FusedMatMul",
+            ins,
+            a,
+            names(&["y"]),
+            17,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("transBatchA"), "{err}");
     }
 
     #[test]
     fn fused_conv_names_an_unknown_activation_and_mha_a_packed_form() {
-        let ms = super::MICROSOFT_DOMAIN;
+        let ms = super::super::MICROSOFT_DOMAIN;
         let ins = vec![
             input(0, dt::FLOAT, &[1, 2, 4, 4]),
             input(1, dt::FLOAT, &[3, 2, 1, 1]),
@@ -606,7 +603,7 @@ mod tests {
     fn other_contrib_operators_are_still_reported_with_their_domain() {
         let ins = vec![input(0, dt::FLOAT, &[3])];
         let err = import_node_in(
-            super::MICROSOFT_DOMAIN,
+            super::super::MICROSOFT_DOMAIN,
             "NoSuchFusion",
             ins,
             vec![],

@@ -386,8 +386,8 @@ fn unpack(packed: &[u8], bits: usize, count: usize) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::contrib::MICROSOFT_DOMAIN;
     use super::super::elementwise::testing::*;
+    use super::super::MICROSOFT_DOMAIN;
     use super::unpack;
     use crate::onnx::proto::data_type as dt;
 

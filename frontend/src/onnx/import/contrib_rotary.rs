@@ -119,7 +119,7 @@ fn rotary_embedding(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
 /// heads, the query, key and value packed in `query` when key and value are absent, rotated
 /// first when `do_rotary` is set.
 fn group_query_attention(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
-    let heads = super::contrib::num_heads(cx)?;
+    let heads = cx.attr_positive("num_heads")?;
     let kv_heads = match cx.attr_i("kv_num_heads", 0) {
         n if n > 0 && heads % n as usize == 0 => n as usize,
         n => {
@@ -260,8 +260,8 @@ fn unpack_qkv(cx: &mut NodeCtx, query: ValueId, heads: usize, kv_heads: usize) -
 
 #[cfg(test)]
 mod tests {
-    use super::super::contrib::MICROSOFT_DOMAIN;
     use super::super::elementwise::testing::*;
+    use super::super::MICROSOFT_DOMAIN;
     use crate::onnx::proto::data_type as dt;
 
     #[test]

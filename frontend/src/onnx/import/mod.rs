@@ -57,8 +57,34 @@ fn importer(domain: &str, op_type: &str) -> Option<Importer> {
             .contains(&op_type)
             .then_some(Importer::Contrib);
     }
-    (domain == contrib::MICROSOFT_DOMAIN && contrib::is_microsoft_operator(op_type))
-        .then_some(Importer::Contrib)
+    (domain == MICROSOFT_DOMAIN && is_microsoft_operator(op_type)).then_some(Importer::Contrib)
+}
+
+/// onnxruntime's contrib operator domain.
+pub(crate) const MICROSOFT_DOMAIN: &str = "com.microsoft";
+
+/// Whether kiln imports `com.microsoft` operator `op_type`: a composition (`contrib`), a
+/// quantized operator (`contrib_quant`) or a decoder attention operator (`contrib_rotary`).
+fn is_microsoft_operator(op_type: &str) -> bool {
+    [
+        contrib::OPERATORS,
+        contrib_quant::OPERATORS,
+        contrib_rotary::OPERATORS,
+    ]
+    .iter()
+    .any(|list| list.contains(&op_type))
+}
+
+/// Imports an onnxruntime contrib operator with the module that holds it.
+fn import_contrib(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
+    let op = cx.op_type();
+    if contrib_quant::OPERATORS.contains(&op) {
+        contrib_quant::import(cx)
+    } else if contrib_rotary::OPERATORS.contains(&op) {
+        contrib_rotary::import(cx)
+    } else {
+        contrib::import(cx)
+    }
 }
 
 /// The importer of each operator family (the operator table, `kiln_ir::onnx_operator`, says
@@ -243,7 +269,7 @@ impl<'p> GraphImporter<'p> {
                 }
                 family_importer(op.family)
             }
-            Importer::Contrib => contrib::import as ImportFn,
+            Importer::Contrib => import_contrib as ImportFn,
         };
         let mut cx = NodeCtx {
             imp: self,
@@ -710,6 +736,15 @@ impl<'a, 'p> NodeCtx<'a, 'p> {
 
     pub fn attr_opt_i(&self, name: &str) -> Option<i64> {
         self.typed(name, attribute_type::INT).map(|a| a.i)
+    }
+
+    /// A required integer attribute that must be positive (`num_heads`, say).
+    pub fn attr_positive(&self, name: &str) -> Result<usize> {
+        let n = self.attr_i(name, 0);
+        match usize::try_from(n) {
+            Ok(v) if v > 0 => Ok(v),
+            _ => Err(self.err(format!("{name} must be positive, got {n}"))),
+        }
     }
 
     pub fn attr_f(&self, name: &str, default: f32) -> f32 {
