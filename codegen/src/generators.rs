@@ -12,7 +12,7 @@ use crate::gen::{self, GeneratedKernel};
 use crate::node::NodeInfo;
 use crate::nvptx::{kernels, GpuKernel};
 use crate::target::TargetDesc;
-use kiln_ir::{MiscOp, Op, OpFamily};
+use kiln_ir::{MiscOp, Op, OpFamily, QuantOp};
 
 /// A GPU kernel generator (`nvptx/kernels/`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,7 +34,8 @@ pub enum GpuGenerator {
 /// A CPU kernel generator (`gen/`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CpuGenerator {
-    /// GEMM, convolutions and their epilogues (`gen::products`), for a single node.
+    /// GEMM, convolutions and their epilogues, integer products on `vpdpbusd`
+    /// (`gen::products`), for a single node.
     Products,
     /// Vector loops over groups of element-wise nodes (`gen::elementwise`), formed by the
     /// `fuse-kernels` plan pass.
@@ -54,6 +55,7 @@ pub fn generators(op: &Op) -> Generators {
     use GpuGenerator as G;
     let (gpu, cpu): (&'static [GpuGenerator], &'static [CpuGenerator]) = match op {
         Op::MatMul | Op::Gemm { .. } | Op::Conv(_) => (&[G::Gemm], &[C::Products]),
+        Op::Quant(QuantOp::MatMulInteger) => (&[], &[C::Products]),
         Op::Attention(_) => (&[G::Attention], &[]),
         Op::Pool(_) => (&[G::Pool], &[]),
         Op::Softmax { .. }

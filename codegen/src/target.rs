@@ -35,6 +35,8 @@ pub struct TargetDesc {
     pub has_fma: bool,
     /// `vdpbf16ps` is available (avx512_bf16).
     pub has_avx512_bf16: bool,
+    /// `vpdpbusd` on 512-bit vectors is available (avx512_vnni).
+    pub has_avx512_vnni: bool,
     /// Whether this target is the machine kiln runs on (executables can be run here).
     pub is_host: bool,
     /// Which convolution algorithms the CPU kernels may use (`kiln compile --conv-algorithm`).
@@ -185,6 +187,7 @@ impl TargetDesc {
             isa,
             has_fma: has("fma") || arch == Arch::Aarch64,
             has_avx512_bf16: has("avx512bf16"),
+            has_avx512_vnni: has("avx512vnni"),
             is_host: false,
             conv_algorithm: ConvAlgorithm::Auto,
         })
@@ -202,6 +205,7 @@ impl TargetDesc {
             isa: Isa::Portable,
             has_fma: true,
             has_avx512_bf16: false,
+            has_avx512_vnni: false,
             is_host: false,
             conv_algorithm: ConvAlgorithm::Direct,
         })
@@ -228,6 +232,11 @@ impl TargetDesc {
     /// `PipelineOptions::products_round_operands`.
     pub fn has_bf16_pair_kernels(&self) -> bool {
         self.has_avx512_bf16 && self.isa == Isa::Avx512
+    }
+
+    /// Whether integer products run on `vpdpbusd` (`gen::gemm::int8`).
+    pub fn has_int8_dot_kernels(&self) -> bool {
+        self.has_avx512_vnni && self.isa == Isa::Avx512
     }
 
     /// What this target's kernels need from the passes before them, decided once: the driver
@@ -268,6 +277,9 @@ impl TargetDesc {
             }
             if self.has_avx512_bf16 {
                 f.push("avx512bf16");
+            }
+            if self.has_avx512_vnni {
+                f.push("avx512vnni");
             }
         }
         f

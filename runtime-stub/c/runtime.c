@@ -53,11 +53,12 @@ struct kiln_ctx {
    cpu_dispatch.c to choose a portable artifact's variant. */
 int kiln_rt_x86_has(const char *name) {
   unsigned a, b, c, d;
-  unsigned l1c = 0, l7b = 0, l71a = 0, max = __get_cpuid_max(0, NULL);
+  unsigned l1c = 0, l7b = 0, l7c = 0, l71a = 0, max = __get_cpuid_max(0, NULL);
   if (max >= 1 && __get_cpuid(1, &a, &b, &c, &d)) l1c = c;
   if (max >= 7) {
     __cpuid_count(7, 0, a, b, c, d);
     l7b = b;
+    l7c = c;
     if (a >= 1) {
       __cpuid_count(7, 1, a, b, c, d);
       l71a = a;
@@ -74,7 +75,7 @@ int kiln_rt_x86_has(const char *name) {
   int avx512_os = avx_os && (xcr0 & 0xe0) == 0xe0;
   static const struct {
     const char *name;
-    int reg; /* 1: leaf 1 ecx, 7: leaf 7.0 ebx, 71: leaf 7.1 eax */
+    int reg; /* 1: leaf 1 ecx, 7: leaf 7.0 ebx, 70: leaf 7.0 ecx, 71: leaf 7.1 eax */
     int bit;
     int needs; /* 0: nothing, 1: AVX state, 2: AVX-512 state */
   } table[] = {
@@ -84,11 +85,14 @@ int kiln_rt_x86_has(const char *name) {
       {"avx2", 7, 5, 1},       {"bmi2", 7, 8, 0},        {"avx512f", 7, 16, 2},
       {"avx512dq", 7, 17, 2},  {"avx512ifma", 7, 21, 2}, {"avx512cd", 7, 28, 2},
       {"avx512bw", 7, 30, 2},  {"avx512vl", 7, 31, 2},   {"avx512bf16", 71, 5, 2},
-      {"avxvnni", 71, 4, 1},
+      {"avxvnni", 71, 4, 1},   {"avx512vnni", 70, 11, 2},
   };
   for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
     if (strcmp(table[i].name, name) != 0) continue;
-    unsigned reg = table[i].reg == 1 ? l1c : table[i].reg == 7 ? l7b : l71a;
+    unsigned reg = table[i].reg == 1   ? l1c
+                   : table[i].reg == 7  ? l7b
+                   : table[i].reg == 70 ? l7c
+                                        : l71a;
     if (!(reg & (1u << table[i].bit))) return 0;
     if (table[i].needs == 1 && !avx_os) return 0;
     if (table[i].needs == 2 && !avx512_os) return 0;

@@ -163,6 +163,39 @@ impl<'a, 'ctx> Emit<'a, 'ctx> {
             .map_err(llvm)
     }
 
+    /// The bits of a float vector as i32 lanes (the integer kernels keep i32 values in the f32
+    /// kernels' vectors and memory).
+    pub fn to_i32s(&self, v: VectorValue<'ctx>) -> Result<VectorValue<'ctx>> {
+        let ty = self.cx.i32_type().vec_type(v.get_type().get_size());
+        Ok(self
+            .b
+            .build_bit_cast(v, ty, "")
+            .map_err(llvm)?
+            .into_vector_value())
+    }
+
+    /// The bits of an i32 vector as f32 lanes (the inverse of [`Emit::to_i32s`]).
+    pub fn to_f32s(&self, v: VectorValue<'ctx>) -> Result<VectorValue<'ctx>> {
+        let ty = self.cx.f32_type().vec_type(v.get_type().get_size());
+        Ok(self
+            .b
+            .build_bit_cast(v, ty, "")
+            .map_err(llvm)?
+            .into_vector_value())
+    }
+
+    /// The byte at `p`, zero-extended to i32.
+    pub fn load_u8_as_i32(&self, p: PointerValue<'ctx>) -> Result<IntValue<'ctx>> {
+        let byte = self
+            .b
+            .build_load(self.cx.i8_type(), p, "")
+            .map_err(llvm)?
+            .into_int_value();
+        self.b
+            .build_int_z_extend(byte, self.cx.i32_type(), "")
+            .map_err(llvm)
+    }
+
     pub fn splat_i32(&self, x: IntValue<'ctx>, lanes: u32) -> Result<VectorValue<'ctx>> {
         let ty = self.cx.i32_type().vec_type(lanes);
         let v = self

@@ -17,6 +17,8 @@ pub mod gemm;
 pub mod products;
 #[cfg(test)]
 mod testing;
+#[cfg(test)]
+mod testing_int8;
 pub(crate) mod vmath;
 pub mod winograd;
 

@@ -1,5 +1,6 @@
-//! The generator of product nodes (MatMul, Gemm, Conv) for the CPU: checks their types and
-//! hands each, with its epilogue, to the GEMM kernel or the convolution dispatcher (`conv`).
+//! The generator of product nodes (MatMul, Gemm, Conv; MatMulInteger on integer dot products)
+//! for the CPU: checks their types and hands each, with its epilogue, to the GEMM kernel or the
+//! convolution dispatcher (`conv`).
 
 use super::conv::lower_conv;
 use super::gemm::{lower_gemm, lower_matmul, Tile};
@@ -8,9 +9,12 @@ use crate::gen::GeneratedKernel;
 use crate::kernel::epilogue::{Activation, Bias, Epilogue};
 use crate::node::NodeInfo;
 use crate::target::TargetDesc;
-use kiln_ir::{DType, Layout, Op};
+use kiln_ir::{DType, Layout, Op, QuantOp};
 
 pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GeneratedKernel>>> {
+    if let Op::Quant(QuantOp::MatMulInteger) = node.op() {
+        return super::gemm::lower_matmul_integer(node, target);
+    }
     let epi = match node_bias(node)? {
         Some(e) => e,
         None => return Ok(None),

@@ -145,6 +145,8 @@ impl GemmKernel {
                         .into_vector_value();
                     let nx = if self.bf16_pairs {
                         dot_bf16_pairs(&e, cur, sv, bv[v])?
+                    } else if self.int8.is_some() {
+                        dot_u8_s8_quads(&e, cur, sv, bv[v])?
                     } else {
                         e.fma(sv, bv[v], cur)?
                     };
@@ -153,12 +155,36 @@ impl GemmKernel {
             }
             Ok(())
         })?;
-        let has_epi = !(self.scale == 1.0
-            && self.bias_row.is_none()
-            && self.bias_col.is_none()
-            && self.residual.is_none()
-            && self.activation == Activation::None
-            && !self.round_bf16);
+        if let Some(super::Int8 { a_zero: Some(_) }) = self.int8 {
+            // `- za · Σ_k b[k, j]` (see `int8`): za at `brow`, the column sums at `bcol`.
+            e.if_then(last, || {
+                let za = e.load_u8_as_i32(brow)?;
+                let za = e.splat_i32(za, lanes)?;
+                for v in 0..nv {
+                    let sums = e.load_vec(e.gep_f32c(bcol, (v as u32 * lanes) as i64)?, lanes)?;
+                    let sums = e.to_i32s(sums)?;
+                    for i in 0..mr {
+                        let cur = b
+                            .build_load(vt, acc[i * nv + v], "")
+                            .map_err(llvm)?
+                            .into_vector_value();
+                        let corr = b.build_int_mul(za, sums, "").map_err(llvm)?;
+                        let x = b.build_int_sub(e.to_i32s(cur)?, corr, "").map_err(llvm)?;
+                        b.build_store(acc[i * nv + v], e.to_f32s(x)?).map_err(llvm)?;
+                    }
+                }
+                Ok(())
+            })?;
+        }
+        // An integer product's only epilogue is its zero-point correction above (its column
+        // sums occupy `bias_col`).
+        let has_epi = self.int8.is_none()
+            && !(self.scale == 1.0
+                && self.bias_row.is_none()
+                && self.bias_col.is_none()
+                && self.residual.is_none()
+                && self.activation == Activation::None
+                && !self.round_bf16);
         if has_epi {
             e.if_then(last, || {
                 let bcolv: Vec<VectorValue> = if self.bias_col.is_some() {
@@ -233,6 +259,26 @@ fn dot_bf16_pairs<'ctx>(
         &[acc.into(), a.into(), b.into()],
     )?
     .into_vector_value())
+}
+
+/// `acc + a·b` over u8×s8 quads: each i32 lane j of `acc` adds the four products of a's
+/// bytes (unsigned) with b[j]'s bytes (signed) (`vpdpbusd`). `a_quad` is one quad splatted to
+/// every lane, `b_quads` 16 quads; all three arrive as `<16 x float>` holding the bits.
+fn dot_u8_s8_quads<'ctx>(
+    e: &Emit<'_, 'ctx>,
+    acc: VectorValue<'ctx>,
+    a_quad: VectorValue<'ctx>,
+    b_quads: VectorValue<'ctx>,
+) -> Result<VectorValue<'ctx>> {
+    let (acc, a, b) = (e.to_i32s(acc)?, e.to_i32s(a_quad)?, e.to_i32s(b_quads)?);
+    let sum = e
+        .intrinsic(
+            "llvm.x86.avx512.vpdpbusd.512",
+            &[],
+            &[acc.into(), a.into(), b.into()],
+        )?
+        .into_vector_value();
+    e.to_f32s(sum)
 }
 
 /// Converts `n` f32 at `src` to bf16 (round to nearest even, as `vcvtneps2bf16`: exact for

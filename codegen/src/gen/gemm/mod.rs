@@ -26,6 +26,7 @@
 //! `microkernel` the register tile.
 
 mod blocking;
+mod int8;
 mod microkernel;
 pub(crate) mod pack;
 mod task;
@@ -40,6 +41,8 @@ use crate::target::{Isa, TargetDesc};
 use blocking::plan_blocks;
 use microkernel::PAIRS_PER_VECTOR;
 use pack::{block_major_panels, f32s, pack_a, pack_b, pair_panels};
+
+pub(crate) use int8::lower_matmul_integer;
 
 /// The register tile and vector width for a target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -137,6 +140,17 @@ pub struct GemmKernel {
     /// `Epilogue::input_scale` of a row-major A: every row's K values are multiplied by the
     /// scale vector of its image as they are packed.
     a_scale: Option<AScale>,
+    /// An integer product on `vpdpbusd` (`int8`): K, KC and the packed B count quads of k, A
+    /// (u8) is read in place, the accumulators and C are i32.
+    int8: Option<Int8>,
+}
+
+/// What an integer product needs beyond the f32 kernel's fields: A's zero point. Its
+/// correction `za · Σ_k b[k, j]` reads the column sums from `bias_col`'s packed slot.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Int8 {
+    /// Input slot of A's zero point (a u8 scalar), when the node has one.
+    a_zero: Option<usize>,
 }
 
 /// The per-image column scale of A (`Epilogue::input_scale`).
@@ -297,6 +311,7 @@ impl Builder {
             bf16_pairs,
             k_elems,
             a_scale,
+            int8: None,
         })))
     }
 
@@ -398,6 +413,7 @@ pub(crate) fn batched_product(
         bf16_pairs: false,
         k_elems: k,
         a_scale: None,
+        int8: None,
     };
     (kernel, packed)
 }
@@ -589,7 +605,7 @@ impl GeneratedKernel for GemmKernel {
         let a_panels = self.mb.div_ceil(self.tile.mr) * self.tile.mr;
         if self.bf16_pairs {
             floats += self.pair_row_stride() as usize * a_panels;
-        } else if !matches!(self.a, Operand::Packed { .. }) {
+        } else if self.int8.is_none() && !matches!(self.a, Operand::Packed { .. }) {
             floats += self.kc * a_panels;
         }
         Scratch {
@@ -617,6 +633,10 @@ impl GemmKernel {
     fn a_row_stride(&self) -> Option<i64> {
         if self.bf16_pairs {
             return Some(self.pair_row_stride());
+        }
+        if self.int8.is_some() {
+            // A's rows in place: K/4 words each.
+            return Some(self.k as i64);
         }
         matches!(
             self.a,

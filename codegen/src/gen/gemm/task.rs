@@ -113,9 +113,11 @@ impl GemmKernel {
                 Some(r @ Operand::Packed { .. }) => Some(slot(self.slot_of(r))?),
                 Some(r) => Some(e.gep_f32(slot(self.slot_of(r))?, c_off)?),
             },
-            brow: match self.bias_row {
-                Some(s) => e.gep_f32(slot(self.n_inputs + 1 + s)?, br_off)?,
-                None => null,
+            brow: match (self.bias_row, self.int8) {
+                (Some(s), _) => e.gep_f32(slot(self.n_inputs + 1 + s)?, br_off)?,
+                // An integer product's A zero point rides in the row-bias pointer.
+                (None, Some(super::Int8 { a_zero: Some(z) })) => slot(z)?,
+                _ => null,
             },
             bcol: match self.bias_col {
                 Some(s) => slot(self.n_inputs + 1 + s)?,
@@ -150,7 +152,11 @@ impl GemmKernel {
             let kc = e.umin(e.i64c(kc_max), e.sub(e.i64c(kk), k0)?)?;
             let first = e.icmp(IntPredicate::EQ, kb, e.i64c(0))?;
             let last = e.icmp(IntPredicate::EQ, kb, e.i64c(n_kb - 1))?;
-            let (a_base, a_ps) = if self.bf16_pairs {
+            let (a_base, a_ps) = if self.int8.is_some() {
+                // u8 rows in place, K/4 words each; the tile reads word (i, kk) of the block.
+                let off = e.add(e.mulc(m0, kk)?, k0)?;
+                (e.gep_f32(ptrs.a, off)?, e.i64c(mr * kk))
+            } else if self.bf16_pairs {
                 let rs = self.pair_row_stride();
                 e.for_range(e.i64c(0), n_mp, 1, |mp| {
                     let row = e.add(m0, e.mulc(mp, mr)?)?;
@@ -245,7 +251,7 @@ impl GemmKernel {
                     let brow = if self.bias_row.is_some() {
                         e.gep_f32(ptrs.brow, row)?
                     } else {
-                        null
+                        ptrs.brow
                     };
                     let bcol = if self.bias_col.is_some() {
                         e.gep_f32(ptrs.bcol, col)?
