@@ -50,27 +50,38 @@ pub fn copy_into<E: From<IrError>>(
         let inputs: Vec<Option<ValueId>> = node.inputs.iter().map(|v| v.map(|v| map[&v])).collect();
         let outs = match f(dst, id, node, &inputs)? {
             Rewrite::Replace(v) => v,
-            Rewrite::Keep => match &node.op {
-                Op::Constant(c) => vec![dst.add_const(
-                    format!("{prefix}{}", node.outputs[0].name),
-                    src.consts()[c.0 as usize].clone(),
-                )],
-                op => dst.add_node(
-                    format!("{prefix}{}", node.name),
-                    op.clone(),
-                    inputs,
-                    node.outputs
-                        .iter()
-                        .map(|o| format!("{prefix}{}", o.name))
-                        .collect(),
-                )?,
-            },
+            Rewrite::Keep => copy_node(dst, src, node, inputs, prefix)?,
         };
         for (o, v) in outs.into_iter().enumerate() {
             map.insert(id.out(o as u32), v);
         }
     }
     Ok(())
+}
+
+/// Adds `node` of `src` to `dst` unchanged but for its (mapped) inputs and the name prefix.
+fn copy_node(
+    dst: &mut Graph,
+    src: &Graph,
+    node: &Node,
+    inputs: Vec<Option<ValueId>>,
+    prefix: &str,
+) -> Result<Vec<ValueId>, IrError> {
+    Ok(match &node.op {
+        Op::Constant(c) => vec![dst.add_const(
+            format!("{prefix}{}", node.outputs[0].name),
+            src.consts()[c.0 as usize].clone(),
+        )],
+        op => dst.add_node(
+            format!("{prefix}{}", node.name),
+            op.clone(),
+            inputs,
+            node.outputs
+                .iter()
+                .map(|o| format!("{prefix}{}", o.name))
+                .collect(),
+        )?,
+    })
 }
 
 /// How many times each value is used (as a node input or a graph output).
@@ -106,14 +117,27 @@ pub fn live_nodes(g: &Graph) -> Vec<bool> {
     live
 }
 
-/// The graph without the nodes no output depends on (graph inputs stay).
+/// The graph without the nodes no output depends on (graph inputs stay). Dead nodes are
+/// skipped before their inputs are looked at: a dead node may read another dead node's value.
 pub fn remove_dead(g: &Graph) -> Result<Graph, IrError> {
     let live = live_nodes(g);
-    rebuild(g, |_, id, _, _| {
-        Ok(if live[id.index()] {
-            Rewrite::Keep
-        } else {
-            Rewrite::Replace(vec![])
-        })
-    })
+    let mut dst = Graph::new(g.name.clone());
+    let mut map: HashMap<ValueId, ValueId> = HashMap::new();
+    for &id in g.inputs() {
+        let out = &g.node(id).outputs[0];
+        map.insert(id.out(0), dst.add_input(out.name.clone(), out.ty.clone()));
+    }
+    for (id, node) in g.node_ids().zip(g.nodes()) {
+        if !live[id.index()] || matches!(node.op, Op::Input) {
+            continue;
+        }
+        let inputs = node.inputs.iter().map(|v| v.map(|v| map[&v])).collect();
+        for (o, v) in copy_node(&mut dst, g, node, inputs, "")?.into_iter().enumerate() {
+            map.insert(id.out(o as u32), v);
+        }
+    }
+    for o in g.outputs() {
+        dst.add_output(o.name.clone(), map[&o.value]);
+    }
+    Ok(dst)
 }

@@ -146,3 +146,23 @@ fn cast_follows_numpy_semantics() {
     let f = Tensor::from_vec(vec![1], vec![big]).cast(DType::F32);
     assert_eq!(f.as_slice::<f32>().unwrap()[0], big as f32);
 }
+
+#[test]
+fn remove_dead_drops_chains_of_dead_nodes() {
+    // `c -> dead1 -> dead2` is read by nothing: a dead node reading another dead node's value
+    // must not be looked up.
+    let mut g = Graph::new("t");
+    let x = g.add_input("x", TensorType::new(DType::F32, vec![Dim::Fixed(3)]));
+    let c = g.add_const("c", Tensor::from_vec(vec![3], vec![1.0f32, 2.0, 3.0]));
+    let dead1 = g
+        .add("dead1", Op::Unary(Unary::Neg), vec![Some(c)], "d1")
+        .unwrap();
+    let _dead2 = g
+        .add("dead2", Op::Binary(Binary::Add), vec![Some(dead1), Some(x)], "d2")
+        .unwrap();
+    let y = g.add("live", Op::Unary(Unary::Relu), vec![Some(x)], "y").unwrap();
+    g.add_output("y", y);
+    let pruned = kiln_ir::rewrite::remove_dead(&g).unwrap();
+    assert_eq!(pruned.len(), 2, "{pruned}");
+    assert_eq!(pruned.outputs()[0].name, "y");
+}
