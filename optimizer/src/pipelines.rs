@@ -1,8 +1,11 @@
 //! Pipelines: which passes run, in which order, for each target.
 //!
 //! A pipeline is a plain function of the user's options. The order follows the design:
-//! freeze → channels-last → fuse → bf16 autocast → lower-control-flow; the manager verifies
-//! after every pass.
+//! freeze → fake-quantize → channels-last → fuse → bf16 autocast → lower-control-flow; the
+//! manager verifies after every pass.
+//! Fake quantization runs after freezing (which folds the weights' DequantizeLinear) and before
+//! the layout pass, which then carries the elementwise form of each activation's
+//! QuantizeLinear/DequantizeLinear pair instead of transposing around it.
 //! Fusion runs before the autocast so that the decomposed patterns it recognizes (attention,
 //! LayerNorm, Softmax, GELU) are not cut apart by the autocast's casts: the autocast then
 //! rounds the fused Attention's Q, K and V, not the pieces of a MatMul-Softmax-MatMul chain.
@@ -51,6 +54,7 @@ pub struct PipelineOptions {
 /// validation: a pass the options leave out is still a valid name).
 pub const PASS_NAMES: &[&str] = &[
     "freeze",
+    passes::fake_quantize::NAME,
     "channels-last",
     FUSE_PASS,
     "bf16-autocast",
@@ -61,10 +65,12 @@ pub const PASS_NAMES: &[&str] = &[
 /// Kernel grouping is codegen's `fuse-kernels` plan pass, switched on its own.
 pub const FUSE_PASS: &str = "fuse";
 
-/// The CPU pipeline: freeze → channels-last (NHWC only) → fuse → bf16 autocast (bf16 only) →
-/// lower-control-flow.
+/// The CPU pipeline: freeze → fake-quantize → channels-last (NHWC only) → fuse → bf16 autocast
+/// (bf16 only) → lower-control-flow.
 pub fn cpu(opts: &PipelineOptions) -> PassManager {
-    let mut pm = PassManager::new().with(passes::freeze::Freeze);
+    let mut pm = PassManager::new()
+        .with(passes::freeze::Freeze)
+        .with(passes::fake_quantize::FakeQuantize);
     if opts.layout == Layout::Nhwc {
         pm = pm.with(passes::channels_last::ChannelsLast);
     }

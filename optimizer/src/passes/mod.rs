@@ -2,6 +2,7 @@
 
 pub mod bf16_autocast;
 pub mod channels_last;
+pub mod fake_quantize;
 pub mod freeze;
 pub mod fuse;
 pub mod lower_control_flow;
