@@ -204,3 +204,62 @@ fn portable_is_refused_where_it_cannot_apply() {
         assert!(stderr(&o).contains(message), "{args:?}: {}", stderr(&o));
     }
 }
+
+/// A model with integer products (onnxruntime's dynamic quantization: MatMulInteger) carries an
+/// avx512_vnni variant whose products run on `vpdpbusd`; every variant gives the recorded
+/// outputs exactly (integer accumulation, the same float rescale).
+#[test]
+fn integer_models_carry_an_avx512_vnni_variant() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fx = fixture("bert_tiny_dynamic_int8");
+    let exe = tmp.path().join("bq");
+    let o = kiln()
+        .arg("compile")
+        .arg(fx.join("model.onnx"))
+        .args(["--cpu", "portable", "-o"])
+        .arg(&exe)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("portable (x86-64-v3, x86-64-v4, x86-64-v4+avx512vnni)"),
+        "{}",
+        stderr(&o)
+    );
+    let fns = functions_using_zmm(&exe);
+    assert!(
+        fns.iter().any(|(n, _)| n.ends_with(".x86_64_v4_avx512vnni")),
+        "no avx512vnni variant functions"
+    );
+    let host = kiln_codegen::TargetDesc::host().unwrap();
+    let mut variants = vec!["x86-64-v3"];
+    if host.isa == kiln_codegen::target::Isa::Avx512 {
+        variants.push("x86-64-v4");
+    }
+    if host.has_int8_dot_kernels() {
+        variants.push("x86-64-v4+avx512vnni");
+    }
+    let expected = kiln_frontend::npy::read_npy(&fx.join("expected/pooler_output.npy")).unwrap();
+    for v in variants {
+        let out = tmp.path().join(v);
+        let o = Command::new(&exe)
+            .arg("--input")
+            .arg(format!("input_ids={}", fx.join("inputs/input_ids.npy").display()))
+            .arg("--input")
+            .arg(format!(
+                "attention_mask={}",
+                fx.join("inputs/attention_mask.npy").display()
+            ))
+            .arg("--output-dir")
+            .arg(&out)
+            .env("KILN_CPU_VARIANT", v)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{v}: {}", stderr(&o));
+        let got = kiln_frontend::npy::read_npy(&out.join("pooler_output.npy")).unwrap();
+        let (got, want) = (f32s(&got.to_le_bytes()), f32s(&expected.to_le_bytes()));
+        for (g, e) in got.iter().zip(&want) {
+            assert!((g - e).abs() <= 1e-5 + 1e-4 * e.abs(), "{v}: {g} vs {e}");
+        }
+    }
+}

@@ -271,7 +271,8 @@ pub fn compile(
 }
 
 /// Plans every variant of a portable artifact; variants that would be the same code are
-/// dropped (avx512_bf16 when no kernel computes bf16 products in hardware).
+/// dropped (avx512_bf16 when no kernel computes bf16 products in hardware, avx512_vnni when no
+/// kernel computes integer ones).
 fn plan_variants<'a>(
     variants: &'a [Variant<'a>],
     opts: &plan::passes::PlanOptions,
@@ -284,11 +285,17 @@ fn plan_variants<'a>(
             ..opts.clone()
         };
         let plan = plan::build_with(&graph, &v.target, &opts)?;
-        let bf16_dots = plan
-            .kernels
-            .iter()
-            .any(|k| matches!(&k.imp, plan::kernel::KernelImpl::Generated(g) if g.bf16_dot_products()));
-        if v.target.has_avx512_bf16 && !bf16_dots && !planned.is_empty() {
+        let uses = |f: fn(&dyn gen::GeneratedKernel) -> bool| {
+            plan.kernels
+                .iter()
+                .any(|k| matches!(&k.imp, plan::kernel::KernelImpl::Generated(g) if f(g.as_ref())))
+        };
+        let needless = if v.target.has_avx512_bf16 {
+            !uses(|g| g.bf16_dot_products())
+        } else {
+            v.target.has_avx512_vnni && !uses(|g| g.int8_dot_products())
+        };
+        if needless && !planned.is_empty() {
             continue;
         }
         planned.push((graph, plan, &v.target));

@@ -90,12 +90,13 @@ impl TargetDesc {
             }
         }
     }
-
-    /// The variants of a portable x86-64 artifact (`--cpu portable`), baseline first: x86-64-v3
-    /// (AVX2/FMA, 8 lanes), x86-64-v4 (AVX-512, 16 lanes) and, when `bf16` (the model has bf16
-    /// products), x86-64-v4 with avx512_bf16. Each is a complete set of kernels; the runtime
-    /// picks the last one this CPU supports when a context is created.
-    pub fn portable_variants(triple: Option<&str>, bf16: bool) -> Result<Vec<TargetDesc>> {
+    /// The CPU variants of a portable x86-64 artifact (`--cpu portable`): x86-64-v3
+    /// (AVX2/FMA, 8 lanes), x86-64-v4 (AVX-512, 16 lanes), when `int8` (the model has integer
+    /// products) x86-64-v4 with avx512_vnni (`vpdpbusd`), and when `bf16` (the model has bf16
+    /// products) x86-64-v4 with avx512_bf16 (and avx512_vnni, which every such CPU has, when
+    /// `int8`). Each is a complete set of kernels; the runtime picks the last one this CPU
+    /// supports when a context is created, so they go from the fewest features to the most.
+    pub fn portable_variants(triple: Option<&str>, bf16: bool, int8: bool) -> Result<Vec<TargetDesc>> {
         init_llvm();
         let triple = match triple {
             Some(t) => normalize_triple(t),
@@ -107,16 +108,27 @@ impl TargetDesc {
                  for {triple} name a CPU with --cpu"
             )));
         }
+        // x86-64-v4 implies neither avx512_vnni nor avx512_bf16: they are added to its features.
+        let v4_with = |vnni: bool, bf16: bool| -> Result<TargetDesc> {
+            let mut t = TargetDesc::select(Some(&triple), Some("x86-64-v4"))?;
+            let features: Vec<&str> = [(vnni, "+avx512vnni"), (bf16, "+avx512bf16")]
+                .into_iter()
+                .filter_map(|(on, f)| on.then_some(f))
+                .collect();
+            t.features = features.join(",");
+            t.has_avx512_vnni = vnni;
+            t.has_avx512_bf16 = bf16;
+            Ok(t)
+        };
         let mut v = vec![
             TargetDesc::select(Some(&triple), Some("x86-64-v3"))?,
             TargetDesc::select(Some(&triple), Some("x86-64-v4"))?,
         ];
+        if int8 {
+            v.push(v4_with(true, false)?);
+        }
         if bf16 {
-            let mut t = TargetDesc::select(Some(&triple), Some("x86-64-v4"))?;
-            // x86-64-v4 does not imply avx512_bf16; the feature is added to the CPU's own.
-            t.features = "+avx512bf16".to_string();
-            t.has_avx512_bf16 = true;
-            v.push(t);
+            v.push(v4_with(int8, true)?);
         }
         Ok(v)
     }
@@ -356,8 +368,11 @@ fn baseline_cpu(arch: Arch) -> &'static str {
 fn cpu_features(triple: &str, cpu: &str) -> Result<String> {
     const AVX2: &str = "+avx,+avx2,+fma,+f16c,+bmi2";
     const AVX512: &str = "+avx,+avx2,+fma,+f16c,+bmi2,+avx512f,+avx512bw,+avx512vl,+avx512dq";
+    const AVX512_VNNI: &str =
+        "+avx,+avx2,+fma,+f16c,+bmi2,+avx512f,+avx512bw,+avx512vl,+avx512dq,+avx512vnni";
+    // Every CPU with avx512_bf16 also has avx512_vnni.
     const AVX512_BF16: &str =
-        "+avx,+avx2,+fma,+f16c,+bmi2,+avx512f,+avx512bw,+avx512vl,+avx512dq,+avx512bf16";
+        "+avx,+avx2,+fma,+f16c,+bmi2,+avx512f,+avx512bw,+avx512vl,+avx512dq,+avx512vnni,+avx512bf16";
     let x86: &[(&str, &str)] = &[
         ("x86-64", "+sse2"),
         ("x86-64-v2", "+sse2,+sse4.2,+popcnt"),
@@ -371,8 +386,8 @@ fn cpu_features(triple: &str, cpu: &str) -> Result<String> {
         ("znver3", AVX2),
         ("x86-64-v4", AVX512),
         ("skylake-avx512", AVX512),
-        ("cascadelake", AVX512),
-        ("icelake-server", AVX512),
+        ("cascadelake", AVX512_VNNI),
+        ("icelake-server", AVX512_VNNI),
         ("cooperlake", AVX512_BF16),
         ("sapphirerapids", AVX512_BF16),
         ("graniterapids", AVX512_BF16),

@@ -292,7 +292,18 @@ impl<'p> Session<'p> {
     }
 
     fn targets(&self) -> Result<Targets> {
+        self.targets_for(None)
+    }
+
+    /// The targets for `graph` when it is known: a portable artifact of a model with integer
+    /// products (MatMulInteger) also carries a variant with avx512_vnni for them.
+    fn targets_for(&self, graph: Option<&Graph>) -> Result<Targets> {
         let o = &self.options;
+        let int8 = graph.is_some_and(|g| {
+            g.nodes()
+                .iter()
+                .any(|n| matches!(n.op, kiln_ir::Op::Quant(kiln_ir::QuantOp::MatMulInteger)))
+        });
         let triple = o.triple.as_deref();
         let portable = self.portable_requested()?;
         let mut main = match (portable, &o.cpu) {
@@ -304,7 +315,7 @@ impl<'p> Session<'p> {
         // The portable variants, each with the graph optimized for it: the passes depend on
         // whether the target's products round their operands to bf16 themselves.
         let variants = if portable {
-            let mut v = TargetDesc::portable_variants(triple, o.precision == Precision::Bf16)
+            let mut v = TargetDesc::portable_variants(triple, o.precision == Precision::Bf16, int8)
                 .map_err(|e| usage(e.to_string()))?;
             for t in &mut v {
                 t.conv_algorithm = o.conv_algorithm;
@@ -440,7 +451,7 @@ impl<'p> Session<'p> {
         }
         let mut graph = self.import(source)?;
         self.progress.phase("passes");
-        let targets = self.targets()?;
+        let targets = self.targets_for(Some(&graph))?;
         self.check_passes()?;
         let o = &self.options;
         // The report compares the imported graph with the optimized one.

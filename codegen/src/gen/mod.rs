@@ -50,6 +50,12 @@ pub trait GeneratedKernel: KernelCommon {
         false
     }
 
+    /// Whether the kernel computes integer dot products in hardware (`vpdpbusd`): what a
+    /// portable artifact's avx512_vnni variant is for.
+    fn int8_dot_products(&self) -> bool {
+        false
+    }
+
     fn scratch(&self) -> Scratch {
         Scratch::default()
     }

@@ -591,6 +591,10 @@ impl GeneratedKernel for GemmKernel {
         self.bf16_pairs
     }
 
+    fn int8_dot_products(&self) -> bool {
+        self.int8.is_some()
+    }
+
     fn rounds_input_to_bf16(&self, i: usize) -> bool {
         // The pair packing converts A with vcvtneps2bf16 (`bf16_pair_row`).
         self.bf16_pairs
