@@ -70,7 +70,7 @@ pub fn compile_graph_without(
     out: &Path,
     disabled: &[&str],
 ) -> Result<kiln_codegen::Summary, String> {
-    compile_for(graph, name, emit, out, disabled, None, Precision::F32)
+    compile_for(graph, name, emit, out, disabled, None, Precision::F32, None)
 }
 
 /// Optimizes `graph` and compiles it to `out` for an NVIDIA GPU of compute capability `sm`, as
@@ -83,7 +83,7 @@ pub fn compile_graph_cuda(
     emit: Emit,
     out: &Path,
 ) -> Result<kiln_codegen::Summary, String> {
-    compile_for(graph, name, emit, out, &[], Some(sm), Precision::F32)
+    compile_for(graph, name, emit, out, &[], Some(sm), Precision::F32, None)
 }
 
 /// [`compile_graph_cuda`] with `--precision bf16`: the autocast's products run on tensor cores
@@ -95,7 +95,7 @@ pub fn compile_graph_cuda_bf16(
     emit: Emit,
     out: &Path,
 ) -> Result<kiln_codegen::Summary, String> {
-    compile_for(graph, name, emit, out, &[], Some(sm), Precision::Bf16)
+    compile_for(graph, name, emit, out, &[], Some(sm), Precision::Bf16, None)
 }
 
 /// A CPU other than this machine's: the triple and CPU `kiln compile --target-triple T --cpu C`
@@ -115,23 +115,13 @@ pub fn compile_graph_cross(
     out: &Path,
     cross: CrossCpu,
 ) -> Result<kiln_codegen::Summary, String> {
-    compile_with(graph, name, emit, out, &[], None, Precision::F32, Some(cross))
+    compile_for(graph, name, emit, out, &[], None, Precision::F32, Some(cross))
 }
 
-fn compile_for(
-    graph: &Graph,
-    name: &str,
-    emit: Emit,
-    out: &Path,
-    disabled: &[&str],
-    cuda_sm: Option<u32>,
-    precision: Precision,
-) -> Result<kiln_codegen::Summary, String> {
-    compile_with(graph, name, emit, out, disabled, cuda_sm, precision, None)
-}
-
+/// Optimizes and compiles `graph` as `kiln compile` would: for this machine's CPU, a GPU
+/// (`cuda_sm`) or another CPU (`cross`), with the passes in `disabled` off.
 #[allow(clippy::too_many_arguments)]
-fn compile_with(
+fn compile_for(
     graph: &Graph,
     name: &str,
     emit: Emit,
@@ -317,6 +307,15 @@ fn node_case_on(
     let graph = &bound.as_ref().unwrap_or(model).graph;
     let work = WorkDir::new("case");
     let exe = work.0.join("model");
-    compile_for(graph, "model", Emit::Exe, &exe, &[], cuda_sm, Precision::F32)?;
+    compile_for(
+        graph,
+        "model",
+        Emit::Exe,
+        &exe,
+        &[],
+        cuda_sm,
+        Precision::F32,
+        None,
+    )?;
     run_executable(&exe, graph, &runtime, &work.0, 1)
 }
