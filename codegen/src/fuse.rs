@@ -99,6 +99,44 @@ fn is_f32(graph: &Graph, v: ValueId) -> bool {
     graph.value_type(v).dtype == DType::F32
 }
 
+/// `Mul(Clip(Round(Div(v, s)), lo, hi), s)` reading `v`, each node the only use of the one
+/// before, none claimed, `s`, `lo` and `hi` scalar constants: the nodes and `(s, lo, hi)`.
+fn fake_quant_after(
+    graph: &Graph,
+    v: ValueId,
+    sole: impl Fn(ValueId) -> Option<NodeId>,
+    claimed: &HashSet<NodeId>,
+) -> Option<([NodeId; 4], (f32, f32, f32))> {
+    let scalar = |v: Option<&Option<ValueId>>| -> Option<f32> {
+        let t = graph.known_value((*v?)?)?;
+        (t.len() == 1 && t.dtype() == DType::F32).then(|| t.to_f64_vec()[0] as f32)
+    };
+    let next = |v: ValueId, pred: fn(&Op) -> bool| -> Option<NodeId> {
+        sole(v).filter(|c| !claimed.contains(c) && pred(&graph.node(*c).op))
+    };
+    let div = next(v, |op| matches!(op, Op::Binary(Binary::Div)))?;
+    let dn = graph.node(div);
+    if dn.inputs.first().copied().flatten() != Some(v) {
+        return None;
+    }
+    let scale = scalar(dn.inputs.get(1))?;
+    let round = next(div.out(0), |op| matches!(op, Op::Unary(Unary::Round)))?;
+    let clip = next(round.out(0), |op| matches!(op, Op::Clip))?;
+    let cn = graph.node(clip);
+    let (lo, hi) = (scalar(cn.inputs.get(1))?, scalar(cn.inputs.get(2))?);
+    let mul = next(clip.out(0), |op| matches!(op, Op::Binary(Binary::Mul)))?;
+    let mn = graph.node(mul);
+    let other = match mn.inputs.as_slice() {
+        [Some(a), b] if *a == clip.out(0) => b,
+        [a, Some(b)] if *b == clip.out(0) => a,
+        _ => return None,
+    };
+    if scalar(Some(other)) != Some(scale) || graph.value_type(mul.out(0)) != graph.value_type(v) {
+        return None;
+    }
+    Some(([div, round, clip, mul], (scale, lo, hi)))
+}
+
 /// The squeeze-excitation scale in front of a channels-last convolution `conv`: its input is
 /// the only use of `x * s` (either operand order), `x` is `[N, H, W, C]` f32 and `s`
 /// `[N, 1, 1, C]` f32.
@@ -280,6 +318,20 @@ pub fn find_chains(graph: &Graph, cpu: bool) -> Vec<Chain> {
             cur = c.out(0);
             if chain.activation != Activation::None {
                 break;
+            }
+        }
+        // A fake-quantized result (`fake-quantize`'s Div, Round, Clip, Mul) after no
+        // activation or a Relu, which the quantization's lower bound then takes over.
+        if matches!(chain.activation, Activation::None | Activation::Relu) {
+            if let Some((nodes, (scale, lo, hi))) = fake_quant_after(graph, cur, sole, &claimed) {
+                let lo = if chain.activation == Activation::Relu {
+                    lo.max(0.0)
+                } else {
+                    lo
+                };
+                chain.activation = Activation::FakeQuant { scale, lo, hi };
+                cur = nodes[3].out(0);
+                chain.absorbed.extend(nodes);
             }
         }
         let grouped = matches!(&node.op, Op::Conv(a) if a.group > 1);

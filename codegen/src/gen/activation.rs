@@ -50,5 +50,13 @@ pub(crate) fn activation<'ctx>(
             e.fmul(x, sigmoid(u)?)
         }
         Activation::GeluErf => super::vmath::gelu_erf(e, x),
+        // The same operations as the elementwise Div, Round (half to even), Clip and Mul.
+        Activation::FakeQuant { scale, lo, hi } => {
+            let q = e.b.build_float_div(x, c(scale)?, "").map_err(crate::gen::llvm)?;
+            let r = e
+                .intrinsic("llvm.roundeven", &[q.get_type().into()], &[q.into()])?
+                .into_vector_value();
+            e.fmul(clamp(r, c(lo)?, c(hi)?)?, c(scale)?)
+        }
     }
 }

@@ -527,6 +527,26 @@ fn fused_epilogues() {
         let want: Vec<f32> = want.iter().map(|&x| f(x)).collect();
         compare(&format!("{act:?}"), &got, &want);
     }
+    // A quantize-dequantize pair, on the kernel's own product (one flipped rounding would
+    // move a value by a whole step): the epilogue must round exactly as the elementwise
+    // Div, Round, Clip and Mul do. With a Relu folded in, the lower bound is 0.
+    let plain = case.run(
+        Some(Epilogue::new(Bias::PerRow(bias.clone()), None, Activation::None)),
+        2,
+    );
+    for (scale, lo, hi) in [
+        (0.05f32, -128.0f32, 127.0f32),
+        (0.01, 0.0, 255.0),
+        (0.2, -3.0, 4.0),
+    ] {
+        let act = Activation::FakeQuant { scale, lo, hi };
+        let got = case.run(Some(Epilogue::new(Bias::PerRow(bias.clone()), None, act)), 2);
+        let want: Vec<f32> = plain
+            .iter()
+            .map(|&x| (x / scale).round_ties_even().clamp(lo, hi) * scale)
+            .collect();
+        assert_eq!(got, want, "{act:?}");
+    }
     // GELU, referenced by the interpreter's Gelu on the biased product.
     for (act, tanh) in [(Activation::GeluErf, false), (Activation::GeluTanh, true)] {
         let epi = Epilogue::new(Bias::PerRow(bias.clone()), None, act);

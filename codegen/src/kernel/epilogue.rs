@@ -21,6 +21,13 @@ pub enum Activation {
     GeluErf,
     /// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`.
     GeluTanh,
+    /// `Clip(Round(x / scale), lo, hi) · scale`: a quantize-dequantize pair in float (the
+    /// optimizer's `fake-quantize` form), a Relu before it folded into `lo`.
+    FakeQuant {
+        scale: f32,
+        lo: f32,
+        hi: f32,
+    },
 }
 
 /// A bias added to every output element of a row (output channel) or of a column.
