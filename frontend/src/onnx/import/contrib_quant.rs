@@ -147,11 +147,7 @@ fn qlinear_concat(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
 /// y_zero_point?); `channels_last` says X is `[N, spatial..., C]`, pooled as the channels-first
 /// operator between two transposes.
 fn qlinear_pool(cx: &mut NodeCtx, global: bool) -> Result<Vec<ValueId>> {
-    let channels_last = match cx.attr_i("channels_last", 0) {
-        0 => false,
-        1 => true,
-        v => return Err(cx.err(format!("attribute 'channels_last' must be 0 or 1, got {v}"))),
-    };
+    let channels_last = cx.attr_flag("channels_last", false)?;
     let mut x = dequantized_input(cx, 0, 1, 2)?;
     let rank = cx.ty(x).rank();
     if rank < 3 {

@@ -20,15 +20,6 @@ pub(super) fn import(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
     }
 }
 
-/// A 0/1 attribute (default 0).
-fn flag(cx: &NodeCtx, name: &str) -> Result<bool> {
-    match cx.attr_i(name, 0) {
-        0 => Ok(false),
-        1 => Ok(true),
-        v => Err(cx.err(format!("attribute '{name}' must be 0 or 1, got {v}"))),
-    }
-}
-
 /// A non-negative integer attribute (default 0).
 fn count(cx: &NodeCtx, name: &str) -> Result<usize> {
     let v = cx.attr_i(name, 0);
@@ -87,7 +78,7 @@ fn rotation(
 /// `com.microsoft` RotaryEmbedding (inputs input, position_ids, cos_cache, sin_cache):
 /// `position_ids` is `[batch, sequence]`, or one constant offset for positions `offset + t`.
 fn rotary_embedding(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
-    if flag(cx, "is_packed_batching")? {
+    if cx.attr_flag("is_packed_batching", false)? {
         return Err(cx.err("is_packed_batching is not supported"));
     }
     if cx.attr_opt_f("scale").is_some_and(|s| s != 1.0) {
@@ -108,7 +99,7 @@ fn rotary_embedding(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
     };
     let caches = (cx.input(2)?, cx.input(3)?);
     let shape = (count(cx, "rotary_embedding_dim")?, count(cx, "num_heads")?);
-    let interleaved = flag(cx, "interleaved")?;
+    let interleaved = cx.attr_flag("interleaved", false)?;
     let (op, inputs) = rotation(cx, x, caches, positions, interleaved, shape)?;
     Ok(vec![cx.add1(op, inputs)?])
 }
@@ -151,7 +142,7 @@ fn group_query_attention(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
         (None, None) => unpack_qkv(cx, query, heads, kv_heads)?,
         _ => return Err(cx.err("key and value must both be given or both be absent (packed in query)")),
     };
-    if flag(cx, "do_rotary")? {
+    if cx.attr_flag("do_rotary", false)? {
         let caches = match (cx.opt_input(7), cx.opt_input(8)) {
             (Some(c), Some(s)) => (c, s),
             _ => return Err(cx.err("do_rotary needs cos_cache and sin_cache")),
@@ -160,7 +151,7 @@ fn group_query_attention(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
             Some(p) => p,
             None => positions_from(cx, 0, batch, sequence),
         };
-        let interleaved = flag(cx, "rotary_interleaved")?;
+        let interleaved = cx.attr_flag("rotary_interleaved", false)?;
         let (op, inputs) = rotation(cx, q, caches, positions, interleaved, (0, heads))?;
         q = cx.add_aux1(op, inputs)?;
         let (op, inputs) = rotation(cx, k, caches, positions, interleaved, (0, kv_heads))?;

@@ -114,7 +114,7 @@ pub(super) fn pool_attrs(cx: &NodeCtx) -> Result<PoolAttrs> {
     let kind = match cx.op_type() {
         "MaxPool" => PoolKind::Max,
         "AveragePool" | "QLinearAveragePool" => PoolKind::Average {
-            count_include_pad: flag(cx, "count_include_pad")?,
+            count_include_pad: cx.attr_flag("count_include_pad", false)?,
         },
         _ => PoolKind::Lp { p: lp_order(cx)? },
     };
@@ -140,19 +140,10 @@ pub(super) fn pool_attrs(cx: &NodeCtx) -> Result<PoolAttrs> {
         pads: list(cx, "pads", false)?,
         dilations: list(cx, "dilations", true)?,
         auto_pad: auto_pad(cx)?,
-        ceil_mode: flag(cx, "ceil_mode")?,
+        ceil_mode: cx.attr_flag("ceil_mode", false)?,
         storage_order: storage_order as u8,
         channels_last: false,
     })
-}
-
-/// A 0/1 attribute (default 0).
-fn flag(cx: &NodeCtx, name: &str) -> Result<bool> {
-    match cx.attr_i(name, 0) {
-        0 => Ok(false),
-        1 => Ok(true),
-        v => Err(cx.err(format!("attribute '{name}' must be 0 or 1, got {v}"))),
-    }
 }
 
 fn global_pool(cx: &mut NodeCtx, kind: PoolKind) -> Result<Vec<ValueId>> {

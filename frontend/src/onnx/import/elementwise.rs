@@ -38,15 +38,6 @@ pub(super) fn import(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
     Ok(vec![out])
 }
 
-/// A 0/1 attribute as a bool; any other value is an error naming the attribute.
-pub(super) fn flag(cx: &NodeCtx, name: &str, default: bool) -> Result<bool> {
-    match cx.attr_i(name, i64::from(default)) {
-        0 => Ok(false),
-        1 => Ok(true),
-        v => Err(cx.err(format!("attribute '{name}' must be 0 or 1, got {v}"))),
-    }
-}
-
 /// The unary operator `op_type` names (from the table in `kiln_ir::ops::unary`), with its
 /// attributes (ONNX defaults filled in).
 fn unary(cx: &NodeCtx, op_type: &str) -> Result<Option<Unary>> {
@@ -110,7 +101,7 @@ fn binary(cx: &NodeCtx, op_type: &str) -> Result<Option<Binary>> {
 /// `Mod`: `fmod=0` is the Python remainder, `fmod=1` C's `fmod`. Before opset 28, floats
 /// required `fmod=1`.
 fn modulo(cx: &NodeCtx) -> Result<Binary> {
-    let fmod = flag(cx, "fmod", false)?;
+    let fmod = cx.attr_flag("fmod", false)?;
     if !fmod && cx.opset() < 28 {
         let x = cx.input(0)?;
         if cx.ty(x).dtype.is_float() {

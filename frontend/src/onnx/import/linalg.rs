@@ -27,18 +27,10 @@ fn import_gemm(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
     let op = Op::Gemm {
         alpha: cx.attr_f("alpha", 1.0),
         beta: cx.attr_f("beta", 1.0),
-        trans_a: bool_attr(cx, "transA")?,
-        trans_b: bool_attr(cx, "transB")?,
+        trans_a: cx.attr_flag("transA", false)?,
+        trans_b: cx.attr_flag("transB", false)?,
     };
     Ok(vec![cx.add1(op, vec![Some(a), Some(b), c])?])
-}
-
-fn bool_attr(cx: &NodeCtx, name: &str) -> Result<bool> {
-    match cx.attr_i(name, 0) {
-        0 => Ok(false),
-        1 => Ok(true),
-        v => Err(cx.err(format!("attribute '{name}' must be 0 or 1, got {v}"))),
-    }
 }
 
 fn import_einsum(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {

@@ -4,7 +4,6 @@
 //! None of these changed its signature between the opsets kiln imports (later versions only
 //! widened the type lists), so every version maps to one IR form.
 
-use super::elementwise::flag;
 use super::NodeCtx;
 use crate::error::Result;
 use kiln_ir::{LossReduction, MiscOp, Op, ValueId};
@@ -39,7 +38,7 @@ pub(super) fn import(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
             }
         }
         "Unique" => MiscOp::Unique {
-            sorted: flag(cx, "sorted", true)?,
+            sorted: cx.attr_flag("sorted", true)?,
             axis: cx.attr_opt_i("axis"),
         },
         "RotaryEmbedding" => rotary(cx)?,
@@ -75,7 +74,7 @@ fn rotary(cx: &NodeCtx) -> Result<MiscOp> {
         return Err(cx.err("rotary_embedding_dim and num_heads must be non-negative"));
     };
     Ok(MiscOp::RotaryEmbedding {
-        interleaved: flag(cx, "interleaved", false)?,
+        interleaved: cx.attr_flag("interleaved", false)?,
         rotary_dim,
         num_heads,
     })

@@ -738,6 +738,16 @@ impl<'a, 'p> NodeCtx<'a, 'p> {
         self.typed(name, attribute_type::INT).map(|a| a.i)
     }
 
+    /// A 0/1 attribute as a bool (`default` when absent); any other value is an error naming
+    /// the attribute.
+    pub fn attr_flag(&self, name: &str, default: bool) -> Result<bool> {
+        match self.attr_i(name, i64::from(default)) {
+            0 => Ok(false),
+            1 => Ok(true),
+            v => Err(self.err(format!("attribute '{name}' must be 0 or 1, got {v}"))),
+        }
+    }
+
     /// A required integer attribute that must be positive (`num_heads`, say).
     pub fn attr_positive(&self, name: &str) -> Result<usize> {
         let n = self.attr_i(name, 0);

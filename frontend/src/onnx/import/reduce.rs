@@ -1,6 +1,5 @@
 //! Import of reductions (`Reduce*`), `ArgMax`/`ArgMin`, `TopK` and `CumSum`.
 
-use super::elementwise::flag;
 use super::NodeCtx;
 use crate::error::Result;
 use kiln_ir::{Op, ReduceKind, ValueId};
@@ -13,8 +12,8 @@ pub(super) fn import(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
     match op_type.as_str() {
         "ArgMax" | "ArgMin" => {
             let axis = cx.attr_i("axis", 0);
-            let keepdims = flag(cx, "keepdims", true)?;
-            let select_last_index = flag(cx, "select_last_index", false)?;
+            let keepdims = cx.attr_flag("keepdims", true)?;
+            let select_last_index = cx.attr_flag("select_last_index", false)?;
             let op = if op_type == "ArgMax" {
                 Op::ArgMax {
                     axis,
@@ -33,7 +32,7 @@ pub(super) fn import(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
         }
         "TopK" => topk(cx),
         "CumSum" | "CumProd" => {
-            let (exclusive, reverse) = (flag(cx, "exclusive", false)?, flag(cx, "reverse", false)?);
+            let (exclusive, reverse) = (cx.attr_flag("exclusive", false)?, cx.attr_flag("reverse", false)?);
             let op = if op_type == "CumSum" {
                 Op::CumSum { exclusive, reverse }
             } else {
@@ -66,7 +65,7 @@ fn reduce_kind(op_type: &str) -> Option<ReduceKind> {
 /// with `noop_with_empty_axes`; the older attribute becomes a constant input.
 fn reduce(cx: &mut NodeCtx, kind: ReduceKind) -> Result<ValueId> {
     let axes_input_since = if kind == ReduceKind::Sum { 13 } else { 18 };
-    let keepdims = flag(cx, "keepdims", true)?;
+    let keepdims = cx.attr_flag("keepdims", true)?;
     let data = cx.input(0)?;
     let (axes, noop_with_empty_axes) = if cx.opset() < axes_input_since {
         if cx.num_inputs() > 1 {
@@ -85,7 +84,7 @@ fn reduce(cx: &mut NodeCtx, kind: ReduceKind) -> Result<ValueId> {
                 "axes is an input since opset {axes_input_since}, not an attribute"
             )));
         }
-        (cx.opt_input(1), flag(cx, "noop_with_empty_axes", false)?)
+        (cx.opt_input(1), cx.attr_flag("noop_with_empty_axes", false)?)
     };
     if cx.num_inputs() > 2 {
         return Err(cx.err(format!("takes at most 2 inputs, got {}", cx.num_inputs())));
@@ -115,8 +114,8 @@ fn topk(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
     };
     let op = Op::TopK {
         axis: cx.attr_i("axis", -1),
-        largest: flag(cx, "largest", true)?,
-        sorted: flag(cx, "sorted", true)?,
+        largest: cx.attr_flag("largest", true)?,
+        sorted: cx.attr_flag("sorted", true)?,
     };
     if cx.num_outputs() != 2 {
         return Err(cx.err(format!(

@@ -33,14 +33,6 @@ fn mode_attr(cx: &NodeCtx, allow_cubic: bool) -> Result<ResizeMode> {
     }
 }
 
-fn flag(cx: &NodeCtx, name: &str) -> Result<bool> {
-    match cx.attr_i(name, 0) {
-        0 => Ok(false),
-        1 => Ok(true),
-        v => Err(cx.err(format!("attribute '{name}' must be 0 or 1, got {v}"))),
-    }
-}
-
 /// Upsample (scales as attribute in opset 7, as input from 9) and Resize-10 (X, scales).
 fn import_legacy(cx: &mut NodeCtx, upsample: bool) -> Result<Vec<ValueId>> {
     let x = cx.input(0)?;
@@ -127,9 +119,9 @@ fn import_resize(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
         coord: coord_attr(cx)?,
         nearest_mode: nearest_attr(cx)?,
         cubic_coeff_a: cx.attr_f("cubic_coeff_a", -0.75),
-        exclude_outside: flag(cx, "exclude_outside")?,
+        exclude_outside: cx.attr_flag("exclude_outside", false)?,
         extrapolation_value: cx.attr_f("extrapolation_value", 0.0),
-        antialias: opset18 && flag(cx, "antialias")?,
+        antialias: opset18 && cx.attr_flag("antialias", false)?,
         axes: if opset18 {
             cx.attr_ints("axes").unwrap_or_default()
         } else {

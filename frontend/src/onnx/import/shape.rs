@@ -14,7 +14,7 @@ pub(super) fn import(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
     let node = cx.node;
     match node.op_type.as_str() {
         "Reshape" => {
-            let allow_zero = bool_attr(cx, "allowzero", false)?;
+            let allow_zero = cx.attr_flag("allowzero", false)?;
             single(cx, Op::Reshape { allow_zero }, 2, 2)
         }
         "Flatten" => {
@@ -70,7 +70,7 @@ pub(super) fn import(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
         "Identity" => single(cx, Op::Identity, 1, 1),
         "Dropout" => dropout(cx),
         "Trilu" => {
-            let upper = bool_attr(cx, "upper", true)?;
+            let upper = cx.attr_flag("upper", true)?;
             single(cx, Op::Trilu { upper }, 1, 2)
         }
         "NonZero" => single(cx, Op::NonZero, 1, 1),
@@ -106,15 +106,6 @@ fn single(cx: &mut NodeCtx, op: Op, min: usize, max: usize) -> Result<Vec<ValueI
     check_inputs(cx, min, max)?;
     let inputs = cx.inputs().to_vec();
     Ok(vec![cx.add1(op, inputs)?])
-}
-
-/// A 0/1 integer attribute.
-fn bool_attr(cx: &NodeCtx, name: &str, default: bool) -> Result<bool> {
-    match cx.attr_i(name, default as i64) {
-        0 => Ok(false),
-        1 => Ok(true),
-        v => Err(cx.err(format!("attribute '{name}' must be 0 or 1, got {v}"))),
-    }
 }
 
 fn reduction(cx: &NodeCtx) -> Result<ScatterReduction> {

@@ -11,12 +11,12 @@ pub(super) fn import(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
         "DFT" => dft(cx)?,
         "STFT" => {
             check_inputs(cx, 2, 4)?;
-            let onesided = flag(cx, "onesided", 1)?;
+            let onesided = cx.attr_flag("onesided", true)?;
             (SignalOp::Stft { onesided }, cx.inputs().to_vec())
         }
         "HannWindow" | "HammingWindow" | "BlackmanWindow" => {
             check_inputs(cx, 1, 1)?;
-            let periodic = flag(cx, "periodic", 1)?;
+            let periodic = cx.attr_flag("periodic", true)?;
             let dtype = output_dtype(cx)?;
             let op = match cx.op_type() {
                 "HannWindow" => SignalOp::HannWindow { periodic, dtype },
@@ -41,8 +41,8 @@ pub(super) fn import(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
 /// DFT. Opset 17 gives `axis` as an attribute (default 1); from opset 20 it is an optional
 /// input (default -2), the IR form, so the attribute becomes a constant input.
 fn dft(cx: &mut NodeCtx) -> Result<(SignalOp, Vec<Option<ValueId>>)> {
-    let inverse = flag(cx, "inverse", 0)?;
-    let onesided = flag(cx, "onesided", 0)?;
+    let inverse = cx.attr_flag("inverse", false)?;
+    let onesided = cx.attr_flag("onesided", false)?;
     let op = SignalOp::Dft { inverse, onesided };
     if cx.opset() >= 20 {
         check_inputs(cx, 1, 3)?;
@@ -72,15 +72,6 @@ fn check_inputs(cx: &NodeCtx, min: usize, max: usize) -> Result<()> {
         cx.input(i)?;
     }
     Ok(())
-}
-
-/// A 0/1 attribute.
-fn flag(cx: &NodeCtx, name: &str, default: i64) -> Result<bool> {
-    match cx.attr_i(name, default) {
-        0 => Ok(false),
-        1 => Ok(true),
-        v => Err(cx.err(format!("attribute '{name}' must be 0 or 1, got {v}"))),
-    }
 }
 
 /// The `output_datatype` attribute (default FLOAT): any numeric type.

@@ -12,12 +12,12 @@ use kiln_ir::{GridMode, GridPadding, Op, RoiPoolMode, ValueId, VisionOp};
 pub(super) fn import(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
     let op = match cx.op_type() {
         "NonMaxSuppression" => VisionOp::NonMaxSuppression {
-            center_point_box: flag(cx, "center_point_box")?,
+            center_point_box: cx.attr_flag("center_point_box", false)?,
         },
         "RoiAlign" => roi_align(cx)?,
         "GridSample" => grid_sample(cx)?,
         "AffineGrid" => VisionOp::AffineGrid {
-            align_corners: flag(cx, "align_corners")?,
+            align_corners: cx.attr_flag("align_corners", false)?,
         },
         "LRN" => lrn(cx)?,
         "MaxUnpool" => max_unpool(cx)?,
@@ -34,15 +34,6 @@ pub(super) fn import(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
     };
     let inputs = cx.inputs().to_vec();
     Ok(vec![cx.add1(Op::Vision(op), inputs)?])
-}
-
-/// A 0/1 attribute (default 0).
-fn flag(cx: &NodeCtx, name: &str) -> Result<bool> {
-    match cx.attr_i(name, 0) {
-        0 => Ok(false),
-        1 => Ok(true),
-        v => Err(cx.err(format!("attribute '{name}' must be 0 or 1, got {v}"))),
-    }
 }
 
 /// A non-negative list attribute (empty when absent); `positive` also rejects zeros.
@@ -135,7 +126,7 @@ fn grid_sample(cx: &NodeCtx) -> Result<VisionOp> {
     Ok(VisionOp::GridSample {
         mode,
         padding,
-        align_corners: flag(cx, "align_corners")?,
+        align_corners: cx.attr_flag("align_corners", false)?,
     })
 }
 
