@@ -363,37 +363,20 @@ KILN_UK_INLINE int dql_f32_range(const float *x, int64_t n, float *lo_out, float
 int32_t kiln_uk_dynamic_quantize_linear(const kiln_uk_args *a) {
   const kiln_tensor *x = &a->in[0];
   const kiln_tensor *y = &a->out[0];
-  float flo, fhi;
-  if (x->dtype == KILN_F32 && dql_f32_range((const float *)x->data, x->numel, &flo, &fhi)) {
-    /* Finite float32 input: the same arithmetic as below (division by the scale, rounding
-       half to even, the zero point added and clamped), as vector loops. */
-    float range = fhi == flo ? 1.0f : fhi - flo;
-    float scale = range / 255.0f;
-    float initial = 0.0f - flo / scale;
-    float zp = __builtin_roundevenf(initial < 0.0f ? 0.0f : (initial > 255.0f ? 255.0f : initial));
-    /* Locals, not x->numel and y->data: a uint8_t store may alias any memory, so the loop
-       would reload them after each store and not vectorize. */
-    const float *xs = (const float *)x->data;
-    uint8_t *ys = (uint8_t *)y->data;
-    const int64_t n = x->numel;
-    for (int64_t i = 0; i < n; i++) {
-      float q = __builtin_roundevenf(xs[i] / scale) + zp;
-      ys[i] = (uint8_t)(q < 0.0f ? 0.0f : (q > 255.0f ? 255.0f : q));
+  float lo, hi;
+  const int fast = x->dtype == KILN_F32 && dql_f32_range((const float *)x->data, x->numel, &lo, &hi);
+  if (!fast) {
+    lo = hi = 0.0f;
+    for (int64_t i = 0; i < x->numel; i++) {
+      float v = (float)ldf(x->data, x->dtype, i);
+      /* NaN propagates like numpy's max/min. */
+      if (v != v || lo != lo) {
+        lo = hi = __builtin_nanf("");
+        continue;
+      }
+      lo = v < lo ? v : lo;
+      hi = v > hi ? v : hi;
     }
-    if (a->n_out > 1 && a->out[1].data) stf(a->out[1].data, a->out[1].dtype, 0, (double)scale);
-    if (a->n_out > 2 && a->out[2].data) ((uint8_t *)a->out[2].data)[0] = (uint8_t)zp;
-    return KILN_UK_OK;
-  }
-  float lo = 0.0f, hi = 0.0f;
-  for (int64_t i = 0; i < x->numel; i++) {
-    float v = (float)ldf(x->data, x->dtype, i);
-    /* NaN propagates like numpy's max/min. */
-    if (v != v || lo != lo) {
-      lo = hi = __builtin_nanf("");
-      continue;
-    }
-    lo = v < lo ? v : lo;
-    hi = v > hi ? v : hi;
   }
   float range = hi == lo ? 1.0f : hi - lo;
   float scale = range / 255.0f;
@@ -401,9 +384,23 @@ int32_t kiln_uk_dynamic_quantize_linear(const kiln_uk_args *a) {
   /* Python's max(0, min(255, v)): a NaN compares false and yields the constant bound. */
   float zpf = initial != initial ? 255.0f : (initial < 0.0f ? 0.0f : (initial > 255.0f ? 255.0f : initial));
   float zp = __builtin_roundevenf(zpf);
-  for (int64_t i = 0; i < x->numel; i++) {
-    float q = __builtin_roundevenf((float)ldf(x->data, x->dtype, i) / scale);
-    ((uint8_t *)y->data)[i] = (uint8_t)saturate((double)q + (double)zp, 0.0, 255.0);
+  if (fast) {
+    /* Finite float32 input: the same arithmetic as the loop below (division by the scale,
+       rounding half to even, the zero point added and clamped) as a vector loop. Locals, not
+       x->numel and y->data: a uint8_t store may alias any memory, so the loop would reload
+       them after each store and not vectorize. */
+    const float *xs = (const float *)x->data;
+    uint8_t *ys = (uint8_t *)y->data;
+    const int64_t n = x->numel;
+    for (int64_t i = 0; i < n; i++) {
+      float q = __builtin_roundevenf(xs[i] / scale) + zp;
+      ys[i] = (uint8_t)(q < 0.0f ? 0.0f : (q > 255.0f ? 255.0f : q));
+    }
+  } else {
+    for (int64_t i = 0; i < x->numel; i++) {
+      float q = __builtin_roundevenf((float)ldf(x->data, x->dtype, i) / scale);
+      ((uint8_t *)y->data)[i] = (uint8_t)saturate((double)q + (double)zp, 0.0, 255.0);
+    }
   }
   if (a->n_out > 1 && a->out[1].data) stf(a->out[1].data, a->out[1].dtype, 0, (double)scale);
   if (a->n_out > 2 && a->out[2].data) ((uint8_t *)a->out[2].data)[0] = (uint8_t)zp;

@@ -185,6 +185,19 @@ pub fn run_executable(
     run_executable_under(&[], exe, graph, inputs, dir, threads)
 }
 
+/// The command that starts `exe` through `launcher` (an emulator's command line, the
+/// executable appended), or directly when `launcher` is empty.
+pub fn command_under(launcher: &[&str], exe: &Path) -> Command {
+    match launcher.split_first() {
+        None => Command::new(exe),
+        Some((program, args)) => {
+            let mut c = Command::new(program);
+            c.args(args).arg(exe);
+            c
+        }
+    }
+}
+
 /// [`run_executable`] for an executable of another architecture, started by `launcher` (an
 /// emulator's command line, such as `qemu-aarch64 -L /usr/aarch64-linux-gnu`, the executable
 /// appended); an empty launcher runs it directly.
@@ -196,14 +209,7 @@ pub fn run_executable_under(
     dir: &Path,
     threads: usize,
 ) -> Result<Vec<Tensor>, String> {
-    let mut cmd = match launcher.split_first() {
-        None => Command::new(exe),
-        Some((program, args)) => {
-            let mut c = Command::new(program);
-            c.args(args).arg(exe);
-            c
-        }
-    };
+    let mut cmd = command_under(launcher, exe);
     for (i, (name, t)) in inputs.iter().enumerate() {
         let p = dir.join(format!("input{i}.npy"));
         kiln_frontend::npy::write_npy(&p, t).map_err(|e| format!("write input: {e}"))?;

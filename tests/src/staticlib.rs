@@ -94,14 +94,7 @@ pub fn compile_and_run_staticlib_on(
         &[&dir.join(format!("lib{name}.a"))],
         &exe,
     )?;
-    let mut cmd = match foreign {
-        None => Command::new(&exe),
-        Some(f) => {
-            let mut c = Command::new(f.launcher[0]);
-            c.args(&f.launcher[1..]).arg(&exe);
-            c
-        }
-    };
+    let mut cmd = crate::compiled::command_under(foreign.map_or(&[], |f| f.launcher), &exe);
     cmd.arg(threads.to_string());
     for (i, t) in inputs.iter().enumerate() {
         let p = dir.join(format!("in{i}.bin"));

@@ -159,8 +159,8 @@ mod tests {
     use crate::Pass;
     use kiln_ir::{DType, Dim, Graph, Op, QuantOp, Tensor, TensorType, Unary};
 
-    /// `x -> QuantizeLinear -> DequantizeLinear -> Relu`, the pair's parameters as given; also
-    /// returns the quantized value when `keep_int` adds it as a second output.
+    /// `x -> QuantizeLinear -> DequantizeLinear -> Relu` with the DequantizeLinear's scale and
+    /// both zero points as given; with `keep_int` the quantized value is a second graph output.
     fn pair_graph(dq_scale: f32, zp: u8, keep_int: bool) -> Graph {
         let mut g = Graph::new("t");
         let x = g.add_input("x", TensorType::new(DType::F32, vec![Dim::Fixed(7)]));

@@ -80,18 +80,20 @@ pub(crate) fn lower_matmul_integer(
     if m == 0 || m * k >= 1 << 31 || m * n >= 1 << 31 {
         return Ok(None);
     }
-    let weights: Vec<i8> = b.to_i64_vec().iter().map(|&v| v as i8).collect();
+    let Some(weights) = b.as_slice::<i8>() else {
+        return Ok(None);
+    };
     let nr = tile.nr();
     let quads = k / 4;
     let (kc, mb, nb) = plan_blocks(&tile, m, n, quads, 1, false);
-    let mut panels = quad_panels(&weights, k, n, nr);
+    let mut panels = quad_panels(weights, k, n, nr);
     if kc < quads {
         panels = block_major_panels(&panels, quads, nr, kc, n.div_ceil(nr));
     }
     let mut packed = vec![panels];
     let a_zero = node.has_input(2).then_some(2);
     let colsum = a_zero.map(|_| {
-        packed.push(column_sums(&weights, k, n, nr));
+        packed.push(column_sums(weights, k, n, nr));
         1
     });
     let what = format!(

@@ -162,13 +162,12 @@ impl GemmKernel {
                 let za = e.splat_i32(za, lanes)?;
                 for v in 0..nv {
                     let sums = e.load_vec(e.gep_f32c(bcol, (v as u32 * lanes) as i64)?, lanes)?;
-                    let sums = e.to_i32s(sums)?;
+                    let corr = b.build_int_mul(za, e.to_i32s(sums)?, "").map_err(llvm)?;
                     for i in 0..mr {
                         let cur = b
                             .build_load(vt, acc[i * nv + v], "")
                             .map_err(llvm)?
                             .into_vector_value();
-                        let corr = b.build_int_mul(za, sums, "").map_err(llvm)?;
                         let x = b.build_int_sub(e.to_i32s(cur)?, corr, "").map_err(llvm)?;
                         b.build_store(acc[i * nv + v], e.to_f32s(x)?).map_err(llvm)?;
                     }
