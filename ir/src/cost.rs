@@ -1,9 +1,11 @@
 //! Static cost estimates: floating-point operations per node, for `kiln inspect` and reports.
 //!
-//! A multiply-add counts as two operations, as is usual for model FLOP counts. Estimates need
+//! A multiply-add counts as two operations, as is usual for model FLOP counts; an integer
+//! product's multiply-adds (MatMulInteger, ConvInteger) count the same, so that a profile's
+//! rates compare across precisions. Estimates need
 //! static shapes; nodes whose shapes are not fully known count as zero.
 
-use crate::{Graph, Node, Op};
+use crate::{Graph, Node, Op, QuantOp};
 
 /// Estimated floating-point operations of one node (0 for data movement).
 pub fn node_flops(g: &Graph, node: &Node) -> u64 {
@@ -21,7 +23,7 @@ pub fn node_flops(g: &Graph, node: &Node) -> u64 {
             .unwrap_or(0)
     };
     match &node.op {
-        Op::MatMul => {
+        Op::MatMul | Op::Quant(QuantOp::MatMulInteger) => {
             // out = [..., M, N]; K = last dim of A.
             let k = in_shape(0).and_then(|s| s.last().copied()).unwrap_or(0) as u64;
             2 * out_elems(0) * k
@@ -33,7 +35,7 @@ pub fn node_flops(g: &Graph, node: &Node) -> u64 {
                 .unwrap_or(0) as u64;
             2 * out_elems(0) * k
         }
-        Op::Conv(_) => {
+        Op::Conv(_) | Op::Quant(QuantOp::ConvInteger(_)) => {
             // Each output element reads (C_in / group) * prod(kernel) inputs: W is [M, C/g, k...].
             let w = in_shape(1).unwrap_or_default();
             let per_out: u64 = w.iter().skip(1).map(|&d| d as u64).product();

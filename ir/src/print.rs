@@ -73,7 +73,9 @@ pub fn op_label(op: &Op) -> String {
         Op::Loop { num_carried, .. } => return format!("Loop{{num_carried: {num_carried}}}"),
         Op::Unary(u) => format!("{u:?}"),
         Op::Binary(b) => format!("{b:?}"),
-        Op::Conv(a) => format!("Conv{a:?}"),
+        Op::Conv(a) | Op::Quant(crate::QuantOp::ConvInteger(a) | crate::QuantOp::QLinearConv(a)) => {
+            format!("Conv{a:?}")
+        }
         Op::ConvTranspose(a) => format!("ConvTranspose{a:?}"),
         Op::Pool(a) => format!("Pool{a:?}"),
         Op::Resize(a) => format!("Resize{a:?}"),
