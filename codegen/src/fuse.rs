@@ -8,8 +8,8 @@
 //! On the input side, a channels-last convolution whose input is `x * s` with a per-channel
 //! `s` (squeeze-excitation) reads `x` and `s` and scales while packing (`InputScale`).
 
-use crate::kernel::epilogue::{Activation, Bias, Epilogue, Residual};
-use kiln_ir::{Binary, DType, Graph, NodeId, Op, Unary, ValueId};
+use crate::kernel::epilogue::{Activation, Bias, Epilogue, Quantize, Residual};
+use kiln_ir::{Binary, DType, Graph, NodeId, Op, QuantOp, Unary, ValueId};
 use std::collections::{HashMap, HashSet};
 
 /// A fusable chain starting at `anchor`.
@@ -33,6 +33,13 @@ pub struct Chain {
     /// (squeeze-excitation) used nowhere else: the kernel scales `x` as it packs it
     /// (`Epilogue::input_scale`), and the Mul needs no kernel.
     pub input_scale: Option<InputScale>,
+    /// A channels-last ConvInteger's `Cast<f32>` and per-channel scale `Mul` (and the bias
+    /// `Add` after them, in `col_bias`): the kernel converts its integer sums and scales them
+    /// (`Epilogue::dequantize`).
+    pub dequantize: Option<Vec<f32>>,
+    /// The chain of an integer convolution ends in a per-tensor QuantizeLinear to u8 (in
+    /// `absorbed`), its result's only use: the kernel stores bytes (`Epilogue::quantize`).
+    pub quantize: Option<Quantize>,
 }
 
 /// The `Mul` in front of a chain's anchor (`Chain::input_scale`).
@@ -71,6 +78,8 @@ impl Chain {
         epi.pool_mean = self.pool.is_some();
         epi.round_bf16 = self.round_bf16;
         epi.input_scale = self.input_scale.map(|_| residual_slot + 1);
+        epi.dequantize = self.dequantize.clone();
+        epi.quantize = self.quantize;
         epi
     }
 
@@ -137,6 +146,104 @@ fn fake_quant_after(
     Some(([div, round, clip, mul], (scale, lo, hi)))
 }
 
+/// The values of a constant f32 operand that is one per output channel (`[n]`, or `[1, .., n]`)
+/// or a single value (repeated `n` times).
+fn per_channel_const(graph: &Graph, v: ValueId, n: usize) -> Option<Vec<f32>> {
+    let t = graph.known_value(v)?;
+    if t.dtype() != DType::F32 || t.shape().iter().rev().skip(1).any(|&d| d != 1) {
+        return None;
+    }
+    let vals: Vec<f32> = t.to_f64_vec().iter().map(|&x| x as f32).collect();
+    match vals.len() {
+        1 => Some(vec![vals[0]; n]),
+        len if len == n => Some(vals),
+        _ => None,
+    }
+}
+
+/// The float result of integer sums (`dequantize_after`).
+struct Dequantized {
+    /// The Cast, the Mul and the bias Add if any.
+    nodes: Vec<NodeId>,
+    scale: Vec<f32>,
+    bias: Option<Vec<f32>>,
+    /// The last node's output.
+    end: ValueId,
+}
+
+/// After a channels-last ConvInteger's output `acc` (`[N, H, W, M]` i32): `Cast<f32>`, a `Mul`
+/// by a constant per-channel scale, and optionally an `Add` of a constant per-channel bias,
+/// each the only use of the one before and none claimed.
+fn dequantize_after(
+    graph: &Graph,
+    acc: ValueId,
+    sole: impl Fn(ValueId) -> Option<NodeId>,
+    claimed: &HashSet<NodeId>,
+) -> Option<Dequantized> {
+    let n = *graph.value_type(acc).fixed_shape()?.last()?;
+    let next = |v: ValueId| sole(v).filter(|c| !claimed.contains(c));
+    let other = |node: NodeId, v: ValueId| -> Option<ValueId> {
+        match graph.node(node).inputs.as_slice() {
+            [Some(a), Some(b)] if *a == v => Some(*b),
+            [Some(a), Some(b)] if *b == v => Some(*a),
+            _ => None,
+        }
+    };
+    let cast = next(acc).filter(|c| matches!(graph.node(*c).op, Op::Cast { to: DType::F32 }))?;
+    let mul = next(cast.out(0)).filter(|c| matches!(graph.node(*c).op, Op::Binary(Binary::Mul)))?;
+    let scale = per_channel_const(graph, other(mul, cast.out(0))?, n)?;
+    let mut nodes = vec![cast, mul];
+    let mut bias = None;
+    let mut end = mul.out(0);
+    if let Some(add) = next(end).filter(|c| matches!(graph.node(*c).op, Op::Binary(Binary::Add))) {
+        if let Some(b) = other(add, end).and_then(|b| per_channel_const(graph, b, n)) {
+            nodes.push(add);
+            bias = Some(b);
+            end = add.out(0);
+        }
+    }
+    (graph.value_type(end).fixed_shape() == graph.value_type(acc).fixed_shape()).then_some(Dequantized {
+        nodes,
+        scale,
+        bias,
+        end,
+    })
+}
+
+/// The only use of `v` (f32) when it is a QuantizeLinear to u8 with per-tensor constant
+/// parameters that the integer kernel can store (`gen::gemm::stores_u8`), not claimed.
+fn quantize_after(
+    graph: &Graph,
+    v: ValueId,
+    sole: impl Fn(ValueId) -> Option<NodeId>,
+    claimed: &HashSet<NodeId>,
+) -> Option<(NodeId, Quantize)> {
+    let q = sole(v).filter(|c| !claimed.contains(c))?;
+    let node = graph.node(q);
+    let Op::Quant(QuantOp::QuantizeLinear {
+        block_size: 0,
+        output_dtype: DType::U8,
+        precision: None,
+        ..
+    }) = node.op
+    else {
+        return None;
+    };
+    let scalar = |i: usize| {
+        graph
+            .known_value(node.inputs.get(i).copied().flatten()?)
+            .filter(|t| t.len() == 1)
+    };
+    let scale = scalar(1).filter(|t| t.dtype() == DType::F32)?.to_f64_vec()[0] as f32;
+    let zero_point = match node.inputs.get(2).copied().flatten() {
+        None => 0,
+        Some(_) => scalar(2)?.as_slice::<u8>()?[0],
+    };
+    let channels = *graph.value_type(v).fixed_shape()?.last()?;
+    (node.inputs.first() == Some(&Some(v)) && crate::gen::gemm::stores_u8(channels))
+        .then_some((q, Quantize { scale, zero_point }))
+}
+
 /// The squeeze-excitation scale in front of a channels-last convolution `conv`: its input is
 /// the only use of `x * s` (either operand order), `x` is `[N, H, W, C]` f32 and `s`
 /// `[N, 1, 1, C]` f32.
@@ -199,23 +306,35 @@ pub fn find_chains(graph: &Graph, cpu: bool) -> Vec<Chain> {
     let mut claimed = HashSet::new();
     for (id, node) in graph.node_ids().zip(graph.nodes()) {
         let is_matmul = matches!(node.op, Op::MatMul);
-        if !(matches!(node.op, Op::Conv(_)) || is_matmul) || node.outputs.len() != 1 {
+        // Integer convolutions fuse on the CPU only, which has their kernels.
+        let integer = cpu && matches!(&node.op, Op::Quant(QuantOp::ConvInteger(a)) if a.channels_last);
+        if !(matches!(node.op, Op::Conv(_)) || is_matmul || integer) || node.outputs.len() != 1 {
             continue;
         }
         let mut cur = id.out(0);
+        let mut absorbed = vec![];
+        let (mut dequantize, mut col_bias) = (None, None);
+        if integer {
+            let Some(d) = dequantize_after(graph, cur, sole, &claimed) else {
+                continue;
+            };
+            (absorbed, dequantize, col_bias, cur) = (d.nodes, Some(d.scale), d.bias, d.end);
+        }
         if !is_f32(graph, cur) {
             continue;
         }
         let mut chain = Chain {
             anchor: id,
-            absorbed: vec![],
+            absorbed,
             output: cur,
             residual: None,
-            col_bias: None,
+            col_bias,
             activation: Activation::None,
             pool: None,
             round_bf16: false,
             input_scale: None,
+            dequantize,
+            quantize: None,
         };
         if cpu {
             chain.input_scale = input_scale_of(graph, id, sole, &claimed);
@@ -358,6 +477,14 @@ pub fn find_chains(graph: &Graph, cpu: bool) -> Vec<Chain> {
                 cur = w.out(0);
             }
         }
+        // An integer convolution's result quantized for the next one: stored as bytes.
+        if integer && !chain.round_bf16 {
+            if let Some((q, params)) = quantize_after(graph, cur, sole, &claimed) {
+                chain.absorbed.push(q);
+                chain.quantize = Some(params);
+                cur = q.out(0);
+            }
+        }
         if !chain.absorbed.is_empty() || chain.pool.is_some() || chain.input_scale.is_some() {
             claimed.extend(chain.fused_nodes());
             chain.output = cur;
@@ -423,9 +550,11 @@ pub fn find_elementwise_groups_on(graph: &Graph, claimed: &HashSet<NodeId>, gpu:
             node_uses,
         );
         // A lone f32 node runs generated too: the loop is specialised to its shapes, where the
-        // library kernel walks a generic broadcast plan.
-        let lone_f32 = graph.value_type(root.out(0)).dtype == DType::F32;
-        if group.len() >= 2 || lone_f32 {
+        // library kernel walks a generic broadcast plan; so does a lone quantizing node (the
+        // library's is a scalar loop).
+        let lone =
+            graph.value_type(root.out(0)).dtype == DType::F32 || matches!(graph.node(root).op, Op::Quant(_));
+        if group.len() >= 2 || lone {
             member.extend(group.iter().copied());
             groups.push(group);
         }

@@ -55,7 +55,10 @@ pub fn generators(op: &Op) -> Generators {
     use GpuGenerator as G;
     let (gpu, cpu): (&'static [GpuGenerator], &'static [CpuGenerator]) = match op {
         Op::MatMul | Op::Gemm { .. } | Op::Conv(_) => (&[G::Gemm], &[C::Products]),
-        Op::Quant(QuantOp::MatMulInteger) => (&[], &[C::Products]),
+        Op::Quant(QuantOp::MatMulInteger | QuantOp::ConvInteger(_)) => (&[], &[C::Products]),
+        Op::Quant(QuantOp::QuantizeLinear { .. } | QuantOp::DequantizeLinear { .. }) => {
+            (&[], &[C::ElementwiseLoop])
+        }
         Op::Attention(_) => (&[G::Attention], &[]),
         Op::Pool(_) => (&[G::Pool], &[]),
         Op::Softmax { .. }

@@ -6,7 +6,7 @@ use crate::kernel::Storage;
 use crate::plan::kernel::KernelImpl;
 use crate::plan::{self, BufferOwner, Plan};
 use crate::target::{Isa, TargetDesc};
-use kiln_ir::{Graph, Layout, NodeId, Op, TensorType, ValueId};
+use kiln_ir::{Graph, Layout, NodeId, Op, QuantOp, TensorType, ValueId};
 use std::collections::{HashMap, HashSet};
 
 /// A value's type as reports show it.
@@ -163,8 +163,14 @@ fn channels_last_values(graph: &Graph) -> HashSet<ValueId> {
     for id in graph.node_ids() {
         let node = graph.node(id);
         let from_op = match &node.op {
-            Op::Conv(a) => a.channels_last,
+            Op::Conv(a) | Op::Quant(QuantOp::ConvInteger(a)) => a.channels_last,
             Op::Pool(a) => a.channels_last,
+            Op::Quant(QuantOp::QuantizeLinear { .. } | QuantOp::DequantizeLinear { .. }) => node
+                .inputs
+                .first()
+                .copied()
+                .flatten()
+                .is_some_and(|v| nhwc.contains(&v)),
             Op::Transpose { perm } => perm == &[0, 2, 3, 1],
             Op::Unary(_) | Op::Binary(_) | Op::Clip | Op::Where | Op::Cast { .. } | Op::Concat { .. } => {
                 node.inputs.iter().flatten().any(|v| nhwc.contains(v))

@@ -257,6 +257,7 @@ impl TargetDesc {
     pub fn needs(&self) -> TargetNeeds {
         TargetNeeds {
             products_round_operands: !self.is_gpu() && self.has_bf16_pair_kernels(),
+            integer_products: !self.is_gpu() && self.has_int8_dot_kernels(),
         }
     }
 
@@ -440,4 +441,7 @@ pub struct TargetNeeds {
     /// `Cast<f32>(Cast<bf16>(x))` pairs next to the products, and the planner's
     /// `absorb-bf16-rounding` pass lets the products read `x` themselves.
     pub products_round_operands: bool,
+    /// The product kernels compute u8×s8 products (`vpdpbusd`): the optimizer turns a QDQ
+    /// model's convolutions into integer ones (`integer-conv`).
+    pub integer_products: bool,
 }

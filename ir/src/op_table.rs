@@ -13,7 +13,7 @@
 //! instead of matching on operators themselves: a new operator is one row here, one in the
 //! ONNX list, and its family module's `infer`/`eval` (and importer).
 
-use crate::{Binary, Op, PoolKind, RnnKind};
+use crate::{Binary, Op, PoolKind, QuantOp, RnnKind};
 
 /// What an operator does with its data input's elements: the one answer the passes that
 /// share, move or pass through data read (the memory plan aliases views, bf16 autocast hoists
@@ -248,6 +248,15 @@ impl Op {
             Op::If { .. } => OpInfo::new("If", F::Control).autocast(Never),
             Op::Loop { .. } => OpInfo::new("Loop", F::Control).autocast(Never),
 
+            // A 2-D integer convolution has the float one's channels-last form. Quantizing and
+            // dequantizing are element-wise where their parameters are per tensor (the pass
+            // checks; per-axis ones name an axis of the model's layout).
+            Op::Quant(q @ QuantOp::ConvInteger(_)) => {
+                OpInfo::new(q.name(), F::Quant).layout(LayoutRole::Anchor)
+            }
+            Op::Quant(q @ (QuantOp::QuantizeLinear { .. } | QuantOp::DequantizeLinear { .. })) => {
+                OpInfo::new(q.name(), F::Quant).layout(LayoutRole::Carry)
+            }
             Op::Quant(q) => OpInfo::new(q.name(), F::Quant),
             Op::Vision(v) => OpInfo::new(v.name(), F::Vision),
             Op::Signal(s) => OpInfo::new(s.name(), F::Signal),

@@ -1,8 +1,10 @@
 //! Pipelines: which passes run, in which order, for each target.
 //!
 //! A pipeline is a plain function of the user's options. The order follows the design:
-//! freeze → fake-quantize → channels-last → fuse → bf16 autocast → lower-control-flow; the
+//! integer-conv → freeze → fake-quantize → channels-last → fuse → bf16 autocast → lower-control-flow; the
 //! manager verifies after every pass.
+//! The integer convolutions are found before freezing, which would fold the weights'
+//! DequantizeLinear into float weights.
 //! Fake quantization runs after freezing (which folds the weights' DequantizeLinear) and before
 //! the layout pass, which then carries the elementwise form of each activation's
 //! QuantizeLinear/DequantizeLinear pair instead of transposing around it.
@@ -48,6 +50,11 @@ pub struct PipelineOptions {
     /// disappears; otherwise it moves the narrowing Cast above the movement, which then moves
     /// half the bytes (see `Bf16Autocast::hoist_movement`).
     pub products_round_operands: bool,
+    /// The target computes u8×s8 products in hardware (codegen's
+    /// `TargetDesc::has_int8_dot_kernels`): a QDQ model's convolutions then run on their
+    /// integers (`integer-conv`). Elsewhere they stay float, where the f32 kernels (Winograd
+    /// included) are faster than an integer product without those instructions.
+    pub integer_products: bool,
 }
 
 /// Every pass a pipeline may run, in pipeline order (for `--disable-pass`/`--print-after`
@@ -65,14 +72,16 @@ pub const PASS_NAMES: &[&str] = &[
 /// Kernel grouping is codegen's `fuse-kernels` plan pass, switched on its own.
 pub const FUSE_PASS: &str = "fuse";
 
-/// The CPU pipeline: freeze → fake-quantize → channels-last (NHWC only) → fuse → bf16 autocast
+/// The CPU pipeline: integer-conv (targets with integer products) → freeze → fake-quantize → channels-last (NHWC only) → fuse → bf16 autocast
 /// (bf16 only) → lower-control-flow.
 pub fn cpu(opts: &PipelineOptions) -> PassManager {
     let mut pm = PassManager::new()
         .with(passes::freeze::Freeze)
         .with(passes::fake_quantize::FakeQuantize);
     if opts.layout == Layout::Nhwc {
-        pm = pm.with(passes::channels_last::ChannelsLast);
+        pm = pm.with(passes::channels_last::ChannelsLast {
+            integer_conv: opts.integer_products,
+        });
     }
     pm = pm.with(passes::fuse::Fuse);
     if opts.precision == Precision::Bf16 {

@@ -19,18 +19,23 @@ use crate::target::TargetDesc;
 use inkwell::values::{IntValue, PointerValue, VectorValue};
 use inkwell::IntPredicate;
 
-/// The element type an im2col panel is packed in.
+/// The element type an im2col panel is packed in (and, for u8, read from).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum PackTo {
+pub(crate) enum PackTo<'ctx> {
     F32,
     /// bf16, rounded to nearest even: a row of bf16 elements is a row of the bf16 pairs the
     /// `vdpbf16ps` kernels read.
     Bf16,
+    /// u8 from a u8 input: a row of bytes is a row of the quads the `vpdpbusd` kernels read.
+    /// Taps outside the image are `pad` (the input's zero point: an integer zero).
+    U8 {
+        pad: IntValue<'ctx>,
+    },
 }
 
-impl PackTo {
+impl<'ctx> PackTo<'ctx> {
     /// `p + i` elements.
-    pub(crate) fn gep<'ctx>(
+    pub(crate) fn gep(
         self,
         e: &Emit<'_, 'ctx>,
         p: PointerValue<'ctx>,
@@ -40,11 +45,25 @@ impl PackTo {
             PackTo::F32 => e.gep_f32(p, i),
             // SAFETY (of the IR): callers index inside the panel they were given.
             PackTo::Bf16 => unsafe { e.b.build_in_bounds_gep(e.cx.bf16_type(), p, &[i], "") }.map_err(llvm),
+            PackTo::U8 { .. } => e.gep_u8(p, i),
+        }
+    }
+
+    /// `p + i` elements of the input the panel is packed from.
+    fn source_gep(
+        self,
+        e: &Emit<'_, 'ctx>,
+        p: PointerValue<'ctx>,
+        i: IntValue<'ctx>,
+    ) -> Result<PointerValue<'ctx>> {
+        match self {
+            PackTo::F32 | PackTo::Bf16 => e.gep_f32(p, i),
+            PackTo::U8 { .. } => e.gep_u8(p, i),
         }
     }
 
     /// Stores the lanes of `v` (f32) that `mask` selects at `p`, as this element type.
-    fn masked_store<'ctx>(
+    fn masked_store(
         self,
         e: &Emit<'_, 'ctx>,
         p: PointerValue<'ctx>,
@@ -57,6 +76,7 @@ impl PackTo {
                 let ty = e.cx.bf16_type().vec_type(v.get_type().get_size());
                 e.masked_store(p, e.b.build_float_trunc(v, ty, "").map_err(llvm)?, mask, 2)
             }
+            PackTo::U8 { .. } => unreachable!("u8 runs are copied bytewise (copy_run)"),
         }
     }
 }
@@ -66,16 +86,20 @@ impl PackTo {
 /// row of a 3-channel 7×7 stem, 9 of a 3×3 one), below the length where LLVM's vectorized
 /// loop (64 elements a step) or a `memcpy` call pay off, so they ran element by element.
 /// Otherwise the plain loop (LLVM makes it a `memcpy`; AVX2's masked stores are microcoded on
-/// some cores).
+/// some cores). u8 runs are a `memcpy` (a run of C bytes per tap).
 fn copy_run<'ctx>(
     e: &Emit<'_, 'ctx>,
-    to: PackTo,
+    to: PackTo<'ctx>,
     d: PointerValue<'ctx>,
     s: PointerValue<'ctx>,
     scale: Option<PointerValue<'ctx>>,
     n: IntValue<'ctx>,
     lanes: u32,
 ) -> Result<()> {
+    if let PackTo::U8 { .. } = to {
+        e.b.build_memcpy(d, 1, s, 1, n).map_err(llvm)?;
+        return Ok(());
+    }
     if lanes >= 16 {
         return e.for_masked(n, lanes, |x0, mask| {
             let mut v = e.masked_load(e.gep_f32(s, x0)?, mask, lanes)?;
@@ -97,18 +121,24 @@ fn copy_run<'ctx>(
         match to {
             PackTo::F32 => e.store(at, v),
             PackTo::Bf16 => e.store(at, e.b.build_float_trunc(v, e.cx.bf16_type(), "").map_err(llvm)?),
+            PackTo::U8 { .. } => unreachable!("copied above"),
         }
     })
 }
 
-/// `d[x] = 0` for x in `[0, n)` (masked 16-lane stores with AVX-512, as `copy_run`).
+/// `d[x] = 0` (u8: the pad value) for x in `[0, n)` (masked 16-lane stores with AVX-512, as
+/// `copy_run`).
 fn zero_run<'ctx>(
     e: &Emit<'_, 'ctx>,
-    to: PackTo,
+    to: PackTo<'ctx>,
     d: PointerValue<'ctx>,
     n: IntValue<'ctx>,
     lanes: u32,
 ) -> Result<()> {
+    if let PackTo::U8 { pad } = to {
+        e.b.build_memset(d, 1, pad, n).map_err(llvm)?;
+        return Ok(());
+    }
     if lanes >= 16 {
         return e.for_masked(n, lanes, |x0, mask| {
             to.masked_store(e, to.gep(e, d, x0)?, e.zero_vec(lanes), mask)
@@ -119,6 +149,7 @@ fn zero_run<'ctx>(
         match to {
             PackTo::F32 => e.store(at, e.f32c(0.0)),
             PackTo::Bf16 => e.store(at, e.cx.bf16_type().const_zero()),
+            PackTo::U8 { .. } => unreachable!("set above"),
         }
     })
 }
@@ -192,7 +223,7 @@ pub(crate) fn pack_a_im2col<'ctx>(
     m: i64,
     g: &ConvWindow,
     stride: i64,
-    to: PackTo,
+    to: PackTo<'ctx>,
     lanes: u32,
 ) -> Result<()> {
     let c = g.c as i64;
@@ -243,7 +274,7 @@ pub(crate) fn pack_a_im2col<'ctx>(
                         e,
                         to,
                         d,
-                        e.gep_f32(src, e.add(e.mulc(pix, c)?, lo)?)?,
+                        to.source_gep(e, src, e.add(e.mulc(pix, c)?, lo)?)?,
                         None,
                         n,
                         lanes,

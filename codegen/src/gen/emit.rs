@@ -107,6 +107,12 @@ impl<'a, 'ctx> Emit<'a, 'ctx> {
         unsafe { self.b.build_in_bounds_gep(self.cx.f32_type(), p, &[i], "") }.map_err(llvm)
     }
 
+    /// `p + i` bytes (u8 elements).
+    pub fn gep_u8(&self, p: PointerValue<'ctx>, i: IntValue<'ctx>) -> Result<PointerValue<'ctx>> {
+        // SAFETY (of the IR): callers index inside the buffers the kernel was planned for.
+        unsafe { self.b.build_in_bounds_gep(self.cx.i8_type(), p, &[i], "") }.map_err(llvm)
+    }
+
     pub fn gep_f32c(&self, p: PointerValue<'ctx>, i: i64) -> Result<PointerValue<'ctx>> {
         if i == 0 {
             return Ok(p);

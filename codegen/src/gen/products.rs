@@ -1,4 +1,5 @@
-//! The generator of product nodes (MatMul, Gemm, Conv; MatMulInteger on integer dot products)
+//! The generator of product nodes (MatMul, Gemm, Conv; MatMulInteger and ConvInteger on integer
+//! dot products)
 //! for the CPU: checks their types and hands each, with its epilogue, to the GEMM kernel or the
 //! convolution dispatcher (`conv`).
 
@@ -12,8 +13,12 @@ use crate::target::TargetDesc;
 use kiln_ir::{DType, Layout, Op, QuantOp};
 
 pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GeneratedKernel>>> {
-    if let Op::Quant(QuantOp::MatMulInteger) = node.op() {
-        return super::gemm::lower_matmul_integer(node, target);
+    match node.op() {
+        Op::Quant(QuantOp::MatMulInteger) => return super::gemm::lower_matmul_integer(node, target),
+        Op::Quant(QuantOp::ConvInteger(a)) => {
+            return super::gemm::lower_conv_integer(node, target, Epilogue::default(), a)
+        }
+        _ => {}
     }
     let epi = match node_bias(node)? {
         Some(e) => e,
@@ -52,6 +57,9 @@ pub fn lower_fused(
 ) -> Result<Option<Box<dyn GeneratedKernel>>> {
     if target.is_gpu() {
         return Ok(None);
+    }
+    if let Op::Quant(QuantOp::ConvInteger(a)) = node.op() {
+        return super::gemm::lower_conv_integer(node, target, epi, a);
     }
     for i in 0..node.n_inputs() {
         if let Some(t) = node.input_type(i) {

@@ -125,3 +125,168 @@ fn matmul_integer_declines_what_it_does_not_compute() {
     assert!(!check(&[4, 30], 32, None, false, 9));
     assert!(!check(&[4, 32], 20, None, false, 10));
 }
+
+/// A channels-last ConvInteger case: X `[n, h, w, c]` u8, W `[m, c, k, k]` s8, and the rest.
+struct ConvCase {
+    n: usize,
+    hw: (usize, usize),
+    c: usize,
+    m: usize,
+    k: usize,
+    stride: usize,
+    pad: usize,
+    x_zero: Option<u8>,
+}
+
+/// The graph of `case`, its inputs for the evaluator and for the kernel, and the node.
+fn conv_graph(case: &ConvCase, seed: u64) -> (Graph, Vec<Tensor>, Vec<Option<Vec<f32>>>, kiln_ir::ValueId) {
+    let mut rng = Rng::new(seed);
+    let (h, w) = case.hw;
+    let x_len = case.n * h * w * case.c;
+    let x: Vec<u8> = (0..x_len).map(|_| byte(&mut rng)).collect();
+    let wt: Vec<i8> = (0..case.m * case.c * case.k * case.k)
+        .map(|_| byte(&mut rng) as i8)
+        .collect();
+    let mut g = Graph::new("t");
+    let x_shape = vec![case.n, h, w, case.c];
+    let xv = g.add_input(
+        "x",
+        TensorType::new(DType::U8, x_shape.iter().map(|&d| Dim::Fixed(d)).collect()),
+    );
+    let wv = g.add_const(
+        "w",
+        Tensor::from_vec(vec![case.m, case.c, case.k, case.k], wt.clone()),
+    );
+    let w_bytes: Vec<u8> = wt.iter().map(|&v| v as u8).collect();
+    // One entry per node input, an absent zero point included (the kernel's argument layout).
+    let data = vec![
+        Some(as_words(&x)),
+        Some(as_words(&w_bytes)),
+        case.x_zero.map(|z| as_words(&[z])),
+    ];
+    let zv = case.x_zero.map(|z| g.add_const("xz", Tensor::scalar(z)));
+    let attrs = kiln_ir::ConvAttrs {
+        kernel_shape: vec![case.k, case.k],
+        strides: vec![case.stride; 2],
+        pads: vec![case.pad; 4],
+        dilations: vec![1, 1],
+        group: 1,
+        channels_last: true,
+        ..Default::default()
+    };
+    let y = g
+        .add(
+            "conv",
+            Op::Quant(QuantOp::ConvInteger(attrs)),
+            vec![Some(xv), Some(wv), zv],
+            "y",
+        )
+        .unwrap();
+    g.add_output("y", y);
+    (g, vec![Tensor::from_vec(x_shape, x)], data, y)
+}
+
+/// Runs `case` bare (i32 sums, compared exactly), with a dequantizing epilogue (scale, bias,
+/// Relu: the same f32 operations as the reference's Cast, Mul, Add, Relu, so equal bits) and,
+/// where the kernel stores bytes, that result quantized to u8, on 1 and 2 threads. Returns
+/// the kernel's description.
+fn check_conv(case: &ConvCase, seed: u64) -> String {
+    use crate::kernel::epilogue::{Activation, Bias, Epilogue, Quantize};
+    let host = TargetDesc::host().unwrap();
+    let (g, inputs, data, y) = conv_graph(case, seed);
+    let want = kiln_ir::eval::eval_graph(&g, inputs).unwrap();
+    let want = want[0].as_slice::<i32>().unwrap().to_vec();
+    let node = NodeInfo::new(&g, y.node);
+    let kernel = super::products::lower(&node, &host)
+        .unwrap()
+        .expect("the integer kernel takes the convolution");
+    let what = kernel.describe();
+    assert!(what.contains("vpdpbusd"), "{what}");
+    let scales: Vec<f32> = (0..case.m).map(|j| 0.001 * (j + 1) as f32).collect();
+    let bias: Vec<f32> = (0..case.m).map(|j| (j as f32 - 3.0) * 0.25).collect();
+    let epi = Epilogue {
+        dequantize: Some(scales.clone()),
+        ..Epilogue::new(Bias::PerCol(bias.clone()), None, Activation::Relu)
+    };
+    let fused = super::products::lower_fused(&node, &host, epi)
+        .unwrap()
+        .expect("the integer kernel takes the dequantizing epilogue");
+    let want_f32: Vec<f32> = want
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| (v as f32 * scales[i % case.m] + bias[i % case.m]).max(0.0))
+        .collect();
+    let q = Quantize {
+        scale: 0.05,
+        zero_point: 7,
+    };
+    let quantized = super::products::lower_fused(
+        &node,
+        &host,
+        Epilogue {
+            dequantize: Some(scales.clone()),
+            quantize: Some(q),
+            ..Epilogue::new(Bias::PerCol(bias.clone()), None, Activation::Relu)
+        },
+    )
+    .unwrap();
+    assert_eq!(quantized.is_some(), super::gemm::stores_u8(case.m), "{what}");
+    let want_u8: Vec<u8> = want_f32
+        .iter()
+        .map(|&x| ((x / q.scale).round_ties_even() + f32::from(q.zero_point)).clamp(0.0, 255.0) as u8)
+        .collect();
+    for threads in [1, 2] {
+        let (out, _) = run_kernel(kernel.as_ref(), &node, &host, &data, want.len(), threads, 0);
+        let got: Vec<i32> = out.iter().map(|f| f.to_bits() as i32).collect();
+        assert_eq!(got, want, "{what} ({threads} threads)");
+        if let Some(k) = &quantized {
+            let (out, _) = run_kernel(k.as_ref(), &node, &host, &data, want.len(), threads, 0);
+            let got: Vec<u8> = out
+                .iter()
+                .flat_map(|f| f.to_le_bytes())
+                .take(want_u8.len())
+                .collect();
+            assert_eq!(got, want_u8, "{what}, quantized ({threads} threads)");
+        }
+        let (out, _) = run_kernel(fused.as_ref(), &node, &host, &data, want.len(), threads, 0);
+        for (i, (g, w)) in out.iter().zip(&want_f32).enumerate() {
+            assert_eq!(
+                g.to_bits(),
+                w.to_bits(),
+                "{what}: element {i} ({threads} threads)"
+            );
+        }
+    }
+    what
+}
+
+#[test]
+fn conv_integer_is_exact() {
+    if !TargetDesc::host().unwrap().has_int8_dot_kernels() {
+        println!("skipped: this CPU has no avx512_vnni");
+        return;
+    }
+    let case = |n, hw, c, m, k, stride, pad, x_zero| ConvCase {
+        n,
+        hw,
+        c,
+        m,
+        k,
+        stride,
+        pad,
+        x_zero,
+    };
+    // Pointwise over whole quads: A read in place.
+    let what = check_conv(&case(1, (5, 7), 8, 32, 1, 1, 0, Some(128)), 1);
+    assert!(what.contains("conv-integer1x1/1"), "{what}");
+    // A padded window whose taps outside the image hold the zero point; a 3-channel input
+    // (K = 27, one quad short), output channels that cut a column panel.
+    check_conv(&case(1, (6, 5), 3, 8, 3, 1, 1, Some(77)), 2);
+    // Strided, two images (A's batch stride in bytes), no zero point.
+    check_conv(&case(2, (9, 9), 4, 48, 3, 2, 1, None), 3);
+    // Several K blocks (K = 9 * 256 = 2304 bytes, 576 quads) and a strided pointwise
+    // convolution.
+    let what = check_conv(&case(1, (7, 7), 256, 64, 3, 1, 1, Some(5)), 4);
+    assert!(!what.contains("KC=2304"), "{what}");
+    check_conv(&case(1, (8, 8), 12, 16, 1, 2, 0, Some(200)), 5);
+}

@@ -69,6 +69,22 @@ pub struct Epilogue {
     /// input `[N, H, W, C]`. A is scaled as it is packed, so the scaled input is never
     /// stored. Only channels-last pointwise f32 convolutions take it; others decline.
     pub input_scale: Option<usize>,
+    /// The product is an integer one (`vpdpbusd`, i32 accumulators) whose result is converted
+    /// to f32 and multiplied by this scale per output channel before everything above (the
+    /// `Cast<f32>` and the scale `Mul` after a ConvInteger, from `integer-conv`). Without it
+    /// an integer product stores its i32 sums.
+    pub dequantize: Option<Vec<f32>>,
+    /// Quantize the result to u8 as the last step and store bytes (a QuantizeLinear after the
+    /// chain, the only use of its result: the next integer convolution's input). Only the
+    /// integer GEMM kernel does (`fuse::find_chains` asks for it after integer anchors).
+    pub quantize: Option<Quantize>,
+}
+
+/// A per-tensor QuantizeLinear to u8: `clamp(roundeven(x / scale) + zero_point, 0, 255)`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Quantize {
+    pub scale: f32,
+    pub zero_point: u8,
 }
 
 impl Default for Epilogue {
@@ -81,6 +97,8 @@ impl Default for Epilogue {
             pool_mean: false,
             round_bf16: false,
             input_scale: None,
+            dequantize: None,
+            quantize: None,
         }
     }
 }
@@ -97,6 +115,8 @@ impl Epilogue {
             pool_mean: false,
             round_bf16: false,
             input_scale: None,
+            dequantize: None,
+            quantize: None,
         }
     }
 }

@@ -293,6 +293,8 @@ pub fn build_with(graph: &Graph, target: &TargetDesc, opts: &PlanOptions) -> Res
                     pool: None,
                     absorbed: chain.absorbed.clone(),
                     col_bias: chain.col_bias.clone(),
+                    dequantize: chain.dequantize.clone(),
+                    quantize: chain.quantize,
                     ..*chain
                 };
                 if !plain.absorbed.is_empty() {

@@ -17,11 +17,16 @@
 use crate::Pass;
 use kiln_ir::ops::{EvalCtx, InferCtx};
 use kiln_ir::{
-    DType, Dim, Graph, IrError, LayoutRole, Node, NodeId, Op, PoolKind, ReduceKind, Tensor, ValueId,
+    DType, Dim, Graph, IrError, LayoutRole, Node, NodeId, Op, PoolKind, QuantOp, ReduceKind, Tensor, ValueId,
 };
 use std::collections::HashMap;
 
-pub struct ChannelsLast;
+#[derive(Default)]
+pub struct ChannelsLast {
+    /// Integer convolutions (ConvInteger) get a channels-last form too: the target's integer
+    /// product kernels compute them (the kernel library's ConvInteger reads NCHW only).
+    pub integer_conv: bool,
+}
 
 /// NCHW → NHWC.
 const TO_LAST: [usize; 4] = [0, 2, 3, 1];
@@ -35,14 +40,14 @@ impl Pass for ChannelsLast {
 
     fn run(&self, graph: &mut Graph) -> Result<usize, IrError> {
         // Without a convolution to anchor it, the layout would only add transposes.
-        let anchored = graph
-            .node_ids()
-            .zip(graph.nodes())
-            .any(|(_, n)| matches!(n.op, Op::Conv(_)) && anchor(graph, n));
+        let anchored = graph.node_ids().zip(graph.nodes()).any(|(_, n)| {
+            matches!(n.op, Op::Conv(_) | Op::Quant(QuantOp::ConvInteger(_))) && self.anchor(graph, n)
+        });
         if !anchored {
             return Ok(0);
         }
         let mut cv = Convert {
+            pass: self,
             src: graph,
             dst: Graph::new(graph.name.clone()),
             first: HashMap::new(),
@@ -56,14 +61,22 @@ impl Pass for ChannelsLast {
     }
 }
 
-fn is_f32_4d_static(graph: &Graph, v: ValueId) -> bool {
+fn is_4d_static(graph: &Graph, v: ValueId, dtype: DType) -> bool {
     let t = graph.value_type(v);
-    t.dtype == DType::F32 && t.rank() == 4 && t.is_static()
+    t.dtype == dtype && t.rank() == 4 && t.is_static()
+}
+
+impl ChannelsLast {
+    fn anchor(&self, graph: &Graph, node: &Node) -> bool {
+        let integer = matches!(node.op, Op::Quant(QuantOp::ConvInteger(_)));
+        (self.integer_conv || !integer) && anchor(graph, node)
+    }
 }
 
 /// Whether `node` (Conv, Pool or GlobalPool) gets a channels-last form: 2-D, f32, static; a
 /// convolution with constant weights (and bias) that is dense or depthwise (the shapes the
-/// NHWC kernels implement).
+/// NHWC kernels implement); an integer convolution (ConvInteger) with u8 input and constant s8
+/// weights that is dense.
 fn anchor(graph: &Graph, node: &Node) -> bool {
     if node.op.layout_role() != LayoutRole::Anchor {
         return false;
@@ -71,10 +84,25 @@ fn anchor(graph: &Graph, node: &Node) -> bool {
     let Some(x) = node.inputs.first().copied().flatten() else {
         return false;
     };
-    if !is_f32_4d_static(graph, x) || node.outputs.len() != 1 || !node.outputs[0].ty.is_static() {
+    let x_dtype = match node.op {
+        Op::Quant(QuantOp::ConvInteger(_)) => DType::U8,
+        _ => DType::F32,
+    };
+    if !is_4d_static(graph, x, x_dtype) || node.outputs.len() != 1 || !node.outputs[0].ty.is_static() {
         return false;
     }
     match &node.op {
+        Op::Quant(QuantOp::ConvInteger(a)) => {
+            let w = node
+                .inputs
+                .get(1)
+                .copied()
+                .flatten()
+                .and_then(|w| graph.known_value(w));
+            !a.channels_last
+                && a.group <= 1
+                && w.is_some_and(|w| w.dtype() == DType::I8 && w.shape().len() == 4)
+        }
         Op::Conv(a) => {
             let Some(w) = node
                 .inputs
@@ -106,6 +134,7 @@ fn anchor(graph: &Graph, node: &Node) -> bool {
 }
 
 struct Convert<'a> {
+    pass: &'a ChannelsLast,
     src: &'a Graph,
     dst: Graph,
     /// Source value → its NCHW (model-layout) form in `dst`.
@@ -160,18 +189,22 @@ impl Convert<'_> {
                 self.last.insert(id.out(0), x_first);
             }
         }
-        if anchor(src, node) {
+        if self.pass.anchor(src, node) {
             let x = ins[0].expect("anchor has X");
             let x_last = self.nhwc(x)?;
             let (op, extra) = match &node.op {
-                Op::Conv(a) => {
+                Op::Conv(a) | Op::Quant(QuantOp::ConvInteger(a)) => {
                     let mut a = a.clone();
                     a.channels_last = true;
                     let rest: Vec<Option<ValueId>> = ins[1..]
                         .iter()
                         .map(|v| v.map(|v| self.nchw(v)).transpose())
                         .collect::<Result<_, _>>()?;
-                    (Op::Conv(a), rest)
+                    let op = match node.op {
+                        Op::Conv(_) => Op::Conv(a),
+                        _ => Op::Quant(QuantOp::ConvInteger(a)),
+                    };
+                    (op, rest)
                 }
                 Op::Pool(p) => {
                     let mut p = p.clone();
@@ -197,7 +230,7 @@ impl Convert<'_> {
                         vec![Some(axes)],
                     )
                 }
-                _ => unreachable!("anchor() accepts Conv, Pool and GlobalPool only"),
+                _ => unreachable!("anchor() accepts Conv, ConvInteger, Pool and GlobalPool only"),
             };
             let mut inputs = vec![Some(x_last)];
             inputs.extend(extra);
@@ -240,6 +273,8 @@ impl Convert<'_> {
         // Elementwise operators carry the layout through unchanged; a Concat does along the
         // channel axis (the operator table's layout role).
         let carries = match node.op.layout_role() {
+            // Quantizing carries the layout with per-tensor parameters only.
+            LayoutRole::Carry if matches!(node.op, Op::Quant(_)) => per_tensor(src, node),
             LayoutRole::Carry => true,
             LayoutRole::ChannelConcat => matches!(node.op, Op::Concat { axis: 1 | -3 }),
             LayoutRole::Anchor | LayoutRole::Model => false,
@@ -358,6 +393,20 @@ impl Convert<'_> {
             name,
         )
     }
+}
+
+/// A QuantizeLinear/DequantizeLinear whose scale and zero point are single values.
+fn per_tensor(graph: &Graph, node: &Node) -> bool {
+    let blocked = matches!(
+        node.op,
+        Op::Quant(QuantOp::QuantizeLinear { block_size, .. } | QuantOp::DequantizeLinear { block_size, .. })
+            if block_size > 0
+    );
+    !blocked
+        && node.inputs[1..]
+            .iter()
+            .flatten()
+            .all(|v| graph.value_type(*v).num_elements() == Some(1))
 }
 
 /// `t` transposed by `perm`, through the reference Transpose.

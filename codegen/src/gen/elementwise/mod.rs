@@ -1,5 +1,5 @@
 //! Elementwise groups as one generated loop: a connected set of elementwise nodes (Unary,
-//! Binary, Clip, Where, Cast) whose intermediate values have no users outside the set is
+//! Binary, Clip, Where, Cast, per-tensor QuantizeLinear/DequantizeLinear) whose intermediate values have no users outside the set is
 //! computed per element of the group's output, the intermediates living only in registers.
 //!
 //! numpy broadcasting composes (an input broadcast to an intermediate shape, and that shape to
@@ -17,7 +17,7 @@ use crate::target::TargetDesc;
 use inkwell::types::{BasicTypeEnum, VectorType};
 use inkwell::values::{BasicValue, BasicValueEnum, IntValue, PointerValue, VectorValue};
 use inkwell::{FloatPredicate, IntPredicate};
-use kiln_ir::{Binary, DType, Graph, NodeId, Op, Unary, ValueId};
+use kiln_ir::{Binary, DType, Graph, NodeId, Op, QuantOp, Unary, ValueId};
 use std::collections::HashMap;
 
 /// Where a step reads an operand.
@@ -65,6 +65,38 @@ fn supported_dtype(d: DType) -> bool {
     matches!(d, DType::F32 | DType::I32 | DType::I64 | DType::Bool)
 }
 
+/// The 8-bit integers of quantized models: only QuantizeLinear writes them and only
+/// DequantizeLinear reads them here (`quant`).
+fn is_8bit(d: DType) -> bool {
+    matches!(d, DType::U8 | DType::I8)
+}
+
+/// A QuantizeLinear from f32 to u8/i8 or a DequantizeLinear from u8/i8 to f32 with per-tensor
+/// constant parameters, on the CPU (`quant`).
+fn supports_quant(graph: &Graph, id: NodeId) -> bool {
+    let node = graph.node(id);
+    let params_scalar = node.inputs[1..]
+        .iter()
+        .flatten()
+        .all(|v| graph.known_value(*v).is_some_and(|t| t.len() == 1));
+    let (Some(Some(x)), Some(Some(_))) = (node.inputs.first(), node.inputs.get(1)) else {
+        return false;
+    };
+    let (xt, out) = (graph.value_type(*x).dtype, graph.value_type(id.out(0)).dtype);
+    let scale_f32 = graph.value_type(node.inputs[1].expect("checked")).dtype == DType::F32;
+    params_scalar
+        && scale_f32
+        && match node.op {
+            Op::Quant(QuantOp::QuantizeLinear {
+                block_size: 0,
+                precision: None,
+                ..
+            }) => xt == DType::F32 && is_8bit(out),
+            Op::Quant(QuantOp::DequantizeLinear { block_size: 0, .. }) => is_8bit(xt) && out == DType::F32,
+            _ => false,
+        }
+}
+
 /// Whether the generator computes `node` (its operator on its operand and result dtypes).
 pub fn supports(graph: &Graph, id: NodeId) -> bool {
     supports_on(graph, id, false)
@@ -80,6 +112,9 @@ pub(crate) fn supports_on(graph: &Graph, id: NodeId, gpu: bool) -> bool {
         return false;
     }
     let out = graph.value_type(id.out(0)).dtype;
+    if matches!(node.op, Op::Quant(_)) {
+        return !gpu && supports_quant(graph, id);
+    }
     let ins: Vec<Option<DType>> = node
         .inputs
         .iter()
@@ -484,11 +519,11 @@ impl EwKernel {
     }
 }
 
-/// The in-register element type: i1 for bool, f32 for bf16.
+/// The in-register element type: i1 for bool, f32 for bf16, i32 for u8 and i8.
 fn reg_type<'ctx>(e: &Emit<'_, 'ctx>, d: DType) -> BasicTypeEnum<'ctx> {
     match d {
         DType::F32 | DType::BF16 => e.cx.f32_type().into(),
-        DType::I32 => e.cx.i32_type().into(),
+        DType::I32 | DType::U8 | DType::I8 => e.cx.i32_type().into(),
         DType::I64 => e.cx.i64_type().into(),
         _ => e.cx.bool_type().into(),
     }
@@ -497,7 +532,7 @@ fn reg_type<'ctx>(e: &Emit<'_, 'ctx>, d: DType) -> BasicTypeEnum<'ctx> {
 /// The in-memory element type: one byte for bool, the upper half of an f32 for bf16.
 fn mem_type<'ctx>(e: &Emit<'_, 'ctx>, d: DType) -> BasicTypeEnum<'ctx> {
     match d {
-        DType::Bool => e.cx.i8_type().into(),
+        DType::Bool | DType::U8 | DType::I8 => e.cx.i8_type().into(),
         DType::BF16 => e.cx.i16_type().into(),
         _ => reg_type(e, d),
     }
@@ -514,7 +549,7 @@ fn vec_of<'ctx>(t: BasicTypeEnum<'ctx>, n: u32) -> VectorType<'ctx> {
 fn const_vec<'ctx>(e: &Emit<'_, 'ctx>, d: DType, c: f64, n: u32) -> VectorValue<'ctx> {
     let s: BasicValueEnum = match d {
         DType::F32 | DType::BF16 => e.cx.f32_type().const_float(f64::from(c as f32)).into(),
-        DType::I32 => e.cx.i32_type().const_int(c as i64 as u64, true).into(),
+        DType::I32 | DType::U8 | DType::I8 => e.cx.i32_type().const_int(c as i64 as u64, true).into(),
         DType::I64 => e.cx.i64_type().const_int(c as i64 as u64, true).into(),
         _ => e.cx.bool_type().const_int(u64::from(c != 0.0), false).into(),
     };
@@ -533,7 +568,7 @@ fn elem_ptr<'ctx>(
 
 fn elem_align(d: DType) -> u32 {
     match d {
-        DType::Bool => 1,
+        DType::Bool | DType::U8 | DType::I8 => 1,
         DType::BF16 => 2,
         DType::I64 => 8,
         _ => 4,
@@ -558,6 +593,18 @@ pub(crate) fn load<'ctx>(
     if d == DType::Bool {
         let zero = vec_of(e.cx.i8_type().into(), n).const_zero();
         return e.b.build_int_compare(IntPredicate::NE, v, zero, "").map_err(llvm);
+    }
+    if d == DType::U8 {
+        return e
+            .b
+            .build_int_z_extend(v, e.cx.i32_type().vec_type(n), "")
+            .map_err(llvm);
+    }
+    if d == DType::I8 {
+        return e
+            .b
+            .build_int_s_extend(v, e.cx.i32_type().vec_type(n), "")
+            .map_err(llvm);
     }
     if d == DType::BF16 {
         let w =
@@ -584,6 +631,10 @@ pub(crate) fn store<'ctx>(
     let n = v.get_type().get_size();
     let v = if d == DType::Bool {
         e.b.build_int_z_extend(v, e.cx.i8_type().vec_type(n), "")
+            .map_err(llvm)?
+    } else if is_8bit(d) {
+        // In range already: QuantizeLinear saturates.
+        e.b.build_int_truncate(v, e.cx.i8_type().vec_type(n), "")
             .map_err(llvm)?
     } else if d == DType::BF16 {
         let w =
@@ -824,6 +875,12 @@ fn emit_op<'ctx>(
             }
         }
         Op::Cast { to } => cast(e, x, xt, *to, n),
+        Op::Quant(QuantOp::QuantizeLinear { .. }) => {
+            quant::quantize(e, x, operand(1)?, ops.get(2).copied().flatten(), step.dtype, n)
+        }
+        Op::Quant(QuantOp::DequantizeLinear { .. }) => {
+            quant::dequantize(e, x, operand(1)?, ops.get(2).copied().flatten(), n)
+        }
         other => Err(CodegenError::internal(format!(
             "elementwise generator: {} is not elementwise",
             other.name()
@@ -934,6 +991,10 @@ fn cast<'ctx>(
         ))),
     }
 }
+
+mod quant;
+
+pub(crate) use quant::quantize;
 
 #[cfg(test)]
 mod tests;

@@ -214,3 +214,48 @@ fn large_rows_split_into_blocks() {
     let r = g.op(Op::Unary(Unary::Relu), &[a]);
     g.check(r, 2);
 }
+
+#[test]
+fn quantize_and_dequantize_per_tensor() {
+    use kiln_ir::QuantOp;
+    let quantize = |to| {
+        Op::Quant(QuantOp::QuantizeLinear {
+            axis: 1,
+            block_size: 0,
+            output_dtype: to,
+            precision: None,
+        })
+    };
+    let dequantize = Op::Quant(QuantOp::DequantizeLinear {
+        axis: 1,
+        block_size: 0,
+        output_dtype: None,
+    });
+    // u8 in the middle of a group: values on both sides of each rounding tie, past both
+    // saturation limits, and NaN (which quantizes to the range's low end).
+    let mut g = G::new();
+    let x = g.input(DType::F32, &[3, 37]);
+    let mut vals = g.data[0].as_slice::<f32>().unwrap().to_vec();
+    vals[..8].copy_from_slice(&[0.01, 0.03, -0.01, -2.0, 5.0, 1e30, f32::NAN, -1e30]);
+    g.data[0] = Tensor::from_vec(vec![3, 37], vals);
+    let (s, z) = (g.konst(Tensor::scalar(0.02f32)), g.konst(Tensor::scalar(100u8)));
+    let q = g.op(quantize(DType::U8), &[x, s, z]);
+    let (s2, z2) = (g.konst(Tensor::scalar(0.03f32)), g.konst(Tensor::scalar(90u8)));
+    let d = g.op(dequantize.clone(), &[q, s2, z2]);
+    let r = g.op(Op::Unary(Unary::Relu), &[d]);
+    g.check(r, 3);
+    // An i8 result stored by the loop, and i8 read back.
+    let mut g = G::new();
+    let x = g.input(DType::F32, &[2, 41]);
+    let k = g.konst(Tensor::scalar(7.0f32));
+    let m = g.op(Op::Binary(Binary::Mul), &[x, k]);
+    let (s, z) = (g.konst(Tensor::scalar(0.05f32)), g.konst(Tensor::scalar(-3i8)));
+    let q = g.op(quantize(DType::I8), &[m, s, z]);
+    g.check(q, 2);
+    let mut g = G::new();
+    let x = g.input(DType::F32, &[2, 41]);
+    let s = g.konst(Tensor::scalar(0.05f32));
+    let q = g.op(quantize(DType::I8), &[x, s]);
+    let d = g.op(dequantize, &[q, s]);
+    g.check(d, 2);
+}

@@ -1,6 +1,7 @@
 //! Integer products on `vpdpbusd` (AVX-512 VNNI): MatMulInteger with a run-time u8 A and
 //! constant s8 weights, the product onnxruntime's dynamic quantization writes (A quantized at
-//! run time by DynamicQuantizeLinear).
+//! run time by DynamicQuantizeLinear), and channels-last ConvInteger, the convolutions of a QDQ
+//! model (`integer-conv`), A being the u8 im2col matrix packed at run time.
 //!
 //! The K axis runs in *quads*: `vpdpbusd` multiplies four u8 of A by four s8 of B and adds the
 //! four products to an i32 lane, so B is packed at compile time as `[panel][K/4][NR]` 32-bit
@@ -13,17 +14,24 @@
 //! compile time and the epilogue subtracts `za` (a scalar input, constant or computed at run
 //! time) times them. Products with a non-zero weight zero point, an s8 A, or K not a multiple
 //! of 4 stay with the kernel library.
+//!
+//! Column constants: the packed slot `bias_col` names holds rows of `N + NR` values, those
+//! present in this order: the column sums (i32, with an A zero point), the dequantizing scales
+//! (f32, with `Epilogue::dequantize`) and the bias (f32). A dequantized product then runs the
+//! f32 epilogue (residual, activation, bf16 rounding) and stores f32; otherwise it stores its
+//! i32 sums.
 
 use super::blocking::plan_blocks;
 use super::pack::block_major_panels;
-use super::{GemmKernel, Int8, Operand, Tile};
+use super::{BatchDim, GemmKernel, Int8, Operand, Tile};
 use crate::error::Result;
 use crate::gen::GeneratedKernel;
-use crate::kernel::epilogue::Activation;
+use crate::kernel::epilogue::{Activation, Bias, Epilogue, Residual};
+use crate::kernel::geometry::ConvShape;
 use crate::kernel::PackedConst;
 use crate::node::NodeInfo;
 use crate::target::TargetDesc;
-use kiln_ir::{DType, Layout};
+use kiln_ir::{ConvAttrs, DType, Layout};
 
 /// The GEMM kernel for a MatMulInteger node (inputs A, B, a_zero_point?, b_zero_point?), or
 /// None when the target has no `vpdpbusd` or the node is not one it computes (see the module
@@ -93,7 +101,7 @@ pub(crate) fn lower_matmul_integer(
     let mut packed = vec![panels];
     let a_zero = node.has_input(2).then_some(2);
     let colsum = a_zero.map(|_| {
-        packed.push(column_sums(weights, k, n, nr));
+        packed.push(column_sums(weights, k, k, n, nr));
         1
     });
     let what = format!(
@@ -134,8 +142,230 @@ pub(crate) fn lower_matmul_integer(
         bf16_pairs: false,
         k_elems: k,
         a_scale: None,
-        int8: Some(Int8 { a_zero }),
+        int8: Some(Int8 {
+            a_zero,
+            dequantize: false,
+            bias: false,
+            quantize: None,
+        }),
     })))
+}
+
+/// The GEMM kernel for a channels-last ConvInteger (inputs x `[N, H, W, C]` u8, w `[M, C, KH,
+/// KW]` constant s8, x_zero_point?, w_zero_point?) with epilogue `epi`: M = output pixels, N =
+/// output channels, K = KH·KW·C (padded to whole quads). A 1×1 stride-1 convolution over a
+/// whole number of quads reads x's rows in place; others pack u8 im2col rows at run time,
+/// padding taps with x's zero point (an integer zero). None when the target has no `vpdpbusd`
+/// or the node is not one this kernel computes.
+pub(crate) fn lower_conv_integer(
+    node: &NodeInfo,
+    target: &TargetDesc,
+    epi: Epilogue,
+    attrs: &ConvAttrs,
+) -> Result<Option<Box<dyn GeneratedKernel>>> {
+    if !target.has_int8_dot_kernels() || !attrs.channels_last {
+        return Ok(None);
+    }
+    let tile = Tile::for_target(target);
+    if tile.lanes != 16 || epi.pool_mean || epi.input_scale.is_some() || epi.scale != 1.0 {
+        return Ok(None);
+    }
+    // Without dequantizing, the epilogue has nothing to apply to integer sums.
+    if epi.dequantize.is_none()
+        && (epi.bias != Bias::None
+            || epi.residual.is_some()
+            || epi.activation != Activation::None
+            || epi.round_bf16
+            || epi.quantize.is_some())
+    {
+        return Ok(None);
+    }
+    if epi.quantize.is_some()
+        && (epi.round_bf16 || !stores_u8(node.output_shape(0)?.last().copied().unwrap_or(0)))
+    {
+        return Ok(None);
+    }
+    let x_ok = node
+        .input_type(0)
+        .is_some_and(|t| t.dtype == DType::U8 && t.layout == Layout::RowMajor && t.is_static());
+    let Some(w) = node.known(1) else {
+        return Ok(None);
+    };
+    let Some(weights) = w.as_slice::<i8>() else {
+        return Ok(None);
+    };
+    if !x_ok || node.output_type(0).layout != Layout::RowMajor {
+        return Ok(None);
+    }
+    if node.has_input(2) && node.input_shape(2)?.iter().product::<usize>() != 1 {
+        return Ok(None);
+    }
+    if node.has_input(3) {
+        match node.known(3) {
+            Some(z) if z.to_i64_vec().iter().all(|&v| v == 0) => {}
+            _ => return Ok(None),
+        }
+    }
+    let Some(s) = ConvShape::of(node, attrs)? else {
+        return Ok(None);
+    };
+    let (nb, h, wd, c) = (s.batch, s.h, s.w, s.c);
+    let (m, kh, kw) = (s.m, s.kh, s.kw);
+    if s.groups != 1 || s.cg != c || s.y_channels != m || s.y_batch != nb {
+        return Ok(None);
+    }
+    let Some(geo) = s.window(attrs, c) else {
+        return Err(node.unsupported("convolution window does not match the output shape"));
+    };
+    let taps = kh * kw;
+    let k = taps * c;
+    let quads = k.div_ceil(4);
+    let (oh, ow) = (s.oh, s.ow);
+    if k == 0
+        || m == 0
+        || oh * ow == 0
+        || k > 16384
+        || nb * h * wd * c >= 1 << 31
+        || nb * oh * ow * m >= 1 << 31
+    {
+        return Ok(None);
+    }
+    let pointwise = kh == 1
+        && kw == 1
+        && (geo.sh, geo.sw, geo.ph, geo.pw) == (1, 1, 0, 0)
+        && (oh, ow) == (h, wd)
+        && c % 4 == 0
+        && m % tile.lanes as usize == 0;
+    // W `[M, C, KH, KW]` as B `[K padded to quads, M]`, k = (tap, channel) as im2col's rows.
+    let mut wt = vec![0i8; quads * 4 * m];
+    for mo in 0..m {
+        for ci in 0..c {
+            for t in 0..taps {
+                wt[(t * c + ci) * m + mo] = weights[(mo * c + ci) * taps + t];
+            }
+        }
+    }
+    let nr = tile.nr();
+    let (a, batch, rows) = if pointwise {
+        let a = Operand::Strided {
+            input: 0,
+            rs: quads,
+            cs: 1,
+        };
+        (a, vec![], nb * oh * ow)
+    } else {
+        // A's batch stride counts bytes (`GemmKernel::a_bytes`).
+        let batch = vec![BatchDim {
+            extent: nb,
+            a: h * wd * c,
+            b: 0,
+            c: oh * ow * m,
+            bias_row: 0,
+        }];
+        (Operand::Im2colNhwc { input: 0, g: geo }, batch, oh * ow)
+    };
+    let (mut kc, mb, nbk) = plan_blocks(&tile, rows, m, quads, nb, false);
+    if epi.quantize.is_some() {
+        // Bytes in C cannot hold the partial sums between K blocks: one block (B's panels
+        // then stream from L2 on the deepest layers, 1152 quads × 32 columns).
+        kc = quads;
+    }
+    let mut panels = quad_panels(&wt, quads * 4, m, nr);
+    if kc < quads {
+        panels = block_major_panels(&panels, quads, nr, kc, m.div_ceil(nr));
+    }
+    let a_zero = node.has_input(2).then_some(2);
+    let bias = match &epi.bias {
+        Bias::None => None,
+        Bias::PerCol(v) | Bias::PerRow(v) if v.len() == m => Some(v.as_slice()),
+        Bias::PerCol(v) | Bias::PerRow(v) => {
+            return Err(node.unsupported(format!("bias has {} values for {m} output channels", v.len())))
+        }
+    };
+    let mut columns = vec![];
+    if a_zero.is_some() {
+        columns.extend(column_sums(&wt, k, quads * 4, m, nr).bytes);
+    }
+    let pad = |v: &[f32]| -> Vec<u8> {
+        let mut v = v.to_vec();
+        v.resize(m + nr, 0.0);
+        PackedConst::from_f32s(&v).bytes
+    };
+    if let Some(d) = &epi.dequantize {
+        if d.len() != m {
+            return Err(node.unsupported(format!("{} scales for {m} output channels", d.len())));
+        }
+        columns.extend(pad(d));
+    }
+    if let Some(b) = bias {
+        columns.extend(pad(b));
+    }
+    let mut packed = vec![panels];
+    let bias_col = (!columns.is_empty()).then(|| {
+        packed.push(PackedConst { bytes: columns });
+        1
+    });
+    let residual = match &epi.residual {
+        None => None,
+        Some(Residual::Input(i)) if node.input_shape(*i)? == node.output_shape(0)? => {
+            Some(Operand::Strided {
+                input: *i,
+                rs: m,
+                cs: 1,
+            })
+        }
+        Some(_) => return Ok(None),
+    };
+    let what = format!(
+        "conv-integer{kh}x{kw}/{} nhwc {}x{nr} {:?} vpdpbusd M={rows} N={m} K={k} batch={} KC={} MB={mb} NB={nbk}",
+        geo.sh,
+        tile.mr,
+        target.isa,
+        if pointwise { 1 } else { nb },
+        kc * 4
+    );
+    let mut unread = vec![1];
+    unread.extend(node.has_input(3).then_some(3));
+    Ok(Some(Box::new(GemmKernel {
+        what,
+        isa: target.isa,
+        tile,
+        m: rows,
+        n: m,
+        k: quads,
+        batch,
+        a,
+        b: Operand::Packed { slot: 0 },
+        out: 0,
+        scale: 1.0,
+        bias_row: None,
+        bias_col,
+        residual,
+        activation: epi.activation,
+        round_bf16: epi.round_bf16,
+        packed,
+        n_inputs: node.n_inputs(),
+        unread,
+        kc,
+        mb,
+        nb: nbk,
+        bf16_pairs: false,
+        k_elems: k,
+        a_scale: None,
+        int8: Some(Int8 {
+            a_zero,
+            dequantize: epi.dequantize.is_some(),
+            bias: bias.is_some(),
+            quantize: epi.quantize,
+        }),
+    })))
+}
+
+/// Whether an integer product with N columns can store u8 (`Epilogue::quantize`): only whole
+/// vectors, so that every column cut has an exact tile and C is never copied through the
+/// 4-byte local tile.
+pub(crate) fn stores_u8(n: usize) -> bool {
+    n > 0 && n.is_multiple_of(16)
 }
 
 /// s8 B `[K, N]` (row-major) as quad panels `[panel][K/4][NR]`: the 32-bit word (q, j) holds
@@ -155,9 +385,10 @@ fn quad_panels(b: &[i8], k: usize, n: usize, nr: usize) -> PackedConst {
     PackedConst { bytes }
 }
 
-/// `Σ_k b[k, j]` per column as i32, padded with NR zeros so that a tile's vector loads past N
-/// stay inside.
-fn column_sums(b: &[i8], k: usize, n: usize, nr: usize) -> PackedConst {
+/// `Σ_k b[k, j]` over the first `k` of `rows` rows per column as i32, padded with NR zeros so
+/// that a tile's vector loads past N stay inside.
+fn column_sums(b: &[i8], k: usize, rows: usize, n: usize, nr: usize) -> PackedConst {
+    debug_assert_eq!(b.len(), rows * n);
     let sums = (0..n + nr).map(|j| {
         if j < n {
             (0..k).map(|kk| i32::from(b[kk * n + j])).sum()
@@ -186,7 +417,7 @@ mod tests {
         assert_eq!(word, want.as_slice());
         // Panel 1, column 3 (past N) is zero.
         assert!(p.bytes[16 + 4..16 + 8].iter().all(|&x| x == 0));
-        let s = column_sums(&b, 8, 3, 2);
+        let s = column_sums(&b, 8, 8, 3, 2);
         let col0: i32 = (0..8).map(|r| i32::from(b[r * 3])).sum();
         assert_eq!(&s.bytes[..4], &col0.to_le_bytes());
         assert_eq!(s.bytes.len(), 5 * 4);

@@ -8,6 +8,7 @@ use crate::gen::emit::Emit;
 use crate::gen::{llvm, KernelBuilder};
 use crate::kernel::epilogue::Activation;
 use inkwell::values::{FunctionValue, IntValue, PointerValue, VectorValue};
+use kiln_ir::DType;
 
 /// The tile functions of one kernel: the MR×NR tile, and exact tiles for the matrix's last
 /// row panel (`M % MR` rows) and last column panel (`N % NR` columns, when that is whole
@@ -108,6 +109,12 @@ impl GemmKernel {
             let off = e.addc(e.mulc(ld, i as i64)?, (v as u32 * lanes) as i64)?;
             e.gep_f32(base, off)
         };
+        // C holds partial sums between K blocks, except bytes (one block then: always first).
+        let first = if self.stores_u8() {
+            cx.bool_type().const_int(1, false)
+        } else {
+            first
+        };
         e.if_else(
             first,
             || {
@@ -155,13 +162,18 @@ impl GemmKernel {
             }
             Ok(())
         })?;
-        if let Some(super::Int8 { a_zero: Some(_) }) = self.int8 {
+        let n_padded = (self.n + self.tile.nr()) as i64;
+        let (sums_at, scales_at, int8_bias_at) = match self.int8 {
+            Some(int8) => int8.rows(n_padded),
+            None => (None, None, None),
+        };
+        if let Some(sums_at) = sums_at {
             // `- za · Σ_k b[k, j]` (see `int8`): za at `brow`, the column sums at `bcol`.
             e.if_then(last, || {
                 let za = e.load_u8_as_i32(brow)?;
                 let za = e.splat_i32(za, lanes)?;
                 for v in 0..nv {
-                    let sums = e.load_vec(e.gep_f32c(bcol, (v as u32 * lanes) as i64)?, lanes)?;
+                    let sums = e.load_vec(e.gep_f32c(bcol, sums_at + (v as u32 * lanes) as i64)?, lanes)?;
                     let corr = b.build_int_mul(za, e.to_i32s(sums)?, "").map_err(llvm)?;
                     for i in 0..mr {
                         let cur = b
@@ -175,23 +187,46 @@ impl GemmKernel {
                 Ok(())
             })?;
         }
-        // An integer product's only epilogue is its zero-point correction above (its column
-        // sums occupy `bias_col`).
-        let has_epi = self.int8.is_none()
+        if let Some(scales_at) = scales_at {
+            // The exact integer sums to f32, times each column's scale.
+            e.if_then(last, || {
+                for v in 0..nv {
+                    let scale =
+                        e.load_vec(e.gep_f32c(bcol, scales_at + (v as u32 * lanes) as i64)?, lanes)?;
+                    for i in 0..mr {
+                        let cur = b
+                            .build_load(vt, acc[i * nv + v], "")
+                            .map_err(llvm)?
+                            .into_vector_value();
+                        let x = b
+                            .build_signed_int_to_float(e.to_i32s(cur)?, vt, "")
+                            .map_err(llvm)?;
+                        b.build_store(acc[i * nv + v], e.fmul(x, scale)?).map_err(llvm)?;
+                    }
+                }
+                Ok(())
+            })?;
+        }
+        // The column bias: an f32 product's `bias_col`, an integer one's bias row. An integer
+        // product has an f32 epilogue only once dequantized.
+        let col_bias_at = match self.int8 {
+            Some(_) => int8_bias_at,
+            None => self.bias_col.map(|_| 0),
+        };
+        let has_epi = self.int8.is_none_or(|i| i.dequantize)
             && !(self.scale == 1.0
                 && self.bias_row.is_none()
-                && self.bias_col.is_none()
+                && col_bias_at.is_none()
                 && self.residual.is_none()
                 && self.activation == Activation::None
                 && !self.round_bf16);
         if has_epi {
             e.if_then(last, || {
-                let bcolv: Vec<VectorValue> = if self.bias_col.is_some() {
-                    (0..nv)
-                        .map(|v| e.load_vec(e.gep_f32c(bcol, (v as u32 * lanes) as i64)?, lanes))
-                        .collect::<Result<_>>()?
-                } else {
-                    vec![]
+                let bcolv: Vec<VectorValue> = match col_bias_at {
+                    Some(at) => (0..nv)
+                        .map(|v| e.load_vec(e.gep_f32c(bcol, at + (v as u32 * lanes) as i64)?, lanes))
+                        .collect::<Result<_>>()?,
+                    None => vec![],
                 };
                 for i in 0..mr {
                     let br = if self.bias_row.is_some() {
@@ -210,7 +245,7 @@ impl GemmKernel {
                         if let Some(br) = br {
                             x = e.fadd(x, br)?;
                         }
-                        if self.bias_col.is_some() {
+                        if col_bias_at.is_some() {
                             x = e.fadd(x, bcolv[v])?;
                         }
                         if self.residual.is_some() {
@@ -226,10 +261,31 @@ impl GemmKernel {
                 Ok(())
             })?;
         }
+        let quantize = self.int8.and_then(|i| i.quantize);
         for i in 0..mr {
             for v in 0..nv {
                 let x = b.build_load(vt, acc[i * nv + v], "").map_err(llvm)?;
-                e.store(row_ptr(cp, ldc, i, v)?, x)?;
+                match quantize {
+                    None => e.store(row_ptr(cp, ldc, i, v)?, x)?,
+                    Some(q) => {
+                        // One K block (`int8`), so this is the result: its bytes.
+                        let scale = e.splat(e.f32c(q.scale), lanes)?;
+                        let zero = e.splat_i32(e.i32c(i32::from(q.zero_point)), lanes)?;
+                        let x = crate::gen::elementwise::quantize(
+                            &e,
+                            x.into_vector_value(),
+                            scale,
+                            Some(zero),
+                            DType::U8,
+                            lanes,
+                        )?;
+                        let bytes = b
+                            .build_int_truncate(x, cx.i8_type().vec_type(lanes), "")
+                            .map_err(llvm)?;
+                        let off = e.addc(e.mulc(ldc, i as i64)?, (v as u32 * lanes) as i64)?;
+                        e.store(e.gep_u8(cp, off)?, bytes)?;
+                    }
+                }
             }
         }
         b.build_return(None).map_err(llvm)?;

@@ -33,7 +33,7 @@ mod task;
 
 use crate::error::Result;
 use crate::gen::{GeneratedKernel, KernelBuilder};
-use crate::kernel::epilogue::{Activation, Bias, Epilogue, Residual};
+use crate::kernel::epilogue::{Activation, Bias, Epilogue, Quantize, Residual};
 use crate::kernel::geometry::{ConvWindow, Product};
 use crate::kernel::{KernelCommon, PackedConst, Scratch};
 use crate::node::NodeInfo;
@@ -42,7 +42,7 @@ use blocking::plan_blocks;
 use microkernel::PAIRS_PER_VECTOR;
 use pack::{block_major_panels, f32s, pack_a, pack_b, pair_panels};
 
-pub(crate) use int8::lower_matmul_integer;
+pub(crate) use int8::{lower_conv_integer, lower_matmul_integer, stores_u8};
 
 /// The register tile and vector width for a target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -145,12 +145,39 @@ pub struct GemmKernel {
     int8: Option<Int8>,
 }
 
-/// What an integer product needs beyond the f32 kernel's fields: A's zero point. Its
-/// correction `za · Σ_k b[k, j]` reads the column sums from `bias_col`'s packed slot.
+/// What an integer product needs beyond the f32 kernel's fields: A's zero point, and which
+/// rows of column constants `bias_col`'s packed slot holds (see `int8`): the column sums of
+/// the zero point's correction `za · Σ_k b[k, j]`, the dequantizing scales, the bias.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Int8 {
     /// Input slot of A's zero point (a u8 scalar), when the node has one.
     a_zero: Option<usize>,
+    /// The sums are converted to f32 and scaled (`Epilogue::dequantize`); the f32 epilogue
+    /// follows and C is f32.
+    dequantize: bool,
+    /// A bias row follows the scales.
+    bias: bool,
+    /// The result is quantized to u8 and C holds bytes (`Epilogue::quantize`); the product
+    /// then runs in one K block, C never holding partial sums.
+    quantize: Option<Quantize>,
+}
+
+impl Int8 {
+    /// The element offsets (from `bias_col`'s pointer) of the column sums, the scales and the
+    /// bias rows, for `n_padded` = N + NR values per row.
+    fn rows(&self, n_padded: i64) -> (Option<i64>, Option<i64>, Option<i64>) {
+        let mut at = 0;
+        let mut next = |present: bool| {
+            present.then(|| {
+                at += n_padded;
+                at - n_padded
+            })
+        };
+        let sums = next(self.a_zero.is_some());
+        let scales = next(self.dequantize);
+        let bias = next(self.bias);
+        (sums, scales, bias)
+    }
 }
 
 /// The per-image column scale of A (`Epilogue::input_scale`).
@@ -611,6 +638,9 @@ impl GeneratedKernel for GemmKernel {
             floats += self.pair_row_stride() as usize * a_panels;
         } else if self.int8.is_none() && !matches!(self.a, Operand::Packed { .. }) {
             floats += self.kc * a_panels;
+        } else if self.int8.is_some() && matches!(self.a, Operand::Im2colNhwc { .. }) {
+            // u8 im2col rows of KC quads, one 32-bit word each.
+            floats += self.kc * a_panels;
         }
         Scratch {
             shared_bytes: 0,
@@ -639,14 +669,22 @@ impl GemmKernel {
             return Some(self.pair_row_stride());
         }
         if self.int8.is_some() {
-            // A's rows in place: K/4 words each.
-            return Some(self.k as i64);
+            // A's rows in place, K/4 words each, or packed im2col rows of KC words.
+            return Some(match self.a {
+                Operand::Im2colNhwc { .. } => self.kc as i64,
+                _ => self.k as i64,
+            });
         }
         matches!(
             self.a,
             Operand::Im2colNhwc { .. } | Operand::Strided { cs: 1, .. }
         )
         .then_some(self.kc as i64)
+    }
+
+    /// Whether C holds u8 (an integer product's quantized result).
+    fn stores_u8(&self) -> bool {
+        self.int8.is_some_and(|i| i.quantize.is_some())
     }
 
     /// N rounded up to whole column panels: the width of one K block of packed B.

@@ -105,9 +105,18 @@ impl GemmKernel {
         let [a_off, b_off, c_off, br_off] = offs;
         let null = e.ptr_ty().const_null();
         let ptrs = TaskPtrs {
-            a: e.gep_f32(slot(self.slot_of(&self.a))?, a_off)?,
+            // An integer product's A is u8: its batch stride counts bytes.
+            a: if self.int8.is_some() {
+                e.gep_u8(slot(self.slot_of(&self.a))?, a_off)?
+            } else {
+                e.gep_f32(slot(self.slot_of(&self.a))?, a_off)?
+            },
             b: e.gep_f32(slot(self.slot_of(&self.b))?, b_off)?,
-            c: e.gep_f32(slot(self.n_inputs + self.out)?, c_off)?,
+            c: if self.stores_u8() {
+                e.gep_u8(slot(self.n_inputs + self.out)?, c_off)?
+            } else {
+                e.gep_f32(slot(self.n_inputs + self.out)?, c_off)?
+            },
             res: match &self.residual {
                 None => None,
                 Some(r @ Operand::Packed { .. }) => Some(slot(self.slot_of(r))?),
@@ -116,7 +125,7 @@ impl GemmKernel {
             brow: match (self.bias_row, self.int8) {
                 (Some(s), _) => e.gep_f32(slot(self.n_inputs + 1 + s)?, br_off)?,
                 // An integer product's A zero point rides in the row-bias pointer.
-                (None, Some(super::Int8 { a_zero: Some(z) })) => slot(z)?,
+                (None, Some(super::Int8 { a_zero: Some(z), .. })) => slot(z)?,
                 _ => null,
             },
             bcol: match self.bias_col {
@@ -152,7 +161,52 @@ impl GemmKernel {
             let kc = e.umin(e.i64c(kc_max), e.sub(e.i64c(kk), k0)?)?;
             let first = e.icmp(IntPredicate::EQ, kb, e.i64c(0))?;
             let last = e.icmp(IntPredicate::EQ, kb, e.i64c(n_kb - 1))?;
-            let (a_base, a_ps) = if self.int8.is_some() {
+            let (a_base, a_ps) = if let (Some(int8), Operand::Im2colNhwc { g, .. }) = (self.int8, &self.a) {
+                // u8 im2col rows of KC words; taps outside the image hold A's zero point.
+                let rs = self.a_row_stride().expect("int8 rows");
+                let pad = match int8.a_zero {
+                    Some(z) => {
+                        e.b.build_load(e.cx.i8_type(), slot(z)?, "")
+                            .map_err(llvm)?
+                            .into_int_value()
+                    }
+                    None => e.cx.i8_type().const_zero(),
+                };
+                let (k0e, kce, kcw) = (
+                    e.mulc(k0, 4)?,
+                    e.umin(
+                        e.mulc(kc, 4)?,
+                        e.sub(e.i64c(self.k_elems as i64), e.mulc(k0, 4)?)?,
+                    )?,
+                    e.mulc(kc, 4)?,
+                );
+                e.for_range(e.i64c(0), n_mp, 1, |mp| {
+                    let row = e.add(m0, e.mulc(mp, mr)?)?;
+                    let dst = e.gep_f32(apack, e.mulc(mp, mr * rs)?)?;
+                    crate::gen::conv_nhwc::pack_a_im2col(
+                        e,
+                        dst,
+                        ptrs.a,
+                        row,
+                        k0e,
+                        kce,
+                        mr,
+                        m,
+                        g,
+                        4 * rs,
+                        PackTo::U8 { pad },
+                        self.tile.lanes,
+                    )?;
+                    // K past its last quad: zero (its weights are zero too).
+                    for i in 0..mr {
+                        let at = e.gep_u8(dst, e.addc(kce, i * 4 * rs)?)?;
+                        e.b.build_memset(at, 1, e.cx.i8_type().const_zero(), e.sub(kcw, kce)?)
+                            .map_err(llvm)?;
+                    }
+                    Ok(())
+                })?;
+                (apack, e.i64c(mr * rs))
+            } else if self.int8.is_some() {
                 // u8 rows in place, K/4 words each; the tile reads word (i, kk) of the block.
                 let off = e.add(e.mulc(m0, kk)?, k0)?;
                 (e.gep_f32(ptrs.a, off)?, e.i64c(mr * kk))
@@ -243,7 +297,11 @@ impl GemmKernel {
                     let row = e.add(m0, e.mulc(mp, mr)?)?;
                     let nrows = e.umin(e.i64c(mr), e.sub(e.i64c(m), row)?)?;
                     let coff = e.add(e.mulc(row, n)?, col)?;
-                    let cptr = e.gep_f32(ptrs.c, coff)?;
+                    let cptr = if self.stores_u8() {
+                        e.gep_u8(ptrs.c, coff)?
+                    } else {
+                        e.gep_f32(ptrs.c, coff)?
+                    };
                     let rptr = match ptrs.res {
                         Some(r) => e.gep_f32(r, coff)?,
                         None => null,

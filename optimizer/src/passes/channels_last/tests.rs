@@ -107,7 +107,7 @@ fn count(g: &Graph, f: impl Fn(&Op) -> bool) -> usize {
 fn cnn_runs_channels_last_with_transposes_only_at_the_edges() {
     let g = cnn();
     let mut h = g.clone();
-    let n = ChannelsLast.run(&mut h).unwrap();
+    let n = ChannelsLast::default().run(&mut h).unwrap();
     kiln_ir::verify(&h).unwrap();
     assert!(n >= 6, "{n} rewrites\n{h}");
     let x = input(&[2, 3, 9, 9]);
@@ -140,7 +140,7 @@ fn a_graph_without_convolutions_is_unchanged() {
         .unwrap();
     g.add_output("y", p);
     let before = g.to_string();
-    assert_eq!(ChannelsLast.run(&mut g).unwrap(), 0);
+    assert_eq!(ChannelsLast::default().run(&mut g).unwrap(), 0);
     assert_eq!(g.to_string(), before);
 }
 
@@ -173,7 +173,7 @@ fn model_transposes_cancel_against_ours() {
         .unwrap();
     g.add_output("y", o);
     let mut h = g.clone();
-    ChannelsLast.run(&mut h).unwrap();
+    ChannelsLast::default().run(&mut h).unwrap();
     assert_eq!(count(&h, |op| matches!(op, Op::Transpose { .. })), 0, "{h}");
     let x = input(&[1, 6, 6, 3]);
     assert_close(
