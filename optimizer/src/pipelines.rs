@@ -60,6 +60,7 @@ pub struct PipelineOptions {
 /// Every pass a pipeline may run, in pipeline order (for `--disable-pass`/`--print-after`
 /// validation: a pass the options leave out is still a valid name).
 pub const PASS_NAMES: &[&str] = &[
+    passes::integer_conv::NAME,
     "freeze",
     passes::fake_quantize::NAME,
     "channels-last",
@@ -75,7 +76,11 @@ pub const FUSE_PASS: &str = "fuse";
 /// The CPU pipeline: integer-conv (targets with integer products) → freeze → fake-quantize → channels-last (NHWC only) → fuse → bf16 autocast
 /// (bf16 only) → lower-control-flow.
 pub fn cpu(opts: &PipelineOptions) -> PassManager {
-    let mut pm = PassManager::new()
+    let mut pm = PassManager::new();
+    if opts.integer_products {
+        pm = pm.with(passes::integer_conv::IntegerConv);
+    }
+    let mut pm = pm
         .with(passes::freeze::Freeze)
         .with(passes::fake_quantize::FakeQuantize);
     if opts.layout == Layout::Nhwc {

@@ -16,7 +16,8 @@ fn golden_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
 }
 
-/// `# passes: a,b` and `# options: layout=nhwc,precision=bf16` header lines of the case.
+/// `# passes: a,b` and `# options: layout=nhwc,precision=bf16,integer_products` header lines of
+/// the case.
 struct Header {
     passes: Vec<String>,
     options: PipelineOptions,
@@ -43,6 +44,7 @@ fn header(txt: &Path, dir_pass: &str) -> Result<Header, String> {
                     "layout=nhwc" => h.options.layout = Layout::Nhwc,
                     "precision=f32" => h.options.precision = Precision::F32,
                     "precision=bf16" => h.options.precision = Precision::Bf16,
+                    "integer_products" => h.options.integer_products = true,
                     other => return Err(format!("{}: unknown option '{other}'", txt.display())),
                 }
             }
