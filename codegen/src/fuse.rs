@@ -33,11 +33,11 @@ pub struct Chain {
     /// (squeeze-excitation) used nowhere else: the kernel scales `x` as it packs it
     /// (`Epilogue::input_scale`), and the Mul needs no kernel.
     pub input_scale: Option<InputScale>,
-    /// A channels-last ConvInteger's `Cast<f32>` and per-channel scale `Mul` (and the bias
-    /// `Add` after them, in `col_bias`): the kernel converts its integer sums and scales them
+    /// An integer product's `Cast<f32>` and per-channel scale `Mul` (and the bias `Add` after
+    /// them, in `col_bias`): the kernel converts its integer sums and scales them
     /// (`Epilogue::dequantize`).
     pub dequantize: Option<Vec<f32>>,
-    /// The chain of an integer convolution ends in a per-tensor QuantizeLinear to u8 (in
+    /// The chain of an integer product ends in a per-tensor QuantizeLinear to u8 (in
     /// `absorbed`), its result's only use: the kernel stores bytes (`Epilogue::quantize`).
     pub quantize: Option<Quantize>,
 }
@@ -171,9 +171,10 @@ struct Dequantized {
     end: ValueId,
 }
 
-/// After a channels-last ConvInteger's output `acc` (`[N, H, W, M]` i32): `Cast<f32>`, a `Mul`
-/// by a constant per-channel scale, and optionally an `Add` of a constant per-channel bias,
-/// each the only use of the one before and none claimed.
+/// After an integer product's output `acc` (i32, output channels or columns last: a
+/// channels-last ConvInteger, a MatMulInteger): `Cast<f32>`, a `Mul` by a constant per-channel
+/// scale, and optionally an `Add` of a constant per-channel bias, each the only use of the one
+/// before and none claimed.
 fn dequantize_after(
     graph: &Graph,
     acc: ValueId,
@@ -306,8 +307,13 @@ pub fn find_chains(graph: &Graph, cpu: bool) -> Vec<Chain> {
     let mut claimed = HashSet::new();
     for (id, node) in graph.node_ids().zip(graph.nodes()) {
         let is_matmul = matches!(node.op, Op::MatMul);
-        // Integer convolutions fuse on the CPU only, which has their kernels.
-        let integer = cpu && matches!(&node.op, Op::Quant(QuantOp::ConvInteger(a)) if a.channels_last);
+        // Integer products fuse on the CPU only, which has their kernels.
+        let integer = cpu
+            && match &node.op {
+                Op::Quant(QuantOp::ConvInteger(a)) => a.channels_last,
+                Op::Quant(QuantOp::MatMulInteger) => true,
+                _ => false,
+            };
         if !(matches!(node.op, Op::Conv(_)) || is_matmul || integer) || node.outputs.len() != 1 {
             continue;
         }
@@ -477,7 +483,7 @@ pub fn find_chains(graph: &Graph, cpu: bool) -> Vec<Chain> {
                 cur = w.out(0);
             }
         }
-        // An integer convolution's result quantized for the next one: stored as bytes.
+        // An integer product's result quantized for the next one: stored as bytes.
         if integer && !chain.round_bf16 {
             if let Some((q, params)) = quantize_after(graph, cur, sole, &claimed) {
                 chain.absorbed.push(q);

@@ -442,6 +442,6 @@ pub struct TargetNeeds {
     /// `absorb-bf16-rounding` pass lets the products read `x` themselves.
     pub products_round_operands: bool,
     /// The product kernels compute u8×s8 products (`vpdpbusd`): the optimizer turns a QDQ
-    /// model's convolutions into integer ones (`integer-conv`).
+    /// model's convolutions and matrix products into integer ones (`integer-products`).
     pub integer_products: bool,
 }

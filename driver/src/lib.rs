@@ -297,17 +297,19 @@ impl<'p> Session<'p> {
     }
 
     /// The targets for `graph` when it is known: a portable artifact of a model with integer
-    /// products (MatMulInteger, ConvInteger, or a QDQ convolution that `integer-conv` makes
-    /// one) also carries a variant with avx512_vnni for them.
+    /// products (MatMulInteger, ConvInteger, or a QDQ convolution or matrix product that
+    /// `integer-products` makes one) also carries a variant with avx512_vnni for them.
     fn targets_for(&self, graph: Option<&Graph>) -> Result<Targets> {
         use kiln_ir::{Op, QuantOp};
         let o = &self.options;
         let int8 = graph.is_some_and(|g| {
             g.nodes().iter().any(|n| match &n.op {
                 Op::Quant(QuantOp::MatMulInteger | QuantOp::ConvInteger(_)) => true,
-                Op::Conv(_) => n.inputs.get(1).copied().flatten().is_some_and(|w| {
-                    matches!(g.node(w.node).op, Op::Quant(QuantOp::DequantizeLinear { .. }))
-                }),
+                Op::Conv(_) | Op::MatMul | Op::Gemm { .. } => {
+                    n.inputs.get(1).copied().flatten().is_some_and(|w| {
+                        matches!(g.node(w.node).op, Op::Quant(QuantOp::DequantizeLinear { .. }))
+                    })
+                }
                 _ => false,
             })
         });

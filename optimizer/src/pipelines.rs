@@ -1,7 +1,7 @@
 //! Pipelines: which passes run, in which order, for each target.
 //!
 //! A pipeline is a plain function of the user's options. The order follows the design:
-//! integer-conv → freeze → fake-quantize → channels-last → fuse → bf16 autocast → lower-control-flow; the
+//! integer-products → freeze → fake-quantize → channels-last → fuse → bf16 autocast → lower-control-flow; the
 //! manager verifies after every pass.
 //! The integer convolutions are found before freezing, which would fold the weights'
 //! DequantizeLinear into float weights.
@@ -52,7 +52,7 @@ pub struct PipelineOptions {
     pub products_round_operands: bool,
     /// The target computes u8×s8 products in hardware (codegen's
     /// `TargetDesc::has_int8_dot_kernels`): a QDQ model's convolutions then run on their
-    /// integers (`integer-conv`). Elsewhere they stay float, where the f32 kernels (Winograd
+    /// integers (`integer-products`). Elsewhere they stay float, where the f32 kernels (Winograd
     /// included) are faster than an integer product without those instructions.
     pub integer_products: bool,
 }
@@ -60,7 +60,7 @@ pub struct PipelineOptions {
 /// Every pass a pipeline may run, in pipeline order (for `--disable-pass`/`--print-after`
 /// validation: a pass the options leave out is still a valid name).
 pub const PASS_NAMES: &[&str] = &[
-    passes::integer_conv::NAME,
+    passes::integer_products::NAME,
     "freeze",
     passes::fake_quantize::NAME,
     "channels-last",
@@ -73,12 +73,12 @@ pub const PASS_NAMES: &[&str] = &[
 /// Kernel grouping is codegen's `fuse-kernels` plan pass, switched on its own.
 pub const FUSE_PASS: &str = "fuse";
 
-/// The CPU pipeline: integer-conv (targets with integer products) → freeze → fake-quantize → channels-last (NHWC only) → fuse → bf16 autocast
+/// The CPU pipeline: integer-products (targets with integer products) → freeze → fake-quantize → channels-last (NHWC only) → fuse → bf16 autocast
 /// (bf16 only) → lower-control-flow.
 pub fn cpu(opts: &PipelineOptions) -> PassManager {
     let mut pm = PassManager::new();
     if opts.integer_products {
-        pm = pm.with(passes::integer_conv::IntegerConv);
+        pm = pm.with(passes::integer_products::IntegerProducts);
     }
     let mut pm = pm
         .with(passes::freeze::Freeze)

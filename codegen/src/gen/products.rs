@@ -14,7 +14,9 @@ use kiln_ir::{DType, Layout, Op, QuantOp};
 
 pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GeneratedKernel>>> {
     match node.op() {
-        Op::Quant(QuantOp::MatMulInteger) => return super::gemm::lower_matmul_integer(node, target),
+        Op::Quant(QuantOp::MatMulInteger) => {
+            return super::gemm::lower_matmul_integer(node, target, Epilogue::default())
+        }
         Op::Quant(QuantOp::ConvInteger(a)) => {
             return super::gemm::lower_conv_integer(node, target, Epilogue::default(), a)
         }
@@ -58,8 +60,10 @@ pub fn lower_fused(
     if target.is_gpu() {
         return Ok(None);
     }
-    if let Op::Quant(QuantOp::ConvInteger(a)) = node.op() {
-        return super::gemm::lower_conv_integer(node, target, epi, a);
+    match node.op() {
+        Op::Quant(QuantOp::ConvInteger(a)) => return super::gemm::lower_conv_integer(node, target, epi, a),
+        Op::Quant(QuantOp::MatMulInteger) => return super::gemm::lower_matmul_integer(node, target, epi),
+        _ => {}
     }
     for i in 0..node.n_inputs() {
         if let Some(t) = node.input_type(i) {

@@ -71,7 +71,7 @@ pub struct Epilogue {
     pub input_scale: Option<usize>,
     /// The product is an integer one (`vpdpbusd`, i32 accumulators) whose result is converted
     /// to f32 and multiplied by this scale per output channel before everything above (the
-    /// `Cast<f32>` and the scale `Mul` after a ConvInteger, from `integer-conv`). Without it
+    /// `Cast<f32>` and the scale `Mul` after a ConvInteger, from `integer-products`). Without it
     /// an integer product stores its i32 sums.
     pub dequantize: Option<Vec<f32>>,
     /// Quantize the result to u8 as the last step and store bytes (a QuantizeLinear after the

@@ -17,7 +17,7 @@
 //! boundary, so every pair cost two transposes in an NHWC model). Weights' DequantizeLinear has
 //! constant input and is folded by `freeze` before this runs. A pair whose integer value is
 //! also read by something other than a DequantizeLinear (an integer convolution, from
-//! `integer-conv`; a graph output) is left alone: the QuantizeLinear runs anyway, and its
+//! `integer-products`; a graph output) is left alone: the QuantizeLinear runs anyway, and its
 //! DequantizeLinears then read one byte per value instead of rounding the float again.
 
 use crate::Pass;

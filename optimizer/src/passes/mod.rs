@@ -5,5 +5,5 @@ pub mod channels_last;
 pub mod fake_quantize;
 pub mod freeze;
 pub mod fuse;
-pub mod integer_conv;
+pub mod integer_products;
 pub mod lower_control_flow;

@@ -1,7 +1,8 @@
 //! Integer products on `vpdpbusd` (AVX-512 VNNI): MatMulInteger with a run-time u8 A and
 //! constant s8 weights, the product onnxruntime's dynamic quantization writes (A quantized at
-//! run time by DynamicQuantizeLinear), and channels-last ConvInteger, the convolutions of a QDQ
-//! model (`integer-conv`), A being the u8 im2col matrix packed at run time.
+//! run time by DynamicQuantizeLinear), and channels-last ConvInteger; with `integer-products`
+//! both also compute a QDQ model's matrix products and convolutions, A of a convolution being
+//! the u8 im2col matrix packed at run time.
 //!
 //! The K axis runs in *quads*: `vpdpbusd` multiplies four u8 of A by four s8 of B and adds the
 //! four products to an i32 lane, so B is packed at compile time as `[panel][K/4][NR]` 32-bit
@@ -12,8 +13,8 @@
 //! Zero points: `Σ (a - za)(b - zb)` with constant zero weights' zero point (the symmetric s8
 //! weights quantizers write) is `Σ a·b - za · Σ_k b[k, j]`; the column sums are packed at
 //! compile time and the epilogue subtracts `za` (a scalar input, constant or computed at run
-//! time) times them. Products with a non-zero weight zero point, an s8 A, or K not a multiple
-//! of 4 stay with the kernel library.
+//! time) times them. Products with a non-zero weight zero point, an s8 A, or (MatMulInteger,
+//! whose A is read in place) K not a multiple of 4 stay with the kernel library.
 //!
 //! Column constants: the packed slot `bias_col` names holds rows of `N + NR` values, those
 //! present in this order: the column sums (i32, with an A zero point), the dequantizing scales
@@ -33,55 +34,35 @@ use crate::node::NodeInfo;
 use crate::target::TargetDesc;
 use kiln_ir::{ConvAttrs, DType, Layout};
 
-/// The GEMM kernel for a MatMulInteger node (inputs A, B, a_zero_point?, b_zero_point?), or
-/// None when the target has no `vpdpbusd` or the node is not one it computes (see the module
-/// docs).
+/// The GEMM kernel for a MatMulInteger node (inputs A, B, a_zero_point?, b_zero_point?) with
+/// epilogue `epi`, or None when the target has no `vpdpbusd` or the node is not one it
+/// computes (see the module docs). A's rows are read in place.
 pub(crate) fn lower_matmul_integer(
     node: &NodeInfo,
     target: &TargetDesc,
+    epi: Epilogue,
 ) -> Result<Option<Box<dyn GeneratedKernel>>> {
-    if !target.has_int8_dot_kernels() {
+    let Some(tile) = integer_tile(node, target, &epi)? else {
         return Ok(None);
-    }
-    let tile = Tile::for_target(target);
-    if tile.lanes != 16 {
-        return Ok(None);
-    }
+    };
     let row_major_static = |i: usize, dtype: DType| {
         node.input_type(i)
             .is_some_and(|t| t.dtype == dtype && t.layout == Layout::RowMajor && t.is_static())
     };
-    let out = node.output_type(0);
-    if !row_major_static(0, DType::U8)
-        || !row_major_static(1, DType::I8)
-        || out.dtype != DType::I32
-        || out.layout != Layout::RowMajor
-        || !out.is_static()
-    {
+    if !row_major_static(0, DType::U8) || !row_major_static(1, DType::I8) {
         return Ok(None);
     }
     let Some(b) = node.known(1) else {
         return Ok(None);
     };
-    // A per-tensor A zero point; the weights' zero point, if any, all zeros.
-    if node.has_input(2) && node.input_shape(2)?.iter().product::<usize>() != 1 {
-        return Ok(None);
-    }
-    if node.has_input(3) {
-        match node.known(3) {
-            Some(z) if z.to_i64_vec().iter().all(|&v| v == 0) => {}
-            _ => return Ok(None),
-        }
-    }
     let (sa, sb) = (node.input_shape(0)?, node.input_shape(1)?);
     // B is one matrix shared by every row of A: A's leading axes fold into M.
     let (Some(&k), [kb, n]) = (sa.last(), sb.as_slice()) else {
         return Ok(None);
     };
     let (kb, n) = (*kb, *n);
-    // N in whole vectors: every column panel then has an exact tile, and no tile reads rows
-    // of A (in place, not padded) past M through the full-tile copy path.
-    if sa.len() < 2 || k != kb || k == 0 || n == 0 || k % 4 != 0 || k > 16384 || n % 16 != 0 {
+    // Whole quads per row: A's rows are read in place, four bytes at a time.
+    if sa.len() < 2 || k != kb || k == 0 || n == 0 || k % 4 != 0 || k > 16384 {
         return Ok(None);
     }
     let m: usize = sa[..sa.len() - 1].iter().product();
@@ -91,64 +72,21 @@ pub(crate) fn lower_matmul_integer(
     let Some(weights) = b.as_slice::<i8>() else {
         return Ok(None);
     };
-    let nr = tile.nr();
     let quads = k / 4;
-    let (kc, mb, nb) = plan_blocks(&tile, m, n, quads, 1, false);
-    let mut panels = quad_panels(weights, k, n, nr);
-    if kc < quads {
-        panels = block_major_panels(&panels, quads, nr, kc, n.div_ceil(nr));
-    }
-    let mut packed = vec![panels];
-    let a_zero = node.has_input(2).then_some(2);
-    let colsum = a_zero.map(|_| {
-        packed.push(column_sums(weights, k, k, n, nr));
-        1
-    });
-    let what = format!(
-        "matmul-integer {}x{nr} {:?} vpdpbusd M={m} N={n} K={k} KC={} MB={mb} NB={nb}",
-        tile.mr,
-        target.isa,
-        kc * 4
-    );
-    let mut unread = vec![1];
-    unread.extend(node.has_input(3).then_some(3));
-    Ok(Some(Box::new(GemmKernel {
-        what,
-        isa: target.isa,
-        tile,
+    let product = Product {
         m,
         n,
-        k: quads,
-        batch: vec![],
+        k,
+        weights,
         a: Operand::Strided {
             input: 0,
             rs: quads,
             cs: 1,
         },
-        b: Operand::Packed { slot: 0 },
-        out: 0,
-        scale: 1.0,
-        bias_row: None,
-        bias_col: colsum,
-        residual: None,
-        activation: Activation::None,
-        round_bf16: false,
-        packed,
-        n_inputs: node.n_inputs(),
-        unread,
-        kc,
-        mb,
-        nb,
-        bf16_pairs: false,
-        k_elems: k,
-        a_scale: None,
-        int8: Some(Int8 {
-            a_zero,
-            dequantize: false,
-            bias: false,
-            quantize: None,
-        }),
-    })))
+        batch: vec![],
+        what: "matmul-integer".into(),
+    };
+    assemble(node, target, tile, epi, product)
 }
 
 /// The GEMM kernel for a channels-last ConvInteger (inputs x `[N, H, W, C]` u8, w `[M, C, KH,
@@ -163,28 +101,12 @@ pub(crate) fn lower_conv_integer(
     epi: Epilogue,
     attrs: &ConvAttrs,
 ) -> Result<Option<Box<dyn GeneratedKernel>>> {
-    if !target.has_int8_dot_kernels() || !attrs.channels_last {
+    if !attrs.channels_last {
         return Ok(None);
     }
-    let tile = Tile::for_target(target);
-    if tile.lanes != 16 || epi.pool_mean || epi.input_scale.is_some() || epi.scale != 1.0 {
+    let Some(tile) = integer_tile(node, target, &epi)? else {
         return Ok(None);
-    }
-    // Without dequantizing, the epilogue has nothing to apply to integer sums.
-    if epi.dequantize.is_none()
-        && (epi.bias != Bias::None
-            || epi.residual.is_some()
-            || epi.activation != Activation::None
-            || epi.round_bf16
-            || epi.quantize.is_some())
-    {
-        return Ok(None);
-    }
-    if epi.quantize.is_some()
-        && (epi.round_bf16 || !stores_u8(node.output_shape(0)?.last().copied().unwrap_or(0)))
-    {
-        return Ok(None);
-    }
+    };
     let x_ok = node
         .input_type(0)
         .is_some_and(|t| t.dtype == DType::U8 && t.layout == Layout::RowMajor && t.is_static());
@@ -194,17 +116,8 @@ pub(crate) fn lower_conv_integer(
     let Some(weights) = w.as_slice::<i8>() else {
         return Ok(None);
     };
-    if !x_ok || node.output_type(0).layout != Layout::RowMajor {
+    if !x_ok {
         return Ok(None);
-    }
-    if node.has_input(2) && node.input_shape(2)?.iter().product::<usize>() != 1 {
-        return Ok(None);
-    }
-    if node.has_input(3) {
-        match node.known(3) {
-            Some(z) if z.to_i64_vec().iter().all(|&v| v == 0) => {}
-            _ => return Ok(None),
-        }
     }
     let Some(s) = ConvShape::of(node, attrs)? else {
         return Ok(None);
@@ -230,12 +143,8 @@ pub(crate) fn lower_conv_integer(
     {
         return Ok(None);
     }
-    let pointwise = kh == 1
-        && kw == 1
-        && (geo.sh, geo.sw, geo.ph, geo.pw) == (1, 1, 0, 0)
-        && (oh, ow) == (h, wd)
-        && c % 4 == 0
-        && m % tile.lanes as usize == 0;
+    let pointwise =
+        kh == 1 && kw == 1 && (geo.sh, geo.sw, geo.ph, geo.pw) == (1, 1, 0, 0) && (oh, ow) == (h, wd);
     // W `[M, C, KH, KW]` as B `[K padded to quads, M]`, k = (tap, channel) as im2col's rows.
     let mut wt = vec![0i8; quads * 4 * m];
     for mo in 0..m {
@@ -245,8 +154,7 @@ pub(crate) fn lower_conv_integer(
             }
         }
     }
-    let nr = tile.nr();
-    let (a, batch, rows) = if pointwise {
+    let (a, batch, rows) = if pointwise && c % 4 == 0 {
         let a = Operand::Strided {
             input: 0,
             rs: quads,
@@ -254,7 +162,7 @@ pub(crate) fn lower_conv_integer(
         };
         (a, vec![], nb * oh * ow)
     } else {
-        // A's batch stride counts bytes (`GemmKernel::a_bytes`).
+        // A's batch stride counts bytes (u8).
         let batch = vec![BatchDim {
             extent: nb,
             a: h * wd * c,
@@ -264,36 +172,118 @@ pub(crate) fn lower_conv_integer(
         }];
         (Operand::Im2colNhwc { input: 0, g: geo }, batch, oh * ow)
     };
-    let (mut kc, mb, nbk) = plan_blocks(&tile, rows, m, quads, nb, false);
+    let product = Product {
+        m: rows,
+        n: m,
+        k,
+        weights: &wt,
+        a,
+        batch,
+        what: format!("conv-integer{kh}x{kw}/{} nhwc", geo.sh),
+    };
+    assemble(node, target, tile, epi, product)
+}
+
+/// The tile of an integer product on `target` when it has `vpdpbusd`, the node's zero points
+/// are ones the kernel applies (a per-tensor A zero point; the weights', if any, all zeros)
+/// and `epi` is one it computes: the dequantizing epilogue and what follows it (a bias per
+/// column, a residual, an activation, bf16 rounding or u8 quantization), or none.
+fn integer_tile(node: &NodeInfo, target: &TargetDesc, epi: &Epilogue) -> Result<Option<Tile>> {
+    let tile = Tile::for_target(target);
+    if !target.has_int8_dot_kernels() || tile.lanes != 16 {
+        return Ok(None);
+    }
+    if epi.pool_mean
+        || epi.input_scale.is_some()
+        || epi.scale != 1.0
+        || epi.round_bf16 && epi.quantize.is_some()
+    {
+        return Ok(None);
+    }
+    // Without dequantizing, the epilogue has nothing to apply to integer sums.
+    let bare = epi.bias == Bias::None
+        && epi.residual.is_none()
+        && epi.activation == Activation::None
+        && !epi.round_bf16
+        && epi.quantize.is_none();
+    if epi.dequantize.is_none() && !bare {
+        return Ok(None);
+    }
+    let out = node.output_type(0);
+    if out.layout != Layout::RowMajor || !out.is_static() || (bare && out.dtype != DType::I32) {
+        return Ok(None);
+    }
+    if node.has_input(2) && node.input_shape(2)?.iter().product::<usize>() != 1 {
+        return Ok(None);
+    }
+    if node.has_input(3) {
+        match node.known(3) {
+            Some(z) if z.to_i64_vec().iter().all(|&v| v == 0) => {}
+            _ => return Ok(None),
+        }
+    }
+    Ok(Some(tile))
+}
+
+/// An integer product as the two lowerings describe it.
+struct Product<'w> {
+    /// Rows per batch entry, columns, K in elements.
+    m: usize,
+    n: usize,
+    k: usize,
+    /// B `[K, N]` row-major (at least K rows; rows past K are zero).
+    weights: &'w [i8],
+    a: Operand,
+    batch: Vec<BatchDim>,
+    what: String,
+}
+
+/// The GEMM kernel for `p` with epilogue `epi` (checked by `integer_tile`): B packed as quad
+/// panels, the column constants (see the module docs), the blocking.
+fn assemble(
+    node: &NodeInfo,
+    target: &TargetDesc,
+    tile: Tile,
+    epi: Epilogue,
+    p: Product<'_>,
+) -> Result<Option<Box<dyn GeneratedKernel>>> {
+    let (m, n, k) = (p.m, p.n, p.k);
+    let quads = k.div_ceil(4);
+    let nr = tile.nr();
+    if epi.quantize.is_some() && !stores_u8(n) {
+        return Ok(None);
+    }
+    let batch_total: usize = p.batch.iter().map(|d| d.extent).product();
+    let (mut kc, mb, nb) = plan_blocks(&tile, m, n, quads, batch_total, false);
     if epi.quantize.is_some() {
         // Bytes in C cannot hold the partial sums between K blocks: one block (B's panels
         // then stream from L2 on the deepest layers, 1152 quads × 32 columns).
         kc = quads;
     }
-    let mut panels = quad_panels(&wt, quads * 4, m, nr);
+    let mut panels = quad_panels(p.weights, quads * 4, n, nr);
     if kc < quads {
-        panels = block_major_panels(&panels, quads, nr, kc, m.div_ceil(nr));
+        panels = block_major_panels(&panels, quads, nr, kc, n.div_ceil(nr));
     }
     let a_zero = node.has_input(2).then_some(2);
     let bias = match &epi.bias {
         Bias::None => None,
-        Bias::PerCol(v) | Bias::PerRow(v) if v.len() == m => Some(v.as_slice()),
+        Bias::PerCol(v) if v.len() == n => Some(v.as_slice()),
         Bias::PerCol(v) | Bias::PerRow(v) => {
-            return Err(node.unsupported(format!("bias has {} values for {m} output channels", v.len())))
+            return Err(node.unsupported(format!("bias has {} values for {n} output columns", v.len())))
         }
     };
     let mut columns = vec![];
     if a_zero.is_some() {
-        columns.extend(column_sums(&wt, k, quads * 4, m, nr).bytes);
+        columns.extend(column_sums(p.weights, k, quads * 4, n, nr).bytes);
     }
     let pad = |v: &[f32]| -> Vec<u8> {
         let mut v = v.to_vec();
-        v.resize(m + nr, 0.0);
+        v.resize(n + nr, 0.0);
         PackedConst::from_f32s(&v).bytes
     };
     if let Some(d) = &epi.dequantize {
-        if d.len() != m {
-            return Err(node.unsupported(format!("{} scales for {m} output channels", d.len())));
+        if d.len() != n {
+            return Err(node.unsupported(format!("{} scales for {n} output columns", d.len())));
         }
         columns.extend(pad(d));
     }
@@ -310,18 +300,18 @@ pub(crate) fn lower_conv_integer(
         Some(Residual::Input(i)) if node.input_shape(*i)? == node.output_shape(0)? => {
             Some(Operand::Strided {
                 input: *i,
-                rs: m,
+                rs: n,
                 cs: 1,
             })
         }
         Some(_) => return Ok(None),
     };
     let what = format!(
-        "conv-integer{kh}x{kw}/{} nhwc {}x{nr} {:?} vpdpbusd M={rows} N={m} K={k} batch={} KC={} MB={mb} NB={nbk}",
-        geo.sh,
+        "{} {}x{nr} {:?} vpdpbusd M={m} N={n} K={k} batch={} KC={} MB={mb} NB={nb}",
+        p.what,
         tile.mr,
         target.isa,
-        if pointwise { 1 } else { nb },
+        batch_total,
         kc * 4
     );
     let mut unread = vec![1];
@@ -330,11 +320,11 @@ pub(crate) fn lower_conv_integer(
         what,
         isa: target.isa,
         tile,
-        m: rows,
-        n: m,
+        m,
+        n,
         k: quads,
-        batch,
-        a,
+        batch: p.batch,
+        a: p.a,
         b: Operand::Packed { slot: 0 },
         out: 0,
         scale: 1.0,
@@ -348,7 +338,7 @@ pub(crate) fn lower_conv_integer(
         unread,
         kc,
         mb,
-        nb: nbk,
+        nb,
         bf16_pairs: false,
         k_elems: k,
         a_scale: None,

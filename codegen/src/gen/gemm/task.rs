@@ -372,8 +372,8 @@ impl GemmKernel {
                         }
                     };
                     e.if_else(full, call_exact, || {
-                        // A cut with no exact tile: run the full tile on a local copy of
-                        // the valid part.
+                        // A column cut with no exact tile: run a tile with all columns on a
+                        // local copy of the valid part.
                         let copy =
                             |to_tmp: bool, tmp: PointerValue<'ctx>, mem: PointerValue<'ctx>| -> Result<()> {
                                 e.for_range(e.i64c(0), nrows, 1, |i| {
@@ -391,7 +391,16 @@ impl GemmKernel {
                         if ptrs.res.is_some() {
                             e.if_then(last, || copy(true, tmp_r, rptr))?;
                         }
-                        call_tile(tiles.get(false, false), tmp_c, e.i64c(nr), tmp_r, e.i64c(nr))?;
+                        // The exact rows where the row panel is cut: a full tile would read
+                        // A's rows past M, which an in-place A (int8) does not have.
+                        let run = |rows_cut: bool| {
+                            call_tile(tiles.get(rows_cut, false), tmp_c, e.i64c(nr), tmp_r, e.i64c(nr))
+                        };
+                        if tiles.cut_rows() {
+                            e.if_else(rows_full, || run(false), || run(true))?;
+                        } else {
+                            run(false)?;
+                        }
                         copy(false, tmp_c, cptr)
                     })
                 })
