@@ -4,6 +4,9 @@ theirs, with onnxruntime's own tools:
 
   bert_encoder_dynamic_int8  quantize_dynamic(bert_encoder, QInt8 weights): DynamicQuantizeLinear
                              and MatMulInteger, the float rescale after each product;
+  bert_encoder_qdq           quantize_static(bert_encoder) in QDQ format, per-channel s8
+                             weights, u8 activations, calibrated on the model's inputs and three
+                             random hidden states;
   resnet50_qdq               quant_pre_process (BatchNorm folded), then quantize_static in QDQ
                              format, per-channel s8 weights, u8 activations, calibrated on the
                              model's input and three random ones.
@@ -39,14 +42,35 @@ def copy_model(src_dir: str, out_dir: str, entry: dict, name: str) -> dict:
     return e
 
 
+def calibration(inputs: dict):
+    """onnxruntime's calibration reader over `inputs` (name -> array) and three batches whose
+    float inputs are random normal (integer inputs, such as masks, are kept)."""
+    from onnxruntime.quantization import CalibrationDataReader
+
+    class Calibration(CalibrationDataReader):
+        def __init__(self):
+            rng = np.random.default_rng(0)
+            randomized = [{k: rng.standard_normal(v.shape).astype(v.dtype) if v.dtype.kind == "f" else v
+                           for k, v in inputs.items()} for _ in range(3)]
+            self.batches = iter([dict(inputs)] + randomized)
+
+        def get_next(self):
+            return next(self.batches, None)
+
+    return Calibration()
+
+
+def load_inputs(models: str, entry: dict) -> dict:
+    return {k: np.load(os.path.join(models, rel)) for k, rel in entry["inputs"].items()}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="bench-models", help="the benchmark models (default: %(default)s)")
     ap.add_argument("--out", default="bench-quant", help="where to write (default: %(default)s)")
     args = ap.parse_args()
 
-    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
-                                          quantize_dynamic, quantize_static)
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_dynamic, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     manifest = {e["name"]: e for e in json.load(open(os.path.join(args.models, "manifest.json")))}
@@ -61,27 +85,21 @@ def main() -> int:
                      os.path.join(args.out, "bert_encoder_dynamic_int8/model.onnx"),
                      weight_type=QuantType.QInt8)
     out[-1]["description"] = bert["description"] + ", quantize_dynamic (QInt8 weights)"
+    out.append(copy_model(args.models, args.out, bert, "bert_encoder_qdq"))
+    quantize_static(os.path.join(args.models, bert["model"]), os.path.join(args.out, "bert_encoder_qdq/model.onnx"),
+                    calibration(load_inputs(args.models, bert)), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    out[-1]["description"] = bert["description"] + ", quantize_static (QDQ, per-channel s8 weights, u8 activations)"
 
     resnet = manifest["resnet50"]
     for name in ("resnet50", "resnet50_qdq"):
         out.append(copy_model(args.models, args.out, resnet, name))
     shutil.copyfile(os.path.join(args.models, resnet["model"]), os.path.join(args.out, "resnet50/model.onnx"))
-    (input_name, input_rel), = resnet["inputs"].items()
-    x = np.load(os.path.join(args.models, input_rel))
-
-    class Calibration(CalibrationDataReader):
-        def __init__(self):
-            rng = np.random.default_rng(0)
-            self.batches = iter([{input_name: x}] + [{input_name: rng.standard_normal(x.shape).astype(x.dtype)}
-                                                      for _ in range(3)])
-
-        def get_next(self):
-            return next(self.batches, None)
-
     with tempfile.TemporaryDirectory() as d:
         pre = os.path.join(d, "pre.onnx")
         quant_pre_process(os.path.join(args.models, resnet["model"]), pre, skip_symbolic_shape=True)
-        quantize_static(pre, os.path.join(args.out, "resnet50_qdq/model.onnx"), Calibration(),
+        quantize_static(pre, os.path.join(args.out, "resnet50_qdq/model.onnx"),
+                        calibration(load_inputs(args.models, resnet)),
                         quant_format=QuantFormat.QDQ, per_channel=True,
                         activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
     out[-1]["description"] = resnet["description"] + ", quantize_static (QDQ, per-channel s8 weights, u8 activations)"

@@ -35,6 +35,13 @@ pub fn thresholds(name: &str) -> (f64, f64) {
         // onnxruntime (`scripts/bf16_reference.py`) already costs 1.8% of the pooler output's
         // range on this input; kiln's bf16 attention measures 3.9% (cosine 0.99975).
         "bert_tiny_dynamic_int8" => (0.999, 0.05),
+        // Statically quantized (QDQ): every activation is rounded to an 8-bit grid with a fixed
+        // scale, so the same whole-step changes propagate. onnxruntime with its products'
+        // operands rounded to bf16 (`scripts/bf16_reference.py`) is off by 0.058 on the pooler
+        // output, 5.8% of its largest value (cosine 0.99965); kiln, whose weight products are
+        // exact integers here and only the attention's are bf16, measures 6.8% (cosine
+        // 0.99945): which values cross a step differs, not how many.
+        "bert_tiny_qdq" => (0.999, 0.08),
         _ => (0.999, 0.02),
     }
 }
