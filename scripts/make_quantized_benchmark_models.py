@@ -9,7 +9,9 @@ theirs, with onnxruntime's own tools:
                              random hidden states;
   resnet50_qdq               quant_pre_process (BatchNorm folded), then quantize_static in QDQ
                              format, per-channel s8 weights, u8 activations, calibrated on the
-                             model's input and three random ones.
+                             model's input and three random ones;
+  resnet50_qoperator         the same in QOperator format (QLinearConv, com.microsoft QLinearAdd
+                             and QGemm).
 
 The folder gets a manifest in scripts/bench.py's format listing the float originals next to
 their quantized forms, so one bench run times both (no expected outputs: bench.py compares with
@@ -95,14 +97,18 @@ def main() -> int:
     for name in ("resnet50", "resnet50_qdq"):
         out.append(copy_model(args.models, args.out, resnet, name))
     shutil.copyfile(os.path.join(args.models, resnet["model"]), os.path.join(args.out, "resnet50/model.onnx"))
+    out.append(copy_model(args.models, args.out, resnet, "resnet50_qoperator"))
     with tempfile.TemporaryDirectory() as d:
         pre = os.path.join(d, "pre.onnx")
         quant_pre_process(os.path.join(args.models, resnet["model"]), pre, skip_symbolic_shape=True)
-        quantize_static(pre, os.path.join(args.out, "resnet50_qdq/model.onnx"),
-                        calibration(load_inputs(args.models, resnet)),
-                        quant_format=QuantFormat.QDQ, per_channel=True,
-                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
-    out[-1]["description"] = resnet["description"] + ", quantize_static (QDQ, per-channel s8 weights, u8 activations)"
+        for name, fmt in (("resnet50_qdq", QuantFormat.QDQ), ("resnet50_qoperator", QuantFormat.QOperator)):
+            quantize_static(pre, os.path.join(args.out, name, "model.onnx"),
+                            calibration(load_inputs(args.models, resnet)),
+                            quant_format=fmt, per_channel=True,
+                            activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    for e in out[-2:]:
+        fmt = "QDQ" if e["name"].endswith("qdq") else "QOperator"
+        e["description"] = resnet["description"] + f", quantize_static ({fmt}, per-channel s8 weights, u8 activations)"
 
     with open(os.path.join(args.out, "manifest.json"), "w") as f:
         json.dump(out, f, indent=2)

@@ -9,7 +9,15 @@
 //! ```
 //!
 //! and a Gemm (alpha 1, A not transposed) as the MatMul, its B transposed at compile time, plus
-//! C. `sw` is per output channel (column) or per tensor; the product's scale is a constant
+//! C. The QOperator forms are the same products followed by the output's quantization:
+//!
+//! ```text
+//! QLinearConv(xq, sx, zx, wq, sw, 0, sy, zy, B)
+//!     = QuantizeLinear(Cast<f32>(ConvInteger(xq, wq, zx)) · (sx · sw) + B · (sx · sw), sy, zy)
+//! ```
+//!
+//! and QLinearMatMul likewise (without B); these differ from the operators' reference only by
+//! where the float rescale rounds. `sw` is per output channel (column) or per tensor; the product's scale is a constant
 //! `[M, 1, 1]` for a convolution, `[N]` for a matrix product. The integer sum is exact, so the
 //! two sides differ only by the float rounding of the dequantized operands and of their sum,
 //! which the right side does not have.
@@ -58,11 +66,12 @@ impl Pass for IntegerProducts {
     }
 }
 
-/// What a product `P(DQ(xq), DQ(wq), bias)` computes on integers.
+/// What a product `P(DQ(xq), DQ(wq), bias)` or `QLinearP(xq, .., wq, .., B)` computes on
+/// integers.
 struct IntegerProduct {
     /// ConvInteger or MatMulInteger.
     op: Op,
-    has_x_zero: bool,
+    form: Form,
     /// The weights as the integer product reads them, when they differ from `wq` (a Gemm's
     /// transposed B).
     weights: Option<Tensor>,
@@ -70,6 +79,17 @@ struct IntegerProduct {
     scale: Vec<f32>,
     /// A convolution (channels on axis 1: the scale and the bias are `[M, 1, 1]`).
     conv: bool,
+}
+
+/// Where the integer operands are.
+enum Form {
+    /// A float product of DequantizeLinear outputs: the integers are those nodes' inputs, a
+    /// bias (convolution B, Gemm C) is the product's input 2.
+    Dequantized { has_x_zero: bool },
+    /// QLinearConv/QLinearMatMul: the integers are the node's inputs 0 (with its zero point,
+    /// input 2) and 3; the bias is the scaled integer B (`[M]`); the result is quantized with
+    /// inputs 6 and 7.
+    QLinear { bias: Option<Vec<f32>> },
 }
 
 /// `(axis, input, scale, zero point)` of a per-tensor or per-axis DequantizeLinear to f32
@@ -96,6 +116,12 @@ fn dequantized(graph: &Graph, v: ValueId) -> Option<(i64, ValueId, ValueId, Opti
 /// Returns `sx` and whether there is a zero point.
 fn quantized_activation(graph: &Graph, x: ValueId) -> Option<(f64, bool)> {
     let (_, xq, sx, zx) = dequantized(graph, x)?;
+    integer_activation(graph, xq, sx, zx)
+}
+
+/// An activation `xq` (u8, static) with constant per-tensor scale `sx` and zero point `zx`:
+/// `sx`, and whether there is a zero point.
+fn integer_activation(graph: &Graph, xq: ValueId, sx: ValueId, zx: Option<ValueId>) -> Option<(f64, bool)> {
     let xt = graph.value_type(xq);
     if xt.dtype != DType::U8 || !xt.is_static() {
         return None;
@@ -118,6 +144,20 @@ fn quantized_activation(graph: &Graph, x: ValueId) -> Option<(f64, bool)> {
 /// channel.
 fn quantized_weights(graph: &Graph, w: ValueId, channel_axis: usize) -> Option<(&Tensor, Vec<f64>)> {
     let (axis, wq, sw, zw) = dequantized(graph, w)?;
+    integer_weights(graph, wq, sw, zw, Some(axis), channel_axis)
+}
+
+/// Weights `wq` with scale `sw` and zero point `zw` (`quantized_weights`); `axis` is the
+/// DequantizeLinear's, None where a per-channel scale is along `channel_axis` by definition
+/// (QLinearConv's `[M]`, QLinearMatMul's `[N]`).
+fn integer_weights(
+    graph: &Graph,
+    wq: ValueId,
+    sw: ValueId,
+    zw: Option<ValueId>,
+    axis: Option<i64>,
+    channel_axis: usize,
+) -> Option<(&Tensor, Vec<f64>)> {
     let wt = graph.known_value(wq)?;
     let rank = wt.shape().len();
     let channels = *wt.shape().get(channel_axis)?;
@@ -134,7 +174,7 @@ fn quantized_weights(graph: &Graph, w: ValueId, channel_axis: usize) -> Option<(
         return None;
     }
     let sw = sw.to_f64_vec();
-    let on_axis = axis.rem_euclid(rank as i64) as usize == channel_axis;
+    let on_axis = axis.is_none_or(|a| a.rem_euclid(rank as i64) as usize == channel_axis);
     let scale = match sw.len() {
         1 => vec![sw[0]; channels],
         len if len == channels && on_axis => sw,
@@ -149,6 +189,9 @@ fn usable(s: f64) -> bool {
 }
 
 fn integer_product(graph: &Graph, node: &Node) -> Option<IntegerProduct> {
+    if let Op::Quant(QuantOp::QLinearConv(_) | QuantOp::QLinearMatMul) = node.op {
+        return qlinear_product(graph, node);
+    }
     let (Some(Some(x)), Some(Some(w))) = (node.inputs.first(), node.inputs.get(1)) else {
         return None;
     };
@@ -196,9 +239,73 @@ fn integer_product(graph: &Graph, node: &Node) -> Option<IntegerProduct> {
     }
     Some(IntegerProduct {
         op,
-        has_x_zero,
+        form: Form::Dequantized { has_x_zero },
         weights,
         scale: sw.iter().map(|&s| (sx * s) as f32).collect(),
+        conv,
+    })
+}
+
+/// QLinearConv (2-D, dense) or QLinearMatMul (2-D weights, K in whole quads) with u8 input, s8
+/// constant weights with zero zero points, constant per-tensor input and output parameters
+/// and a constant B.
+fn qlinear_product(graph: &Graph, node: &Node) -> Option<IntegerProduct> {
+    let input = |i: usize| node.inputs.get(i).copied().flatten();
+    let out = &node.outputs.first()?.ty;
+    if !out.is_static() {
+        return None;
+    }
+    let (sx, _) = integer_activation(graph, input(0)?, input(1)?, input(2))?;
+    // The output's scale and zero point: constant, per tensor.
+    let sy = graph.known_value(input(6)?)?;
+    if sy.len() != 1 || sy.dtype() != DType::F32 || !usable(sy.to_f64_vec()[0]) {
+        return None;
+    }
+    if input(7).is_some_and(|z| graph.known_value(z).is_none_or(|t| t.len() != 1)) {
+        return None;
+    }
+    let conv = matches!(node.op, Op::Quant(QuantOp::QLinearConv(_)));
+    let (op, channel_axis) = match &node.op {
+        Op::Quant(QuantOp::QLinearConv(a)) if a.group <= 1 && !a.channels_last && out.rank() == 4 => {
+            (Op::Quant(QuantOp::ConvInteger(a.clone())), 0)
+        }
+        Op::Quant(QuantOp::QLinearMatMul) if graph.value_type(input(0)?).rank() >= 2 => {
+            (Op::Quant(QuantOp::MatMulInteger), 1)
+        }
+        _ => return None,
+    };
+    let (wq, sw) = integer_weights(graph, input(3)?, input(4)?, input(5), None, channel_axis)?;
+    let ws = wq.shape();
+    let ok_shape = if conv {
+        ws.len() == 4
+    } else {
+        ws.len() == 2 && ws[0] % 4 == 0
+    };
+    if !ok_shape || !usable(sx) || !sw.iter().all(|&s| usable(s)) {
+        return None;
+    }
+    let scale: Vec<f32> = sw.iter().map(|&s| (sx * s) as f32).collect();
+    let bias = match input(8) {
+        None => None,
+        Some(b) => {
+            let b = graph.known_value(b)?;
+            if b.dtype() != DType::I32 || b.len() != scale.len() {
+                return None;
+            }
+            Some(
+                b.to_f64_vec()
+                    .iter()
+                    .zip(&scale)
+                    .map(|(&b, &s)| (b * f64::from(s)) as f32)
+                    .collect(),
+            )
+        }
+    };
+    Some(IntegerProduct {
+        op,
+        form: Form::QLinear { bias },
+        weights: None,
+        scale,
         conv,
     })
 }
@@ -214,8 +321,8 @@ fn transpose_2d(t: &Tensor) -> Option<Tensor> {
     Some(Tensor::from_vec(vec![c, r], data))
 }
 
-/// `Cast<f32>(Integer(xq, wq, zx)) · scale (+ bias)` in `dst`; the last node keeps the
-/// product's output name.
+/// `Cast<f32>(Integer(xq, wq, zx)) · scale (+ bias)` in `dst`, quantized again for a QLinear
+/// form; the last node keeps the product's output name.
 fn emit(
     dst: &mut Graph,
     node: &Node,
@@ -223,38 +330,35 @@ fn emit(
     p: &IntegerProduct,
 ) -> Result<ValueId, IrError> {
     let name = node.name.as_str();
-    // The integer operands are the inputs of the DequantizeLinears, already copied to `dst`.
-    let producer_input = |dst: &Graph, i: usize, j: usize| -> Result<Option<ValueId>, IrError> {
-        let v = inputs
-            .get(i)
-            .copied()
-            .flatten()
-            .ok_or_else(|| IrError::Invalid(format!("{name}: input {i} missing")))?;
-        Ok(dst.node(v.node).inputs.get(j).copied().flatten())
+    let input = |i: usize| inputs.get(i).copied().flatten();
+    let missing = || IrError::Invalid(format!("{name}: an integer operand is missing"));
+    // Of a float product, the integer operands are the inputs of its DequantizeLinears, already
+    // copied to `dst`.
+    let producer_input = |dst: &Graph, i: usize, j: usize| -> Option<ValueId> {
+        dst.node(input(i)?.node).inputs.get(j).copied().flatten()
     };
-    let missing = || IrError::Invalid(format!("{name}: a DequantizeLinear without input"));
-    let xq = producer_input(dst, 0, 0)?.ok_or_else(missing)?;
-    let x_zero = if p.has_x_zero {
-        producer_input(dst, 0, 2)?
-    } else {
-        None
+    let (xq, x_zero, wq) = match p.form {
+        Form::Dequantized { has_x_zero } => (
+            producer_input(dst, 0, 0),
+            if has_x_zero {
+                producer_input(dst, 0, 2)
+            } else {
+                None
+            },
+            producer_input(dst, 1, 0),
+        ),
+        Form::QLinear { .. } => (input(0), input(2), input(3)),
     };
+    let (xq, wq) = (xq.ok_or_else(missing)?, wq.ok_or_else(missing)?);
     let wq = match &p.weights {
         Some(t) => dst.add_const(format!("{name}_weights"), t.clone()),
-        None => producer_input(dst, 1, 0)?.ok_or_else(missing)?,
+        None => wq,
     };
-    let acc = dst.add(
-        format!("{name}_integer"),
-        p.op.clone(),
-        vec![Some(xq), Some(wq), x_zero],
-        format!("{name}_integer"),
-    )?;
-    let accf = dst.add(
-        format!("{name}_integer_f32"),
-        Op::Cast { to: DType::F32 },
-        vec![Some(acc)],
-        format!("{name}_integer_f32"),
-    )?;
+    let step = |dst: &mut Graph, what: &str, op: Op, ins: Vec<Option<ValueId>>| {
+        dst.add(format!("{name}_{what}"), op, ins, format!("{name}_{what}"))
+    };
+    let acc = step(dst, "integer", p.op.clone(), vec![Some(xq), Some(wq), x_zero])?;
+    let accf = step(dst, "integer_f32", Op::Cast { to: DType::F32 }, vec![Some(acc)])?;
     let n = p.scale.len();
     // Per output channel: axis 1 of a convolution's `[N, M, H, W]`, the last of a product.
     let channel_shape = |n: usize| if p.conv { vec![n, 1, 1] } else { vec![n] };
@@ -262,31 +366,52 @@ fn emit(
         format!("{name}_scale"),
         Tensor::from_vec(channel_shape(n), p.scale.clone()),
     );
+    let bias = match &p.form {
+        Form::Dequantized { .. } => match input(2) {
+            // A convolution's B is `[M]`: as `[M, 1, 1]` it broadcasts over the channel axis. A
+            // Gemm's C broadcasts to the result as it is.
+            Some(b) if p.conv => {
+                let shape = dst.add_const(
+                    format!("{name}_bias_shape"),
+                    Tensor::from_vec(vec![3], vec![n as i64, 1, 1]),
+                );
+                Some(step(
+                    dst,
+                    "bias",
+                    Op::Reshape { allow_zero: false },
+                    vec![Some(b), Some(shape)],
+                )?)
+            }
+            other => other,
+        },
+        Form::QLinear { bias } => bias.as_ref().map(|b| {
+            dst.add_const(
+                format!("{name}_bias"),
+                Tensor::from_vec(channel_shape(n), b.clone()),
+            )
+        }),
+    };
+    // The last node keeps the product's name and output name.
     let out = node.outputs[0].name.clone();
-    let Some(bias) = inputs.get(2).copied().flatten() else {
-        return dst.add(name, Op::Binary(Binary::Mul), vec![Some(accf), Some(scale)], out);
-    };
-    let scaled = dst.add(
-        format!("{name}_scaled"),
-        Op::Binary(Binary::Mul),
-        vec![Some(accf), Some(scale)],
-        format!("{name}_scaled"),
-    )?;
-    // A convolution's B is `[M]`: as `[M, 1, 1]` it broadcasts over the channel axis. A Gemm's
-    // C broadcasts to the result as it is.
-    let bias = if p.conv {
-        let shape = dst.add_const(
-            format!("{name}_bias_shape"),
-            Tensor::from_vec(vec![3], vec![n as i64, 1, 1]),
-        );
-        dst.add(
-            format!("{name}_bias"),
-            Op::Reshape { allow_zero: false },
-            vec![Some(bias), Some(shape)],
-            format!("{name}_bias"),
-        )?
-    } else {
-        bias
-    };
-    dst.add(name, Op::Binary(Binary::Add), vec![Some(scaled), Some(bias)], out)
+    let (mul, add) = (Op::Binary(Binary::Mul), Op::Binary(Binary::Add));
+    match (&p.form, bias) {
+        (Form::Dequantized { .. }, None) => dst.add(name, mul, vec![Some(accf), Some(scale)], out),
+        (Form::Dequantized { .. }, Some(b)) => {
+            let scaled = step(dst, "scaled", mul, vec![Some(accf), Some(scale)])?;
+            dst.add(name, add, vec![Some(scaled), Some(b)], out)
+        }
+        (Form::QLinear { .. }, bias) => {
+            let mut y = step(dst, "scaled", mul, vec![Some(accf), Some(scale)])?;
+            if let Some(b) = bias {
+                y = step(dst, "biased", add, vec![Some(y), Some(b)])?;
+            }
+            let quantize = Op::Quant(QuantOp::QuantizeLinear {
+                axis: 1,
+                block_size: 0,
+                output_dtype: node.outputs[0].ty.dtype,
+                precision: None,
+            });
+            dst.add(name, quantize, vec![Some(y), input(6), input(7)], out)
+        }
+    }
 }
