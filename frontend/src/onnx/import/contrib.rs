@@ -197,15 +197,29 @@ fn transposed_last_two(cx: &mut NodeCtx, i: usize, flag: &str) -> Result<ValueId
 /// `mask_filter_value` (default -10000) to the scores of the 0 positions, as onnxruntime does;
 /// `attention_bias` is added as well; `unidirectional` is the causal mask.
 fn attention(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
+    if cx.opt_input(4).is_some() || cx.opt_input(6).is_some() || cx.output_is_named(1) {
+        return Err(cx.err("past and present (a KV cache) are not supported"));
+    }
+    let (x, w) = (cx.input(0)?, cx.input(1)?);
+    let y = packed_attention(cx, x, w, cx.opt_input(2), cx.opt_input(3), cx.opt_input(5))?;
+    Ok(vec![y; cx.num_outputs()])
+}
+
+/// Attention's computation (also QAttention's, on its dequantized operands): the packed
+/// projection `x · w (+ bias)` split into Q, K and V by `qkv_hidden_sizes`, then
+/// `heads_attention` with the mask and attention bias.
+pub(super) fn packed_attention(
+    cx: &mut NodeCtx,
+    x: ValueId,
+    w: ValueId,
+    bias: Option<ValueId>,
+    mask: Option<ValueId>,
+    attention_bias: Option<ValueId>,
+) -> Result<ValueId> {
     let heads = cx.attr_positive("num_heads")?;
     if cx.attr_i("do_rotary", 0) != 0 {
         return Err(cx.err("do_rotary is not supported"));
     }
-    if cx.opt_input(4).is_some() || cx.opt_input(6).is_some() || cx.output_is_named(1) {
-        return Err(cx.err("past and present (a KV cache) are not supported"));
-    }
-    let x = cx.input(0)?;
-    let w = cx.input(1)?;
     let total = match cx.ty(w).fixed_shape().as_deref() {
         Some([_, total]) => *total,
         _ => return Err(cx.err("weights must be a 2-D tensor of known shape")),
@@ -222,7 +236,7 @@ fn attention(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
         )));
     }
     let mut qkv = cx.add_aux1(Op::MatMul, vec![Some(x), Some(w)])?;
-    if let Some(b) = cx.opt_input(2) {
+    if let Some(b) = bias {
         qkv = cx.add_aux1(Op::Binary(Binary::Add), vec![Some(qkv), Some(b)])?;
     }
     let mut start = 0;
@@ -234,15 +248,7 @@ fn attention(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
         parts.push(cx.add_aux1(Op::Slice, vec![Some(qkv), Some(starts), Some(ends), Some(axes)])?);
         start += size;
     }
-    let y = heads_attention(
-        cx,
-        heads,
-        [parts[0], parts[1], parts[2]],
-        x,
-        cx.opt_input(3),
-        cx.opt_input(5),
-    )?;
-    Ok(vec![y; cx.num_outputs()])
+    heads_attention(cx, heads, [parts[0], parts[1], parts[2]], x, mask, attention_bias)
 }
 
 /// The IR's multi-head Attention on 3-D `[q, k, v]` with the contrib operators' masks: the

@@ -1,13 +1,14 @@
 //! onnxruntime's quantized contrib operators, the ones its quantizer writes (`QOperator` format:
 //! QLinearAdd, QGemm, QLinearGlobalAveragePool, ...; dynamic quantization's
-//! DynamicQuantizeMatMul and MatMulIntegerToFloat; the 4-bit MatMulNBits), imported as their
-//! definition: dequantize the integer operands (`(q - zero_point) * scale`), apply the float
-//! operator, and quantize the result again where the operator's output is quantized.
+//! DynamicQuantizeMatMul and MatMulIntegerToFloat; QAttention; the 4-bit MatMulNBits), imported
+//! as their definition: dequantize the integer operands (`(q - zero_point) * scale`), apply the
+//! float operator, and quantize the result again where the operator's output is quantized.
 //!
-//! The products and convolutions then run in f32 on dequantized operands: onnxruntime's integer
-//! kernels accumulate exactly in i32 and round once, so the two agree up to the float rounding of
-//! the accumulation, which can move a requantized value by one quantization step where it lies
-//! within that rounding of a half-step boundary.
+//! The products and convolutions are then float products of dequantized operands (which
+//! `integer-products` makes integer ones again where the target has the kernels). onnxruntime's
+//! integer kernels accumulate exactly in i32 and round once, so the two agree up to the float
+//! rounding of the accumulation, which can move a requantized value by one quantization step
+//! where it lies within that rounding of a half-step boundary.
 //!
 //! Checked against onnxruntime 1.23's outputs: QGemm applies `alpha` to the bias too
 //! (`alpha * a_scale * b_scale * (A·B + C)`, C an i32 bias with scale `a_scale * b_scale`);
@@ -31,6 +32,7 @@ pub(super) const OPERATORS: &[&str] = &[
     "DynamicQuantizeMatMul",
     "MatMulIntegerToFloat",
     "MatMulNBits",
+    "QAttention",
 ];
 
 pub(super) fn import(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
@@ -49,6 +51,7 @@ pub(super) fn import(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
         "DynamicQuantizeMatMul" => dynamic_quantize_matmul(cx),
         "MatMulIntegerToFloat" => matmul_integer_to_float(cx),
         "MatMulNBits" => matmul_nbits(cx),
+        "QAttention" => qattention(cx),
         other => Err(cx.err(format!(
             "{other} is not a quantized contrib operator kiln imports"
         ))),
@@ -269,6 +272,20 @@ fn matmul_integer_to_float(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
     let a = dequantized_input(cx, 0, 2, 4)?;
     let b = dequantized_weights(cx, 1, 3, 5, false)?;
     product(cx, a, b, 6)
+}
+
+/// QAttention (inputs input, weight, bias, input_scale, weight_scale, mask_index?,
+/// input_zero_point?, weight_zero_point?, past?): Attention on the dequantized input and
+/// weights (the weights' scale and zero point per tensor or per column), without a KV cache.
+fn qattention(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
+    if cx.opt_input(8).is_some() || cx.output_is_named(1) {
+        return Err(cx.err("past and present (a KV cache) are not supported"));
+    }
+    let x = dequantized_input(cx, 0, 3, 6)?;
+    let w = dequantized_weights(cx, 1, 4, 7, false)?;
+    let bias = cx.input(2)?;
+    let y = super::contrib::packed_attention(cx, x, w, Some(bias), cx.opt_input(5), None)?;
+    Ok(vec![y; cx.num_outputs()])
 }
 
 /// MatMulNBits (inputs A, B, scales, zero_points?, g_idx?, bias?; attributes K, N, bits,
