@@ -212,7 +212,11 @@ fn portable_is_refused_where_it_cannot_apply() {
 /// `integer-products` pass makes integer ones and the others compute in float.
 #[test]
 fn integer_models_carry_an_avx512_vnni_variant() {
-    check_vnni_variant("bert_tiny_dynamic_int8", &["input_ids", "attention_mask"], "pooler_output");
+    check_vnni_variant(
+        "bert_tiny_dynamic_int8",
+        &["input_ids", "attention_mask"],
+        "pooler_output",
+    );
     check_vnni_variant("resnet_basic_tiny_qdq", &["input"], "logits");
 }
 

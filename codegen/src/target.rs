@@ -37,6 +37,8 @@ pub struct TargetDesc {
     pub has_avx512_bf16: bool,
     /// `vpdpbusd` on 512-bit vectors is available (avx512_vnni).
     pub has_avx512_vnni: bool,
+    /// The aarch64 dot-product instructions `sdot`/`udot` are available (FEAT_DotProd).
+    pub has_dotprod: bool,
     /// Whether this target is the machine kiln runs on (executables can be run here).
     pub is_host: bool,
     /// Which convolution algorithms the CPU kernels may use (`kiln compile --conv-algorithm`).
@@ -200,6 +202,7 @@ impl TargetDesc {
             has_fma: has("fma") || arch == Arch::Aarch64,
             has_avx512_bf16: has("avx512bf16"),
             has_avx512_vnni: has("avx512vnni"),
+            has_dotprod: arch == Arch::Aarch64 && has("dotprod"),
             is_host: false,
             conv_algorithm: ConvAlgorithm::Auto,
         })
@@ -218,6 +221,7 @@ impl TargetDesc {
             has_fma: true,
             has_avx512_bf16: false,
             has_avx512_vnni: false,
+            has_dotprod: false,
             is_host: false,
             conv_algorithm: ConvAlgorithm::Direct,
         })
@@ -246,9 +250,10 @@ impl TargetDesc {
         self.has_avx512_bf16 && self.isa == Isa::Avx512
     }
 
-    /// Whether integer products run on `vpdpbusd` (`gen::gemm::int8`).
+    /// Whether integer products run on dot-product instructions (`gen::gemm::int8`):
+    /// `vpdpbusd` on AVX-512, `sdot` on aarch64.
     pub fn has_int8_dot_kernels(&self) -> bool {
-        self.has_avx512_vnni && self.isa == Isa::Avx512
+        (self.has_avx512_vnni && self.isa == Isa::Avx512) || self.has_dotprod
     }
 
     /// What this target's kernels need from the passes before them, decided once: the driver
@@ -294,6 +299,9 @@ impl TargetDesc {
             if self.has_avx512_vnni {
                 f.push("avx512vnni");
             }
+        }
+        if self.has_dotprod {
+            f.push("dotprod");
         }
         f
     }
@@ -395,16 +403,18 @@ fn cpu_features(triple: &str, cpu: &str) -> Result<String> {
         ("znver4", AVX512_BF16),
         ("znver5", AVX512_BF16),
     ];
-    let aarch64 = [
-        "generic",
-        "cortex-a53",
-        "cortex-a72",
-        "cortex-a76",
-        "neoverse-n1",
-        "neoverse-n2",
-        "neoverse-v1",
-        "neoverse-v2",
-        "apple-m1",
+    // The dot-product instructions came with Armv8.2's FEAT_DotProd (Cortex-A76, Neoverse).
+    const DOTPROD: &str = "+neon,+dotprod";
+    let aarch64: &[(&str, &str)] = &[
+        ("generic", "+neon"),
+        ("cortex-a53", "+neon"),
+        ("cortex-a72", "+neon"),
+        ("cortex-a76", DOTPROD),
+        ("neoverse-n1", DOTPROD),
+        ("neoverse-n2", DOTPROD),
+        ("neoverse-v1", DOTPROD),
+        ("neoverse-v2", DOTPROD),
+        ("apple-m1", DOTPROD),
     ];
     match arch_of(triple)? {
         Arch::X86_64 => x86
@@ -419,16 +429,17 @@ fn cpu_features(triple: &str, cpu: &str) -> Result<String> {
                 ))
             }),
         Arch::Nvptx64 => Ok(String::new()),
-        Arch::Aarch64 => {
-            if aarch64.contains(&cpu) {
-                Ok("+neon".to_string())
-            } else {
-                Err(CodegenError::Target(format!(
+        Arch::Aarch64 => aarch64
+            .iter()
+            .find(|(name, _)| *name == cpu)
+            .map(|(_, f)| f.to_string())
+            .ok_or_else(|| {
+                let names: Vec<&str> = aarch64.iter().map(|(n, _)| *n).collect();
+                CodegenError::Target(format!(
                     "unknown aarch64 CPU '{cpu}' (known: {})",
-                    aarch64.join(", ")
-                )))
-            }
-        }
+                    names.join(", ")
+                ))
+            }),
     }
 }
 

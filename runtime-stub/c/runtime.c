@@ -16,6 +16,8 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
+#elif defined(__aarch64__)
+#include <sys/auxv.h>
 #endif
 
 #define KILN_MAX_THREADS 256
@@ -102,6 +104,17 @@ int kiln_rt_x86_has(const char *name) {
 }
 #endif
 
+#if defined(__aarch64__)
+/* 1: present, 0: absent, -1: a name this check does not know (skipped): the kernel's HWCAP
+   bits (Linux). */
+static int arm_has(const char *name) {
+  unsigned long hwcap = getauxval(AT_HWCAP);
+  if (strcmp(name, "dotprod") == 0) return (hwcap & (1ul << 20)) != 0; /* HWCAP_ASIMDDP */
+  if (strcmp(name, "neon") == 0) return (hwcap & (1ul << 1)) != 0;     /* HWCAP_ASIMD */
+  return -1;
+}
+#endif
+
 /* Checks every feature of the comma-separated list (entries may carry LLVM's '+'; '-' entries
    are features the code avoids, so nothing to check). Returns 0, or -1 with create_error set. */
 static int check_cpu_features(const char *list) {
@@ -124,14 +137,19 @@ static int check_cpu_features(const char *list) {
     memcpy(name, start, len);
     name[len] = 0;
 #if defined(__x86_64__) || defined(__i386__)
-    if (kiln_rt_x86_has(name) == 0) {
+    int has = kiln_rt_x86_has(name);
+#elif defined(__aarch64__)
+    int has = arm_has(name);
+#else
+    int has = -1;
+#endif
+    if (has == 0) {
       snprintf(create_error, sizeof create_error,
                "this program was compiled for a CPU with %s, which this CPU lacks (compile with "
                "--cpu for this machine, e.g. --cpu native, or an older CPU)",
                name);
       return -1;
     }
-#endif
   }
   return 0;
 }

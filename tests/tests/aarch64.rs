@@ -5,10 +5,10 @@
 //! Executables and static libraries (driven from C by `tests/c/run_model.c`, built with the
 //! cross compiler) both run. Two CPUs: the architecture's baseline (`generic`: NEON only) for
 //! every fixture, and a Neoverse N1 (with the `sdot`/`udot` dot-product instructions) for the
-//! quantized fixtures. kiln has no aarch64 dot-product kernel yet: those builds check that the
-//! quantized models compile and compute correctly for such a CPU, on the kernel library's
-//! integer loop. `scripts/setup.sh` installs the cross toolchain and qemu-user; without them the
-//! suite fails, saying so.
+//! quantized fixtures, whose integer products then run on kiln's `sdot` kernels
+//! (`gen::gemm::int8`; the generic builds use the f32 kernels and the kernel library's integer
+//! loop). `scripts/setup.sh` installs the cross toolchain and qemu-user; without them the suite
+//! fails, saying so.
 #![cfg(target_arch = "x86_64")]
 
 use kiln_codegen::Emit;
@@ -122,4 +122,45 @@ fn quantized_fixtures_for_aarch64_dotprod_match_onnxruntime() {
         cpu: Some("neoverse-n1"),
     };
     check_all(&fixtures, dotprod, Artifact::Executable);
+}
+
+/// A Neoverse N1 build runs its integer products on `sdot`, and the artifact refuses, in one
+/// line and before computing anything, a CPU without the dot-product instructions.
+#[test]
+fn dotprod_artifacts_check_the_cpu_has_dotprod() {
+    require(CC, "gcc-aarch64-linux-gnu");
+    require("qemu-aarch64", "qemu-user");
+    let f = quantized_fixtures()
+        .into_iter()
+        .find(|f| f.name == "resnet_basic_tiny_qdq")
+        .expect("the resnet_basic_tiny_qdq fixture");
+    let (graph, inputs) = f.prepared().unwrap();
+    let work = WorkDir::new("a64-dotprod-check");
+    let exe = work.0.join("q");
+    let n1 = CrossCpu {
+        triple: TRIPLE,
+        cpu: Some("neoverse-n1"),
+    };
+    let summary = compile_graph_cross(&graph, "q", Emit::Exe, &exe, n1).unwrap();
+    assert!(
+        summary.kernel_lines.iter().any(|k| k.contains(" sdot ")),
+        "no sdot kernel: {:?}",
+        summary.kernel_lines
+    );
+    let input = work.0.join("input.npy");
+    std::fs::write(&input, kiln_frontend::npy::to_npy_bytes(&inputs[0].1)).unwrap();
+    let run = |cpu: &str| {
+        Command::new("qemu-aarch64")
+            .args(["-cpu", cpu, "-L", "/usr/aarch64-linux-gnu"])
+            .arg(&exe)
+            .arg("--input")
+            .arg(&input)
+            .output()
+            .unwrap()
+    };
+    let o = run("cortex-a72");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "ran on a CPU without dotprod");
+    assert!(err.contains("dotprod") && err.lines().count() == 1, "{err}");
+    assert!(run("neoverse-n1").status.success());
 }

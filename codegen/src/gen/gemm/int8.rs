@@ -1,4 +1,4 @@
-//! Integer products on `vpdpbusd` (AVX-512 VNNI): MatMulInteger with a run-time u8 A and
+//! Integer products on `vpdpbusd` (AVX-512 VNNI; `sdot` on aarch64, see `IntDot`): MatMulInteger with a run-time u8 A and
 //! constant s8 weights, the product onnxruntime's dynamic quantization writes (A quantized at
 //! run time by DynamicQuantizeLinear), and channels-last ConvInteger; with `integer-products`
 //! both also compute a QDQ model's matrix products and convolutions, A of a convolution being
@@ -24,13 +24,14 @@
 
 use super::blocking::plan_blocks;
 use super::pack::block_major_panels;
-use super::{BatchDim, GemmKernel, Int8, Operand, Tile};
+use super::{BatchDim, GemmKernel, Int8, IntDot, Operand, Tile};
 use crate::error::Result;
 use crate::gen::GeneratedKernel;
 use crate::kernel::epilogue::{Activation, Bias, Epilogue, Residual};
 use crate::kernel::geometry::ConvShape;
 use crate::kernel::PackedConst;
 use crate::node::NodeInfo;
+use crate::target::Arch;
 use crate::target::TargetDesc;
 use kiln_ir::{ConvAttrs, DType, Layout};
 
@@ -190,7 +191,12 @@ pub(crate) fn lower_conv_integer(
 /// column, a residual, an activation, bf16 rounding or u8 quantization), or none.
 fn integer_tile(node: &NodeInfo, target: &TargetDesc, epi: &Epilogue) -> Result<Option<Tile>> {
     let tile = Tile::for_target(target);
-    if !target.has_int8_dot_kernels() || tile.lanes != 16 {
+    // 512-bit `vpdpbusd` or 128-bit `sdot` tiles.
+    let lanes = match target.arch {
+        Arch::Aarch64 => 4,
+        _ => 16,
+    };
+    if !target.has_int8_dot_kernels() || tile.lanes != lanes {
         return Ok(None);
     }
     if epi.pool_mean
@@ -265,6 +271,10 @@ fn assemble(
         panels = block_major_panels(&panels, quads, nr, kc, n.div_ceil(nr));
     }
     let a_zero = node.has_input(2).then_some(2);
+    let dot = match target.arch {
+        Arch::Aarch64 => IntDot::Sdot,
+        _ => IntDot::Vpdpbusd,
+    };
     let bias = match &epi.bias {
         Bias::None => None,
         Bias::PerCol(v) if v.len() == n => Some(v.as_slice()),
@@ -273,7 +283,7 @@ fn assemble(
         }
     };
     let mut columns = vec![];
-    if a_zero.is_some() {
+    if a_zero.is_some() || dot == IntDot::Sdot {
         columns.extend(column_sums(p.weights, k, quads * 4, n, nr).bytes);
     }
     let pad = |v: &[f32]| -> Vec<u8> {
@@ -307,10 +317,14 @@ fn assemble(
         Some(_) => return Ok(None),
     };
     let what = format!(
-        "{} {}x{nr} {:?} vpdpbusd M={m} N={n} K={k} batch={} KC={} MB={mb} NB={nb}",
+        "{} {}x{nr} {:?} {} M={m} N={n} K={k} batch={} KC={} MB={mb} NB={nb}",
         p.what,
         tile.mr,
         target.isa,
+        match dot {
+            IntDot::Vpdpbusd => "vpdpbusd",
+            IntDot::Sdot => "sdot",
+        },
         batch_total,
         kc * 4
     );
@@ -343,6 +357,7 @@ fn assemble(
         k_elems: k,
         a_scale: None,
         int8: Some(Int8 {
+            dot,
             a_zero,
             dequantize: epi.dequantize.is_some(),
             bias: bias.is_some(),

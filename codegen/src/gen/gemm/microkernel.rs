@@ -1,7 +1,8 @@
 //! The GEMM kernel's register tile: a function that multiplies an MR×NR tile over one K block
-//! with FMAs (or `vdpbf16ps` on bf16 pairs) and applies the epilogue on the last block.
+//! with FMAs (or `vdpbf16ps` on bf16 pairs, `vpdpbusd`/`sdot` on integer quads) and applies the
+//! epilogue on the last block.
 
-use super::GemmKernel;
+use super::{GemmKernel, IntDot};
 use crate::error::Result;
 use crate::gen::activation::activation;
 use crate::gen::emit::Emit;
@@ -152,8 +153,11 @@ impl GemmKernel {
                         .into_vector_value();
                     let nx = if self.bf16_pairs {
                         dot_bf16_pairs(&e, cur, sv, bv[v])?
-                    } else if self.int8.is_some() {
-                        dot_u8_s8_quads(&e, cur, sv, bv[v])?
+                    } else if let Some(int8) = self.int8 {
+                        match int8.dot {
+                            IntDot::Vpdpbusd => dot_u8_s8_quads(&e, cur, sv, bv[v])?,
+                            IntDot::Sdot => dot_u8_as_s8_quads(&e, cur, sv, bv[v])?,
+                        }
                     } else {
                         e.fma(sv, bv[v], cur)?
                     };
@@ -167,10 +171,17 @@ impl GemmKernel {
             Some(int8) => int8.rows(n_padded),
             None => (None, None, None),
         };
-        if let Some(sums_at) = sums_at {
-            // `- za · Σ_k b[k, j]` (see `int8`): za at `brow`, the column sums at `bcol`.
+        if let (Some(sums_at), Some(int8)) = (sums_at, self.int8) {
+            // `- za · Σ_k b[k, j]` (see `int8`): za at `brow` (0 without one), the column sums
+            // at `bcol`; `sdot` read A as `a - 128`, which `za - 128` takes back (`IntDot`).
             e.if_then(last, || {
-                let za = e.load_u8_as_i32(brow)?;
+                let mut za = match int8.a_zero {
+                    Some(_) => e.load_u8_as_i32(brow)?,
+                    None => e.i32c(0),
+                };
+                if int8.dot == IntDot::Sdot {
+                    za = b.build_int_sub(za, e.i32c(128), "").map_err(llvm)?;
+                }
                 let za = e.splat_i32(za, lanes)?;
                 for v in 0..nv {
                     let sums = e.load_vec(e.gep_f32c(bcol, sums_at + (v as u32 * lanes) as i64)?, lanes)?;
@@ -330,6 +341,32 @@ fn dot_u8_s8_quads<'ctx>(
         .intrinsic(
             "llvm.x86.avx512.vpdpbusd.512",
             &[],
+            &[acc.into(), a.into(), b.into()],
+        )?
+        .into_vector_value();
+    e.to_f32s(sum)
+}
+
+/// `acc + (a - 128)·b` over s8×s8 quads (`sdot`): `a_quad`, one quad of u8 splatted to every
+/// lane, has its top bits flipped to read as `a - 128`; each i32 lane j of `acc` adds the four
+/// products with b[j]'s bytes. All three arrive as `<lanes x float>` holding the bits.
+fn dot_u8_as_s8_quads<'ctx>(
+    e: &Emit<'_, 'ctx>,
+    acc: VectorValue<'ctx>,
+    a_quad: VectorValue<'ctx>,
+    b_quads: VectorValue<'ctx>,
+) -> Result<VectorValue<'ctx>> {
+    let lanes = acc.get_type().get_size();
+    let flip = e.splat_i32(e.i32c(0x8080_8080_u32 as i32), lanes)?;
+    let a = e.b.build_xor(e.to_i32s(a_quad)?, flip, "").map_err(llvm)?;
+    let bytes = e.cx.i8_type().vec_type(4 * lanes);
+    let a = e.b.build_bit_cast(a, bytes, "").map_err(llvm)?;
+    let b = e.b.build_bit_cast(e.to_i32s(b_quads)?, bytes, "").map_err(llvm)?;
+    let acc = e.to_i32s(acc)?;
+    let sum = e
+        .intrinsic(
+            "llvm.aarch64.neon.sdot",
+            &[acc.get_type().into(), bytes.into()],
             &[acc.into(), a.into(), b.into()],
         )?
         .into_vector_value();

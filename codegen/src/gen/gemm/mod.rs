@@ -150,6 +150,8 @@ pub struct GemmKernel {
 /// the zero point's correction `za · Σ_k b[k, j]`, the dequantizing scales, the bias.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Int8 {
+    /// The dot-product instruction.
+    dot: IntDot,
     /// Input slot of A's zero point (a u8 scalar), when the node has one.
     a_zero: Option<usize>,
     /// The sums are converted to f32 and scaled (`Epilogue::dequantize`); the f32 epilogue
@@ -160,6 +162,17 @@ pub(crate) struct Int8 {
     /// The result is quantized to u8 and C holds bytes (`Epilogue::quantize`); the product
     /// then runs in one K block, C never holding partial sums.
     quantize: Option<Quantize>,
+}
+
+/// The instruction an integer tile multiplies quads with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum IntDot {
+    /// x86 `vpdpbusd`: u8 × s8.
+    Vpdpbusd,
+    /// aarch64 `sdot`: s8 × s8. A is read as `a - 128` (its top bit flipped), which the
+    /// zero-point correction takes back: `Σ (a - za)·b = Σ (a - 128)·b - (za - 128)·Σ b`, so
+    /// the column sums are always there.
+    Sdot,
 }
 
 impl Int8 {
@@ -173,7 +186,7 @@ impl Int8 {
                 at - n_padded
             })
         };
-        let sums = next(self.a_zero.is_some());
+        let sums = next(self.a_zero.is_some() || self.dot == IntDot::Sdot);
         let scales = next(self.dequantize);
         let bias = next(self.bias);
         (sums, scales, bias)
