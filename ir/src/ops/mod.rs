@@ -36,6 +36,12 @@ pub use attention::promote as attention_promote;
 pub use linalg::{parse_einsum, EinsumSpec};
 /// The saturation range of a quantized integer dtype.
 pub use quant::int_range as quant_range;
+
+/// The longest sum of u8 × s8 products (ConvInteger, MatMulInteger) that i32 holds exactly
+/// whatever the values: each product is at most 255 × 128 in magnitude, and 65536 of them (a
+/// zero-point correction included) stay below 2³¹. Integer kernels and the passes that make
+/// integer products keep to it.
+pub const MAX_EXACT_INTEGER_K: usize = 65536;
 /// The quantization operators' dtype promotion: their compute precision when none is set.
 pub use quant::promote as quant_promote;
 /// Pad's per-axis source index map (constant, reflect, edge and wrap modes, negative pads).

@@ -15,7 +15,7 @@
 //! `[0,3,1,2]` into a convolution, cancels against ours. Dead nodes are dropped at the end.
 
 use crate::Pass;
-use kiln_ir::ops::{EvalCtx, InferCtx};
+use kiln_ir::ops::{EvalCtx, InferCtx, MAX_EXACT_INTEGER_K};
 use kiln_ir::{
     DType, Dim, Graph, IrError, LayoutRole, Node, NodeId, Op, PoolKind, QuantOp, ReduceKind, Tensor, ValueId,
 };
@@ -92,16 +92,26 @@ fn anchor(graph: &Graph, node: &Node) -> bool {
         return false;
     }
     match &node.op {
+        // What the integer kernel computes (it has no fallback in this layout): a per-tensor
+        // input zero point, symmetric weights, sums i32 holds exactly.
         Op::Quant(QuantOp::ConvInteger(a)) => {
-            let w = node
-                .inputs
-                .get(1)
-                .copied()
-                .flatten()
-                .and_then(|w| graph.known_value(w));
+            let input = |i: usize| node.inputs.get(i).copied().flatten();
+            let w = input(1).and_then(|w| graph.known_value(w));
+            let x_zero_ok = input(2).is_none_or(|z| graph.value_type(z).num_elements() == Some(1));
+            let w_zero_ok = input(3).is_none_or(|z| {
+                graph
+                    .known_value(z)
+                    .is_some_and(|t| t.to_f64_vec().iter().all(|&v| v == 0.0))
+            });
             !a.channels_last
                 && a.group <= 1
-                && w.is_some_and(|w| w.dtype() == DType::I8 && w.shape().len() == 4)
+                && x_zero_ok
+                && w_zero_ok
+                && w.is_some_and(|w| {
+                    w.dtype() == DType::I8
+                        && w.shape().len() == 4
+                        && w.shape()[1..].iter().product::<usize>() <= MAX_EXACT_INTEGER_K
+                })
         }
         Op::Conv(a) => {
             let Some(w) = node

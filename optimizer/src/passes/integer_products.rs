@@ -33,10 +33,12 @@
 //! What it takes: u8 activations with a per-tensor constant scale and zero point; constant s8
 //! weights with a constant scale and zero weight zero points, of a dense 2-D convolution
 //! (group 1) or a 2-D matrix with K a multiple of 4 (the integer matrix kernel reads A's rows
-//! in place, four bytes at a time). The activation's QuantizeLinear stays: it now feeds the
+//! in place, four bytes at a time); sums of at most `MAX_EXACT_INTEGER_K` products, which i32
+//! holds exactly. The activation's QuantizeLinear stays: it now feeds the
 //! integer product (and `fake-quantize` leaves its other pairs alone).
 
 use crate::Pass;
+use kiln_ir::ops::MAX_EXACT_INTEGER_K;
 use kiln_ir::rewrite::{rebuild, remove_dead, Rewrite};
 use kiln_ir::{Binary, DType, Graph, IrError, Node, Op, QuantOp, Tensor, ValueId};
 
@@ -183,6 +185,18 @@ fn integer_weights(
     Some((wt, scale))
 }
 
+/// Whether weights of shape `ws` as the integer product reads them make one the kernels
+/// compute: a 4-D convolution kernel, or a 2-D `[K, N]` matrix with K in whole quads (A's rows
+/// are read in place, four bytes at a time); sums of at most `MAX_EXACT_INTEGER_K` products,
+/// which i32 holds exactly.
+fn integer_shape(ws: &[usize], conv: bool) -> bool {
+    match ws {
+        [_, c, kh, kw] if conv => c * kh * kw <= MAX_EXACT_INTEGER_K,
+        [k, _] if !conv => k % 4 == 0 && *k <= MAX_EXACT_INTEGER_K,
+        _ => false,
+    }
+}
+
 /// Positive and finite (NaN fails both).
 fn usable(s: f64) -> bool {
     s > 0.0 && s.is_finite()
@@ -227,14 +241,8 @@ fn integer_product(graph: &Graph, node: &Node) -> Option<IntegerProduct> {
         }
         _ => return None,
     };
-    let ws = wq.shape();
-    let ok_shape = if conv {
-        ws.len() == 4
-    } else {
-        // K (B's rows) whole quads.
-        ws.len() == 2 && weights.as_ref().map_or(ws[0], |t| t.shape()[0]) % 4 == 0
-    };
-    if !ok_shape || !usable(sx) || !sw.iter().all(|&s| usable(s)) {
+    let as_read = weights.as_ref().map_or(wq.shape(), |t| t.shape());
+    if !integer_shape(as_read, conv) || !usable(sx) || !sw.iter().all(|&s| usable(s)) {
         return None;
     }
     Some(IntegerProduct {
@@ -275,13 +283,7 @@ fn qlinear_product(graph: &Graph, node: &Node) -> Option<IntegerProduct> {
         _ => return None,
     };
     let (wq, sw) = integer_weights(graph, input(3)?, input(4)?, input(5), None, channel_axis)?;
-    let ws = wq.shape();
-    let ok_shape = if conv {
-        ws.len() == 4
-    } else {
-        ws.len() == 2 && ws[0] % 4 == 0
-    };
-    if !ok_shape || !usable(sx) || !sw.iter().all(|&s| usable(s)) {
+    if !integer_shape(wq.shape(), conv) || !usable(sx) || !sw.iter().all(|&s| usable(s)) {
         return None;
     }
     let scale: Vec<f32> = sw.iter().map(|&s| (sx * s) as f32).collect();

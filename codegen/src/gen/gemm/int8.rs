@@ -7,8 +7,9 @@
 //! The K axis runs in *quads*: `vpdpbusd` multiplies four u8 of A by four s8 of B and adds the
 //! four products to an i32 lane, so B is packed at compile time as `[panel][K/4][NR]` 32-bit
 //! words holding rows `4q..4q+3` of one column (zero past K), and A's rows are read in place,
-//! four bytes at a time, broadcast to every lane. Accumulation is exact in i32 (a quad adds at
-//! most 4 × 255 × 128 = 130560; K up to 16384 cannot overflow).
+//! four bytes at a time, broadcast to every lane. Accumulation is exact in i32: a product is at
+//! most 255 × 128 in magnitude, so K up to `kiln_ir::ops::MAX_EXACT_INTEGER_K` (65536) cannot
+//! overflow, the zero-point correction included.
 //!
 //! Zero points: `Σ (a - za)(b - zb)` with constant zero weights' zero point (the symmetric s8
 //! weights quantizers write) is `Σ a·b - za · Σ_k b[k, j]`; the column sums are packed at
@@ -33,6 +34,7 @@ use crate::kernel::PackedConst;
 use crate::node::NodeInfo;
 use crate::target::Arch;
 use crate::target::TargetDesc;
+use kiln_ir::ops::MAX_EXACT_INTEGER_K;
 use kiln_ir::{ConvAttrs, DType, Layout};
 
 /// The GEMM kernel for a MatMulInteger node (inputs A, B, a_zero_point?, b_zero_point?) with
@@ -63,7 +65,7 @@ pub(crate) fn lower_matmul_integer(
     };
     let (kb, n) = (*kb, *n);
     // Whole quads per row: A's rows are read in place, four bytes at a time.
-    if sa.len() < 2 || k != kb || k == 0 || n == 0 || k % 4 != 0 || k > 16384 {
+    if sa.len() < 2 || k != kb || k == 0 || n == 0 || k % 4 != 0 || k > MAX_EXACT_INTEGER_K {
         return Ok(None);
     }
     let m: usize = sa[..sa.len() - 1].iter().product();
@@ -138,7 +140,7 @@ pub(crate) fn lower_conv_integer(
     if k == 0
         || m == 0
         || oh * ow == 0
-        || k > 16384
+        || k > MAX_EXACT_INTEGER_K
         || nb * h * wd * c >= 1 << 31
         || nb * oh * ow * m >= 1 << 31
     {

@@ -181,3 +181,65 @@ fn model_transposes_cancel_against_ours() {
         &kiln_ir::eval::eval_graph(&g, vec![x]).unwrap(),
     );
 }
+
+/// `x (u8) → ConvInteger → Cast → Relu`, the weights' zero point `wz` (None: absent).
+fn integer_conv(wz: Option<i8>) -> Graph {
+    let mut g = Graph::new("int");
+    let x = g.add_input("x", TensorType::fixed(DType::U8, &[1, 4, 5, 5]));
+    let w = g.add_const(
+        "w",
+        Tensor::from_vec(
+            vec![2, 4, 3, 3],
+            (0..72).map(|i| (i % 7) as i8 - 3).collect::<Vec<_>>(),
+        ),
+    );
+    let xz = g.add_const("xz", Tensor::scalar(9u8));
+    let wz = wz.map(|z| g.add_const("wz", Tensor::from_vec(vec![2], vec![z, 0])));
+    let a = ConvAttrs {
+        pads: vec![1, 1, 1, 1],
+        group: 1,
+        ..ConvAttrs::default()
+    };
+    let c = g
+        .add(
+            "c",
+            Op::Quant(QuantOp::ConvInteger(a)),
+            vec![Some(x), Some(w), Some(xz), wz],
+            "c",
+        )
+        .unwrap();
+    let f = g
+        .add("f", Op::Cast { to: DType::F32 }, vec![Some(c)], "f")
+        .unwrap();
+    let r = g.add("r", Op::Unary(Unary::Relu), vec![Some(f)], "r").unwrap();
+    g.add_output("r", r);
+    g
+}
+
+#[test]
+fn integer_convolutions_go_channels_last_where_the_kernel_takes_them() {
+    let laid_out = |g: &Graph| {
+        g.nodes()
+            .iter()
+            .any(|n| matches!(&n.op, Op::Quant(QuantOp::ConvInteger(a)) if a.channels_last))
+    };
+    let with = ChannelsLast { integer_conv: true };
+    for wz in [None, Some(0)] {
+        let before = integer_conv(wz);
+        let mut h = before.clone();
+        assert!(with.run(&mut h).unwrap() > 0);
+        assert!(laid_out(&h), "{h}");
+        let x = Tensor::from_vec(
+            vec![1, 4, 5, 5],
+            (0..100).map(|i| (i * 37 % 256) as u8).collect::<Vec<_>>(),
+        );
+        let run = |g: &Graph| kiln_ir::eval::eval_graph(g, vec![x.clone()]).unwrap();
+        assert_eq!(run(&before), run(&h));
+    }
+    // A weight zero point the integer kernel does not apply, or a target without the kernel:
+    // the model's layout.
+    for (pass, wz) in [(with, Some(1)), (ChannelsLast::default(), None)] {
+        let mut h = integer_conv(wz);
+        assert_eq!(pass.run(&mut h).unwrap(), 0);
+    }
+}
