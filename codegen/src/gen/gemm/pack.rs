@@ -129,6 +129,54 @@ pub(crate) fn pair_panels(packed: &PackedConst, k: usize, nr: usize) -> Option<P
 }
 
 impl GemmKernel {
+    /// Packs rows `[row, row+MR)` of a channels-last convolution's im2col A (u8) into `dst` as
+    /// rows of quads for the K block of `kc` quads at quad `k0`, `a_row_stride()` words per
+    /// row: taps outside the image hold `pad` (A's zero point, an integer zero), K past its
+    /// last element zero (its weights are zero too).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn pack_a_quads<'ctx>(
+        &self,
+        e: &Emit<'_, 'ctx>,
+        dst: PointerValue<'ctx>,
+        src: PointerValue<'ctx>,
+        row: IntValue<'ctx>,
+        k0: IntValue<'ctx>,
+        kc: IntValue<'ctx>,
+        pad: IntValue<'ctx>,
+    ) -> Result<()> {
+        let Operand::Im2colNhwc { g, .. } = self.a else {
+            return Err(crate::error::CodegenError::internal(
+                "u8 quad rows from a non-im2col A",
+            ));
+        };
+        let (mr, m) = (self.tile.mr as i64, self.m as i64);
+        let row_bytes = 4 * self.a_row_stride().expect("integer A has rows");
+        // The block's k range in bytes; the last block may end inside a quad.
+        let k0e = e.mulc(k0, 4)?;
+        let kcw = e.mulc(kc, 4)?;
+        let kce = e.umin(kcw, e.sub(e.i64c(self.k_elems as i64), k0e)?)?;
+        crate::gen::conv_nhwc::pack_a_im2col(
+            e,
+            dst,
+            src,
+            row,
+            k0e,
+            kce,
+            mr,
+            m,
+            &g,
+            row_bytes,
+            PackTo::U8 { pad },
+            self.tile.lanes,
+        )?;
+        for i in 0..mr {
+            let at = e.gep_u8(dst, e.addc(kce, i * row_bytes)?)?;
+            e.b.build_memset(at, 1, e.cx.i8_type().const_zero(), e.sub(kcw, kce)?)
+                .map_err(llvm)?;
+        }
+        Ok(())
+    }
+
     /// Packs rows `[row, row+MR)` × pairs `[k0, k0+kc)` of a run-time A into `dst` as bf16
     /// pair rows (row i at `dst[i*rs..]`, `rs = pair_row_stride`), rounding to nearest even;
     /// rows past M are zero.

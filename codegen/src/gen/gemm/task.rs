@@ -161,7 +161,7 @@ impl GemmKernel {
             let kc = e.umin(e.i64c(kc_max), e.sub(e.i64c(kk), k0)?)?;
             let first = e.icmp(IntPredicate::EQ, kb, e.i64c(0))?;
             let last = e.icmp(IntPredicate::EQ, kb, e.i64c(n_kb - 1))?;
-            let (a_base, a_ps) = if let (Some(int8), Operand::Im2colNhwc { g, .. }) = (self.int8, &self.a) {
+            let (a_base, a_ps) = if let (Some(int8), Operand::Im2colNhwc { .. }) = (self.int8, &self.a) {
                 // u8 im2col rows of KC words; taps outside the image hold A's zero point.
                 let rs = self.a_row_stride().expect("int8 rows");
                 let pad = match int8.a_zero {
@@ -172,38 +172,10 @@ impl GemmKernel {
                     }
                     None => e.cx.i8_type().const_zero(),
                 };
-                let (k0e, kce, kcw) = (
-                    e.mulc(k0, 4)?,
-                    e.umin(
-                        e.mulc(kc, 4)?,
-                        e.sub(e.i64c(self.k_elems as i64), e.mulc(k0, 4)?)?,
-                    )?,
-                    e.mulc(kc, 4)?,
-                );
                 e.for_range(e.i64c(0), n_mp, 1, |mp| {
                     let row = e.add(m0, e.mulc(mp, mr)?)?;
                     let dst = e.gep_f32(apack, e.mulc(mp, mr * rs)?)?;
-                    crate::gen::conv_nhwc::pack_a_im2col(
-                        e,
-                        dst,
-                        ptrs.a,
-                        row,
-                        k0e,
-                        kce,
-                        mr,
-                        m,
-                        g,
-                        4 * rs,
-                        PackTo::U8 { pad },
-                        self.tile.lanes,
-                    )?;
-                    // K past its last quad: zero (its weights are zero too).
-                    for i in 0..mr {
-                        let at = e.gep_u8(dst, e.addc(kce, i * 4 * rs)?)?;
-                        e.b.build_memset(at, 1, e.cx.i8_type().const_zero(), e.sub(kcw, kce)?)
-                            .map_err(llvm)?;
-                    }
-                    Ok(())
+                    self.pack_a_quads(e, dst, ptrs.a, row, k0, kc, pad)
                 })?;
                 (apack, e.i64c(mr * rs))
             } else if self.int8.is_some() {
