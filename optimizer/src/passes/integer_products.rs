@@ -9,7 +9,12 @@
 //! ```
 //!
 //! and a Gemm (alpha 1, A not transposed) as the MatMul, its B transposed at compile time, plus
-//! C. The QOperator forms are the same products followed by the output's quantization:
+//! C. `sw` is per output channel (column) or per tensor; the product's scale is a constant
+//! `[M, 1, 1]` for a convolution, `[N]` for a matrix product. The integer sum is exact, so the
+//! two sides differ only by the float rounding of the dequantized operands and of their sum,
+//! which the right side does not have.
+//!
+//! The QOperator forms are the same products followed by the output's quantization:
 //!
 //! ```text
 //! QLinearConv(xq, sx, zx, wq, sw, 0, sy, zy, B)
@@ -18,10 +23,7 @@
 //!
 //! and QLinearMatMul likewise (without B); these differ from the operators' reference only by
 //! where the float rescale rounds. Between them, a MaxPool of u8 values becomes the float
-//! MaxPool between exact conversions (`float_max_pool`), which channels-last carries. `sw` is per output channel (column) or per tensor; the product's scale is a constant
-//! `[M, 1, 1]` for a convolution, `[N]` for a matrix product. The integer sum is exact, so the
-//! two sides differ only by the float rounding of the dequantized operands and of their sum,
-//! which the right side does not have.
+//! MaxPool between exact conversions (`float_max_pool`), which channels-last carries.
 //!
 //! Why: quantizers write every convolution and matrix product of a QDQ model this way, and the
 //! float form computes with f32 operands (and f32 weights: four times the bytes). The integer
@@ -35,8 +37,8 @@
 //! weights with a constant scale and zero weight zero points, of a dense 2-D convolution
 //! (group 1) or a 2-D matrix with K a multiple of 4 (the integer matrix kernel reads A's rows
 //! in place, four bytes at a time); sums of at most `MAX_EXACT_INTEGER_K` products, which i32
-//! holds exactly. The activation's QuantizeLinear stays: it now feeds the
-//! integer product (and `fake-quantize` leaves its other pairs alone).
+//! holds exactly. The activation's QuantizeLinear stays: it now feeds the integer product
+//! (and `fake-quantize` leaves its other pairs alone).
 
 use crate::Pass;
 use kiln_ir::ops::MAX_EXACT_INTEGER_K;
