@@ -1,8 +1,9 @@
-//! Integer products on `vpdpbusd` (AVX-512 VNNI; `sdot` on aarch64, see `IntDot`): MatMulInteger with a run-time u8 A and
-//! constant s8 weights, the product onnxruntime's dynamic quantization writes (A quantized at
-//! run time by DynamicQuantizeLinear), and channels-last ConvInteger; with `integer-products`
-//! both also compute a QDQ model's matrix products and convolutions, A of a convolution being
-//! the u8 im2col matrix packed at run time.
+//! Integer products on dot-product instructions: `vpdpbusd` (AVX-512 VNNI), or `sdot` on
+//! aarch64 (`IntDot`). MatMulInteger with a run-time u8 A and constant s8 weights (the product
+//! onnxruntime's dynamic quantization writes, A quantized at run time by DynamicQuantizeLinear)
+//! and channels-last ConvInteger; with `integer-products` both also compute a QDQ model's
+//! matrix products and convolutions, A of a convolution being the u8 im2col matrix packed at
+//! run time.
 //!
 //! The K axis runs in *quads*: `vpdpbusd` multiplies four u8 of A by four s8 of B and adds the
 //! four products to an i32 lane, so B is packed at compile time as `[panel][K/4][NR]` 32-bit
@@ -18,10 +19,10 @@
 //! whose A is read in place) K not a multiple of 4 stay with the kernel library.
 //!
 //! Column constants: the packed slot `bias_col` names holds rows of `N + NR` values, those
-//! present in this order: the column sums (i32, with an A zero point), the dequantizing scales
-//! (f32, with `Epilogue::dequantize`) and the bias (f32). A dequantized product then runs the
-//! f32 epilogue (residual, activation, bf16 rounding) and stores f32; otherwise it stores its
-//! i32 sums.
+//! present in this order: the column sums (i32, with an A zero point or `sdot`), the
+//! dequantizing scales (f32, with `Epilogue::dequantize`) and the bias (f32). A dequantized
+//! product then runs the f32 epilogue (residual, activation, bf16 rounding) and stores f32, or
+//! u8 with `Epilogue::quantize`; otherwise it stores its i32 sums.
 
 use super::blocking::plan_blocks;
 use super::pack::block_major_panels;
@@ -32,8 +33,7 @@ use crate::kernel::epilogue::{Activation, Bias, Epilogue, Residual};
 use crate::kernel::geometry::ConvShape;
 use crate::kernel::PackedConst;
 use crate::node::NodeInfo;
-use crate::target::Arch;
-use crate::target::TargetDesc;
+use crate::target::{Arch, TargetDesc};
 use kiln_ir::ops::MAX_EXACT_INTEGER_K;
 use kiln_ir::{ConvAttrs, DType, Layout};
 
