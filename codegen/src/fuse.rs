@@ -147,7 +147,7 @@ fn fake_quant_after(
 }
 
 /// The values of a constant f32 operand that is one per output channel (`[n]`, or `[1, .., n]`)
-/// or a single value (repeated `n` times).
+/// or a single value (repeated `n` times): a scale or bias per column of a product.
 fn per_channel_const(graph: &Graph, v: ValueId, n: usize) -> Option<Vec<f32>> {
     let t = graph.known_value(v)?;
     if t.dtype() != DType::F32 || t.shape().iter().rev().skip(1).any(|&d| d != 1) {
@@ -390,15 +390,12 @@ pub fn find_chains(graph: &Graph, cpu: bool) -> Vec<Chain> {
                     let oty = graph.value_type(o);
                     if chain.residual.is_none() && oty == &out_ty && graph.known_value(o).is_none() {
                         chain.residual = Some(o);
-                    } else if let (true, None, Some(t)) = (is_matmul, &chain.col_bias, graph.known_value(o)) {
+                    } else if is_matmul && chain.col_bias.is_none() && graph.known_value(o).is_some() {
                         let n = out_ty.fixed_shape().and_then(|s| s.last().copied()).unwrap_or(0);
-                        if t.dtype() != DType::F32
-                            || t.len() != n
-                            || t.shape().iter().rev().skip(1).any(|&d| d != 1)
-                        {
+                        let Some(bias) = per_channel_const(graph, o, n) else {
                             break;
-                        }
-                        chain.col_bias = Some(t.to_f64_vec().iter().map(|&v| v as f32).collect());
+                        };
+                        chain.col_bias = Some(bias);
                     } else {
                         break;
                     }

@@ -13,15 +13,6 @@ use crate::target::TargetDesc;
 use kiln_ir::{DType, Layout, Op, QuantOp};
 
 pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GeneratedKernel>>> {
-    match node.op() {
-        Op::Quant(QuantOp::MatMulInteger) => {
-            return super::gemm::lower_matmul_integer(node, target, Epilogue::default())
-        }
-        Op::Quant(QuantOp::ConvInteger(a)) => {
-            return super::gemm::lower_conv_integer(node, target, Epilogue::default(), a)
-        }
-        _ => {}
-    }
     let epi = match node_bias(node)? {
         Some(e) => e,
         None => return Ok(None),
@@ -45,7 +36,10 @@ fn node_bias(node: &NodeInfo) -> Result<Option<Epilogue>> {
                 None => Ok(None),
             }
         }
-        Op::MatMul | Op::Gemm { .. } => Ok(Some(Epilogue::default())),
+        // The integer products' own epilogue stores their i32 sums.
+        Op::MatMul | Op::Gemm { .. } | Op::Quant(QuantOp::MatMulInteger | QuantOp::ConvInteger(_)) => {
+            Ok(Some(Epilogue::default()))
+        }
         _ => Ok(None),
     }
 }
