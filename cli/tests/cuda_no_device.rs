@@ -77,6 +77,9 @@ fn run(a: &Artifacts, driver: &Path, env: &[(&str, &str)], extra: &[&str]) -> Ou
         .env_remove("FAKE_CUDA_SM")
         .env_remove("FAKE_CUDA_FAIL")
         .env_remove("FAKE_CUDA_JIT_FAIL")
+        .env_remove("FAKE_CUDA_NO_GRAPHS")
+        .env_remove("FAKE_CUDA_STATS")
+        .env_remove("KILN_CUDA_GRAPH")
         .env("KILN_CUDA_DRIVER", driver)
         .arg("--input")
         .arg(fixture("conv_basic").join("inputs/x.npy"))
@@ -203,6 +206,68 @@ fn host_runtime_runs_against_the_fake_driver() {
     assert!(String::from_utf8_lossy(&o.stdout).contains("CUDA device 0 (Fake GPU)"));
     let t = std::fs::read_to_string(&trace).unwrap();
     assert!(t.contains("Conv"), "trace without the kernels: {t}");
+}
+
+/// The fake driver's launch counts of one process: (kernels launched on their own, graph
+/// launches, captures, kernels recorded into graphs).
+fn launch_counts(a: &Artifacts, env: &[(&str, &str)], extra: &[&str]) -> [u64; 4] {
+    let stats = a.dir.join("stats.txt");
+    let _ = std::fs::remove_file(&stats);
+    let mut env = env.to_vec();
+    let path = stats.to_str().unwrap().to_string();
+    env.extend([("FAKE_CUDA_DEVICES", "1"), ("FAKE_CUDA_HOST", "1")]);
+    env.push(("FAKE_CUDA_STATS", &path));
+    let o = run(a, &a.fake, &env, extra);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let line = std::fs::read_to_string(&stats).unwrap();
+    let n: Vec<u64> = line
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert_eq!(n.len(), 4, "{line}");
+    [n[0], n[1], n[2], n[3]]
+}
+
+/// A run is one CUDA graph launch: the kernel table is captured once per context and replayed;
+/// profiled runs (which time each kernel) and `KILN_CUDA_GRAPH=0` launch kernel by kernel, and a
+/// driver whose capture fails falls back to the same launches.
+#[test]
+fn a_run_is_one_cuda_graph_launch() {
+    let a = artifacts();
+    let info = Command::new(&a.exe).arg("--info").output().unwrap();
+    let info: serde_json::Value = serde_json::from_slice(&info.stdout).unwrap();
+    let kernels = info["kernels"].as_u64().unwrap();
+    assert!(kernels >= 2, "{info}");
+    // One run; then --bench 5: a warm-up and five timed runs, one capture in all.
+    assert_eq!(launch_counts(&a, &[], &["--quiet"]), [0, 1, 1, kernels]);
+    assert_eq!(launch_counts(&a, &[], &["--bench", "5"]), [0, 6, 1, kernels]);
+    // Failures reported from inside the graph still name their kernel.
+    let o = run(
+        &a,
+        &a.fake,
+        &[
+            ("FAKE_CUDA_DEVICES", "1"),
+            ("FAKE_CUDA_HOST", "1"),
+            ("FAKE_CUDA_FAIL", "1:2"),
+        ],
+        &[],
+    );
+    assert_one_line_error(&o, "kernel 1 (node '");
+    // Profiled runs: the unprofiled warm-up replays the graph, the 3 timed runs launch each kernel.
+    let trace = a.dir.join("graph_trace.json");
+    let profiled = ["--bench", "3", "--profile", trace.to_str().unwrap(), "--quiet"];
+    assert_eq!(
+        launch_counts(&a, &[], &profiled),
+        [3 * kernels, 1, 1, kernels]
+    );
+    assert_eq!(
+        launch_counts(&a, &[("KILN_CUDA_GRAPH", "0")], &["--bench", "2"]),
+        [3 * kernels, 0, 0, 0]
+    );
+    assert_eq!(
+        launch_counts(&a, &[("FAKE_CUDA_NO_GRAPHS", "1")], &["--bench", "2"]),
+        [3 * kernels, 0, 0, 0]
+    );
 }
 
 /// An output that is the input: the run copies the input to the device, into the output on the

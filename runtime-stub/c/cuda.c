@@ -25,6 +25,8 @@ typedef struct CUctx_st *CUcontext;
 typedef struct CUmod_st *CUmodule;
 typedef struct CUfunc_st *CUfunction;
 typedef struct CUstream_st *CUstream;
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphExec_st *CUgraphExec;
 
 #define CUDA_SUCCESS 0
 #define CUDA_ERROR_NO_DEVICE 100
@@ -34,6 +36,8 @@ typedef struct CUstream_st *CUstream;
 #define CU_JIT_ERROR_LOG_BUFFER 5
 #define CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES 6
 #define CU_STREAM_NON_BLOCKING 1
+/* Only this thread's unsafe calls break a capture (another thread's context use does not). */
+#define CU_STREAM_CAPTURE_MODE_THREAD_LOCAL 1
 /* Dynamic shared memory above this needs the function attribute set (opt-in). */
 #define DEFAULT_SHARED_LIMIT (48 * 1024)
 
@@ -66,11 +70,23 @@ typedef struct CUstream_st *CUstream;
                      unsigned bz, unsigned shared, CUstream s, void **params, void **extra))       \
   X(cuGetErrorString, (CUresult r, const char **str))
 
+/* CUDA graphs (driver API of CUDA 11.4 and later): optional. A driver without them runs every
+   kernel as its own launch. */
+#define CUDA_GRAPH_FUNCTIONS(X)                                                                    \
+  X(cuStreamBeginCapture_v2, (CUstream s, int mode))                                               \
+  X(cuStreamEndCapture, (CUstream s, CUgraph * graph))                                             \
+  X(cuGraphInstantiateWithFlags, (CUgraphExec * exec, CUgraph graph, unsigned long long flags))    \
+  X(cuGraphLaunch, (CUgraphExec exec, CUstream s))                                                 \
+  X(cuGraphExecDestroy, (CUgraphExec exec))                                                        \
+  X(cuGraphDestroy, (CUgraph graph))
+
 typedef struct cuda_api {
   void *lib;
 #define FIELD(name, params) CUresult(*name) params;
   CUDA_FUNCTIONS(FIELD)
+  CUDA_GRAPH_FUNCTIONS(FIELD)
 #undef FIELD
+  int has_graphs; /* every CUDA_GRAPH_FUNCTIONS entry was found */
 } cuda_api;
 
 /* ---- the device state of a context -------------------------------------------------------- */
@@ -90,6 +106,11 @@ typedef struct cuda_state {
   void **frame_host;    /* what the device frame holds now (io[] valid when frame_valid) */
   int frame_valid;
   int32_t error_host[2];
+  /* The kernel table as one CUDA graph, captured at the first unprofiled run and replayed by
+     every later one. Its launches read only the frame, whose device address never changes, so
+     rebinding inputs and outputs (a rewrite of the frame) needs no new graph. */
+  CUgraphExec graph;
+  enum { GRAPH_UNTRIED, GRAPH_READY, GRAPH_OFF } graph_state;
 } cuda_state;
 
 /* What the frame looks like on the host side before it is copied; same layout as kiln_gpu_frame. */
@@ -128,6 +149,15 @@ static int load_driver(cuda_api *api) {
   }
   CUDA_FUNCTIONS(LOAD)
 #undef LOAD
+  api->has_graphs = 1;
+#define LOAD_OPTIONAL(name, params)                                                                \
+  {                                                                                                \
+    void *sym = dlsym(api->lib, #name);                                                            \
+    if (!sym) api->has_graphs = 0;                                                                 \
+    memcpy(&api->name, &sym, sizeof sym);                                                          \
+  }
+  CUDA_GRAPH_FUNCTIONS(LOAD_OPTIONAL)
+#undef LOAD_OPTIONAL
   return 0;
 }
 
@@ -157,6 +187,7 @@ static void state_free(const kiln_model_desc *desc, cuda_state *s) {
       s->api.cuStreamSynchronize(s->stream);
       s->api.cuStreamDestroy_v2(s->stream);
     }
+    if (s->graph) s->api.cuGraphExecDestroy(s->graph);
     if (s->staging)
       for (int32_t i = 0; i < n_io(desc); i++) dev_free(s, &s->staging[i]);
     dev_free(s, &s->arena);
@@ -357,6 +388,12 @@ static int allocate(cuda_state *s, struct kiln_ctx *ctx, const kiln_model_desc *
   return 0;
 }
 
+/* $KILN_CUDA_GRAPH=0 launches every kernel on its own (to compare, or to rule graphs out). */
+static int graphs_wanted(void) {
+  const char *v = getenv("KILN_CUDA_GRAPH");
+  return !(v && strcmp(v, "0") == 0);
+}
+
 struct kiln_ctx *kiln_rt_cuda_create(const struct kiln_model_desc *desc, int32_t device,
                                      const char *weights_path) {
   if (!desc || !desc->cuda) {
@@ -392,6 +429,7 @@ struct kiln_ctx *kiln_rt_cuda_create(const struct kiln_model_desc *desc, int32_t
     kiln_rt_destroy(ctx);
     return NULL;
   }
+  s->graph_state = s->api.has_graphs && graphs_wanted() ? GRAPH_UNTRIED : GRAPH_OFF;
   *kiln_rt_device_slot(ctx) = s;
   kiln_rt_set_device_name(ctx, s->device, s->device_name);
   return ctx;
@@ -428,6 +466,47 @@ static const char *device_error_text(int32_t code) {
   }
 }
 
+/* Launches kernel table row k on `stream`; its one parameter is the frame's device address. */
+static CUresult launch_kernel(cuda_state *s, const kiln_cuda_desc *cd, int32_t k, CUstream stream) {
+  const kiln_cuda_kernel *kk = &cd->kernels[k];
+  void *params[] = {&s->frame};
+  return s->api.cuLaunchKernel(s->functions[k], kk->grid[0], kk->grid[1], kk->grid[2], kk->block[0],
+                               kk->block[1], kk->block[2], kk->shared_bytes, stream, params, NULL);
+}
+
+/* What one run executes on the device: clearing the error slot, then every kernel in table
+   order. On failure *failed is the kernel that could not be launched (-1: the clear). */
+static CUresult enqueue_kernels(cuda_state *s, const kiln_model_desc *desc, CUstream stream, int32_t *failed) {
+  CUresult r = s->api.cuMemsetD32Async(s->error, 0, 2, stream);
+  if (r != CUDA_SUCCESS) return r;
+  for (int32_t k = 0; k < desc->cuda->n_kernels; k++)
+    if ((r = launch_kernel(s, desc->cuda, k, stream)) != CUDA_SUCCESS) {
+      *failed = k;
+      return r;
+    }
+  return CUDA_SUCCESS;
+}
+
+/* Records enqueue_kernels once as a CUDA graph on the context's own stream (recording runs
+   nothing) and instantiates it: a run is then one cuGraphLaunch instead of a launch per kernel,
+   the driver's per-launch cost paid once. Any failure leaves graphs off for this context and
+   runs keep launching kernel by kernel, with the same results. */
+static void capture_graph(cuda_state *s, const kiln_model_desc *desc) {
+  cuda_api *api = &s->api;
+  s->graph_state = GRAPH_OFF;
+  if (api->cuStreamBeginCapture_v2(s->stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) != CUDA_SUCCESS) return;
+  int32_t failed = -1;
+  CUresult launched = enqueue_kernels(s, desc, s->stream, &failed);
+  CUgraph graph = NULL;
+  CUresult ended = api->cuStreamEndCapture(s->stream, &graph);
+  if (launched == CUDA_SUCCESS && ended == CUDA_SUCCESS && graph &&
+      api->cuGraphInstantiateWithFlags(&s->graph, graph, 0) == CUDA_SUCCESS)
+    s->graph_state = GRAPH_READY;
+  else
+    s->graph = NULL;
+  if (graph) api->cuGraphDestroy(graph);
+}
+
 /* Everything between writing the inputs and reading the outputs: the frame, the kernels, the
    output copies. io: the device pointers of the inputs then outputs. */
 static int32_t launch_all(struct kiln_ctx *ctx, cuda_state *s, const CUdeviceptr *io, CUstream stream) {
@@ -456,28 +535,34 @@ static int32_t launch_all(struct kiln_ctx *ctx, cuda_state *s, const CUdeviceptr
       return fail(ctx, s, r, "writing the kernel frame");
     s->frame_valid = 1;
   }
-  if ((r = api->cuMemsetD32Async(s->error, 0, 2, stream)) != CUDA_SUCCESS)
-    return fail(ctx, s, r, "clearing the error slot");
   kiln_prof *prof = kiln_rt_prof_run_begin(ctx);
-  for (int32_t k = 0; k < cd->n_kernels; k++) {
-    const kiln_cuda_kernel *kk = &cd->kernels[k];
-    void *params[] = {&s->frame};
-    /* Profiled runs time each kernel alone: drain the stream before and after it. */
-    if (prof) {
+  if (prof) {
+    /* Profiled runs time each kernel alone, launched one by one. */
+    if ((r = api->cuMemsetD32Async(s->error, 0, 2, stream)) != CUDA_SUCCESS)
+      return fail(ctx, s, r, "clearing the error slot");
+    for (int32_t k = 0; k < cd->n_kernels; k++) {
       if ((r = api->cuStreamSynchronize(stream)) != CUDA_SUCCESS)
         return fail(ctx, s, r, "waiting for the stream before kernel %d", k);
       kiln_rt_prof_kernel_begin(prof);
-    }
-    r = api->cuLaunchKernel(s->functions[k], kk->grid[0], kk->grid[1], kk->grid[2], kk->block[0], kk->block[1],
-                            kk->block[2], kk->shared_bytes, stream, params, NULL);
-    if (r != CUDA_SUCCESS) return fail(ctx, s, r, "launching kernel %d (%s)", k, kk->entry);
-    if (prof) {
+      if ((r = launch_kernel(s, cd, k, stream)) != CUDA_SUCCESS)
+        return fail(ctx, s, r, "launching kernel %d (%s)", k, cd->kernels[k].entry);
       if ((r = api->cuStreamSynchronize(stream)) != CUDA_SUCCESS)
-        return fail(ctx, s, r, "running kernel %d (%s)", k, kk->entry);
+        return fail(ctx, s, r, "running kernel %d (%s)", k, cd->kernels[k].entry);
       kiln_rt_prof_kernel_end(prof, k);
     }
+    kiln_rt_prof_run_end(prof);
+  } else {
+    if (s->graph_state == GRAPH_UNTRIED) capture_graph(s, desc);
+    if (s->graph_state == GRAPH_READY) {
+      if ((r = api->cuGraphLaunch(s->graph, stream)) != CUDA_SUCCESS)
+        return fail(ctx, s, r, "launching the model's CUDA graph");
+    } else {
+      int32_t failed = -1;
+      if ((r = enqueue_kernels(s, desc, stream, &failed)) != CUDA_SUCCESS)
+        return failed < 0 ? fail(ctx, s, r, "clearing the error slot")
+                          : fail(ctx, s, r, "launching kernel %d (%s)", failed, cd->kernels[failed].entry);
+    }
   }
-  if (prof) kiln_rt_prof_run_end(prof);
   for (int32_t c = 0; c < cd->n_copies; c++) {
     const kiln_cuda_copy *cp = &cd->copies[c];
     if (cp->bytes <= 0) continue;

@@ -11,6 +11,12 @@
  * releases the context with memory, a stream, a module or a pushed context left over. Then
  * $FAKE_CUDA_JIT_FAIL makes loading the PTX fail with a JIT log, and $FAKE_CUDA_FAIL=K:CODE
  * makes the kernel entry kiln_kK report CODE in the frame's error slot.
+ *
+ * Stream capture and CUDA graphs are emulated: while a stream captures, memsets and launches
+ * are recorded instead of run, and a graph launch runs the recording. $FAKE_CUDA_NO_GRAPHS=1
+ * makes the capture fail (a driver whose graphs do not work). $FAKE_CUDA_STATS=FILE appends
+ * one line per released context: "launches L graph_launches G captures C captured_launches K"
+ * (L counts kernels launched outside graphs).
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -95,7 +101,34 @@ static int host(void) {
 }
 
 static long allocations, streams, modules, pushed, retained;
+static long launches, graph_launches, captures, captured_launches, graphs, graph_execs;
 static const char *ptx;
+
+/* A recorded memset (f == NULL) or kernel launch. */
+typedef struct op {
+  void *f;
+  CUdeviceptr frame_or_dst;
+  unsigned value;
+  size_t n;
+} op;
+
+typedef struct recording {
+  op *ops;
+  size_t n, cap;
+} recording;
+
+static void *capturing;      /* the stream being captured, or NULL */
+static recording *capture;   /* what it has recorded */
+
+static void write_stats(void) {
+  const char *path = getenv("FAKE_CUDA_STATS");
+  if (!path) return;
+  FILE *f = fopen(path, "a");
+  if (!f) return;
+  fprintf(f, "launches %ld graph_launches %ld captures %ld captured_launches %ld\n", launches, graph_launches,
+          captures, captured_launches);
+  fclose(f);
+}
 
 static void check(int ok, const char *what) {
   if (ok) return;
@@ -117,6 +150,10 @@ CUresult cuDevicePrimaryCtxRelease_v2(int dev) {
   check(retained > 0, "release without retain");
   retained--;
   if (retained == 0) {
+    write_stats();
+    check(capturing == NULL, "a stream left capturing");
+    check(graphs == 0, "a graph left undestroyed");
+    check(graph_execs == 0, "an instantiated graph left undestroyed");
     check(allocations == 0, "device memory left allocated");
     check(streams == 0, "a stream left undestroyed");
     check(modules == 0, "a module left loaded");
@@ -217,10 +254,23 @@ CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes, vo
   return 0;
 }
 
-CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned value, size_t n, void *s) {
-  (void)s;
-  if (!host()) return UNKNOWN;
+static void record(op o) {
+  if (capture->n == capture->cap) {
+    capture->cap = capture->cap ? 2 * capture->cap : 16;
+    capture->ops = realloc(capture->ops, capture->cap * sizeof *capture->ops);
+    check(capture->ops != NULL, "out of memory");
+  }
+  capture->ops[capture->n++] = o;
+}
+
+static void memset32(CUdeviceptr dst, unsigned value, size_t n) {
   for (size_t i = 0; i < n; i++) ((unsigned *)(uintptr_t)dst)[i] = value;
+}
+
+CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned value, size_t n, void *s) {
+  if (!host()) return UNKNOWN;
+  if (s && s == capturing) record((op){NULL, dst, value, n});
+  else memset32(dst, value, n);
   return 0;
 }
 
@@ -240,19 +290,15 @@ CUresult cuStreamDestroy_v2(void *s) {
 }
 
 CUresult cuStreamSynchronize(void *s) {
-  (void)s;
-  return host() ? 0 : UNKNOWN;
+  if (!host()) return UNKNOWN;
+  check(capturing == NULL || s != capturing, "synchronizing a capturing stream");
+  return 0;
 }
 
-/* The frame (kiln_gpu_frame): arena, weights, error slot, thread scratch, io[]. */
-CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                        unsigned shared, void *s, void **params, void **extra) {
-  (void)shared, (void)s, (void)extra;
-  if (!host()) return UNKNOWN;
-  check(pushed > 0, "launch without a current context");
-  check(gx && gy && gz && bx && by && bz, "empty launch");
-  check(params && params[0], "no kernel parameter");
-  void **frame = (void **)(uintptr_t) * (CUdeviceptr *)params[0];
+/* What a kernel does here: check its frame (kiln_gpu_frame: arena, weights, error slot,
+   thread scratch, io[]) and report $FAKE_CUDA_FAIL's error. */
+static void run_kernel(const char *f, CUdeviceptr frame_address) {
+  void **frame = (void **)(uintptr_t)frame_address;
   int32_t *error = frame[2];
   check(error != NULL, "no error slot in the frame");
   const char *fail = getenv("FAKE_CUDA_FAIL");
@@ -265,5 +311,90 @@ CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned
       error[1] = code;
     }
   }
+}
+
+CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                        unsigned shared, void *s, void **params, void **extra) {
+  (void)shared, (void)extra;
+  if (!host()) return UNKNOWN;
+  check(pushed > 0, "launch without a current context");
+  check(gx && gy && gz && bx && by && bz, "empty launch");
+  check(params && params[0], "no kernel parameter");
+  /* The driver copies the parameters at the launch (or the capture): so does the fake. */
+  CUdeviceptr frame = *(CUdeviceptr *)params[0];
+  if (s && s == capturing) {
+    captured_launches++;
+    record((op){f, frame, 0, 0});
+    return 0;
+  }
+  launches++;
+  run_kernel(f, frame);
+  return 0;
+}
+
+CUresult cuStreamBeginCapture_v2(void *s, int mode) {
+  if (!host()) return UNKNOWN;
+  check(mode == 1, "capture not in thread-local mode");
+  check(capturing == NULL, "nested capture");
+  check(s == (void *)&streams, "capture of an unknown stream");
+  if (getenv("FAKE_CUDA_NO_GRAPHS")) return UNKNOWN;
+  capturing = s;
+  capture = calloc(1, sizeof *capture);
+  check(capture != NULL, "out of memory");
+  captures++;
+  return 0;
+}
+
+CUresult cuStreamEndCapture(void *s, void **graph) {
+  if (!host()) return UNKNOWN;
+  check(s != NULL && s == capturing, "end of a capture that was not begun");
+  capturing = NULL;
+  *graph = capture;
+  capture = NULL;
+  graphs++;
+  return 0;
+}
+
+CUresult cuGraphInstantiateWithFlags(void **exec, void *graph, unsigned long long flags) {
+  check(flags == 0, "unexpected instantiation flags");
+  recording *from = graph, *copy = calloc(1, sizeof *copy);
+  check(copy != NULL, "out of memory");
+  copy->n = copy->cap = from->n;
+  copy->ops = malloc((from->n ? from->n : 1) * sizeof *copy->ops);
+  check(copy->ops != NULL, "out of memory");
+  if (from->n) memcpy(copy->ops, from->ops, from->n * sizeof *copy->ops);
+  graph_execs++;
+  *exec = copy;
+  return 0;
+}
+
+CUresult cuGraphLaunch(void *exec, void *s) {
+  (void)s;
+  check(pushed > 0, "graph launch without a current context");
+  recording *r = exec;
+  graph_launches++;
+  for (size_t i = 0; i < r->n; i++) {
+    if (r->ops[i].f) run_kernel(r->ops[i].f, r->ops[i].frame_or_dst);
+    else memset32(r->ops[i].frame_or_dst, r->ops[i].value, r->ops[i].n);
+  }
+  return 0;
+}
+
+static void free_recording(recording *r) {
+  free(r->ops);
+  free(r);
+}
+
+CUresult cuGraphDestroy(void *graph) {
+  check(graphs > 0, "destroy of an unknown graph");
+  graphs--;
+  free_recording(graph);
+  return 0;
+}
+
+CUresult cuGraphExecDestroy(void *exec) {
+  check(graph_execs > 0, "destroy of an unknown graph instance");
+  graph_execs--;
+  free_recording(exec);
   return 0;
 }
