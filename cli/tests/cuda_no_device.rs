@@ -220,10 +220,7 @@ fn launch_counts(a: &Artifacts, env: &[(&str, &str)], extra: &[&str]) -> [u64; 4
     let o = run(a, &a.fake, &env, extra);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let line = std::fs::read_to_string(&stats).unwrap();
-    let n: Vec<u64> = line
-        .split_whitespace()
-        .filter_map(|w| w.parse().ok())
-        .collect();
+    let n: Vec<u64> = line.split_whitespace().filter_map(|w| w.parse().ok()).collect();
     assert_eq!(n.len(), 4, "{line}");
     [n[0], n[1], n[2], n[3]]
 }
@@ -256,10 +253,7 @@ fn a_run_is_one_cuda_graph_launch() {
     // Profiled runs: the unprofiled warm-up replays the graph, the 3 timed runs launch each kernel.
     let trace = a.dir.join("graph_trace.json");
     let profiled = ["--bench", "3", "--profile", trace.to_str().unwrap(), "--quiet"];
-    assert_eq!(
-        launch_counts(&a, &[], &profiled),
-        [3 * kernels, 1, 1, kernels]
-    );
+    assert_eq!(launch_counts(&a, &[], &profiled), [3 * kernels, 1, 1, kernels]);
     assert_eq!(
         launch_counts(&a, &[("KILN_CUDA_GRAPH", "0")], &["--bench", "2"]),
         [3 * kernels, 0, 0, 0]

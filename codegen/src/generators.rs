@@ -21,8 +21,10 @@ pub enum GpuGenerator {
     Gemm,
     /// Fused attention (`attention`).
     Attention,
-    /// Strided copies and gathers (`copy`).
+    /// Strided copies (`copy`).
     Copy,
+    /// Gathers by run-time indices or compile-time axis maps (`gather`).
+    Gather,
     /// One block per row: softmax, normalizations, reductions (`rows`).
     Rows,
     /// Windowed pooling (`pool`).
@@ -68,7 +70,7 @@ pub fn generators(op: &Op) -> Generators {
         | Op::Reduce { .. }
         | Op::GlobalPool(_) => (&[G::Rows], &[]),
         _ => match op.family() {
-            OpFamily::DataMovement => (&[G::Copy], &[]),
+            OpFamily::DataMovement | OpFamily::Resize => (&[G::Copy, G::Gather], &[]),
             OpFamily::Elementwise => (&[G::Elementwise], &[C::ElementwiseLoop]),
             _ => (&[], &[]),
         },
@@ -83,6 +85,7 @@ impl GpuGenerator {
             GpuGenerator::Gemm => kernels::gemm::lower(node, target),
             GpuGenerator::Attention => kernels::attention::lower(node, target),
             GpuGenerator::Copy => kernels::copy::lower(node, target),
+            GpuGenerator::Gather => kernels::gather::lower(node, target),
             GpuGenerator::Rows => kernels::rows::lower(node, target),
             GpuGenerator::Pool => kernels::pool::lower(node, target),
             GpuGenerator::Elementwise => kernels::elementwise::lower(node, target),
@@ -146,7 +149,7 @@ mod tests {
         assert!(g.gpu.is_empty() && g.cpu.is_empty());
         assert_eq!(
             generators(&Op::Transpose { perm: vec![1, 0] }).gpu,
-            &[GpuGenerator::Copy]
+            &[GpuGenerator::Copy, GpuGenerator::Gather]
         );
     }
 }

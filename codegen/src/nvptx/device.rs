@@ -70,6 +70,7 @@ pub fn build(graph: &Graph, plan: &Plan, target: &TargetDesc, model_name: &str) 
                     plan,
                     target,
                     Mode::Device,
+                    i,
                 )?;
                 // SAFETY: the placeholder body of a GPU kernel is never called.
                 unsafe { body.delete() };
@@ -164,6 +165,7 @@ pub(crate) fn gpu_entry<'ctx>(
     plan: &Plan,
     target: &TargetDesc,
     mode: Mode,
+    kernel_index: usize,
 ) -> Result<FunctionValue<'ctx>> {
     let ptr = cx.ptr_type(AddressSpace::default());
     let f = module.add_function(
@@ -200,6 +202,7 @@ pub(crate) fn gpu_entry<'ctx>(
         n_inputs: k.inputs.len(),
         n_outputs: k.outputs.len(),
         n_packed: k.packed.len(),
+        kernel_index,
     };
     g.emit(&gb)?;
     Ok(f)
@@ -410,14 +413,17 @@ mod tests {
         }
     }
 
-    /// Einsum's micro-kernel is listed as block-parallel, Gather's is not: one launch of a
+    /// Einsum's micro-kernel is listed as block-parallel, GatherElements' is not: one launch of a
     /// block of LIBRARY_THREADS, one of a single thread, each entry starting the block state.
     #[test]
     fn library_kernels_launch_block_parallel_only_when_listed() {
         let mut g = Graph::new("t");
         let a = g.add_input("a", TensorType::fixed(DType::F32, &[8, 16]));
         let b = g.add_input("b", TensorType::fixed(DType::F32, &[16, 4]));
-        let idx = g.add_const("idx", Tensor::from_vec(vec![3], vec![2i64, 0, 7]));
+        let idx = g.add_const(
+            "idx",
+            Tensor::from_vec(vec![2, 4], vec![2i64, 0, 7, 1, 3, 3, 5, 6]),
+        );
         let e = g
             .add(
                 "mm",
@@ -429,7 +435,12 @@ mod tests {
             )
             .unwrap();
         let y = g
-            .add("gather", Op::Gather { axis: 0 }, vec![Some(e), Some(idx)], "y")
+            .add(
+                "gather",
+                Op::GatherElements { axis: 0 },
+                vec![Some(e), Some(idx)],
+                "y",
+            )
             .unwrap();
         g.add_output("y", y);
         let target = TargetDesc::cuda(80).unwrap();
@@ -445,7 +456,7 @@ mod tests {
             blocks,
             vec![
                 ("Einsum".to_string(), [LIBRARY_THREADS, 1, 1]),
-                ("Gather".to_string(), [1, 1, 1])
+                ("GatherElements".to_string(), [1, 1, 1])
             ]
         );
         assert!(

@@ -247,6 +247,7 @@ pub(crate) fn run_plan(
             plan,
             target,
             Mode::Emulated,
+            i,
         )
         .map_err(|e| e.to_string())?;
         let dims = g.launch();
@@ -860,9 +861,17 @@ mod tests {
                 "e",
             )
             .unwrap();
-        let idx = g.add_const("idx", Tensor::from_vec(vec![4], vec![5i64, 0, 3, 3]));
+        let idx = g.add_const(
+            "idx",
+            Tensor::from_vec(vec![2, 5], vec![5i64, 0, 3, 3, 1, 2, 4, 0, 5, 5]),
+        );
         let ge = g
-            .add("ga", Op::Gather { axis: 0 }, vec![Some(e), Some(idx)], "ge")
+            .add(
+                "ga",
+                Op::GatherElements { axis: 0 },
+                vec![Some(e), Some(idx)],
+                "ge",
+            )
             .unwrap();
         g.add_output("ge", ge);
         let attrs = kiln_ir::AttentionAttrs {
@@ -899,14 +908,14 @@ mod tests {
             filled(&[2, 3, 10, 8], 6),
         ];
         let kernels = check_graph(&g, &inputs);
-        for symbol in ["matmul", "einsum", "attention", "gather"] {
+        for symbol in ["matmul", "einsum", "attention", "gather_elements"] {
             assert!(
                 kernels.iter().any(|k| *k == format!("kiln_uk_{symbol}")),
                 "kiln_uk_{symbol} not among {kernels:?}"
             );
         }
         assert_eq!(device::library_threads("attention"), 128);
-        assert_eq!(device::library_threads("gather"), 1);
+        assert_eq!(device::library_threads("gather_elements"), 1);
     }
 
     /// f64 operators the GPU generators leave to the library, sized for the parallel paths:

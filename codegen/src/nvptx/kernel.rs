@@ -165,6 +165,8 @@ pub struct GpuBuilder<'a, 'ctx> {
     pub n_inputs: usize,
     pub n_outputs: usize,
     pub n_packed: usize,
+    /// The kernel's position in the run (the `K` of its entry `kiln_kK`), for error reports.
+    pub kernel_index: usize,
 }
 
 impl<'a, 'ctx> GpuBuilder<'a, 'ctx> {
@@ -407,6 +409,78 @@ impl<'a, 'ctx> GpuBuilder<'a, 'ctx> {
                     .into_pointer_value())
             }
         }
+    }
+
+    /// Runs `body(i)` for every `i` in `0..total` on a 1-D grid of `threads`-thread blocks:
+    /// thread `t` of block `b` starts at `b·threads + t` and strides by the grid's thread count,
+    /// so consecutive threads take consecutive `i` and any grid size covers everything.
+    pub fn grid_stride_loop(
+        &self,
+        total: u64,
+        threads: u64,
+        body: impl FnOnce(IntValue<'ctx>) -> Result<()>,
+    ) -> Result<()> {
+        let e = crate::gen::emit::Emit::new(self.cx, self.module, self.builder, self.function);
+        let first = e.add(
+            e.mulc(self.sreg64(Sreg::CtaidX)?, threads as i64)?,
+            self.sreg64(Sreg::TidX)?,
+        )?;
+        let stride = e.mulc(self.sreg64(Sreg::NctaidX)?, threads as i64)?;
+        let pre = e.b.get_insert_block().expect("positioned");
+        let head = self.cx.append_basic_block(self.function, "elem");
+        let exit = self.cx.append_basic_block(self.function, "done");
+        let enter = e.icmp(inkwell::IntPredicate::ULT, first, e.i64c(total as i64))?;
+        e.b.build_conditional_branch(enter, head, exit).map_err(llvm)?;
+        e.b.position_at_end(head);
+        let phi = e.b.build_phi(self.cx.i64_type(), "i").map_err(llvm)?;
+        phi.add_incoming(&[(&first, pre)]);
+        let i = phi.as_basic_value().into_int_value();
+        body(i)?;
+        let next = e.add(i, stride)?;
+        let latch = e.b.get_insert_block().expect("positioned");
+        phi.add_incoming(&[(&next, latch)]);
+        let more = e.icmp(inkwell::IntPredicate::ULT, next, e.i64c(total as i64))?;
+        e.b.build_conditional_branch(more, head, exit).map_err(llvm)?;
+        e.b.position_at_end(exit);
+        Ok(())
+    }
+
+    /// Records in the frame's error slot that this kernel failed with `code` (kiln_cuda.h's
+    /// `KILN_CUDA_E*`), unless a failure is already recorded: `error[0]` goes from 0 to
+    /// 1 + [`Self::kernel_index`] by compare-and-swap, so of many failing threads one reports,
+    /// and that thread writes `error[1]`. The host reads the slot after the run.
+    pub fn report_error(&self, code: u32) -> Result<()> {
+        let (i32t, b) = (self.cx.i32_type(), self.builder);
+        let frame = self
+            .function
+            .get_nth_param(0)
+            .expect("frame")
+            .into_pointer_value();
+        let error = super::device::load_ptr(self.cx, b, frame, super::frame::ERROR)?;
+        let swap = b
+            .build_cmpxchg(
+                error,
+                i32t.const_zero(),
+                i32t.const_int(self.kernel_index as u64 + 1, false),
+                inkwell::AtomicOrdering::Monotonic,
+                inkwell::AtomicOrdering::Monotonic,
+            )
+            .map_err(llvm)?;
+        let won = b
+            .build_extract_value(swap, 1, "won")
+            .map_err(llvm)?
+            .into_int_value();
+        let e = crate::gen::emit::Emit::new(self.cx, self.module, b, self.function);
+        e.if_then(won, || {
+            // SAFETY: the error slot is two i32s.
+            let at = unsafe {
+                b.build_in_bounds_gep(i32t, error, &[self.cx.i64_type().const_int(1, false)], "code")
+            }
+            .map_err(llvm)?;
+            b.build_store(at, i32t.const_int(code as u64, false))
+                .map_err(llvm)?;
+            Ok(())
+        })
     }
 
     /// `ret void`.

@@ -13,7 +13,7 @@ use crate::gen::emit::Emit;
 use crate::gen::llvm;
 use crate::kernel::KernelCommon;
 use crate::node::NodeInfo;
-use crate::nvptx::{GpuBuilder, GpuKernel, LaunchDims, Sreg};
+use crate::nvptx::{GpuBuilder, GpuKernel, LaunchDims};
 use crate::target::TargetDesc;
 use inkwell::values::{BasicValue, IntValue};
 use inkwell::IntPredicate;
@@ -51,7 +51,8 @@ struct CopyGpu {
 
 /// The copy kernel for `node`, or None when the CPU does not lower it to `kiln_uk_copy`.
 pub fn lower(node: &NodeInfo, _target: &TargetDesc) -> Result<Option<Box<dyn GpuKernel>>> {
-    if node.node.op.family() != kiln_ir::OpFamily::DataMovement {
+    use kiln_ir::OpFamily;
+    if !matches!(node.node.op.family(), OpFamily::DataMovement | OpFamily::Resize) {
         return Ok(None);
     }
     let Some(call) = crate::uk::lower(node)? else {
@@ -176,39 +177,21 @@ impl GpuKernel for CopyGpu {
 
     fn emit(&self, k: &GpuBuilder<'_, '_>) -> Result<()> {
         let e = Emit::new(k.cx, k.module, k.builder, k.function);
-        let total = self.total();
-        let first = e.add(
-            e.mulc(k.sreg64(Sreg::CtaidX)?, THREADS as i64)?,
-            k.sreg64(Sreg::TidX)?,
-        )?;
-        let stride = e.mulc(k.sreg64(Sreg::NctaidX)?, THREADS as i64)?;
-        let pre = e.b.get_insert_block().expect("positioned");
-        let head = k.cx.append_basic_block(k.function, "elem");
-        let exit = k.cx.append_basic_block(k.function, "done");
-        let enter = e.icmp(IntPredicate::ULT, first, e.i64c(total as i64))?;
-        e.b.build_conditional_branch(enter, head, exit).map_err(llvm)?;
-        e.b.position_at_end(head);
-        let phi = e.b.build_phi(k.cx.i64_type(), "i").map_err(llvm)?;
-        phi.add_incoming(&[(&first, pre)]);
-        let i = phi.as_basic_value().into_int_value();
-        // Which copy element i belongs to: the copies' ranges follow one another.
-        let mut start = 0u64;
-        for c in &self.copies {
-            let end = start + c.elements();
-            let lo = e.icmp(IntPredicate::UGE, i, e.i64c(start as i64))?;
-            let hi = e.icmp(IntPredicate::ULT, i, e.i64c(end as i64))?;
-            let inside = e.b.build_and(lo, hi, "").map_err(llvm)?;
-            e.if_then(inside, || {
-                self.copy_element(k, &e, c, e.addc(i, -(start as i64))?)
-            })?;
-            start = end;
-        }
-        let next = e.add(i, stride)?;
-        let latch = e.b.get_insert_block().expect("positioned");
-        phi.add_incoming(&[(&next, latch)]);
-        let more = e.icmp(IntPredicate::ULT, next, e.i64c(total as i64))?;
-        e.b.build_conditional_branch(more, head, exit).map_err(llvm)?;
-        e.b.position_at_end(exit);
+        k.grid_stride_loop(self.total(), THREADS, |i| {
+            // Which copy element i belongs to: the copies' ranges follow one another.
+            let mut start = 0u64;
+            for c in &self.copies {
+                let end = start + c.elements();
+                let lo = e.icmp(IntPredicate::UGE, i, e.i64c(start as i64))?;
+                let hi = e.icmp(IntPredicate::ULT, i, e.i64c(end as i64))?;
+                let inside = e.b.build_and(lo, hi, "").map_err(llvm)?;
+                e.if_then(inside, || {
+                    self.copy_element(k, &e, c, e.addc(i, -(start as i64))?)
+                })?;
+                start = end;
+            }
+            Ok(())
+        })?;
         k.ret()
     }
 }

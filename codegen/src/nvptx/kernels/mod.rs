@@ -5,6 +5,7 @@
 pub mod attention;
 pub mod copy;
 pub mod elementwise;
+pub mod gather;
 pub mod gemm;
 pub mod pool;
 pub mod rows;

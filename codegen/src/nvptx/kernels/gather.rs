@@ -1,0 +1,469 @@
+//! Gathers on the GPU: the operators the CPU lowers to the library's `kiln_uk_gather` (Gather
+//! with indices read at run time: embedding lookups, the Q/K/V split of a packed projection)
+//! and `kiln_uk_gather_axes` (a source position per output position on every axis, decided at
+//! compile time: Pad in every mode, Resize in nearest mode). Both read the same descriptors as
+//! the library kernels, so the backends move the same bytes.
+//!
+//! One thread per output element (grid-stride, 256-thread blocks), the innermost axis on
+//! consecutive threads so the stores coalesce. A run-time index outside `[-dim, dim)` stores nothing and reports
+//! `KILN_CUDA_EINDEX` in the frame's error slot, as the library kernel does.
+
+use crate::error::Result;
+use crate::gen::emit::Emit;
+use crate::gen::llvm;
+use crate::kernel::{KernelCommon, PackedConst};
+use crate::node::NodeInfo;
+use crate::nvptx::{GpuBuilder, GpuKernel, LaunchDims};
+use crate::target::TargetDesc;
+use inkwell::types::IntType;
+use inkwell::values::{BasicValue, IntValue, PointerValue};
+use inkwell::IntPredicate;
+use kiln_ir::DType;
+
+const THREADS: u64 = 256;
+/// More blocks than this and threads loop (a grid-stride loop) instead.
+const MAX_BLOCKS: u64 = 1 << 20;
+/// kiln_cuda.h's KILN_CUDA_EINDEX.
+const EINDEX: u32 = 1;
+/// Ranks `kiln_uk_gather_axes` takes (the library's MV_MAX_RANK).
+const MAX_RANK: usize = 8;
+
+/// The kernel for `node`, or None when the CPU does not lower it to one of the two gathers.
+pub fn lower(node: &NodeInfo, _target: &TargetDesc) -> Result<Option<Box<dyn GpuKernel>>> {
+    use kiln_ir::OpFamily;
+    if !matches!(node.node.op.family(), OpFamily::DataMovement | OpFamily::Resize) {
+        return Ok(None);
+    }
+    let Some(call) = crate::uk::lower(node)? else {
+        return Ok(None);
+    };
+    let at = &call.iattr;
+    let what = node.node.op.name();
+    Ok(match call.symbol {
+        "gather" => {
+            let index = match node.input_dtype(1) {
+                Some(DType::I64) => 8,
+                Some(DType::I32) => 4,
+                _ => return Ok(None),
+            };
+            // Elements, not wider units: a graph input's device pointer is only known to be
+            // aligned to its element.
+            let unit = element_size(node);
+            let inner_bytes = at[3] as u64;
+            if ![1, 2, 4, 8].contains(&unit) || !inner_bytes.is_multiple_of(unit) {
+                return Ok(None);
+            }
+            Some(Box::new(IndexGather {
+                outer: at[0] as u64,
+                dim: at[1] as u64,
+                indices: at[2] as u64,
+                unit,
+                inner: inner_bytes / unit,
+                index_bytes: index,
+                what,
+            }))
+        }
+        "gather_axes" => AxisMapGather::from_attrs(at, node, what).map(|g| Box::new(g) as Box<dyn GpuKernel>),
+        _ => None,
+    })
+}
+
+fn element_size(node: &NodeInfo) -> u64 {
+    node.output_type(0).dtype.size_bytes() as u64
+}
+
+fn int_type<'ctx>(k: &GpuBuilder<'_, 'ctx>, bytes: u64) -> IntType<'ctx> {
+    match bytes {
+        1 => k.cx.i8_type(),
+        2 => k.cx.i16_type(),
+        4 => k.cx.i32_type(),
+        _ => k.cx.i64_type(),
+    }
+}
+
+/// Moves one `bytes`-wide unit from byte offset `from` of `src` to byte offset `to` of `dst`.
+fn move_unit<'ctx>(
+    k: &GpuBuilder<'_, 'ctx>,
+    e: &Emit<'_, 'ctx>,
+    bytes: u64,
+    (src, from): (PointerValue<'ctx>, IntValue<'ctx>),
+    (dst, to): (PointerValue<'ctx>, IntValue<'ctx>),
+) -> Result<()> {
+    let ty = int_type(k, bytes);
+    let v = e.b.build_load(ty, e.gep_u8(src, from)?, "").map_err(llvm)?;
+    v.as_instruction_value()
+        .expect("a load")
+        .set_alignment(bytes as u32)
+        .map_err(llvm)?;
+    let st = e.b.build_store(e.gep_u8(dst, to)?, v).map_err(llvm)?;
+    st.set_alignment(bytes as u32).map_err(llvm)
+}
+
+fn launch(total: u64) -> LaunchDims {
+    let blocks = total.div_ceil(THREADS).clamp(1, MAX_BLOCKS);
+    LaunchDims {
+        grid: [blocks as u32, 1, 1],
+        block: [THREADS as u32, 1, 1],
+        shared_bytes: 0,
+    }
+}
+
+/// `out[o, j, r] = data[o, idx[j], r]` (`kiln_uk_gather`'s `[outer, dim, n_indices, inner]`),
+/// with `r` counted in `unit`-byte elements.
+#[derive(Debug)]
+struct IndexGather {
+    outer: u64,
+    dim: u64,
+    indices: u64,
+    unit: u64,
+    inner: u64,
+    index_bytes: u64,
+    what: &'static str,
+}
+
+impl IndexGather {
+    fn total(&self) -> u64 {
+        self.outer * self.indices * self.inner
+    }
+}
+
+impl KernelCommon for IndexGather {
+    fn describe(&self) -> String {
+        format!(
+            "gpu gather {} {}x[{} of {}]x{} ({} B units)",
+            self.what, self.outer, self.indices, self.dim, self.inner, self.unit
+        )
+    }
+}
+
+impl GpuKernel for IndexGather {
+    fn launch(&self) -> LaunchDims {
+        launch(self.total())
+    }
+
+    fn emit(&self, k: &GpuBuilder<'_, '_>) -> Result<()> {
+        let e = Emit::new(k.cx, k.module, k.builder, k.function);
+        let (data, idx, out) = (k.input(0)?, k.input(1)?, k.output(0)?);
+        k.grid_stride_loop(self.total(), THREADS, |i| {
+            let r = e.uremc(i, self.inner as i64)?;
+            let t = e.udivc(i, self.inner as i64)?;
+            let j = e.uremc(t, self.indices as i64)?;
+            let o = e.udivc(t, self.indices as i64)?;
+            let ity = int_type(k, self.index_bytes);
+            let at = e.gep_u8(idx, e.mulc(j, self.index_bytes as i64)?)?;
+            let v = e.b.build_load(ity, at, "idx").map_err(llvm)?.into_int_value();
+            let v =
+                e.b.build_int_s_extend_or_bit_cast(v, k.cx.i64_type(), "")
+                    .map_err(llvm)?;
+            let negative = e.icmp(IntPredicate::SLT, v, e.i64c(0))?;
+            let wrapped = e.addc(v, self.dim as i64)?;
+            let w =
+                e.b.build_select(negative, wrapped, v, "w")
+                    .map_err(llvm)?
+                    .into_int_value();
+            // Unsigned: a still-negative index is huge, so one compare checks both ends.
+            let inside = e.icmp(IntPredicate::ULT, w, e.i64c(self.dim as i64))?;
+            e.if_else(
+                inside,
+                || {
+                    let row = e.add(e.mulc(o, self.dim as i64)?, w)?;
+                    let from = e.mulc(e.add(e.mulc(row, self.inner as i64)?, r)?, self.unit as i64)?;
+                    let to = e.mulc(i, self.unit as i64)?;
+                    move_unit(k, &e, self.unit, (data, from), (out, to))
+                },
+                || k.report_error(EINDEX),
+            )
+        })?;
+        k.ret()
+    }
+}
+
+/// `kiln_uk_gather_axes`: output position `p` reads input position `map_k[p_k]` on every axis
+/// `k`, or the fill value where any map says -1. The maps are a packed constant (i32).
+#[derive(Debug)]
+struct AxisMapGather {
+    esize: u64,
+    out_dims: Vec<u64>,
+    in_strides: Vec<i64>,
+    maps: Vec<i32>,
+    /// The fill: `Some(bits)` fixed at compile time, None for Pad's `constant_value` input
+    /// (read at run time when present, else zero).
+    fill_bits: Option<u64>,
+    what: &'static str,
+}
+
+impl AxisMapGather {
+    fn from_attrs(at: &[i64], node: &NodeInfo, what: &'static str) -> Option<AxisMapGather> {
+        let (esize, rank) = (at[0] as u64, at[1] as usize);
+        if ![1, 2, 4, 8].contains(&esize) || rank == 0 || rank > MAX_RANK {
+            return None;
+        }
+        let out_dims: Vec<u64> = at[2..2 + rank].iter().map(|&d| d as u64).collect();
+        let in_strides = at[2 + rank..2 + 2 * rank].to_vec();
+        let n_maps: u64 = out_dims.iter().sum();
+        let m = 2 + 2 * rank;
+        let maps = at[m..m + n_maps as usize]
+            .iter()
+            .map(|&v| i32::try_from(v).ok())
+            .collect::<Option<Vec<i32>>>()?;
+        let tail = &at[m + n_maps as usize..];
+        let fill_bits = if tail[2] == 1 {
+            Some(tail[3] as u64)
+        } else if !node.has_input(2) || node.input_shape(2).ok()?.iter().product::<usize>() == 0 {
+            Some(0)
+        } else if let Some(t) = node.known(2) {
+            let mut bits = [0u8; 8];
+            let b = t.to_le_bytes();
+            bits[..(esize as usize).min(b.len())].copy_from_slice(&b[..(esize as usize).min(b.len())]);
+            Some(u64::from_le_bytes(bits))
+        } else {
+            None
+        };
+        Some(AxisMapGather {
+            esize,
+            out_dims,
+            in_strides,
+            maps,
+            fill_bits,
+            what,
+        })
+    }
+
+    fn total(&self) -> u64 {
+        self.out_dims.iter().product()
+    }
+}
+
+impl KernelCommon for AxisMapGather {
+    fn describe(&self) -> String {
+        format!(
+            "gpu gather {} {:?} by axis maps ({} B elements)",
+            self.what, self.out_dims, self.esize
+        )
+    }
+
+    fn packed_constants(&self) -> Vec<PackedConst> {
+        vec![PackedConst {
+            bytes: self.maps.iter().flat_map(|m| m.to_le_bytes()).collect(),
+        }]
+    }
+}
+
+impl GpuKernel for AxisMapGather {
+    fn launch(&self) -> LaunchDims {
+        launch(self.total())
+    }
+
+    fn emit(&self, k: &GpuBuilder<'_, '_>) -> Result<()> {
+        let e = Emit::new(k.cx, k.module, k.builder, k.function);
+        let (src, out, maps) = (k.input(0)?, k.output(0)?, k.packed(0)?);
+        let ty = int_type(k, self.esize);
+        k.grid_stride_loop(self.total(), THREADS, |i| {
+            // Source byte offset, and whether any axis maps outside the input.
+            let mut off = e.i64c(0);
+            let mut outside = k.cx.bool_type().const_zero();
+            let mut rest = i;
+            let mut map_start: u64 = self.out_dims.iter().sum();
+            for (d, &extent) in self.out_dims.iter().enumerate().rev() {
+                map_start -= extent;
+                let p = if d == 0 {
+                    rest
+                } else {
+                    e.uremc(rest, extent as i64)?
+                };
+                if d > 0 {
+                    rest = e.udivc(rest, extent as i64)?;
+                }
+                let at = e.gep_u8(maps, e.mulc(e.addc(p, map_start as i64)?, 4)?)?;
+                let s =
+                    e.b.build_load(k.cx.i32_type(), at, "map")
+                        .map_err(llvm)?
+                        .into_int_value();
+                let s = e.b.build_int_s_extend(s, k.cx.i64_type(), "").map_err(llvm)?;
+                let neg = e.icmp(IntPredicate::SLT, s, e.i64c(0))?;
+                outside = e.b.build_or(outside, neg, "").map_err(llvm)?;
+                off = e.add(off, e.mulc(s, self.in_strides[d])?)?;
+            }
+            let to = e.mulc(i, self.esize as i64)?;
+            e.if_else(
+                outside,
+                || {
+                    let fill = match self.fill_bits {
+                        Some(bits) => ty.const_int(bits, false).as_basic_value_enum(),
+                        None => e.b.build_load(ty, k.input(2)?, "fill").map_err(llvm)?,
+                    };
+                    let st = e.b.build_store(e.gep_u8(out, to)?, fill).map_err(llvm)?;
+                    st.set_alignment(self.esize as u32).map_err(llvm)
+                },
+                || move_unit(k, &e, self.esize, (src, off), (out, to)),
+            )
+        })?;
+        k.ret()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::nvptx::emulate::{check_graph, ptxas_check, run_graph};
+    use kiln_ir::{
+        AspectRatioPolicy, CoordTransform, DType, Graph, NearestMode, Op, PadMode, ResizeAttrs, ResizeMode,
+        Tensor, TensorType, ValueId,
+    };
+
+    fn f32_input(g: &mut Graph, name: &str, shape: &[usize]) -> (ValueId, Tensor) {
+        let v = g.add_input(name, TensorType::fixed(DType::F32, shape));
+        let n: usize = shape.iter().product();
+        let t = Tensor::from_vec(
+            shape.to_vec(),
+            (0..n).map(|i| i as f32 * 0.25 - 5.0).collect::<Vec<f32>>(),
+        );
+        (v, t)
+    }
+
+    fn assert_gathers(kernels: &[String]) {
+        assert!(
+            kernels.iter().all(|k| k.starts_with("gpu gather")),
+            "not all GPU gathers: {kernels:?}"
+        );
+    }
+
+    /// Gather with run-time indices on the first and a middle axis, i64 and i32 indices,
+    /// negative ones counting from the end, an index tensor of rank 2.
+    fn gather_graph() -> (Graph, Vec<Tensor>) {
+        let mut g = Graph::new("t");
+        let (table, tt) = f32_input(&mut g, "table", &[50, 24]);
+        let ids = g.add_input("ids", TensorType::fixed(DType::I64, &[2, 7]));
+        let rows = g
+            .add(
+                "rows",
+                Op::Gather { axis: 0 },
+                vec![Some(table), Some(ids)],
+                "rows",
+            )
+            .unwrap();
+        g.add_output("rows", rows);
+        let (x, xt) = f32_input(&mut g, "x", &[3, 9, 5]);
+        let cols = g.add_input("cols", TensorType::fixed(DType::I32, &[4]));
+        let mid = g
+            .add("mid", Op::Gather { axis: 1 }, vec![Some(x), Some(cols)], "mid")
+            .unwrap();
+        g.add_output("mid", mid);
+        let ids_t = Tensor::from_vec(
+            vec![2, 7],
+            vec![0i64, 49, -1, -50, 7, 7, 23, 1, 2, 3, 4, 5, 6, -7],
+        );
+        let cols_t = Tensor::from_vec(vec![4], vec![8i32, -9, 4, 0]);
+        (g, vec![tt, ids_t, xt, cols_t])
+    }
+
+    #[test]
+    fn gather_by_runtime_indices() {
+        let (g, inputs) = gather_graph();
+        assert_gathers(&check_graph(&g, &inputs));
+    }
+
+    #[test]
+    fn an_index_out_of_range_is_reported_by_its_kernel() {
+        let (g, mut inputs) = gather_graph();
+        inputs[3] = Tensor::from_vec(vec![4], vec![8i32, -10, 4, 0]);
+        let err = run_graph(&g, &inputs).unwrap_err();
+        assert_eq!(err, "kernel 1 failed with code 1");
+        inputs[3] = Tensor::from_vec(vec![4], vec![8i32, 9, 4, 0]);
+        assert_eq!(run_graph(&g, &inputs).unwrap_err(), "kernel 1 failed with code 1");
+    }
+
+    fn pad(g: &mut Graph, name: &str, x: ValueId, mode: PadMode, pads: &[i64], value: Option<ValueId>) {
+        let p = g.add_const(
+            format!("{name}_pads"),
+            Tensor::from_vec(vec![pads.len()], pads.to_vec()),
+        );
+        let y = g
+            .add(name, Op::Pad { mode }, vec![Some(x), Some(p), value], name)
+            .unwrap();
+        g.add_output(name, y);
+    }
+
+    #[test]
+    fn pad_in_every_mode() {
+        let mut g = Graph::new("t");
+        let (x, xt) = f32_input(&mut g, "x", &[2, 3, 4, 5]);
+        // The constant comes from a graph input: read on the device at run time.
+        let value = g.add_input("value", TensorType::fixed(DType::F32, &[]));
+        pad(
+            &mut g,
+            "constant",
+            x,
+            PadMode::Constant,
+            &[0, 1, 2, -1, 0, 0, 1, 3],
+            Some(value),
+        );
+        pad(
+            &mut g,
+            "zeros",
+            x,
+            PadMode::Constant,
+            &[0, 0, 1, 1, 0, 0, 1, 1],
+            None,
+        );
+        pad(
+            &mut g,
+            "reflect",
+            x,
+            PadMode::Reflect,
+            &[0, 0, 2, 3, 0, 0, 1, 4],
+            None,
+        );
+        pad(&mut g, "edge", x, PadMode::Edge, &[1, 0, 2, 3, 0, 2, 1, 4], None);
+        pad(&mut g, "wrap", x, PadMode::Wrap, &[0, 1, 2, 3, 0, 0, 3, 2], None);
+        let vt = Tensor::from_vec(vec![], vec![7.5f32]);
+        assert_gathers(&check_graph(&g, &[xt, vt]));
+    }
+
+    #[test]
+    fn resize_nearest() {
+        let mut g = Graph::new("t");
+        let (x, xt) = f32_input(&mut g, "x", &[1, 2, 5, 7]);
+        let scales = g.add_const("scales", Tensor::from_vec(vec![4], vec![1.0f32, 1.0, 2.0, 0.6]));
+        let attrs = ResizeAttrs {
+            mode: ResizeMode::Nearest,
+            coord: CoordTransform::HalfPixel,
+            nearest_mode: NearestMode::RoundPreferFloor,
+            cubic_coeff_a: -0.75,
+            exclude_outside: false,
+            extrapolation_value: 0.0,
+            antialias: false,
+            axes: vec![],
+            keep_aspect_ratio_policy: AspectRatioPolicy::Stretch,
+        };
+        let y = g
+            .add(
+                "resize",
+                Op::Resize(attrs),
+                vec![Some(x), None, Some(scales)],
+                "y",
+            )
+            .unwrap();
+        g.add_output("y", y);
+        assert_gathers(&check_graph(&g, &[xt]));
+    }
+
+    #[test]
+    fn ptx_assembles() {
+        let (g, _) = gather_graph();
+        for sm in [80, 90] {
+            ptxas_check(&g, sm);
+        }
+        let mut g = Graph::new("t");
+        let (x, _) = f32_input(&mut g, "x", &[2, 3, 4, 5]);
+        let value = g.add_input("value", TensorType::fixed(DType::F32, &[]));
+        pad(
+            &mut g,
+            "constant",
+            x,
+            PadMode::Constant,
+            &[0, 1, 2, -1, 0, 0, 1, 3],
+            Some(value),
+        );
+        ptxas_check(&g, 90);
+    }
+}
