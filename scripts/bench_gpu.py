@@ -1,26 +1,27 @@
 #!/usr/bin/env python3
-"""Benchmark kiln's CUDA executables against PyTorch eager and torch.compile on the same GPU.
+"""Benchmark kiln's CUDA executables against the same PyTorch modules on the same GPU.
 
-For each model of bench-models/ (made by `fixtures/make_benchmark_models.py --out bench-models`):
+For each model (torchvision ResNet-50, MobileNetV2, EfficientNet-B0; a torch.nn
+TransformerEncoder 12x768; Hugging Face BertModel base and GPT2LMHeadModel small, when
+`transformers` is installed), all with seeded random weights, batch 1:
 
-  1. compile it with `kiln compile M/model.onnx --target cuda --sm SM [--precision bf16]`;
-  2. build the same graph as a PyTorch module (`OnnxModule` below: the ONNX nodes executed in
-     order with torch operators, the initializers as CUDA tensors), and check kiln's outputs
-     against it (cosine similarity, max |diff|);
-  3. time, in interleaved rounds (kiln, eager, compiled, kiln, ...): kiln:
-     `DIR/M --input NAME=FILE.npy --bench N` (one warm-up, N timed runs, host inputs copied in and
-     outputs copied out); PyTorch: the same host-to-host work (inputs copied to the GPU, forward,
-     outputs copied back) timed around a synchronization, N runs after warm-up, for eager mode
-     and `torch.compile(module)`; with --precision bf16 PyTorch runs under
-     `torch.autocast("cuda", torch.bfloat16)`. Each round gives a median; the table shows the
-     median of the rounds' medians and kiln's ratio to the faster PyTorch.
+  1. export it with `torch.onnx.export` (static shapes) into --work;
+  2. compile it with `kiln compile --target cuda --sm SM` in f32 and with `--precision bf16`;
+  3. check kiln's first output against the torch module's (f32 with TF32 off; cosine and
+     relative error);
+  4. time, host to host (inputs copied to the GPU, the forward pass, outputs copied back, as the
+     kiln executable's `--bench` does): kiln with its CUDA graph (and with `KILN_CUDA_GRAPH=0`,
+     kernel by kernel), torch eager, `torch.compile` (default) and
+     `torch.compile(mode="reduce-overhead")` (CUDA graphs), f32 and under
+     `torch.autocast("cuda", torch.bfloat16)`; median of --runs runs after a warm-up;
+  5. print a table with kiln's ratio to the best torch mode, and with --json write everything.
 
-Needs python packages torch (with CUDA), onnx and numpy, and a GPU. Without a GPU,
-`--check-cpu` still compares `OnnxModule` with onnxruntime on the CPU (for its own tests).
+--profile MODEL... also prints kiln's per-kernel profile (`--profile-top`) of those models in
+f32. --deadline-s stops starting slow steps (torch.compile) when time runs short: a skipped
+cell says so. Needs torch with CUDA, torchvision, numpy, onnx; a GPU.
 
-    python3 scripts/bench_gpu.py [--models resnet50 bert_encoder] [--precision f32 bf16]
-                                 [--sm 80] [--runs 50] [--rounds 3] [--json gpu.json]
-    python3 scripts/bench_gpu.py --check-cpu [--models-dir fixtures/models --models conv_basic]
+    python3 scripts/bench_gpu.py --sm 90 --json gpu.json
+    python3 scripts/bench_gpu.py --models encoder bert --precision f32 --modes eager reduce-overhead
 """
 from __future__ import annotations
 
@@ -34,340 +35,272 @@ import sys
 import time
 
 import numpy as np
-import onnx
-from onnx import numpy_helper
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LATENCY = re.compile(r"latency: median ([0-9.]+) ms, min ([0-9.]+) ms over (\d+) runs")
+LATENCY = re.compile(r"latency: median ([0-9.]+) ms")
+MODELS = ["resnet50", "mobilenet_v2", "efficientnet_b0", "encoder", "bert", "gpt2"]
+MODES = ["eager", "default", "reduce-overhead"]
+START = time.time()
 
 
-def torch_module():
-    import torch  # imported late: --help and argument errors need no torch
-
-    return torch
+def log(*a):
+    print(f"[{time.time() - START:6.0f}s]", *a, flush=True)
 
 
-class OnnxModule:
-    """An ONNX graph run with torch operators. Shape operands (Reshape's shape, Unsqueeze's
-    axes) must be initializers: they are read once here, so torch.compile sees plain ints."""
+def make_module(name: str):
+    """The torch module and its example inputs (a dict name -> CPU tensor), or None when a
+    package it needs is missing."""
+    import torch
 
-    def __init__(self, path: str, device: str):
-        torch = torch_module()
-        self.torch = torch
-        model = onnx.load(path)
-        self.graph = model.graph
-        self.consts = {}
-        self.np_consts = {}
-        for init in self.graph.initializer:
-            arr = numpy_helper.to_array(init)
-            self.np_consts[init.name] = arr
-            self.consts[init.name] = torch.from_numpy(np.ascontiguousarray(arr)).to(device)
-        for node in self.graph.node:
-            if node.op_type == "Constant":
-                arr = numpy_helper.to_array(node.attribute[0].t)
-                self.np_consts[node.output[0]] = arr
-                self.consts[node.output[0]] = torch.from_numpy(np.ascontiguousarray(arr)).to(device)
-        self.inputs = [i.name for i in self.graph.input if i.name not in self.consts]
-        self.outputs = [o.name for o in self.graph.output]
-        # Everything but the tensor work is resolved here, so the forward pass torch.compile
-        # traces is torch operators and dictionary lookups only.
-        self.steps = []
-        for n in self.graph.node:
-            if n.op_type == "Constant":
-                continue
-            if n.op_type not in OPS:
-                raise SystemExit(f"bench_gpu: {path}: node '{n.name}' ({n.op_type}) has no torch equivalent here")
-            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
-            if n.op_type == "Reshape":
-                attrs["shape"] = _const_ints(self, n, 1)
-            if n.op_type == "Unsqueeze" and len(n.input) > 1:
-                attrs["axes"] = _const_ints(self, n, 1)
-            self.steps.append((OPS[n.op_type], list(n.input), list(n.output), attrs))
+    torch.manual_seed(0)
+    img = {"x": torch.randn(1, 3, 224, 224)}
+    if name in ("resnet50", "mobilenet_v2", "efficientnet_b0"):
+        import torchvision
 
-    def __call__(self, *args):
-        env = dict(self.consts)
-        env.update(zip(self.inputs, args))
-        for op, inputs, outputs, attrs in self.steps:
-            outs = op(self, [env[i] if i else None for i in inputs], attrs)
-            if not isinstance(outs, (list, tuple)):
-                outs = [outs]
-            env.update(zip(outputs, outs))
-        return [env[o] for o in self.outputs]
+        return getattr(torchvision.models, name)(), img
+    if name == "encoder":
+
+        class Encoder(torch.nn.Module):
+            """BERT-base-sized: 12 layers, d=768, 12 heads, GELU, batch_first, seq 128."""
+
+            def __init__(self):
+                super().__init__()
+                layer = torch.nn.TransformerEncoderLayer(
+                    768, 12, 3072, activation="gelu", batch_first=True, dropout=0.0
+                )
+                self.enc = torch.nn.TransformerEncoder(layer, 12, enable_nested_tensor=False)
+                for p in self.enc.parameters():  # the 12 layers start as copies: make them differ
+                    torch.nn.init.normal_(p, std=0.02)
+
+            def forward(self, x):
+                return self.enc(x)
+
+        return Encoder(), {"x": torch.randn(1, 128, 768)}
+    try:
+        import transformers
+    except ImportError:
+        return None
+    ids = torch.randint(0, 30000, (1, 128))
+    if name == "bert":
+        m = transformers.BertModel(transformers.BertConfig(), add_pooling_layer=False)
+        return m, {"input_ids": ids, "attention_mask": torch.ones(1, 128, dtype=torch.int64)}
+    if name == "gpt2":
+        cfg = transformers.GPT2Config(use_cache=False)
+        return transformers.GPT2LMHeadModel(cfg), {"input_ids": ids}
+    raise ValueError(name)
 
 
-def _pads(torch, x, attrs, nsp):
-    """Symmetric pads as torch's padding argument; asymmetric ones applied to x first."""
-    if attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
-        raise SystemExit("bench_gpu: auto_pad is not supported; export with explicit pads")
-    pads = list(attrs.get("pads", [0] * (2 * nsp)))
-    begin, end = pads[:nsp], pads[nsp:]
-    if begin == end:
-        return x, begin
-    flat = []
-    for b, e in zip(reversed(begin), reversed(end)):
-        flat += [b, e]
-    return torch.nn.functional.pad(x, flat), [0] * nsp
+class First(object):
+    """Calls a module with keyword inputs and returns its first output as a tensor."""
+
+    def __init__(self, module):
+        self.module = module
+
+    def __call__(self, **kw):
+        y = self.module(**kw)
+        if isinstance(y, (tuple, list)):
+            return y[0]
+        if hasattr(y, "to_tuple"):
+            return y.to_tuple()[0]
+        return y
 
 
-def _conv(m, ins, a):
-    F = m.torch.nn.functional
-    x, w = ins[0], ins[1]
-    b = ins[2] if len(ins) > 2 else None
-    nsp = w.dim() - 2
-    x, pad = _pads(m.torch, x, a, nsp)
-    conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[nsp]
-    return conv(x, w, b, stride=list(a.get("strides", [1] * nsp)), padding=pad,
-                dilation=list(a.get("dilations", [1] * nsp)), groups=a.get("group", 1))
+def export(name: str, module, inputs: dict, path: str) -> None:
+    import torch
+
+    names = list(inputs)
+
+    class Positional(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = module
+
+        def forward(self, *args):
+            return First(self.m)(**dict(zip(names, args)))
+
+    args = tuple(inputs.values())
+    try:
+        torch.onnx.export(Positional().eval(), args, path, input_names=names, output_names=["y"],
+                          opset_version=17, dynamo=False)
+    except Exception as e:  # a torch without the TorchScript exporter
+        log(f"{name}: TorchScript export failed ({str(e)[:160]}); using the dynamo exporter")
+        torch.onnx.export(Positional().eval(), args, path, input_names=names, output_names=["y"],
+                          opset_version=18, dynamo=True, external_data=False)
 
 
-def _maxpool(m, ins, a):
-    F = m.torch.nn.functional
-    k = list(a["kernel_shape"])
-    x, pad = _pads(m.torch, ins[0], a, len(k))
-    pool = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}[len(k)]
-    return pool(x, k, stride=list(a.get("strides", [1] * len(k))), padding=pad,
-                dilation=list(a.get("dilations", [1] * len(k))), ceil_mode=bool(a.get("ceil_mode", 0)))
-
-
-def _gemm(m, ins, a):
-    x = ins[0].t() if a.get("transA", 0) else ins[0]
-    w = ins[1].t() if a.get("transB", 0) else ins[1]
-    y = (x @ w) * a.get("alpha", 1.0)
-    if len(ins) > 2 and ins[2] is not None:
-        y = y + ins[2] * a.get("beta", 1.0)
-    return y
-
-
-def _const_ints(m, n, i):
-    name = n.input[i]
-    if name not in m.np_consts:
-        raise SystemExit(f"bench_gpu: node '{n.name}' ({n.op_type}): input {i} must be a constant")
-    return [int(v) for v in m.np_consts[name].reshape(-1)]
-
-
-def _reshape(m, ins, a):
-    shape = a["shape"]
-    x = ins[0]
-    shape = [x.shape[i] if s == 0 and not a.get("allowzero", 0) else s for i, s in enumerate(shape)]
-    return x.reshape(shape)
-
-
-def _unsqueeze(m, ins, a):
-    axes = list(a["axes"])
-    x = ins[0]
-    rank = x.dim() + len(axes)
-    for ax in sorted(ax % rank for ax in axes):
-        x = x.unsqueeze(ax)
-    return x
-
-
-def _cast(m, ins, a):
-    torch = m.torch
-    dtypes = {1: torch.float32, 6: torch.int32, 7: torch.int64, 9: torch.bool, 10: torch.float16,
-              11: torch.float64, 16: torch.bfloat16}
-    return ins[0].to(dtypes[a["to"]])
-
-
-def _clip(m, ins, a):
-    lo = ins[1] if len(ins) > 1 and ins[1] is not None else a.get("min")
-    hi = ins[2] if len(ins) > 2 and ins[2] is not None else a.get("max")
-    return m.torch.clamp(ins[0], min=lo, max=hi)
-
-
-def _layernorm(m, ins, a):
-    x = ins[0]
-    axis = a.get("axis", -1) % x.dim()
-    b = ins[2] if len(ins) > 2 else None
-    return m.torch.nn.functional.layer_norm(x, x.shape[axis:], ins[1], b, a.get("epsilon", 1e-5))
-
-
-def _batchnorm(m, ins, a):
-    x, scale, bias, mean, var = ins[:5]
-    return m.torch.nn.functional.batch_norm(x, mean, var, scale, bias, False, 0.0, a.get("epsilon", 1e-5))
-
-
-OPS = {
-    "Conv": _conv,
-    "BatchNormalization": _batchnorm,
-    "Relu": lambda m, i, a: m.torch.relu(i[0]),
-    "Sigmoid": lambda m, i, a: m.torch.sigmoid(i[0]),
-    "Erf": lambda m, i, a: m.torch.erf(i[0]),
-    "Clip": _clip,
-    "Add": lambda m, i, a: i[0] + i[1],
-    "Sub": lambda m, i, a: i[0] - i[1],
-    "Mul": lambda m, i, a: i[0] * i[1],
-    "Div": lambda m, i, a: i[0] / i[1],
-    "MatMul": lambda m, i, a: m.torch.matmul(i[0], i[1]),
-    "Gemm": _gemm,
-    "MaxPool": _maxpool,
-    "GlobalAveragePool": lambda m, i, a: i[0].mean(dim=list(range(2, i[0].dim())), keepdim=True),
-    "Flatten": lambda m, i, a: i[0].reshape(
-        (int(np.prod(i[0].shape[: a.get("axis", 1)])), -1)),
-    "Identity": lambda m, i, a: i[0],
-    "Cast": _cast,
-    "Unsqueeze": _unsqueeze,
-    "Reshape": _reshape,
-    "Transpose": lambda m, i, a: i[0].permute(
-        list(a["perm"]) if "perm" in a else list(reversed(range(i[0].dim())))),
-    "Softmax": lambda m, i, a: m.torch.softmax(i[0], dim=a.get("axis", -1)),
-    "LayerNormalization": _layernorm,
-}
-
-
-def load_inputs(mdir: str, names: list[str]) -> dict:
-    return {n: np.load(os.path.join(mdir, "inputs", sanitize(n) + ".npy")) for n in names}
-
-
-def sanitize(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
-
-
-def agreement(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
-    a64, b64 = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
-    denom = np.linalg.norm(a64) * np.linalg.norm(b64)
-    cos = float(a64 @ b64 / denom) if denom > 0 else float(np.array_equal(a64, b64))
-    return cos, float(np.max(np.abs(a64 - b64))) if a64.size else 0.0
-
-
-def check_cpu(args) -> int:
-    """OnnxModule against onnxruntime on the CPU: the torch side of the benchmark is the model."""
-    import onnxruntime as ort
-
-    torch = torch_module()
-    worst = 1.0
-    for name in args.models:
-        path = os.path.join(args.models_dir, name, "model.onnx")
-        mod = OnnxModule(path, "cpu")
-        feeds = load_inputs(os.path.join(args.models_dir, name), mod.inputs)
-        sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-        want = sess.run(None, feeds)
-        with torch.no_grad():
-            got = mod(*[torch.from_numpy(feeds[n]) for n in mod.inputs])
-        for o, g, w in zip(mod.outputs, got, want):
-            cos, diff = agreement(g.numpy(), w)
-            worst = min(worst, cos)
-            print(f"{name} {o}: cosine {cos:.7f}, max |diff| {diff:.3g}")
-    ok = worst >= 0.99999
-    print("OnnxModule matches onnxruntime" if ok else "OnnxModule DIFFERS from onnxruntime")
-    return 0 if ok else 1
-
-
-def kiln_run(exe: str, feeds: dict, tmp: str, bench: int | None) -> tuple[float | None, dict]:
-    flags = []
-    for n, v in feeds.items():
-        f = os.path.join(tmp, sanitize(n) + ".npy")
-        if not os.path.exists(f):
-            np.save(f, v)
-        flags += ["--input", f"{n}={f}"]
-    out = os.path.join(tmp, "out")
-    os.makedirs(out, exist_ok=True)
-    cmd = [exe, *flags, "--output-dir", out] + (["--bench", str(bench)] if bench else [])
+def kiln_compile(kiln: str, onnx_path: str, exe: str, sm: int, precision: str) -> tuple[int, str, float]:
+    cmd = [kiln, "compile", onnx_path, "--target", "cuda", "--sm", str(sm), "-o", exe, "--quiet"]
+    if precision == "bf16":
+        cmd += ["--precision", "bf16"]
+    t = time.time()
     r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise SystemExit(f"bench_gpu: {' '.join(cmd)} failed ({r.returncode}): {r.stderr.strip()}")
-    m = LATENCY.search(r.stdout)
-    outs = {f[:-4]: np.load(os.path.join(out, f)) for f in os.listdir(out) if f.endswith(".npy")}
-    return (float(m.group(1)) if m else None), outs
+    return r.returncode, (r.stdout + r.stderr).strip(), time.time() - t
 
 
-def torch_timer(torch, fn, feeds: list, runs: int) -> float:
-    """Median ms of `runs` host-to-host runs after two warm-ups (compilation happens there)."""
+def kiln_args(feeds: dict, work: str, name: str) -> list[str]:
+    args = []
+    for k, v in feeds.items():
+        p = os.path.join(work, f"{name}_in_{k}.npy")
+        np.save(p, v)
+        args += ["--input", f"{k}={p}"]
+    return args
+
+
+def kiln_bench(exe: str, args: list[str], runs: int, env: dict | None = None) -> float | None:
+    r = subprocess.run([exe, *args, "--bench", str(runs)], capture_output=True, text=True,
+                       env={**os.environ, **(env or {})}, timeout=600)
+    m = LATENCY.search(r.stdout + r.stderr)
+    if not m:
+        log(f"  {os.path.basename(exe)}: {(r.stdout + r.stderr).strip()[-300:]}")
+    return float(m.group(1)) if m else None
+
+
+def torch_bench(fn, feeds: dict, runs: int) -> float:
+    """Host to host, as kiln's --bench: copy in, forward, copy the first output back."""
+    import torch
+
     def once():
-        with torch.no_grad():
-            outs = fn(*[torch.from_numpy(f).cuda(non_blocking=False) for f in feeds])
-            return [o.float().cpu() for o in outs]
-    for _ in range(2):
+        xs = {k: torch.from_numpy(v).cuda() for k, v in feeds.items()}
+        return fn(**xs).float().cpu()
+
+    for _ in range(10):
         once()
     times = []
     for _ in range(runs):
-        torch.cuda.synchronize()
         t = time.perf_counter()
         once()
-        torch.cuda.synchronize()
         times.append((time.perf_counter() - t) * 1e3)
     return statistics.median(times)
 
 
-def bench(args) -> int:
-    torch = torch_module()
-    if not torch.cuda.is_available():
-        print("bench_gpu: no CUDA device visible to PyTorch", file=sys.stderr)
-        return 1
-    gpu = torch.cuda.get_device_name(0)
-    os.makedirs(args.work, exist_ok=True)
-    results = []
-    for name in args.models:
-        mdir = os.path.join(args.models_dir, name)
-        path = os.path.join(mdir, "model.onnx")
-        mod = OnnxModule(path, "cuda")
-        feeds = load_inputs(mdir, mod.inputs)
-        ordered = [feeds[n] for n in mod.inputs]
-        compiled = torch.compile(mod.__call__)
-        for precision in args.precision:
-            exe = os.path.join(args.work, f"{name}-{precision}")
-            t0 = time.time()
-            subprocess.run([args.kiln, "compile", path, "-o", exe, "--target", "cuda", "--sm", str(args.sm),
-                            "--precision", precision], check=True)
-            compile_s = time.time() - t0
-            tmp = os.path.join(args.work, f"{name}-{precision}.io")
-            os.makedirs(tmp, exist_ok=True)
-            _, kiln_outs = kiln_run(exe, feeds, tmp, None)
-            ctx = torch.autocast("cuda", dtype=torch.bfloat16) if precision == "bf16" else _null()
-            with ctx, torch.no_grad():
-                ref = [o.float().cpu().numpy() for o in mod(*[torch.from_numpy(f).cuda() for f in ordered])]
-            cos, diff = min((agreement(kiln_outs[sanitize(o)], r) for o, r in zip(mod.outputs, ref)),
-                            key=lambda t: t[0])
-            rounds = {"kiln": [], "eager": [], "compile": []}
-            for _ in range(args.rounds):
-                rounds["kiln"].append(kiln_run(exe, feeds, tmp, args.runs)[0])
-                with (torch.autocast("cuda", dtype=torch.bfloat16) if precision == "bf16" else _null()):
-                    rounds["eager"].append(torch_timer(torch, mod, ordered, args.runs))
-                    rounds["compile"].append(torch_timer(torch, compiled, ordered, args.runs))
-            med = {k: statistics.median(v) for k, v in rounds.items()}
-            best = min(med["eager"], med["compile"])
-            results.append({"model": name, "precision": precision, "gpu": gpu, "sm": args.sm,
-                            "kiln_ms": med["kiln"], "eager_ms": med["eager"], "compile_ms": med["compile"],
-                            "kiln_over_compile": med["kiln"] / med["compile"], "kiln_over_best": med["kiln"] / best,
-                            "cosine_vs_torch": cos, "max_abs_diff": diff, "kiln_compile_s": compile_s,
-                            "rounds": rounds})
-            print(f"{name} {precision}: kiln {med['kiln']:.3f} ms, eager {med['eager']:.3f} ms, "
-                  f"torch.compile {med['compile']:.3f} ms → kiln/compile {med['kiln'] / med['compile']:.2f} "
-                  f"(cosine vs torch {cos:.6f})", flush=True)
-    print(f"\nGPU: {gpu}, sm_{args.sm}, batch 1, {args.runs} runs × {args.rounds} rounds, host-to-host\n")
-    print("| model | precision | kiln ms | eager ms | torch.compile ms | kiln / torch.compile | cosine |")
-    print("|---|---|---|---|---|---|---|")
-    for r in results:
-        print(f"| {r['model']} | {r['precision']} | {r['kiln_ms']:.3f} | {r['eager_ms']:.3f} | "
-              f"{r['compile_ms']:.3f} | {r['kiln_over_compile']:.2f} | {r['cosine_vs_torch']:.6f} |")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
-    return 0
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
+def cosine(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    cos = float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-300))
+    return cos, float(np.linalg.norm(a - b) / (np.linalg.norm(b) + 1e-300))
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models-dir", default=os.path.join(ROOT, "bench-models"))
-    p.add_argument("--models", nargs="+", default=["resnet50", "mobilenetv2", "efficientnet_b0", "bert_encoder"])
+    p.add_argument("--models", nargs="+", default=MODELS, choices=MODELS)
     p.add_argument("--precision", nargs="+", default=["f32", "bf16"], choices=["f32", "bf16"])
-    p.add_argument("--sm", type=int, default=80)
-    p.add_argument("--runs", type=int, default=50)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--kiln", default=os.path.join(ROOT, "target", "release", "kiln"))
+    p.add_argument("--modes", nargs="+", default=MODES, choices=MODES, help="torch modes to time")
+    p.add_argument("--sm", type=int, default=90)
+    p.add_argument("--runs", type=int, default=100)
+    p.add_argument("--kiln", default=os.environ.get("KILN", os.path.join(ROOT, "target", "release", "kiln")))
     p.add_argument("--work", default=os.path.join(ROOT, ".cache", "bench-gpu"))
+    p.add_argument("--profile", nargs="*", default=[], help="models whose f32 kernel profile to print")
+    p.add_argument("--no-graph-compare", action="store_true", help="skip timing kiln without its CUDA graph")
+    p.add_argument("--deadline-s", type=float, default=1e9, help="start no torch.compile after this many seconds")
     p.add_argument("--json")
-    p.add_argument("--check-cpu", action="store_true",
-                   help="compare the PyTorch version of each model with onnxruntime on the CPU and exit")
     args = p.parse_args()
-    return check_cpu(args) if args.check_cpu else bench(args)
+
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False  # f32 means f32, for torch as for kiln
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.benchmark = True
+    os.makedirs(args.work, exist_ok=True)
+    card = torch.cuda.get_device_name(0)
+    log(f"GPU: {card}; torch {torch.__version__}; kiln: {args.kiln}")
+    results: dict = {"card": card, "torch": torch.__version__, "models": {}}
+
+    def save():
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+
+    for name in args.models:
+        made = make_module(name)
+        if made is None:
+            log(f"{name}: skipped (transformers is not installed)")
+            continue
+        module, inputs = made
+        module.eval()
+        res = results["models"].setdefault(name, {})
+        onnx_path = os.path.join(args.work, name + ".onnx")
+        try:
+            with torch.no_grad():
+                export(name, module, inputs, onnx_path)
+        except Exception as e:
+            res["error"] = f"export: {e}"[:300]
+            log(f"{name}: export failed: {res['error']}")
+            continue
+        feeds = {k: v.numpy() for k, v in inputs.items()}
+        kargs = kiln_args(feeds, args.work, name)
+        gpu_module = module.cuda()
+        eager = First(gpu_module)
+        with torch.no_grad():
+            want = eager(**{k: v.cuda() for k, v in inputs.items()}).float().cpu().numpy()
+        for prec in args.precision:
+            cell = res.setdefault(prec, {})
+            exe = os.path.join(args.work, f"{name}_{prec}")
+            rc, out, secs = kiln_compile(args.kiln, onnx_path, exe, args.sm, prec)
+            cell["kiln_compile_s"] = round(secs, 1)
+            if rc:
+                cell["kiln_error"] = out[-300:]
+                log(f"{name} {prec}: kiln compile failed: {out[-300:]}")
+            else:
+                od = os.path.join(args.work, f"{name}_{prec}_out")
+                r = subprocess.run([exe, *kargs, "--output-dir", od, "--quiet"], capture_output=True, text=True)
+                if r.returncode:
+                    cell["kiln_error"] = (r.stdout + r.stderr).strip()[-300:]
+                    log(f"{name} {prec}: kiln run failed: {cell['kiln_error']}")
+                else:
+                    got = np.load(os.path.join(od, "y.npy"))
+                    cell["cosine"], cell["rel_error"] = cosine(got, want)
+                    cell["kiln_ms"] = kiln_bench(exe, kargs, args.runs)
+                    if not args.no_graph_compare:
+                        cell["kiln_no_graph_ms"] = kiln_bench(exe, kargs, args.runs, {"KILN_CUDA_GRAPH": "0"})
+                    log(f"{name} {prec}: kiln {cell['kiln_ms']} ms (kernel by kernel "
+                        f"{cell.get('kiln_no_graph_ms')}), cosine {cell['cosine']:.6f}, "
+                        f"rel error {cell['rel_error']:.2e}, compile {secs:.0f}s")
+                    if prec == "f32" and name in args.profile:
+                        r = subprocess.run([exe, *kargs, "--bench", "20", "--profile",
+                                            os.path.join(args.work, f"{name}_trace.json"), "--profile-top", "25"],
+                                           capture_output=True, text=True)
+                        log(f"{name} profile:\n{r.stderr.strip()[-6000:]}")
+            for mode in args.modes:
+                if mode != "eager" and time.time() - START > args.deadline_s:
+                    cell[f"torch_{mode}_ms"] = "skipped (time)"
+                    continue
+                try:
+                    t = time.time()
+                    fn = eager
+                    if mode == "default":
+                        fn = First(torch.compile(gpu_module))
+                    elif mode == "reduce-overhead":
+                        fn = First(torch.compile(gpu_module, mode="reduce-overhead"))
+
+                    def run(fn=fn, prec=prec, **kw):
+                        with torch.no_grad(), torch.autocast("cuda", torch.bfloat16, enabled=prec == "bf16"):
+                            return fn(**kw)
+
+                    cell[f"torch_{mode}_ms"] = torch_bench(run, feeds, args.runs)
+                    log(f"{name} {prec}: torch {mode} {cell[f'torch_{mode}_ms']:.3f} ms ({time.time() - t:.0f}s)")
+                except Exception as e:
+                    cell[f"torch_{mode}_ms"] = f"failed: {str(e)[:200]}"
+                    log(f"{name} {prec}: torch {mode} failed: {str(e)[:300]}")
+                torch._dynamo.reset()
+            save()
+        del gpu_module
+        torch.cuda.empty_cache()
+    save()
+    print(f"\n{card}, batch 1, host to host, median of {args.runs} runs (ms); ratio = kiln / best torch mode")
+    head = f"{'model':16s} {'prec':5s} {'kiln':>8s} {'no graph':>8s} " + " ".join(f"{m:>15s}" for m in args.modes)
+    print(head + f" {'ratio':>7s}  cosine")
+    for name, res in results["models"].items():
+        for prec in args.precision:
+            c = res.get(prec)
+            if not c:
+                continue
+            torch_ms = [c.get(f"torch_{m}_ms") for m in args.modes]
+            best = min([t for t in torch_ms if isinstance(t, float)], default=None)
+            k = c.get("kiln_ms")
+            ratio = f"{k / best:.2f}x" if isinstance(k, float) and best else "-"
+            fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else ("-" if v is None else str(v)[:15])
+            print(f"{name:16s} {prec:5s} {fmt(k):>8s} {fmt(c.get('kiln_no_graph_ms')):>8s} "
+                  + " ".join(f"{fmt(t):>15s}" for t in torch_ms) + f" {ratio:>7s}  {fmt(c.get('cosine'))}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -146,6 +146,7 @@ pub(crate) fn supports_on(graph: &Graph, id: NodeId, gpu: bool) -> bool {
         Op::Unary(u) => match u {
             Unary::Abs | Unary::Neg | Unary::Relu => float || int,
             Unary::Not => x == Some(DType::Bool),
+            Unary::IsNaN | Unary::IsInf { .. } => float,
             Unary::Sigmoid
             | Unary::Exp
             | Unary::Tanh
@@ -745,6 +746,25 @@ fn emit_op<'ctx>(
                 select(e, lt, izero, x)
             }
             (Unary::Not, _) => b.build_not(x, "").map_err(llvm),
+            // Unordered with itself: only NaN.
+            (Unary::IsNaN, _) => e.fcmp(FloatPredicate::UNO, x, x),
+            (
+                Unary::IsInf {
+                    detect_positive,
+                    detect_negative,
+                },
+                _,
+            ) => {
+                let inf = fconst(e, f32::INFINITY, n);
+                let pos = e.fcmp(FloatPredicate::OEQ, x, inf)?;
+                let neg = e.fcmp(FloatPredicate::OEQ, x, b.build_float_neg(inf, "").map_err(llvm)?)?;
+                match (detect_positive, detect_negative) {
+                    (true, true) => b.build_or(pos, neg, "").map_err(llvm),
+                    (true, false) => Ok(pos),
+                    (false, true) => Ok(neg),
+                    (false, false) => Ok(pos.get_type().const_zero()),
+                }
+            }
             (Unary::Sigmoid, _) => vmath::sigmoid(e, x),
             (Unary::Exp, _) => vmath::exp(e, x),
             (Unary::Tanh, _) => vmath::tanh(e, x),

@@ -114,7 +114,9 @@ impl G {
                 for (i, c) in got.chunks(4).enumerate() {
                     let g = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
                     assert!(
-                        (g - w[i]).abs() <= 1e-6 + 2e-6 * w[i].abs() || (g.is_nan() && w[i].is_nan()),
+                        g == w[i]
+                            || (g - w[i]).abs() <= 1e-6 + 2e-6 * w[i].abs()
+                            || (g.is_nan() && w[i].is_nan()),
                         "{}: element {i}: got {g}, want {}",
                         k.describe(),
                         w[i]
@@ -258,4 +260,34 @@ fn quantize_and_dequantize_per_tensor() {
     let q = g.op(quantize(DType::I8), &[x, s]);
     let d = g.op(dequantize, &[q, s]);
     g.check(d, 2);
+}
+
+/// f32 values with NaN and both infinities among them.
+fn with_specials(mut v: Vec<f32>) -> Vec<f32> {
+    let special = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.0, f32::MAX, -f32::NAN];
+    for (i, s) in special.iter().enumerate() {
+        v[i * 7] = *s;
+    }
+    v
+}
+
+#[test]
+fn nan_and_infinity_tests() {
+    for (pos, neg) in [(true, true), (true, false), (false, true)] {
+        let mut g = G::new();
+        let x = g.input(DType::F32, &[5, 23]);
+        g.data[0] = Tensor::from_vec(vec![5, 23], with_specials(g.data[0].to_f64_vec().iter().map(|v| *v as f32).collect()));
+        let nan = g.op(Op::Unary(Unary::IsNaN), &[x]);
+        let inf = g.op(
+            Op::Unary(Unary::IsInf {
+                detect_positive: pos,
+                detect_negative: neg,
+            }),
+            &[x],
+        );
+        let either = g.op(Op::Binary(Binary::Or), &[nan, inf]);
+        let z = g.konst(Tensor::scalar(0.0f32));
+        let y = g.op(Op::Where, &[either, z, x]);
+        g.check(y, 4);
+    }
 }

@@ -398,3 +398,34 @@ fn ptx_assembles() {
         }
     }
 }
+
+/// The masked-softmax clean-up of exported attention (`Where(IsNaN(p), 0, p)`) and IsInf in
+/// each of its modes, on NaN and both infinities.
+#[test]
+fn nan_and_infinity_tests() {
+    let mut g = G::new(512);
+    let mut v = g.rand(300);
+    let special = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.0, f32::MAX];
+    for (i, s) in special.iter().enumerate() {
+        v[i * 11] = *s;
+    }
+    let x = g.input_tensor(Tensor::from_vec(vec![3, 100], v));
+    let z = g.konst(Tensor::scalar(0.0f32));
+    let nan = g.un(Unary::IsNaN, x);
+    let cleaned = g.op(Op::Where, &[nan, z, x]);
+    let mut outs = vec![cleaned];
+    for (pos, neg) in [(true, true), (true, false), (false, true)] {
+        outs.push(g.un(
+            Unary::IsInf {
+                detect_positive: pos,
+                detect_negative: neg,
+            },
+            x,
+        ));
+    }
+    let kernels = g.check(&outs);
+    assert!(
+        kernels.iter().all(|k| k.starts_with("gpu elementwise")),
+        "{kernels:?}"
+    );
+}
