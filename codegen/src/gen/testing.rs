@@ -384,6 +384,24 @@ fn matmul_batched_and_vectors() {
     }
 }
 
+/// `[seq, 1, d] · [d, n]` runs as one product of `seq` rows (not `seq` matrix-vector
+/// products), with the same results.
+#[test]
+fn matmul_batch_of_rows_is_one_product() {
+    for (a, cb) in [(&[40usize, 1, 33][..], true), (&[2, 3, 5, 33][..], false)] {
+        let case = CaseBuilder::new(150)
+            .operand(a, false)
+            .operand(&[33, 70], cb)
+            .node(Op::MatMul);
+        case.check(&format!("matmul {a:?} x [33, 70]"));
+        let node = NodeInfo::new(&case.g, case.id);
+        let k = super::products::lower(&node, &TargetDesc::host().unwrap()).unwrap().unwrap();
+        let rows: usize = a[..a.len() - 1].iter().product();
+        assert!(k.describe().contains(&format!(" M={rows} ")), "{}", k.describe());
+        assert!(k.describe().contains(" batch=1 "), "{}", k.describe());
+    }
+}
+
 #[test]
 fn gemm_variants() {
     let (m, k, n) = (11, 23, 19);

@@ -104,6 +104,13 @@ impl Default for Epilogue {
 }
 
 impl Epilogue {
+    /// Whether the epilogue is the same for every row of the product whatever batch entry it
+    /// belongs to, so a product's batch axes may become rows (`Product::with_batch_in_rows`):
+    /// not with a bias per row or a constant residual matrix repeated per entry.
+    pub fn allows_batch_folding(&self) -> bool {
+        !matches!(self.bias, Bias::PerRow(_)) && !matches!(self.residual, Some(Residual::Const(_)))
+    }
+
     /// The epilogue a fusion pass builds: bias (per output channel / row), optional residual
     /// input of the fused node, optional activation.
     pub fn new(bias: Bias, residual: Option<Residual>, activation: Activation) -> Epilogue {

@@ -114,6 +114,27 @@ impl Product {
         }))
     }
 
+    /// The same product as one matrix product when that computes the same thing: B is one
+    /// matrix for every batch entry and A's matrices lie one after another row-major, so row
+    /// `i` of A's batch entry `b` is row `b·M + i` of a single `(batch·M)×K` matrix, and the
+    /// output's rows follow in the same order. An exporter's `[seq, 1, d] · [d, n]` then runs
+    /// as one GEMM with `seq` rows instead of `seq` matrix-vector products. The caller checks
+    /// that its epilogue does not tell the rows of one entry apart
+    /// (`Epilogue::allows_batch_folding`).
+    pub fn with_batch_in_rows(self) -> Product {
+        let a_row_major = self.a == MatrixStrides { rs: self.k, cs: 1 };
+        if self.batch_a.is_empty() || self.b_matrices() != 1 || !a_row_major {
+            return self;
+        }
+        Product {
+            m: self.a_matrices() * self.m,
+            batch_a: vec![],
+            batch_b: vec![],
+            batch_out: vec![],
+            ..self
+        }
+    }
+
     /// The matrices A's input holds (the product of its batch extents).
     pub fn a_matrices(&self) -> usize {
         self.batch_a.iter().product()

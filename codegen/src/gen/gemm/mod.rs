@@ -464,9 +464,12 @@ pub(crate) fn lower_matmul(
     tile: Tile,
     epi: Epilogue,
 ) -> Result<Option<Box<dyn GeneratedKernel>>> {
-    let Some(p) = Product::matmul(node)? else {
+    let Some(mut p) = Product::matmul(node)? else {
         return Ok(None);
     };
+    if epi.allows_batch_folding() {
+        p = p.with_batch_in_rows();
+    }
     let (m, n, k) = (p.m, p.n, p.k);
     let mut b = Builder {
         m,

@@ -393,9 +393,12 @@ impl Parts {
 }
 
 fn matmul(node: &NodeInfo, epi: Epilogue, ty: Operands) -> Result<Option<Box<dyn GpuKernel>>> {
-    let Some(p) = Product::matmul(node)? else {
+    let Some(mut p) = Product::matmul(node)? else {
         return Ok(None);
     };
+    if epi.allows_batch_folding() {
+        p = p.with_batch_in_rows();
+    }
     let (m, n, k) = (p.m, p.n, p.k);
     let mut parts = Parts {
         m,

@@ -728,3 +728,31 @@ fn ptx_assembles() {
         }
     }
 }
+
+/// `[seq, 1, d] · [d, n]` (a seq-first export's projection) is one product of `seq` rows, with
+/// its bias and residual; an epilogue that tells rows of an entry apart (a per-row bias, a
+/// constant residual repeated per entry) keeps the batch, and every variant is correct.
+#[test]
+fn batch_of_rows_times_one_matrix_is_one_product() {
+    let mut g = G::new(700);
+    let a = g.input(&[12, 1, 40]);
+    let w = g.constant(&[40, 24]);
+    let mut y = g.node(Op::MatMul, vec![Some(a), Some(w)]);
+    let bias = g.constant(&[24]);
+    y = g.node(Op::Binary(Binary::Add), vec![Some(y), Some(bias)]);
+    let r = g.input(&[12, 1, 24]);
+    y = g.node(Op::Binary(Binary::Add), vec![Some(y), Some(r)]);
+    let d = g.check(y);
+    assert_eq!(d.len(), 1, "{d:?}");
+    assert!(d[0].contains(" M=12 ") && d[0].contains(" batch=1"), "{d:?}");
+
+    for per_row in [true, false] {
+        let mut g = G::new(701);
+        let a = g.input(&[3, 5, 40]);
+        let w = g.constant(&[40, 24]);
+        let mut y = g.node(Op::MatMul, vec![Some(a), Some(w)]);
+        let e = g.constant(if per_row { &[5, 1] } else { &[5, 24] });
+        y = g.node(Op::Binary(Binary::Add), vec![Some(y), Some(e)]);
+        g.check(y);
+    }
+}
