@@ -395,7 +395,9 @@ fn matmul_batch_of_rows_is_one_product() {
             .node(Op::MatMul);
         case.check(&format!("matmul {a:?} x [33, 70]"));
         let node = NodeInfo::new(&case.g, case.id);
-        let k = super::products::lower(&node, &TargetDesc::host().unwrap()).unwrap().unwrap();
+        let k = super::products::lower(&node, &TargetDesc::host().unwrap())
+            .unwrap()
+            .unwrap();
         let rows: usize = a[..a.len() - 1].iter().product();
         assert!(k.describe().contains(&format!(" M={rows} ")), "{}", k.describe());
         assert!(k.describe().contains(" batch=1 "), "{}", k.describe());

@@ -348,6 +348,11 @@ pub(crate) fn run_plan(
         if error[0] != 0 {
             return Err(format!("kernel {} failed with code {}", error[0] - 1, error[1]));
         }
+        // A kernel may use weight memory (split-K's tile counters) but must leave it as it
+        // found it: the next run, or a CUDA graph's replay, starts from the same state.
+        if weights.bytes()[..plan.weights.len()] != plan.weights[..] {
+            return Err(format!("kernel {name} left the weights changed"));
+        }
     }
 
     for c in &plan.output_copies {

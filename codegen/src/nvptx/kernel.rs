@@ -237,6 +237,24 @@ impl<'a, 'ctx> GpuBuilder<'a, 'ctx> {
             .map_err(crate::gen::llvm)
     }
 
+    /// `__threadfence()`: this thread's writes to global memory are seen by the whole GPU
+    /// before its later ones, and its later reads see what other threads published before
+    /// their fences (`membar.gl`). In emulation, a sequentially consistent fence.
+    pub fn fence_device(&self) -> Result<()> {
+        match self.mode {
+            Mode::Device => {
+                let f = self.declare("llvm.nvvm.membar.gl", self.cx.void_type().fn_type(&[], false));
+                self.builder.build_call(f, &[], "").map_err(llvm)?;
+            }
+            Mode::Emulated => {
+                self.builder
+                    .build_fence(inkwell::AtomicOrdering::SequentiallyConsistent, false, "")
+                    .map_err(llvm)?;
+            }
+        }
+        Ok(())
+    }
+
     /// `__syncthreads()`: every thread of the block waits here.
     pub fn barrier(&self) -> Result<()> {
         let void = self.cx.void_type().fn_type(&[], false);

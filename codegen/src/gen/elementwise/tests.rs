@@ -264,7 +264,14 @@ fn quantize_and_dequantize_per_tensor() {
 
 /// f32 values with NaN and both infinities among them.
 fn with_specials(mut v: Vec<f32>) -> Vec<f32> {
-    let special = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.0, f32::MAX, -f32::NAN];
+    let special = [
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        -0.0,
+        f32::MAX,
+        -f32::NAN,
+    ];
     for (i, s) in special.iter().enumerate() {
         v[i * 7] = *s;
     }
@@ -276,7 +283,10 @@ fn nan_and_infinity_tests() {
     for (pos, neg) in [(true, true), (true, false), (false, true)] {
         let mut g = G::new();
         let x = g.input(DType::F32, &[5, 23]);
-        g.data[0] = Tensor::from_vec(vec![5, 23], with_specials(g.data[0].to_f64_vec().iter().map(|v| *v as f32).collect()));
+        g.data[0] = Tensor::from_vec(
+            vec![5, 23],
+            with_specials(g.data[0].to_f64_vec().iter().map(|v| *v as f32).collect()),
+        );
         let nan = g.op(Op::Unary(Unary::IsNaN), &[x]);
         let inf = g.op(
             Op::Unary(Unary::IsInf {

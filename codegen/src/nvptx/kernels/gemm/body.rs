@@ -8,7 +8,7 @@ use crate::gen::llvm;
 use crate::kernel::epilogue::Activation;
 use crate::kernel::{KernelCommon, PackedConst};
 use crate::nvptx::{GpuBuilder, GpuKernel, LaunchDims, MmaKind, Sreg};
-use inkwell::values::{FloatValue, IntValue, PointerValue};
+use inkwell::values::{BasicValue, FloatValue, IntValue, PointerValue};
 use inkwell::IntPredicate;
 use kiln_ir::DType;
 
@@ -335,19 +335,26 @@ impl KernelCommon for GemmGpu {
 
 impl GpuKernel for GemmGpu {
     fn launch(&self) -> LaunchDims {
-        let z: usize = self.batch.iter().map(|d| d.extent).product();
+        let split = self.split_k.map_or(1, |s| s.split);
         LaunchDims {
             grid: [
                 self.n.div_ceil(self.tile.bn) as u32,
                 self.m.div_ceil(self.tile.bm) as u32,
-                z as u32,
+                (self.entries() * split) as u32,
             ],
             block: [THREADS as u32, 1, 1],
-            shared_bytes: self.tile.shared_bytes() as u32,
+            // Split-K's "last block" flag after the slices.
+            shared_bytes: (self.tile.shared_bytes() + if split > 1 { 16 } else { 0 }) as u32,
         }
     }
 
-    fn emit(&self, k: &GpuBuilder<'_, '_>) -> Result<()> {
+    fn scratch_bytes(&self) -> u64 {
+        // Split-K's partial tiles: slice-major, then batch entry, row, column.
+        self.split_k
+            .map_or(0, |s| (s.split * self.entries() * self.m * self.n * 4) as u64)
+    }
+
+    fn emit<'ctx>(&self, k: &GpuBuilder<'_, 'ctx>) -> Result<()> {
         let e = Emit::new(k.cx, k.module, k.builder, k.function);
         let f32t = k.cx.f32_type();
         let t = self.tile;
@@ -355,7 +362,14 @@ impl GpuKernel for GemmGpu {
         let tid = k.sreg64(Sreg::TidX)?;
         let col0 = e.mulc(k.sreg64(Sreg::CtaidX)?, bn as i64)?;
         let row0 = e.mulc(k.sreg64(Sreg::CtaidY)?, bm as i64)?;
-        let z = k.sreg64(Sreg::CtaidZ)?;
+        // Batch entry z and, with split-K, K slice s: grid.z is entry·split + slice.
+        let zs = k.sreg64(Sreg::CtaidZ)?;
+        let split = self.split_k.map_or(1, |s| s.split);
+        let (z, slice) = if split > 1 {
+            (e.udivc(zs, split as i64)?, e.uremc(zs, split as i64)?)
+        } else {
+            (zs, e.i64c(0))
+        };
         // Operand offsets of this batch entry (last dimension fastest).
         let (mut a_off, mut b_off) = (e.i64c(0), e.i64c(0));
         let mut rest = z;
@@ -383,7 +397,14 @@ impl GpuKernel for GemmGpu {
         }
         let a_ptr = resolve(k, self.a.slot)?;
         let (m, n, kk) = (self.m, self.n, self.k);
-        e.for_range(e.i64c(0), e.i64c(kk as i64), BK as i64, |k0| {
+        let (k_begin, k_end) = match self.split_k {
+            Some(sk) => {
+                let begin = e.mulc(slice, sk.slice as i64)?;
+                (begin, e.umin(e.addc(begin, sk.slice as i64)?, e.i64c(kk as i64))?)
+            }
+            None => (e.i64c(0), e.i64c(kk as i64)),
+        };
+        e.for_range(k_begin, k_end, BK as i64, |k0| {
             // A slice: bm×BK elements, THREADS at a time, along A's contiguous axis.
             let a_k_fast = self.a.cs == 1 || self.a.rs != 1;
             for l in 0..(bm * BK) / THREADS {
@@ -505,22 +526,131 @@ impl GpuKernel for GemmGpu {
                 store_elem(k, &e, self.elem, k.output(0)?, o, v)
             })
         };
+        // This thread's results: accumulator, output row and column, and whether it stores.
+        let mut results = vec![];
         if let Some(warps) = &warps {
             for u in 0..warps.per_warp {
                 for q in 0..4 {
                     let (i, j) = warps.element(&e, u, q)?;
-                    store(u * 4 + q, e.add(row0, i)?, e.add(col0, j)?, Some(warps.owner))?;
+                    results.push((u * 4 + q, e.add(row0, i)?, e.add(col0, j)?, Some(warps.owner)));
                 }
             }
-            return k.ret();
-        }
-        for r in 0..tm {
-            for c in 0..tn {
-                let i = e.add(row0, e.addc(ty, (r * TY) as i64)?)?;
-                let j = e.add(col0, e.addc(tx, (c * TX) as i64)?)?;
-                store(r * tn + c, i, j, None)?;
+        } else {
+            for r in 0..tm {
+                for c in 0..tn {
+                    let i = e.add(row0, e.addc(ty, (r * TY) as i64)?)?;
+                    let j = e.add(col0, e.addc(tx, (c * TX) as i64)?)?;
+                    results.push((r * tn + c, i, j, None));
+                }
             }
         }
+        let Some(sk) = self.split_k else {
+            for (slot, i, j, also) in results {
+                store(slot, i, j, also)?;
+            }
+            return k.ret();
+        };
+        // Split-K: this slice's partial tile into the scratch.
+        let partials = k.scratch()?;
+        let entries = self.entries();
+        let partial_at =
+            |s: IntValue<'ctx>, i: IntValue<'ctx>, j: IntValue<'ctx>| -> Result<PointerValue<'ctx>> {
+                let plane = e.add(e.mulc(s, entries as i64)?, z)?;
+                let row = e.add(e.mulc(plane, m as i64)?, i)?;
+                e.gep_f32(partials, e.add(e.mulc(row, n as i64)?, j)?)
+            };
+        let inside = |i, j, also: Option<IntValue<'ctx>>| -> Result<IntValue<'ctx>> {
+            let inside = and(&e, ult(&e, i, m)?, ult(&e, j, n)?)?;
+            match also {
+                Some(c) => and(&e, inside, c),
+                None => Ok(inside),
+            }
+        };
+        for &(slot, i, j, also) in &results {
+            e.if_then(inside(i, j, also)?, || {
+                let v = e.load_f32(e.gep_f32c(acc, slot as i64)?)?;
+                e.store(partial_at(slice, i, j)?, v)
+            })?;
+        }
+        // Publish the partial tile before counting this slice as done (the classic
+        // threadfence reduction): every thread's stores, then one count per block.
+        k.fence_device()?;
+        k.barrier()?;
+        let tiles_n = self.n.div_ceil(bn);
+        let tiles_m = self.m.div_ceil(bm);
+        let tile_index = e.add(
+            e.mulc(
+                e.add(e.mulc(z, tiles_m as i64)?, k.sreg64(Sreg::CtaidY)?)?,
+                tiles_n as i64,
+            )?,
+            k.sreg64(Sreg::CtaidX)?,
+        )?;
+        let i32t = k.cx.i32_type();
+        let counter = e.gep_u8(resolve(k, Slot::Packed(sk.counters))?, e.mulc(tile_index, 4)?)?;
+        let flag = e.gep_u8(smem, e.i64c(t.shared_bytes() as i64))?;
+        let first_thread = e.icmp(IntPredicate::EQ, tid, e.i64c(0))?;
+        e.if_then(first_thread, || {
+            let done =
+                e.b.build_atomicrmw(
+                    inkwell::AtomicRMWBinOp::Add,
+                    counter,
+                    i32t.const_int(1, false),
+                    inkwell::AtomicOrdering::Monotonic,
+                )
+                .map_err(llvm)?;
+            let last = e.b.build_int_compare(
+                IntPredicate::EQ,
+                done,
+                i32t.const_int(split as u64 - 1, false),
+                "last",
+            );
+            let last =
+                e.b.build_int_z_extend(last.map_err(llvm)?, i32t, "")
+                    .map_err(llvm)?;
+            e.store(flag, last)
+        })?;
+        k.barrier()?;
+        let last = e.b.build_load(i32t, flag, "last").map_err(llvm)?.into_int_value();
+        let last = e.icmp(IntPredicate::NE, last, i32t.const_zero())?;
+        e.if_then(last, || {
+            // The other slices' partials: written by other SMs, so read past this SM's cache.
+            k.fence_device()?;
+            for &(_, i, j, also) in &results {
+                e.if_then(inside(i, j, also)?, || {
+                    let mut sum = e.f32c(0.0);
+                    for s in 0..split {
+                        let v =
+                            e.b.build_load(f32t, partial_at(e.i64c(s as i64), i, j)?, "")
+                                .map_err(llvm)?;
+                        v.as_instruction_value()
+                            .expect("a load")
+                            .set_volatile(true)
+                            .map_err(llvm)?;
+                        sum = e.b.build_float_add(sum, v.into_float_value(), "").map_err(llvm)?;
+                    }
+                    let bias_row = e.add(e.mulc(g_idx, m as i64)?, i)?;
+                    let v = self
+                        .epi
+                        .apply(k, &e, self.elem, sum, (bias_row, j), |zs, rs, cs| {
+                            e.add(
+                                e.mulc(z, zs as i64)?,
+                                e.add(e.mulc(i, rs as i64)?, e.mulc(j, cs as i64)?)?,
+                            )
+                        })?;
+                    let o = e.add(e.mulc(z, (m * n) as i64)?, e.add(e.mulc(i, n as i64)?, j)?)?;
+                    store_elem(k, &e, self.elem, k.output(0)?, o, v)
+                })?;
+            }
+            // Ready for the next run.
+            e.if_then(first_thread, || e.store(counter, i32t.const_zero()))
+        })?;
         k.ret()
+    }
+}
+
+impl GemmGpu {
+    /// Batch entries (grid.z without split-K).
+    fn entries(&self) -> usize {
+        self.batch.iter().map(|d| d.extent).product()
     }
 }

@@ -139,6 +139,51 @@ struct Epi {
     activation: Activation,
 }
 
+/// Blocks a launch should have to fill the GPU: two per SM of a 132-SM H100 (an A100 has 108).
+/// A product with fewer output tiles splits K among more blocks ([`SplitK`]).
+const FILL_BLOCKS: usize = 264;
+/// The fewest BK steps a K slice gets: below that the slices' partial sums cost more memory
+/// traffic than the extra blocks win.
+const MIN_SLICE_STEPS: usize = 4;
+/// The most K slices of one tile.
+const MAX_SPLIT: usize = 16;
+
+/// K split among `split` blocks per output tile (split-K): block `s` of a tile sums K range
+/// `[s·slice, (s+1)·slice)` and writes its partial tile to the kernel's scratch; the last of
+/// the tile's blocks to finish (a per-tile counter, incremented atomically) adds the partials
+/// in slice order (the same sum whichever block is last), applies the epilogue, stores the
+/// output and sets the counter back to zero. The counters are a zero-filled packed constant,
+/// so they start at zero in every context and every run leaves them so: one launch, no
+/// clearing pass, and the kernel replays in a CUDA graph.
+#[derive(Clone, Copy, Debug)]
+struct SplitK {
+    split: usize,
+    /// K elements per slice, a multiple of BK.
+    slice: usize,
+    /// The packed constant holding one u32 counter per output tile.
+    counters: usize,
+}
+
+impl SplitK {
+    /// The split (slices, slice length) for a product of `tiles` output tiles (all batch
+    /// entries) `k` deep. None when the tiles fill the GPU or K is too short to share.
+    fn choose(tiles: usize, k: usize) -> Option<(usize, usize)> {
+        let steps = k.div_ceil(BK);
+        if tiles * 2 > FILL_BLOCKS {
+            return None;
+        }
+        let want = FILL_BLOCKS
+            .div_ceil(tiles)
+            .min(steps / MIN_SLICE_STEPS)
+            .min(MAX_SPLIT);
+        if want < 2 {
+            return None;
+        }
+        let slice = steps.div_ceil(want) * BK;
+        Some((k.div_ceil(slice), slice))
+    }
+}
+
 pub struct GemmGpu {
     what: String,
     /// The element type of the node's tensors (f32 or f16); packed constants are f32.
@@ -155,6 +200,7 @@ pub struct GemmGpu {
     epi: Epi,
     packed: Vec<PackedConst>,
     unread: Vec<usize>,
+    split_k: Option<SplitK>,
 }
 
 /// The generator: MatMul, Gemm and Conv with their own bias.
@@ -352,8 +398,28 @@ impl Parts {
             }
         };
         let tile = Tile::for_shape(m, n, self.ty.mma);
+        let tiles = n.div_ceil(tile.bn) * m.div_ceil(tile.bm) * z;
+        let split_k = match SplitK::choose(tiles, self.k) {
+            Some((split, slice)) if z * split <= 65535 => {
+                let counters = self.packed.len();
+                self.packed.push(PackedConst {
+                    bytes: vec![0; tiles * 4],
+                });
+                Some(SplitK {
+                    split,
+                    slice,
+                    counters,
+                })
+            }
+            _ => None,
+        };
+        let grid = [
+            n.div_ceil(tile.bn),
+            m.div_ceil(tile.bm),
+            z * split_k.map_or(1, |s| s.split),
+        ];
         let what = format!(
-            "gpu {} {}x{}x{BK}{} M={m} N={n} K={} batch={z}{}{}",
+            "gpu {} {}x{}x{BK}{} M={m} N={n} K={} batch={z}{}{}{} grid={}x{}x{}",
             self.what,
             tile.bm,
             tile.bn,
@@ -367,7 +433,14 @@ impl Parts {
             match epi.activation {
                 Activation::None => String::new(),
                 a => format!(" +{a:?}"),
-            }
+            },
+            match split_k {
+                Some(s) => format!(" split-k={}", s.split),
+                None => String::new(),
+            },
+            grid[0],
+            grid[1],
+            grid[2],
         );
         Ok(Some(Box::new(GemmGpu {
             what,
@@ -388,6 +461,7 @@ impl Parts {
             },
             packed: self.packed,
             unread: self.unread,
+            split_k,
         })))
     }
 }

@@ -756,3 +756,44 @@ fn batch_of_rows_times_one_matrix_is_one_product() {
         g.check(y);
     }
 }
+
+/// Products with few output tiles split K among blocks (the last block of a tile adds the
+/// slices, applies the epilogue and resets its counter): f32 and on tensor cores, with bias,
+/// residual and activation, a batched MatMul and a convolution (layer4 of ResNet-50 in
+/// miniature: many input channels, few pixels). The emulator also checks that the counters
+/// are back to zero after the run.
+#[test]
+fn split_k_for_few_tiles() {
+    for new in [G::new as fn(u64) -> G, G::bf16] {
+        let mut g = new(800);
+        let a = g.input(&[2, 24, 700]);
+        let w = g.constant(&[700, 40]);
+        let mut y = g.node(Op::MatMul, vec![Some(a), Some(w)]);
+        let bias = g.constant(&[40]);
+        y = g.node(Op::Binary(Binary::Add), vec![Some(y), Some(bias)]);
+        let r = g.input(&[2, 24, 40]);
+        y = g.node(Op::Binary(Binary::Add), vec![Some(y), Some(r)]);
+        let y = activate(&mut g, y, 1);
+        let d = g.check(y);
+        assert!(d.iter().any(|k| k.contains("split-k=")), "{d:?}");
+
+        let mut g = new(801);
+        let x = g.input(&[1, 96, 5, 5]);
+        let wt = g.constant(&[20, 96, 3, 3]);
+        let b = g.constant(&[20]);
+        let y = g.node(
+            conv([3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
+            vec![Some(x), Some(wt), Some(b)],
+        );
+        let y = activate(&mut g, y, 1);
+        let d = g.check(y);
+        assert!(d.iter().any(|k| k.contains("split-k=")), "{d:?}");
+    }
+    // K too short to share: no split.
+    let mut g = G::new(802);
+    let a = g.input(&[8, 40]);
+    let w = g.constant(&[40, 8]);
+    let y = g.node(Op::MatMul, vec![Some(a), Some(w)]);
+    let d = g.check(y);
+    assert!(!d[0].contains("split-k"), "{d:?}");
+}
