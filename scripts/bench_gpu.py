@@ -47,12 +47,14 @@ def log(*a):
     print(f"[{time.time() - START:6.0f}s]", *a, flush=True)
 
 
-def make_module(name: str):
+def make_module(name: str, tiny: bool = False):
     """The torch module and its example inputs (a dict name -> CPU tensor), or None when a
-    package it needs is missing."""
+    package it needs is missing. `tiny`: the same module class with small sizes (2 layers,
+    width 64, sequence 16), for the structure of the exported graph without its weight."""
     import torch
 
     torch.manual_seed(0)
+    d, layers, heads, ffn, seq = (64, 2, 4, 128, 16) if tiny else (768, 12, 12, 3072, 128)
     img = {"x": torch.randn(1, 3, 224, 224)}
     if name in ("resnet50", "mobilenet_v2", "efficientnet_b0"):
         import torchvision
@@ -66,26 +68,34 @@ def make_module(name: str):
             def __init__(self):
                 super().__init__()
                 layer = torch.nn.TransformerEncoderLayer(
-                    768, 12, 3072, activation="gelu", batch_first=True, dropout=0.0
+                    d, heads, ffn, activation="gelu", batch_first=True, dropout=0.0
                 )
-                self.enc = torch.nn.TransformerEncoder(layer, 12, enable_nested_tensor=False)
+                self.enc = torch.nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
                 for p in self.enc.parameters():  # the 12 layers start as copies: make them differ
                     torch.nn.init.normal_(p, std=0.02)
 
             def forward(self, x):
                 return self.enc(x)
 
-        return Encoder(), {"x": torch.randn(1, 128, 768)}
+        return Encoder(), {"x": torch.randn(1, seq, d)}
     try:
         import transformers
     except ImportError:
         return None
-    ids = torch.randint(0, 30000, (1, 128))
+    vocab = 1000 if tiny else 30000
+    ids = torch.randint(0, vocab, (1, seq))
     if name == "bert":
-        m = transformers.BertModel(transformers.BertConfig(), add_pooling_layer=False)
-        return m, {"input_ids": ids, "attention_mask": torch.ones(1, 128, dtype=torch.int64)}
+        cfg = transformers.BertConfig()
+        if tiny:
+            cfg = transformers.BertConfig(vocab_size=vocab, hidden_size=d, num_hidden_layers=layers,
+                                          num_attention_heads=heads, intermediate_size=ffn)
+        m = transformers.BertModel(cfg, add_pooling_layer=False)
+        return m, {"input_ids": ids, "attention_mask": torch.ones(1, seq, dtype=torch.int64)}
     if name == "gpt2":
         cfg = transformers.GPT2Config(use_cache=False)
+        if tiny:
+            cfg = transformers.GPT2Config(use_cache=False, vocab_size=vocab, n_embd=d, n_layer=layers,
+                                          n_head=heads, n_positions=64)
         return transformers.GPT2LMHeadModel(cfg), {"input_ids": ids}
     raise ValueError(name)
 
@@ -192,6 +202,9 @@ def main() -> int:
     p.add_argument("--no-graph-compare", action="store_true", help="skip timing kiln without its CUDA graph")
     p.add_argument("--deadline-s", type=float, default=1e9, help="start no torch.compile after this many seconds")
     p.add_argument("--json")
+    p.add_argument("--tiny-exports", metavar="DIR",
+                   help="also export small versions of the transformer models (2 layers, width 64) "
+                        "with their inputs and torch's outputs to DIR, for tests")
     args = p.parse_args()
 
     import torch
@@ -203,6 +216,25 @@ def main() -> int:
     card = torch.cuda.get_device_name(0)
     log(f"GPU: {card}; torch {torch.__version__}; kiln: {args.kiln}")
     results: dict = {"card": card, "torch": torch.__version__, "models": {}}
+
+    if args.tiny_exports:
+        os.makedirs(args.tiny_exports, exist_ok=True)
+        for name in ("encoder", "bert", "gpt2"):
+            made = make_module(name, tiny=True)
+            if made is None:
+                continue
+            module, inputs = made
+            module.eval()
+            try:
+                with torch.no_grad():
+                    export(name, module, inputs, os.path.join(args.tiny_exports, name + ".onnx"))
+                    y = First(module)(**inputs).float().numpy()
+                for k, v in inputs.items():
+                    np.save(os.path.join(args.tiny_exports, f"{name}_in_{k}.npy"), v.numpy())
+                np.save(os.path.join(args.tiny_exports, f"{name}_out_y.npy"), y)
+                log(f"tiny {name}: exported")
+            except Exception as e:
+                log(f"tiny {name}: export failed: {str(e)[:300]}")
 
     def save():
         if args.json:
