@@ -59,7 +59,7 @@ pub fn generators(op: &Op) -> Generators {
         Op::MatMul | Op::Gemm { .. } | Op::Conv(_) => (&[G::Gemm], &[C::Products]),
         Op::Quant(QuantOp::MatMulInteger | QuantOp::ConvInteger(_)) => (&[], &[C::Products]),
         Op::Quant(QuantOp::QuantizeLinear { .. } | QuantOp::DequantizeLinear { .. }) => {
-            (&[], &[C::ElementwiseLoop])
+            (&[G::Elementwise], &[C::ElementwiseLoop])
         }
         Op::Attention(_) => (&[G::Attention], &[]),
         Op::Pool(_) => (&[G::Pool], &[]),

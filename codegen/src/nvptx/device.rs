@@ -4,6 +4,7 @@
 //! kernel needs math functions, CUDA's libdevice. Optimized with the NVPTX target machine and
 //! printed as PTX.
 
+use super::kernel::load_ptr;
 use super::{frame, libdevice, DeviceCode, GpuBuilder, GpuKernel, Launch, LaunchDims, Mode};
 use crate::api::Api;
 use crate::emit::call::{call_and_branch_on_status, store_arg_slots};
@@ -340,32 +341,6 @@ pub(crate) fn resolve<'ctx>(
     unsafe { b.build_in_bounds_gep(cx.i8_type(), base, &[i64t.const_int(off, false)], "p") }.map_err(llvm)
 }
 
-/// Loads the pointer at byte `offset` of the frame.
-pub(crate) fn load_ptr<'ctx>(
-    cx: &'ctx Context,
-    b: &Builder<'ctx>,
-    frame_ptr: PointerValue<'ctx>,
-    offset: u64,
-) -> Result<PointerValue<'ctx>> {
-    let ptr = cx.ptr_type(AddressSpace::default());
-    let p = unsafe {
-        b.build_in_bounds_gep(
-            cx.i8_type(),
-            frame_ptr,
-            &[cx.i64_type().const_int(offset, false)],
-            "fp",
-        )
-    }
-    .map_err(llvm)?;
-    let v = b.build_load(ptr, p, "base").map_err(llvm)?.into_pointer_value();
-    // The frame never changes during a run: let LLVM hoist and share these loads.
-    if let Some(inst) = v.as_instruction() {
-        let kind = cx.get_kind_id("invariant.load");
-        let _ = inst.set_metadata(cx.metadata_node(&[]), kind);
-    }
-    Ok(v)
-}
-
 /// Marks the library's kernel functions `alwaysinline`.
 fn inline_library_calls<'ctx>(cx: &'ctx Context, module: &Module<'ctx>) {
     use inkwell::attributes::{Attribute, AttributeLoc};
@@ -413,17 +388,14 @@ mod tests {
         }
     }
 
-    /// Einsum's micro-kernel is listed as block-parallel, GatherElements' is not: one launch of a
+    /// Einsum's micro-kernel is listed as block-parallel, Trilu's is not: one launch of a
     /// block of LIBRARY_THREADS, one of a single thread, each entry starting the block state.
     #[test]
     fn library_kernels_launch_block_parallel_only_when_listed() {
         let mut g = Graph::new("t");
         let a = g.add_input("a", TensorType::fixed(DType::F32, &[8, 16]));
         let b = g.add_input("b", TensorType::fixed(DType::F32, &[16, 4]));
-        let idx = g.add_const(
-            "idx",
-            Tensor::from_vec(vec![2, 4], vec![2i64, 0, 7, 1, 3, 3, 5, 6]),
-        );
+        let diagonal = g.add_const("diagonal", Tensor::scalar(1i64));
         let e = g
             .add(
                 "mm",
@@ -436,9 +408,9 @@ mod tests {
             .unwrap();
         let y = g
             .add(
-                "gather",
-                Op::GatherElements { axis: 0 },
-                vec![Some(e), Some(idx)],
+                "trilu",
+                Op::Trilu { upper: true },
+                vec![Some(e), Some(diagonal)],
                 "y",
             )
             .unwrap();
@@ -456,7 +428,7 @@ mod tests {
             blocks,
             vec![
                 ("Einsum".to_string(), [LIBRARY_THREADS, 1, 1]),
-                ("GatherElements".to_string(), [1, 1, 1])
+                ("Trilu".to_string(), [1, 1, 1])
             ]
         );
         assert!(

@@ -866,15 +866,12 @@ mod tests {
                 "e",
             )
             .unwrap();
-        let idx = g.add_const(
-            "idx",
-            Tensor::from_vec(vec![2, 5], vec![5i64, 0, 3, 3, 1, 2, 4, 0, 5, 5]),
-        );
+        let diagonal = g.add_const("diagonal", Tensor::scalar(-1i64));
         let ge = g
             .add(
-                "ga",
-                Op::GatherElements { axis: 0 },
-                vec![Some(e), Some(idx)],
+                "tl",
+                Op::Trilu { upper: false },
+                vec![Some(e), Some(diagonal)],
                 "ge",
             )
             .unwrap();
@@ -913,14 +910,14 @@ mod tests {
             filled(&[2, 3, 10, 8], 6),
         ];
         let kernels = check_graph(&g, &inputs);
-        for symbol in ["matmul", "einsum", "attention", "gather_elements"] {
+        for symbol in ["matmul", "einsum", "attention", "trilu"] {
             assert!(
                 kernels.iter().any(|k| *k == format!("kiln_uk_{symbol}")),
                 "kiln_uk_{symbol} not among {kernels:?}"
             );
         }
         assert_eq!(device::library_threads("attention"), 128);
-        assert_eq!(device::library_threads("gather_elements"), 1);
+        assert_eq!(device::library_threads("trilu"), 1);
     }
 
     /// f64 operators the GPU generators leave to the library, sized for the parallel paths:

@@ -474,7 +474,7 @@ impl<'a, 'ctx> GpuBuilder<'a, 'ctx> {
             .get_nth_param(0)
             .expect("frame")
             .into_pointer_value();
-        let error = super::device::load_ptr(self.cx, b, frame, super::frame::ERROR)?;
+        let error = load_ptr(self.cx, b, frame, frame::ERROR)?;
         let swap = b
             .build_cmpxchg(
                 error,
@@ -512,4 +512,40 @@ impl<'a, 'ctx> GpuBuilder<'a, 'ctx> {
             .get_function(name)
             .unwrap_or_else(|| self.module.add_function(name, ty, Some(Linkage::External)))
     }
+}
+
+/// Byte offsets of `kiln_gpu_frame`'s fields.
+pub(crate) mod frame {
+    pub const ARENA: u64 = 0;
+    pub const WEIGHTS: u64 = 8;
+    pub const ERROR: u64 = 16;
+    // 24: the thread scratch, read by device.c.
+    /// `io[0]`: inputs, then outputs, 8 bytes each.
+    pub const IO: u64 = 32;
+}
+
+/// Loads the pointer at byte `offset` of the frame.
+pub(crate) fn load_ptr<'ctx>(
+    cx: &'ctx Context,
+    b: &Builder<'ctx>,
+    frame_ptr: PointerValue<'ctx>,
+    offset: u64,
+) -> Result<PointerValue<'ctx>> {
+    let ptr = cx.ptr_type(AddressSpace::default());
+    let p = unsafe {
+        b.build_in_bounds_gep(
+            cx.i8_type(),
+            frame_ptr,
+            &[cx.i64_type().const_int(offset, false)],
+            "fp",
+        )
+    }
+    .map_err(llvm)?;
+    let v = b.build_load(ptr, p, "base").map_err(llvm)?.into_pointer_value();
+    // The frame never changes during a run: let LLVM hoist and share these loads.
+    if let Some(inst) = v.as_instruction() {
+        let kind = cx.get_kind_id("invariant.load");
+        let _ = inst.set_metadata(cx.metadata_node(&[]), kind);
+    }
+    Ok(v)
 }

@@ -14,6 +14,7 @@ pub mod kernel;
 pub(crate) mod kernels;
 mod libdevice;
 
+pub(crate) use kernel::frame;
 pub use kernel::{GpuBuilder, GpuKernel, LaunchDims, MmaKind, Mode, Sreg};
 
 use crate::error::{CodegenError, Result};
@@ -71,14 +72,4 @@ pub(crate) fn storage_code(s: Storage) -> (u64, u64, u64) {
         Storage::Arena(off) => (2, 0, off),
         Storage::Weights(off) => (3, 0, off),
     }
-}
-
-/// Byte offsets of `kiln_gpu_frame`'s fields.
-pub(crate) mod frame {
-    pub const ARENA: u64 = 0;
-    pub const WEIGHTS: u64 = 8;
-    pub const ERROR: u64 = 16;
-    // 24: the thread scratch, read by device.c.
-    /// `io[0]`: inputs, then outputs, 8 bytes each.
-    pub const IO: u64 = 32;
 }

@@ -72,7 +72,7 @@ fn is_8bit(d: DType) -> bool {
 }
 
 /// A QuantizeLinear from f32 to u8/i8 or a DequantizeLinear from u8/i8 to f32 with per-tensor
-/// constant parameters, on the CPU (`quant`).
+/// constant parameters (`quant`), in the CPU loop and the GPU kernel.
 fn supports_quant(graph: &Graph, id: NodeId) -> bool {
     let node = graph.node(id);
     let params_scalar = node.inputs[1..]
@@ -113,7 +113,7 @@ pub(crate) fn supports_on(graph: &Graph, id: NodeId, gpu: bool) -> bool {
     }
     let out = graph.value_type(id.out(0)).dtype;
     if matches!(node.op, Op::Quant(_)) {
-        return !gpu && supports_quant(graph, id);
+        return supports_quant(graph, id);
     }
     let ins: Vec<Option<DType>> = node
         .inputs

@@ -1,7 +1,8 @@
 //! Gathers on the GPU: the operators the CPU lowers to the library's `kiln_uk_gather` (Gather
-//! with indices read at run time: embedding lookups, the Q/K/V split of a packed projection)
-//! and `kiln_uk_gather_axes` (a source position per output position on every axis, decided at
-//! compile time: Pad in every mode, Resize in nearest mode). Both read the same descriptors as
+//! with indices read at run time: embedding lookups, the Q/K/V split of a packed projection),
+//! `kiln_uk_gather_elements` (GatherElements), `kiln_uk_gather_nd` (GatherND) and
+//! `kiln_uk_gather_axes` (a source position per output position on every axis, decided at
+//! compile time: Pad in every mode, Resize in nearest mode). All read the same descriptors as
 //! the library kernels, so the backends move the same bytes.
 //!
 //! One thread per output element (grid-stride, 256-thread blocks), the innermost axis on
@@ -63,9 +64,73 @@ pub fn lower(node: &NodeInfo, _target: &TargetDesc) -> Result<Option<Box<dyn Gpu
                 what,
             }))
         }
+        "gather_elements" | "gather_nd" => {
+            let index_bytes = match node.input_dtype(1) {
+                Some(DType::I64) => 8,
+                Some(DType::I32) => 4,
+                _ => return Ok(None),
+            };
+            let esize = element_size(node);
+            if ![1, 2, 4, 8].contains(&esize) {
+                return Ok(None);
+            }
+            let total = node.output_shape(0)?.iter().product::<usize>() as u64;
+            let source = if call.symbol == "gather_elements" {
+                let (axis, rank) = (at[0] as usize, at[1] as usize);
+                IndexSource::Elements {
+                    axis,
+                    index_dims: at[2..2 + rank].iter().map(|&d| d as u64).collect(),
+                    data_strides: at[2 + rank..2 + 2 * rank].iter().map(|&d| d as u64).collect(),
+                    axis_dim: at[2 + 2 * rank] as u64,
+                }
+            } else {
+                let k = at[2] as usize;
+                IndexSource::Tuples {
+                    slice: at[1] as u64,
+                    per_batch: at[3] as u64,
+                    batch_stride: at[4] as u64,
+                    dims: at[5..5 + k].iter().map(|&d| d as u64).collect(),
+                    strides: at[5 + k..5 + 2 * k].iter().map(|&d| d as u64).collect(),
+                }
+            };
+            Some(Box::new(ElementGather {
+                source,
+                total,
+                esize,
+                index_bytes,
+                what,
+            }))
+        }
         "gather_axes" => AxisMapGather::from_attrs(at, node, what).map(|g| Box::new(g) as Box<dyn GpuKernel>),
         _ => None,
     })
+}
+
+/// Index `pos` of the index tensor (i32 or i64) checked against `dim` and made non-negative:
+/// (the index, whether it lies in `[-dim, dim)`).
+fn load_index<'ctx>(
+    k: &GpuBuilder<'_, 'ctx>,
+    e: &Emit<'_, 'ctx>,
+    indices: PointerValue<'ctx>,
+    index_bytes: u64,
+    pos: IntValue<'ctx>,
+    dim: u64,
+) -> Result<(IntValue<'ctx>, IntValue<'ctx>)> {
+    let ity = int_type(k, index_bytes);
+    let at = e.gep_u8(indices, e.mulc(pos, index_bytes as i64)?)?;
+    let v = e.b.build_load(ity, at, "idx").map_err(llvm)?.into_int_value();
+    let v =
+        e.b.build_int_s_extend_or_bit_cast(v, k.cx.i64_type(), "")
+            .map_err(llvm)?;
+    let negative = e.icmp(IntPredicate::SLT, v, e.i64c(0))?;
+    let wrapped = e.addc(v, dim as i64)?;
+    let w =
+        e.b.build_select(negative, wrapped, v, "w")
+            .map_err(llvm)?
+            .into_int_value();
+    // Unsigned: a still-negative index is huge, so one compare checks both ends.
+    let inside = e.icmp(IntPredicate::ULT, w, e.i64c(dim as i64))?;
+    Ok((w, inside))
 }
 
 fn element_size(node: &NodeInfo) -> u64 {
@@ -149,20 +214,7 @@ impl GpuKernel for IndexGather {
             let t = e.udivc(i, self.inner as i64)?;
             let j = e.uremc(t, self.indices as i64)?;
             let o = e.udivc(t, self.indices as i64)?;
-            let ity = int_type(k, self.index_bytes);
-            let at = e.gep_u8(idx, e.mulc(j, self.index_bytes as i64)?)?;
-            let v = e.b.build_load(ity, at, "idx").map_err(llvm)?.into_int_value();
-            let v =
-                e.b.build_int_s_extend_or_bit_cast(v, k.cx.i64_type(), "")
-                    .map_err(llvm)?;
-            let negative = e.icmp(IntPredicate::SLT, v, e.i64c(0))?;
-            let wrapped = e.addc(v, self.dim as i64)?;
-            let w =
-                e.b.build_select(negative, wrapped, v, "w")
-                    .map_err(llvm)?
-                    .into_int_value();
-            // Unsigned: a still-negative index is huge, so one compare checks both ends.
-            let inside = e.icmp(IntPredicate::ULT, w, e.i64c(self.dim as i64))?;
+            let (w, inside) = load_index(k, &e, idx, self.index_bytes, j, self.dim)?;
             e.if_else(
                 inside,
                 || {
@@ -170,6 +222,118 @@ impl GpuKernel for IndexGather {
                     let from = e.mulc(e.add(e.mulc(row, self.inner as i64)?, r)?, self.unit as i64)?;
                     let to = e.mulc(i, self.unit as i64)?;
                     move_unit(k, &e, self.unit, (data, from), (out, to))
+                },
+                || k.report_error(EINDEX),
+            )
+        })?;
+        k.ret()
+    }
+}
+
+/// Where output element `i` of a GatherElements or GatherND comes from.
+#[derive(Debug)]
+enum IndexSource {
+    /// GatherElements (`kiln_uk_gather_elements`'s attributes): the output has the index
+    /// tensor's shape; element `p` reads data at `p` with the axis coordinate replaced by
+    /// `indices[p]`.
+    Elements {
+        axis: usize,
+        index_dims: Vec<u64>,
+        /// Data strides in elements.
+        data_strides: Vec<u64>,
+        axis_dim: u64,
+    },
+    /// GatherND (`kiln_uk_gather_nd`'s): output slice `t` (of `slice` elements) is the data slice
+    /// at index tuple `t` (`dims.len()` indices), after the batch offset of `t / per_batch`.
+    Tuples {
+        slice: u64,
+        per_batch: u64,
+        batch_stride: u64,
+        dims: Vec<u64>,
+        strides: Vec<u64>,
+    },
+}
+
+/// GatherElements and GatherND: one thread per output element, each reading its own indices.
+#[derive(Debug)]
+struct ElementGather {
+    source: IndexSource,
+    total: u64,
+    esize: u64,
+    index_bytes: u64,
+    what: &'static str,
+}
+
+impl KernelCommon for ElementGather {
+    fn describe(&self) -> String {
+        format!(
+            "gpu gather {} {} elements ({} B) by {}-byte indices",
+            self.what, self.total, self.esize, self.index_bytes
+        )
+    }
+}
+
+impl GpuKernel for ElementGather {
+    fn launch(&self) -> LaunchDims {
+        launch(self.total)
+    }
+
+    fn emit(&self, k: &GpuBuilder<'_, '_>) -> Result<()> {
+        let e = Emit::new(k.cx, k.module, k.builder, k.function);
+        let (data, idx, out) = (k.input(0)?, k.input(1)?, k.output(0)?);
+        let bool_t = k.cx.bool_type();
+        k.grid_stride_loop(self.total, THREADS, |i| {
+            // The source element and whether every index read for it was in range.
+            let (from, inside) = match &self.source {
+                IndexSource::Elements {
+                    axis,
+                    index_dims,
+                    data_strides,
+                    axis_dim,
+                } => {
+                    let (w, inside) = load_index(k, &e, idx, self.index_bytes, i, *axis_dim)?;
+                    let mut off = e.i64c(0);
+                    let mut rest = i;
+                    for d in (0..index_dims.len()).rev() {
+                        let p = if d == 0 {
+                            rest
+                        } else {
+                            e.uremc(rest, index_dims[d] as i64)?
+                        };
+                        if d > 0 {
+                            rest = e.udivc(rest, index_dims[d] as i64)?;
+                        }
+                        let coord = if d == *axis { w } else { p };
+                        off = e.add(off, e.mulc(coord, data_strides[d] as i64)?)?;
+                    }
+                    (off, inside)
+                }
+                IndexSource::Tuples {
+                    slice,
+                    per_batch,
+                    batch_stride,
+                    dims,
+                    strides,
+                } => {
+                    let t = e.udivc(i, *slice as i64)?;
+                    let r = e.uremc(i, *slice as i64)?;
+                    let mut off = e.add(e.mulc(e.udivc(t, *per_batch as i64)?, *batch_stride as i64)?, r)?;
+                    let mut inside = bool_t.const_all_ones();
+                    for (j, (&dim, &stride)) in dims.iter().zip(strides).enumerate() {
+                        let pos = e.addc(e.mulc(t, dims.len() as i64)?, j as i64)?;
+                        let (w, ok) = load_index(k, &e, idx, self.index_bytes, pos, dim)?;
+                        inside = e.b.build_and(inside, ok, "").map_err(llvm)?;
+                        off = e.add(off, e.mulc(w, stride as i64)?)?;
+                    }
+                    (off, inside)
+                }
+            };
+            e.if_else(
+                inside,
+                || {
+                    let from = e.mulc(from, self.esize as i64)?;
+                    let to = e.mulc(i, self.esize as i64)?;
+                    move_unit(k, &e, self.esize, (data, from), (out, to))
                 },
                 || k.report_error(EINDEX),
             )
@@ -445,6 +609,57 @@ mod tests {
             .unwrap();
         g.add_output("y", y);
         assert_gathers(&check_graph(&g, &[xt]));
+    }
+
+    #[test]
+    fn gather_elements_and_nd() {
+        let mut g = Graph::new("t");
+        let (x, xt) = f32_input(&mut g, "x", &[4, 6, 5]);
+        let ei = g.add_input("ei", TensorType::fixed(DType::I64, &[4, 3, 5]));
+        let ge = g
+            .add(
+                "ge",
+                Op::GatherElements { axis: 1 },
+                vec![Some(x), Some(ei)],
+                "ge",
+            )
+            .unwrap();
+        g.add_output("ge", ge);
+        let ni = g.add_input("ni", TensorType::fixed(DType::I32, &[4, 2, 2]));
+        let gn = g
+            .add(
+                "gn",
+                Op::GatherND { batch_dims: 1 },
+                vec![Some(x), Some(ni)],
+                "gn",
+            )
+            .unwrap();
+        g.add_output("gn", gn);
+        let ei_t = Tensor::from_vec(
+            vec![4, 3, 5],
+            (0..60i64).map(|i| (i * 7) % 12 - 6).collect::<Vec<i64>>(),
+        );
+        let ni_t = Tensor::from_vec(
+            vec![4, 2, 2],
+            vec![0i32, 1, 5, -1, -6, 4, 2, 2, 3, 0, 1, 3, 4, 4, -1, -5],
+        );
+        let inputs = vec![xt, ei_t, ni_t];
+        assert_gathers(&check_graph(&g, &inputs));
+        // Out of range, in each kernel.
+        let mut bad = inputs.clone();
+        bad[1] = Tensor::from_vec(
+            vec![4, 3, 5],
+            (0..60i64)
+                .map(|i| if i == 59 { 6 } else { 0 })
+                .collect::<Vec<i64>>(),
+        );
+        assert_eq!(run_graph(&g, &bad).unwrap_err(), "kernel 0 failed with code 1");
+        let mut bad = inputs;
+        bad[2] = Tensor::from_vec(
+            vec![4, 2, 2],
+            vec![0i32, 1, 5, -7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        );
+        assert_eq!(run_graph(&g, &bad).unwrap_err(), "kernel 1 failed with code 1");
     }
 
     #[test]

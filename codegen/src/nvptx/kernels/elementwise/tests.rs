@@ -429,3 +429,36 @@ fn nan_and_infinity_tests() {
         "{kernels:?}"
     );
 }
+
+/// Per-tensor QuantizeLinear and DequantizeLinear (u8 and i8, with and without zero points)
+/// inside GPU elementwise kernels: rounding ties, saturation and NaN as the reference.
+#[test]
+fn quantize_and_dequantize_per_tensor() {
+    use kiln_ir::QuantOp;
+    let quantize = |to| {
+        Op::Quant(QuantOp::QuantizeLinear {
+            axis: 1,
+            block_size: 0,
+            output_dtype: to,
+            precision: None,
+        })
+    };
+    let dequantize = Op::Quant(QuantOp::DequantizeLinear {
+        axis: 1,
+        block_size: 0,
+        output_dtype: None,
+    });
+    let mut g = G::new(600);
+    let mut v = g.rand(3 * 37);
+    v[..8].copy_from_slice(&[0.01, 0.03, -0.01, -2.0, 5.0, 1e30, f32::NAN, -1e30]);
+    let x = g.input_tensor(Tensor::from_vec(vec![3, 37], v));
+    let (s, z) = (g.konst(Tensor::scalar(0.02f32)), g.konst(Tensor::scalar(100u8)));
+    let q = g.op(quantize(DType::U8), &[x, s, z]);
+    let (s2, z2) = (g.konst(Tensor::scalar(0.03f32)), g.konst(Tensor::scalar(90u8)));
+    let d = g.op(dequantize.clone(), &[q, s2, z2]);
+    let r = g.un(Unary::Relu, d);
+    let (s3, z3) = (g.konst(Tensor::scalar(0.05f32)), g.konst(Tensor::scalar(-3i8)));
+    let qi = g.op(quantize(DType::I8), &[r, s3, z3]);
+    let di = g.op(dequantize, &[qi, s3]);
+    g.check(&[q, di]);
+}
