@@ -1,7 +1,8 @@
 //! Every fixture model compiled for the CUDA target (`--emit ptx`, the fixture suite's models
 //! and bound inputs) for sm_80 and sm_90, and once more with `--precision bf16` for sm_80 (the
 //! tensor-core kernels), each PTX assembled by `ptxas` for its SM: the PTX the driver will load
-//! must be valid, which needs no GPU. Without ptxas the test is skipped,
+//! must be valid, which needs no GPU. The f32 plans must also keep to `LIBRARY_KERNELS`: which
+//! fixtures still run C library kernels on the GPU, and how many. Without ptxas the test is skipped,
 //! except under CI (`$CI` set), where the PTX must be checked.
 //! `KILN_FIXTURE_FILTER=substr` runs a subset; `KILN_PTXAS` names the ptxas to use.
 
@@ -15,20 +16,58 @@ use std::time::{Duration, Instant};
 /// The SM the bf16 (tensor-core) PTX is checked for.
 const BF16_SM: u32 = 80;
 
-/// One fixture for one SM, f32 or bf16: compile, then assemble. Returns the time of each step.
-fn check(f: &Fixture, sm: u32, bf16: bool, ptxas: &Path) -> Result<(Duration, Duration), String> {
+/// The fixtures whose f32 GPU plan still runs some operators as C library kernels on one GPU
+/// block, and how many: every other fixture must compile to generated GPU kernels only, and a
+/// listed one to exactly this many (when a new GPU kernel lowers the count, lower it here).
+const LIBRARY_KERNELS: &[(&str, usize)] = &[
+    ("argmax_argmin", 5),
+    ("bert_tiny_dynamic_int8", 22),
+    ("cast", 3),
+    ("cast_float16", 3),
+    ("cnn_float16", 4),
+    ("conv_1d_3d", 2),
+    ("conv_transpose", 2),
+    ("conv_transpose_groups_dilations", 4),
+    ("cumsum", 5),
+    ("einsum", 7),
+    ("elementwise_unary_misc", 2),
+    ("groupnorm_decomposed", 1),
+    ("groupnorm_opset21", 1),
+    ("gru", 2),
+    ("instancenorm", 2),
+    ("integer_div_mod", 7),
+    ("lstm", 2),
+    ("lstm_classifier", 1),
+    ("ort_contrib_bert_layer", 1),
+    ("ort_contrib_gqa_rotary", 4),
+    ("ort_contrib_quant_ops", 2),
+    ("reduce_opset18", 1),
+    ("resize_cubic", 3),
+    ("resize_linear", 4),
+    ("resize_opset11", 1),
+    ("resnet_basic_tiny_qoperator", 11),
+    ("rnn", 2),
+    ("scatter", 5),
+    ("topk", 2),
+    ("trilu", 4),
+];
+
+/// One fixture for one SM, f32 or bf16: compile, then assemble. Returns the time of each step
+/// and the number of library kernels in the plan.
+fn check(f: &Fixture, sm: u32, bf16: bool, ptxas: &Path) -> Result<(Duration, Duration, usize), String> {
     let (graph, _) = f.prepared().map_err(|e| format!("{e:#}"))?;
     let work = WorkDir::new(&format!("{}-sm{sm}{}", f.name, if bf16 { "-bf16" } else { "" }));
     let ptx = work.0.join(format!("{}.ptx", f.name));
     let start = Instant::now();
-    if bf16 {
-        compile_graph_cuda_bf16(&graph, &f.name, sm, Emit::Ptx, &ptx)?;
+    let summary = if bf16 {
+        compile_graph_cuda_bf16(&graph, &f.name, sm, Emit::Ptx, &ptx)?
     } else {
-        compile_graph_cuda(&graph, &f.name, sm, Emit::Ptx, &ptx)?;
-    }
+        compile_graph_cuda(&graph, &f.name, sm, Emit::Ptx, &ptx)?
+    };
     let compiled = start.elapsed();
     ptxas_check(ptxas, &ptx, sm)?;
-    Ok((compiled, start.elapsed() - compiled))
+    let library = summary.kernels - summary.generated_kernels;
+    Ok((compiled, start.elapsed() - compiled, library))
 }
 
 #[test]
@@ -60,7 +99,7 @@ fn fixtures_ptx_assembles_with_ptxas() {
     let results = run_parallel(&jobs, threads, |(f, sm, bf16)| {
         let r = check(f, *sm, *bf16, &ptxas);
         match &r {
-            Ok((c, a)) => println!(
+            Ok((c, a, _)) => println!(
                 "ok   {} {} (compile {:.2} s, ptxas {:.2} s)",
                 f.name,
                 label(*sm, *bf16),
@@ -81,7 +120,7 @@ fn fixtures_ptx_assembles_with_ptxas() {
         .iter()
         .zip(&results)
         .filter_map(|((f, sm, bf16), r)| {
-            r.as_ref().ok().map(|(c, a)| {
+            r.as_ref().ok().map(|(c, a, _)| {
                 (
                     (*c + *a).as_secs_f64(),
                     format!("{} {}", f.name, label(*sm, *bf16)),
@@ -107,4 +146,26 @@ fn fixtures_ptx_assembles_with_ptxas() {
         slowest.join(", ")
     );
     assert!(failed.is_empty(), "PTX failing: {}", failed.join(", "));
+    // Library kernels on the GPU, from the f32 plans for the newest checked SM.
+    let sm = *CHECKED_SM.last().expect("an SM");
+    let mut wrong = vec![];
+    for ((f, job_sm, bf16), r) in jobs.iter().zip(&results) {
+        let Ok((_, _, library)) = r else { continue };
+        if *bf16 || *job_sm != sm {
+            continue;
+        }
+        let listed = LIBRARY_KERNELS
+            .iter()
+            .find(|(n, _)| *n == f.name)
+            .map_or(0, |(_, c)| *c);
+        if *library != listed {
+            wrong.push(format!("{}: {library} library kernels, listed {listed}", f.name));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "GPU library kernels differ from LIBRARY_KERNELS (update the list when a GPU kernel \
+         removes some; a new one needs a GPU kernel): {}",
+        wrong.join("; ")
+    );
 }
