@@ -49,7 +49,6 @@ const LIBRARY_KERNELS: &[(&str, usize)] = &[
     ("rnn", 2),
     ("scatter", 5),
     ("topk", 2),
-    ("trilu", 4),
 ];
 
 /// One fixture for one SM, f32 or bf16: compile, then assemble. Returns the time of each step

@@ -388,14 +388,14 @@ mod tests {
         }
     }
 
-    /// Einsum's micro-kernel is listed as block-parallel, Trilu's is not: one launch of a
+    /// Einsum's micro-kernel is listed as block-parallel, CumSum's is not: one launch of a
     /// block of LIBRARY_THREADS, one of a single thread, each entry starting the block state.
     #[test]
     fn library_kernels_launch_block_parallel_only_when_listed() {
         let mut g = Graph::new("t");
         let a = g.add_input("a", TensorType::fixed(DType::F32, &[8, 16]));
         let b = g.add_input("b", TensorType::fixed(DType::F32, &[16, 4]));
-        let diagonal = g.add_const("diagonal", Tensor::scalar(1i64));
+        let axis = g.add_const("axis", Tensor::scalar(1i64));
         let e = g
             .add(
                 "mm",
@@ -408,9 +408,12 @@ mod tests {
             .unwrap();
         let y = g
             .add(
-                "trilu",
-                Op::Trilu { upper: true },
-                vec![Some(e), Some(diagonal)],
+                "cumsum",
+                Op::CumSum {
+                    exclusive: false,
+                    reverse: true,
+                },
+                vec![Some(e), Some(axis)],
                 "y",
             )
             .unwrap();
@@ -428,7 +431,7 @@ mod tests {
             blocks,
             vec![
                 ("Einsum".to_string(), [LIBRARY_THREADS, 1, 1]),
-                ("Trilu".to_string(), [1, 1, 1])
+                ("CumSum".to_string(), [1, 1, 1])
             ]
         );
         assert!(

@@ -866,12 +866,15 @@ mod tests {
                 "e",
             )
             .unwrap();
-        let diagonal = g.add_const("diagonal", Tensor::scalar(-1i64));
+        let axis = g.add_const("axis", Tensor::scalar(0i64));
         let ge = g
             .add(
-                "tl",
-                Op::Trilu { upper: false },
-                vec![Some(e), Some(diagonal)],
+                "cs",
+                Op::CumSum {
+                    exclusive: true,
+                    reverse: false,
+                },
+                vec![Some(e), Some(axis)],
                 "ge",
             )
             .unwrap();
@@ -910,14 +913,14 @@ mod tests {
             filled(&[2, 3, 10, 8], 6),
         ];
         let kernels = check_graph(&g, &inputs);
-        for symbol in ["matmul", "einsum", "attention", "trilu"] {
+        for symbol in ["matmul", "einsum", "attention", "cumulative"] {
             assert!(
                 kernels.iter().any(|k| *k == format!("kiln_uk_{symbol}")),
                 "kiln_uk_{symbol} not among {kernels:?}"
             );
         }
         assert_eq!(device::library_threads("attention"), 128);
-        assert_eq!(device::library_threads("trilu"), 1);
+        assert_eq!(device::library_threads("cumulative"), 1);
     }
 
     /// f64 operators the GPU generators leave to the library, sized for the parallel paths:

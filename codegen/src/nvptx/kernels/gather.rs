@@ -2,8 +2,9 @@
 //! with indices read at run time: embedding lookups, the Q/K/V split of a packed projection),
 //! `kiln_uk_gather_elements` (GatherElements), `kiln_uk_gather_nd` (GatherND) and
 //! `kiln_uk_gather_axes` (a source position per output position on every axis, decided at
-//! compile time: Pad in every mode, Resize in nearest mode). All read the same descriptors as
-//! the library kernels, so the backends move the same bytes.
+//! compile time: Pad in every mode, Resize in nearest mode), and `kiln_uk_trilu` (Trilu: an
+//! element kept or zeroed by its row and column, the diagonal offset read at run time). All
+//! read the same descriptors as the library kernels, so the backends move the same bytes.
 //!
 //! One thread per output element (grid-stride, 256-thread blocks), the innermost axis on
 //! consecutive threads so the stores coalesce. A run-time index outside `[-dim, dim)` stores nothing and reports
@@ -102,6 +103,26 @@ pub fn lower(node: &NodeInfo, _target: &TargetDesc) -> Result<Option<Box<dyn Gpu
             }))
         }
         "gather_axes" => AxisMapGather::from_attrs(at, node, what).map(|g| Box::new(g) as Box<dyn GpuKernel>),
+        "trilu" => {
+            let esize = element_size(node);
+            let diagonal = match node.input_dtype(1) {
+                _ if !node.has_input(1) || node.input_shape(1)?.iter().product::<usize>() == 0 => None,
+                Some(DType::I64) => Some(8),
+                Some(DType::I32) => Some(4),
+                _ => return Ok(None),
+            };
+            if ![1, 2, 4, 8].contains(&esize) {
+                return Ok(None);
+            }
+            Some(Box::new(TriluGpu {
+                upper: at[0] != 0,
+                rows: at[2] as u64,
+                cols: at[3] as u64,
+                total: node.output_shape(0)?.iter().product::<usize>() as u64,
+                esize,
+                diagonal,
+            }))
+        }
         _ => None,
     })
 }
@@ -336,6 +357,76 @@ impl GpuKernel for ElementGather {
                     move_unit(k, &e, self.esize, (data, from), (out, to))
                 },
                 || k.report_error(EINDEX),
+            )
+        })?;
+        k.ret()
+    }
+}
+
+/// Trilu: element `(r, c)` of each `rows×cols` matrix is kept where `c >= r + k` (upper) or
+/// `c <= r + k` (lower) and zeroed elsewhere; `k` is input 1's first element (i32 or i64) when
+/// present, else 0.
+#[derive(Debug)]
+struct TriluGpu {
+    upper: bool,
+    rows: u64,
+    cols: u64,
+    total: u64,
+    esize: u64,
+    /// Bytes of the diagonal offset's element, None when there is no offset input.
+    diagonal: Option<u64>,
+}
+
+impl KernelCommon for TriluGpu {
+    fn describe(&self) -> String {
+        format!(
+            "gpu trilu {} {}x{} ({} elements)",
+            if self.upper { "upper" } else { "lower" },
+            self.rows,
+            self.cols,
+            self.total
+        )
+    }
+}
+
+impl GpuKernel for TriluGpu {
+    fn launch(&self) -> LaunchDims {
+        launch(self.total)
+    }
+
+    fn emit(&self, k: &GpuBuilder<'_, '_>) -> Result<()> {
+        let e = Emit::new(k.cx, k.module, k.builder, k.function);
+        let (x, out) = (k.input(0)?, k.output(0)?);
+        let offset = match self.diagonal {
+            Some(bytes) => {
+                let v =
+                    e.b.build_load(int_type(k, bytes), k.input(1)?, "k")
+                        .map_err(llvm)?;
+                e.b.build_int_s_extend_or_bit_cast(v.into_int_value(), k.cx.i64_type(), "")
+                    .map_err(llvm)?
+            }
+            None => e.i64c(0),
+        };
+        let ty = int_type(k, self.esize);
+        k.grid_stride_loop(self.total, THREADS, |i| {
+            let c = e.uremc(i, self.cols as i64)?;
+            let r = e.uremc(e.udivc(i, self.cols as i64)?, self.rows as i64)?;
+            let limit = e.add(r, offset)?;
+            let keep = if self.upper {
+                e.icmp(IntPredicate::SGE, c, limit)?
+            } else {
+                e.icmp(IntPredicate::SLE, c, limit)?
+            };
+            let at = e.mulc(i, self.esize as i64)?;
+            e.if_else(
+                keep,
+                || move_unit(k, &e, self.esize, (x, at), (out, at)),
+                || {
+                    let st =
+                        e.b.build_store(e.gep_u8(out, at)?, ty.const_zero())
+                            .map_err(llvm)?;
+                    st.set_alignment(self.esize as u32).map_err(llvm)
+                },
             )
         })?;
         k.ret()
@@ -660,6 +751,30 @@ mod tests {
             vec![0i32, 1, 5, -7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
         );
         assert_eq!(run_graph(&g, &bad).unwrap_err(), "kernel 1 failed with code 1");
+    }
+
+    #[test]
+    fn trilu_both_ways_with_and_without_an_offset() {
+        let mut g = Graph::new("t");
+        let (x, xt) = f32_input(&mut g, "x", &[2, 5, 7]);
+        let k = g.add_input("k", TensorType::fixed(DType::I64, &[]));
+        for (name, upper, offset) in [("u", true, Some(k)), ("l", false, Some(k)), ("u0", true, None)] {
+            let y = g
+                .add(name, Op::Trilu { upper }, vec![Some(x), offset], name)
+                .unwrap();
+            g.add_output(name, y);
+        }
+        for kv in [-2i64, 0, 3, 9] {
+            let inputs = vec![xt.clone(), Tensor::scalar(kv)];
+            assert_gathers_or_trilu(&check_graph(&g, &inputs));
+        }
+    }
+
+    fn assert_gathers_or_trilu(kernels: &[String]) {
+        assert!(
+            kernels.iter().all(|k| k.starts_with("gpu trilu")),
+            "not all GPU kernels: {kernels:?}"
+        );
     }
 
     #[test]
