@@ -31,6 +31,8 @@ pub enum GpuGenerator {
     Pool,
     /// Element-wise groups (`elementwise`).
     Elementwise,
+    /// ArgMax and ArgMin (`arg`).
+    Arg,
 }
 
 /// A CPU kernel generator (`gen/`).
@@ -62,6 +64,7 @@ pub fn generators(op: &Op) -> Generators {
             (&[G::Elementwise], &[C::ElementwiseLoop])
         }
         Op::Attention(_) => (&[G::Attention], &[]),
+        Op::ArgMax { .. } | Op::ArgMin { .. } => (&[G::Arg], &[]),
         Op::Pool(_) => (&[G::Pool], &[]),
         Op::Softmax { .. }
         | Op::LogSoftmax { .. }
@@ -89,6 +92,7 @@ impl GpuGenerator {
             GpuGenerator::Rows => kernels::rows::lower(node, target),
             GpuGenerator::Pool => kernels::pool::lower(node, target),
             GpuGenerator::Elementwise => kernels::elementwise::lower(node, target),
+            GpuGenerator::Arg => kernels::arg::lower(node, target),
         }
     }
 }

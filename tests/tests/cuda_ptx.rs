@@ -20,7 +20,6 @@ const BF16_SM: u32 = 80;
 /// block, and how many: every other fixture must compile to generated GPU kernels only, and a
 /// listed one to exactly this many (when a new GPU kernel lowers the count, lower it here).
 const LIBRARY_KERNELS: &[(&str, usize)] = &[
-    ("argmax_argmin", 5),
     ("bert_tiny_dynamic_int8", 22),
     ("cast", 3),
     ("cast_float16", 3),

@@ -2,6 +2,7 @@
 //! for an operator is codegen's generator table (`crate::generators`); a node none handles runs
 //! as a library kernel on one block (`nvptx/device.rs`).
 
+pub mod arg;
 pub mod attention;
 pub mod copy;
 pub mod elementwise;
