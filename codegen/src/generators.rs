@@ -33,6 +33,8 @@ pub enum GpuGenerator {
     Elementwise,
     /// ArgMax and ArgMin (`arg`).
     Arg,
+    /// CumSum and CumProd (`cumulative`).
+    Cumulative,
 }
 
 /// A CPU kernel generator (`gen/`).
@@ -65,6 +67,7 @@ pub fn generators(op: &Op) -> Generators {
         }
         Op::Attention(_) => (&[G::Attention], &[]),
         Op::ArgMax { .. } | Op::ArgMin { .. } => (&[G::Arg], &[]),
+        Op::CumSum { .. } | Op::CumProd { .. } => (&[G::Cumulative], &[]),
         Op::Pool(_) => (&[G::Pool], &[]),
         Op::Softmax { .. }
         | Op::LogSoftmax { .. }
@@ -93,6 +96,7 @@ impl GpuGenerator {
             GpuGenerator::Pool => kernels::pool::lower(node, target),
             GpuGenerator::Elementwise => kernels::elementwise::lower(node, target),
             GpuGenerator::Arg => kernels::arg::lower(node, target),
+            GpuGenerator::Cumulative => kernels::cumulative::lower(node, target),
         }
     }
 }

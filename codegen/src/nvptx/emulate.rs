@@ -866,15 +866,19 @@ mod tests {
                 "e",
             )
             .unwrap();
-        let axis = g.add_const("axis", Tensor::scalar(0i64));
+        let idx = g.add_const(
+            "idx",
+            Tensor::from_vec(vec![2, 5], vec![5i64, 0, 3, 3, 1, 2, 4, 0, 5, 5]),
+        );
+        let upd = g.add_const("upd", Tensor::from_vec(vec![2, 5], vec![0.5f32; 10]));
         let ge = g
             .add(
-                "cs",
-                Op::CumSum {
-                    exclusive: true,
-                    reverse: false,
+                "sc",
+                Op::ScatterElements {
+                    axis: 0,
+                    reduction: kiln_ir::ScatterReduction::Mul,
                 },
-                vec![Some(e), Some(axis)],
+                vec![Some(e), Some(idx), Some(upd)],
                 "ge",
             )
             .unwrap();
@@ -913,14 +917,14 @@ mod tests {
             filled(&[2, 3, 10, 8], 6),
         ];
         let kernels = check_graph(&g, &inputs);
-        for symbol in ["matmul", "einsum", "attention", "cumulative"] {
+        for symbol in ["matmul", "einsum", "attention", "scatter_elements"] {
             assert!(
                 kernels.iter().any(|k| *k == format!("kiln_uk_{symbol}")),
                 "kiln_uk_{symbol} not among {kernels:?}"
             );
         }
         assert_eq!(device::library_threads("attention"), 128);
-        assert_eq!(device::library_threads("cumulative"), 1);
+        assert_eq!(device::library_threads("scatter_elements"), 1);
     }
 
     /// f64 operators the GPU generators leave to the library, sized for the parallel paths:

@@ -5,6 +5,7 @@
 pub mod arg;
 pub mod attention;
 pub mod copy;
+pub mod cumulative;
 pub mod elementwise;
 pub mod gather;
 pub mod gemm;
