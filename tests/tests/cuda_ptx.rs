@@ -33,7 +33,6 @@ const LIBRARY_KERNELS: &[(&str, usize)] = &[
     ("groupnorm_opset21", 1),
     ("gru", 2),
     ("instancenorm", 2),
-    ("integer_div_mod", 7),
     ("lstm", 2),
     ("lstm_classifier", 1),
     ("ort_contrib_bert_layer", 1),

@@ -178,7 +178,7 @@ pub(crate) fn supports_on(graph: &Graph, id: NodeId, gpu: bool) -> bool {
             }
             match b {
                 Binary::Add | Binary::Sub | Binary::Mul | Binary::Min | Binary::Max => float || int,
-                Binary::Div => float,
+                Binary::Div | Binary::Mod | Binary::FMod => float || int,
                 Binary::Less | Binary::LessOrEqual | Binary::Greater | Binary::GreaterOrEqual => float || int,
                 Binary::Equal => true,
                 Binary::And | Binary::Or | Binary::Xor => x == Some(DType::Bool),
@@ -704,6 +704,82 @@ fn fclamp<'ctx>(
     Ok(x)
 }
 
+/// Integer Div, FMod (C's `%`) and Mod (Python's `%`: the divisor's sign) as the reference
+/// computes them: a zero divisor gives 0, and a divisor of -1 gives the wrapped negation (Div)
+/// or 0 (the remainders) instead of `MIN / -1`'s overflow. LLVM's `sdiv`/`srem` are undefined
+/// for those divisors in any lane, so they divide by 1 there and the result is replaced.
+fn int_division<'ctx>(
+    e: &Emit<'_, 'ctx>,
+    op: Binary,
+    x: VectorValue<'ctx>,
+    y: VectorValue<'ctx>,
+    n: u32,
+) -> Result<VectorValue<'ctx>> {
+    let b = e.b;
+    let elem = x.get_type().get_element_type().into_int_type();
+    let splat_int = |v: u64| VectorType::const_vector(&vec![elem.const_int(v, true); n as usize]);
+    let zero = x.get_type().const_zero();
+    let is_zero = b.build_int_compare(IntPredicate::EQ, y, zero, "").map_err(llvm)?;
+    let is_minus_one = b
+        .build_int_compare(IntPredicate::EQ, y, splat_int(u64::MAX), "")
+        .map_err(llvm)?;
+    let special = b.build_or(is_zero, is_minus_one, "").map_err(llvm)?;
+    let safe = select(e, special, splat_int(1), y)?;
+    match op {
+        Binary::Div => {
+            let q = b.build_int_signed_div(x, safe, "").map_err(llvm)?;
+            let negated = b.build_int_neg(x, "").map_err(llvm)?;
+            let q = select(e, is_minus_one, negated, q)?;
+            select(e, is_zero, zero, q)
+        }
+        _ => {
+            let r = b.build_int_signed_rem(x, safe, "").map_err(llvm)?;
+            let r = select(e, special, zero, r)?;
+            if op == Binary::FMod {
+                return Ok(r);
+            }
+            // A non-zero remainder whose sign differs from the divisor's moves by one divisor.
+            let r_negative = b
+                .build_int_compare(IntPredicate::SLT, r, zero, "")
+                .map_err(llvm)?;
+            let y_negative = b
+                .build_int_compare(IntPredicate::SLT, y, zero, "")
+                .map_err(llvm)?;
+            let signs_differ = b.build_xor(r_negative, y_negative, "").map_err(llvm)?;
+            let nonzero = b.build_int_compare(IntPredicate::NE, r, zero, "").map_err(llvm)?;
+            let fix = b.build_and(nonzero, signs_differ, "").map_err(llvm)?;
+            let moved = b.build_int_add(r, y, "").map_err(llvm)?;
+            select(e, fix, moved, r)
+        }
+    }
+}
+
+/// Float FMod (`fmod`) and Mod (the divisor's sign; a zero result takes the divisor's sign) in
+/// f64, rounded once to f32, as the reference computes them.
+fn float_remainder<'ctx>(
+    e: &Emit<'_, 'ctx>,
+    op: Binary,
+    x: VectorValue<'ctx>,
+    y: VectorValue<'ctx>,
+    n: u32,
+) -> Result<VectorValue<'ctx>> {
+    let b = e.b;
+    let wide = e.cx.f64_type().vec_type(n);
+    let xd = b.build_float_ext(x, wide, "").map_err(llvm)?;
+    let yd = b.build_float_ext(y, wide, "").map_err(llvm)?;
+    let mut r = b.build_float_rem(xd, yd, "").map_err(llvm)?;
+    if op == Binary::Mod {
+        let zero = wide.const_zero();
+        let signed_zero = fintr(e, "llvm.copysign", &[zero, yd])?;
+        let r_negative = e.fcmp(FloatPredicate::OLT, r, zero)?;
+        let y_negative = e.fcmp(FloatPredicate::OLT, yd, zero)?;
+        let signs_differ = b.build_xor(r_negative, y_negative, "").map_err(llvm)?;
+        let moved = select(e, signs_differ, b.build_float_add(r, yd, "").map_err(llvm)?, r)?;
+        r = select(e, e.fcmp(FloatPredicate::OEQ, r, zero)?, signed_zero, moved)?;
+    }
+    b.build_float_trunc(r, e.vty(n), "").map_err(llvm)
+}
+
 fn emit_op<'ctx>(
     e: &Emit<'_, 'ctx>,
     step: &Step,
@@ -854,6 +930,10 @@ fn emit_op<'ctx>(
                 (Binary::PRelu, true) => {
                     let neg = e.fmul(x, y)?;
                     select(e, e.fcmp(FloatPredicate::OLT, x, fconst(e, 0.0, n))?, neg, x)
+                }
+                (Binary::Mod | Binary::FMod, true) => float_remainder(e, *bop, x, y, n),
+                (Binary::Div | Binary::Mod | Binary::FMod, false) if !boolean => {
+                    int_division(e, *bop, x, y, n)
                 }
                 (Binary::Add, false) => b.build_int_add(x, y, "").map_err(llvm),
                 (Binary::Sub, false) => b.build_int_sub(x, y, "").map_err(llvm),

@@ -301,3 +301,57 @@ fn nan_and_infinity_tests() {
         g.check(y, 4);
     }
 }
+
+/// Divisors of zero, -1 and both signs, the most negative dividend.
+fn division_operands<T: Copy>(min: T, ints: impl Fn(i64) -> T) -> (Vec<T>, Vec<T>) {
+    let mut x: Vec<T> = (0..60).map(|i| ints((i * 37) % 41 - 20)).collect();
+    let mut y: Vec<T> = (0..60).map(|i| ints((i * 11) % 13 - 6)).collect();
+    x[0] = min;
+    y[0] = ints(-1);
+    x[1] = min;
+    y[1] = ints(3);
+    y[2] = ints(0);
+    (x, y)
+}
+
+#[test]
+fn integer_division_and_remainders() {
+    for op in [Binary::Div, Binary::Mod, Binary::FMod] {
+        for wide in [false, true] {
+            let mut g = G::new();
+            let a = g.input(if wide { DType::I64 } else { DType::I32 }, &[60]);
+            let b = g.input(if wide { DType::I64 } else { DType::I32 }, &[60]);
+            let (x, y) = if wide {
+                let (x, y) = division_operands(i64::MIN, |v| v);
+                (Tensor::from_vec(vec![60], x), Tensor::from_vec(vec![60], y))
+            } else {
+                let (x, y) = division_operands(i32::MIN, |v| v as i32);
+                (Tensor::from_vec(vec![60], x), Tensor::from_vec(vec![60], y))
+            };
+            g.data[0] = x;
+            g.data[1] = y;
+            let r = g.op(Op::Binary(op), &[a, b]);
+            let s = g.op(Op::Binary(Binary::Add), &[r, a]);
+            g.check(s, 2);
+        }
+    }
+}
+
+#[test]
+fn float_remainders() {
+    for op in [Binary::Mod, Binary::FMod] {
+        let mut g = G::new();
+        let a = g.input(DType::F32, &[40]);
+        let b = g.input(DType::F32, &[40]);
+        let mut y: Vec<f32> = (0..40).map(|i| ((i * 7) % 9) as f32 * 0.75 - 3.0).collect();
+        y[..4].copy_from_slice(&[0.0, f32::INFINITY, f32::NEG_INFINITY, -0.0]);
+        let mut x: Vec<f32> = (0..40).map(|i| ((i * 13) % 23) as f32 * 0.5 - 5.5).collect();
+        x[4] = f32::INFINITY;
+        x[5] = 6.0;
+        y[5] = -3.0;
+        g.data[1] = Tensor::from_vec(vec![40], y);
+        g.data[0] = Tensor::from_vec(vec![40], x);
+        let r = g.op(Op::Binary(op), &[a, b]);
+        g.check(r, 1);
+    }
+}

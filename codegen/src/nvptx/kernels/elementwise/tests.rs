@@ -462,3 +462,41 @@ fn quantize_and_dequantize_per_tensor() {
     let di = g.op(dequantize, &[qi, s3]);
     g.check(&[q, di]);
 }
+
+/// Integer Div/Mod/FMod (zero and -1 divisors, the most negative dividend) and float Mod/FMod
+/// (zero and infinite divisors, an infinite dividend) in GPU kernels, as the reference.
+#[test]
+fn divisions_and_remainders() {
+    let mut g = G::new(700);
+    let mut x: Vec<i32> = (0..60).map(|i| (i * 37) % 41 - 20).collect();
+    let mut y: Vec<i32> = (0..60).map(|i| (i * 11) % 13 - 6).collect();
+    x[0] = i32::MIN;
+    y[0] = -1;
+    x[1] = i32::MIN;
+    y[2] = 0;
+    let a = g.input_tensor(Tensor::from_vec(vec![60], x.clone()));
+    let b = g.input_tensor(Tensor::from_vec(vec![60], y.clone()));
+    let xl = g.input_tensor(Tensor::from_vec(
+        vec![60],
+        x.iter().map(|&v| v as i64 * 3).collect::<Vec<i64>>(),
+    ));
+    let yl = g.input_tensor(Tensor::from_vec(
+        vec![60],
+        y.iter().map(|&v| v as i64).collect::<Vec<i64>>(),
+    ));
+    let mut outs = vec![];
+    for op in [Binary::Div, Binary::Mod, Binary::FMod] {
+        outs.push(g.bin(op, a, b));
+        outs.push(g.bin(op, xl, yl));
+    }
+    let mut fy: Vec<f32> = (0..40).map(|i| ((i * 7) % 9) as f32 * 0.75 - 3.0).collect();
+    fy[..4].copy_from_slice(&[0.0, f32::INFINITY, f32::NEG_INFINITY, -0.0]);
+    let mut fx: Vec<f32> = (0..40).map(|i| ((i * 13) % 23) as f32 * 0.5 - 5.5).collect();
+    fx[4] = f32::INFINITY;
+    let fa = g.input_tensor(Tensor::from_vec(vec![40], fx));
+    let fb = g.input_tensor(Tensor::from_vec(vec![40], fy));
+    for op in [Binary::Mod, Binary::FMod] {
+        outs.push(g.bin(op, fa, fb));
+    }
+    g.check(&outs);
+}
