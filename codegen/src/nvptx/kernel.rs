@@ -33,6 +33,20 @@ pub struct LaunchDims {
     pub shared_bytes: u32,
 }
 
+impl LaunchDims {
+    /// A 1-D grid of `threads`-thread blocks, a thread per item: at least one block and at most
+    /// 2^20 (beyond that the kernel's grid-stride loop, `GpuBuilder::grid_stride_loop`, covers
+    /// the rest).
+    pub fn per_item(items: u64, threads: u64) -> LaunchDims {
+        let blocks = items.div_ceil(threads).clamp(1, 1 << 20);
+        LaunchDims {
+            grid: [blocks as u32, 1, 1],
+            block: [threads as u32, 1, 1],
+            shared_bytes: 0,
+        }
+    }
+}
+
 /// A GPU kernel: what the planner asks of every generated kernel ([`KernelCommon`]: its
 /// description, e.g. `gpu gemm 64x64x16 M=.. N=.. K=..`, its packed constants, the inputs it
 /// reads), and how it is launched.

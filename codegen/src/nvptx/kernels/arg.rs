@@ -16,7 +16,6 @@ use inkwell::{FloatPredicate, IntPredicate};
 use kiln_ir::{DType, Op};
 
 const THREADS: u64 = 256;
-const MAX_BLOCKS: u64 = 1 << 20;
 
 #[derive(Debug)]
 struct ArgGpu {
@@ -119,12 +118,7 @@ impl KernelCommon for ArgGpu {
 
 impl GpuKernel for ArgGpu {
     fn launch(&self) -> LaunchDims {
-        let blocks = self.total().div_ceil(THREADS).clamp(1, MAX_BLOCKS);
-        LaunchDims {
-            grid: [blocks as u32, 1, 1],
-            block: [THREADS as u32, 1, 1],
-            shared_bytes: 0,
-        }
+        LaunchDims::per_item(self.total(), THREADS)
     }
 
     fn emit<'ctx>(&self, k: &GpuBuilder<'_, 'ctx>) -> Result<()> {

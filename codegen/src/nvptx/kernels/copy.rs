@@ -19,8 +19,6 @@ use inkwell::values::{BasicValue, IntValue};
 use inkwell::IntPredicate;
 
 const THREADS: u64 = 256;
-/// More blocks than this and threads loop (a grid-stride loop) instead.
-const MAX_BLOCKS: u64 = 1 << 20;
 /// Copies a node may have before the per-thread search through them gets long.
 const MAX_COPIES: usize = 64;
 
@@ -167,12 +165,7 @@ impl KernelCommon for CopyGpu {
 
 impl GpuKernel for CopyGpu {
     fn launch(&self) -> LaunchDims {
-        let blocks = self.total().div_ceil(THREADS).clamp(1, MAX_BLOCKS);
-        LaunchDims {
-            grid: [blocks as u32, 1, 1],
-            block: [THREADS as u32, 1, 1],
-            shared_bytes: 0,
-        }
+        LaunchDims::per_item(self.total(), THREADS)
     }
 
     fn emit(&self, k: &GpuBuilder<'_, '_>) -> Result<()> {

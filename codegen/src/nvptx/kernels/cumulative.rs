@@ -16,7 +16,6 @@ use inkwell::values::{BasicValueEnum, IntValue};
 use kiln_ir::DType;
 
 const THREADS: u64 = 256;
-const MAX_BLOCKS: u64 = 1 << 20;
 
 #[derive(Debug)]
 struct CumulativeGpu {
@@ -74,12 +73,7 @@ impl KernelCommon for CumulativeGpu {
 
 impl GpuKernel for CumulativeGpu {
     fn launch(&self) -> LaunchDims {
-        let blocks = (self.outer * self.inner).div_ceil(THREADS).clamp(1, MAX_BLOCKS);
-        LaunchDims {
-            grid: [blocks as u32, 1, 1],
-            block: [THREADS as u32, 1, 1],
-            shared_bytes: 0,
-        }
+        LaunchDims::per_item(self.outer * self.inner, THREADS)
     }
 
     fn emit<'ctx>(&self, k: &GpuBuilder<'_, 'ctx>) -> Result<()> {

@@ -23,8 +23,6 @@ use inkwell::IntPredicate;
 use kiln_ir::DType;
 
 const THREADS: u64 = 256;
-/// More blocks than this and threads loop (a grid-stride loop) instead.
-const MAX_BLOCKS: u64 = 1 << 20;
 /// kiln_cuda.h's KILN_CUDA_EINDEX.
 const EINDEX: u32 = 1;
 /// Ranks `kiln_uk_gather_axes` takes (the library's MV_MAX_RANK).
@@ -43,10 +41,8 @@ pub fn lower(node: &NodeInfo, _target: &TargetDesc) -> Result<Option<Box<dyn Gpu
     let what = node.node.op.name();
     Ok(match call.symbol {
         "gather" => {
-            let index = match node.input_dtype(1) {
-                Some(DType::I64) => 8,
-                Some(DType::I32) => 4,
-                _ => return Ok(None),
+            let Some(index) = index_bytes(node, 1) else {
+                return Ok(None);
             };
             // Elements, not wider units: a graph input's device pointer is only known to be
             // aligned to its element.
@@ -66,10 +62,8 @@ pub fn lower(node: &NodeInfo, _target: &TargetDesc) -> Result<Option<Box<dyn Gpu
             }))
         }
         "gather_elements" | "gather_nd" => {
-            let index_bytes = match node.input_dtype(1) {
-                Some(DType::I64) => 8,
-                Some(DType::I32) => 4,
-                _ => return Ok(None),
+            let Some(index_bytes) = index_bytes(node, 1) else {
+                return Ok(None);
             };
             let esize = element_size(node);
             if ![1, 2, 4, 8].contains(&esize) {
@@ -105,11 +99,13 @@ pub fn lower(node: &NodeInfo, _target: &TargetDesc) -> Result<Option<Box<dyn Gpu
         "gather_axes" => AxisMapGather::from_attrs(at, node, what).map(|g| Box::new(g) as Box<dyn GpuKernel>),
         "trilu" => {
             let esize = element_size(node);
-            let diagonal = match node.input_dtype(1) {
-                _ if !node.has_input(1) || node.input_shape(1)?.iter().product::<usize>() == 0 => None,
-                Some(DType::I64) => Some(8),
-                Some(DType::I32) => Some(4),
-                _ => return Ok(None),
+            let diagonal = if !node.has_input(1) || node.input_shape(1)?.iter().product::<usize>() == 0 {
+                None
+            } else {
+                match index_bytes(node, 1) {
+                    Some(bytes) => Some(bytes),
+                    None => return Ok(None),
+                }
             };
             if ![1, 2, 4, 8].contains(&esize) {
                 return Ok(None);
@@ -154,6 +150,15 @@ fn load_index<'ctx>(
     Ok((w, inside))
 }
 
+/// Bytes of input `i`'s elements when it holds indices (i32 or i64), else None.
+fn index_bytes(node: &NodeInfo, i: usize) -> Option<u64> {
+    match node.input_dtype(i) {
+        Some(DType::I64) => Some(8),
+        Some(DType::I32) => Some(4),
+        _ => None,
+    }
+}
+
 fn element_size(node: &NodeInfo) -> u64 {
     node.output_type(0).dtype.size_bytes() as u64
 }
@@ -186,12 +191,7 @@ fn move_unit<'ctx>(
 }
 
 fn launch(total: u64) -> LaunchDims {
-    let blocks = total.div_ceil(THREADS).clamp(1, MAX_BLOCKS);
-    LaunchDims {
-        grid: [blocks as u32, 1, 1],
-        block: [THREADS as u32, 1, 1],
-        shared_bytes: 0,
-    }
+    LaunchDims::per_item(total, THREADS)
 }
 
 /// `out[o, j, r] = data[o, idx[j], r]` (`kiln_uk_gather`'s `[outer, dim, n_indices, inner]`),

@@ -506,25 +506,27 @@ impl GpuKernel for GemmGpu {
             k.barrier()
         })?;
         let g_idx = e.uremc(z, self.groups as i64)?;
-        // Stores accumulator `slot` as output element (i, j) when inside the output (and
-        // `also`, when given).
-        let store = |slot: usize, i, j, also: Option<_>| -> Result<()> {
-            let mut inside = and(&e, ult(&e, i, m)?, ult(&e, j, n)?)?;
-            if let Some(c) = also {
-                inside = and(&e, inside, c)?;
-            }
-            e.if_then(inside, || {
-                let s = e.load_f32(e.gep_f32c(acc, slot as i64)?)?;
-                let bias_row = e.add(e.mulc(g_idx, m as i64)?, i)?;
-                let v = self.epi.apply(k, &e, self.elem, s, (bias_row, j), |zs, rs, cs| {
+        // The epilogue on output element (i, j)'s finished sum, and its store.
+        let finish = |sum: FloatValue<'ctx>, i: IntValue<'ctx>, j: IntValue<'ctx>| -> Result<()> {
+            let bias_row = e.add(e.mulc(g_idx, m as i64)?, i)?;
+            let v = self
+                .epi
+                .apply(k, &e, self.elem, sum, (bias_row, j), |zs, rs, cs| {
                     e.add(
                         e.mulc(z, zs as i64)?,
                         e.add(e.mulc(i, rs as i64)?, e.mulc(j, cs as i64)?)?,
                     )
                 })?;
-                let o = e.add(e.mulc(z, (m * n) as i64)?, e.add(e.mulc(i, n as i64)?, j)?)?;
-                store_elem(k, &e, self.elem, k.output(0)?, o, v)
-            })
+            let o = e.add(e.mulc(z, (m * n) as i64)?, e.add(e.mulc(i, n as i64)?, j)?)?;
+            store_elem(k, &e, self.elem, k.output(0)?, o, v)
+        };
+        // Whether element (i, j) is inside the output (and `also`, when given).
+        let inside = |i, j, also: Option<IntValue<'ctx>>| -> Result<IntValue<'ctx>> {
+            let inside = and(&e, ult(&e, i, m)?, ult(&e, j, n)?)?;
+            match also {
+                Some(c) => and(&e, inside, c),
+                None => Ok(inside),
+            }
         };
         // This thread's results: accumulator, output row and column, and whether it stores.
         let mut results = vec![];
@@ -546,7 +548,9 @@ impl GpuKernel for GemmGpu {
         }
         let Some(sk) = self.split_k else {
             for (slot, i, j, also) in results {
-                store(slot, i, j, also)?;
+                e.if_then(inside(i, j, also)?, || {
+                    finish(e.load_f32(e.gep_f32c(acc, slot as i64)?)?, i, j)
+                })?;
             }
             return k.ret();
         };
@@ -559,13 +563,6 @@ impl GpuKernel for GemmGpu {
                 let row = e.add(e.mulc(plane, m as i64)?, i)?;
                 e.gep_f32(partials, e.add(e.mulc(row, n as i64)?, j)?)
             };
-        let inside = |i, j, also: Option<IntValue<'ctx>>| -> Result<IntValue<'ctx>> {
-            let inside = and(&e, ult(&e, i, m)?, ult(&e, j, n)?)?;
-            match also {
-                Some(c) => and(&e, inside, c),
-                None => Ok(inside),
-            }
-        };
         for &(slot, i, j, also) in &results {
             e.if_then(inside(i, j, also)?, || {
                 let v = e.load_f32(e.gep_f32c(acc, slot as i64)?)?;
@@ -628,17 +625,7 @@ impl GpuKernel for GemmGpu {
                             .map_err(llvm)?;
                         sum = e.b.build_float_add(sum, v.into_float_value(), "").map_err(llvm)?;
                     }
-                    let bias_row = e.add(e.mulc(g_idx, m as i64)?, i)?;
-                    let v = self
-                        .epi
-                        .apply(k, &e, self.elem, sum, (bias_row, j), |zs, rs, cs| {
-                            e.add(
-                                e.mulc(z, zs as i64)?,
-                                e.add(e.mulc(i, rs as i64)?, e.mulc(j, cs as i64)?)?,
-                            )
-                        })?;
-                    let o = e.add(e.mulc(z, (m * n) as i64)?, e.add(e.mulc(i, n as i64)?, j)?)?;
-                    store_elem(k, &e, self.elem, k.output(0)?, o, v)
+                    finish(sum, i, j)
                 })?;
             }
             // Ready for the next run.
