@@ -5,7 +5,8 @@
  * The host side (cuda.c) loads the CUDA driver at run time (dlopen of libcuda.so.1, the same
  * dynamic loading cudarc does), so an artifact starts on any machine and reports "no CUDA device"
  * where there is none. It loads the embedded PTX once per context, uploads the weights, keeps
- * the arena in device memory and launches the kernel table in order on one stream.
+ * the arena in device memory and launches the kernel table in order on one stream, recorded
+ * once as a CUDA graph and replayed by every later run (kernel by kernel when profiling).
  *
  * The device side (device.c, compiled for nvptx64) holds the runtime functions the kernels call.
  */
