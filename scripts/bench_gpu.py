@@ -18,7 +18,8 @@ TransformerEncoder 12x768; Hugging Face BertModel base and GPT2LMHeadModel small
 
 --profile MODEL... also prints kiln's per-kernel profile (`--profile-top`) of those models in
 f32. --deadline-s stops starting slow steps (torch.compile) when time runs short: a skipped
-cell says so. Needs torch with CUDA, torchvision, numpy, onnx; a GPU.
+cell says so. Needs torch with CUDA, torchvision, numpy, onnx; a GPU; and scripts/torch_exports.py
+beside it (the models and how they are exported, shared with the CPU benchmark).
 
     python3 scripts/bench_gpu.py --sm 90 --json gpu.json
     python3 scripts/bench_gpu.py --models encoder bert --precision f32 --modes eager reduce-overhead
@@ -37,6 +38,8 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_exports import First, export, make_module  # noqa: E402  (the same modules as the CPU benchmark)
 LATENCY = re.compile(r"latency: median ([0-9.]+) ms")
 MODELS = ["resnet50", "mobilenet_v2", "efficientnet_b0", "encoder", "bert", "gpt2"]
 MODES = ["eager", "default", "reduce-overhead"]
@@ -45,97 +48,6 @@ START = time.time()
 
 def log(*a):
     print(f"[{time.time() - START:6.0f}s]", *a, flush=True)
-
-
-def make_module(name: str, tiny: bool = False):
-    """The torch module and its example inputs (a dict name -> CPU tensor), or None when a
-    package it needs is missing. `tiny`: the same module class with small sizes (2 layers,
-    width 64, sequence 16), for the structure of the exported graph without its weight."""
-    import torch
-
-    torch.manual_seed(0)
-    d, layers, heads, ffn, seq = (64, 2, 4, 128, 16) if tiny else (768, 12, 12, 3072, 128)
-    img = {"x": torch.randn(1, 3, 224, 224)}
-    if name in ("resnet50", "mobilenet_v2", "efficientnet_b0"):
-        import torchvision
-
-        return getattr(torchvision.models, name)(), img
-    if name == "encoder":
-
-        class Encoder(torch.nn.Module):
-            """BERT-base-sized: 12 layers, d=768, 12 heads, GELU, batch_first, seq 128."""
-
-            def __init__(self):
-                super().__init__()
-                layer = torch.nn.TransformerEncoderLayer(
-                    d, heads, ffn, activation="gelu", batch_first=True, dropout=0.0
-                )
-                self.enc = torch.nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
-                for p in self.enc.parameters():  # the 12 layers start as copies: make them differ
-                    torch.nn.init.normal_(p, std=0.02)
-
-            def forward(self, x):
-                return self.enc(x)
-
-        return Encoder(), {"x": torch.randn(1, seq, d)}
-    try:
-        import transformers
-    except ImportError:
-        return None
-    vocab = 1000 if tiny else 30000
-    ids = torch.randint(0, vocab, (1, seq))
-    if name == "bert":
-        cfg = transformers.BertConfig()
-        if tiny:
-            cfg = transformers.BertConfig(vocab_size=vocab, hidden_size=d, num_hidden_layers=layers,
-                                          num_attention_heads=heads, intermediate_size=ffn)
-        m = transformers.BertModel(cfg, add_pooling_layer=False)
-        return m, {"input_ids": ids, "attention_mask": torch.ones(1, seq, dtype=torch.int64)}
-    if name == "gpt2":
-        cfg = transformers.GPT2Config(use_cache=False)
-        if tiny:
-            cfg = transformers.GPT2Config(use_cache=False, vocab_size=vocab, n_embd=d, n_layer=layers,
-                                          n_head=heads, n_positions=64)
-        return transformers.GPT2LMHeadModel(cfg), {"input_ids": ids}
-    raise ValueError(name)
-
-
-class First(object):
-    """Calls a module with keyword inputs and returns its first output as a tensor."""
-
-    def __init__(self, module):
-        self.module = module
-
-    def __call__(self, **kw):
-        y = self.module(**kw)
-        if isinstance(y, (tuple, list)):
-            return y[0]
-        if hasattr(y, "to_tuple"):
-            return y.to_tuple()[0]
-        return y
-
-
-def export(name: str, module, inputs: dict, path: str) -> None:
-    import torch
-
-    names = list(inputs)
-
-    class Positional(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.m = module
-
-        def forward(self, *args):
-            return First(self.m)(**dict(zip(names, args)))
-
-    args = tuple(inputs.values())
-    try:
-        torch.onnx.export(Positional().eval(), args, path, input_names=names, output_names=["y"],
-                          opset_version=17, dynamo=False)
-    except Exception as e:  # a torch without the TorchScript exporter
-        log(f"{name}: TorchScript export failed ({str(e)[:160]}); using the dynamo exporter")
-        torch.onnx.export(Positional().eval(), args, path, input_names=names, output_names=["y"],
-                          opset_version=18, dynamo=True, external_data=False)
 
 
 def kiln_compile(kiln: str, onnx_path: str, exe: str, sm: int, precision: str) -> tuple[int, str, float]:
@@ -202,9 +114,6 @@ def main() -> int:
     p.add_argument("--no-graph-compare", action="store_true", help="skip timing kiln without its CUDA graph")
     p.add_argument("--deadline-s", type=float, default=1e9, help="start no torch.compile after this many seconds")
     p.add_argument("--json")
-    p.add_argument("--tiny-exports", metavar="DIR",
-                   help="also export small versions of the transformer models (2 layers, width 64) "
-                        "with their inputs and torch's outputs to DIR, for tests")
     args = p.parse_args()
 
     import torch
@@ -216,25 +125,6 @@ def main() -> int:
     card = torch.cuda.get_device_name(0)
     log(f"GPU: {card}; torch {torch.__version__}; kiln: {args.kiln}")
     results: dict = {"card": card, "torch": torch.__version__, "models": {}}
-
-    if args.tiny_exports:
-        os.makedirs(args.tiny_exports, exist_ok=True)
-        for name in ("encoder", "bert", "gpt2"):
-            made = make_module(name, tiny=True)
-            if made is None:
-                continue
-            module, inputs = made
-            module.eval()
-            try:
-                with torch.no_grad():
-                    export(name, module, inputs, os.path.join(args.tiny_exports, name + ".onnx"))
-                    y = First(module)(**inputs).float().numpy()
-                for k, v in inputs.items():
-                    np.save(os.path.join(args.tiny_exports, f"{name}_in_{k}.npy"), v.numpy())
-                np.save(os.path.join(args.tiny_exports, f"{name}_out_y.npy"), y)
-                log(f"tiny {name}: exported")
-            except Exception as e:
-                log(f"tiny {name}: export failed: {str(e)[:300]}")
 
     def save():
         if args.json:
