@@ -185,3 +185,59 @@ fn golden_nothing_to_fuse() {
     ];
     golden("unchanged", &ops, 0);
 }
+
+/// The attention of PyTorch's `scaled_dot_product_attention` exports (Q and Kᵀ each scaled,
+/// the softmax guarded by `Where(IsNaN)`, heads split and merged through whatever reshapes
+/// and transposes the exporter wrote) becomes one 3-D Attention per layer, run by
+/// `pipelines` after `freeze` as the compiler does.
+fn exported_attention(dir: &str) -> Graph {
+    let (mut g, inputs) = load(&repo().join(dir));
+    kiln_optimizer::passes::freeze::Freeze.run(&mut g).unwrap();
+    let (g, _) = check(g, inputs, dir);
+    assert_eq!(
+        count(&g, |o| matches!(o, Op::Attention(a) if a.q_num_heads == 4)),
+        2,
+        "{dir}"
+    );
+    assert_eq!(
+        count(&g, |o| matches!(
+            o,
+            Op::Softmax { .. } | Op::Unary(kiln_ir::Unary::IsNaN)
+        )),
+        0,
+        "{dir}: every softmax and its guard is inside an Attention"
+    );
+    g
+}
+
+#[test]
+fn hf_bert_export_attention_reads_the_projections() {
+    let g = exported_attention("fixtures/models/hf_bert_export");
+    // The head split (Reshape, Transpose; Kᵀ by a second Transpose) and merge are gone:
+    // Attention reads the projections' outputs as they are.
+    assert_eq!(count(&g, |o| matches!(o, Op::Transpose { .. })), 0);
+}
+
+#[test]
+fn hf_gpt2_export_attention_reads_the_projections() {
+    let g = exported_attention("fixtures/models/hf_gpt2_export");
+    // Kᵀ went through a [B·H, S, D] reshape and a 3-D transpose; the merge ends in a 2-D
+    // reshape for the next product; the packed QKV projection, split by Split, became three
+    // products (2 layers: 6, beside the output projection, 2 MLP products and the LM head).
+    assert_eq!(
+        count(&g, |o| matches!(o, Op::Transpose { .. } | Op::Split { .. })),
+        0
+    );
+    assert_eq!(count(&g, |o| matches!(o, Op::MatMul)), 2 * (3 + 1 + 2) + 1);
+}
+
+#[test]
+fn torch_encoder_export_attention_reads_the_projections() {
+    let g = exported_attention("fixtures/models/torch_transformer_encoder_export");
+    // nn.MultiheadAttention's packed projection is reshaped to [S, 1, 3, D], transposed and
+    // picked apart by Gathers: three products instead, and no copy left around attention.
+    assert_eq!(
+        count(&g, |o| matches!(o, Op::Transpose { .. } | Op::Gather { .. })),
+        0
+    );
+}

@@ -6,6 +6,12 @@
 //!   shape arithmetic: this is what turns exported `Shape → Gather → Concat → Reshape` chains
 //!   static); values the importer already knew (`NodeOutput.known`) become constants too;
 //! - Identity (inference Dropout is imported as Identity) vanishes;
+//! - a Transpose that moves only dimensions of extent 1 (the others keep their order, as in
+//!   `[1, S, D] → [S, 1, D]` of a batch-1 seq-first export) becomes a Reshape: a view of its
+//!   input instead of a copy;
+//! - a Gemm of constant weights (alpha and beta 1, A not transposed) becomes a MatMul with the
+//!   weights transposed as the product needs them, plus an Add of its per-column C: codegen then
+//!   fuses the bias, a residual and an activation into the product as for any MatMul;
 //! - BatchNormalization becomes a per-channel affine map that folds into the Conv,
 //!   ConvTranspose, Gemm or MatMul-with-constant-weights before it when that producer has no
 //!   other use, and otherwise is a `Mul` + `Add` of constants (elementwise, so later passes and
@@ -45,6 +51,10 @@ pub struct FreezeCounts {
     /// Values the importer already knew, now constants.
     pub known: usize,
     pub identities: usize,
+    /// Transposes of extent-1 dimensions only, now Reshapes.
+    pub transposes_as_reshapes: usize,
+    /// Gemm of constant weights, now MatMul (+ Add).
+    pub gemms_as_matmuls: usize,
     /// BatchNormalization folded into the producer's weights.
     pub bn_folded: usize,
     /// BatchNormalization rewritten as Mul + Add.
@@ -65,6 +75,8 @@ impl FreezeCounts {
         self.folded
             + self.known
             + self.identities
+            + self.transposes_as_reshapes
+            + self.gemms_as_matmuls
             + self.bn_folded
             + self.bn_affine
             + self.affine_folded
@@ -78,6 +90,11 @@ impl FreezeCounts {
             (self.folded, "folded {} nodes"),
             (self.known, "{} known values made constant"),
             (self.identities, "removed {} Identity"),
+            (
+                self.transposes_as_reshapes,
+                "{} Transpose of extent-1 dimensions as Reshape",
+            ),
+            (self.gemms_as_matmuls, "{} Gemm as MatMul"),
             (self.bn_folded, "folded {} BatchNormalization into weights"),
             (self.bn_affine, "{} BatchNormalization as Mul+Add"),
             (self.affine_folded, "folded {} Mul/Add into weights"),
@@ -282,6 +299,13 @@ impl Builder<'_> {
             return Ok(());
         }
         let outs = match op {
+            Op::Transpose { perm } => self.transpose_as_reshape(id, &inputs, perm)?,
+            Op::Gemm {
+                alpha,
+                beta,
+                trans_a: false,
+                trans_b,
+            } if *alpha == 1.0 && *beta == 1.0 => self.gemm_as_matmul(id, &inputs, *trans_b)?,
             Op::BatchNorm { epsilon } => self.batch_norm(id, &inputs, *epsilon)?,
             Op::Binary(b @ (Binary::Mul | Binary::Add | Binary::Sub)) => self.affine_op(id, &inputs, *b)?,
             _ => None,
@@ -351,6 +375,109 @@ impl Builder<'_> {
         }
         self.counts.folded += 1;
         Ok(true)
+    }
+
+    /// A Reshape for a Transpose whose permutation keeps the dimensions of extent > 1 in
+    /// order (the same elements in the same order: a view, where the Transpose is a copy).
+    fn transpose_as_reshape(
+        &mut self,
+        id: NodeId,
+        inputs: &[Option<ValueId>],
+        perm: &[usize],
+    ) -> Result<Option<Vec<ValueId>>, IrError> {
+        let node = self.src.node(id);
+        let (Some(x), Some(out_shape)) = (inputs[0], node.outputs[0].ty.fixed_shape()) else {
+            return Ok(None);
+        };
+        let Some(shape) = self.dst.value_type(x).fixed_shape() else {
+            return Ok(None);
+        };
+        let moved: Vec<usize> = perm
+            .iter()
+            .copied()
+            .filter(|&p| shape.get(p) != Some(&1))
+            .collect();
+        if perm.len() != shape.len() || !moved.windows(2).all(|w| w[0] < w[1]) {
+            return Ok(None);
+        }
+        let dims: Vec<i64> = out_shape.iter().map(|&d| d as i64).collect();
+        let name = &node.outputs[0].name;
+        let target = self.constant(
+            &format!("{name}.shape"),
+            Arc::new(Tensor::from_vec(vec![dims.len()], dims)),
+        );
+        let y = self.dst.add(
+            node.name.clone(),
+            Op::Reshape { allow_zero: false },
+            vec![Some(x), Some(target)],
+            name.clone(),
+        )?;
+        self.counts.transposes_as_reshapes += 1;
+        Ok(Some(vec![y]))
+    }
+
+    /// `MatMul(A, B [transposed]) [+ C]` for a `Gemm(A, B, C?)` (alpha and beta 1, A not
+    /// transposed) whose B is a constant f32 matrix and C, if any, a constant per-column f32
+    /// vector.
+    fn gemm_as_matmul(
+        &mut self,
+        id: NodeId,
+        inputs: &[Option<ValueId>],
+        trans_b: bool,
+    ) -> Result<Option<Vec<ValueId>>, IrError> {
+        let node = self.src.node(id);
+        let (Some(a), Some(b)) = (inputs[0], inputs[1]) else {
+            return Ok(None);
+        };
+        let c = inputs.get(2).copied().flatten();
+        let Some(out_shape) = node.outputs[0].ty.fixed_shape() else {
+            return Ok(None);
+        };
+        let n = out_shape[1];
+        let f32_const = |v: ValueId| self.is_const(v) && self.dst.value_type(v).dtype == DType::F32;
+        let per_column = |v: ValueId| {
+            let shape = self.dst.value_type(v).fixed_shape().unwrap_or_default();
+            f32_const(v) && (shape == [n] || shape == [1, n])
+        };
+        if !f32_const(b) || self.dst.value_type(b).rank() != 2 || c.is_some_and(|c| !per_column(c)) {
+            return Ok(None);
+        }
+        let out = node.outputs[0].name.clone();
+        let w = if trans_b {
+            let t = self.const_arc(b);
+            let ty = [kiln_ir::TensorType::fixed(
+                DType::F32,
+                &[t.shape()[1], t.shape()[0]],
+            )];
+            let cx = EvalCtx {
+                inputs: vec![Some(&*t)],
+                out_types: &ty,
+            };
+            let wt = ops::eval(&Op::Transpose { perm: vec![1, 0] }, &cx)
+                .map_err(|e| IrError::op(&node.name, node.op.name(), e))?
+                .remove(0);
+            self.constant(&format!("{out}.weight"), Arc::new(wt))
+        } else {
+            b
+        };
+        let product_out = if c.is_some() {
+            format!("{out}.product")
+        } else {
+            out.clone()
+        };
+        let mut y = self
+            .dst
+            .add(node.name.clone(), Op::MatMul, vec![Some(a), Some(w)], product_out)?;
+        if let Some(c) = c {
+            y = self.dst.add(
+                format!("{}.bias", node.name),
+                Op::Binary(Binary::Add),
+                vec![Some(y), Some(c)],
+                out,
+            )?;
+        }
+        self.counts.gemms_as_matmuls += 1;
+        Ok(Some(vec![y]))
     }
 
     /// Adds the node, or reuses an identical earlier one.
@@ -1217,5 +1344,62 @@ mod tests {
         assert_eq!(report.rewrites, 0);
         assert_eq!(report.summary, "unchanged");
         assert_eq!(g.to_string(), before);
+    }
+
+    #[test]
+    fn transposes_of_extent_one_dims_become_reshapes() {
+        let mut g = Graph::new("t");
+        let x = g.add_input("x", TensorType::fixed(DType::F32, &[1, 5, 3]));
+        // [1, 5, 3] -> [5, 1, 3]: the same elements in the same order.
+        let a = g
+            .add("a", Op::Transpose { perm: vec![1, 0, 2] }, vec![Some(x)], "a")
+            .unwrap();
+        // [5, 1, 3] -> [3, 1, 5]: moves data.
+        let b = g
+            .add("b", Op::Transpose { perm: vec![2, 1, 0] }, vec![Some(a)], "b")
+            .unwrap();
+        g.add_output("b", b);
+        let (new, counts) = frozen(&g);
+        assert_eq!(counts.transposes_as_reshapes, 1, "{new}");
+        assert_eq!(
+            (count(&new, "Reshape"), count(&new, "Transpose")),
+            (1, 1),
+            "{new}"
+        );
+    }
+
+    #[test]
+    fn gemm_of_constant_weights_becomes_matmul_and_bias() {
+        let mut g = Graph::new("t");
+        let x = g.add_input("x", TensorType::fixed(DType::F32, &[2, 4]));
+        let w = cst(&mut g, "w", &[3, 4], 0.5);
+        let c = cst(&mut g, "c", &[3], 1.5);
+        let gemm = |trans_b, alpha| Op::Gemm {
+            alpha,
+            beta: 1.0,
+            trans_a: false,
+            trans_b,
+        };
+        let y = g
+            .add("g", gemm(true, 1.0), vec![Some(x), Some(w), Some(c)], "y")
+            .unwrap();
+        // Without C, and with B as stored.
+        let w2 = cst(&mut g, "w2", &[3, 2], 2.5);
+        let z = g
+            .add("g2", gemm(false, 1.0), vec![Some(y), Some(w2)], "z")
+            .unwrap();
+        // alpha 2 stays a Gemm (folding it into the weights would round differently).
+        let w3 = cst(&mut g, "w3", &[2, 2], 3.5);
+        let u = g
+            .add("g3", gemm(false, 2.0), vec![Some(z), Some(w3)], "u")
+            .unwrap();
+        g.add_output("u", u);
+        let (new, counts) = frozen(&g);
+        assert_eq!(counts.gemms_as_matmuls, 2, "{new}");
+        assert_eq!(
+            (count(&new, "MatMul"), count(&new, "Gemm"), count(&new, "Add")),
+            (2, 1, 1),
+            "{new}"
+        );
     }
 }

@@ -1,5 +1,7 @@
 //! `fuse`: recognises decomposed exports of LayerNorm, Softmax and GELU and the attention
-//! pattern `MatMul(Q, Kᵀ) → scale → (+ mask) → Softmax → MatMul(·, V)`, and replaces each by
+//! pattern `MatMul(Q, Kᵀ) → scale → (+ mask) → Softmax → MatMul(·, V)` (the scale may instead
+//! multiply Q and Kᵀ, and the softmax may be guarded by `Where(IsNaN(p), 0, p)`, as PyTorch's
+//! exports of `scaled_dot_product_attention` write it), and replaces each by
 //! one existing IR operator (`LayerNorm`, `Softmax`, `Unary::Gelu`, `Attention`), so the
 //! interpreter and the verifier check the rewrite and codegen picks one kernel for it.
 //!
@@ -11,6 +13,10 @@
 //! `sqrt(2)` or `1/sqrt(2)` rounded to f32 or spelled out with fewer digits).
 //!
 //! Softmax runs first so that attention sees `Softmax` nodes of decomposed exports too.
+
+mod attention;
+mod projections;
+mod views;
 
 use crate::Pass;
 use kiln_ir::{
@@ -28,10 +34,11 @@ impl Pass for Fuse {
     fn run(&self, graph: &mut Graph) -> Result<usize, IrError> {
         let mut total = 0;
         // Each phase's patterns are built from the previous phase's fused operators.
-        for phase in [Phase::Elementwise, Phase::Attention] {
+        for phase in [Phase::Elementwise, Phase::Projections, Phase::Attention] {
             let cx = Cx::new(graph);
             let fused = match phase {
                 Phase::Elementwise => cx.find_elementwise(),
+                Phase::Projections => cx.find_split_projections(),
                 Phase::Attention => cx.find_attention(),
             };
             if fused.is_empty() {
@@ -47,6 +54,9 @@ impl Pass for Fuse {
 #[derive(Clone, Copy)]
 enum Phase {
     Elementwise,
+    /// Packed projections split into one product per slice, so that attention then sees
+    /// each of Q, K and V come from its own product.
+    Projections,
     Attention,
 }
 
@@ -79,7 +89,27 @@ enum Fused {
         scale: f32,
         /// Heads for the 3-D form (inputs [B, S, H·D]); 0 for the 4-D form.
         heads: usize,
+        /// 3-D form: the shapes the operator reads Q, K, V as and writes its result as (the
+        /// values matched are reshapes of these), and the shape of the root it stands for.
+        shapes: Option<ThreeD>,
     },
+    /// Columns of a packed projection: `x · weight [+ bias]`, reshaped to `shape`.
+    ProjectionSlice {
+        x: ValueId,
+        weight: Tensor,
+        bias: Option<Tensor>,
+        shape: Vec<usize>,
+    },
+}
+
+/// The `[B, S, H·D]` shapes of a 3-D attention's Q, K, V and result, and the root's shape.
+#[derive(Debug)]
+struct ThreeD {
+    q: Vec<usize>,
+    k: Vec<usize>,
+    v: Vec<usize>,
+    y: Vec<usize>,
+    root: Vec<usize>,
 }
 
 impl Fused {
@@ -89,7 +119,9 @@ impl Fused {
             Fused::LayerNorm { x, scale, bias, .. } => {
                 [Some(*x), *scale, *bias].into_iter().flatten().collect()
             }
-            Fused::Softmax { x, .. } | Fused::Gelu { x, .. } => vec![*x],
+            Fused::Softmax { x, .. } | Fused::Gelu { x, .. } | Fused::ProjectionSlice { x, .. } => {
+                vec![*x]
+            }
             Fused::Attention { q, k, v, mask, .. } => [Some(*q), Some(*k), Some(*v), *mask]
                 .into_iter()
                 .flatten()
@@ -559,159 +591,6 @@ impl<'g> Cx<'g> {
         true
     }
 
-    // -----------------------------------------------------------------------------------------
-    // Attention
-    // -----------------------------------------------------------------------------------------
-
-    fn find_attention(&self) -> HashMap<NodeId, Fused> {
-        let mut fused = HashMap::new();
-        for id in self.g.node_ids() {
-            if let Some((root, f)) = self.attention(id.out(0)) {
-                fused.insert(root, f);
-            }
-        }
-        fused
-    }
-
-    /// `MatMul(Softmax((Q·Kᵀ) · c [+ mask]), V)` on [B, H, S, D] operands. When Q, K and V are
-    /// head splits (`Reshape` [B,S,H·D] → [B,S,H,D], `Transpose`) of 3-D values and the result
-    /// is merged back the same way, the operator takes the 3-D values and replaces the merge.
-    fn attention(&self, y: ValueId) -> Option<(NodeId, Fused)> {
-        if !matches!(self.op(y), Op::MatMul) {
-            return None;
-        }
-        let [p, v4] = self.ins(y)[..] else { return None };
-        let Op::Softmax { axis, .. } = self.op(p) else {
-            return None;
-        };
-        let ps = self.shape(p)?;
-        if ps.len() != 4 || !(*axis == -1 || *axis == 3) || self.g.value_type(p).dtype != DType::F32 {
-            return None;
-        }
-        let [t] = self.ins(p)[..] else { return None };
-        let mut interior = vec![p.node];
-        let (sc, mask) = match self.binary(t, Binary::Add) {
-            Some((a, b)) => {
-                interior.push(t.node);
-                if self.scaled_scores(a).is_some() {
-                    (a, Some(b))
-                } else {
-                    (b, Some(a))
-                }
-            }
-            None => (t, None),
-        };
-        let (qk, scale) = self.scaled_scores(sc)?;
-        if qk != sc {
-            interior.push(sc.node);
-        }
-        interior.push(qk.node);
-        let [q4, kt] = self.ins(qk)[..] else { return None };
-        let (qs, ks, vs) = (self.shape(q4)?, self.shape(kt)?, self.shape(v4)?);
-        let (b, h, sq, dk) = (qs[0], qs[1], qs[2], qs[3]);
-        let skv = ks.get(3).copied()?;
-        if ks != [b, h, dk, skv] || vs.len() != 4 || vs[..3] != [b, h, skv] || ps != [b, h, sq, skv] {
-            return None;
-        }
-        let dv = vs[3];
-        if let Some(m) = mask {
-            let mt = self.g.value_type(m);
-            let ms = mt.fixed_shape()?;
-            let full = [b, h, sq, skv];
-            if mt.dtype != DType::F32
-                || ms.is_empty()
-                || ms.len() > 4
-                // Attention masks keys past a shorter mask instead of broadcasting it.
-                || ms[ms.len() - 1] != skv
-                || ms
-                    .iter()
-                    .rev()
-                    .zip(full.iter().rev())
-                    .any(|(&m, &f)| m != 1 && m != f)
-                || self.g.value_type(t) != self.g.value_type(qk)
-            {
-                return None;
-            }
-        }
-        if !self.closed(&interior, y.node) {
-            return None;
-        }
-        // 3-D form when every operand is a head split and the result is merged back.
-        let split = |v: ValueId, perm: &[usize]| -> Option<ValueId> {
-            let Op::Transpose { perm: p } = self.op(v) else {
-                return None;
-            };
-            if p.as_slice() != perm {
-                return None;
-            }
-            let r = self.ins(v)[0];
-            if !matches!(self.op(r), Op::Reshape { .. }) {
-                return None;
-            }
-            let x = self.ins(r)[0];
-            let (rs, xs) = (self.shape(r)?, self.shape(x)?);
-            (xs.len() == 3 && rs.len() == 4 && xs[..2] == rs[..2] && xs[2] == rs[2] * rs[3] && rs[2] == h)
-                .then_some(x)
-        };
-        let merged = || -> Option<NodeId> {
-            let t = self.sole_consumer(y)?;
-            let Op::Transpose { perm } = &self.g.node(t).op else {
-                return None;
-            };
-            if perm != &[0, 2, 1, 3] {
-                return None;
-            }
-            let r = self.sole_consumer(t.out(0))?;
-            if !matches!(self.g.node(r).op, Op::Reshape { .. }) || self.shape(r.out(0))? != [b, sq, h * dv] {
-                return None;
-            }
-            Some(r)
-        };
-        let three = (
-            split(q4, &[0, 2, 1, 3]),
-            split(kt, &[0, 2, 3, 1]),
-            split(v4, &[0, 2, 1, 3]),
-            merged(),
-        );
-        let attrs = |q, k, k_transposed, v, heads| Fused::Attention {
-            q,
-            k,
-            k_transposed,
-            v,
-            mask,
-            scale: scale as f32,
-            heads,
-        };
-        if let (Some(q3), Some(k3), Some(v3), Some(root)) = three {
-            return Some((root, attrs(q3, k3, false, v3, h)));
-        }
-        let (k, k_transposed) = match self.op(kt) {
-            Op::Transpose { perm } if perm == &[0, 1, 3, 2] => (self.ins(kt)[0], false),
-            _ => (kt, true),
-        };
-        Some((y.node, attrs(q4, k, k_transposed, v4, 0)))
-    }
-
-    /// `(scores, c)` for `scores · c`, `c · scores`, `scores / c` (as `1/c`) or plain scores
-    /// (`c = 1`), where the scores are a MatMul as [`Cx::is_scores`] and c a positive constant.
-    fn scaled_scores(&self, sc: ValueId) -> Option<(ValueId, f64)> {
-        let (qk, scale) = match (self.binary(sc, Binary::Div), self.binary(sc, Binary::Mul)) {
-            (Some((a, c)), _) => (a, 1.0 / self.scalar(c)?),
-            (_, Some((a, c))) if self.scalar(c).is_some() => (a, self.scalar(c)?),
-            (_, Some((c, a))) => (a, self.scalar(c)?),
-            _ => (sc, 1.0),
-        };
-        let ok = self.is_scores(qk) && scale > 0.0 && scale.is_finite() && self.same_type(qk, sc);
-        ok.then_some((qk, scale))
-    }
-
-    /// A rank-4 f32 MatMul of two rank-4 operands.
-    fn is_scores(&self, v: ValueId) -> bool {
-        matches!(self.op(v), Op::MatMul)
-            && self.g.value_type(v).dtype == DType::F32
-            && self.ins(v).iter().all(|&i| self.g.value_type(i).rank() == 4)
-    }
-
     fn sole_consumer(&self, v: ValueId) -> Option<NodeId> {
         if self.outputs.contains(&v) {
             return None;
@@ -890,6 +769,49 @@ fn emit(
             vec![Some(m(x))],
             out,
         ),
+        Fused::ProjectionSlice {
+            x,
+            weight,
+            bias,
+            shape,
+        } => {
+            let x = m(x);
+            let mut product_shape = dst.value_type(x).fixed_shape().unwrap_or_default();
+            if let Some(last) = product_shape.last_mut() {
+                *last = weight.shape()[1];
+            }
+            let reshaped = &product_shape != shape;
+            let w = dst.add_const(format!("{out}.weight"), weight.clone());
+            let product_out = if reshaped || bias.is_some() {
+                format!("{out}.product")
+            } else {
+                out.clone()
+            };
+            let mut y = dst.add(
+                format!("{name}.product"),
+                Op::MatMul,
+                vec![Some(x), Some(w)],
+                product_out,
+            )?;
+            if let Some(b) = bias {
+                let b = dst.add_const(format!("{out}.bias"), b.clone());
+                let biased = if reshaped {
+                    format!("{out}.biased")
+                } else {
+                    out.clone()
+                };
+                y = dst.add(
+                    format!("{name}.bias"),
+                    Op::Binary(Binary::Add),
+                    vec![Some(y), Some(b)],
+                    biased,
+                )?;
+            }
+            if reshaped {
+                y = reshape_named(dst, y, shape, name, out)?;
+            }
+            Ok(y)
+        }
         Fused::Attention {
             q,
             k,
@@ -898,8 +820,9 @@ fn emit(
             mask,
             scale,
             heads,
+            shapes,
         } => {
-            let mut k = m(k);
+            let (mut q, mut k, mut v) = (m(q), m(k), m(v));
             if *k_transposed {
                 k = dst.add(
                     format!("{name}.k"),
@@ -910,8 +833,19 @@ fn emit(
                     format!("{out}.k"),
                 )?;
             }
-            dst.add(
-                name,
+            if let Some(s) = shapes {
+                q = reshape_to(dst, q, &s.q, &format!("{name}.q"))?;
+                k = reshape_to(dst, k, &s.k, &format!("{name}.k"))?;
+                v = reshape_to(dst, v, &s.v, &format!("{name}.v"))?;
+            }
+            let merged = shapes.as_ref().is_some_and(|s| s.root != s.y);
+            let attention_out = if merged {
+                format!("{out}.attention")
+            } else {
+                out.clone()
+            };
+            let y = dst.add(
+                name.clone(),
                 Op::Attention(AttentionAttrs {
                     is_causal: false,
                     q_num_heads: *heads,
@@ -923,9 +857,39 @@ fn emit(
                     left_window_size: -1,
                     right_window_size: -1,
                 }),
-                vec![Some(m(q)), Some(k), Some(m(v)), mask.as_ref().map(m)],
-                out,
-            )
+                vec![Some(q), Some(k), Some(v), mask.as_ref().map(m)],
+                attention_out,
+            )?;
+            match shapes {
+                // The root wanted another reshape of the merged heads: keep its shape.
+                Some(s) if merged => reshape_named(dst, y, &s.root, format!("{name}.merge"), out),
+                _ => Ok(y),
+            }
         }
     }
+}
+
+/// `x` reshaped to `shape` (a Reshape by a constant), or `x` when it already has that shape.
+fn reshape_to(dst: &mut Graph, x: ValueId, shape: &[usize], name: &str) -> Result<ValueId, IrError> {
+    if dst.value_type(x).fixed_shape().as_deref() == Some(shape) {
+        return Ok(x);
+    }
+    reshape_named(dst, x, shape, name.to_string(), format!("{name}.reshaped"))
+}
+
+fn reshape_named(
+    dst: &mut Graph,
+    x: ValueId,
+    shape: &[usize],
+    name: String,
+    out: String,
+) -> Result<ValueId, IrError> {
+    let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+    let c = dst.add_const(format!("{out}.shape"), Tensor::from_vec(vec![dims.len()], dims));
+    dst.add(
+        name,
+        Op::Reshape { allow_zero: false },
+        vec![Some(x), Some(c)],
+        out,
+    )
 }
