@@ -104,6 +104,36 @@ fn consumers(graph: &Graph) -> (HashMap<ValueId, Vec<NodeId>>, HashMap<ValueId, 
     (by_value, uses)
 }
 
+/// `v` reaches an unclaimed Add through reshapes that keep its last dimension, each the sole
+/// reader of the one before.
+fn reshapes_to_add(
+    graph: &Graph,
+    mut v: ValueId,
+    sole: &impl Fn(ValueId) -> Option<NodeId>,
+    claimed: &HashSet<NodeId>,
+) -> bool {
+    let n = last_dim(graph, v);
+    for _ in 0..4 {
+        let Some(d) = sole(v).filter(|d| !claimed.contains(d)) else {
+            return false;
+        };
+        match graph.node(d).op {
+            Op::Binary(Binary::Add) => return true,
+            Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze | Op::Unsqueeze
+                if last_dim(graph, d.out(0)) == n =>
+            {
+                v = d.out(0)
+            }
+            _ => return false,
+        }
+    }
+    false
+}
+
+fn last_dim(graph: &Graph, v: ValueId) -> Option<usize> {
+    graph.value_type(v).fixed_shape()?.last().copied()
+}
+
 fn is_f32(graph: &Graph, v: ValueId) -> bool {
     graph.value_type(v).dtype == DType::F32
 }
@@ -419,6 +449,14 @@ pub fn find_chains(graph: &Graph, cpu: bool) -> Vec<Chain> {
                         Activation::GeluErf
                     }
                 }
+                // A reshape keeping rows of the product's N columns (exporters wrap a 2-D
+                // Gemm/MatMul in `[B, S, N] ↔ [B·S, N]` reshapes) on the way to an Add: the
+                // tile writes the same bytes, so the Add's residual or bias still fuses.
+                Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze | Op::Unsqueeze
+                    if is_matmul
+                        && chain.activation == Activation::None
+                        && last_dim(graph, c.out(0)) == last_dim(graph, cur)
+                        && reshapes_to_add(graph, c.out(0), &sole, &claimed) => {}
                 Op::Clip if chain.activation == Activation::None => {
                     let bound = |i: usize, dflt: f32| -> Option<f32> {
                         match cn.inputs.get(i).copied().flatten() {
@@ -441,6 +479,14 @@ pub fn find_chains(graph: &Graph, cpu: bool) -> Vec<Chain> {
             if chain.activation != Activation::None {
                 break;
             }
+        }
+        // Reshapes are only worth absorbing with the Add after them.
+        while let Some(&last) = chain.absorbed.last() {
+            if !graph.node(last).op.is_view() {
+                break;
+            }
+            chain.absorbed.pop();
+            cur = graph.node(last).inputs[0].expect("a reshape reads its input");
         }
         // A fake-quantized result (`fake-quantize`'s Div, Round, Clip, Mul) after no
         // activation or a Relu, which the quantization's lower bound then takes over.

@@ -1208,7 +1208,8 @@ int32_t kiln_uk_attention(const kiln_uk_args *a) {
  *
  * iattr: 0 three_d, 1 B, 2 Hq, 3 Hkv, 4 Sq, 5 T, 6 Dk, 7 Dv, 8 is_causal, 9 mask kind
  *        (MASK_NONE, MASK_BOOL, MASK_FLOAT), 10-13 mask shape padded to 4-D, 14 query rows per task, 15 T padded
- *        to a multiple of AF_NC.
+ *        to a multiple of the tile width, 16 wide tiles (1: 32 columns of 64-byte vectors, for
+ *        targets with 512-bit registers; 0: 16 columns of 32-byte vectors).
  * fattr: 0 scale.
  * in: Q, K, V ([B, H, S, D], or [B, S, H*D] when three_d), attn_mask?. out: Y.
  * thread scratch: Kᵀ [Dk, Tp] and the scores of a row block [rows, Tp], f32.
@@ -1220,17 +1221,24 @@ int32_t kiln_uk_attention(const kiln_uk_args *a) {
  * ------------------------------------------------------------------------------------------- */
 
 #define AF_NC 16
+#define AF_NC_WIDE 32
 typedef float af_v8 __attribute__((vector_size(32), aligned(4)));
+/* The wide tiles' vectors: one zmm register where the target has 512-bit registers (the
+ * lowering picks them only there; elsewhere two 32-byte registers each, and the 4x32 tiles
+ * would spill). */
+typedef float af_v16 __attribute__((vector_size(64), aligned(4)));
 
 typedef struct {
   const kiln_uk_args *a;
-  int64_t three_d, B, Hq, Hkv, Sq, T, Dk, Dv, causal, mask_kind, mstr[4], mlen, rows, Tp, blocks;
+  int64_t three_d, B, Hq, Hkv, Sq, T, Dk, Dv, causal, mask_kind, mstr[4], mlen, rows, Tp, blocks, wide;
   float scale;
 } af_job;
 
 /* Macros, not functions: vector arguments would change the ABI of a non-inlined helper. */
 #define af_load(p) (*(const af_v8 *)(p))
 #define af_store(p, v) (*(af_v8 *)(p) = (v))
+#define afw_load(p) (*(const af_v16 *)(p))
+#define afw_store(p, v) (*(af_v16 *)(p) = (v))
 
 /* The tiles keep their accumulators in named variables, not arrays: an array indexed by a
  * row counter lives in memory, and every FMA then loads and stores its accumulator. */
@@ -1291,6 +1299,59 @@ static void af_out1(const float *p, const float *v, int64_t vstride, int64_t T, 
   af_store(y0 + d0, a00), af_store(y0 + d0 + 8, a01);
 }
 
+/* The wide tiles: 4 rows x 32 columns in eight 64-byte accumulators. */
+static void afw_scores4(const float *q0, const float *q1, const float *q2, const float *q3, const float *kt,
+                        int64_t Tp, int64_t Dk, int64_t j0, float *sc, float scale) {
+  af_v16 a00 = {0}, a01 = {0}, a10 = {0}, a11 = {0}, a20 = {0}, a21 = {0}, a30 = {0}, a31 = {0};
+  for (int64_t d = 0; d < Dk; d++) {
+    af_v16 k0 = afw_load(kt + d * Tp + j0), k1 = afw_load(kt + d * Tp + j0 + 16);
+    float s0 = q0[d], s1 = q1[d], s2 = q2[d], s3 = q3[d];
+    a00 += k0 * s0, a01 += k1 * s0;
+    a10 += k0 * s1, a11 += k1 * s1;
+    a20 += k0 * s2, a21 += k1 * s2;
+    a30 += k0 * s3, a31 += k1 * s3;
+  }
+  afw_store(sc + j0, a00 * scale), afw_store(sc + j0 + 16, a01 * scale);
+  afw_store(sc + Tp + j0, a10 * scale), afw_store(sc + Tp + j0 + 16, a11 * scale);
+  afw_store(sc + 2 * Tp + j0, a20 * scale), afw_store(sc + 2 * Tp + j0 + 16, a21 * scale);
+  afw_store(sc + 3 * Tp + j0, a30 * scale), afw_store(sc + 3 * Tp + j0 + 16, a31 * scale);
+}
+
+static void afw_scores1(const float *q0, const float *kt, int64_t Tp, int64_t Dk, int64_t j0, float *sc, float scale) {
+  af_v16 a00 = {0}, a01 = {0};
+  for (int64_t d = 0; d < Dk; d++) {
+    float s0 = q0[d];
+    a00 += afw_load(kt + d * Tp + j0) * s0, a01 += afw_load(kt + d * Tp + j0 + 16) * s0;
+  }
+  afw_store(sc + j0, a00 * scale), afw_store(sc + j0 + 16, a01 * scale);
+}
+
+static void afw_out4(const float *p, int64_t Tp, const float *v, int64_t vstride, int64_t T, int64_t d0,
+                     float *y0, float *y1, float *y2, float *y3) {
+  af_v16 a00 = {0}, a01 = {0}, a10 = {0}, a11 = {0}, a20 = {0}, a21 = {0}, a30 = {0}, a31 = {0};
+  for (int64_t j = 0; j < T; j++) {
+    af_v16 v0 = afw_load(v + j * vstride + d0), v1 = afw_load(v + j * vstride + d0 + 16);
+    float p0 = p[j], p1 = p[Tp + j], p2 = p[2 * Tp + j], p3 = p[3 * Tp + j];
+    a00 += v0 * p0, a01 += v1 * p0;
+    a10 += v0 * p1, a11 += v1 * p1;
+    a20 += v0 * p2, a21 += v1 * p2;
+    a30 += v0 * p3, a31 += v1 * p3;
+  }
+  afw_store(y0 + d0, a00), afw_store(y0 + d0 + 16, a01);
+  afw_store(y1 + d0, a10), afw_store(y1 + d0 + 16, a11);
+  afw_store(y2 + d0, a20), afw_store(y2 + d0 + 16, a21);
+  afw_store(y3 + d0, a30), afw_store(y3 + d0 + 16, a31);
+}
+
+static void afw_out1(const float *p, const float *v, int64_t vstride, int64_t T, int64_t d0, float *y0) {
+  af_v16 a00 = {0}, a01 = {0};
+  for (int64_t j = 0; j < T; j++) {
+    float p0 = p[j];
+    a00 += afw_load(v + j * vstride + d0) * p0, a01 += afw_load(v + j * vstride + d0 + 16) * p0;
+  }
+  afw_store(y0 + d0, a00), afw_store(y0 + d0 + 16, a01);
+}
+
 /* Softmax of row[0..T) in place; row has Tp (a multiple of 8) floats and row[T..Tp) may hold
  * anything. The maximum and the sum run on 8 lanes (the order of the additions differs from a
  * serial sum by rounding only); exp runs in its own loop, which LLVM vectorises. Returns 0 when
@@ -1346,13 +1407,23 @@ static void af_task(void *data, int64_t task, int64_t tid) {
     for (int64_t t = T; t < Tp; t++) kt[d * Tp + t] = 0;
   /* Scores. */
   int64_t r4 = nrows / 4 * 4;
+  /* Tp is a multiple of the tile width. */
   for (int64_t r = 0; r < r4; r += 4) {
     const float *q = q0 + (i0 + r) * qs;
-    for (int64_t jj = 0; jj < Tp; jj += AF_NC)
-      af_scores4(q, q + qs, q + 2 * qs, q + 3 * qs, kt, Tp, Dk, jj, sc + r * Tp, j->scale);
+    if (j->wide)
+      for (int64_t jj = 0; jj < Tp; jj += AF_NC_WIDE)
+        afw_scores4(q, q + qs, q + 2 * qs, q + 3 * qs, kt, Tp, Dk, jj, sc + r * Tp, j->scale);
+    else
+      for (int64_t jj = 0; jj < Tp; jj += AF_NC)
+        af_scores4(q, q + qs, q + 2 * qs, q + 3 * qs, kt, Tp, Dk, jj, sc + r * Tp, j->scale);
   }
-  for (int64_t r = r4; r < nrows; r++)
-    for (int64_t jj = 0; jj < Tp; jj += AF_NC) af_scores1(q0 + (i0 + r) * qs, kt, Tp, Dk, jj, sc + r * Tp, j->scale);
+  for (int64_t r = r4; r < nrows; r++) {
+    const float *q = q0 + (i0 + r) * qs;
+    if (j->wide)
+      for (int64_t jj = 0; jj < Tp; jj += AF_NC_WIDE) afw_scores1(q, kt, Tp, Dk, jj, sc + r * Tp, j->scale);
+    else
+      for (int64_t jj = 0; jj < Tp; jj += AF_NC) af_scores1(q, kt, Tp, Dk, jj, sc + r * Tp, j->scale);
+  }
   /* Mask and softmax, row by row; a row with every key masked gives zeros, as the reference. */
   const kiln_tensor *m = j->mask_kind != MASK_NONE ? &a->in[3] : NULL;
   float ninf = -__builtin_inff();
@@ -1375,14 +1446,19 @@ static void af_task(void *data, int64_t task, int64_t tid) {
     if (!af_softmax_row(row, T, Tp))
       for (int64_t t = 0; t < Tp; t++) row[t] = 0;
   }
-  /* Output rows: vector tiles of 16 columns, then the remaining columns one by one. */
-  int64_t dv16 = Dv / AF_NC * AF_NC;
+  /* Output rows: wide tiles of 32 columns (when chosen), tiles of 16, then the remaining
+   * columns one by one. */
+  int64_t dv32 = j->wide ? Dv / AF_NC_WIDE * AF_NC_WIDE : 0, dv16 = Dv / AF_NC * AF_NC;
   for (int64_t r = 0; r < r4; r += 4) {
     float *y = y0 + (i0 + r) * ys;
-    for (int64_t d = 0; d < dv16; d += AF_NC) af_out4(sc + r * Tp, Tp, v0, vs, T, d, y, y + ys, y + 2 * ys, y + 3 * ys);
+    for (int64_t d = 0; d < dv32; d += AF_NC_WIDE)
+      afw_out4(sc + r * Tp, Tp, v0, vs, T, d, y, y + ys, y + 2 * ys, y + 3 * ys);
+    for (int64_t d = dv32; d < dv16; d += AF_NC) af_out4(sc + r * Tp, Tp, v0, vs, T, d, y, y + ys, y + 2 * ys, y + 3 * ys);
   }
-  for (int64_t r = r4; r < nrows; r++)
-    for (int64_t d = 0; d < dv16; d += AF_NC) af_out1(sc + r * Tp, v0, vs, T, d, y0 + (i0 + r) * ys);
+  for (int64_t r = r4; r < nrows; r++) {
+    for (int64_t d = 0; d < dv32; d += AF_NC_WIDE) afw_out1(sc + r * Tp, v0, vs, T, d, y0 + (i0 + r) * ys);
+    for (int64_t d = dv32; d < dv16; d += AF_NC) af_out1(sc + r * Tp, v0, vs, T, d, y0 + (i0 + r) * ys);
+  }
   for (int64_t r = 0; r < nrows; r++)
     for (int64_t d = dv16; d < Dv; d++) {
       float acc = 0;
@@ -1414,6 +1490,7 @@ int32_t kiln_uk_attention_f32(const kiln_uk_args *a) {
   j.mlen = ia[13];
   j.rows = ia[14];
   j.Tp = ia[15];
+  j.wide = ia[16];
   j.blocks = (j.Sq + j.rows - 1) / j.rows;
   j.scale = (float)a->fattr[0];
   kiln_rt_parallel_for(a->ctx, af_task, &j, j.B * j.Hq * j.blocks);

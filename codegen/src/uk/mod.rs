@@ -14,6 +14,7 @@ mod reduce;
 
 use crate::error::Result;
 use crate::node::NodeInfo;
+use crate::target::{Isa, TargetDesc};
 
 /// A call to `kiln_uk_<symbol>(const kiln_uk_args *)`.
 #[derive(Clone, Debug, PartialEq)]
@@ -74,4 +75,12 @@ pub fn lower(node: &NodeInfo) -> Result<Option<UkCall>> {
         }
     }
     Ok(None)
+}
+
+/// `call` adjusted to a CPU target where its kernel has variants for vector widths.
+pub fn for_cpu_target(mut call: UkCall, target: &TargetDesc) -> UkCall {
+    if call.symbol == "attention_f32" && target.isa == Isa::Avx512 {
+        nn::widen_attention(&mut call);
+    }
+    call
 }

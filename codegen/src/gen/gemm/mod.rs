@@ -268,7 +268,10 @@ impl Builder {
         let residual = match &epi.residual {
             None => None,
             Some(Residual::Input(i)) => {
-                if node.input_shape(*i)? != node.output_shape(0)? {
+                // The same rows of N values; its shape may be a reshape of the output's (an
+                // exporter's [B·S, N] product added to a [B, S, N] residual).
+                let (rs, os) = (node.input_shape(*i)?, node.output_shape(0)?);
+                if rs.iter().product::<usize>() != os.iter().product::<usize>() || rs.last() != os.last() {
                     return Err(
                         node.unsupported(format!("residual input {i} does not have the output's shape"))
                     );
