@@ -23,6 +23,7 @@ pub mod report;
 pub mod target;
 pub mod uk;
 pub mod weights_file;
+pub mod weights_object;
 
 #[cfg(test)]
 mod test_rng;
@@ -36,6 +37,7 @@ use inkwell::passes::PassBuilderOptions;
 use inkwell::targets::FileType;
 use inkwell::OptimizationLevel;
 use kiln_ir::Graph;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// What `kiln compile` writes.
@@ -195,7 +197,7 @@ pub fn compile(
     if opts.emit == Emit::Ptx && opts.cuda_sm.is_none() {
         return Err(CodegenError::Target("--emit ptx needs --target cuda".into()));
     }
-    let plan = plan::build_with(graph, &kernel_target, &opts.plan)?;
+    let mut plan = plan::build_with(graph, &kernel_target, &opts.plan)?;
     let device_code = match opts.cuda_sm {
         Some(_) => {
             progress.phase("ptx");
@@ -221,12 +223,17 @@ pub fn compile(
         ),
         None => None,
     };
+    // Linked artifacts take their weights as an object of their own (`weights_object`).
+    let separate_weights = weights_file.is_none()
+        && matches!(opts.emit, Emit::Exe | Emit::StaticLib | Emit::SharedLib)
+        && weights_object::supported(opts.target.arch);
     let api = api::Api {
         prefix: header::c_ident(&opts.name),
         profile: opts.profile,
         weights_file,
         cuda: device_code.is_some(),
     };
+    let weights_symbol = weights_object::symbol(&api.prefix);
     let parts = emit::ModuleParts {
         graph,
         plan: &plan,
@@ -237,10 +244,24 @@ pub fn compile(
         cuda: device_code.as_ref(),
         portable: None,
         variant: None,
+        weights_object: separate_weights.then_some(weights_symbol.as_str()),
     };
     progress.phase("codegen");
     let cx = Context::create();
     let (module, layout_hash) = emit::build_module(&cx, &parts, &mut |i, n| progress.kernel(i, n))?;
+    // The weights go to their object now and leave memory before LLVM compiles the code.
+    let weights_len = plan.weights.len();
+    let weights_obj = match separate_weights {
+        true => {
+            let weights = std::mem::take(&mut plan.weights);
+            Some(weights_object::TempObject::write(
+                opts.target.arch,
+                &weights_symbol,
+                &weights,
+            )?)
+        }
+        false => None,
+    };
     let target = match &device_code {
         Some(code) => format!("CUDA sm_{} (host code: {})", code.sm, opts.target.triple),
         None => opts.target.triple.clone(),
@@ -255,8 +276,12 @@ pub fn compile(
         &target,
         (plan.arena_bytes, plan.thread_scratch_bytes),
         device_code.is_some(),
+        weights_obj
+            .as_ref()
+            .map(|w| (w, weights_symbol.as_str(), weights_len)),
     )?;
     let mut summary = summarize(graph, &plan, &kernel_target, files);
+    summary.weights_bytes = weights_len as u64;
     if let (Some(path), Some(layout_hash)) = (&opts.weights_out, layout_hash) {
         progress.phase("weights");
         let content_hash = weights_file::write(path, &opts.name, layout_hash, &plan.weights)?;
@@ -377,6 +402,7 @@ pub fn compile_portable(
         cuda: None,
         portable: Some(&portable),
         variant: None,
+        weights_object: None,
     };
     progress.phase("codegen");
     let cx = Context::create();
@@ -402,6 +428,7 @@ pub fn compile_portable(
         &header_target,
         (arena, scratch),
         false,
+        None,
     )?;
     Ok(summarize_portable(&planned, files))
 }
@@ -418,6 +445,8 @@ fn finish_module(
     target: &str,
     memory: (u64, u64),
     cuda: bool,
+    // The weights' own object, its symbol and the weights' size in bytes.
+    weights: Option<(&weights_object::TempObject, &str, usize)>,
 ) -> Result<Vec<PathBuf>> {
     progress.phase("llvm");
     let tm = opts.target.target_machine(OptimizationLevel::Aggressive)?;
@@ -439,6 +468,7 @@ fn finish_module(
         tm.write_to_memory_buffer(module, ft)
             .map_err(|e| CodegenError::internal(format!("LLVM code generation: {e}")))
     };
+    let extra: Vec<&Path> = weights.iter().map(|w| w.0.path.as_path()).collect();
     let mut files = vec![];
     match opts.emit {
         Emit::Ptx => unreachable!("written above"),
@@ -458,7 +488,7 @@ fn finish_module(
             let obj = object(FileType::Object)?;
             progress.phase("link");
             let cc = linker::linker_for(opts.cc.as_deref(), &opts.target)?;
-            linker::link_executable(&cc, obj.as_slice(), out)?;
+            linker::link_executable(&cc, obj.as_slice(), &extra, out)?;
             files.push(out.to_path_buf());
         }
         Emit::StaticLib | Emit::SharedLib => {
@@ -472,13 +502,29 @@ fn finish_module(
                 .unwrap_or_else(|| "model".to_string());
             let kind = if opts.emit == Emit::StaticLib {
                 progress.phase("archive");
-                let member = format!("{}.o", truncate(&api.prefix, 13));
-                write(lib, &archive::write_archive(&member, obj, &api.exported(false)))?;
+                let mut members = vec![archive::Member {
+                    name: format!("{}.o", truncate(&api.prefix, 13)),
+                    source: archive::Source::Bytes(obj),
+                    symbols: api.exported(false),
+                }];
+                if let Some((w, symbol, len)) = weights {
+                    members.push(archive::Member {
+                        name: format!("{}.w.o", truncate(&api.prefix, 11)),
+                        source: archive::Source::File(&w.path, weights_object::object_len(symbol, len)),
+                        symbols: vec![symbol.to_string()],
+                    });
+                }
+                let file = std::fs::File::create(lib)
+                    .map_err(|e| CodegenError::Io(format!("cannot write {}: {e}", lib.display())))?;
+                let mut w = std::io::BufWriter::new(file);
+                archive::write_archive(&mut w, &members)
+                    .and_then(|()| w.flush())
+                    .map_err(|e| CodegenError::Io(format!("cannot write {}: {e}", lib.display())))?;
                 buildfiles::LibKind::Static
             } else {
                 progress.phase("link");
                 let cc = linker::linker_for(opts.cc.as_deref(), &opts.target)?;
-                linker::link_shared(&cc, obj, lib, &api.exported(false), cuda)?;
+                linker::link_shared(&cc, obj, &extra, lib, &api.exported(false), cuda)?;
                 buildfiles::LibKind::Shared
             };
             let text = header::header(

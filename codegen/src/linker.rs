@@ -102,13 +102,15 @@ fn run_linker(
     Ok(())
 }
 
-/// Links the object into an executable with the system C compiler.
-pub fn link_executable(cc: &str, obj: &[u8], out: &Path) -> Result<()> {
+/// Links the object, and the objects `extra` names (the weights), into an executable with the
+/// system C compiler.
+pub fn link_executable(cc: &str, obj: &[u8], extra: &[&Path], out: &Path) -> Result<()> {
     run_linker(cc, "linking", &[("model.o", obj)], |dir| {
         let mut c = Command::new(cc);
         c.arg("-o")
             .arg(out)
             .arg(dir.join("model.o"))
+            .args(extra)
             // libdl: a CUDA model loads the driver with dlopen (part of libc since glibc 2.34).
             .args(["-lpthread", "-lm", "-ldl", "-Wl,--build-id=none"]);
         c
@@ -119,7 +121,14 @@ pub fn link_executable(cc: &str, obj: &[u8], out: &Path) -> Result<()> {
 /// the runtime bitcode is compiled with `-fPIC`) into a shared library that exports `exported`
 /// and nothing else. The soname is the file name, so programs linked against it record
 /// `libNAME.so` and find it through their rpath or the loader's search path.
-pub fn link_shared(cc: &str, obj: &[u8], out: &Path, exported: &[String], cuda: bool) -> Result<()> {
+pub fn link_shared(
+    cc: &str,
+    obj: &[u8],
+    extra: &[&Path],
+    out: &Path,
+    exported: &[String],
+    cuda: bool,
+) -> Result<()> {
     let script = buildfiles::version_script(exported);
     let soname = out
         .file_name()
@@ -136,6 +145,7 @@ pub fn link_shared(cc: &str, obj: &[u8], out: &Path, exported: &[String], cuda: 
             .arg("-o")
             .arg(out)
             .arg(dir.join("model.o"))
+            .args(extra)
             .arg(format!("-Wl,-soname,{soname}"))
             .arg(format!(
                 "-Wl,--version-script={}",

@@ -105,7 +105,7 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
             Some(_) => p.const_null(),
             None => self
                 .module
-                .get_global("kiln.weights")
+                .get_global(self.parts.weights_object.unwrap_or("kiln.weights"))
                 .map(|g| g.as_pointer_value())
                 .unwrap_or_else(|| p.const_null()),
         };

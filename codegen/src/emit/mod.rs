@@ -45,6 +45,9 @@ pub struct ModuleParts<'a> {
     pub portable: Option<&'a Portable<'a>>,
     /// Which of them these parts are (None: the shared part, or a single-target build).
     pub variant: Option<usize>,
+    /// The packed weights are linked beside the code as an object of their own defining this
+    /// symbol (`crate::weights_object`); None: embedded in the module.
+    pub weights_object: Option<&'a str>,
 }
 
 /// The CPU variants of a portable artifact, baseline first: each one a complete set of
@@ -275,6 +278,7 @@ pub fn build_portable_module<'ctx>(
             cuda: None,
             portable: Some(portable),
             variant: Some(i),
+            weights_object: None,
         };
         let m = variant_module(cx, &module, &vparts, i, shared, &mut |k, _| {
             on_kernel(done + k, total)
@@ -443,6 +447,16 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
 
     fn weights_global(&self) -> GlobalValue<'ctx> {
         let bytes = &self.parts.plan.weights;
+        if let Some(symbol) = self.parts.weights_object {
+            // Declared here, defined by the weights object (at least one byte, as below).
+            let ty = self.cx.i8_type().array_type(bytes.len().max(1) as u32);
+            let g = self.module.add_global(ty, None, symbol);
+            g.set_linkage(Linkage::External);
+            g.set_visibility(inkwell::GlobalVisibility::Hidden);
+            g.set_alignment(64);
+            g.set_constant(true);
+            return g;
+        }
         // An empty array would make a zero-sized global; one byte keeps the symbol valid.
         let v = self
             .cx
@@ -479,6 +493,7 @@ mod tests {
             cuda: None,
             portable: None,
             variant: None,
+            weights_object: None,
         };
         let cx = Context::create();
         let module = cx.create_module("m");

@@ -51,6 +51,7 @@ pub fn build(graph: &Graph, plan: &Plan, target: &TargetDesc, model_name: &str) 
         cuda: None,
         portable: None,
         variant: None,
+        weights_object: None,
     };
     let bodies = emit::kernels::kernel_functions(&cx, &module, &parts, &mut |_, _| {})?;
     let builder = cx.create_builder();

@@ -198,6 +198,7 @@ pub(crate) fn run_plan(
         cuda: None,
         portable: None,
         variant: None,
+        weights_object: None,
     };
     let bodies = crate::emit::kernels::kernel_functions(&cx, &module, &parts, &mut |_, _| {})
         .map_err(|e| e.to_string())?;
