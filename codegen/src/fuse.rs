@@ -515,12 +515,24 @@ pub fn find_chains(graph: &Graph, cpu: bool) -> Vec<Chain> {
             });
         }
         if cpu && !grouped {
-            let narrow = sole(cur).filter(|c| !claimed.contains(c));
+            // The pair may round a reshape of the result (a product's [S, 1, N] output read
+            // as [1, S, N] by attention): the kernel writes the same bytes either way.
+            let mut views = vec![];
+            let mut at = cur;
+            while let Some(v) = sole(at).filter(|c| !claimed.contains(c) && graph.node(*c).op.is_view()) {
+                if views.len() == 4 {
+                    break;
+                }
+                views.push(v);
+                at = v.out(0);
+            }
+            let narrow = sole(at).filter(|c| !claimed.contains(c));
             let widen = narrow
                 .filter(|&c| matches!(graph.node(c).op, Op::Cast { to: DType::BF16 }))
                 .and_then(|c| sole(c.out(0)))
                 .filter(|c| !claimed.contains(c) && matches!(graph.node(*c).op, Op::Cast { to: DType::F32 }));
             if let (Some(n), Some(w)) = (narrow, widen) {
+                chain.absorbed.extend(views);
                 chain.absorbed.extend([n, w]);
                 chain.round_bf16 = true;
                 cur = w.out(0);
