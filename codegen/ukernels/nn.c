@@ -1237,120 +1237,71 @@ typedef struct {
 /* Macros, not functions: vector arguments would change the ABI of a non-inlined helper. */
 #define af_load(p) (*(const af_v8 *)(p))
 #define af_store(p, v) (*(af_v8 *)(p) = (v))
-#define afw_load(p) (*(const af_v16 *)(p))
-#define afw_store(p, v) (*(af_v16 *)(p) = (v))
 
 /* The tiles keep their accumulators in named variables, not arrays: an array indexed by a
  * row counter lives in memory, and every FMA then loads and stores its accumulator. */
 
-/* sc[r][j0..j0+16] = scale * sum_d q_r[d] * kt[d][j0..] for the 4 rows q0..q3. */
-static void af_scores4(const float *q0, const float *q1, const float *q2, const float *q3, const float *kt,
-                       int64_t Tp, int64_t Dk, int64_t j0, float *sc, float scale) {
-  af_v8 a00 = {0}, a01 = {0}, a10 = {0}, a11 = {0}, a20 = {0}, a21 = {0}, a30 = {0}, a31 = {0};
-  for (int64_t d = 0; d < Dk; d++) {
-    af_v8 k0 = af_load(kt + d * Tp + j0), k1 = af_load(kt + d * Tp + j0 + 8);
-    float s0 = q0[d], s1 = q1[d], s2 = q2[d], s3 = q3[d];
-    a00 += k0 * s0, a01 += k1 * s0;
-    a10 += k0 * s1, a11 += k1 * s1;
-    a20 += k0 * s2, a21 += k1 * s2;
-    a30 += k0 * s3, a31 += k1 * s3;
+/* The register tiles, generated for each vector type V of H floats: PREFIX_scores4 and
+ * PREFIX_out4 cover 4 rows x 2H columns in eight accumulators, PREFIX_scores1 and PREFIX_out1
+ * one row. af_ (32-byte vectors, 16 columns) and afw_ (64-byte vectors, 32 columns) are the
+ * same code at two widths.
+ *
+ * scores: sc[r][j0..j0+2H) = scale * sum_d q_r[d] * kt[d][j0..];
+ * out:    y_r[d0..d0+2H) = sum_j p_r[j] * v_j[d0..], p_r the probability rows p, p + Tp, ... */
+#define AF_TILES(PREFIX, V, H)                                                                          \
+  static void PREFIX##scores4(const float *q0, const float *q1, const float *q2, const float *q3,        \
+                              const float *kt, int64_t Tp, int64_t Dk, int64_t j0, float *sc, float scale) { \
+    V a00 = {0}, a01 = {0}, a10 = {0}, a11 = {0}, a20 = {0}, a21 = {0}, a30 = {0}, a31 = {0};            \
+    for (int64_t d = 0; d < Dk; d++) {                                                                  \
+      V k0 = *(const V *)(kt + d * Tp + j0), k1 = *(const V *)(kt + d * Tp + j0 + H);                   \
+      float s0 = q0[d], s1 = q1[d], s2 = q2[d], s3 = q3[d];                                             \
+      a00 += k0 * s0, a01 += k1 * s0;                                                                   \
+      a10 += k0 * s1, a11 += k1 * s1;                                                                   \
+      a20 += k0 * s2, a21 += k1 * s2;                                                                   \
+      a30 += k0 * s3, a31 += k1 * s3;                                                                   \
+    }                                                                                                   \
+    *(V *)(sc + j0) = a00 * scale, *(V *)(sc + j0 + H) = a01 * scale;                                   \
+    *(V *)(sc + Tp + j0) = a10 * scale, *(V *)(sc + Tp + j0 + H) = a11 * scale;                         \
+    *(V *)(sc + 2 * Tp + j0) = a20 * scale, *(V *)(sc + 2 * Tp + j0 + H) = a21 * scale;                 \
+    *(V *)(sc + 3 * Tp + j0) = a30 * scale, *(V *)(sc + 3 * Tp + j0 + H) = a31 * scale;                 \
+  }                                                                                                     \
+  static void PREFIX##scores1(const float *q0, const float *kt, int64_t Tp, int64_t Dk, int64_t j0,      \
+                              float *sc, float scale) {                                                 \
+    V a00 = {0}, a01 = {0};                                                                             \
+    for (int64_t d = 0; d < Dk; d++) {                                                                  \
+      float s0 = q0[d];                                                                                 \
+      a00 += *(const V *)(kt + d * Tp + j0) * s0, a01 += *(const V *)(kt + d * Tp + j0 + H) * s0;       \
+    }                                                                                                   \
+    *(V *)(sc + j0) = a00 * scale, *(V *)(sc + j0 + H) = a01 * scale;                                   \
+  }                                                                                                     \
+  static void PREFIX##out4(const float *p, int64_t Tp, const float *v, int64_t vstride, int64_t T,       \
+                           int64_t d0, float *y0, float *y1, float *y2, float *y3) {                    \
+    V a00 = {0}, a01 = {0}, a10 = {0}, a11 = {0}, a20 = {0}, a21 = {0}, a30 = {0}, a31 = {0};            \
+    for (int64_t j = 0; j < T; j++) {                                                                   \
+      V v0 = *(const V *)(v + j * vstride + d0), v1 = *(const V *)(v + j * vstride + d0 + H);           \
+      float p0 = p[j], p1 = p[Tp + j], p2 = p[2 * Tp + j], p3 = p[3 * Tp + j];                          \
+      a00 += v0 * p0, a01 += v1 * p0;                                                                   \
+      a10 += v0 * p1, a11 += v1 * p1;                                                                   \
+      a20 += v0 * p2, a21 += v1 * p2;                                                                   \
+      a30 += v0 * p3, a31 += v1 * p3;                                                                   \
+    }                                                                                                   \
+    *(V *)(y0 + d0) = a00, *(V *)(y0 + d0 + H) = a01;                                                   \
+    *(V *)(y1 + d0) = a10, *(V *)(y1 + d0 + H) = a11;                                                   \
+    *(V *)(y2 + d0) = a20, *(V *)(y2 + d0 + H) = a21;                                                   \
+    *(V *)(y3 + d0) = a30, *(V *)(y3 + d0 + H) = a31;                                                   \
+  }                                                                                                     \
+  static void PREFIX##out1(const float *p, const float *v, int64_t vstride, int64_t T, int64_t d0,      \
+                           float *y0) {                                                                 \
+    V a00 = {0}, a01 = {0};                                                                             \
+    for (int64_t j = 0; j < T; j++) {                                                                   \
+      float p0 = p[j];                                                                                  \
+      a00 += *(const V *)(v + j * vstride + d0) * p0, a01 += *(const V *)(v + j * vstride + d0 + H) * p0; \
+    }                                                                                                   \
+    *(V *)(y0 + d0) = a00, *(V *)(y0 + d0 + H) = a01;                                                   \
   }
-  af_store(sc + j0, a00 * scale), af_store(sc + j0 + 8, a01 * scale);
-  af_store(sc + Tp + j0, a10 * scale), af_store(sc + Tp + j0 + 8, a11 * scale);
-  af_store(sc + 2 * Tp + j0, a20 * scale), af_store(sc + 2 * Tp + j0 + 8, a21 * scale);
-  af_store(sc + 3 * Tp + j0, a30 * scale), af_store(sc + 3 * Tp + j0 + 8, a31 * scale);
-}
 
-/* The same for one row. */
-static void af_scores1(const float *q0, const float *kt, int64_t Tp, int64_t Dk, int64_t j0, float *sc, float scale) {
-  af_v8 a00 = {0}, a01 = {0};
-  for (int64_t d = 0; d < Dk; d++) {
-    float s0 = q0[d];
-    a00 += af_load(kt + d * Tp + j0) * s0, a01 += af_load(kt + d * Tp + j0 + 8) * s0;
-  }
-  af_store(sc + j0, a00 * scale), af_store(sc + j0 + 8, a01 * scale);
-}
-
-/* y_r[d0..d0+16] = sum_j p_r[j] * v_j[d0..] for the 4 probability rows p, p + Tp, ... */
-static void af_out4(const float *p, int64_t Tp, const float *v, int64_t vstride, int64_t T, int64_t d0,
-                    float *y0, float *y1, float *y2, float *y3) {
-  af_v8 a00 = {0}, a01 = {0}, a10 = {0}, a11 = {0}, a20 = {0}, a21 = {0}, a30 = {0}, a31 = {0};
-  for (int64_t j = 0; j < T; j++) {
-    af_v8 v0 = af_load(v + j * vstride + d0), v1 = af_load(v + j * vstride + d0 + 8);
-    float p0 = p[j], p1 = p[Tp + j], p2 = p[2 * Tp + j], p3 = p[3 * Tp + j];
-    a00 += v0 * p0, a01 += v1 * p0;
-    a10 += v0 * p1, a11 += v1 * p1;
-    a20 += v0 * p2, a21 += v1 * p2;
-    a30 += v0 * p3, a31 += v1 * p3;
-  }
-  af_store(y0 + d0, a00), af_store(y0 + d0 + 8, a01);
-  af_store(y1 + d0, a10), af_store(y1 + d0 + 8, a11);
-  af_store(y2 + d0, a20), af_store(y2 + d0 + 8, a21);
-  af_store(y3 + d0, a30), af_store(y3 + d0 + 8, a31);
-}
-
-/* The same for one row. */
-static void af_out1(const float *p, const float *v, int64_t vstride, int64_t T, int64_t d0, float *y0) {
-  af_v8 a00 = {0}, a01 = {0};
-  for (int64_t j = 0; j < T; j++) {
-    float p0 = p[j];
-    a00 += af_load(v + j * vstride + d0) * p0, a01 += af_load(v + j * vstride + d0 + 8) * p0;
-  }
-  af_store(y0 + d0, a00), af_store(y0 + d0 + 8, a01);
-}
-
-/* The wide tiles: 4 rows x 32 columns in eight 64-byte accumulators. */
-static void afw_scores4(const float *q0, const float *q1, const float *q2, const float *q3, const float *kt,
-                        int64_t Tp, int64_t Dk, int64_t j0, float *sc, float scale) {
-  af_v16 a00 = {0}, a01 = {0}, a10 = {0}, a11 = {0}, a20 = {0}, a21 = {0}, a30 = {0}, a31 = {0};
-  for (int64_t d = 0; d < Dk; d++) {
-    af_v16 k0 = afw_load(kt + d * Tp + j0), k1 = afw_load(kt + d * Tp + j0 + 16);
-    float s0 = q0[d], s1 = q1[d], s2 = q2[d], s3 = q3[d];
-    a00 += k0 * s0, a01 += k1 * s0;
-    a10 += k0 * s1, a11 += k1 * s1;
-    a20 += k0 * s2, a21 += k1 * s2;
-    a30 += k0 * s3, a31 += k1 * s3;
-  }
-  afw_store(sc + j0, a00 * scale), afw_store(sc + j0 + 16, a01 * scale);
-  afw_store(sc + Tp + j0, a10 * scale), afw_store(sc + Tp + j0 + 16, a11 * scale);
-  afw_store(sc + 2 * Tp + j0, a20 * scale), afw_store(sc + 2 * Tp + j0 + 16, a21 * scale);
-  afw_store(sc + 3 * Tp + j0, a30 * scale), afw_store(sc + 3 * Tp + j0 + 16, a31 * scale);
-}
-
-static void afw_scores1(const float *q0, const float *kt, int64_t Tp, int64_t Dk, int64_t j0, float *sc, float scale) {
-  af_v16 a00 = {0}, a01 = {0};
-  for (int64_t d = 0; d < Dk; d++) {
-    float s0 = q0[d];
-    a00 += afw_load(kt + d * Tp + j0) * s0, a01 += afw_load(kt + d * Tp + j0 + 16) * s0;
-  }
-  afw_store(sc + j0, a00 * scale), afw_store(sc + j0 + 16, a01 * scale);
-}
-
-static void afw_out4(const float *p, int64_t Tp, const float *v, int64_t vstride, int64_t T, int64_t d0,
-                     float *y0, float *y1, float *y2, float *y3) {
-  af_v16 a00 = {0}, a01 = {0}, a10 = {0}, a11 = {0}, a20 = {0}, a21 = {0}, a30 = {0}, a31 = {0};
-  for (int64_t j = 0; j < T; j++) {
-    af_v16 v0 = afw_load(v + j * vstride + d0), v1 = afw_load(v + j * vstride + d0 + 16);
-    float p0 = p[j], p1 = p[Tp + j], p2 = p[2 * Tp + j], p3 = p[3 * Tp + j];
-    a00 += v0 * p0, a01 += v1 * p0;
-    a10 += v0 * p1, a11 += v1 * p1;
-    a20 += v0 * p2, a21 += v1 * p2;
-    a30 += v0 * p3, a31 += v1 * p3;
-  }
-  afw_store(y0 + d0, a00), afw_store(y0 + d0 + 16, a01);
-  afw_store(y1 + d0, a10), afw_store(y1 + d0 + 16, a11);
-  afw_store(y2 + d0, a20), afw_store(y2 + d0 + 16, a21);
-  afw_store(y3 + d0, a30), afw_store(y3 + d0 + 16, a31);
-}
-
-static void afw_out1(const float *p, const float *v, int64_t vstride, int64_t T, int64_t d0, float *y0) {
-  af_v16 a00 = {0}, a01 = {0};
-  for (int64_t j = 0; j < T; j++) {
-    float p0 = p[j];
-    a00 += afw_load(v + j * vstride + d0) * p0, a01 += afw_load(v + j * vstride + d0 + 16) * p0;
-  }
-  afw_store(y0 + d0, a00), afw_store(y0 + d0 + 16, a01);
-}
+AF_TILES(af_, af_v8, 8)
+AF_TILES(afw_, af_v16, 16)
 
 /* Softmax of row[0..T) in place; row has Tp (a multiple of 8) floats and row[T..Tp) may hold
  * anything. The maximum and the sum run on 8 lanes (the order of the additions differs from a
