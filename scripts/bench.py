@@ -67,11 +67,12 @@ VARIANTS = {
     # What the autocast pass buys at bf16 (without it, bf16 should compile like f32).
     "bf16-no-autocast": ["--precision", "bf16", "--disable-pass", "bf16-autocast"],
 }
-# The bf16 acceptance target: kiln --precision bf16 at least this much faster than kiln f32 and
-# at most this ratio of OpenVINO bf16's latency on the models named, with at least this cosine to
-# the f32 reference on every model.
-BF16_TARGET = {"speedup_vs_f32": 1.6, "vs_openvino_bf16": 1.1, "cosine": 0.999}
-BF16_SPEED_MODELS = {"resnet50", "bert_encoder"}
+# The bf16 acceptance targets: kiln --precision bf16 at least this much faster than kiln f32 and
+# at most the model's ratio of OpenVINO bf16's latency (BF16_SPEED_MODELS: the generator's models
+# at 1.1, the exporter graphs at 0.9), with at least this cosine to the f32 reference on every
+# model.
+BF16_TARGET = {"speedup_vs_f32": 1.6, "cosine": 0.999}
+BF16_SPEED_MODELS = {"resnet50": 1.1, "bert_encoder": 1.1, "torch_encoder": 0.9, "hf_bert": 0.9, "hf_gpt2": 0.9}
 LATENCY = re.compile(r"latency: median ([0-9.]+) ms, min ([0-9.]+) ms over (\d+) runs, (\d+) threads")
 
 
@@ -406,17 +407,19 @@ def bf16_verdict(model: str, v: dict) -> str:
         return "n/a"
     checks = [(f"cosine < {t['cosine']}", got[2] >= t["cosine"])]
     if model in BF16_SPEED_MODELS:
+        vs_ov = BF16_SPEED_MODELS[model]
         checks += [(f"speed-up < {t['speedup_vs_f32']}", got[0] >= t["speedup_vs_f32"]),
-                   (f"vs OV > {t['vs_openvino_bf16']}", got[1] <= t["vs_openvino_bf16"])]
+                   (f"vs OV > {vs_ov}", got[1] <= vs_ov)]
     missed = [what for what, ok in checks if not ok]
     return "met" if not missed else "missed: " + ", ".join(missed)
 
 
 def print_bf16(results: list) -> None:
     t = BF16_TARGET
+    speed = ", ".join(f"{m} {r}x" for m, r in BF16_SPEED_MODELS.items())
     print(f"\nbf16 against kiln f32 and OpenVINO bf16 (same rounds; target: >= {t['speedup_vs_f32']}x "
-          f"kiln f32 and <= {t['vs_openvino_bf16']}x OpenVINO bf16 on {', '.join(sorted(BF16_SPEED_MODELS))}, "
-          f"cosine >= {t['cosine']} to the f32 reference everywhere)\n")
+          f"kiln f32 and at most this ratio of OpenVINO bf16: {speed}; cosine >= {t['cosine']} to the "
+          f"f32 reference everywhere)\n")
     print("| model | variant | kiln bf16 ms | OV bf16 ms | kiln/OV bf16 | speed-up vs kiln f32 "
           "| cosine | OV bf16 cosine | target |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---|")
