@@ -25,10 +25,15 @@ impl Cx<'_> {
             ) else {
                 continue;
             };
-            for (leaf, (c0, c1)) in leaves {
-                let Some(shape) = self.shape(leaf.out(0)) else {
-                    return HashMap::new();
-                };
+            // Every block or none: a block left out would still need the packed product.
+            let Some(shapes) = leaves
+                .iter()
+                .map(|(leaf, _)| self.shape(leaf.out(0)))
+                .collect::<Option<Vec<_>>>()
+            else {
+                continue;
+            };
+            for ((leaf, (c0, c1)), shape) in leaves.into_iter().zip(shapes) {
                 fused.insert(
                     leaf,
                     Fused::ProjectionSlice {
