@@ -276,9 +276,7 @@ pub fn compile(
         &target,
         (plan.arena_bytes, plan.thread_scratch_bytes),
         device_code.is_some(),
-        weights_obj
-            .as_ref()
-            .map(|w| (w, weights_symbol.as_str(), weights_len)),
+        weights_obj.as_ref(),
     )?;
     let mut summary = summarize(graph, &plan, &kernel_target, files);
     summary.weights_bytes = weights_len as u64;
@@ -445,8 +443,8 @@ fn finish_module(
     target: &str,
     memory: (u64, u64),
     cuda: bool,
-    // The weights' own object, its symbol and the weights' size in bytes.
-    weights: Option<(&weights_object::TempObject, &str, usize)>,
+    // The weights' own object, when they are not in the module.
+    weights: Option<&weights_object::TempObject>,
 ) -> Result<Vec<PathBuf>> {
     progress.phase("llvm");
     let tm = opts.target.target_machine(OptimizationLevel::Aggressive)?;
@@ -468,7 +466,7 @@ fn finish_module(
         tm.write_to_memory_buffer(module, ft)
             .map_err(|e| CodegenError::internal(format!("LLVM code generation: {e}")))
     };
-    let extra: Vec<&Path> = weights.iter().map(|w| w.0.path.as_path()).collect();
+    let extra: Vec<&Path> = weights.iter().map(|w| w.path.as_path()).collect();
     let mut files = vec![];
     match opts.emit {
         Emit::Ptx => unreachable!("written above"),
@@ -507,11 +505,11 @@ fn finish_module(
                     source: archive::Source::Bytes(obj),
                     symbols: api.exported(false),
                 }];
-                if let Some((w, symbol, len)) = weights {
+                if let Some(w) = weights {
                     members.push(archive::Member {
                         name: format!("{}.w.o", truncate(&api.prefix, 11)),
-                        source: archive::Source::File(&w.path, weights_object::object_len(symbol, len)),
-                        symbols: vec![symbol.to_string()],
+                        source: archive::Source::File(&w.path, w.len),
+                        symbols: vec![w.symbol.clone()],
                     });
                 }
                 let file = std::fs::File::create(lib)

@@ -67,9 +67,8 @@ fn layout(symbol: &str, data_len: u64) -> Layout {
     }
 }
 
-/// The object's size in bytes for `data_len` bytes of weights (an archive member header needs
-/// it before the member is written).
-pub fn object_len(symbol: &str, data_len: usize) -> u64 {
+/// The object's size in bytes for `data_len` bytes of weights.
+fn object_len(symbol: &str, data_len: usize) -> u64 {
     layout(symbol, data_len.max(1) as u64).total
 }
 
@@ -223,6 +222,10 @@ impl<W: Write> Out<'_, W> {
 pub struct TempObject {
     dir: PathBuf,
     pub path: PathBuf,
+    /// The symbol it defines.
+    pub symbol: String,
+    /// The file's size in bytes.
+    pub len: u64,
 }
 
 impl TempObject {
@@ -233,7 +236,12 @@ impl TempObject {
         let io = |e: std::io::Error, p: &Path| CodegenError::Io(format!("cannot write {}: {e}", p.display()));
         std::fs::create_dir_all(&dir).map_err(|e| io(e, &dir))?;
         let path = dir.join("weights.o");
-        let obj = TempObject { dir, path };
+        let obj = TempObject {
+            dir,
+            path,
+            symbol: symbol.to_string(),
+            len: object_len(symbol, data.len()),
+        };
         let file = std::fs::File::create(&obj.path).map_err(|e| io(e, &obj.path))?;
         let mut w = std::io::BufWriter::new(file);
         write(&mut w, arch, symbol, data)

@@ -741,7 +741,7 @@ fn attention_f32(
         false => ATTN_ROWS_FEW_HEADS,
     }
     .min(sq.max(1));
-    let tp = t.div_ceil(16) * 16;
+    let (tp, scratch) = attention_tiles(t, dk, rows, ATTN_COLS);
     let mut iattr = vec![
         three_d as i64,
         b as i64,
@@ -760,23 +760,31 @@ fn attention_f32(
         UkCall::new("attention_f32")
             .iattr(iattr)
             .fattr([scale])
-            .thread_scratch(((dk + rows) * tp * 4) as u64),
+            .thread_scratch(scratch),
     ))
+}
+
+/// The f32 attention kernel's padded key count (a multiple of its tile width `cols`) and
+/// per-thread scratch: Kᵀ [Dk, Tp] and a row block's scores [rows, Tp].
+fn attention_tiles(t: usize, dk: usize, rows: usize, cols: usize) -> (usize, u64) {
+    let tp = t.div_ceil(cols) * cols;
+    (tp, ((dk + rows) * tp * 4) as u64)
 }
 
 /// Switches an `attention_f32` call to its wide tiles (32 columns of 64-byte vectors, for
 /// targets with 512-bit registers): twice the columns per instruction of the 16-column tiles,
 /// which keep to 32-byte vectors so that they fit 16 registers.
 pub(super) fn widen_attention(call: &mut UkCall) {
+    // iattr as `kiln_uk_attention_f32` documents it: 5 T, 6 Dk, 14 rows, 15 Tp, 16 wide.
     let ia = &mut call.iattr;
-    let (t, dk, rows) = (ia[5] as usize, ia[6] as usize, ia[14] as usize);
-    let tp = t.div_ceil(ATTN_WIDE_COLS) * ATTN_WIDE_COLS;
+    let (tp, scratch) = attention_tiles(ia[5] as usize, ia[6] as usize, ia[14] as usize, ATTN_WIDE_COLS);
     ia[15] = tp as i64;
     ia[16] = 1;
-    call.thread_scratch_bytes = ((dk + rows) * tp * 4) as u64;
+    call.thread_scratch_bytes = scratch;
 }
 
-/// Columns of the f32 attention kernel's wide tiles (`AF_NC_WIDE`).
+/// Columns of the f32 attention kernel's tiles (`AF_NC`) and wide tiles (`AF_NC_WIDE`).
+const ATTN_COLS: usize = 16;
 const ATTN_WIDE_COLS: usize = 32;
 
 #[cfg(test)]

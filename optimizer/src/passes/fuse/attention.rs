@@ -1,6 +1,6 @@
 //! Attention: `MatMul(Softmax(scaled Q·Kᵀ [+ mask]), V)` with its head split and merge.
 
-use super::views::View;
+use super::views::{layout_only, View};
 use super::{Cx, Fused, ThreeD};
 use kiln_ir::{Binary, DType, NodeId, Op, Unary, ValueId};
 use std::collections::HashMap;
@@ -230,16 +230,9 @@ impl Cx<'_> {
             && self.ins(v).iter().all(|&i| self.g.value_type(i).rank() == 4)
     }
 }
+
 /// How many layout-only operators a head split or merge may chain.
 const MAX_LAYOUT_CHAIN: usize = 8;
-
-/// Operators that only reinterpret or reorder their first input's elements.
-pub(super) fn layout_only(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze | Op::Unsqueeze | Op::Transpose { .. }
-    )
-}
 
 /// How attention reads a [B, S, H·D] value as heads: [B, H, S, D], or for `key_t` [B, H, D, S].
 fn head_split([b, s, h, d]: [usize; 4], key_t: bool) -> View {

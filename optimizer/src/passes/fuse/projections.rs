@@ -1,7 +1,6 @@
 //! Packed projections read as blocks of columns become one product per block.
 
-use super::attention::layout_only;
-use super::views::View;
+use super::views::{layout_only, View};
 use super::{Cx, Fused};
 use kiln_ir::{Binary, DType, NodeId, Op, Tensor, ValueId};
 use std::collections::HashMap;
@@ -33,13 +32,15 @@ impl Cx<'_> {
             else {
                 continue;
             };
+            // Read once, sliced per block.
+            let (w_vals, b_vals) = (w.to_f64_vec(), bias.map(|b| (b.dtype(), b.to_f64_vec())));
             for ((leaf, (c0, c1)), shape) in leaves.into_iter().zip(shapes) {
                 fused.insert(
                     leaf,
                     Fused::ProjectionSlice {
                         x: p.x,
-                        weight: weight_columns(w, p.w_transposed, c0, c1),
-                        bias: bias.map(|b| bias_columns(b, c0, c1)),
+                        weight: weight_columns(w, &w_vals, p.w_transposed, c0, c1),
+                        bias: b_vals.as_ref().map(|(dt, b)| vector(*dt, b[c0..c1].to_vec())),
                         shape,
                     },
                 );
@@ -231,9 +232,9 @@ struct Projection {
 /// How many nodes may read a packed projection's output on the way to its slices.
 const MAX_SLICE_NODES: usize = 32;
 
-/// Columns `[c0, c1)` of the weights `w` ([K, N], or [N, K] when `transposed`) as [K, c1-c0].
-fn weight_columns(w: &Tensor, transposed: bool, c0: usize, c1: usize) -> Tensor {
-    let vals = w.to_f64_vec();
+/// Columns `[c0, c1)` of the weights `w` ([K, N], or [N, K] when `transposed`; `vals` its
+/// elements) as [K, c1-c0].
+fn weight_columns(w: &Tensor, vals: &[f64], transposed: bool, c0: usize, c1: usize) -> Tensor {
     let (k, n) = match (w.shape(), transposed) {
         (&[n, k], true) => (k, n),
         (&[k, n], _) => (k, n),
@@ -254,12 +255,11 @@ fn weight_columns(w: &Tensor, transposed: bool, c0: usize, c1: usize) -> Tensor 
     .expect("the columns fill the shape")
 }
 
-/// Elements `[c0, c1)` of a bias with n elements, as a vector.
-fn bias_columns(b: &Tensor, c0: usize, c1: usize) -> Tensor {
-    let vals = b.to_f64_vec()[c0..c1].to_vec();
+/// A vector of `vals` in `dtype`.
+fn vector(dtype: DType, vals: Vec<f64>) -> Tensor {
     Tensor::new(
-        vec![c1 - c0],
-        kiln_ir::tensor::TensorData::from_f64s(b.dtype(), vals),
+        vec![vals.len()],
+        kiln_ir::tensor::TensorData::from_f64s(dtype, vals),
     )
-    .expect("the slice fills the shape")
+    .expect("a vector fills its shape")
 }

@@ -9,6 +9,16 @@
 //! contiguous (the rule numpy's no-copy reshape follows); Gather of one constant index, Split
 //! and Slice (step 1) pick a range of one dimension.
 
+use kiln_ir::Op;
+
+/// Operators that only reinterpret or reorder their first input's elements.
+pub(crate) fn layout_only(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze | Op::Unsqueeze | Op::Transpose { .. }
+    )
+}
+
 /// Per dimension `(extent, stride)`, strides in elements of the source; `offset`: the source
 /// element the view starts at.
 #[derive(Clone, Debug, PartialEq, Eq)]
