@@ -197,7 +197,30 @@ pub fn compile(
     if opts.emit == Emit::Ptx && opts.cuda_sm.is_none() {
         return Err(CodegenError::Target("--emit ptx needs --target cuda".into()));
     }
-    let mut plan = plan::build_with(graph, &kernel_target, &opts.plan)?;
+    let weights_file = match &opts.weights_out {
+        Some(p) => Some(
+            p.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .ok_or_else(|| CodegenError::Io(format!("--weights-out {}: not a file name", p.display())))?,
+        ),
+        None => None,
+    };
+    // Linked artifacts take their weights as an object of their own (`weights_object`), which
+    // the planner writes as it packs them.
+    let separate_weights = weights_file.is_none()
+        && matches!(opts.emit, Emit::Exe | Emit::StaticLib | Emit::SharedLib)
+        && weights_object::supported(opts.target.arch);
+    let prefix = header::c_ident(&opts.name);
+    let weights_symbol = weights_object::symbol(&prefix);
+    let weights = match separate_weights {
+        true => plan::weights::Weights::streamed(weights_object::ObjectWriter::create(
+            opts.target.arch,
+            &weights_symbol,
+        )?),
+        false => plan::weights::Weights::in_memory(),
+    };
+    let mut plan = plan::build_into(graph, &kernel_target, &opts.plan, weights)?;
+    let weights_obj = plan.weights.finish_object()?;
     let device_code = match opts.cuda_sm {
         Some(_) => {
             progress.phase("ptx");
@@ -215,25 +238,12 @@ pub fn compile(
             .map_err(|e| CodegenError::Io(format!("cannot write {}: {e}", out.display())))?;
         return Ok(summarize(graph, &plan, &kernel_target, vec![out.to_path_buf()]));
     }
-    let weights_file = match &opts.weights_out {
-        Some(p) => Some(
-            p.file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .ok_or_else(|| CodegenError::Io(format!("--weights-out {}: not a file name", p.display())))?,
-        ),
-        None => None,
-    };
-    // Linked artifacts take their weights as an object of their own (`weights_object`).
-    let separate_weights = weights_file.is_none()
-        && matches!(opts.emit, Emit::Exe | Emit::StaticLib | Emit::SharedLib)
-        && weights_object::supported(opts.target.arch);
     let api = api::Api {
-        prefix: header::c_ident(&opts.name),
+        prefix,
         profile: opts.profile,
         weights_file,
         cuda: device_code.is_some(),
     };
-    let weights_symbol = weights_object::symbol(&api.prefix);
     let parts = emit::ModuleParts {
         graph,
         plan: &plan,
@@ -249,19 +259,7 @@ pub fn compile(
     progress.phase("codegen");
     let cx = Context::create();
     let (module, layout_hash) = emit::build_module(&cx, &parts, &mut |i, n| progress.kernel(i, n))?;
-    // The weights go to their object now and leave memory before LLVM compiles the code.
     let weights_len = plan.weights.len();
-    let weights_obj = match separate_weights {
-        true => {
-            let weights = std::mem::take(&mut plan.weights);
-            Some(weights_object::TempObject::write(
-                opts.target.arch,
-                &weights_symbol,
-                &weights,
-            )?)
-        }
-        false => None,
-    };
     let target = match &device_code {
         Some(code) => format!("CUDA sm_{} (host code: {})", code.sm, opts.target.triple),
         None => opts.target.triple.clone(),
@@ -282,7 +280,7 @@ pub fn compile(
     summary.weights_bytes = weights_len as u64;
     if let (Some(path), Some(layout_hash)) = (&opts.weights_out, layout_hash) {
         progress.phase("weights");
-        let content_hash = weights_file::write(path, &opts.name, layout_hash, &plan.weights)?;
+        let content_hash = weights_file::write(path, &opts.name, layout_hash, plan.weights.bytes()?)?;
         summary.files.push(path.clone());
         summary.weights_file = Some(WeightsFile {
             path: path.clone(),
@@ -341,7 +339,7 @@ fn summarize_portable(planned: &[(Graph, plan::Plan, &TargetDesc)], files: Vec<P
     let mut s = summarize(graph, plan, target, files);
     s.variants = planned.iter().map(|(_, _, t)| t.variant_name()).collect();
     s.target = format!("{} portable ({})", target.triple, s.variants.join(", "));
-    let mut blobs: Vec<&Vec<u8>> = vec![];
+    let mut blobs: Vec<&plan::weights::Weights> = vec![];
     for (_, p, _) in planned {
         if !blobs.contains(&&p.weights) {
             blobs.push(&p.weights);

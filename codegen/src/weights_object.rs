@@ -10,7 +10,7 @@
 use crate::error::{CodegenError, Result};
 use crate::target::Arch;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// Alignment of the weights section: packed panels are read with aligned vector loads.
 const ALIGN: u64 = 64;
@@ -68,20 +68,29 @@ fn layout(symbol: &str, data_len: u64) -> Layout {
 }
 
 /// The object's size in bytes for `data_len` bytes of weights.
+#[cfg(test)]
 fn object_len(symbol: &str, data_len: usize) -> u64 {
     layout(symbol, data_len.max(1) as u64).total
 }
 
+/// Where the data starts: right after the ELF header, which is exactly one alignment unit.
+const DATA_OFFSET: u64 = EHDR;
+const _: () = assert!(DATA_OFFSET.is_multiple_of(ALIGN));
+
 /// Writes the object defining `symbol` as `data` (at least one byte: an empty model still has
 /// a symbol to point at).
 pub fn write(w: &mut impl Write, arch: Arch, symbol: &str, data: &[u8]) -> std::io::Result<()> {
-    let machine = machine(arch).expect("callers check `supported`");
     let one = [0u8];
     let data = if data.is_empty() { &one[..] } else { data };
     let l = layout(symbol, data.len() as u64);
-    let mut o = Out { w, pos: 0 };
+    w.write_all(&header(arch, &l))?;
+    w.write_all(data)?;
+    w.write_all(&tail(symbol, &l))
+}
 
-    // ELF header.
+/// The ELF header (`DATA_OFFSET` bytes): the data follows it.
+fn header(arch: Arch, l: &Layout) -> Vec<u8> {
+    let machine = machine(arch).expect("callers check `supported`");
     let mut h = Vec::with_capacity(EHDR as usize);
     h.extend_from_slice(&[0x7f, b'E', b'L', b'F', 2, 1, 1, 0]);
     h.extend_from_slice(&[0; 8]);
@@ -98,26 +107,28 @@ pub fn write(w: &mut impl Write, arch: Arch, symbol: &str, data: &[u8]) -> std::
     h.extend_from_slice(&(SHDR as u16).to_le_bytes());
     h.extend_from_slice(&6u16.to_le_bytes()); // sections
     h.extend_from_slice(&4u16.to_le_bytes()); // .shstrtab's index
-    o.put(&h)?;
-    o.pad_to(EHDR.next_multiple_of(ALIGN))?;
-    o.put(data)?;
-    o.pad_to(l.symtab)?;
+    debug_assert_eq!(h.len() as u64, DATA_OFFSET);
+    h
+}
+
+/// Everything after the data: padding, the symbol and string tables, the section headers.
+fn tail(symbol: &str, l: &Layout) -> Vec<u8> {
+    let data_end = DATA_OFFSET + l.data_len;
+    let mut t = vec![0u8; (l.symtab - data_end) as usize];
 
     // Symbols: the null one, then the weights (global, object, hidden, section 1).
-    let mut s = vec![0u8; SYM as usize];
-    s.extend_from_slice(&1u32.to_le_bytes());
-    s.push(0x11); // STB_GLOBAL << 4 | STT_OBJECT
-    s.push(2); // STV_HIDDEN
-    s.extend_from_slice(&1u16.to_le_bytes());
-    s.extend_from_slice(&0u64.to_le_bytes());
-    s.extend_from_slice(&l.data_len.to_le_bytes());
-    o.put(&s)?;
-    let mut strtab = vec![0u8];
-    strtab.extend_from_slice(symbol.as_bytes());
-    strtab.push(0);
-    o.put(&strtab)?;
-    o.put(SHSTRTAB)?;
-    o.pad_to(l.shdrs)?;
+    t.extend_from_slice(&[0u8; SYM as usize]);
+    t.extend_from_slice(&1u32.to_le_bytes());
+    t.push(0x11); // STB_GLOBAL << 4 | STT_OBJECT
+    t.push(2); // STV_HIDDEN
+    t.extend_from_slice(&1u16.to_le_bytes());
+    t.extend_from_slice(&0u64.to_le_bytes());
+    t.extend_from_slice(&l.data_len.to_le_bytes());
+    t.push(0);
+    t.extend_from_slice(symbol.as_bytes());
+    t.push(0);
+    t.extend_from_slice(SHSTRTAB);
+    t.resize((l.shdrs - data_end) as usize, 0);
 
     // Section headers: name offset, type, flags, address, offset, size, link, info, align,
     // entry size.
@@ -130,6 +141,7 @@ pub fn write(w: &mut impl Write, arch: Arch, symbol: &str, data: &[u8]) -> std::
     };
     #[allow(clippy::too_many_arguments)]
     fn shdr(
+        t: &mut Vec<u8>,
         name: u32,
         ty: u32,
         flags: u64,
@@ -139,82 +151,112 @@ pub fn write(w: &mut impl Write, arch: Arch, symbol: &str, data: &[u8]) -> std::
         info: u32,
         align: u64,
         ent: u64,
-    ) -> Vec<u8> {
-        let mut v = Vec::with_capacity(SHDR as usize);
-        v.extend_from_slice(&name.to_le_bytes());
-        v.extend_from_slice(&ty.to_le_bytes());
-        v.extend_from_slice(&flags.to_le_bytes());
-        v.extend_from_slice(&0u64.to_le_bytes());
-        v.extend_from_slice(&off.to_le_bytes());
-        v.extend_from_slice(&size.to_le_bytes());
-        v.extend_from_slice(&link.to_le_bytes());
-        v.extend_from_slice(&info.to_le_bytes());
-        v.extend_from_slice(&align.to_le_bytes());
-        v.extend_from_slice(&ent.to_le_bytes());
-        v
+    ) {
+        t.extend_from_slice(&name.to_le_bytes());
+        t.extend_from_slice(&ty.to_le_bytes());
+        t.extend_from_slice(&flags.to_le_bytes());
+        t.extend_from_slice(&0u64.to_le_bytes());
+        t.extend_from_slice(&off.to_le_bytes());
+        t.extend_from_slice(&size.to_le_bytes());
+        t.extend_from_slice(&link.to_le_bytes());
+        t.extend_from_slice(&info.to_le_bytes());
+        t.extend_from_slice(&align.to_le_bytes());
+        t.extend_from_slice(&ent.to_le_bytes());
     }
-    let headers = [
-        vec![0u8; SHDR as usize],
-        // SHT_PROGBITS, SHF_ALLOC
-        shdr(
-            name(SECTION_NAME),
-            1,
-            2,
-            EHDR.next_multiple_of(ALIGN),
-            l.data_len,
-            0,
-            0,
-            ALIGN,
-            0,
-        ),
-        // SHT_SYMTAB: strings in section 3, the first global symbol is 1
-        shdr(name(".symtab"), 2, 0, l.symtab, 2 * SYM, 3, 1, 8, SYM),
-        shdr(
-            name(".strtab"),
-            3,
-            0,
-            l.strtab,
-            symbol.len() as u64 + 2,
-            0,
-            0,
-            1,
-            0,
-        ),
-        shdr(
-            name(".shstrtab"),
-            3,
-            0,
-            l.shstrtab,
-            SHSTRTAB.len() as u64,
-            0,
-            0,
-            1,
-            0,
-        ),
-        // An empty .note.GNU-stack: the weights do not ask for an executable stack.
-        shdr(name(".note.GNU-stack"), 1, 0, l.shdrs, 0, 0, 0, 1, 0),
-    ];
-    for hd in headers {
-        o.put(&hd)?;
-    }
-    debug_assert_eq!(o.pos, l.total);
-    Ok(())
+    t.extend_from_slice(&[0u8; SHDR as usize]);
+    // SHT_PROGBITS, SHF_ALLOC
+    shdr(
+        &mut t,
+        name(SECTION_NAME),
+        1,
+        2,
+        DATA_OFFSET,
+        l.data_len,
+        0,
+        0,
+        ALIGN,
+        0,
+    );
+    // SHT_SYMTAB: strings in section 3, the first global symbol is 1
+    shdr(&mut t, name(".symtab"), 2, 0, l.symtab, 2 * SYM, 3, 1, 8, SYM);
+    let strtab_len = symbol.len() as u64 + 2;
+    shdr(&mut t, name(".strtab"), 3, 0, l.strtab, strtab_len, 0, 0, 1, 0);
+    let shstrtab_len = SHSTRTAB.len() as u64;
+    shdr(
+        &mut t,
+        name(".shstrtab"),
+        3,
+        0,
+        l.shstrtab,
+        shstrtab_len,
+        0,
+        0,
+        1,
+        0,
+    );
+    // An empty .note.GNU-stack: the weights do not ask for an executable stack.
+    shdr(&mut t, name(".note.GNU-stack"), 1, 0, l.shdrs, 0, 0, 0, 1, 0);
+    debug_assert_eq!(data_end + t.len() as u64, l.total);
+    t
 }
 
-/// A writer that counts what it wrote, to pad to the layout's offsets.
-struct Out<'a, W: Write> {
-    w: &'a mut W,
-    pos: u64,
+/// A weights object written as the planner packs each constant: the data goes to the file as
+/// it comes, the header (which needs the data's size) last. A model's packed weights are thus
+/// never in memory all at once.
+pub struct ObjectWriter {
+    file: std::io::BufWriter<std::fs::File>,
+    arch: Arch,
+    data_len: u64,
+    object: TempObject,
 }
 
-impl<W: Write> Out<'_, W> {
-    fn put(&mut self, bytes: &[u8]) -> std::io::Result<()> {
-        self.pos += bytes.len() as u64;
-        self.w.write_all(bytes)
+impl ObjectWriter {
+    pub fn create(arch: Arch, symbol: &str) -> Result<ObjectWriter> {
+        let object = TempObject::create(symbol)?;
+        let file = std::fs::File::create(&object.path).map_err(|e| object.io_error(e))?;
+        let mut file = std::io::BufWriter::with_capacity(1 << 20, file);
+        // Room for the header, written by `finish`.
+        file.write_all(&[0u8; DATA_OFFSET as usize])
+            .map_err(|e| object.io_error(e))?;
+        Ok(ObjectWriter {
+            file,
+            arch,
+            data_len: 0,
+            object,
+        })
     }
 
-    fn pad_to(&mut self, to: u64) -> std::io::Result<()> {
-        self.put(&vec![0u8; (to - self.pos) as usize])
+    /// Appends to the data section.
+    pub fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.data_len += bytes.len() as u64;
+        self.file.write_all(bytes)
+    }
+
+    /// Bytes of data written so far.
+    pub fn data_len(&self) -> u64 {
+        self.data_len
+    }
+
+    /// Writes the tables and the header: the object is complete.
+    pub fn finish(mut self) -> Result<TempObject> {
+        use std::io::{Seek, SeekFrom};
+        let io = |e: std::io::Error| self.object.io_error(e);
+        if self.data_len == 0 {
+            self.file.write_all(&[0]).map_err(io)?;
+            self.data_len = 1;
+        }
+        let l = layout(&self.object.symbol, self.data_len);
+        self.file.write_all(&tail(&self.object.symbol, &l)).map_err(io)?;
+        self.file.seek(SeekFrom::Start(0)).map_err(io)?;
+        self.file.write_all(&header(self.arch, &l)).map_err(io)?;
+        self.file.flush().map_err(io)?;
+        self.object.len = l.total;
+        Ok(self.object)
+    }
+
+    /// The error to report for a failed `write`.
+    pub fn error(&self, e: std::io::Error) -> CodegenError {
+        self.object.io_error(e)
     }
 }
 
@@ -229,25 +271,24 @@ pub struct TempObject {
 }
 
 impl TempObject {
-    pub fn write(arch: Arch, symbol: &str, data: &[u8]) -> Result<TempObject> {
+    /// A fresh temporary folder for the object (the file is not created yet).
+    fn create(symbol: &str) -> Result<TempObject> {
         static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("kiln-weights-{}-{n}", std::process::id()));
-        let io = |e: std::io::Error, p: &Path| CodegenError::Io(format!("cannot write {}: {e}", p.display()));
-        std::fs::create_dir_all(&dir).map_err(|e| io(e, &dir))?;
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| CodegenError::Io(format!("cannot write {}: {e}", dir.display())))?;
         let path = dir.join("weights.o");
-        let obj = TempObject {
+        Ok(TempObject {
             dir,
             path,
             symbol: symbol.to_string(),
-            len: object_len(symbol, data.len()),
-        };
-        let file = std::fs::File::create(&obj.path).map_err(|e| io(e, &obj.path))?;
-        let mut w = std::io::BufWriter::new(file);
-        write(&mut w, arch, symbol, data)
-            .and_then(|()| w.flush())
-            .map_err(|e| io(e, &obj.path))?;
-        Ok(obj)
+            len: 0,
+        })
+    }
+
+    fn io_error(&self, e: std::io::Error) -> CodegenError {
+        CodegenError::Io(format!("cannot write {}: {e}", self.path.display()))
     }
 }
 

@@ -201,6 +201,25 @@ impl Graph {
         .out(0)
     }
 
+    /// Replaces constant `v` by `tensor` of the same type, named `name`, in this graph only (a
+    /// clone keeps its own): a pass that changes weights' values, such as bf16 rounding, then
+    /// holds one weight's old and new data at a time instead of every weight's. False, and
+    /// nothing changed, when `v` is not a constant or the types differ.
+    pub fn replace_constant(&mut self, v: ValueId, name: impl Into<String>, tensor: Tensor) -> bool {
+        let node = &mut self.nodes[v.node.index()];
+        let Op::Constant(c) = node.op else {
+            return false;
+        };
+        if tensor.tensor_type() != self.consts[c.0 as usize].tensor_type() {
+            return false;
+        }
+        let name = name.into();
+        node.name = name.clone();
+        node.outputs[0].name = name;
+        self.consts[c.0 as usize] = Arc::new(tensor);
+        true
+    }
+
     /// Adds a node, inferring its output types (and, for small constant inputs, its values).
     /// `output_names` sets the number of outputs. Fails, naming the node, when the inputs do
     /// not fit the operator.

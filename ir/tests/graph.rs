@@ -166,3 +166,36 @@ fn remove_dead_drops_chains_of_dead_nodes() {
     assert_eq!(pruned.len(), 2, "{pruned}");
     assert_eq!(pruned.outputs()[0].name, "y");
 }
+
+/// A constant's data and name can be replaced in place, in one graph only, by a tensor of the
+/// same type; anything else is refused.
+#[test]
+fn replace_constant_keeps_the_type_and_leaves_clones_alone() {
+    let mut g = Graph::new("g");
+    let w = g.add_const("w", Tensor::from_vec(vec![2], vec![1.0f32, 2.0]));
+    let x = g.add_input("x", TensorType::new(DType::F32, vec![Dim::Fixed(2)]));
+    let y = g
+        .add("add", Op::Binary(Binary::Add), vec![Some(x), Some(w)], "y")
+        .unwrap();
+    let before = g.clone();
+    assert!(g.replace_constant(w, "w.r", Tensor::from_vec(vec![2], vec![3.0f32, 4.0])));
+    assert_eq!(g.known_value(w).unwrap().as_slice::<f32>().unwrap(), &[3.0, 4.0]);
+    assert_eq!(g.value_name(w), "w.r");
+    assert_eq!(
+        before.known_value(w).unwrap().as_slice::<f32>().unwrap(),
+        &[1.0, 2.0]
+    );
+    assert!(
+        !g.replace_constant(w, "w", Tensor::from_vec(vec![3], vec![0.0f32; 3])),
+        "another shape"
+    );
+    assert!(
+        !g.replace_constant(w, "w", Tensor::from_vec(vec![2], vec![0i64; 2])),
+        "another dtype"
+    );
+    assert!(
+        !g.replace_constant(y, "y", Tensor::from_vec(vec![2], vec![0.0f32; 2])),
+        "not a constant"
+    );
+    assert_eq!(g.value_name(w), "w.r");
+}

@@ -458,6 +458,9 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
             return g;
         }
         // An empty array would make a zero-sized global; one byte keeps the symbol valid.
+        let bytes = bytes
+            .bytes()
+            .expect("weights not streamed into an object are in memory");
         let v = self
             .cx
             .const_string(if bytes.is_empty() { &[0u8] } else { bytes }, false);

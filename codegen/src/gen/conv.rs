@@ -27,7 +27,7 @@ pub(crate) fn lower_conv(
         return Ok(None);
     };
     if attrs.channels_last {
-        return lower_conv_nhwc(node, target, tile, epi, attrs, &s, &w);
+        return lower_conv_nhwc(node, target, tile, epi, attrs, &s, w);
     }
     let (nb, c, h, wd) = (s.batch, s.c, s.h, s.w);
     let (m, cg, kh, kw) = (s.m, s.cg, s.kh, s.kw);
@@ -41,7 +41,7 @@ pub(crate) fn lower_conv(
             return Ok(None);
         }
         let geo = ConvWindow { c, ..geo };
-        return crate::gen::dwconv::lower(node, target, epi, &w, nb, geo);
+        return crate::gen::dwconv::lower(node, target, epi, w, nb, geo);
     }
     if epi.pool_mean {
         return Ok(None);
@@ -203,7 +203,7 @@ fn lower_conv_nhwc(
         batch,
         a,
         b: Operand::Packed { slot: 0 },
-        packed: vec![PackedConst::from_f32s(&packed)],
+        packed: vec![packed],
         unread,
         what: format!("conv{kh}x{kw}/{} nhwc", geo.sh),
         scalable_rows: pointwise.then_some(oh * ow),

@@ -112,8 +112,12 @@ impl KernelCommon for DwConvKernel {
         )
     }
 
-    fn packed_constants(&self) -> Vec<PackedConst> {
-        self.packed.clone()
+    fn packed_constants(&self) -> &[PackedConst] {
+        &self.packed
+    }
+
+    fn release_packed_constants(&mut self) {
+        PackedConst::release_all(&mut self.packed)
     }
 
     fn reads_input(&self, i: usize) -> bool {

@@ -28,6 +28,15 @@ pub struct PackedConst {
 }
 
 impl PackedConst {
+    /// Frees the bytes of `packed` once the planner has stored them, keeping the entries
+    /// (their count gives the kernel's argument slots): a kernel holding its copy would keep
+    /// every model weight in memory twice while the rest of the model is planned.
+    pub fn release_all(packed: &mut [PackedConst]) {
+        for p in packed {
+            p.bytes = Vec::new();
+        }
+    }
+
     /// f32 values as the little-endian bytes the kernels read.
     pub fn from_f32s(v: &[f32]) -> PackedConst {
         PackedConst {
@@ -53,9 +62,13 @@ pub trait KernelCommon {
     fn describe(&self) -> String;
 
     /// Constants in the layout the kernel reads (packed weights), passed after the outputs.
-    fn packed_constants(&self) -> Vec<PackedConst> {
-        vec![]
+    fn packed_constants(&self) -> &[PackedConst] {
+        &[]
     }
+
+    /// Frees the packed constants' bytes: the planner calls it once it has stored them
+    /// (`PackedConst::release_all`).
+    fn release_packed_constants(&mut self) {}
 
     /// Whether the kernel reads input `i` at run time (false for a weight it only reads packed,
     /// so the original need not be stored in the artifact).

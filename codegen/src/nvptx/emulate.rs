@@ -301,8 +301,9 @@ pub(crate) fn run_plan(
         ));
     }
     let mut arena = Buf::new(plan.arena_bytes as usize);
-    let mut weights = Buf::new(plan.weights.len());
-    weights.bytes_mut()[..plan.weights.len()].copy_from_slice(&plan.weights);
+    let blob = plan.weights.bytes().map_err(|e| e.to_string())?;
+    let mut weights = Buf::new(blob.len());
+    weights.bytes_mut()[..blob.len()].copy_from_slice(blob);
     let mut input_bufs: Vec<Buf> = inputs
         .iter()
         .map(|t| {
@@ -351,7 +352,7 @@ pub(crate) fn run_plan(
         }
         // A kernel may use weight memory (split-K's tile counters) but must leave it as it
         // found it: the next run, or a CUDA graph's replay, starts from the same state.
-        if weights.bytes()[..plan.weights.len()] != plan.weights[..] {
+        if weights.bytes()[..blob.len()] != *blob {
             return Err(format!("kernel {name} left the weights changed"));
         }
     }

@@ -64,4 +64,13 @@ impl KernelImpl {
             KernelImpl::Ukernel(_) => None,
         }
     }
+
+    /// [`Self::generated`], mutable: the planner takes its packed constants.
+    pub fn generated_mut(&mut self) -> Option<&mut dyn KernelCommon> {
+        match self {
+            KernelImpl::Generated(g) => Some(g.as_mut()),
+            KernelImpl::Gpu(g) => Some(g.as_mut()),
+            KernelImpl::Ukernel(_) => None,
+        }
+    }
 }

@@ -17,10 +17,12 @@ use std::collections::HashMap;
 
 pub mod kernel;
 pub mod passes;
+pub mod weights;
 
 use kernel::{Kernel, KernelImpl};
 use passes::{PlanOptions, PlanPassStats, ABSORB_BF16_ROUNDING, FUSE_KERNELS};
 use std::time::{Duration, Instant};
+use weights::Weights;
 
 pub const ALIGN: u64 = 64;
 
@@ -36,7 +38,7 @@ pub struct Plan {
     pub kernels: Vec<Kernel>,
     pub storage: HashMap<ValueId, Storage>,
     pub output_copies: Vec<OutputCopy>,
-    pub weights: Vec<u8>,
+    pub weights: Weights,
     pub arena_bytes: u64,
     pub thread_scratch_bytes: u64,
     /// Every arena buffer with its placement and lifetime, for reports.
@@ -111,14 +113,6 @@ fn align(x: u64) -> u64 {
     x.div_ceil(ALIGN) * ALIGN
 }
 
-/// Appends bytes to the weights blob at a 64-byte aligned offset.
-fn push_weights(weights: &mut Vec<u8>, bytes: &[u8]) -> u64 {
-    let off = align(weights.len() as u64);
-    weights.resize(off as usize, 0);
-    weights.extend_from_slice(bytes);
-    off
-}
-
 /// Which values the graph outputs depend on: nodes outside this set are dead.
 pub(crate) fn live_nodes(graph: &Graph) -> Vec<bool> {
     let mut live = vec![false; graph.len()];
@@ -147,10 +141,21 @@ pub fn build(graph: &Graph, target: &TargetDesc, fusion: bool) -> Result<Plan> {
     build_with(graph, target, &PlanOptions::for_target(target, fusion))
 }
 
-/// Selects a kernel for every live node, runs the plan passes (`passes`) and plans memory.
-/// Reports every node that cannot be compiled, not just the first. The graph has no control
-/// flow left: the optimizer's `lower-control-flow` pass lowers it.
+/// [`build_into`] with the weights kept in memory.
 pub fn build_with(graph: &Graph, target: &TargetDesc, opts: &PlanOptions) -> Result<Plan> {
+    build_into(graph, target, opts, Weights::in_memory())
+}
+
+/// Selects a kernel for every live node, runs the plan passes (`passes`) and plans memory,
+/// storing constants and packed weights in `weights` as it goes. Reports every node that
+/// cannot be compiled, not just the first. The graph has no control flow left: the
+/// optimizer's `lower-control-flow` pass lowers it.
+pub fn build_into(
+    graph: &Graph,
+    target: &TargetDesc,
+    opts: &PlanOptions,
+    mut weights: Weights,
+) -> Result<Plan> {
     let fusion = !opts.is_disabled(FUSE_KERNELS);
     if let Some(node) = graph
         .nodes()
@@ -165,7 +170,6 @@ pub fn build_with(graph: &Graph, target: &TargetDesc, opts: &PlanOptions) -> Res
     }
     let live = live_nodes(graph);
     let mut storage: HashMap<ValueId, Storage> = HashMap::new();
-    let mut weights = Vec::new();
     let mut kernels = Vec::new();
     let mut unsupported = Vec::new();
 
@@ -334,7 +338,7 @@ pub fn build_with(graph: &Graph, target: &TargetDesc, opts: &PlanOptions) -> Res
         if node.op.is_view() && node.inputs.first().copied().flatten().is_some() {
             continue;
         }
-        let imp = match select(&info, target) {
+        let mut imp = match select(&info, target) {
             Ok(imp) => imp,
             Err(e) => {
                 unsupported.push(e);
@@ -343,15 +347,16 @@ pub fn build_with(graph: &Graph, target: &TargetDesc, opts: &PlanOptions) -> Res
         };
         let mut inputs = node.inputs.clone();
         let mut packed = vec![];
-        if let Some(g) = imp.generated() {
+        if let Some(g) = imp.generated_mut() {
             for (i, inp) in inputs.iter_mut().enumerate() {
                 if !g.reads_input(i) {
                     *inp = None;
                 }
             }
             for p in g.packed_constants() {
-                packed.push(push_weights(&mut weights, &p.bytes));
+                packed.push(weights.push(&p.bytes));
             }
+            g.release_packed_constants();
         }
         kernels.push(Kernel {
             node: id,
@@ -428,7 +433,7 @@ pub fn build_with(graph: &Graph, target: &TargetDesc, opts: &PlanOptions) -> Res
                 continue;
             }
             let Some(t) = graph.known_value(v) else { continue };
-            storage.insert(v, Storage::Weights(push_weights(&mut weights, &t.to_le_bytes())));
+            storage.insert(v, Storage::Weights(weights.push(&t.to_le_bytes())));
         }
     }
 
@@ -455,7 +460,7 @@ pub fn build_with(graph: &Graph, target: &TargetDesc, opts: &PlanOptions) -> Res
         if let (std::collections::hash_map::Entry::Vacant(e), Some(t)) =
             (storage.entry(v), graph.known_value(v))
         {
-            e.insert(Storage::Weights(push_weights(&mut weights, &t.to_le_bytes())));
+            e.insert(Storage::Weights(weights.push(&t.to_le_bytes())));
         }
     }
     for (j, v) in copy_later {
@@ -468,6 +473,7 @@ pub fn build_with(graph: &Graph, target: &TargetDesc, opts: &PlanOptions) -> Res
             bytes: value_bytes(graph, v)?,
         });
     }
+    weights.check()?;
     Ok(Plan {
         kernels,
         storage,
@@ -513,7 +519,7 @@ fn fused_kernel(
     anchor: NodeId,
     chain: &crate::fuse::Chain,
     target: &TargetDesc,
-    weights: &mut Vec<u8>,
+    weights: &mut Weights,
 ) -> Option<Kernel> {
     let node = graph.node(anchor);
     let mut info = NodeInfo::new(graph, anchor);
@@ -530,7 +536,7 @@ fn fused_kernel(
     }
     let epilogue = chain.epilogue(graph, slot);
     let epilogue_scale_slot = epilogue.input_scale;
-    let imp = if target.is_gpu() {
+    let mut imp = if target.is_gpu() {
         KernelImpl::Gpu(
             crate::nvptx::kernels::gemm::lower_fused(&info, target, epilogue)
                 .ok()
@@ -543,9 +549,14 @@ fn fused_kernel(
                 .flatten()?,
         )
     };
-    let g = imp.generated()?;
+    let g = imp.generated_mut()?;
     let reads: Vec<bool> = (0..info.n_inputs()).map(|i| g.reads_input(i)).collect();
-    let constants = g.packed_constants();
+    let packed = g
+        .packed_constants()
+        .iter()
+        .map(|p| weights.push(&p.bytes))
+        .collect();
+    g.release_packed_constants();
     let mut inputs: Vec<Option<ValueId>> = (0..info.n_inputs()).map(|i| info.input(i)).collect();
     for (inp, read) in inputs.iter_mut().zip(reads) {
         if !read {
@@ -558,10 +569,6 @@ fn fused_kernel(
         inputs.resize(slot + 1, None);
         inputs[slot] = Some(s.scale);
     }
-    let packed = constants
-        .iter()
-        .map(|p| push_weights(weights, &p.bytes))
-        .collect();
     Some(Kernel {
         node: anchor,
         node_name: node.name.clone(),

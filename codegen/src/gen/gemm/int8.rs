@@ -270,7 +270,7 @@ fn assemble(
     }
     let mut panels = quad_panels(p.weights, quads * 4, n, nr);
     if kc < quads {
-        panels = block_major_panels(&panels, quads, nr, kc, n.div_ceil(nr));
+        block_major_panels(&mut panels, quads, nr, kc, n.div_ceil(nr));
     }
     let a_zero = node.has_input(2).then_some(2);
     let dot = match target.arch {

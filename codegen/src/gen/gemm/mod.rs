@@ -40,7 +40,7 @@ use crate::node::NodeInfo;
 use crate::target::{Isa, TargetDesc};
 use blocking::plan_blocks;
 use microkernel::PAIRS_PER_VECTOR;
-use pack::{block_major_panels, f32s, pack_a, pack_b, pair_panels};
+use pack::{block_major_panels, f32s, pack_a, pack_b, pack_b_into, pair_panels};
 
 pub(crate) use int8::{lower_conv_integer, lower_matmul_integer, stores_u8};
 
@@ -317,7 +317,7 @@ impl Builder {
         // With one K block the panel-major layout already is the K-block-major one.
         if let Operand::Packed { slot } = self.b {
             if kc < self.k {
-                self.packed[slot] = block_major_panels(&self.packed[slot], self.k, nr, kc, n.div_ceil(nr));
+                block_major_panels(&mut self.packed[slot], self.k, nr, kc, n.div_ceil(nr));
             }
         }
         let what = format!(
@@ -407,15 +407,14 @@ pub(crate) fn batched_product(
 ) -> (GemmKernel, PackedConst) {
     let tile = Tile::for_target(target);
     let nr = tile.nr();
-    let mut panels = Vec::with_capacity(batch * n.div_ceil(nr) * nr * k);
+    let mut packed = PackedConst { bytes: vec![] };
     for mat in b_mats.chunks_exact(k * n) {
-        panels.extend(pack_b(mat, k, n, n, 1, nr, 1.0));
+        pack_b_into(&mut packed.bytes, mat, k, n, n, 1, nr, 1.0);
     }
-    let b_per_entry = panels.len() / batch;
+    let b_per_entry = packed.bytes.len() / 4 / batch;
     let (kc, mb, nb) = plan_blocks(&tile, m, n, k, batch, false);
-    let mut packed = PackedConst::from_f32s(&panels);
     if kc < k {
-        packed = block_major_panels(&packed, k, nr, kc, n.div_ceil(nr));
+        block_major_panels(&mut packed, k, nr, kc, n.div_ceil(nr));
     }
     let kernel = GemmKernel {
         what: format!(
@@ -497,12 +496,12 @@ pub(crate) fn lower_matmul(
     let (mut a_mat, mut b_mat) = (m * k, k * n);
     if let Some(w) = f32s(node, 1) {
         let per = n.div_ceil(tile.nr()) * tile.nr() * k;
-        let mut all = Vec::with_capacity(per * p.b_matrices());
+        let mut all = PackedConst { bytes: vec![] };
         for bi in 0..p.b_matrices() {
-            all.extend(pack_b(&w[bi * k * n..], k, n, n, 1, tile.nr(), 1.0));
+            pack_b_into(&mut all.bytes, &w[bi * k * n..], k, n, n, 1, tile.nr(), 1.0);
         }
         b.b = Operand::Packed { slot: 0 };
-        b.packed.push(PackedConst::from_f32s(&all));
+        b.packed.push(all);
         b.unread.push(1);
         b_mat = per;
     } else if let Some(w) = f32s(node, 0) {
@@ -569,21 +568,12 @@ pub(crate) fn lower_gemm(
         scalable_rows: None,
     };
     if let Some(w) = f32s(node, 1) {
-        b.packed.push(PackedConst::from_f32s(&pack_b(
-            &w,
-            k,
-            n,
-            brs,
-            bcs,
-            tile.nr(),
-            alpha,
-        )));
+        b.packed.push(pack_b(w, k, n, brs, bcs, tile.nr(), alpha));
         b.b = Operand::Packed { slot: 0 };
         b.unread.push(1);
     } else if let Some(w) = f32s(node, 0) {
-        b.packed.push(PackedConst::from_f32s(&pack_a(
-            &w, m, k, ars, acs, tile.mr, alpha,
-        )));
+        b.packed
+            .push(PackedConst::from_f32s(&pack_a(w, m, k, ars, acs, tile.mr, alpha)));
         b.a = Operand::Packed { slot: 0 };
         b.unread.push(0);
     } else {
@@ -623,8 +613,12 @@ impl KernelCommon for GemmKernel {
         self.what.clone()
     }
 
-    fn packed_constants(&self) -> Vec<PackedConst> {
-        self.packed.clone()
+    fn packed_constants(&self) -> &[PackedConst] {
+        &self.packed
+    }
+
+    fn release_packed_constants(&mut self) {
+        PackedConst::release_all(&mut self.packed)
     }
 
     fn reads_input(&self, i: usize) -> bool {

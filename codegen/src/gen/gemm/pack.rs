@@ -14,9 +14,8 @@ use crate::node::NodeInfo;
 use inkwell::values::{IntValue, PointerValue, VectorValue};
 use inkwell::IntPredicate;
 
-pub(crate) fn f32s(node: &NodeInfo, i: usize) -> Option<Vec<f32>> {
-    node.known(i)
-        .and_then(|t| t.as_slice::<f32>().map(|s| s.to_vec()))
+pub(crate) fn f32s<'a>(node: &'a NodeInfo, i: usize) -> Option<&'a [f32]> {
+    node.known(i).and_then(|t| t.as_slice::<f32>())
 }
 
 /// Packs an `m×k` matrix (element (i,kk) at `i*rs + kk*cs`) into MR-row panels over all of K,
@@ -54,20 +53,40 @@ pub(crate) fn pack_b(
     cs: usize,
     nr: usize,
     scale: f32,
-) -> Vec<f32> {
+) -> PackedConst {
+    let mut bytes = vec![];
+    pack_b_into(&mut bytes, src, k, n, rs, cs, nr, scale);
+    PackedConst { bytes }
+}
+
+/// [`pack_b`], appended to `out` as the little-endian bytes the kernels read (a batch of
+/// matrices packs into one constant without an f32 copy of it).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn pack_b_into(
+    out: &mut Vec<u8>,
+    src: &[f32],
+    k: usize,
+    n: usize,
+    rs: usize,
+    cs: usize,
+    nr: usize,
+    scale: f32,
+) {
     let panels = n.div_ceil(nr);
-    let mut out = vec![0f32; panels * nr * k];
+    out.reserve(panels * nr * k * 4);
     for p in 0..panels {
         for kk in 0..k {
             for j in 0..nr {
                 let col = p * nr + j;
-                if col < n {
-                    out[p * nr * k + kk * nr + j] = src[kk * rs + col * cs] * scale;
-                }
+                let v = if col < n {
+                    src[kk * rs + col * cs] * scale
+                } else {
+                    0.0
+                };
+                out.extend_from_slice(&v.to_le_bytes());
             }
         }
     }
-    out
 }
 
 /// Re-lays packed B panels `[panel][K][NR]` (4-byte elements, one panel set per batch entry)
@@ -76,25 +95,38 @@ pub(crate) fn pack_b(
 /// front to back. Weights larger than the caches stream from memory on every run, and with
 /// panel-major B each panel's block was a separate stream the hardware prefetcher had to
 /// find again.
-pub(crate) fn block_major_panels(
-    packed: &PackedConst,
-    k: usize,
-    nr: usize,
-    kc: usize,
-    n_panels: usize,
-) -> PackedConst {
-    let panel_bytes = k * nr * 4;
-    let mut out = Vec::with_capacity(packed.bytes.len());
-    // Batch entries are whole panel sets of `n_panels` panels each, re-laid one by one.
-    for matrix in packed.bytes.chunks_exact(n_panels * panel_bytes) {
-        for k0 in (0..k).step_by(kc) {
-            let rows = kc.min(k - k0);
-            for panel in matrix.chunks_exact(panel_bytes) {
-                out.extend_from_slice(&panel[k0 * nr * 4..(k0 + rows) * nr * 4]);
+///
+/// In place, by following the permutation's cycles one NR-element row at a time: a copy of a
+/// large matrix (GPT-2's 154 MB LM head) would be a second one in memory while it is packed.
+pub(crate) fn block_major_panels(packed: &mut PackedConst, k: usize, nr: usize, kc: usize, n_panels: usize) {
+    let row = nr * 4;
+    let rows = n_panels * k;
+    // Where row `kk` of panel `p` goes.
+    let dest = |s: usize| {
+        let (p, kk) = (s / k, s % k);
+        let k0 = kk / kc * kc;
+        k0 * n_panels + p * kc.min(k - k0) + (kk - k0)
+    };
+    let mut carry = vec![0u8; row];
+    for matrix in packed.bytes.chunks_exact_mut(rows * row) {
+        let mut placed = vec![false; rows];
+        for start in 0..rows {
+            if placed[start] {
+                continue;
+            }
+            carry.copy_from_slice(&matrix[start * row..(start + 1) * row]);
+            let mut at = start;
+            loop {
+                let to = dest(at);
+                placed[to] = true;
+                matrix[to * row..(to + 1) * row].swap_with_slice(&mut carry);
+                if to == start {
+                    break;
+                }
+                at = to;
             }
         }
     }
-    PackedConst { bytes: out }
 }
 
 /// Re-packs f32 B panels `[panel][K][NR]` as bf16 pairs `[panel][ceil(K/2)][NR]`, the operand
@@ -102,22 +134,22 @@ pub(crate) fn block_major_panels(
 /// (zero past K) in its high half. None when some value is not exactly a bf16 value (a Gemm's
 /// alpha folded into the weights, say), which the pairs could not represent.
 pub(crate) fn pair_panels(packed: &PackedConst, k: usize, nr: usize) -> Option<PackedConst> {
-    let words: Vec<u32> = packed
-        .bytes
-        .chunks_exact(4)
-        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect();
-    if words.iter().any(|w| w & 0xffff != 0) || !words.len().is_multiple_of(k * nr) {
+    // Read in place: a copy of a large matrix's words would be a second one in memory.
+    let word = |bytes: &[u8], i: usize| {
+        u32::from_le_bytes([bytes[4 * i], bytes[4 * i + 1], bytes[4 * i + 2], bytes[4 * i + 3]])
+    };
+    let n_words = packed.bytes.len() / 4;
+    if (0..n_words).any(|i| word(&packed.bytes, i) & 0xffff != 0) || !n_words.is_multiple_of(k * nr) {
         return None;
     }
     let k2 = k.div_ceil(2);
-    let mut out = Vec::with_capacity(words.len() / (k * nr) * k2 * nr * 4);
-    for panel in words.chunks_exact(k * nr) {
+    let mut out = Vec::with_capacity(n_words / (k * nr) * k2 * nr * 4);
+    for panel in packed.bytes.chunks_exact(k * nr * 4) {
         for kp in 0..k2 {
             for j in 0..nr {
-                let lo = panel[2 * kp * nr + j] >> 16;
+                let lo = word(panel, 2 * kp * nr + j) >> 16;
                 let hi = if 2 * kp + 1 < k {
-                    panel[(2 * kp + 1) * nr + j] & 0xffff_0000
+                    word(panel, (2 * kp + 1) * nr + j) & 0xffff_0000
                 } else {
                     0
                 };
@@ -469,5 +501,42 @@ impl GemmKernel {
             })
         };
         e.if_else(one_row, || body(true), || body(false))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The in-place re-layout puts every row where the definition says, for K a multiple of
+    /// the block and not, one matrix and a batch of them.
+    #[test]
+    fn block_major_panels_matches_its_definition() {
+        for (k, kc, n_panels, matrices) in [(10, 4, 3, 1), (12, 4, 5, 2), (7, 7, 2, 1), (9, 2, 1, 3)] {
+            let nr = 2;
+            let words: Vec<u32> = (0..(matrices * n_panels * k * nr) as u32).collect();
+            let mut packed = PackedConst {
+                bytes: words.iter().flat_map(|w| w.to_le_bytes()).collect(),
+            };
+            block_major_panels(&mut packed, k, nr, kc, n_panels);
+            let mut want = vec![];
+            for m in 0..matrices {
+                for k0 in (0..k).step_by(kc) {
+                    for p in 0..n_panels {
+                        for kk in k0..(k0 + kc).min(k) {
+                            for j in 0..nr {
+                                want.push(words[((m * n_panels + p) * k + kk) * nr + j]);
+                            }
+                        }
+                    }
+                }
+            }
+            let got: Vec<u32> = packed
+                .bytes
+                .chunks_exact(4)
+                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            assert_eq!(got, want, "k={k} kc={kc} panels={n_panels} matrices={matrices}");
+        }
     }
 }

@@ -440,7 +440,8 @@ struct AxisMapGather {
     esize: u64,
     out_dims: Vec<u64>,
     in_strides: Vec<i64>,
-    maps: Vec<i32>,
+    /// The axis maps (i32), as the kernel's one packed constant.
+    maps: Vec<PackedConst>,
     /// The fill: `Some(bits)` fixed at compile time, None for Pad's `constant_value` input
     /// (read at run time when present, else zero).
     fill_bits: Option<u64>,
@@ -474,6 +475,9 @@ impl AxisMapGather {
         } else {
             None
         };
+        let maps = vec![PackedConst {
+            bytes: maps.iter().flat_map(|m| m.to_le_bytes()).collect(),
+        }];
         Some(AxisMapGather {
             esize,
             out_dims,
@@ -497,10 +501,12 @@ impl KernelCommon for AxisMapGather {
         )
     }
 
-    fn packed_constants(&self) -> Vec<PackedConst> {
-        vec![PackedConst {
-            bytes: self.maps.iter().flat_map(|m| m.to_le_bytes()).collect(),
-        }]
+    fn packed_constants(&self) -> &[PackedConst] {
+        &self.maps
+    }
+
+    fn release_packed_constants(&mut self) {
+        PackedConst::release_all(&mut self.maps)
     }
 }
 

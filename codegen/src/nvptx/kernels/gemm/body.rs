@@ -324,8 +324,12 @@ impl KernelCommon for GemmGpu {
         self.what.clone()
     }
 
-    fn packed_constants(&self) -> Vec<PackedConst> {
-        self.packed.clone()
+    fn packed_constants(&self) -> &[PackedConst] {
+        &self.packed
+    }
+
+    fn release_packed_constants(&mut self) {
+        PackedConst::release_all(&mut self.packed)
     }
 
     fn reads_input(&self, i: usize) -> bool {
