@@ -16,7 +16,8 @@ For each model of bench-models/ (made by `fixtures/make_benchmark_models.py --ou
 
 With --variants, each model is also compiled with one pass family off or one option changed
 (VARIANTS below: `--disable-pass freeze|channels-last|fuse`, `--conv-algorithm direct`,
-`--layout nchw|nhwc`, `--precision bf16`, bf16 with `--disable-pass bf16-autocast`); every
+`--layout nchw|nhwc`, `--precision bf16`, bf16 with `--disable-pass bf16-autocast`,
+`--mode max-autotune` in f32 and bf16); every
 variant runs in the same interleaved
 rounds and a second table shows its kernel count (from `kiln compile --report`), latency and
 the ratio to the default compile, with its output error. Variants this kiln does not accept
@@ -66,6 +67,9 @@ VARIANTS = {
     "bf16": ["--precision", "bf16"],
     # What the autocast pass buys at bf16 (without it, bf16 should compile like f32).
     "bf16-no-autocast": ["--precision", "bf16", "--disable-pass", "bf16-autocast"],
+    # Kernel blockings timed on this machine (the cache in ~/.cache/kiln: a second run reads it).
+    "max-autotune": ["--mode", "max-autotune"],
+    "bf16-max-autotune": ["--precision", "bf16", "--mode", "max-autotune"],
 }
 # The bf16 acceptance targets: kiln --precision bf16 at least this much faster than kiln f32 and
 # at most the model's ratio of OpenVINO bf16's latency (BF16_SPEED_MODELS: the generator's models

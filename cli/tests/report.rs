@@ -290,6 +290,7 @@ fn conv_algorithm_direct_turns_winograd_off() {
     let auto = explain_json(&model, &[]);
     check_consistent(&auto, &model);
     assert_eq!(auto["options"]["conv_algorithm"], "auto");
+    assert_eq!(auto["options"]["mode"], "default");
     assert_eq!(winograd_kernels(&auto), 3, "{:#}", auto["kernels"]);
     let direct = explain_json(&model, &["--conv-algorithm", "direct"]);
     assert_eq!(direct["options"]["conv_algorithm"], "direct");

@@ -21,6 +21,7 @@ pub mod plan;
 pub mod profile;
 pub mod report;
 pub mod target;
+pub mod tune;
 pub mod uk;
 pub mod weights_file;
 pub mod weights_object;

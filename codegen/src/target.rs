@@ -43,6 +43,9 @@ pub struct TargetDesc {
     pub is_host: bool,
     /// Which convolution algorithms the CPU kernels may use (`kiln compile --conv-algorithm`).
     pub conv_algorithm: ConvAlgorithm,
+    /// `--mode max-autotune`: product kernels take the cache blocking timed fastest on this
+    /// machine (`tune`); None: the cost model's.
+    pub tuning: Option<crate::tune::TuningHandle>,
 }
 
 /// How stride-1 3×3 convolutions may be computed (`gen::winograd`).
@@ -53,6 +56,21 @@ pub enum ConvAlgorithm {
     /// Winograd F(4×4, 3×3) or F(2×2, 3×3) where it is faster.
     #[default]
     Auto,
+}
+
+impl TargetDesc {
+    /// What `--mode max-autotune` keys its measurements by: the triple, CPU and features of
+    /// this machine; an error for a target that is not this machine, whose kernels cannot be
+    /// timed here.
+    pub fn tuning_key(&self) -> Result<String, String> {
+        if !self.is_host {
+            return Err(format!(
+                "--mode max-autotune times kernels on this machine, and the target ({} {}) is not this machine",
+                self.triple, self.cpu
+            ));
+        }
+        Ok(format!("{} {} {}", self.triple, self.cpu, self.features))
+    }
 }
 
 impl TargetDesc {
@@ -205,6 +223,7 @@ impl TargetDesc {
             has_dotprod: arch == Arch::Aarch64 && has("dotprod"),
             is_host: false,
             conv_algorithm: ConvAlgorithm::Auto,
+            tuning: None,
         })
     }
 
@@ -224,6 +243,7 @@ impl TargetDesc {
             has_dotprod: false,
             is_host: false,
             conv_algorithm: ConvAlgorithm::Direct,
+            tuning: None,
         })
     }
 

@@ -33,7 +33,10 @@ pub fn pass_names() -> Vec<&'static str> {
     PASS_NAMES.iter().chain(PLAN_PASS_NAMES).copied().collect()
 }
 pub use failure::{failure_kind, locate, FailureKind, Location};
-pub use options::{ConvAlgorithm, Cpu, Emit, Layout, Options, Precision, PrintAfter, Target};
+pub use options::{
+    default_autotune_cache, CompileMode, ConvAlgorithm, Cpu, Emit, Layout, Options, Precision, PrintAfter,
+    Target,
+};
 pub use report::Report;
 pub use source::{read_tensor_file, ModelSource};
 
@@ -110,6 +113,16 @@ pub struct Compiled {
     pub passes: Vec<PassStats>,
     /// Where every node went, when [`Options::report`] asked for it or when explaining.
     pub report: Option<Report>,
+    /// With `--mode max-autotune`: what tuning timed and read from its cache.
+    pub tuning: Option<Tuning>,
+}
+
+/// What `--mode max-autotune` did in one compilation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tuning {
+    pub stats: kiln_codegen::tune::TuningStats,
+    /// The cache file (None: none was kept, for want of a home folder).
+    pub cache: Option<PathBuf>,
 }
 
 /// The targets a compilation is for.
@@ -321,6 +334,25 @@ impl<'p> Session<'p> {
             (false, _) => TargetDesc::select(triple, None)?,
         };
         main.conv_algorithm = o.conv_algorithm;
+        if o.mode == CompileMode::MaxAutotune {
+            if portable {
+                return Err(usage(
+                    "--mode max-autotune tunes the kernels for this machine; a portable artifact (--cpu portable) runs on others",
+                ));
+            }
+            if o.target == Target::Cuda {
+                return Err(usage(
+                    "--mode max-autotune times CPU kernels; it does not tune --target cuda yet",
+                ));
+            }
+            let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let cache = o.autotune_cache.clone().or_else(default_autotune_cache);
+            let key = main.tuning_key().map_err(usage)?;
+            // A cache file kiln cannot use is the command line's problem (--autotune-cache).
+            let tuner =
+                kiln_codegen::tune::Tuner::new(&key, threads, cache).map_err(|e| usage(e.to_string()))?;
+            main.tuning = Some(kiln_codegen::tune::TuningHandle(std::sync::Arc::new(tuner)));
+        }
         // The portable variants, each with the graph optimized for it: the passes depend on
         // whether the target's products round their operands to bf16 themselves.
         let variants = if portable {
@@ -512,6 +544,7 @@ impl<'p> Session<'p> {
                 std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
             }
         }
+        let tuner = targets.main.tuning.clone();
         let copts = self.codegen_options_named(name.clone(), targets.main, true)?;
         let variants: Vec<kiln_codegen::Variant> = targets
             .variants
@@ -537,6 +570,16 @@ impl<'p> Session<'p> {
             (false, true) => kiln_codegen::compile_portable(&variants, &copts, &out, &mut progress),
         }
         .with_context(|| format!("{}", source.path.display()))?;
+        let tuning = match tuner {
+            Some(t) => {
+                t.0.save()?;
+                Some(Tuning {
+                    stats: t.0.stats(),
+                    cache: t.0.cache_path().map(Path::to_path_buf),
+                })
+            }
+            None => None,
+        };
         // The plan passes after the graph passes; they leave the graph as it is and say what
         // they did to the kernels in their summary.
         let mut pass_stats = pass_stats;
@@ -562,6 +605,11 @@ impl<'p> Session<'p> {
                     disabled_passes: o.disabled_passes.clone(),
                     fusion: o.fusion(),
                     conv_algorithm: format!("{:?}", o.conv_algorithm).to_lowercase(),
+                    mode: match o.mode {
+                        CompileMode::Default => "default",
+                        CompileMode::MaxAutotune => "max-autotune",
+                    }
+                    .to_string(),
                 },
                 original: &original,
                 optimized: &graph,
@@ -576,6 +624,7 @@ impl<'p> Session<'p> {
             bf16,
             passes: pass_stats,
             report,
+            tuning,
         })
     }
 }

@@ -3,6 +3,27 @@
 use std::path::PathBuf;
 
 pub use kiln_codegen::target::ConvAlgorithm;
+
+/// The compile modes (`--mode`), named after `torch.compile`'s.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CompileMode {
+    /// Kernel configurations from the cost model.
+    #[default]
+    Default,
+    /// Each product's cache blocking timed on this machine (`kiln_codegen::tune`), the
+    /// choices cached per CPU and shape.
+    MaxAutotune,
+}
+
+/// `$XDG_CACHE_HOME/kiln/autotune.json`, else `$HOME/.cache/kiln/autotune.json`; None when
+/// neither variable is set.
+pub fn default_autotune_cache() -> Option<PathBuf> {
+    let base = match std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
+        Some(x) => PathBuf::from(x),
+        None => PathBuf::from(std::env::var_os("HOME").filter(|v| !v.is_empty())?).join(".cache"),
+    };
+    Some(base.join("kiln").join("autotune.json"))
+}
 pub use kiln_codegen::Emit;
 pub use kiln_optimizer::{Layout, Precision, PrintAfter};
 
@@ -53,6 +74,11 @@ pub struct Options {
     pub layout: Option<Layout>,
     pub precision: Precision,
     pub conv_algorithm: ConvAlgorithm,
+    /// How kernels are configured: by the cost model, or by timing candidates on this
+    /// machine (`--mode max-autotune`).
+    pub mode: CompileMode,
+    /// Where `max-autotune` keeps its measurements; default: [`default_autotune_cache`].
+    pub autotune_cache: Option<PathBuf>,
     /// Passes to skip, by name: the optimizer's graph passes and codegen's plan passes
     /// ([`crate::pass_names`]; `fuse-kernels` turns off codegen's kernel grouping).
     pub disabled_passes: Vec<String>,
@@ -83,6 +109,8 @@ impl Default for Options {
             layout: None,
             precision: Precision::F32,
             conv_algorithm: ConvAlgorithm::Auto,
+            mode: CompileMode::Default,
+            autotune_cache: None,
             disabled_passes: vec![],
             print_after: vec![],
             profile: false,

@@ -48,6 +48,8 @@ pub struct OptionsInfo {
     pub fusion: bool,
     /// `auto` (Winograd allowed) or `direct` (`--conv-algorithm`).
     pub conv_algorithm: String,
+    /// `default` or `max-autotune` (`--mode`).
+    pub mode: String,
 }
 
 #[derive(Serialize, Debug)]
@@ -440,6 +442,7 @@ pub fn build_report(inp: &Inputs) -> Report {
             disabled_passes: inp.options.disabled_passes.clone(),
             fusion: inp.options.fusion,
             conv_algorithm: inp.options.conv_algorithm.clone(),
+            mode: inp.options.mode.clone(),
         },
         target: TargetInfo {
             triple: plan.target.triple.clone(),
@@ -586,6 +589,7 @@ mod tests {
                 disabled_passes: vec![],
                 fusion: false,
                 conv_algorithm: "auto".into(),
+                mode: "default".into(),
             },
             original: &g0,
             optimized: &g1,

@@ -5,7 +5,7 @@ use crate::model_args::ModelArgs;
 use crate::report_text::bytes;
 use anyhow::Result;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use kiln_driver::{Cpu, Emit, Layout, Options, Precision, Progress, Session, Target};
+use kiln_driver::{CompileMode, Cpu, Emit, Layout, Options, Precision, Progress, Session, Target};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -64,6 +64,18 @@ impl From<ConvAlgorithmArg> for kiln_driver::ConvAlgorithm {
             ConvAlgorithmArg::Direct => Self::Direct,
         }
     }
+}
+
+/// How kernels are configured (the modes `torch.compile` users know).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum ModeArg {
+    /// Kernel configurations from kiln's cost model
+    #[default]
+    Default,
+    /// Time candidate cache blockings of every matrix product and convolution on this
+    /// machine and keep the fastest; measurements are cached per CPU and shape
+    /// (--autotune-cache), so compiling again is as fast as the default mode
+    MaxAutotune,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -127,6 +139,11 @@ impl Args {
             layout: self.layout.map(Layout::from),
             precision: self.precision.into(),
             conv_algorithm: self.conv_algorithm.into(),
+            mode: match self.mode {
+                ModeArg::Default => CompileMode::Default,
+                ModeArg::MaxAutotune => CompileMode::MaxAutotune,
+            },
+            autotune_cache: self.autotune_cache.clone(),
             disabled_passes: self.disable_pass.clone(),
             print_after: self.print_after.clone(),
             profile: self.profile,
@@ -198,6 +215,17 @@ pub struct Args {
     /// product of the weights and the im2col matrix.
     #[arg(long, value_enum, value_name = "ALGORITHM", default_value = "auto")]
     pub conv_algorithm: ConvAlgorithmArg,
+
+    /// `default` configures kernels with kiln's cost model; `max-autotune` times candidate
+    /// configurations of every matrix product and convolution on this machine at compile
+    /// time and keeps the fastest (the artifact is then tuned for this CPU).
+    #[arg(long, value_enum, default_value = "default")]
+    pub mode: ModeArg,
+
+    /// Where --mode max-autotune keeps its measurements [default:
+    /// $XDG_CACHE_HOME/kiln/autotune.json or ~/.cache/kiln/autotune.json]
+    #[arg(long, value_name = "FILE")]
+    pub autotune_cache: Option<PathBuf>,
 
     /// Skip a pass: a graph pass (freeze, channels-last, fuse, bf16-autocast,
     /// lower-control-flow) or a plan pass (fuse-kernels: kernel grouping,
@@ -299,6 +327,18 @@ pub fn build(args: Args, mode: Mode) -> Result<()> {
                 w.path.display(),
                 bytes(summary.weights_bytes),
                 kiln_driver::layout_hash_hex(w.layout_hash)
+            );
+        }
+        if let Some(t) = &compiled.tuning {
+            let s = &t.stats;
+            eprintln!(
+                "  max-autotune: {} product shapes timed, {} read from {}; {} run faster with another blocking than the cost model's",
+                s.timed,
+                s.cached,
+                t.cache
+                    .as_ref()
+                    .map_or("no cache (neither XDG_CACHE_HOME nor HOME is set)".to_string(), |p| p.display().to_string()),
+                s.changed
             );
         }
         if let Some(b) = &compiled.bf16 {

@@ -14,6 +14,7 @@ pub mod dwconv;
 pub mod elementwise;
 pub(crate) mod emit;
 pub mod gemm;
+pub(crate) mod jit;
 pub mod products;
 #[cfg(test)]
 mod testing;

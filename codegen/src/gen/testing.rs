@@ -1,6 +1,5 @@
-//! JIT harness for the generated kernels: builds a one-node graph, lowers it, emits and optimizes
-//! the kernel for the host, runs it through MCJIT with a small stand-in runtime
-//! (`parallel_for` on std threads, per-thread scratch), and compares with `kiln_ir`'s evaluator.
+//! Tests of the generated kernels: builds one-node graphs, lowers them, runs the kernel on this
+//! machine (`gen::jit`) and compares with `kiln_ir`'s evaluator.
 
 use super::{GeneratedKernel, KernelBuilder};
 use crate::kernel::epilogue::{Activation, Bias, Epilogue};
@@ -10,98 +9,10 @@ use inkwell::context::Context;
 use inkwell::passes::PassBuilderOptions;
 use inkwell::OptimizationLevel;
 use kiln_ir::{AutoPad, ConvAttrs, DType, Dim, Graph, NodeId, Op, Tensor, TensorType, ValueId};
-use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 
-struct TestCtx {
-    threads: usize,
-    scratch: Vec<*mut u8>,
-    pool: Pool,
-}
-
-type TaskFn = unsafe extern "C" fn(*mut c_void, i64, i64);
-
-/// A persistent spinning pool, like the runtime's: workers wait for a new generation, then
-/// take task indices from a shared counter.
-#[derive(Default)]
-struct Pool {
-    gen: AtomicUsize,
-    done: AtomicUsize,
-    next: AtomicI64,
-    n: AtomicI64,
-    f: AtomicUsize,
-    data: AtomicUsize,
-    stop: AtomicBool,
-}
-
-impl Pool {
-    fn work(&self, tid: usize) {
-        let n = self.n.load(Ordering::Acquire);
-        // SAFETY: `f` was stored from a TaskFn by rt_parallel_for before the generation bump.
-        let f: TaskFn = unsafe { std::mem::transmute::<usize, TaskFn>(self.f.load(Ordering::Acquire)) };
-        let data = self.data.load(Ordering::Acquire) as *mut c_void;
-        loop {
-            let i = self.next.fetch_add(1, Ordering::AcqRel);
-            if i >= n {
-                break;
-            }
-            // SAFETY: the task function and data come from the kernel that called parallel_for.
-            unsafe { f(data, i, tid as i64) };
-        }
-    }
-
-    fn worker(&self, tid: usize) {
-        let mut seen = 0;
-        loop {
-            let mut spins = 0u32;
-            loop {
-                if self.stop.load(Ordering::Acquire) {
-                    return;
-                }
-                let g = self.gen.load(Ordering::Acquire);
-                if g != seen {
-                    seen = g;
-                    break;
-                }
-                spins += 1;
-                if spins > 1000 {
-                    std::thread::yield_now();
-                } else {
-                    std::hint::spin_loop();
-                }
-            }
-            self.work(tid);
-            self.done.fetch_add(1, Ordering::AcqRel);
-        }
-    }
-}
-
-unsafe extern "C" fn rt_parallel_for(ctx: *mut c_void, f: TaskFn, data: *mut c_void, n: i64) {
-    // SAFETY: the harness passes its own TestCtx as the kernel's ctx.
-    let cx = unsafe { &*(ctx as *const TestCtx) };
-    let p = &cx.pool;
-    p.f.store(f as usize, Ordering::Release);
-    p.data.store(data as usize, Ordering::Release);
-    p.n.store(n, Ordering::Release);
-    p.next.store(0, Ordering::Release);
-    p.done.store(0, Ordering::Release);
-    p.gen.fetch_add(1, Ordering::AcqRel);
-    p.work(0);
-    while p.done.load(Ordering::Acquire) < cx.threads - 1 {
-        std::hint::spin_loop();
-    }
-}
-
-unsafe extern "C" fn rt_thread_scratch(ctx: *mut c_void, tid: i64) -> *mut c_void {
-    // SAFETY: the harness passes its own TestCtx as the kernel's ctx.
-    let cx = unsafe { &*(ctx as *const TestCtx) };
-    cx.scratch[tid as usize] as *mut c_void
-}
-
-unsafe extern "C" fn rt_set_error(_ctx: *mut c_void, _fmt: *const c_void) {}
-
-/// Compiles `kernel` for `node` and runs it `reps` times on `inputs` (one slice per node input;
-/// constants included). Returns the output and the mean seconds per run.
+/// Compiles `kernel` for `node` and runs it once, then `reps` more times timed, on `inputs`
+/// (one slice per node input; constants included). Returns the output and the fastest timed
+/// run's seconds.
 pub(crate) fn run_kernel(
     kernel: &dyn GeneratedKernel,
     node: &NodeInfo,
@@ -111,107 +22,8 @@ pub(crate) fn run_kernel(
     threads: usize,
     reps: usize,
 ) -> (Vec<f32>, f64) {
-    let cx = Context::create();
-    let module = cx.create_module("kiln_test");
-    let tm = target.target_machine(OptimizationLevel::Aggressive).unwrap();
-    module.set_triple(&tm.get_triple());
-    module.set_data_layout(&tm.get_target_data().get_data_layout());
-    let ptr = cx.ptr_type(inkwell::AddressSpace::default());
-    let fty = cx.i32_type().fn_type(&[ptr.into(), ptr.into()], false);
-    let f = module.add_function("kern", fty, None);
-    crate::llvm::set_kernel_attributes(&cx, f, target);
-    let builder = cx.create_builder();
-    let entry = cx.append_basic_block(f, "entry");
-    builder.position_at_end(entry);
-    let packed = kernel.packed_constants();
-    let kb = KernelBuilder {
-        cx: &cx,
-        module: &module,
-        builder: &builder,
-        function: f,
-        target,
-        node,
-        n_inputs: node.n_inputs(),
-        n_outputs: 1,
-        n_packed: packed.len(),
-    };
-    kernel.emit(&kb).unwrap();
-    crate::llvm::verify(&module).unwrap();
-    module
-        .run_passes("default<O3>", &tm, PassBuilderOptions::create())
-        .unwrap();
-    crate::llvm::verify(&module).unwrap();
-    if let Some(path) = std::env::var_os("KILN_DUMP_ASM") {
-        let asm = tm
-            .write_to_memory_buffer(&module, inkwell::targets::FileType::Assembly)
-            .unwrap();
-        std::fs::write(path, asm.as_slice()).unwrap();
-    }
-    let ee = module
-        .create_jit_execution_engine(OptimizationLevel::Aggressive)
-        .unwrap();
-    for (name, addr) in [
-        ("kiln_rt_parallel_for", rt_parallel_for as *const () as usize),
-        ("kiln_rt_thread_scratch", rt_thread_scratch as *const () as usize),
-        ("kiln_rt_set_error", rt_set_error as *const () as usize),
-    ] {
-        if let Some(g) = module.get_function(name) {
-            ee.add_global_mapping(&g, addr);
-        }
-    }
-    let scratch_bytes = kernel.scratch().per_thread_bytes.max(64) as usize;
-    let layout = std::alloc::Layout::from_size_align(scratch_bytes, 64).unwrap();
-    // SAFETY: non-zero size; freed below with the same layout.
-    let scratch: Vec<*mut u8> = (0..threads)
-        .map(|_| unsafe { std::alloc::alloc(layout) })
-        .collect();
-    let tcx = TestCtx {
-        threads,
-        scratch,
-        pool: Pool::default(),
-    };
-    // The kernel's shared scratch, poisoned so that reading what was never written shows.
-    let mut shared = vec![f32::NAN; (kernel.scratch().shared_bytes as usize).div_ceil(4)];
-    let mut out = vec![f32::NAN; out_len];
-    let packed_f: Vec<Vec<u8>> = packed.iter().map(|p| p.bytes.clone()).collect();
-    let mut args: Vec<*mut c_void> = inputs
-        .iter()
-        .map(|x| {
-            x.as_ref()
-                .map_or(std::ptr::null_mut(), |v| v.as_ptr() as *mut c_void)
-        })
-        .collect();
-    args.push(out.as_mut_ptr() as *mut c_void);
-    args.extend(packed_f.iter().map(|p| p.as_ptr() as *mut c_void));
-    if !shared.is_empty() {
-        args.push(shared.as_mut_ptr() as *mut c_void);
-    }
-    type Kern = unsafe extern "C" fn(*mut c_void, *const *mut c_void) -> i32;
-    // SAFETY: "kern" has the kernel signature; args matches the layout the kernel was built for.
-    let kf = unsafe { ee.get_function::<Kern>("kern") }.unwrap();
-    let mut secs = f64::INFINITY;
-    std::thread::scope(|sc| {
-        for tid in 1..threads {
-            let pool = &tcx.pool;
-            sc.spawn(move || pool.worker(tid));
-        }
-        let call = || {
-            // SAFETY: as above.
-            unsafe { kf.call(&tcx as *const TestCtx as *mut c_void, args.as_ptr()) }
-        };
-        assert_eq!(call(), 0);
-        for _ in 0..reps {
-            let t0 = std::time::Instant::now();
-            call();
-            secs = secs.min(t0.elapsed().as_secs_f64());
-        }
-        tcx.pool.stop.store(true, Ordering::Release);
-    });
-    for p in &tcx.scratch {
-        // SAFETY: allocated above with `layout`.
-        unsafe { std::alloc::dealloc(*p, layout) };
-    }
-    (out, secs)
+    let r = super::jit::run(kernel, node, target, inputs, out_len, threads, reps, 0.0, None).unwrap();
+    (r.out, r.best_secs)
 }
 
 use crate::test_rng::TestRng as Rng;

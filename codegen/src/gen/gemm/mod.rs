@@ -30,6 +30,7 @@ mod int8;
 mod microkernel;
 pub(crate) mod pack;
 mod task;
+mod tuning;
 
 use crate::error::Result;
 use crate::gen::{GeneratedKernel, KernelBuilder};
@@ -306,30 +307,10 @@ impl Builder {
             self.k = k_elems.div_ceil(2);
         }
         let batch_total: usize = self.batch.iter().map(|d| d.extent).product();
-        let (kc, mb, nb) = plan_blocks(
-            &tile,
-            m,
-            n,
-            self.k,
-            batch_total,
-            !matches!(self.b, Operand::Packed { .. }),
-        );
-        // With one K block the panel-major layout already is the K-block-major one.
-        if let Operand::Packed { slot } = self.b {
-            if kc < self.k {
-                block_major_panels(&mut self.packed[slot], self.k, nr, kc, n.div_ceil(nr));
-            }
-        }
-        let what = format!(
-            "{} {}x{} {:?}{} M={m} N={n} K={k_elems} batch={batch_total} KC={kc} MB={mb} NB={nb}",
-            self.what,
-            mr,
-            nr,
-            target.isa,
-            if bf16_pairs { " bf16" } else { "" },
-        );
-        Ok(Some(Box::new(GemmKernel {
-            what,
+        let runtime_b = !matches!(self.b, Operand::Packed { .. });
+        let (kc, mb, nb) = plan_blocks(&tile, m, n, self.k, batch_total, runtime_b);
+        let mut kernel = GemmKernel {
+            what: String::new(),
             isa: target.isa,
             tile,
             m,
@@ -355,7 +336,28 @@ impl Builder {
             k_elems,
             a_scale,
             int8: None,
-        })))
+        };
+        let tuned = match &target.tuning {
+            Some(t) => kernel.tune(&t.0, node, target, batch_total, runtime_b),
+            None => None,
+        };
+        // With one K block the panel-major layout already is the K-block-major one.
+        if let Operand::Packed { slot } = kernel.b {
+            if kernel.kc < kernel.k {
+                block_major_panels(&mut kernel.packed[slot], kernel.k, nr, kernel.kc, n.div_ceil(nr));
+            }
+        }
+        let (kc, mb, nb) = (kernel.kc, kernel.mb, kernel.nb);
+        kernel.what = format!(
+            "{} {}x{} {:?}{} M={m} N={n} K={k_elems} batch={batch_total} KC={kc} MB={mb} NB={nb}{}",
+            self.what,
+            mr,
+            nr,
+            target.isa,
+            if bf16_pairs { " bf16" } else { "" },
+            tuned.map(|d| format!(" ({})", d.describe())).unwrap_or_default(),
+        );
+        Ok(Some(Box::new(kernel)))
     }
 
     /// Switches the product to bf16 pairs when the target has `vdpbf16ps` and both operands
