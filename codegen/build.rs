@@ -39,6 +39,12 @@ const UNITS: &[(&str, &[&str], bool, Runs)] = &[
     ("uk_reduce", &["ukernels/reduce.c"], false, Runs::Everywhere),
     ("uk_movement", &["ukernels/movement.c"], false, Runs::Everywhere),
     ("uk_nn", &["ukernels/nn.c"], false, Runs::Everywhere),
+    (
+        "uk_attention_f32",
+        &["ukernels/attention_f32.c"],
+        false,
+        Runs::Everywhere,
+    ),
     ("uk_misc", &["ukernels/misc.c"], false, Runs::Everywhere),
     ("rt_device", &["../runtime-stub/c/device.c"], false, Runs::Device),
     ("rt_cuda", &["../runtime-stub/c/cuda.c"], true, Runs::Cpu),

@@ -562,7 +562,11 @@ fn summarize(graph: &Graph, plan: &plan::Plan, target: &TargetDesc, files: Vec<P
     let bf16_dot_kernels = plan
         .kernels
         .iter()
-        .filter(|k| matches!(&k.imp, plan::kernel::KernelImpl::Generated(g) if g.bf16_dot_products()))
+        .filter(|k| match &k.imp {
+            plan::kernel::KernelImpl::Generated(g) => g.bf16_dot_products(),
+            plan::kernel::KernelImpl::Ukernel(c) => c.bf16_dot_products(),
+            plan::kernel::KernelImpl::Gpu(_) => false,
+        })
         .count();
     Summary {
         files,

@@ -33,9 +33,30 @@ fn check(f: &Fixture) -> anyhow::Result<Outcome> {
     let summary = bf16_autocast::summary(&graph);
     let work = WorkDir::new(&format!("bf16-{}", f.name));
     let exe = work.0.join(&f.name);
-    session
+    let compiled = session
         .emit(&graph, &exe)
         .map_err(|e| anyhow::anyhow!("compile: {e}"))?;
+    // On a CPU with avx512_bf16 the attention kernel's products run on vdpbf16ps too, when
+    // the autocast rounded Q, K and V.
+    let host = kiln_codegen::target::TargetDesc::select(None, None).map_err(anyhow::Error::msg)?;
+    if host.has_bf16_pair_kernels() {
+        for n in graph.nodes() {
+            let rounded = matches!(n.op, kiln_ir::Op::Attention(_))
+                && n.inputs[..3]
+                    .iter()
+                    .flatten()
+                    .all(|&v| bf16_autocast::is_bf16_operand(&graph, v));
+            let line = compiled
+                .kernel_lines
+                .iter()
+                .find(|l| l.starts_with(&format!("{} (", n.name)) && l.contains("kiln_uk_attention_f32"));
+            if let (true, Some(line)) = (rounded, line) {
+                if !line.contains("bf16 tiles") {
+                    anyhow::bail!("attention on bf16 operands without the bf16 tiles: {line}");
+                }
+            }
+        }
+    }
     let outputs = run_executable(&exe, &graph, &ordered, &work.0, 2).map_err(anyhow::Error::msg)?;
     let (worst_cos, worst_rel) = check_bf16_outputs(f, &graph, &outputs, summary.bf16_ops)?;
     let outcome = Outcome {

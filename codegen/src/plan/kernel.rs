@@ -49,7 +49,7 @@ impl Kernel {
     pub fn describe(&self) -> String {
         match &self.imp {
             KernelImpl::Generated(g) => g.describe(),
-            KernelImpl::Ukernel(c) => format!("kiln_uk_{}", c.symbol),
+            KernelImpl::Ukernel(c) => c.describe(),
             KernelImpl::Gpu(g) => g.describe(),
         }
     }

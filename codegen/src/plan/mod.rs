@@ -592,7 +592,7 @@ fn select(info: &NodeInfo, target: &TargetDesc) -> Result<KernelImpl> {
         None => {}
     }
     if let Some(c) = uk::lower(info)? {
-        return Ok(KernelImpl::Ukernel(uk::for_cpu_target(c, target)));
+        return Ok(KernelImpl::Ukernel(uk::for_cpu_target(c, info, target)));
     }
     Err(info.unsupported("the CPU backend does not compile this operator yet"))
 }

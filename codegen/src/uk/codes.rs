@@ -82,6 +82,7 @@ mod tests {
         ("reduce.c", include_str!("../../ukernels/reduce.c")),
         ("movement.c", include_str!("../../ukernels/movement.c")),
         ("nn.c", include_str!("../../ukernels/nn.c")),
+        ("attention_f32.c", include_str!("../../ukernels/attention_f32.c")),
         ("misc.c", include_str!("../../ukernels/misc.c")),
         ("kiln_uk.h", include_str!("../../ukernels/kiln_uk.h")),
         ("kiln_math.h", include_str!("../../ukernels/kiln_math.h")),

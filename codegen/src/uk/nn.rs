@@ -783,6 +783,21 @@ pub(super) fn widen_attention(call: &mut UkCall) {
     call.thread_scratch_bytes = scratch;
 }
 
+/// Switches an `attention_f32` call to its bf16 tiles (`afb_task`: both products on
+/// `vdpbf16ps`, 32 columns), for avx512_bf16 targets whose Q, K and V hold bf16 values.
+pub(super) fn bf16_attention(call: &mut UkCall) {
+    // iattr: 5 T, 6 Dk, 7 Dv, 14 rows, 15 Tp, 16 tiles.
+    let ia = &mut call.iattr;
+    let (t, dk, dv, rows) = (ia[5] as usize, ia[6] as usize, ia[7] as usize, ia[14] as usize);
+    let tp = t.div_ceil(ATTN_WIDE_COLS) * ATTN_WIDE_COLS;
+    let dk2 = dk.div_ceil(2);
+    // Kᵀ pairs, scores, V pairs, probability pairs, Q pairs: 4-byte words.
+    let words = dk2 * tp + rows * tp + tp / 2 * dv + rows * tp / 2 + rows * dk2;
+    ia[15] = tp as i64;
+    ia[16] = 2;
+    call.thread_scratch_bytes = (words * 4) as u64;
+}
+
 /// Columns of the f32 attention kernel's tiles (`AF_NC`) and wide tiles (`AF_NC_WIDE`).
 const ATTN_COLS: usize = 16;
 const ATTN_WIDE_COLS: usize = 32;

@@ -1,0 +1,447 @@
+/*
+ * Attention's f32 fast path (`kiln_uk_attention_f32`), with its f32 register tiles and, for
+ * CPUs with avx512_bf16, its bf16 tiles; the general kernel (`kiln_uk_attention`) is in nn.c.
+ * See kiln_uk.h for the contract; the Rust side that packs iattr/fattr is
+ * codegen/src/uk/nn.rs (`attention_f32`, `widen_attention`, `bf16_attention`).
+ */
+#include "kiln_uk.h"
+#include "kiln_uk_ops.h" /* MASK_* codes, generated from codegen/src/uk/codes.rs */
+#include "kiln_math.h"
+
+static int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* ---------------------------------------------------------------------------------------------
+ * Attention, f32 fast path: no KV cache, softcap, sliding window, QK output or nonpad lengths
+ * (the lowering picks kiln_uk_attention for those), f32 Q/K/V, mask none, bool or f32.
+ *
+ * iattr: 0 three_d, 1 B, 2 Hq, 3 Hkv, 4 Sq, 5 T, 6 Dk, 7 Dv, 8 is_causal, 9 mask kind
+ *        (MASK_NONE, MASK_BOOL, MASK_FLOAT), 10-13 mask shape padded to 4-D, 14 query rows per task, 15 T padded
+ *        to a multiple of the tile width, 16 wide tiles (1: 32 columns of 64-byte vectors, for
+ *        targets with 512-bit registers; 0: 16 columns of 32-byte vectors; 2: the bf16 tiles,
+ *        32 columns on vdpbf16ps, for avx512_bf16 targets and bf16-valued Q, K and V).
+ * fattr: 0 scale.
+ * in: Q, K, V ([B, H, S, D], or [B, S, H*D] when three_d), attn_mask?. out: Y.
+ * thread scratch: Kᵀ [Dk, Tp] and the scores of a row block [rows, Tp], f32 (the bf16
+ * tiles, iattr[16] = 2: see afb_task).
+ *
+ * One task per (batch, head, block of query rows): the block's scores against every key live
+ * in the thread's scratch, so the [Sq, T] matrix of all heads is never stored. Scores are
+ * Q·Kᵀ·scale (the operator scales Q and K by sqrt(scale) each; the results differ by
+ * rounding), accumulated in f32 by 4x16 register tiles written with vector types.
+ * ------------------------------------------------------------------------------------------- */
+
+#define AF_NC 16
+#define AF_NC_WIDE 32
+typedef float af_v8 __attribute__((vector_size(32), aligned(4)));
+/* The wide tiles' vectors: one zmm register where the target has 512-bit registers (the
+ * lowering picks them only there; elsewhere two 32-byte registers each, and the 4x32 tiles
+ * would spill). */
+typedef float af_v16 __attribute__((vector_size(64), aligned(4)));
+
+typedef struct {
+  const kiln_uk_args *a;
+  int64_t three_d, B, Hq, Hkv, Sq, T, Dk, Dv, causal, mask_kind, mstr[4], mlen, rows, Tp, blocks, wide;
+  float scale;
+} af_job;
+
+/* Macros, not functions: vector arguments would change the ABI of a non-inlined helper. */
+#define af_load(p) (*(const af_v8 *)(p))
+#define af_store(p, v) (*(af_v8 *)(p) = (v))
+
+/* The tiles keep their accumulators in named variables, not arrays: an array indexed by a
+ * row counter lives in memory, and every FMA then loads and stores its accumulator. */
+
+/* The register tiles, generated for each vector type V of H floats: PREFIX_scores4 and
+ * PREFIX_out4 cover 4 rows x 2H columns in eight accumulators, PREFIX_scores1 and PREFIX_out1
+ * one row. af_ (32-byte vectors, 16 columns) and afw_ (64-byte vectors, 32 columns) are the
+ * same code at two widths.
+ *
+ * scores: sc[r][j0..j0+2H) = scale * sum_d q_r[d] * kt[d][j0..];
+ * out:    y_r[d0..d0+2H) = sum_j p_r[j] * v_j[d0..], p_r the probability rows p, p + Tp, ... */
+#define AF_TILES(PREFIX, V, H)                                                                          \
+  static void PREFIX##scores4(const float *q0, const float *q1, const float *q2, const float *q3,        \
+                              const float *kt, int64_t Tp, int64_t Dk, int64_t j0, float *sc, float scale) { \
+    V a00 = {0}, a01 = {0}, a10 = {0}, a11 = {0}, a20 = {0}, a21 = {0}, a30 = {0}, a31 = {0};            \
+    for (int64_t d = 0; d < Dk; d++) {                                                                  \
+      V k0 = *(const V *)(kt + d * Tp + j0), k1 = *(const V *)(kt + d * Tp + j0 + H);                   \
+      float s0 = q0[d], s1 = q1[d], s2 = q2[d], s3 = q3[d];                                             \
+      a00 += k0 * s0, a01 += k1 * s0;                                                                   \
+      a10 += k0 * s1, a11 += k1 * s1;                                                                   \
+      a20 += k0 * s2, a21 += k1 * s2;                                                                   \
+      a30 += k0 * s3, a31 += k1 * s3;                                                                   \
+    }                                                                                                   \
+    *(V *)(sc + j0) = a00 * scale, *(V *)(sc + j0 + H) = a01 * scale;                                   \
+    *(V *)(sc + Tp + j0) = a10 * scale, *(V *)(sc + Tp + j0 + H) = a11 * scale;                         \
+    *(V *)(sc + 2 * Tp + j0) = a20 * scale, *(V *)(sc + 2 * Tp + j0 + H) = a21 * scale;                 \
+    *(V *)(sc + 3 * Tp + j0) = a30 * scale, *(V *)(sc + 3 * Tp + j0 + H) = a31 * scale;                 \
+  }                                                                                                     \
+  static void PREFIX##scores1(const float *q0, const float *kt, int64_t Tp, int64_t Dk, int64_t j0,      \
+                              float *sc, float scale) {                                                 \
+    V a00 = {0}, a01 = {0};                                                                             \
+    for (int64_t d = 0; d < Dk; d++) {                                                                  \
+      float s0 = q0[d];                                                                                 \
+      a00 += *(const V *)(kt + d * Tp + j0) * s0, a01 += *(const V *)(kt + d * Tp + j0 + H) * s0;       \
+    }                                                                                                   \
+    *(V *)(sc + j0) = a00 * scale, *(V *)(sc + j0 + H) = a01 * scale;                                   \
+  }                                                                                                     \
+  static void PREFIX##out4(const float *p, int64_t Tp, const float *v, int64_t vstride, int64_t T,       \
+                           int64_t d0, float *y0, float *y1, float *y2, float *y3) {                    \
+    V a00 = {0}, a01 = {0}, a10 = {0}, a11 = {0}, a20 = {0}, a21 = {0}, a30 = {0}, a31 = {0};            \
+    for (int64_t j = 0; j < T; j++) {                                                                   \
+      V v0 = *(const V *)(v + j * vstride + d0), v1 = *(const V *)(v + j * vstride + d0 + H);           \
+      float p0 = p[j], p1 = p[Tp + j], p2 = p[2 * Tp + j], p3 = p[3 * Tp + j];                          \
+      a00 += v0 * p0, a01 += v1 * p0;                                                                   \
+      a10 += v0 * p1, a11 += v1 * p1;                                                                   \
+      a20 += v0 * p2, a21 += v1 * p2;                                                                   \
+      a30 += v0 * p3, a31 += v1 * p3;                                                                   \
+    }                                                                                                   \
+    *(V *)(y0 + d0) = a00, *(V *)(y0 + d0 + H) = a01;                                                   \
+    *(V *)(y1 + d0) = a10, *(V *)(y1 + d0 + H) = a11;                                                   \
+    *(V *)(y2 + d0) = a20, *(V *)(y2 + d0 + H) = a21;                                                   \
+    *(V *)(y3 + d0) = a30, *(V *)(y3 + d0 + H) = a31;                                                   \
+  }                                                                                                     \
+  static void PREFIX##out1(const float *p, const float *v, int64_t vstride, int64_t T, int64_t d0,      \
+                           float *y0) {                                                                 \
+    V a00 = {0}, a01 = {0};                                                                             \
+    for (int64_t j = 0; j < T; j++) {                                                                   \
+      float p0 = p[j];                                                                                  \
+      a00 += *(const V *)(v + j * vstride + d0) * p0, a01 += *(const V *)(v + j * vstride + d0 + H) * p0; \
+    }                                                                                                   \
+    *(V *)(y0 + d0) = a00, *(V *)(y0 + d0 + H) = a01;                                                   \
+  }
+
+AF_TILES(af_, af_v8, 8)
+AF_TILES(afw_, af_v16, 16)
+
+#if defined(__x86_64__)
+/* bf16 tiles (iattr[16] = 2; chosen for targets with avx512_bf16 when Q, K and V hold bf16
+ * values, as the bf16 autocast leaves them): both products run on vdpbf16ps, which multiplies
+ * pairs of bf16 values and accumulates in f32. Kᵀ is packed as pairs along d ([ceil(Dk/2)][Tp]
+ * words holding k[j][2dp] low, k[j][2dp+1] high), V as pairs along the keys ([Tp/2][Dv]), the
+ * probabilities as pairs along the keys, rounded to nearest even (Q, K and V are exact in bf16;
+ * the probabilities are the one rounding these tiles add). 4 rows x 32 columns as the wide f32
+ * tiles. The target attribute compiles these functions for avx512_bf16 only; the lowering
+ * calls them only on such targets. */
+typedef __bf16 afb_bh32 __attribute__((vector_size(64)));
+typedef uint32_t afb_u16 __attribute__((vector_size(64), aligned(4)));
+#define AFB_TARGET __attribute__((target("avx512f,avx512bf16,evex512")))
+#define afb_dot(acc, pairs, bcast) __builtin_ia32_dpbf16ps_512((acc), (afb_bh32)(pairs), (afb_bh32)(bcast))
+
+/* The bf16 pair of two bf16-valued floats (truncation is exact for them). */
+static inline uint32_t afb_pair(float lo, float hi) {
+  uint32_t l, h;
+  __builtin_memcpy(&l, &lo, 4);
+  __builtin_memcpy(&h, &hi, 4);
+  return (l >> 16) | (h & 0xffff0000u);
+}
+
+/* f32 to bf16 bits, rounded to nearest even (finite values). */
+static inline uint32_t afb_round(float x) {
+  uint32_t b;
+  __builtin_memcpy(&b, &x, 4);
+  return (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
+}
+
+AFB_TARGET static void afb_scores4(const uint32_t *q0, const uint32_t *q1, const uint32_t *q2,
+                                   const uint32_t *q3, const uint32_t *ktp, int64_t Tp, int64_t Dk2,
+                                   int64_t j0, float *sc, float scale) {
+  af_v16 a00 = {0}, a01 = {0}, a10 = {0}, a11 = {0}, a20 = {0}, a21 = {0}, a30 = {0}, a31 = {0};
+  for (int64_t d = 0; d < Dk2; d++) {
+    afb_u16 k0 = *(const afb_u16 *)(ktp + d * Tp + j0), k1 = *(const afb_u16 *)(ktp + d * Tp + j0 + 16);
+    afb_u16 s0 = q0[d] + (afb_u16){0}, s1 = q1[d] + (afb_u16){0}, s2 = q2[d] + (afb_u16){0},
+            s3 = q3[d] + (afb_u16){0};
+    a00 = afb_dot(a00, k0, s0), a01 = afb_dot(a01, k1, s0);
+    a10 = afb_dot(a10, k0, s1), a11 = afb_dot(a11, k1, s1);
+    a20 = afb_dot(a20, k0, s2), a21 = afb_dot(a21, k1, s2);
+    a30 = afb_dot(a30, k0, s3), a31 = afb_dot(a31, k1, s3);
+  }
+  *(af_v16 *)(sc + j0) = a00 * scale, *(af_v16 *)(sc + j0 + 16) = a01 * scale;
+  *(af_v16 *)(sc + Tp + j0) = a10 * scale, *(af_v16 *)(sc + Tp + j0 + 16) = a11 * scale;
+  *(af_v16 *)(sc + 2 * Tp + j0) = a20 * scale, *(af_v16 *)(sc + 2 * Tp + j0 + 16) = a21 * scale;
+  *(af_v16 *)(sc + 3 * Tp + j0) = a30 * scale, *(af_v16 *)(sc + 3 * Tp + j0 + 16) = a31 * scale;
+}
+
+AFB_TARGET static void afb_scores1(const uint32_t *q0, const uint32_t *ktp, int64_t Tp, int64_t Dk2,
+                                   int64_t j0, float *sc, float scale) {
+  af_v16 a00 = {0}, a01 = {0};
+  for (int64_t d = 0; d < Dk2; d++) {
+    afb_u16 s0 = q0[d] + (afb_u16){0};
+    a00 = afb_dot(a00, *(const afb_u16 *)(ktp + d * Tp + j0), s0);
+    a01 = afb_dot(a01, *(const afb_u16 *)(ktp + d * Tp + j0 + 16), s0);
+  }
+  *(af_v16 *)(sc + j0) = a00 * scale, *(af_v16 *)(sc + j0 + 16) = a01 * scale;
+}
+
+/* y_r[d0..d0+32) = sum over key pairs jp of pp_r[jp] · vp[jp][d0..]: pp the probability pair
+ * rows (Tp/2 words apart), vp the value pairs (Dv words a row). */
+AFB_TARGET static void afb_out4(const uint32_t *pp, int64_t Tp2, const uint32_t *vp, int64_t Dv, int64_t T2,
+                                int64_t d0, float *y0, float *y1, float *y2, float *y3) {
+  af_v16 a00 = {0}, a01 = {0}, a10 = {0}, a11 = {0}, a20 = {0}, a21 = {0}, a30 = {0}, a31 = {0};
+  for (int64_t j = 0; j < T2; j++) {
+    afb_u16 v0 = *(const afb_u16 *)(vp + j * Dv + d0), v1 = *(const afb_u16 *)(vp + j * Dv + d0 + 16);
+    afb_u16 p0 = pp[j] + (afb_u16){0}, p1 = pp[Tp2 + j] + (afb_u16){0}, p2 = pp[2 * Tp2 + j] + (afb_u16){0},
+            p3 = pp[3 * Tp2 + j] + (afb_u16){0};
+    a00 = afb_dot(a00, v0, p0), a01 = afb_dot(a01, v1, p0);
+    a10 = afb_dot(a10, v0, p1), a11 = afb_dot(a11, v1, p1);
+    a20 = afb_dot(a20, v0, p2), a21 = afb_dot(a21, v1, p2);
+    a30 = afb_dot(a30, v0, p3), a31 = afb_dot(a31, v1, p3);
+  }
+  *(af_v16 *)(y0 + d0) = a00, *(af_v16 *)(y0 + d0 + 16) = a01;
+  *(af_v16 *)(y1 + d0) = a10, *(af_v16 *)(y1 + d0 + 16) = a11;
+  *(af_v16 *)(y2 + d0) = a20, *(af_v16 *)(y2 + d0 + 16) = a21;
+  *(af_v16 *)(y3 + d0) = a30, *(af_v16 *)(y3 + d0 + 16) = a31;
+}
+
+AFB_TARGET static void afb_out1(const uint32_t *pp, const uint32_t *vp, int64_t Dv, int64_t T2, int64_t d0,
+                                float *y0) {
+  af_v16 a00 = {0}, a01 = {0};
+  for (int64_t j = 0; j < T2; j++) {
+    afb_u16 p0 = pp[j] + (afb_u16){0};
+    a00 = afb_dot(a00, *(const afb_u16 *)(vp + j * Dv + d0), p0);
+    a01 = afb_dot(a01, *(const afb_u16 *)(vp + j * Dv + d0 + 16), p0);
+  }
+  *(af_v16 *)(y0 + d0) = a00, *(af_v16 *)(y0 + d0 + 16) = a01;
+}
+#endif
+
+/* Softmax of row[0..T) in place; row has Tp (a multiple of 8) floats and row[T..Tp) may hold
+ * anything. The maximum and the sum run on 8 lanes (the order of the additions differs from a
+ * serial sum by rounding only); exp runs in its own loop, which LLVM vectorises. Returns 0 when
+ * every entry is -inf (a fully masked row), leaving the row for the caller to clear. */
+static int af_softmax_row(float *row, int64_t T, int64_t Tp) {
+  float ninf = -__builtin_inff();
+  for (int64_t t = T; t < Tp; t++) row[t] = ninf;
+  af_v8 vmx = {ninf, ninf, ninf, ninf, ninf, ninf, ninf, ninf};
+  for (int64_t t = 0; t < Tp; t += 8) vmx = __builtin_elementwise_max(vmx, af_load(row + t));
+  float mx = ninf;
+  for (int l = 0; l < 8; l++) mx = vmx[l] > mx ? vmx[l] : mx;
+  if (mx == ninf) return 0;
+  for (int64_t t = 0; t < T; t++) row[t] = kiln_expf(row[t] - mx);
+  for (int64_t t = T; t < Tp; t++) row[t] = 0;
+  af_v8 vsum = {0};
+  for (int64_t t = 0; t < Tp; t += 8) vsum += af_load(row + t);
+  float sum = 0;
+  for (int l = 0; l < 8; l++) sum += vsum[l];
+  float inv = 1.0f / sum;
+  for (int64_t t = 0; t < T; t++) row[t] *= inv;
+  return 1;
+}
+
+/* Where a task's operands lie: its (batch, head), query rows [i0, i0 + nrows), and the first
+ * query row, key, value and output row with their row strides. */
+typedef struct {
+  int64_t b, h, i0, nrows, qs, ks, vs, ys;
+  const float *q0, *k0, *v0;
+  float *y0;
+} af_place;
+
+static af_place af_locate(const af_job *j, int64_t task) {
+  const kiln_uk_args *a = j->a;
+  af_place p;
+  int64_t bh = task / j->blocks;
+  p.i0 = (task % j->blocks) * j->rows;
+  p.b = bh / j->Hq, p.h = bh % j->Hq;
+  int64_t hk = p.h / (j->Hq / j->Hkv), T = j->T, Dk = j->Dk, Dv = j->Dv;
+  p.nrows = imin(j->rows, j->Sq - p.i0);
+  const float *Q = a->in[0].data, *K = a->in[1].data, *V = a->in[2].data;
+  float *Y = a->out[0].data;
+  if (j->three_d) {
+    p.qs = j->Hq * Dk, p.ks = j->Hkv * Dk, p.vs = j->Hkv * Dv, p.ys = j->Hq * Dv;
+    p.q0 = Q + p.b * j->Sq * p.qs + p.h * Dk;
+    p.k0 = K + p.b * T * p.ks + hk * Dk;
+    p.v0 = V + p.b * T * p.vs + hk * Dv;
+    p.y0 = Y + p.b * j->Sq * p.ys + p.h * Dv;
+  } else {
+    p.qs = Dk, p.ks = Dk, p.vs = Dv, p.ys = Dv;
+    p.q0 = Q + bh * j->Sq * Dk;
+    p.k0 = K + (p.b * j->Hkv + hk) * T * Dk;
+    p.v0 = V + (p.b * j->Hkv + hk) * T * Dv;
+    p.y0 = Y + bh * j->Sq * Dv;
+  }
+  return p;
+}
+
+/* Mask and softmax of the block's score rows (Tp apart in sc); a row with every key masked
+ * gives zeros, as the reference. */
+static void af_mask_softmax(const af_job *j, const af_place *p, float *sc) {
+  const kiln_uk_args *a = j->a;
+  const kiln_tensor *m = j->mask_kind != MASK_NONE ? &a->in[3] : NULL;
+  int64_t T = j->T, Tp = j->Tp;
+  float ninf = -__builtin_inff();
+  for (int64_t r = 0; r < p->nrows; r++) {
+    int64_t i = p->i0 + r;
+    float *row = sc + r * Tp;
+    if (m) {
+      int64_t mo = p->b * j->mstr[0] + p->h * j->mstr[1] + i * j->mstr[2];
+      if (j->mask_kind == MASK_BOOL) {
+        const uint8_t *mb = (const uint8_t *)m->data + mo;
+        for (int64_t t = 0; t < j->mlen; t++) row[t] = mb[t * j->mstr[3]] ? row[t] : ninf;
+      } else {
+        const float *mf = (const float *)m->data + mo;
+        for (int64_t t = 0; t < j->mlen; t++) row[t] += mf[t * j->mstr[3]];
+      }
+      for (int64_t t = j->mlen; t < T; t++) row[t] = ninf;
+    }
+    if (j->causal)
+      for (int64_t t = i + 1; t < T; t++) row[t] = ninf;
+    if (!af_softmax_row(row, T, Tp))
+      for (int64_t t = 0; t < Tp; t++) row[t] = 0;
+  }
+}
+
+static void af_task(void *data, int64_t task, int64_t tid) {
+  const af_job *j = data;
+  const kiln_uk_args *a = j->a;
+  af_place p = af_locate(j, task);
+  int64_t i0 = p.i0, nrows = p.nrows, T = j->T, Tp = j->Tp, Dk = j->Dk, Dv = j->Dv;
+  int64_t qs = p.qs, ks = p.ks, vs = p.vs, ys = p.ys;
+  const float *q0 = p.q0, *k0 = p.k0, *v0 = p.v0;
+  float *y0 = p.y0;
+  float *kt = kiln_rt_thread_scratch(a->ctx, tid);
+  float *sc = kt + Dk * Tp;
+  for (int64_t t = 0; t < T; t++)
+    for (int64_t d = 0; d < Dk; d++) kt[d * Tp + t] = k0[t * ks + d];
+  for (int64_t d = 0; d < Dk; d++)
+    for (int64_t t = T; t < Tp; t++) kt[d * Tp + t] = 0;
+  /* Scores. */
+  int64_t r4 = nrows / 4 * 4;
+  /* Tp is a multiple of the tile width. */
+  for (int64_t r = 0; r < r4; r += 4) {
+    const float *q = q0 + (i0 + r) * qs;
+    if (j->wide)
+      for (int64_t jj = 0; jj < Tp; jj += AF_NC_WIDE)
+        afw_scores4(q, q + qs, q + 2 * qs, q + 3 * qs, kt, Tp, Dk, jj, sc + r * Tp, j->scale);
+    else
+      for (int64_t jj = 0; jj < Tp; jj += AF_NC)
+        af_scores4(q, q + qs, q + 2 * qs, q + 3 * qs, kt, Tp, Dk, jj, sc + r * Tp, j->scale);
+  }
+  for (int64_t r = r4; r < nrows; r++) {
+    const float *q = q0 + (i0 + r) * qs;
+    if (j->wide)
+      for (int64_t jj = 0; jj < Tp; jj += AF_NC_WIDE) afw_scores1(q, kt, Tp, Dk, jj, sc + r * Tp, j->scale);
+    else
+      for (int64_t jj = 0; jj < Tp; jj += AF_NC) af_scores1(q, kt, Tp, Dk, jj, sc + r * Tp, j->scale);
+  }
+  af_mask_softmax(j, &p, sc);
+  /* Output rows: wide tiles of 32 columns (when chosen), tiles of 16, then the remaining
+   * columns one by one. */
+  int64_t dv32 = j->wide ? Dv / AF_NC_WIDE * AF_NC_WIDE : 0, dv16 = Dv / AF_NC * AF_NC;
+  for (int64_t r = 0; r < r4; r += 4) {
+    float *y = y0 + (i0 + r) * ys;
+    for (int64_t d = 0; d < dv32; d += AF_NC_WIDE)
+      afw_out4(sc + r * Tp, Tp, v0, vs, T, d, y, y + ys, y + 2 * ys, y + 3 * ys);
+    for (int64_t d = dv32; d < dv16; d += AF_NC) af_out4(sc + r * Tp, Tp, v0, vs, T, d, y, y + ys, y + 2 * ys, y + 3 * ys);
+  }
+  for (int64_t r = r4; r < nrows; r++) {
+    for (int64_t d = 0; d < dv32; d += AF_NC_WIDE) afw_out1(sc + r * Tp, v0, vs, T, d, y0 + (i0 + r) * ys);
+    for (int64_t d = dv32; d < dv16; d += AF_NC) af_out1(sc + r * Tp, v0, vs, T, d, y0 + (i0 + r) * ys);
+  }
+  for (int64_t r = 0; r < nrows; r++)
+    for (int64_t d = dv16; d < Dv; d++) {
+      float acc = 0;
+      for (int64_t t = 0; t < T; t++) acc += sc[r * Tp + t] * v0[t * vs + d];
+      y0[(i0 + r) * ys + d] = acc;
+    }
+}
+
+#if defined(__x86_64__)
+/* The bf16 tiles' task. Thread scratch, in order: Kᵀ pairs [ceil(Dk/2)][Tp], the scores
+ * [rows][Tp] (f32), V pairs [Tp/2][Dv], probability pairs [rows][Tp/2], Q pairs
+ * [rows][ceil(Dk/2)] (words). Keys past T pair with zeros. */
+static void afb_task(void *data, int64_t task, int64_t tid) {
+  const af_job *j = data;
+  af_place p = af_locate(j, task);
+  int64_t i0 = p.i0, nrows = p.nrows, T = j->T, Tp = j->Tp, Dk = j->Dk, Dv = j->Dv;
+  int64_t Dk2 = (Dk + 1) / 2, Tp2 = Tp / 2, T2 = (T + 1) / 2;
+  uint32_t *ktp = kiln_rt_thread_scratch(j->a->ctx, tid);
+  float *sc = (float *)(ktp + Dk2 * Tp);
+  uint32_t *vp = (uint32_t *)(sc + j->rows * Tp);
+  uint32_t *pp = vp + Tp2 * Dv;
+  uint32_t *qp = pp + j->rows * Tp2;
+  for (int64_t t = 0; t < Tp; t++)
+    for (int64_t d = 0; d < Dk2; d++) {
+      const float *k = p.k0 + t * p.ks;
+      ktp[d * Tp + t] = t < T ? afb_pair(k[2 * d], 2 * d + 1 < Dk ? k[2 * d + 1] : 0.0f) : 0;
+    }
+  for (int64_t jp = 0; jp < Tp2; jp++)
+    for (int64_t d = 0; d < Dv; d++) {
+      float lo = 2 * jp < T ? p.v0[2 * jp * p.vs + d] : 0.0f;
+      float hi = 2 * jp + 1 < T ? p.v0[(2 * jp + 1) * p.vs + d] : 0.0f;
+      vp[jp * Dv + d] = afb_pair(lo, hi);
+    }
+  for (int64_t r = 0; r < nrows; r++) {
+    const float *q = p.q0 + (i0 + r) * p.qs;
+    for (int64_t d = 0; d < Dk2; d++) qp[r * Dk2 + d] = afb_pair(q[2 * d], 2 * d + 1 < Dk ? q[2 * d + 1] : 0.0f);
+  }
+  int64_t r4 = nrows / 4 * 4;
+  for (int64_t r = 0; r < r4; r += 4) {
+    const uint32_t *q = qp + r * Dk2;
+    for (int64_t jj = 0; jj < Tp; jj += AF_NC_WIDE)
+      afb_scores4(q, q + Dk2, q + 2 * Dk2, q + 3 * Dk2, ktp, Tp, Dk2, jj, sc + r * Tp, j->scale);
+  }
+  for (int64_t r = r4; r < nrows; r++)
+    for (int64_t jj = 0; jj < Tp; jj += AF_NC_WIDE) afb_scores1(qp + r * Dk2, ktp, Tp, Dk2, jj, sc + r * Tp, j->scale);
+  af_mask_softmax(j, &p, sc);
+  for (int64_t r = 0; r < nrows; r++)
+    for (int64_t jp = 0; jp < Tp2; jp++)
+      pp[r * Tp2 + jp] = afb_round(sc[r * Tp + 2 * jp]) | afb_round(sc[r * Tp + 2 * jp + 1]) << 16;
+  int64_t dv32 = Dv / AF_NC_WIDE * AF_NC_WIDE, ys = p.ys;
+  for (int64_t r = 0; r < r4; r += 4) {
+    float *y = p.y0 + (i0 + r) * ys;
+    for (int64_t d = 0; d < dv32; d += AF_NC_WIDE)
+      afb_out4(pp + r * Tp2, Tp2, vp, Dv, T2, d, y, y + ys, y + 2 * ys, y + 3 * ys);
+  }
+  for (int64_t r = r4; r < nrows; r++)
+    for (int64_t d = 0; d < dv32; d += AF_NC_WIDE) afb_out1(pp + r * Tp2, vp, Dv, T2, d, p.y0 + (i0 + r) * ys);
+  /* The columns past the last tile: the same pairs, one column at a time. */
+  for (int64_t r = 0; r < nrows; r++)
+    for (int64_t d = dv32; d < Dv; d++) {
+      float acc = 0;
+      for (int64_t jp = 0; jp < T2; jp++) {
+        uint32_t pw = pp[r * Tp2 + jp], vw = vp[jp * Dv + d];
+        uint32_t plo = pw << 16, phi = pw & 0xffff0000u, vlo = vw << 16, vhi = vw & 0xffff0000u;
+        float fpl, fph, fvl, fvh;
+        __builtin_memcpy(&fpl, &plo, 4), __builtin_memcpy(&fph, &phi, 4);
+        __builtin_memcpy(&fvl, &vlo, 4), __builtin_memcpy(&fvh, &vhi, 4);
+        acc += fpl * fvl + fph * fvh;
+      }
+      p.y0[(i0 + r) * ys + d] = acc;
+    }
+}
+#endif
+
+int32_t kiln_uk_attention_f32(const kiln_uk_args *a) {
+  const int64_t *ia = a->iattr;
+  af_job j;
+  j.a = a;
+  j.three_d = ia[0];
+  j.B = ia[1];
+  j.Hq = ia[2];
+  j.Hkv = ia[3];
+  j.Sq = ia[4];
+  j.T = ia[5];
+  j.Dk = ia[6];
+  j.Dv = ia[7];
+  j.causal = ia[8];
+  j.mask_kind = ia[9];
+  int64_t acc = 1;
+  for (int ax = 3; ax >= 0; ax--) {
+    int64_t n = ia[10 + ax];
+    j.mstr[ax] = (n == 1 && ax < 3) ? 0 : acc;
+    acc *= n;
+  }
+  j.mlen = ia[13];
+  j.rows = ia[14];
+  j.Tp = ia[15];
+  j.wide = ia[16];
+  j.blocks = (j.Sq + j.rows - 1) / j.rows;
+  j.scale = (float)a->fattr[0];
+#if defined(__x86_64__)
+  if (j.wide == 2) {
+    kiln_rt_parallel_for(a->ctx, afb_task, &j, j.B * j.Hq * j.blocks);
+    return KILN_UK_OK;
+  }
+#endif
+  kiln_rt_parallel_for(a->ctx, af_task, &j, j.B * j.Hq * j.blocks);
+  return KILN_UK_OK;
+}
