@@ -41,6 +41,10 @@ pub fn supported(arch: Arch) -> bool {
     machine(arch).is_some()
 }
 
+/// Where the data starts: right after the ELF header, which is exactly one alignment unit.
+const DATA_OFFSET: u64 = EHDR;
+const _: () = assert!(DATA_OFFSET.is_multiple_of(ALIGN));
+
 /// Where the parts of the object lie, from the size of the data.
 struct Layout {
     data_len: u64,
@@ -52,7 +56,7 @@ struct Layout {
 }
 
 fn layout(symbol: &str, data_len: u64) -> Layout {
-    let data_end = EHDR.next_multiple_of(ALIGN) + data_len;
+    let data_end = DATA_OFFSET + data_len;
     let symtab = data_end.next_multiple_of(8);
     let strtab = symtab + 2 * SYM;
     let shstrtab = strtab + symbol.len() as u64 + 2;
@@ -66,16 +70,6 @@ fn layout(symbol: &str, data_len: u64) -> Layout {
         total: shdrs + 6 * SHDR,
     }
 }
-
-/// The object's size in bytes for `data_len` bytes of weights.
-#[cfg(test)]
-fn object_len(symbol: &str, data_len: usize) -> u64 {
-    layout(symbol, data_len.max(1) as u64).total
-}
-
-/// Where the data starts: right after the ELF header, which is exactly one alignment unit.
-const DATA_OFFSET: u64 = EHDR;
-const _: () = assert!(DATA_OFFSET.is_multiple_of(ALIGN));
 
 /// Writes the object defining `symbol` as `data` (at least one byte: an empty model still has
 /// a symbol to point at).
@@ -312,11 +306,11 @@ mod tests {
     fn the_weights_lie_aligned_and_the_size_is_known_up_front() {
         let data: Vec<u8> = (0..1000u32).map(|i| i as u8).collect();
         let o = object(&data);
-        assert_eq!(o.len() as u64, object_len("m_kiln_weights", data.len()));
+        assert_eq!(o.len() as u64, layout("m_kiln_weights", data.len() as u64).total);
         assert_eq!(&o[..4], b"\x7fELF");
         assert_eq!(&o[64..64 + 1000], &data[..]);
         // An empty blob still defines one byte.
-        assert_eq!(object(&[]).len() as u64, object_len("m_kiln_weights", 0));
+        assert_eq!(object(&[]).len() as u64, layout("m_kiln_weights", 1).total);
     }
 
     /// The system's tools read the object: `nm` sees the hidden global of the right size.

@@ -448,11 +448,14 @@ impl<'p> Session<'p> {
     /// kernel target: the kernels, the fusion groups, the memory.
     pub fn plan(&self, lowered: &Graph) -> Result<Plan> {
         let target = self.target()?;
-        Ok(kiln_codegen::plan::build_with(
+        let kernel_target = self.kernel_target()?;
+        let plan = kiln_codegen::plan::build_with(
             lowered,
-            &self.kernel_target()?,
+            &kernel_target,
             &self.plan_options(self.target_needs(&target), false),
-        )?)
+        )?;
+        save_tuning(&kernel_target)?;
+        Ok(plan)
     }
 
     /// Generates, links and writes the artifact of an optimized graph for the single target
@@ -460,12 +463,9 @@ impl<'p> Session<'p> {
     pub fn emit(&mut self, graph: &Graph, out: &Path) -> Result<Summary> {
         self.check_target_options()?;
         let copts = self.codegen_options(self.target()?, true)?;
-        Ok(kiln_codegen::compile(
-            graph,
-            &copts,
-            out,
-            &mut Forward(&mut *self.progress),
-        )?)
+        let summary = kiln_codegen::compile(graph, &copts, out, &mut Forward(&mut *self.progress))?;
+        save_tuning(&copts.target)?;
+        Ok(summary)
     }
 
     /// Compiles the model to the artifact the options ask for: import, passes, plan, emit,
@@ -544,7 +544,6 @@ impl<'p> Session<'p> {
                 std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
             }
         }
-        let tuner = targets.main.tuning.clone();
         let copts = self.codegen_options_named(name.clone(), targets.main, true)?;
         let variants: Vec<kiln_codegen::Variant> = targets
             .variants
@@ -570,16 +569,7 @@ impl<'p> Session<'p> {
             (false, true) => kiln_codegen::compile_portable(&variants, &copts, &out, &mut progress),
         }
         .with_context(|| format!("{}", source.path.display()))?;
-        let tuning = match tuner {
-            Some(t) => {
-                t.0.save()?;
-                Some(Tuning {
-                    stats: t.0.stats(),
-                    cache: t.0.cache_path().map(Path::to_path_buf),
-                })
-            }
-            None => None,
-        };
+        let tuning = save_tuning(&copts.target)?;
         // The plan passes after the graph passes; they leave the graph as it is and say what
         // they did to the kernels in their summary.
         let mut pass_stats = pass_stats;
@@ -627,6 +617,17 @@ impl<'p> Session<'p> {
             tuning,
         })
     }
+}
+
+/// Saves what `--mode max-autotune` measured while `target`'s kernels were planned (wherever
+/// a session plans: a compile, `emit`, `plan`), and says what it did; None without tuning.
+fn save_tuning(target: &TargetDesc) -> Result<Option<Tuning>> {
+    let Some(t) = &target.tuning else { return Ok(None) };
+    t.0.save()?;
+    Ok(Some(Tuning {
+        stats: t.0.stats(),
+        cache: t.0.cache_path().map(Path::to_path_buf),
+    }))
 }
 
 /// A copy of `options` with `pass` disabled too (for bisecting which pass changes a result).
@@ -715,6 +716,25 @@ mod tests {
         );
         // A file called model.onnx is named after its folder.
         assert_eq!(fixture("conv_basic").default_name(), "conv_basic");
+    }
+
+    /// A session that plans outside a whole compilation (`optimize` then `plan` or `emit`, as
+    /// a library user or the test suites do) keeps what max-autotune measured in its cache.
+    #[test]
+    fn tuning_outside_a_compile_is_saved_too() {
+        let dir = std::env::temp_dir().join(format!("kiln-driver-tuning-{}", std::process::id()));
+        let cache = dir.join("autotune.json");
+        let mut session = Session::new(Options {
+            mode: CompileMode::MaxAutotune,
+            autotune_cache: Some(cache.clone()),
+            ..Options::default()
+        });
+        let mut graph = session.import(&fixture("matmul_2d")).unwrap();
+        session.optimize(&mut graph).unwrap();
+        session.plan(&graph).unwrap();
+        let text = std::fs::read_to_string(&cache);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(text.unwrap().contains("\"kiln_autotune\": 1"));
     }
 
     #[test]
