@@ -336,7 +336,10 @@ pub fn find_chains(graph: &Graph, cpu: bool) -> Vec<Chain> {
     // A node joins at most one chain (an Add of two convolutions could join either).
     let mut claimed = HashSet::new();
     for (id, node) in graph.node_ids().zip(graph.nodes()) {
-        let is_matmul = matches!(node.op, Op::MatMul);
+        // A product of block-quantized weights is a MatMul to its epilogue (CPU only: GPU
+        // targets never see one, `dequantize-weights`).
+        let is_matmul = matches!(node.op, Op::MatMul)
+            || (cpu && matches!(node.op, Op::Quant(QuantOp::BlockQuantizedMatMul { .. })));
         // Integer products fuse on the CPU only, which has their kernels.
         let integer = cpu
             && match &node.op {

@@ -61,7 +61,9 @@ pub fn generators(op: &Op) -> Generators {
     use GpuGenerator as G;
     let (gpu, cpu): (&'static [GpuGenerator], &'static [CpuGenerator]) = match op {
         Op::MatMul | Op::Gemm { .. } | Op::Conv(_) => (&[G::Gemm], &[C::Products]),
-        Op::Quant(QuantOp::MatMulInteger | QuantOp::ConvInteger(_)) => (&[], &[C::Products]),
+        Op::Quant(
+            QuantOp::MatMulInteger | QuantOp::ConvInteger(_) | QuantOp::BlockQuantizedMatMul { .. },
+        ) => (&[], &[C::Products]),
         Op::Quant(QuantOp::QuantizeLinear { .. } | QuantOp::DequantizeLinear { .. }) => {
             (&[G::Elementwise], &[C::ElementwiseLoop])
         }

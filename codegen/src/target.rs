@@ -283,6 +283,7 @@ impl TargetDesc {
         TargetNeeds {
             products_round_operands: !self.is_gpu() && self.has_bf16_pair_kernels(),
             integer_products: !self.is_gpu() && self.has_int8_dot_kernels(),
+            dequantize_weights: self.is_gpu(),
         }
     }
 
@@ -475,4 +476,8 @@ pub struct TargetNeeds {
     /// The product kernels compute u8×s8 products (`vpdpbusd`): the optimizer turns a QDQ
     /// model's convolutions and matrix products into integer ones (`integer-products`).
     pub integer_products: bool,
+    /// The products do not read block-quantized weights (BlockQuantizedMatMul), which the CPU
+    /// GEMM reads as nibbles on every ISA: GPU targets. `dequantize-weights` then makes them
+    /// float products.
+    pub dequantize_weights: bool,
 }

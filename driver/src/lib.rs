@@ -184,7 +184,10 @@ impl<'p> Session<'p> {
     pub fn target_needs(&self, t: &TargetDesc) -> TargetNeeds {
         match self.options.target {
             Target::Cpu => t.needs(),
-            Target::Cuda => TargetNeeds::default(),
+            Target::Cuda => TargetNeeds {
+                dequantize_weights: true,
+                ..TargetNeeds::default()
+            },
         }
     }
 
@@ -195,6 +198,7 @@ impl<'p> Session<'p> {
             precision: self.options.precision,
             products_round_operands: needs.products_round_operands,
             integer_products: needs.integer_products,
+            dequantize_weights: needs.dequantize_weights,
         }
     }
 

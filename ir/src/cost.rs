@@ -23,7 +23,7 @@ pub fn node_flops(g: &Graph, node: &Node) -> u64 {
             .unwrap_or(0)
     };
     match &node.op {
-        Op::MatMul | Op::Quant(QuantOp::MatMulInteger) => {
+        Op::MatMul | Op::Quant(QuantOp::MatMulInteger | QuantOp::BlockQuantizedMatMul { .. }) => {
             // out = [..., M, N]; K = last dim of A.
             let k = in_shape(0).and_then(|s| s.last().copied()).unwrap_or(0) as u64;
             2 * out_elems(0) * k

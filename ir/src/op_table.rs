@@ -257,6 +257,11 @@ impl Op {
             Op::Quant(q @ (QuantOp::QuantizeLinear { .. } | QuantOp::DequantizeLinear { .. })) => {
                 OpInfo::new(q.name(), F::Quant).layout(LayoutRole::Carry)
             }
+            // Its weights are integers the kernel dequantizes; A stays f32 (the bf16 pair
+            // kernels read float weights).
+            Op::Quant(q @ QuantOp::BlockQuantizedMatMul { .. }) => {
+                OpInfo::new(q.name(), F::Quant).autocast(Never)
+            }
             Op::Quant(q) => OpInfo::new(q.name(), F::Quant),
             Op::Vision(v) => OpInfo::new(v.name(), F::Vision),
             Op::Signal(s) => OpInfo::new(s.name(), F::Signal),

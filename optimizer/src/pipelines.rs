@@ -1,7 +1,7 @@
 //! Pipelines: which passes run, in which order, for each target.
 //!
 //! A pipeline is a plain function of the user's options. The order follows the design:
-//! integer-products → freeze → fake-quantize → channels-last → fuse → bf16 autocast → lower-control-flow; the
+//! dequantize-weights → integer-products → freeze → fake-quantize → channels-last → fuse → bf16 autocast → lower-control-flow; the
 //! manager verifies after every pass.
 //! The integer convolutions are found before freezing, which would fold the weights'
 //! DequantizeLinear into float weights.
@@ -55,11 +55,16 @@ pub struct PipelineOptions {
     /// integers (`integer-products`). Elsewhere they stay float, where the f32 kernels (Winograd
     /// included) are faster than an integer product without those instructions.
     pub integer_products: bool,
+    /// The target's product kernels do not read block-quantized weights (codegen's
+    /// `TargetNeeds::dequantize_weights`: GPU targets; the CPU GEMM reads them as nibbles):
+    /// `dequantize-weights` makes every BlockQuantizedMatMul a float product first.
+    pub dequantize_weights: bool,
 }
 
 /// Every pass a pipeline may run, in pipeline order (for `--disable-pass`/`--print-after`
 /// validation: a pass the options leave out is still a valid name).
 pub const PASS_NAMES: &[&str] = &[
+    passes::dequantize_weights::NAME,
     passes::integer_products::NAME,
     "freeze",
     passes::fake_quantize::NAME,
@@ -73,10 +78,14 @@ pub const PASS_NAMES: &[&str] = &[
 /// Kernel grouping is codegen's `fuse-kernels` plan pass, switched on its own.
 pub const FUSE_PASS: &str = "fuse";
 
-/// The CPU pipeline: integer-products (targets with integer products) → freeze → fake-quantize → channels-last (NHWC only) → fuse → bf16 autocast
+/// The CPU pipeline: dequantize-weights (targets without block-quantized products: GPUs) →
+/// integer-products (targets with integer products) → freeze → fake-quantize → channels-last (NHWC only) → fuse → bf16 autocast
 /// (bf16 only) → lower-control-flow.
 pub fn cpu(opts: &PipelineOptions) -> PassManager {
     let mut pm = PassManager::new();
+    if opts.dequantize_weights {
+        pm = pm.with(passes::dequantize_weights::DequantizeWeights);
+    }
     if opts.integer_products {
         pm = pm.with(passes::integer_products::IntegerProducts);
     }

@@ -20,6 +20,8 @@ pub mod products;
 mod testing;
 #[cfg(test)]
 mod testing_int8;
+#[cfg(test)]
+mod testing_nibbles;
 pub(crate) mod vmath;
 pub mod winograd;
 

@@ -1,5 +1,5 @@
 //! The generator of product nodes (MatMul, Gemm, Conv; MatMulInteger and ConvInteger on integer
-//! dot products)
+//! dot products; BlockQuantizedMatMul on nibbles)
 //! for the CPU: checks their types and hands each, with its epilogue, to the GEMM kernel or the
 //! convolution dispatcher (`conv`).
 
@@ -37,9 +37,11 @@ fn node_bias(node: &NodeInfo) -> Result<Option<Epilogue>> {
             }
         }
         // The integer products' own epilogue stores their i32 sums.
-        Op::MatMul | Op::Gemm { .. } | Op::Quant(QuantOp::MatMulInteger | QuantOp::ConvInteger(_)) => {
-            Ok(Some(Epilogue::default()))
-        }
+        Op::MatMul
+        | Op::Gemm { .. }
+        | Op::Quant(
+            QuantOp::MatMulInteger | QuantOp::ConvInteger(_) | QuantOp::BlockQuantizedMatMul { .. },
+        ) => Ok(Some(Epilogue::default())),
         _ => Ok(None),
     }
 }
@@ -57,6 +59,13 @@ pub fn lower_fused(
     match node.op() {
         Op::Quant(QuantOp::ConvInteger(a)) => return super::gemm::lower_conv_integer(node, target, epi, a),
         Op::Quant(QuantOp::MatMulInteger) => return super::gemm::lower_matmul_integer(node, target, epi),
+        Op::Quant(QuantOp::BlockQuantizedMatMul { block_size, .. }) => {
+            if epi.pool_mean {
+                return Ok(None);
+            }
+            let tile = Tile::for_target(target);
+            return super::gemm::lower_block_quantized(node, target, tile, epi, *block_size);
+        }
         _ => {}
     }
     for i in 0..node.n_inputs() {

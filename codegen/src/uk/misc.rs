@@ -183,6 +183,13 @@ fn quant(node: &NodeInfo, q: &QuantOp) -> Result<Option<UkCall>> {
         QuantOp::QLinearMatMul => matmul_integer(node, true)?,
         QuantOp::ConvInteger(a) => conv_integer(node, a, false)?,
         QuantOp::QLinearConv(a) => conv_integer(node, a, true)?,
+        // The CPU GEMM's alone (`gen::gemm::nibbles`); other targets never see the operator
+        // (`dequantize-weights` makes it a float product).
+        QuantOp::BlockQuantizedMatMul { .. } => {
+            return Err(node.unsupported(
+                "block-quantized weights need the CPU GEMM kernel (f32 A of static shape, constant weights of at most 4 bits)",
+            ))
+        }
     }))
 }
 

@@ -300,7 +300,7 @@ fn matmul_view(shape: &[usize], is_a: bool) -> (Vec<usize>, usize, usize) {
     }
 }
 
-fn eval_matmul(a: &Tensor, b: &Tensor) -> Result<Tensor, OpError> {
+pub(crate) fn eval_matmul(a: &Tensor, b: &Tensor) -> Result<Tensor, OpError> {
     if a.dtype() != b.dtype() {
         crate::bail!("A has dtype {} but B has dtype {}", a.dtype(), b.dtype());
     }

@@ -47,6 +47,14 @@ pub enum QuantOp {
     /// Inputs: x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, B?
     /// (i32 bias). Output dtype is y_zero_point's.
     QLinearConv(ConvAttrs),
+    /// A float product with block-quantized weights (onnxruntime's MatMulNBits, its integers
+    /// unpacked one per byte): inputs A (f32 `[..., K]`), Q (u8 `[N, K]`, every value below
+    /// `2^bits`), scales (f32 `[N, blocks]`), zero_points (u8 `[N, blocks]`), with `blocks =
+    /// ceil(K / block_size)`. Output f32 `[..., N]`: `A · Wᵀ` where `W[n, k] = (Q[n, k] -
+    /// zp[n, b]) · scale[n, b]` for `b = k / block_size`, computed in f32 like the
+    /// DequantizeLinear it replaces. The weights stay integers in the IR so that a target
+    /// can store and read `bits` bits per weight (codegen's GEMM on nibbles) instead of f32.
+    BlockQuantizedMatMul { bits: u32, block_size: usize },
 }
 
 impl QuantOp {
@@ -59,6 +67,7 @@ impl QuantOp {
             QuantOp::MatMulInteger => "MatMulInteger",
             QuantOp::ConvInteger(_) => "ConvInteger",
             QuantOp::QLinearConv(_) => "QLinearConv",
+            QuantOp::BlockQuantizedMatMul { .. } => "BlockQuantizedMatMul",
         }
     }
 }
@@ -84,6 +93,9 @@ pub(crate) fn infer(op: &Op, cx: &InferCtx) -> Result<Vec<TensorType>, OpError> 
         QuantOp::QLinearMatMul => infer_qlinear_matmul(cx),
         QuantOp::ConvInteger(a) => infer_conv_integer(a, cx),
         QuantOp::QLinearConv(a) => infer_qlinear_conv(a, cx),
+        QuantOp::BlockQuantizedMatMul { bits, block_size } => {
+            infer_block_quantized_matmul(*bits, *block_size, cx)
+        }
     }
 }
 
@@ -108,6 +120,9 @@ pub(crate) fn eval(op: &Op, cx: &EvalCtx) -> Result<Vec<Tensor>, OpError> {
         QuantOp::QLinearMatMul => eval_qlinear_matmul(cx),
         QuantOp::ConvInteger(a) => eval_conv_integer(a, cx),
         QuantOp::QLinearConv(a) => eval_qlinear_conv(a, cx),
+        QuantOp::BlockQuantizedMatMul { bits, block_size } => {
+            eval_block_quantized_matmul(*bits, *block_size, cx)
+        }
     }
 }
 
@@ -466,6 +481,120 @@ fn eval_dynamic(cx: &EvalCtx) -> Result<Vec<Tensor>, OpError> {
     ];
     out.truncate(cx.num_outputs().clamp(1, 3));
     Ok(out)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Block-quantized weights
+// ---------------------------------------------------------------------------------------------
+
+/// `(N, K, blocks)` of a BlockQuantizedMatMul's weights, checked against A's K.
+fn block_quantized_dims(
+    bits: u32,
+    block_size: usize,
+    a: &TensorType,
+    q: &TensorType,
+    scales: &TensorType,
+    zero_points: &TensorType,
+) -> Result<(Dim, Dim), OpError> {
+    if !matches!(bits, 1..=8) || block_size == 0 {
+        crate::bail!("bits must be 1 to 8 and block_size positive, got {bits} and {block_size}");
+    }
+    if a.dtype != DType::F32 || scales.dtype != DType::F32 {
+        crate::bail!(
+            "A and the scales must be f32, got {} and {}",
+            a.dtype,
+            scales.dtype
+        );
+    }
+    if q.dtype != DType::U8 || zero_points.dtype != DType::U8 {
+        crate::bail!(
+            "Q and the zero points must be u8, got {} and {}",
+            q.dtype,
+            zero_points.dtype
+        );
+    }
+    let [n, k] = q.shape.as_slice() else {
+        crate::bail!("Q must be [N, K], got {}", util::fmt_dims(&q.shape));
+    };
+    let Some(k_a) = a.shape.last() else {
+        crate::bail!("A must have rank >= 1");
+    };
+    if let (Some(ka), Some(kq)) = (k_a.fixed(), k.fixed()) {
+        if ka != kq {
+            crate::bail!("A has K = {ka} but Q is {}", util::fmt_dims(&q.shape));
+        }
+    }
+    for (what, t) in [("scales", scales), ("zero_points", zero_points)] {
+        let ok = match (t.fixed_shape(), n.fixed(), k.fixed()) {
+            (Some(s), Some(n), Some(k)) => s == [n, k.div_ceil(block_size)],
+            _ => t.rank() == 2,
+        };
+        if !ok {
+            crate::bail!(
+                "{what} must be [N, ceil(K / {block_size})] for Q {}, got {}",
+                util::fmt_dims(&q.shape),
+                util::fmt_dims(&t.shape)
+            );
+        }
+    }
+    Ok((n.clone(), k.clone()))
+}
+
+fn infer_block_quantized_matmul(
+    bits: u32,
+    block_size: usize,
+    cx: &InferCtx,
+) -> Result<Vec<TensorType>, OpError> {
+    let a = cx.ty(0)?;
+    let (n, _) = block_quantized_dims(bits, block_size, a, cx.ty(1)?, cx.ty(2)?, cx.ty(3)?)?;
+    let mut shape = a.shape[..a.shape.len() - 1].to_vec();
+    shape.push(n);
+    Ok(vec![TensorType::new(DType::F32, shape)])
+}
+
+/// The weights `W` `[K, N]` of a BlockQuantizedMatMul, dequantized as DequantizeLinear does
+/// (`(q - zp) · scale` in f32): the product is then the float MatMul's.
+pub(crate) fn block_dequantized_weights(
+    bits: u32,
+    block_size: usize,
+    q: &Tensor,
+    scales: &Tensor,
+    zero_points: &Tensor,
+) -> Result<Tensor, OpError> {
+    let (Some(qv), Some(sv), Some(zv)) = (
+        q.as_slice::<u8>(),
+        scales.as_slice::<f32>(),
+        zero_points.as_slice::<u8>(),
+    ) else {
+        crate::bail!("Q and the zero points must be u8 and the scales f32");
+    };
+    let [n, k] = *q.shape() else {
+        crate::bail!("Q must be [N, K], got {:?}", q.shape());
+    };
+    let blocks = k.div_ceil(block_size);
+    if sv.len() != n * blocks || zv.len() != n * blocks {
+        crate::bail!(
+            "scales and zero points must have N x {blocks} = {} values",
+            n * blocks
+        );
+    }
+    let limit = 1u32 << bits;
+    if let Some(v) = qv.iter().chain(zv).find(|&&v| u32::from(v) >= limit) {
+        crate::bail!("value {v} does not fit in {bits} bits");
+    }
+    let mut w = vec![0f32; k * n];
+    for (j, row) in qv.chunks_exact(k.max(1)).enumerate().take(n) {
+        for (kk, &q) in row.iter().enumerate() {
+            let b = j * blocks + kk / block_size;
+            w[kk * n + j] = (f32::from(q) - f32::from(zv[b])) * sv[b];
+        }
+    }
+    Ok(Tensor::from_vec(vec![k, n], w))
+}
+
+fn eval_block_quantized_matmul(bits: u32, block_size: usize, cx: &EvalCtx) -> Result<Vec<Tensor>, OpError> {
+    let w = block_dequantized_weights(bits, block_size, cx.input(1)?, cx.input(2)?, cx.input(3)?)?;
+    Ok(vec![super::linalg::eval_matmul(cx.input(0)?, &w)?])
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -862,6 +991,55 @@ mod tests {
             out_types: &out_types,
         };
         eval(&op, &ecx).expect("eval")
+    }
+
+    /// `A · Wᵀ` of 4-bit weights in blocks of 2 along K = 3 (the last block cut): each weight is
+    /// `(q - zp) · scale` of its block; a value past 4 bits and scales of the wrong shape are
+    /// refused.
+    #[test]
+    fn block_quantized_matmul_dequantizes_per_block() {
+        let op = QuantOp::BlockQuantizedMatMul {
+            bits: 4,
+            block_size: 2,
+        };
+        let a = Tensor::from_vec(vec![1, 3], vec![1.0f32, 10.0, 100.0]);
+        // W rows (n): [(3-1)·0.5, (5-1)·0.5, (15-0)·2] and [(0-8)·1, (8-8)·1, (9-8)·0.25].
+        let q = Tensor::from_vec(vec![2, 3], vec![3u8, 5, 15, 0, 8, 9]);
+        let s = Tensor::from_vec(vec![2, 2], vec![0.5f32, 2.0, 1.0, 0.25]);
+        let z = Tensor::from_vec(vec![2, 2], vec![1u8, 0, 8, 8]);
+        let y = run(
+            op.clone(),
+            vec![Some(a.clone()), Some(q), Some(s.clone()), Some(z.clone())],
+        );
+        assert_eq!(y[0].shape(), &[1, 2]);
+        assert_eq!(
+            y[0].as_slice::<f32>().unwrap(),
+            &[1.0 + 20.0 + 3000.0, -8.0 + 0.0 + 25.0]
+        );
+
+        let wide = Tensor::from_vec(vec![2, 3], vec![16u8, 5, 15, 0, 8, 9]);
+        let refs = [Some(&a), Some(&wide), Some(&s), Some(&z)];
+        let out = [TensorType::new(DType::F32, vec![Dim::Fixed(1), Dim::Fixed(2)])];
+        let cx = EvalCtx {
+            inputs: refs.to_vec(),
+            out_types: &out,
+        };
+        let err = eval(&Op::Quant(op.clone()), &cx).unwrap_err().to_string();
+        assert!(err.contains("does not fit in 4 bits"), "{err}");
+
+        let types = [
+            a.tensor_type(),
+            TensorType::new(DType::U8, vec![Dim::Fixed(2), Dim::Fixed(3)]),
+            TensorType::new(DType::F32, vec![Dim::Fixed(2), Dim::Fixed(3)]),
+            z.tensor_type(),
+        ];
+        let icx = InferCtx {
+            inputs: types.iter().map(Some).collect(),
+            values: vec![None; 4],
+            num_outputs: 1,
+        };
+        let err = infer(&Op::Quant(op), &icx).unwrap_err().to_string();
+        assert!(err.contains("scales must be [N, ceil(K / 2)]"), "{err}");
     }
 
     #[test]

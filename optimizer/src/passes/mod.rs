@@ -2,6 +2,7 @@
 
 pub mod bf16_autocast;
 pub mod channels_last;
+pub mod dequantize_weights;
 pub mod fake_quantize;
 pub mod freeze;
 pub mod fuse;

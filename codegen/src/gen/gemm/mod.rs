@@ -28,6 +28,7 @@
 mod blocking;
 mod int8;
 mod microkernel;
+mod nibbles;
 pub(crate) mod pack;
 mod task;
 mod tuning;
@@ -44,6 +45,7 @@ use microkernel::PAIRS_PER_VECTOR;
 use pack::{block_major_panels, f32s, pack_a, pack_b, pack_b_into, pair_panels};
 
 pub(crate) use int8::{lower_conv_integer, lower_matmul_integer, stores_u8};
+pub(crate) use nibbles::lower_block_quantized;
 
 /// The register tile and vector width for a target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,6 +96,9 @@ pub(crate) enum Operand {
     /// The im2col matrix of a channels-last convolution input (A only): row = output pixel,
     /// k = (kh, kw, c) (see `conv_nhwc`).
     Im2colNhwc { input: usize, g: ConvWindow },
+    /// Block-quantized weights packed as nibbles (B only): packed constant `slot`, its
+    /// parameters in blocks of `block` along K, unpacked at run time (`nibbles`).
+    Nibbles { slot: usize, block: usize },
 }
 
 /// One batch axis: its extent and the element stride it adds to each operand.
@@ -715,7 +720,7 @@ impl GemmKernel {
 
     fn slot_of(&self, op: &Operand) -> usize {
         match op {
-            Operand::Packed { slot } => self.n_inputs + 1 + slot,
+            Operand::Packed { slot } | Operand::Nibbles { slot, .. } => self.n_inputs + 1 + slot,
             Operand::Strided { input, .. }
             | Operand::Im2col { input, .. }
             | Operand::Im2colNhwc { input, .. } => *input,

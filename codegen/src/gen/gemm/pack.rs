@@ -368,6 +368,7 @@ impl GemmKernel {
                 }
             }
             Operand::Im2col { g, .. } => self.pack_im2col(e, dst, src, col, cols, valid, k0, kc, g),
+            Operand::Nibbles { block, .. } => self.unpack_nibble_panel(e, dst, src, col, k0, kc, block),
             Operand::Packed { .. } | Operand::Im2colNhwc { .. } => Err(crate::error::CodegenError::internal(
                 "packed B is not packed at run time",
             )),

@@ -14,6 +14,9 @@
 //! (`alpha * a_scale * b_scale * (A·B + C)`, C an i32 bias with scale `a_scale * b_scale`);
 //! MatMulNBits packs the first element of each pair in the low bits, and its zero point
 //! defaults to the middle of the range (8 for 4 bits).
+//!
+//! MatMulNBits of 2 or 4 bits is the exception: it becomes the IR's BlockQuantizedMatMul, its
+//! integers unpacked but kept, so that the weights stay 4-bit in a CPU artifact.
 
 use super::NodeCtx;
 use crate::error::Result;
@@ -249,10 +252,15 @@ fn with_bias(cx: &mut NodeCtx, product: ValueId, bias: usize) -> Result<Vec<Valu
 
 /// The product's value (the node's output when there is no bias).
 fn product(cx: &mut NodeCtx, a: ValueId, b: ValueId, bias: usize) -> Result<Vec<ValueId>> {
+    product_op(cx, Op::MatMul, vec![Some(a), Some(b)], bias)
+}
+
+/// `op` of `inputs` plus the node's input `bias` when present.
+fn product_op(cx: &mut NodeCtx, op: Op, inputs: Vec<Option<ValueId>>, bias: usize) -> Result<Vec<ValueId>> {
     let p = if cx.opt_input(bias).is_some() {
-        cx.add_aux1(Op::MatMul, vec![Some(a), Some(b)])?
+        cx.add_aux1(op, inputs)?
     } else {
-        cx.add1(Op::MatMul, vec![Some(a), Some(b)])?
+        cx.add1(op, inputs)?
     };
     with_bias(cx, p, bias)
 }
@@ -335,7 +343,6 @@ fn matmul_nbits(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
         )));
     }
     let weights = unpack(b.as_slice::<u8>().unwrap_or_default(), bits, n * blocks * block);
-    let weights = cx.constant(Tensor::from_vec(vec![n, blocks * block], weights));
     let scales = cx.input(2)?;
     let scale_type = cx.ty(scales).clone();
     if scale_type.fixed_shape().map(|s| s.iter().product::<usize>()) != Some(n * blocks) {
@@ -366,6 +373,22 @@ fn matmul_nbits(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
         let middle = 1u8 << (bits - 1);
         cx.constant(Tensor::from_vec(vec![n, blocks], vec![middle; n * blocks]))
     });
+    if bits <= 4 {
+        // The weights stay integers (their padding past K cut): the CPU's GEMM stores and reads
+        // them as nibbles; other targets dequantize them (`dequantize-weights`).
+        let q: Vec<u8> = weights
+            .chunks_exact(blocks * block)
+            .flat_map(|row| row[..k].iter().copied())
+            .collect();
+        let q = cx.constant(Tensor::from_vec(vec![n, k], q));
+        let op = Op::Quant(QuantOp::BlockQuantizedMatMul {
+            bits: bits as u32,
+            block_size: block,
+        });
+        let a = cx.input(0)?;
+        return product_op(cx, op, vec![Some(a), Some(q), Some(scales), Some(zero_points)], 5);
+    }
+    let weights = cx.constant(Tensor::from_vec(vec![n, blocks * block], weights));
     let dq = Op::Quant(QuantOp::DequantizeLinear {
         axis: 1,
         block_size: block,

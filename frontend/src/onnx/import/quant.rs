@@ -29,6 +29,8 @@ pub(super) fn import(cx: &mut NodeCtx) -> Result<Vec<ValueId>> {
         QuantOp::MatMulInteger | QuantOp::ConvInteger(_) => 4,
         QuantOp::QLinearMatMul => 8,
         QuantOp::QLinearConv(_) => 9,
+        // Not an ONNX operator: com.microsoft MatMulNBits imports to it (`contrib_quant`).
+        QuantOp::BlockQuantizedMatMul { .. } => 4,
     };
     if cx.num_inputs() > max_inputs {
         return Err(cx.err(format!(
