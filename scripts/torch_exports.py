@@ -16,7 +16,11 @@ libraries, unused here).
 Models (MODELS): resnet50, mobilenet_v2, efficientnet_b0 (torchvision); encoder
 (torch.nn.TransformerEncoder, BERT-base sizes: 12 layers, d=768, 12 heads, FFN 3072, GELU,
 batch_first, sequence 128); bert (transformers BertModel base, no pooler, input_ids and
-attention_mask); gpt2 (transformers GPT2LMHeadModel small, no KV cache, logits).
+attention_mask); gpt2 (transformers GPT2LMHeadModel small, no KV cache, logits); llama_token
+(transformers LlamaForCausalLM at GPT-2 small's sizes — 12 layers, d=768, 12 heads, FFN 3072,
+vocabulary 32000 — on one token, no KV cache: every weight product is a
+matrix-vector product, as when decoding a token, and a bias-free nn.Linear, which weight-only
+quantizers turn into 4-bit MatMulNBits).
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ import sys
 
 import numpy as np
 
-MODELS = ["resnet50", "mobilenet_v2", "efficientnet_b0", "encoder", "bert", "gpt2"]
+MODELS = ["resnet50", "mobilenet_v2", "efficientnet_b0", "encoder", "bert", "gpt2", "llama_token"]
 TRANSFORMERS = ("encoder", "bert", "gpt2")
 SEQ = 128
 # Tokens of the BERT input that are padding (attention_mask 0), as a batch padded to length
@@ -93,6 +97,11 @@ def make_module(name: str, tiny: bool = False):
             cfg = transformers.GPT2Config(use_cache=False, vocab_size=vocab, n_embd=d, n_layer=layers,
                                           n_head=heads, n_positions=64)
         return transformers.GPT2LMHeadModel(cfg).eval(), {"input_ids": ids}
+    if name == "llama_token":
+        cfg = transformers.LlamaConfig(vocab_size=32000, hidden_size=d, intermediate_size=ffn,
+                                       num_hidden_layers=layers, num_attention_heads=heads,
+                                       num_key_value_heads=heads, use_cache=False)
+        return transformers.LlamaForCausalLM(cfg).eval(), {"input_ids": ids[:, :1] % 32000}
     raise ValueError(name)
 
 
