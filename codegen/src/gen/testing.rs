@@ -26,6 +26,17 @@ pub(crate) fn run_kernel(
     (r.out, r.best_secs)
 }
 
+/// Bytes in an f32 buffer, as `run_kernel` passes inputs (integer operands).
+pub(crate) fn as_words(bytes: &[u8]) -> Vec<f32> {
+    let mut words = vec![0f32; bytes.len().div_ceil(4) + 1];
+    for (i, chunk) in bytes.chunks(4).enumerate() {
+        let mut w = [0u8; 4];
+        w[..chunk.len()].copy_from_slice(chunk);
+        words[i] = f32::from_le_bytes(w);
+    }
+    words
+}
+
 use crate::test_rng::TestRng as Rng;
 
 fn ty(shape: &[usize]) -> TensorType {

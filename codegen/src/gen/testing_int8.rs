@@ -2,7 +2,7 @@
 //! constant s8 B and A's zero point constant or given at run time, against `kiln_ir`'s
 //! evaluator, exactly. Skipped (with a note) on a CPU without avx512_vnni.
 
-use super::testing::run_kernel;
+use super::testing::{as_words, run_kernel};
 use crate::node::NodeInfo;
 use crate::target::TargetDesc;
 use crate::test_rng::TestRng as Rng;
@@ -11,17 +11,6 @@ use kiln_ir::{DType, Dim, Graph, Op, QuantOp, Tensor, TensorType};
 /// A uniform byte.
 fn byte(rng: &mut Rng) -> u8 {
     ((rng.next() + 1.0) * 128.0).min(255.0) as u8
-}
-
-/// Bytes in an f32 buffer, as `run_kernel` passes inputs.
-fn as_words(bytes: &[u8]) -> Vec<f32> {
-    let mut words = vec![0f32; bytes.len().div_ceil(4) + 1];
-    for (i, chunk) in bytes.chunks(4).enumerate() {
-        let mut w = [0u8; 4];
-        w[..chunk.len()].copy_from_slice(chunk);
-        words[i] = f32::from_le_bytes(w);
-    }
-    words
 }
 
 /// A's zero point: its value and whether it is a run-time input (else a constant).

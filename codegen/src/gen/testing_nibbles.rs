@@ -4,7 +4,7 @@
 //! 2 threads; and the packed weights' size (half a byte per weight, then an f32 scale and a
 //! byte zero point per block).
 
-use super::testing::run_kernel;
+use super::testing::{as_words, run_kernel};
 use crate::kernel::epilogue::{Activation, Bias, Epilogue};
 use crate::node::NodeInfo;
 use crate::target::TargetDesc;
@@ -16,21 +16,19 @@ fn nibble(rng: &mut Rng) -> u8 {
     ((rng.next() + 1.0) * 8.0).clamp(0.0, 15.0) as u8
 }
 
-/// Bytes in an f32 buffer, as `run_kernel` passes inputs.
-fn as_words(bytes: &[u8]) -> Vec<f32> {
-    let mut words = vec![0f32; bytes.len().div_ceil(4) + 1];
-    for (i, chunk) in bytes.chunks(4).enumerate() {
-        let mut w = [0u8; 4];
-        w[..chunk.len()].copy_from_slice(chunk);
-        words[i] = f32::from_le_bytes(w);
-    }
-    words
+/// A BlockQuantizedMatMul of A `a_shape` by random 4-bit `Q [N, K]` in blocks of `block`:
+/// the graph, its output, and the kernel's input data.
+struct Case {
+    g: Graph,
+    y: kiln_ir::ValueId,
+    a: Vec<f32>,
+    q: Vec<u8>,
+    scales: Vec<f32>,
+    zeros: Vec<u8>,
+    data: Vec<Option<Vec<f32>>>,
 }
 
-/// Runs `A [a_shape] · Wᵀ` for 4-bit `Q [N, K]` in blocks of `block` along K, bare and with a
-/// column bias and Relu, against the reference.
-fn check(a_shape: &[usize], n: usize, block: usize, seed: u64) {
-    let host = TargetDesc::host().unwrap();
+fn case(a_shape: &[usize], n: usize, block: usize, seed: u64) -> Case {
     let k = *a_shape.last().unwrap();
     let blocks = k.div_ceil(block);
     let mut rng = Rng::new(seed);
@@ -55,6 +53,40 @@ fn check(a_shape: &[usize], n: usize, block: usize, seed: u64) {
         .add("mm", op, vec![Some(av), Some(qv), Some(sv), Some(zv)], "y")
         .unwrap();
     g.add_output("y", y);
+    let scale_bytes: Vec<u8> = scales.iter().flat_map(|s| s.to_le_bytes()).collect();
+    let data = vec![
+        Some(a.clone()),
+        Some(as_words(&q)),
+        Some(as_words(&scale_bytes)),
+        Some(as_words(&zeros)),
+    ];
+    Case {
+        g,
+        y,
+        a,
+        q,
+        scales,
+        zeros,
+        data,
+    }
+}
+
+/// Runs `A [a_shape] · Wᵀ` for 4-bit `Q [N, K]` in blocks of `block` along K, bare and with a
+/// column bias and Relu, against the reference.
+fn check(a_shape: &[usize], n: usize, block: usize, seed: u64) {
+    let host = TargetDesc::host().unwrap();
+    let k = *a_shape.last().unwrap();
+    let blocks = k.div_ceil(block);
+    let a_len: usize = a_shape.iter().product();
+    let Case {
+        g,
+        y,
+        a,
+        q,
+        scales,
+        zeros,
+        data,
+    } = case(a_shape, n, block, seed);
 
     // The reference: the weights as the evaluator dequantizes them, summed in f64, with the
     // bound of f32 summation error on each element.
@@ -78,9 +110,6 @@ fn check(a_shape: &[usize], n: usize, block: usize, seed: u64) {
     }
 
     let node = NodeInfo::new(&g, y.node);
-    let words = |b: &[u8]| Some(as_words(b));
-    let scale_bytes: Vec<u8> = scales.iter().flat_map(|s| s.to_le_bytes()).collect();
-    let data = vec![Some(a.clone()), words(&q), words(&scale_bytes), words(&zeros)];
     let bias: Vec<f32> = (0..n).map(|j| (j as f32 - 5.0) * 0.125).collect();
     let fused = Epilogue::new(Bias::PerCol(bias.clone()), None, Activation::Relu);
     for epi in [None, Some(fused)] {
@@ -135,4 +164,56 @@ fn leading_axes_fold_into_rows() {
 #[test]
 fn wide_blocks_of_a_long_k() {
     check(&[30, 2048], 96, 128, 4);
+}
+
+/// GFLOP/s and weight bytes per second of the 4-bit GEMM on language-model shapes, beside the
+/// f32 kernel on the same shapes: `cargo test -p kiln-codegen --release nibble_gemm_speed --
+/// --ignored --nocapture`.
+#[test]
+#[ignore]
+fn nibble_gemm_speed() {
+    let host = TargetDesc::host().unwrap();
+    for (m, n, k) in [
+        (1, 32000, 768),
+        (1, 3072, 768),
+        (1, 768, 3072),
+        (16, 3072, 768),
+        (128, 3072, 768),
+    ] {
+        let c = case(&[m, k], n, 32, 7);
+        let node = NodeInfo::new(&c.g, c.y.node);
+        let kernel = super::products::lower(&node, &host).unwrap().unwrap();
+        let (_, secs) = run_kernel(kernel.as_ref(), &node, &host, &c.data, m * n, 2, 20);
+        let bytes = kernel.packed_constants()[0].bytes.len() as f64;
+        // The same product on f32 weights.
+        let mut g = Graph::new("f");
+        let av = g.add_input(
+            "a",
+            TensorType::new(DType::F32, vec![Dim::Fixed(m), Dim::Fixed(k)]),
+        );
+        let w: Vec<f32> = (0..k * n).map(|i| (i % 7) as f32 * 0.25).collect();
+        let wv = g.add_const("w", Tensor::from_vec(vec![k, n], w.clone()));
+        let y = g.add("mm", Op::MatMul, vec![Some(av), Some(wv)], "y").unwrap();
+        let fnode = NodeInfo::new(&g, y.node);
+        let fk = super::products::lower(&fnode, &host).unwrap().unwrap();
+        let (_, fsecs) = run_kernel(
+            fk.as_ref(),
+            &fnode,
+            &host,
+            &[Some(c.a.clone()), Some(w)],
+            m * n,
+            2,
+            20,
+        );
+        let flop = 2.0 * (m * n * k) as f64;
+        println!(
+            "M={m} N={n} K={k}: 4-bit {:.3} ms ({:.1} GFLOP/s, {:.1} GB/s of weights; {}), f32 {:.3} ms ({:.1} GB/s)",
+            secs * 1e3,
+            flop / secs / 1e9,
+            bytes / secs / 1e9,
+            kernel.describe(),
+            fsecs * 1e3,
+            (k * n * 4) as f64 / fsecs / 1e9
+        );
+    }
 }
