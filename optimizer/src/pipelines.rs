@@ -1,7 +1,7 @@
 //! Pipelines: which passes run, in which order, for each target.
 //!
 //! A pipeline is a plain function of the user's options. The order follows the design:
-//! dequantize-weights → integer-products → freeze → fake-quantize → channels-last → fuse → bf16 autocast → lower-control-flow; the
+//! dequantize-weights or block-quantized-products → integer-products → freeze → fake-quantize → channels-last → fuse → bf16 autocast → lower-control-flow; the
 //! manager verifies after every pass.
 //! The integer convolutions are found before freezing, which would fold the weights'
 //! DequantizeLinear into float weights.
@@ -65,6 +65,7 @@ pub struct PipelineOptions {
 /// validation: a pass the options leave out is still a valid name).
 pub const PASS_NAMES: &[&str] = &[
     passes::dequantize_weights::NAME,
+    passes::block_quantized_products::NAME,
     passes::integer_products::NAME,
     "freeze",
     passes::fake_quantize::NAME,
@@ -78,13 +79,15 @@ pub const PASS_NAMES: &[&str] = &[
 /// Kernel grouping is codegen's `fuse-kernels` plan pass, switched on its own.
 pub const FUSE_PASS: &str = "fuse";
 
-/// The CPU pipeline: dequantize-weights (targets without block-quantized products: GPUs) →
-/// integer-products (targets with integer products) → freeze → fake-quantize → channels-last (NHWC only) → fuse → bf16 autocast
+/// The CPU pipeline: dequantize-weights (targets without block-quantized products: GPUs) or
+/// block-quantized-products (the others) → integer-products (targets with integer products) → freeze → fake-quantize → channels-last (NHWC only) → fuse → bf16 autocast
 /// (bf16 only) → lower-control-flow.
 pub fn cpu(opts: &PipelineOptions) -> PassManager {
     let mut pm = PassManager::new();
     if opts.dequantize_weights {
         pm = pm.with(passes::dequantize_weights::DequantizeWeights);
+    } else {
+        pm = pm.with(passes::block_quantized_products::BlockQuantizedProducts);
     }
     if opts.integer_products {
         pm = pm.with(passes::integer_products::IntegerProducts);

@@ -33,10 +33,86 @@ pub fn dtype_from_onnx(code: i32) -> Result<DType, String> {
         dt::STRING => return Err("string tensors are not supported".into()),
         dt::COMPLEX64 | dt::COMPLEX128 => return Err("complex tensors are not supported".into()),
         17..=20 | 24 => return Err(format!("float8 data type {code} is not supported")),
-        21 | 22 | 25 | 26 => return Err(format!("sub-byte integer data type {code} is not supported")),
+        21 | 22 => {
+            return Err(format!(
+                "4-bit integer data type {code} is supported for initializers (weights) only, not for graph inputs, outputs or computed values"
+            ))
+        }
+        25 | 26 => return Err(format!("sub-byte integer data type {code} is not supported")),
         23 | 27 | 28 => return Err(format!("4/6-bit float data type {code} is not supported")),
         _ => return Err(format!("unknown data type {code}")),
     })
+}
+
+/// The IR dtype that holds the values of a 4-bit integer initializer (ONNX UINT4 and INT4):
+/// one value per byte, u8 or i8. Quantizers write weights this way (blocked DequantizeLinear);
+/// the values stay within 4 bits, which `block-quantized-products` relies on to keep them 4-bit.
+pub fn nibble_dtype(code: i32) -> Option<DType> {
+    match code {
+        21 => Some(DType::U8),
+        22 => Some(DType::I8),
+        _ => None,
+    }
+}
+
+/// An INT4/UINT4 tensor: two values per byte, the first in the low nibble (raw_data, external
+/// data, or one packed byte per `int32_data` entry), unpacked to one per byte.
+fn nibble_tensor(
+    t: &TensorProto,
+    dtype: DType,
+    ext: Option<&mut ExternalData>,
+    name: &str,
+) -> Result<Tensor> {
+    let err = |msg: String| FrontendError::Tensor {
+        name: name.to_string(),
+        msg,
+    };
+    let shape = checked_dims(&t.dims).map_err(err)?;
+    let n: usize = shape.iter().product();
+    let want = n.div_ceil(2);
+    let unpack = |packed: &[u8]| -> Tensor {
+        let nibble = |i: usize| (packed[i / 2] >> (4 * (i % 2))) & 15;
+        if dtype == DType::I8 {
+            Tensor::from_vec(
+                shape.clone(),
+                (0..n).map(|i| ((nibble(i) ^ 8) as i8) - 8).collect::<Vec<i8>>(),
+            )
+        } else {
+            Tensor::from_vec(shape.clone(), (0..n).map(nibble).collect::<Vec<u8>>())
+        }
+    };
+    if t.data_location == 1 {
+        let ext = ext.ok_or_else(|| err("refers to external data, which is not available here".into()))?;
+        let (map, offset, length) = ext.bytes(name, t)?;
+        let len = length.unwrap_or(want);
+        let end = offset.checked_add(len).filter(|&e| e <= map.len() && len == want);
+        let Some(end) = end else {
+            return Err(err(format!(
+                "external data [{offset}, {offset}+{len}) does not hold the {want} bytes of its shape {:?} in the {}-byte file",
+                t.dims,
+                map.len()
+            )));
+        };
+        return Ok(unpack(&map[offset..end]));
+    }
+    if !t.raw_data.is_empty() || t.int32_data.is_empty() {
+        if t.raw_data.len() != want {
+            return Err(err(format!(
+                "raw_data has {} bytes but its shape {:?} of 4-bit values needs {want}",
+                t.raw_data.len(),
+                t.dims
+            )));
+        }
+        return Ok(unpack(&t.raw_data));
+    }
+    if t.int32_data.len() != want || t.int32_data.iter().any(|v| !(0..=255).contains(v)) {
+        return Err(err(format!(
+            "int32_data must hold {want} packed bytes for its shape {:?}",
+            t.dims
+        )));
+    }
+    let packed: Vec<u8> = t.int32_data.iter().map(|&v| v as u8).collect();
+    Ok(unpack(&packed))
 }
 
 pub fn dtype_to_onnx(d: DType) -> i32 {
@@ -143,6 +219,9 @@ impl ExternalData {
 /// Converts a `TensorProto` (inline typed fields, `raw_data`, or external data) to a tensor.
 pub fn tensor_from_proto(t: &TensorProto, ext: Option<&mut ExternalData>) -> Result<Tensor> {
     let name = if t.name.is_empty() { "<unnamed>" } else { &t.name };
+    if let Some(dtype) = nibble_dtype(t.data_type) {
+        return nibble_tensor(t, dtype, ext, name);
+    }
     let err = |msg: String| FrontendError::Tensor {
         name: name.to_string(),
         msg,
@@ -291,4 +370,38 @@ pub fn tensor_type_from_proto(name: &str, tp: Option<&TypeProto>) -> Result<Opti
         }
     }
     Ok(Some(ty))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn four_bit(code: i32, dims: Vec<i64>, raw: Vec<u8>, int32: Vec<i32>) -> Result<Tensor> {
+        let t = TensorProto {
+            dims,
+            data_type: code,
+            name: "w".into(),
+            raw_data: raw.into(),
+            int32_data: int32,
+            ..Default::default()
+        };
+        tensor_from_proto(&t, None)
+    }
+
+    /// INT4 and UINT4 hold two values per byte, the first in the low nibble; INT4 is signed.
+    #[test]
+    fn four_bit_integers_unpack_to_one_per_byte() {
+        let packed = vec![0x21u8, 0xf8, 0x07];
+        let u = four_bit(21, vec![5], packed.clone(), vec![]).unwrap();
+        assert_eq!(u.as_slice::<u8>().unwrap(), &[1, 2, 8, 15, 7]);
+        let i = four_bit(22, vec![5], packed.clone(), vec![]).unwrap();
+        assert_eq!(i.as_slice::<i8>().unwrap(), &[1, 2, -8, -1, 7]);
+        let words = packed.iter().map(|&b| i32::from(b)).collect();
+        let w = four_bit(22, vec![5], vec![], words).unwrap();
+        assert_eq!(w.as_slice::<i8>().unwrap(), i.as_slice::<i8>().unwrap());
+        let short = four_bit(21, vec![7], packed, vec![]).unwrap_err().to_string();
+        assert!(short.contains("needs 4"), "{short}");
+        let bad = four_bit(22, vec![2], vec![], vec![300]).unwrap_err().to_string();
+        assert!(bad.contains("packed bytes"), "{bad}");
+    }
 }

@@ -1,6 +1,7 @@
 //! One file per pass.
 
 pub mod bf16_autocast;
+pub mod block_quantized_products;
 pub mod channels_last;
 pub mod dequantize_weights;
 pub mod fake_quantize;

@@ -605,7 +605,10 @@ fn tensor_from_proto_type(t: &super::proto::TensorProto) -> Result<TensorType> {
         name: t.name.clone(),
         msg,
     };
-    let dtype = super::tensor::dtype_from_onnx(t.data_type).map_err(err)?;
+    let dtype = match super::tensor::nibble_dtype(t.data_type) {
+        Some(d) => d,
+        None => super::tensor::dtype_from_onnx(t.data_type).map_err(err)?,
+    };
     let shape = super::tensor::checked_dims(&t.dims).map_err(err)?;
     Ok(TensorType::fixed(dtype, &shape))
 }
