@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """4-bit benchmark models, made from the exporter benchmark graphs the way users quantize
 language models' weights, with onnxruntime's own tool: MatMulNBitsQuantizer (blocks of 32
-along K, asymmetric: uint8 zero points), which replaces every MatMul by constant 2-D weights
-with com.microsoft MatMulNBits.
+along K), which replaces every MatMul by constant 2-D weights with com.microsoft MatMulNBits
+(`<name>_q4`, asymmetric: uint8 zero points) or, in its QDQ format, with a DequantizeLinear of
+INT4 weights blocked along K before the MatMul (`<name>_q4_qdq`, symmetric, opset 21).
 
 For each exporter graph in the models folder (hf_bert, hf_llama_token: the ones
 fixtures/make_benchmark_models.py exports) the output folder gets the float model and its
-`<name>_q4` form, with a manifest in scripts/bench.py's format (no expected outputs: bench.py
+4-bit forms, with a manifest in scripts/bench.py's format (no expected outputs: bench.py
 compares with onnxruntime's). OpenVINO is timed where it loads the com.microsoft operator.
 Usage, from the repository root, with torch and transformers installed
 (scripts/export-requirements.txt) and onnxruntime (scripts/bench-requirements.txt):
@@ -34,7 +35,9 @@ def main() -> int:
     args = ap.parse_args()
 
     import onnx
-    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    from onnxruntime.quantization import QuantFormat
+    from onnxruntime.quantization.matmul_nbits_quantizer import (DefaultWeightOnlyQuantConfig,
+                                                                 MatMulNBitsQuantizer)
 
     manifest = {e["name"]: e for e in json.load(open(os.path.join(args.models, "manifest.json")))}
     os.makedirs(args.out, exist_ok=True)
@@ -55,6 +58,16 @@ def main() -> int:
         nodes = sum(n.op_type == "MatMulNBits" for n in q.model.model.graph.node)
         out[-1]["description"] = entry["description"] + f", MatMulNBitsQuantizer (4 bits, blocks of {BLOCK}, asymmetric)"
         print(f"{q_name}: {nodes} MatMulNBits")
+        qdq_name = f"{name}_q4_qdq"
+        out.append(copy_model(args.models, args.out, entry, qdq_name))
+        model = onnx.version_converter.convert_version(onnx.load(src), 21)
+        cfg = DefaultWeightOnlyQuantConfig(block_size=BLOCK, is_symmetric=True, quant_format=QuantFormat.QDQ)
+        q = MatMulNBitsQuantizer(model, algo_config=cfg)
+        q.process()
+        onnx.save_model(q.model.model, os.path.join(args.out, qdq_name, "model.onnx"))
+        nodes = sum(n.op_type == "DequantizeLinear" for n in q.model.model.graph.node)
+        out[-1]["description"] = entry["description"] + f", MatMulNBitsQuantizer QDQ (INT4, blocks of {BLOCK}, symmetric)"
+        print(f"{qdq_name}: {nodes} DequantizeLinear")
     with open(os.path.join(args.out, "manifest.json"), "w") as f:
         json.dump(out, f, indent=2)
         f.write("\n")
