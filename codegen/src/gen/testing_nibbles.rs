@@ -71,10 +71,27 @@ fn case(a_shape: &[usize], n: usize, block: usize, seed: u64) -> Case {
     }
 }
 
-/// Runs `A [a_shape] · Wᵀ` for 4-bit `Q [N, K]` in blocks of `block` along K, bare and with a
-/// column bias and Relu, against the reference.
-fn check(a_shape: &[usize], n: usize, block: usize, seed: u64) {
+/// The targets whose kernels run here: this machine's and, on x86-64, the AVX2 build (8-lane
+/// vectors: other panels, another unpacking).
+fn targets() -> Vec<TargetDesc> {
     let host = TargetDesc::host().unwrap();
+    let mut v = vec![];
+    if host.arch == crate::target::Arch::X86_64 {
+        v.push(TargetDesc::select(None, Some("x86-64-v3")).unwrap());
+    }
+    v.push(host);
+    v
+}
+
+/// Runs `A [a_shape] · Wᵀ` for 4-bit `Q [N, K]` in blocks of `block` along K, bare and with a
+/// column bias and Relu, against the reference, for every target of `targets`.
+fn check(a_shape: &[usize], n: usize, block: usize, seed: u64) {
+    for host in targets() {
+        check_on(&host, a_shape, n, block, seed);
+    }
+}
+
+fn check_on(host: &TargetDesc, a_shape: &[usize], n: usize, block: usize, seed: u64) {
     let k = *a_shape.last().unwrap();
     let blocks = k.div_ceil(block);
     let a_len: usize = a_shape.iter().product();
@@ -114,21 +131,21 @@ fn check(a_shape: &[usize], n: usize, block: usize, seed: u64) {
     let fused = Epilogue::new(Bias::PerCol(bias.clone()), None, Activation::Relu);
     for epi in [None, Some(fused)] {
         let kernel = match &epi {
-            None => super::products::lower(&node, &host),
-            Some(e) => super::products::lower_fused(&node, &host, e.clone()),
+            None => super::products::lower(&node, host),
+            Some(e) => super::products::lower_fused(&node, host, e.clone()),
         }
         .unwrap()
         .expect("the GEMM takes block-quantized weights");
         let what = kernel.describe();
         assert!(what.starts_with("matmul-4bit"), "{what}");
         // Half a byte per weight (panels padded to NR columns), then the parameters.
-        let nr = super::gemm::Tile::for_target(&host).nr();
+        let nr = super::gemm::Tile::for_target(host).nr();
         let n_padded = n.div_ceil(nr) * nr;
         let weights = kernel.packed_constants()[0].bytes.len();
         let nibble_bytes = (n_padded * k / 2).next_multiple_of(64);
         assert_eq!(weights, nibble_bytes + blocks * n_padded * 5, "{what}");
         for threads in [1, 2] {
-            let (got, _) = run_kernel(kernel.as_ref(), &node, &host, &data, rows * n, threads, 0);
+            let (got, _) = run_kernel(kernel.as_ref(), &node, host, &data, rows * n, threads, 0);
             for (i, &gv) in got.iter().enumerate() {
                 let col = i % n;
                 let w = match epi {
