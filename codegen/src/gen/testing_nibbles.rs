@@ -1,7 +1,7 @@
-//! JIT tests of the GEMM on block-quantized weights (`gemm::nibbles`): BlockQuantizedMatMul
-//! against an f64 product of the weights `kiln_ir` dequantizes, with cut row and column panels,
-//! a cut last block, blocks across K-block boundaries, a fused bias and activation, on 1 and
-//! 2 threads; and the packed weights' size (half a byte per weight, then an f32 scale and a
+//! JIT tests of the products on block-quantized weights (`gemm::nibbles` and, for up to 4
+//! rows, `gemm::nibble_gemv`): BlockQuantizedMatMul against an f64 product of the weights
+//! `kiln_ir` dequantizes, with cut row and column panels, cut last blocks of odd and even
+//! length, blocks across K-block boundaries, a fused bias and activation, on 1 and 2 threads; and the packed weights' size (half a byte per weight, then an f32 scale and a
 //! byte zero point per block).
 
 use super::testing::{as_words, run_kernel};
@@ -137,7 +137,8 @@ fn check_on(host: &TargetDesc, a_shape: &[usize], n: usize, block: usize, seed: 
         .unwrap()
         .expect("the GEMM takes block-quantized weights");
         let what = kernel.describe();
-        assert!(what.starts_with("matmul-4bit"), "{what}");
+        let kind = if rows <= 4 { "gemv-4bit" } else { "matmul-4bit" };
+        assert!(what.starts_with(kind), "{what}");
         // Half a byte per weight (panels padded to NR columns), then the parameters.
         let nr = super::gemm::Tile::for_target(host).nr();
         let n_padded = n.div_ceil(nr) * nr;
@@ -166,6 +167,12 @@ fn check_on(host: &TargetDesc, a_shape: &[usize], n: usize, block: usize, seed: 
 #[test]
 fn matrix_vector_with_cut_panels_and_a_cut_last_block() {
     check(&[1, 50], 40, 16, 1);
+}
+
+#[test]
+fn a_few_rows_and_an_odd_cut_last_block() {
+    check(&[3, 37], 20, 16, 5);
+    check(&[4, 100], 50, 32, 6);
 }
 
 #[test]

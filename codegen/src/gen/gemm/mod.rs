@@ -28,6 +28,7 @@
 mod blocking;
 mod int8;
 mod microkernel;
+mod nibble_gemv;
 mod nibbles;
 pub(crate) mod pack;
 mod task;

@@ -17,6 +17,7 @@
 //! artifact and in memory traffic; the unpacking costs a few vector instructions per panel row,
 //! shared by every row tile of the task.
 
+use super::nibble_gemv::NibbleGemv;
 use super::{Builder, Operand, Tile};
 use crate::error::Result;
 use crate::gen::emit::Emit;
@@ -33,8 +34,9 @@ pub(super) fn params_offset(k: usize, n_padded: usize) -> usize {
     (k * n_padded / 2).next_multiple_of(64)
 }
 
-/// The GEMM kernel of a BlockQuantizedMatMul (inputs A f32 `[..., K]`, constant Q u8 `[N, K]`,
-/// scales f32 and zero points u8 `[N, ceil(K / block)]`), A's leading axes folded into M. None
+/// The kernel of a BlockQuantizedMatMul (inputs A f32 `[..., K]`, constant Q u8 `[N, K]`,
+/// scales f32 and zero points u8 `[N, ceil(K / block)]`), A's leading axes folded into M: the
+/// matrix-vector kernel (`nibble_gemv`) for a few rows, else the GEMM on unpacked panels. None
 /// when an input is not one this kernel reads (run-time weights, a value past 4 bits).
 pub(crate) fn lower_block_quantized(
     node: &NodeInfo,
@@ -80,6 +82,18 @@ pub(crate) fn lower_block_quantized(
         return Ok(None);
     }
     let m: usize = sa[..sa.len() - 1].iter().product();
+    let weights = pack(q, scales, zeros, n, k, block, tile);
+    if NibbleGemv::accepts(m, n, &epi) {
+        let params_at = params_offset(k, n.div_ceil(tile.nr()) * tile.nr());
+        let gemv = NibbleGemv::new(
+            tile,
+            (m, n, k, block),
+            (weights, params_at),
+            node.n_inputs(),
+            &epi,
+        );
+        return Ok(Some(Box::new(gemv)));
+    }
     let b = Builder {
         m,
         n,
@@ -91,7 +105,7 @@ pub(crate) fn lower_block_quantized(
             cs: 1,
         },
         b: Operand::Nibbles { slot: 0, block },
-        packed: vec![pack(q, scales, zeros, n, k, block, tile)],
+        packed: vec![weights],
         unread: vec![1, 2, 3],
         what: "matmul-4bit".into(),
         scalable_rows: None,
