@@ -360,11 +360,74 @@ KILN_UK_INLINE int dql_f32_range(const float *x, int64_t n, float *lo_out, float
   return !bad;
 }
 
+/* The fast path's parallel form: finite float32 input split into chunks of DQL_CHUNK (at most
+   DQL_MAX_TASKS of them, so larger inputs take larger chunks), each task taking the range of
+   its chunk, then each quantizing it. min and max are exact and the quantization is per
+   element, so the result does not depend on the split. A transformer's activations ([128, 768]
+   per product) made it one thread's serial work between parallel products. Its tasks write
+   the job (the chunk ranges) that the serial code then reads, so on the GPU it must stay off
+   the block-parallel list (nvptx/device.rs) and run on one thread. */
+#define DQL_CHUNK 16384
+#define DQL_MAX_TASKS 64
+
+typedef struct dql_job {
+  const float *x;
+  uint8_t *y;
+  int64_t n, chunk;
+  float scale, zp;
+  float lo[DQL_MAX_TASKS], hi[DQL_MAX_TASKS];
+  int finite[DQL_MAX_TASKS];
+} dql_job;
+
+static void dql_range_task(void *data, int64_t t, int64_t tid) {
+  (void)tid;
+  dql_job *j = (dql_job *)data;
+  const int64_t start = t * j->chunk;
+  const int64_t len = j->n - start < j->chunk ? j->n - start : j->chunk;
+  j->finite[t] = dql_f32_range(j->x + start, len, &j->lo[t], &j->hi[t]);
+}
+
+/* Quantizes x[start, end) to y: division by the scale, rounding half to even, the zero point
+   added and clamped (a uint8_t store may alias anything, hence the locals). */
+KILN_UK_INLINE void dql_f32_quantize(const float *xs, uint8_t *ys, int64_t start, int64_t end, float scale,
+                                     float zp) {
+  for (int64_t i = start; i < end; i++) {
+    float q = __builtin_roundevenf(xs[i] / scale) + zp;
+    ys[i] = (uint8_t)(q < 0.0f ? 0.0f : (q > 255.0f ? 255.0f : q));
+  }
+}
+
+static void dql_quantize_task(void *data, int64_t t, int64_t tid) {
+  (void)tid;
+  const dql_job *j = (const dql_job *)data;
+  const int64_t start = t * j->chunk;
+  const int64_t end = j->n - start < j->chunk ? j->n : start + j->chunk;
+  dql_f32_quantize(j->x, j->y, start, end, j->scale, j->zp);
+}
+
 int32_t kiln_uk_dynamic_quantize_linear(const kiln_uk_args *a) {
   const kiln_tensor *x = &a->in[0];
   const kiln_tensor *y = &a->out[0];
   float lo, hi;
-  const int fast = x->dtype == KILN_F32 && dql_f32_range((const float *)x->data, x->numel, &lo, &hi);
+  dql_job j;
+  j.x = (const float *)x->data;
+  j.y = (uint8_t *)y->data;
+  j.n = x->numel;
+  j.chunk = (j.n + DQL_MAX_TASKS - 1) / DQL_MAX_TASKS;
+  j.chunk = j.chunk < DQL_CHUNK ? DQL_CHUNK : (j.chunk + 15) / 16 * 16;
+  const int64_t tasks = j.n > 0 ? (j.n + j.chunk - 1) / j.chunk : 0;
+  int fast = x->dtype == KILN_F32;
+  if (fast && tasks > 1) {
+    kiln_rt_parallel_for(a->ctx, dql_range_task, &j, tasks);
+    lo = hi = 0.0f;
+    for (int64_t t = 0; t < tasks; t++) {
+      fast &= j.finite[t];
+      lo = j.lo[t] < lo ? j.lo[t] : lo;
+      hi = j.hi[t] > hi ? j.hi[t] : hi;
+    }
+  } else if (fast) {
+    fast = dql_f32_range(j.x, j.n, &lo, &hi);
+  }
   if (!fast) {
     lo = hi = 0.0f;
     for (int64_t i = 0; i < x->numel; i++) {
@@ -385,16 +448,14 @@ int32_t kiln_uk_dynamic_quantize_linear(const kiln_uk_args *a) {
   float zpf = initial != initial ? 255.0f : (initial < 0.0f ? 0.0f : (initial > 255.0f ? 255.0f : initial));
   float zp = __builtin_roundevenf(zpf);
   if (fast) {
-    /* Finite float32 input: the same arithmetic as the loop below (division by the scale,
-       rounding half to even, the zero point added and clamped) as a vector loop. Locals, not
-       x->numel and y->data: a uint8_t store may alias any memory, so the loop would reload
-       them after each store and not vectorize. */
-    const float *xs = (const float *)x->data;
-    uint8_t *ys = (uint8_t *)y->data;
-    const int64_t n = x->numel;
-    for (int64_t i = 0; i < n; i++) {
-      float q = __builtin_roundevenf(xs[i] / scale) + zp;
-      ys[i] = (uint8_t)(q < 0.0f ? 0.0f : (q > 255.0f ? 255.0f : q));
+    /* Finite float32 input: the same arithmetic as the loop below as a vector loop, in
+       parallel chunks when there are several. */
+    j.scale = scale;
+    j.zp = zp;
+    if (tasks > 1) {
+      kiln_rt_parallel_for(a->ctx, dql_quantize_task, &j, tasks);
+    } else {
+      dql_f32_quantize(j.x, j.y, 0, j.n, scale, zp);
     }
   } else {
     for (int64_t i = 0; i < x->numel; i++) {

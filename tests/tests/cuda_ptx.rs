@@ -27,6 +27,7 @@ const LIBRARY_KERNELS: &[(&str, usize)] = &[
     ("conv_1d_3d", 2),
     ("conv_transpose", 2),
     ("conv_transpose_groups_dilations", 4),
+    ("dynamic_quantize_large", 1),
     ("einsum", 7),
     ("elementwise_unary_misc", 2),
     ("groupnorm_decomposed", 1),

@@ -83,7 +83,15 @@ pub(crate) fn lower_block_quantized(
     }
     let m: usize = sa[..sa.len() - 1].iter().product();
     let weights = pack(q, scales, zeros, n, k, block, tile);
-    if NibbleGemv::accepts(m, n, &epi) {
+    // A residual read as rows of N (the GEMM refuses any other with a message).
+    let residual_rows = match &epi.residual {
+        Some(crate::kernel::epilogue::Residual::Input(i)) => {
+            let rs = node.input_shape(*i)?;
+            rs.iter().product::<usize>() == m * n && rs.last() == Some(&n)
+        }
+        _ => true,
+    };
+    if residual_rows && NibbleGemv::accepts(m, n, &epi) {
         let params_at = params_offset(k, n.div_ceil(tile.nr()) * tile.nr());
         let gemv = NibbleGemv::new(
             tile,
