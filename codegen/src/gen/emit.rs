@@ -202,6 +202,22 @@ impl<'a, 'ctx> Emit<'a, 'ctx> {
             .map_err(llvm)
     }
 
+    /// `lanes` bytes at `p` (any alignment), zero-extended to i32 lanes.
+    pub fn load_u8s_as_i32s(&self, p: PointerValue<'ctx>, lanes: u32) -> Result<VectorValue<'ctx>> {
+        let bytes = self
+            .b
+            .build_load(self.cx.i8_type().vec_type(lanes), p, "")
+            .map_err(llvm)?;
+        bytes
+            .as_instruction_value()
+            .expect("load is an instruction")
+            .set_alignment(1)
+            .map_err(llvm)?;
+        self.b
+            .build_int_z_extend(bytes.into_vector_value(), self.cx.i32_type().vec_type(lanes), "")
+            .map_err(llvm)
+    }
+
     pub fn splat_i32(&self, x: IntValue<'ctx>, lanes: u32) -> Result<VectorValue<'ctx>> {
         let ty = self.cx.i32_type().vec_type(lanes);
         let v = self

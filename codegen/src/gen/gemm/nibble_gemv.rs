@@ -27,7 +27,7 @@ use crate::gen::emit::Emit;
 use crate::gen::{llvm, GeneratedKernel, KernelBuilder};
 use crate::kernel::epilogue::{Activation, Bias, Epilogue, Residual};
 use crate::kernel::{KernelCommon, PackedConst};
-use inkwell::values::{BasicValue, IntValue, PointerValue, VectorValue};
+use inkwell::values::{IntValue, PointerValue};
 use inkwell::IntPredicate;
 
 /// The most rows of A this kernel takes; more go to the GEMM, whose tiles share each unpacked
@@ -147,18 +147,6 @@ impl NibbleGemv {
         let params = e.gep_u8(blob, e.i64c(self.params_at as i64))?;
         let zero_points = e.gep_u8(params, e.i64c(blocks * n_padded as i64 * 4))?;
         let vty = e.vty(lanes);
-        let i32v = e.cx.i32_type().vec_type(lanes);
-        let i8v = e.cx.i8_type().vec_type(lanes);
-        let load_bytes = |at: PointerValue<'ctx>| -> Result<VectorValue<'ctx>> {
-            let bytes = e.b.build_load(i8v, at, "").map_err(llvm)?;
-            bytes
-                .as_instruction_value()
-                .expect("load is an instruction")
-                .set_alignment(1)
-                .map_err(llvm)?;
-            e.b.build_int_z_extend(bytes.into_vector_value(), i32v, "")
-                .map_err(llvm)
-        };
         // Accumulators in stack slots (promoted to registers): per row and half of the panel,
         // the product so far and the current block's two partial sums.
         let mut total = vec![];
@@ -192,14 +180,14 @@ impl NibbleGemv {
                 for h in 0..2i64 {
                     let at = e.addc(param_row, h * lanes as i64)?;
                     scales.push(e.load_vec(e.gep_f32(params, at)?, lanes)?);
-                    zeros.push(load_bytes(e.gep_u8(zero_points, at)?)?);
+                    zeros.push(e.load_u8s_as_i32s(e.gep_u8(zero_points, at)?, lanes)?);
                 }
                 for slot in &part {
                     e.store(*slot, e.zero_vec(lanes))?;
                 }
                 // Row `kk` of the block into partial sum `u`.
                 let step = |kk: IntValue<'ctx>, u: usize| -> Result<()> {
-                    let wide = load_bytes(e.gep_u8(rows, e.mulc(kk, lanes as i64)?)?)?;
+                    let wide = e.load_u8s_as_i32s(e.gep_u8(rows, e.mulc(kk, lanes as i64)?)?, lanes)?;
                     let halves = [
                         e.b.build_and(wide, low, "").map_err(llvm)?,
                         e.b.build_right_shift(wide, shift, false, "").map_err(llvm)?,

@@ -26,7 +26,7 @@ use crate::kernel::epilogue::Epilogue;
 use crate::kernel::PackedConst;
 use crate::node::NodeInfo;
 use crate::target::TargetDesc;
-use inkwell::values::{BasicValue, IntValue, PointerValue, VectorValue};
+use inkwell::values::{IntValue, PointerValue};
 use kiln_ir::{DType, Layout};
 
 /// Byte offset of the parameters after the nibbles of a `k`-deep B with `n_padded` columns.
@@ -168,26 +168,12 @@ impl super::GemmKernel {
         let nr = self.tile.nr() as i64;
         let (k, n_padded) = (self.k as i64, self.n_padded() as i64);
         let blocks = self.k.div_ceil(block) as i64;
-        let cx = e.cx;
-        let i8v = cx.i8_type().vec_type(lanes);
-        let i32v = cx.i32_type().vec_type(lanes);
         let params = e.gep_u8(src, e.i64c(params_offset(self.k, self.n_padded()) as i64))?;
         let zero_points = e.gep_u8(params, e.i64c(blocks * n_padded * 4))?;
         // The panel's first row of nibbles: panel `col / NR`, `lanes` bytes per row.
         let panel_rows = e.gep_u8(src, e.mulc(e.udivc(col, nr)?, k * lanes as i64)?)?;
         let low = e.splat_i32(e.i32c(15), lanes)?;
         let shift = e.splat_i32(e.i32c(4), lanes)?;
-        // `lanes` bytes at `at`, widened to i32 lanes.
-        let load_bytes = |at: PointerValue<'ctx>| -> Result<VectorValue<'ctx>> {
-            let bytes = e.b.build_load(i8v, at, "").map_err(llvm)?;
-            bytes
-                .as_instruction_value()
-                .expect("load is an instruction")
-                .set_alignment(1)
-                .map_err(llvm)?;
-            e.b.build_int_z_extend(bytes.into_vector_value(), i32v, "")
-                .map_err(llvm)
-        };
         // Block by block, its parameters loaded once: the rows of `[k0, k0 + kc)` in block `bk`.
         let k_end = e.add(k0, kc)?;
         let first_block = e.udivc(k0, block as i64)?;
@@ -209,11 +195,11 @@ impl super::GemmKernel {
             for h in 0..2 {
                 let at = e.addc(param_row, (h * lanes as usize) as i64)?;
                 let scale = e.load_vec(e.gep_f32(params, at)?, lanes)?;
-                let zero = load_bytes(e.gep_u8(zero_points, at)?)?;
+                let zero = e.load_u8s_as_i32s(e.gep_u8(zero_points, at)?, lanes)?;
                 params_of.push((scale, zero));
             }
             e.for_range(lo, hi, 1, |kk| {
-                let wide = load_bytes(e.gep_u8(panel_rows, e.mulc(kk, lanes as i64)?)?)?;
+                let wide = e.load_u8s_as_i32s(e.gep_u8(panel_rows, e.mulc(kk, lanes as i64)?)?, lanes)?;
                 let halves = [
                     e.b.build_and(wide, low, "").map_err(llvm)?,
                     e.b.build_right_shift(wide, shift, false, "").map_err(llvm)?,
