@@ -39,7 +39,6 @@ const MAX_TASKS: usize = 32;
 
 #[derive(Debug)]
 pub(crate) struct NibbleGemv {
-    what: String,
     tile: Tile,
     m: usize,
     n: usize,
@@ -50,7 +49,6 @@ pub(crate) struct NibbleGemv {
     /// Byte offset of the scales in the weights (`nibbles::params_offset`).
     params_at: usize,
     n_inputs: usize,
-    unread: Vec<usize>,
     scale: f32,
     residual: Option<usize>,
     activation: Activation,
@@ -94,13 +92,7 @@ impl NibbleGemv {
             Some(Residual::Input(i)) => Some(*i),
             _ => None,
         };
-        let panels = n.div_ceil(tile.nr());
         NibbleGemv {
-            what: format!(
-                "gemv-4bit {}-lane M={m} N={n} K={k} block={block} tasks={}",
-                tile.lanes,
-                panels.div_ceil(panels.div_ceil(MAX_TASKS))
-            ),
             tile,
             m,
             n,
@@ -109,16 +101,22 @@ impl NibbleGemv {
             packed,
             params_at,
             n_inputs: n_inputs.max(residual.map_or(0, |i| i + 1)),
-            // The weights' integers, scales and zero points are packed.
-            unread: vec![1, 2, 3],
             scale: epi.scale,
             residual,
             activation: epi.activation,
         }
     }
 
+    fn panels(&self) -> usize {
+        self.n.div_ceil(self.tile.nr())
+    }
+
     fn panels_per_task(&self) -> usize {
-        self.n.div_ceil(self.tile.nr()).div_ceil(MAX_TASKS)
+        self.panels().div_ceil(MAX_TASKS)
+    }
+
+    fn tasks(&self) -> usize {
+        self.panels().div_ceil(self.panels_per_task())
     }
 
     fn emit_task<'ctx>(&self, e: &Emit<'_, 'ctx>) -> Result<()> {
@@ -162,7 +160,7 @@ impl NibbleGemv {
         let part_at = |r: usize, h: usize, u: usize| part[(r * 2 + h) * 2 + u];
         let low = e.splat_i32(e.i32c(15), lanes)?;
         let shift = e.splat_i32(e.i32c(4), lanes)?;
-        let n_panels = e.i64c(self.n.div_ceil(self.tile.nr()) as i64);
+        let n_panels = e.i64c(self.panels() as i64);
         let p0 = e.mulc(t, self.panels_per_task() as i64)?;
         let p1 = e.umin(e.addc(p0, self.panels_per_task() as i64)?, n_panels)?;
         e.for_range(p0, p1, 1, |p| {
@@ -259,7 +257,15 @@ impl NibbleGemv {
 
 impl KernelCommon for NibbleGemv {
     fn describe(&self) -> String {
-        self.what.clone()
+        format!(
+            "gemv-4bit {}-lane M={} N={} K={} block={} tasks={}",
+            self.tile.lanes,
+            self.m,
+            self.n,
+            self.k,
+            self.block,
+            self.tasks()
+        )
     }
 
     fn packed_constants(&self) -> &[PackedConst] {
@@ -270,8 +276,9 @@ impl KernelCommon for NibbleGemv {
         PackedConst::release_all(&mut self.packed)
     }
 
+    /// A, and the residual; the weights' integers, scales and zero points are packed.
     fn reads_input(&self, i: usize) -> bool {
-        !self.unread.contains(&i)
+        i == 0 || self.residual == Some(i)
     }
 }
 
@@ -289,9 +296,7 @@ impl GeneratedKernel for NibbleGemv {
         let data = me.entry_alloca(me.ptr_ty().array_type(2), "taskdata")?;
         me.store(data, k.ctx())?;
         me.store(me.gep_ptr(data, 1)?, k.args())?;
-        let panels = self.n.div_ceil(self.tile.nr());
-        let tasks = panels.div_ceil(self.panels_per_task());
-        k.parallel_for(task, data, me.i64c(tasks as i64))?;
+        k.parallel_for(task, data, me.i64c(self.tasks() as i64))?;
         k.ret_ok()
     }
 }
