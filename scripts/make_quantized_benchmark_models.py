@@ -13,6 +13,10 @@ theirs, with onnxruntime's own tools:
   resnet50_qoperator         the same in QOperator format (QLinearConv, com.microsoft QLinearAdd
                              and QGemm).
 
+`--bert` and `--resnet` pick other models of the folder (names above with that prefix), such as
+the exporter graphs `hf_bert` and `tv_resnet50` (fixtures/make_benchmark_models.py --only
+hf_bert tv_resnet50): those are what speed claims are measured on.
+
 The folder gets a manifest in scripts/bench.py's format listing the float originals next to
 their quantized forms, so one bench run times both (no expected outputs: bench.py compares with
 onnxruntime's). Usage, from the repository root, after `scripts/bench.py` (or
@@ -20,6 +24,8 @@ onnxruntime's). Usage, from the repository root, after `scripts/bench.py` (or
 
     .venv/bin/python scripts/make_quantized_benchmark_models.py --models bench-models --out bench-quant
     python3 scripts/bench.py --models-dir bench-quant --threads 2 --runs 10 --rounds 3
+    .venv/bin/python scripts/make_quantized_benchmark_models.py --models bench-models --out bench-quant \
+        --bert hf_bert --resnet tv_resnet50
 """
 import argparse
 import json
@@ -70,6 +76,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="bench-models", help="the benchmark models (default: %(default)s)")
     ap.add_argument("--out", default="bench-quant", help="where to write (default: %(default)s)")
+    ap.add_argument("--bert", default="bert_encoder",
+                    help="the transformer to quantize (dynamic and QDQ), e.g. hf_bert for the Hugging Face "
+                         "export (default: %(default)s)")
+    ap.add_argument("--resnet", default="resnet50",
+                    help="the CNN to quantize (QDQ and QOperator), e.g. tv_resnet50 for the torchvision "
+                         "export (default: %(default)s)")
     args = ap.parse_args()
 
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_dynamic, quantize_static
@@ -79,29 +91,31 @@ def main() -> int:
     os.makedirs(args.out, exist_ok=True)
     out = []
 
-    bert = manifest["bert_encoder"]
-    for name in ("bert_encoder", "bert_encoder_dynamic_int8"):
+    b = args.bert
+    bert = manifest[b]
+    for name in (b, f"{b}_dynamic_int8"):
         out.append(copy_model(args.models, args.out, bert, name))
-    shutil.copyfile(os.path.join(args.models, bert["model"]), os.path.join(args.out, "bert_encoder/model.onnx"))
+    shutil.copyfile(os.path.join(args.models, bert["model"]), os.path.join(args.out, b, "model.onnx"))
     quantize_dynamic(os.path.join(args.models, bert["model"]),
-                     os.path.join(args.out, "bert_encoder_dynamic_int8/model.onnx"),
+                     os.path.join(args.out, f"{b}_dynamic_int8", "model.onnx"),
                      weight_type=QuantType.QInt8)
     out[-1]["description"] = bert["description"] + ", quantize_dynamic (QInt8 weights)"
-    out.append(copy_model(args.models, args.out, bert, "bert_encoder_qdq"))
-    quantize_static(os.path.join(args.models, bert["model"]), os.path.join(args.out, "bert_encoder_qdq/model.onnx"),
+    out.append(copy_model(args.models, args.out, bert, f"{b}_qdq"))
+    quantize_static(os.path.join(args.models, bert["model"]), os.path.join(args.out, f"{b}_qdq", "model.onnx"),
                     calibration(load_inputs(args.models, bert)), quant_format=QuantFormat.QDQ, per_channel=True,
                     activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
     out[-1]["description"] = bert["description"] + ", quantize_static (QDQ, per-channel s8 weights, u8 activations)"
 
-    resnet = manifest["resnet50"]
-    for name in ("resnet50", "resnet50_qdq"):
+    r = args.resnet
+    resnet = manifest[r]
+    for name in (r, f"{r}_qdq"):
         out.append(copy_model(args.models, args.out, resnet, name))
-    shutil.copyfile(os.path.join(args.models, resnet["model"]), os.path.join(args.out, "resnet50/model.onnx"))
-    out.append(copy_model(args.models, args.out, resnet, "resnet50_qoperator"))
+    shutil.copyfile(os.path.join(args.models, resnet["model"]), os.path.join(args.out, r, "model.onnx"))
+    out.append(copy_model(args.models, args.out, resnet, f"{r}_qoperator"))
     with tempfile.TemporaryDirectory() as d:
         pre = os.path.join(d, "pre.onnx")
         quant_pre_process(os.path.join(args.models, resnet["model"]), pre, skip_symbolic_shape=True)
-        for name, fmt in (("resnet50_qdq", QuantFormat.QDQ), ("resnet50_qoperator", QuantFormat.QOperator)):
+        for name, fmt in ((f"{r}_qdq", QuantFormat.QDQ), (f"{r}_qoperator", QuantFormat.QOperator)):
             quantize_static(pre, os.path.join(args.out, name, "model.onnx"),
                             calibration(load_inputs(args.models, resnet)),
                             quant_format=fmt, per_channel=True,
