@@ -40,6 +40,21 @@ pub struct Chain {
     /// The chain of an integer product ends in a per-tensor QuantizeLinear to u8 (in
     /// `absorbed`), its result's only use: the kernel stores bytes (`Epilogue::quantize`).
     pub quantize: Option<Quantize>,
+    /// The skip connection of a quantized residual block, added after an integer product's
+    /// fake-quantized result (`Epilogue`'s `Residual::Skip`); `residual` is its input.
+    pub skip: Option<Skip>,
+}
+
+/// `fake_quant(product) + x`, `x` read as it is stored: an f32 value, or the u8 input of a
+/// DequantizeLinear whose only use is the Add (the kernel dequantizes it, so the f32 copy
+/// never exists).
+#[derive(Clone, Copy, Debug)]
+pub struct Skip {
+    pub add: NodeId,
+    /// The fused DequantizeLinear and its parameters.
+    pub dequantize: Option<(NodeId, Quantize)>,
+    /// How many nodes `absorbed` held before the skip's: what the chain is without it.
+    absorbed_before: usize,
 }
 
 /// The `Mul` in front of a chain's anchor (`Chain::input_scale`).
@@ -70,17 +85,35 @@ impl Chain {
             },
             _ => Bias::None,
         };
-        let mut epi = Epilogue::new(
-            bias,
-            self.residual.map(|_| Residual::Input(residual_slot)),
-            self.activation,
-        );
+        let residual = self.residual.map(|_| match self.skip {
+            Some(skip) => Residual::Skip {
+                input: residual_slot,
+                dequantize: skip.dequantize.map(|(_, params)| params),
+            },
+            None => Residual::Input(residual_slot),
+        });
+        let mut epi = Epilogue::new(bias, residual, self.activation);
         epi.pool_mean = self.pool.is_some();
         epi.round_bf16 = self.round_bf16;
         epi.input_scale = self.input_scale.map(|_| residual_slot + 1);
         epi.dequantize = self.dequantize.clone();
         epi.quantize = self.quantize;
         epi
+    }
+
+    /// The chain without its skip connection (when its kernel does not take it): it ends at
+    /// the fake-quantized result again, which is stored as f32.
+    pub fn without_skip(&mut self) {
+        let Some(skip) = self.skip.take() else {
+            return;
+        };
+        self.absorbed.truncate(skip.absorbed_before);
+        self.residual = None;
+        self.quantize = None;
+        self.round_bf16 = false;
+        if let Some(&last) = self.absorbed.last() {
+            self.output = last.out(0);
+        }
     }
 
     /// Every node the chain's kernel computes besides its anchor.
@@ -174,6 +207,66 @@ fn fake_quant_after(
         return None;
     }
     Some(([div, round, clip, mul], (scale, lo, hi)))
+}
+
+/// The skip connection after `v` (`Skip`): its only use is an Add, not claimed, of another
+/// value with `v`'s type, or of a per-tensor DequantizeLinear (constant f32 scale, u8 zero
+/// point if any) of u8 bytes of that shape and layout whose only use is the Add. Returns the
+/// skip and the value the kernel reads.
+fn skip_after(
+    graph: &Graph,
+    v: ValueId,
+    sole: impl Fn(ValueId) -> Option<NodeId>,
+    claimed: &HashSet<NodeId>,
+    absorbed_before: usize,
+) -> Option<(Skip, ValueId)> {
+    let add =
+        sole(v).filter(|c| !claimed.contains(c) && matches!(graph.node(*c).op, Op::Binary(Binary::Add)))?;
+    let ty = graph.value_type(v);
+    let other = match graph.node(add).inputs.as_slice() {
+        [Some(a), Some(b)] if *a == v && *b != v => *b,
+        [Some(a), Some(b)] if *b == v && *a != v => *a,
+        _ => return None,
+    };
+    if graph.value_type(other) != ty
+        || graph.value_type(add.out(0)) != ty
+        || graph.known_value(other).is_some()
+    {
+        return None;
+    }
+    let skip = |dequantize| Skip {
+        add,
+        dequantize,
+        absorbed_before,
+    };
+    let dq = other.node;
+    let dn = graph.node(dq);
+    let per_tensor = matches!(dn.op, Op::Quant(QuantOp::DequantizeLinear { block_size: 0, .. }));
+    if !per_tensor || claimed.contains(&dq) || sole(other) != Some(add) {
+        return Some((skip(None), other));
+    }
+    let scalar = |i: usize| {
+        graph
+            .known_value(dn.inputs.get(i).copied().flatten()?)
+            .filter(|t| t.len() == 1)
+    };
+    let bytes = dn.inputs.first().copied().flatten()?;
+    let bt = graph.value_type(bytes);
+    let scale = scalar(1)
+        .filter(|t| t.dtype() == DType::F32)
+        .map(|t| t.to_f64_vec()[0] as f32);
+    let zero_point = match dn.inputs.get(2).copied().flatten() {
+        None => Some(0),
+        Some(_) => scalar(2).and_then(|t| t.as_slice::<u8>().map(|z| z[0])),
+    };
+    match (scale, zero_point) {
+        (Some(scale), Some(zero_point))
+            if bt.dtype == DType::U8 && bt.shape == ty.shape && bt.layout == ty.layout && scale > 0.0 =>
+        {
+            Some((skip(Some((dq, Quantize { scale, zero_point }))), bytes))
+        }
+        _ => Some((skip(None), other)),
+    }
 }
 
 /// The values of a constant f32 operand that is one per output channel (`[n]`, or `[1, .., n]`)
@@ -374,6 +467,7 @@ pub fn find_chains(graph: &Graph, cpu: bool) -> Vec<Chain> {
             input_scale: None,
             dequantize,
             quantize: None,
+            skip: None,
         };
         if cpu {
             chain.input_scale = input_scale_of(graph, id, sole, &claimed);
@@ -503,6 +597,17 @@ pub fn find_chains(graph: &Graph, cpu: bool) -> Vec<Chain> {
                 chain.activation = Activation::FakeQuant { scale, lo, hi };
                 cur = nodes[3].out(0);
                 chain.absorbed.extend(nodes);
+            }
+        }
+        // A quantized residual block: its skip connection joins the fake-quantized result
+        // (the DequantizeLinear before the Add first: `absorbed` ends with the output's node).
+        if integer && chain.residual.is_none() && matches!(chain.activation, Activation::FakeQuant { .. }) {
+            if let Some((skip, input)) = skip_after(graph, cur, sole, &claimed, chain.absorbed.len()) {
+                chain.absorbed.extend(skip.dequantize.map(|(dq, _)| dq));
+                chain.absorbed.push(skip.add);
+                chain.residual = Some(input);
+                chain.skip = Some(skip);
+                cur = skip.add.out(0);
             }
         }
         let grouped = matches!(&node.op, Op::Conv(a) if a.group > 1);

@@ -293,3 +293,98 @@ fn conv_integer_is_exact() {
     assert!(!what.contains("KC=2304"), "{what}");
     check_conv(&case(1, (8, 8), 12, 16, 1, 2, 0, Some(200)), 5);
 }
+
+/// A quantized residual block's tail on one kernel: the convolution's dequantized result,
+/// fake-quantized, plus the skip connection (`Residual::Skip`: f32, or u8 bytes dequantized
+/// with their own parameters), quantized to u8; against the same f32 operations in order, on 1
+/// and 2 threads. The skip input sits after the absent weight zero point (slot 4).
+#[test]
+fn conv_integer_adds_the_skip_connection_after_its_fake_quantization() {
+    use crate::kernel::epilogue::{Activation, Bias, Epilogue, Quantize, Residual};
+    let host = TargetDesc::host().unwrap();
+    if !host.has_int8_dot_kernels() {
+        println!("skipped: this CPU has no avx512_vnni");
+        return;
+    }
+    let case = ConvCase {
+        n: 1,
+        hw: (5, 7),
+        c: 16,
+        m: 48,
+        k: 3,
+        stride: 1,
+        pad: 1,
+        x_zero: Some(9),
+    };
+    let (mut g, inputs, mut data, y) = conv_graph(&case, 11);
+    let sums = kiln_ir::eval::eval_graph(&g, inputs).unwrap();
+    let sums = sums[0].as_slice::<i32>().unwrap().to_vec();
+    let n = case.m;
+    let out_shape: Vec<Dim> = g.value_type(y).shape.clone();
+    let r8 = g.add_input("skip_u8", TensorType::new(DType::U8, out_shape.clone()));
+    let r32 = g.add_input("skip_f32", TensorType::new(DType::F32, out_shape));
+    let mut rng = Rng::new(12);
+    let skip_bytes: Vec<u8> = (0..sums.len()).map(|_| byte(&mut rng)).collect();
+    let skip_f32: Vec<f32> = (0..sums.len()).map(|_| rng.next() * 2.0).collect();
+    let scales: Vec<f32> = (0..n).map(|j| 0.0007 * (j + 1) as f32).collect();
+    let bias: Vec<f32> = (0..n).map(|j| (j as f32 - 20.0) * 0.125).collect();
+    let (fq_scale, lo, hi) = (0.03f32, -120.0f32, 135.0f32);
+    let skip_params = Quantize {
+        scale: 0.02,
+        zero_point: 100,
+    };
+    let out = Quantize {
+        scale: 0.04,
+        zero_point: 3,
+    };
+    data.resize(4, None);
+    let fake_quant = |i: usize| {
+        let x = sums[i] as f32 * scales[i % n] + bias[i % n];
+        (x / fq_scale).round_ties_even().clamp(lo, hi) * fq_scale
+    };
+    let quantize =
+        |x: f32| ((x / out.scale).round_ties_even() + f32::from(out.zero_point)).clamp(0.0, 255.0) as u8;
+    for (skip, dequantize) in [(r8, Some(skip_params)), (r32, None)] {
+        let node = NodeInfo::new(&g, y.node).with_extra(4, skip);
+        let mut data = data.clone();
+        data.push(Some(match dequantize {
+            Some(_) => as_words(&skip_bytes),
+            None => skip_f32.clone(),
+        }));
+        let epi = Epilogue {
+            dequantize: Some(scales.clone()),
+            quantize: Some(out),
+            ..Epilogue::new(
+                Bias::PerCol(bias.clone()),
+                Some(Residual::Skip { input: 4, dequantize }),
+                Activation::FakeQuant {
+                    scale: fq_scale,
+                    lo,
+                    hi,
+                },
+            )
+        };
+        let kernel = super::products::lower_fused(&node, &host, epi)
+            .unwrap()
+            .expect("the integer kernel takes the skip connection");
+        let what = kernel.describe();
+        let want: Vec<u8> = (0..sums.len())
+            .map(|i| {
+                let skip = match dequantize {
+                    Some(p) => (i32::from(skip_bytes[i]) - i32::from(p.zero_point)) as f32 * p.scale,
+                    None => skip_f32[i],
+                };
+                quantize(fake_quant(i) + skip)
+            })
+            .collect();
+        for threads in [1, 2] {
+            let (got, _) = run_kernel(kernel.as_ref(), &node, &host, &data, sums.len(), threads, 0);
+            let got: Vec<u8> = got
+                .iter()
+                .flat_map(|f| f.to_le_bytes())
+                .take(want.len())
+                .collect();
+            assert_eq!(got, want, "{what}, skip {dequantize:?} ({threads} threads)");
+        }
+    }
+}

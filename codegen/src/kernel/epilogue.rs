@@ -47,10 +47,20 @@ pub enum Residual {
     Input(usize),
     /// A constant `[M, N]` matrix, the same for every batch entry.
     Const(Vec<f32>),
+    /// Input `input`, with the output's shape, added *after* the activation: the skip
+    /// connection of a quantized residual block, `Q(fake_quant(conv) + DQ(x))`, where the
+    /// activation is the convolution's `FakeQuant`. With `dequantize` the input holds u8,
+    /// read as `(q - zero_point) · scale` (its DequantizeLinear, fused); else f32. Only the
+    /// integer GEMM kernel takes it (`fuse::find_chains` builds it after integer anchors).
+    Skip {
+        input: usize,
+        dequantize: Option<Quantize>,
+    },
 }
 
 /// What happens to an output tile after the product, before it is stored:
-/// `y = act(scale * acc + bias + residual)`.
+/// `y = act(scale * acc + bias + residual)` (or `act(scale * acc + bias) + residual` for a
+/// `Residual::Skip`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Epilogue {
     pub scale: f32,
@@ -80,7 +90,8 @@ pub struct Epilogue {
     pub quantize: Option<Quantize>,
 }
 
-/// A per-tensor QuantizeLinear to u8: `clamp(roundeven(x / scale) + zero_point, 0, 255)`.
+/// A per-tensor QuantizeLinear to u8: `clamp(roundeven(x / scale) + zero_point, 0, 255)` (or
+/// the parameters of the DequantizeLinear that reads such bytes back, `Residual::Skip`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Quantize {
     pub scale: f32,

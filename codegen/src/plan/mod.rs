@@ -12,7 +12,7 @@ use crate::kernel::Storage;
 use crate::node::NodeInfo;
 use crate::target::TargetDesc;
 use crate::uk;
-use kiln_ir::{Graph, NodeId, Op, ValueId};
+use kiln_ir::{Graph, NodeId, Op, QuantOp, ValueId};
 use std::collections::HashMap;
 
 pub mod kernel;
@@ -193,16 +193,20 @@ pub fn build_into(
     } else {
         Vec::new()
     };
-    // A scaled input's Mul comes before its anchor, so whether the anchor's kernel takes it is
-    // settled before the schedule reaches the Mul: without it the Mul keeps a kernel.
+    // A scaled input's Mul and a skip connection's DequantizeLinear may come before their
+    // anchor, so whether the anchor's kernel takes them is settled before the schedule
+    // reaches them: without it they keep kernels of their own.
     let mut prebuilt: HashMap<usize, Kernel> = HashMap::new();
     for (c, chain) in chains.iter_mut().enumerate() {
-        if chain.input_scale.is_some() && live[chain.anchor.index()] {
+        if (chain.input_scale.is_some() || chain.skip.is_some()) && live[chain.anchor.index()] {
             match fused_kernel(graph, chain.anchor, chain, target, &mut weights) {
                 Some(k) => {
                     prebuilt.insert(c, k);
                 }
-                None => chain.input_scale = None,
+                None => {
+                    chain.input_scale = None;
+                    chain.without_skip();
+                }
             }
         }
     }
@@ -299,6 +303,7 @@ pub fn build_into(
                     col_bias: chain.col_bias.clone(),
                     dequantize: chain.dequantize.clone(),
                     quantize: chain.quantize,
+                    skip: chain.skip,
                     ..*chain
                 };
                 if !plain.absorbed.is_empty() {
@@ -526,8 +531,11 @@ fn fused_kernel(
     if info.output_shape(0).is_err() {
         return None;
     }
+    // After every input the operator may have, given or not (an integer product's absent
+    // zero points keep their slots).
     let slot = match node.op {
         Op::Conv(_) => 3,
+        Op::Quant(QuantOp::ConvInteger(_) | QuantOp::MatMulInteger) => 4,
         _ => node.inputs.len(),
     }
     .max(node.inputs.len());

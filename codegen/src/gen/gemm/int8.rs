@@ -307,17 +307,25 @@ fn assemble(
         packed.push(PackedConst { bytes: columns });
         1
     });
-    let residual = match &epi.residual {
-        None => None,
-        Some(Residual::Input(i)) if node.input_shape(*i)? == node.output_shape(0)? => {
-            Some(Operand::Strided {
-                input: *i,
-                rs: n,
-                cs: 1,
-            })
+    let same_shape = |i: usize| -> Result<bool> { Ok(node.input_shape(i)? == node.output_shape(0)?) };
+    let (residual, skip) = match &epi.residual {
+        None => (None, None),
+        Some(Residual::Input(i)) if same_shape(*i)? => (Some(*i), None),
+        // Bytes only where C holds bytes too: whole vectors, never the local tile's copy.
+        Some(Residual::Skip { input, dequantize }) if same_shape(*input)? => {
+            let dtype = node.input_type(*input).map(|t| t.dtype);
+            let ok = match dequantize {
+                Some(_) => dtype == Some(DType::U8) && epi.quantize.is_some(),
+                None => dtype == Some(DType::F32),
+            };
+            if !ok {
+                return Ok(None);
+            }
+            (Some(*input), Some(*dequantize))
         }
         Some(_) => return Ok(None),
     };
+    let residual = residual.map(|input| Operand::Strided { input, rs: n, cs: 1 });
     let what = format!(
         "{} {}x{nr} {:?} {} M={m} N={n} K={k} batch={} KC={} MB={mb} NB={nb}",
         p.what,
@@ -364,6 +372,7 @@ fn assemble(
             dequantize: epi.dequantize.is_some(),
             bias: bias.is_some(),
             quantize: epi.quantize,
+            skip,
         }),
     })))
 }

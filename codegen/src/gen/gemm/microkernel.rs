@@ -231,6 +231,7 @@ impl GemmKernel {
                 && self.residual.is_none()
                 && self.activation == Activation::None
                 && !self.round_bf16);
+        let skip = self.int8.and_then(|i| i.skip);
         if has_epi {
             e.if_then(last, || {
                 let bcolv: Vec<VectorValue> = match col_bias_at {
@@ -259,10 +260,23 @@ impl GemmKernel {
                         if col_bias_at.is_some() {
                             x = e.fadd(x, bcolv[v])?;
                         }
-                        if self.residual.is_some() {
+                        if self.residual.is_some() && skip.is_none() {
                             x = e.fadd(x, e.load_vec(row_ptr(rp, ldr, i, v)?, lanes)?)?;
                         }
                         x = activation(&e, self.activation, x, lanes)?;
+                        match skip {
+                            None => {}
+                            Some(None) => x = e.fadd(x, e.load_vec(row_ptr(rp, ldr, i, v)?, lanes)?)?,
+                            Some(Some(dq)) => {
+                                // `(q - zero_point) · scale` in f32, as DequantizeLinear.
+                                let off = e.addc(e.mulc(ldr, i as i64)?, (v as u32 * lanes) as i64)?;
+                                let q = e.load_u8s_as_i32s(e.gep_u8(rp, off)?, lanes)?;
+                                let zero = e.splat_i32(e.i32c(i32::from(dq.zero_point)), lanes)?;
+                                let q = b.build_int_sub(q, zero, "").map_err(llvm)?;
+                                let q = b.build_signed_int_to_float(q, vt, "").map_err(llvm)?;
+                                x = e.fadd(x, e.fmul(q, e.splat(e.f32c(dq.scale), lanes)?)?)?;
+                            }
+                        }
                         if self.round_bf16 {
                             x = crate::gen::elementwise::round_bf16(&e, x, lanes)?;
                         }

@@ -169,6 +169,9 @@ pub(crate) struct Int8 {
     /// The result is quantized to u8 and C holds bytes (`Epilogue::quantize`); the product
     /// then runs in one K block, C never holding partial sums.
     quantize: Option<Quantize>,
+    /// The residual operand is a `Residual::Skip`, added after the activation: u8 dequantized
+    /// with these parameters, else f32.
+    skip: Option<Option<Quantize>>,
 }
 
 /// The instruction an integer tile multiplies quads with.
@@ -297,6 +300,8 @@ impl Builder {
                 self.packed.push(PackedConst::from_f32s(v));
                 Some(Operand::Packed { slot })
             }
+            // Integer products only (`int8`).
+            Some(Residual::Skip { .. }) => return Ok(None),
         };
         let a_scale = match (epi.input_scale, self.scalable_rows) {
             (None, _) => None,
@@ -706,6 +711,11 @@ impl GemmKernel {
     /// Whether C holds u8 (an integer product's quantized result).
     fn stores_u8(&self) -> bool {
         self.int8.is_some_and(|i| i.quantize.is_some())
+    }
+
+    /// Whether the residual operand holds bytes (a dequantized `Residual::Skip`).
+    fn residual_u8(&self) -> bool {
+        self.int8.is_some_and(|i| matches!(i.skip, Some(Some(_))))
     }
 
     /// N rounded up to whole column panels: the width of one K block of packed B.

@@ -64,7 +64,7 @@ impl NibbleGemv {
             && epi.input_scale.is_none()
             && epi.dequantize.is_none()
             && epi.quantize.is_none()
-            && !matches!(epi.residual, Some(Residual::Const(_)));
+            && !matches!(epi.residual, Some(Residual::Const(_) | Residual::Skip { .. }));
         let bias = match &epi.bias {
             Bias::None => true,
             Bias::PerCol(v) => v.len() == n,

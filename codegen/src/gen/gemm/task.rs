@@ -120,6 +120,8 @@ impl GemmKernel {
             res: match &self.residual {
                 None => None,
                 Some(r @ Operand::Packed { .. }) => Some(slot(self.slot_of(r))?),
+                // Bytes as C's, a dequantized skip connection's (`Residual::Skip`).
+                Some(r) if self.residual_u8() => Some(e.gep_u8(slot(self.slot_of(r))?, c_off)?),
                 Some(r) => Some(e.gep_f32(slot(self.slot_of(r))?, c_off)?),
             },
             brow: match (self.bias_row, self.int8) {
@@ -275,6 +277,7 @@ impl GemmKernel {
                         e.gep_f32(ptrs.c, coff)?
                     };
                     let rptr = match ptrs.res {
+                        Some(r) if self.residual_u8() => e.gep_u8(r, coff)?,
                         Some(r) => e.gep_f32(r, coff)?,
                         None => null,
                     };
@@ -360,7 +363,9 @@ impl GemmKernel {
                             };
                         let not_first = e.b.build_not(first, "").map_err(llvm)?;
                         e.if_then(not_first, || copy(true, tmp_c, cptr))?;
-                        if ptrs.res.is_some() {
+                        // A byte residual comes with byte C, whose columns always have an
+                        // exact tile (`int8::stores_u8`): never here.
+                        if ptrs.res.is_some() && !self.residual_u8() {
                             e.if_then(last, || copy(true, tmp_r, rptr))?;
                         }
                         // The exact rows where the row panel is cut: a full tile would read

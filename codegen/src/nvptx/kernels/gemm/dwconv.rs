@@ -65,7 +65,7 @@ pub(super) fn lower(
             }
             Some((Slot::Input(*i), 0, 0, 1, 1.0))
         }
-        Some(Residual::Const(_)) => return Ok(None),
+        Some(Residual::Const(_) | Residual::Skip { .. }) => return Ok(None),
     };
     Ok(Some(Box::new(DwConvGpu {
         what: format!(

@@ -396,6 +396,7 @@ impl Parts {
                 self.packed.push(PackedConst::from_f32s(v));
                 Some((slot, 0, n, 1, 1.0))
             }
+            (Some(Residual::Skip { .. }), None) => return Ok(None),
         };
         let tile = Tile::for_shape(m, n, self.ty.mma);
         let tiles = n.div_ceil(tile.bn) * m.div_ceil(tile.bm) * z;
