@@ -25,6 +25,7 @@ impl Api {
             "destroy",
             "run",
             "run_generic",
+            "run_shaped",
             "last_error",
             "workspace_size",
             "info",

@@ -37,11 +37,12 @@ pub fn c_ident(name: &str) -> String {
     s
 }
 
-fn doc_line(ty: &TensorType, name: &str, id: &str, what: &str) -> String {
+fn doc_line(ty: &TensorType, name: &str, id: &str, what: &str, bound: bool) -> String {
     let shape = ty.fixed_shape().unwrap_or_default();
     let n: usize = shape.iter().product();
+    let at_most = if bound { "at most " } else { "" };
     format!(
-        " *   {what} {:<24} {}  ({} elements, {} bytes)  C name: {id}\n",
+        " *   {what} {:<24} {at_most}{}  ({at_most}{} elements, {} bytes)  C name: {id}\n",
         comment_text(name),
         ty,
         n,
@@ -280,15 +281,23 @@ pub fn comment_text(name: &str) -> String {
 }
 
 /// The header of a library of `kind`; `memory` is (arena bytes, per-thread scratch bytes).
+/// The tensors a header documents: the graph inputs and outputs (name, type), and which
+/// outputs have a shape that is an upper bound (`crate::data_dependent`).
+pub struct HeaderIo<'a> {
+    pub inputs: &'a [(String, TensorType)],
+    pub outputs: &'a [(String, TensorType)],
+    pub bounded: &'a [usize],
+}
+
 pub fn header(
     api: &Api,
     model_name: &str,
     target: &str,
-    inputs: &[(String, TensorType)],
-    outputs: &[(String, TensorType)],
+    io: &HeaderIo<'_>,
     memory: (u64, u64),
     kind: crate::buildfiles::LibKind,
 ) -> String {
+    let (inputs, outputs, bounded) = (io.inputs, io.outputs, io.bounded);
     let (arena_bytes, thread_scratch_bytes) = memory;
     let p = &api.prefix;
     let dl = if api.cuda { " -ldl" } else { "" };
@@ -311,10 +320,13 @@ pub fn header(
     let ids = c_names(p, inputs, outputs);
     let (in_ids, out_ids) = ids.split_at(inputs.len());
     for ((n, ty), id) in inputs.iter().zip(in_ids) {
-        s.push_str(&doc_line(ty, n, id, "input "));
+        s.push_str(&doc_line(ty, n, id, "input ", false));
     }
-    for ((n, ty), id) in outputs.iter().zip(out_ids) {
-        s.push_str(&doc_line(ty, n, id, "output"));
+    for (j, ((n, ty), id)) in outputs.iter().zip(out_ids).enumerate() {
+        s.push_str(&doc_line(ty, n, id, "output", bounded.contains(&j)));
+    }
+    if !bounded.is_empty() {
+        s.push_str(" *\n * Outputs marked \"at most\" have a size that depends on the data: their buffers need the\n * size given, the run writes their values first, and NAME_run_shaped reports their shape.\n".replace("NAME", p).as_str());
     }
     s.push_str(" *\n * The C names are the tensor names made valid, unique C and C++ identifiers; the size macros\n * below use them, NAME_info() and NAME_input_name() give the original names.\n");
     if api.cuda {
@@ -374,6 +386,9 @@ pub fn header(
     s.push_str(");\n\n");
     s.push_str(&format!(
         "/* Same, with inputs[i] / outputs[i] pointing at graph input / output i in the order above. */\nint32_t {p}_run_generic({p}_ctx *ctx, const void *const *inputs, void *const *outputs);\n\n"
+    ));
+    s.push_str(&format!(
+        "/* Same as {p}_run_generic, with shapes: input_shapes[i] must be graph input i's shape above\n   (its rank entries; a different shape is an error naming the input); output_shapes[i], where\n   output_shapes and it are not NULL, receives output i's shape after the run. Outputs whose\n   size depends on the data (marked \"at most\" above) need buffers of the size above, which\n   bounds them; the run writes their values first and reports their actual shape here. */\nint32_t {p}_run_shaped({p}_ctx *ctx, const void *const *inputs, const int64_t *const *input_shapes,\n                       void *const *outputs, int64_t *const *output_shapes);\n\n"
     ));
     s.push_str(&format!(
         "/* The last error of ctx (\"\" if none). With ctx NULL: why the last call on this thread that\n   had no context to record it in failed ({p}_create, or any call given a NULL ctx). That message\n   is thread-local: read it on the thread that made the failed call. */\nconst char *{p}_last_error({p}_ctx *ctx);\n\n"

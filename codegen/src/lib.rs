@@ -6,6 +6,7 @@ pub mod api;
 mod archive;
 mod bf16_rounding;
 pub mod buildfiles;
+pub mod data_dependent;
 pub mod emit;
 pub mod error;
 pub mod fuse;
@@ -156,6 +157,8 @@ pub struct WeightsFile {
 /// build, for reports. Cheap next to the LLVM pipeline.
 pub fn plan_only(graph: &Graph, opts: &CompileOptions) -> Result<Summary> {
     let kernel_target = opts.kernel_target()?;
+    let bounded = data_dependent::bound_outputs(graph, opts.cuda_sm.is_some())?;
+    let graph = &*bounded.graph;
     let plan = plan::build_with(graph, &kernel_target, &opts.plan)?;
     Ok(summarize(graph, &plan, &kernel_target, vec![]))
 }
@@ -195,6 +198,8 @@ pub fn compile(
 ) -> Result<Summary> {
     progress.phase("plan");
     let kernel_target = opts.kernel_target()?;
+    let bounded = data_dependent::bound_outputs(graph, opts.cuda_sm.is_some())?;
+    let graph = &*bounded.graph;
     if opts.emit == Emit::Ptx && opts.cuda_sm.is_none() {
         return Err(CodegenError::Target("--emit ptx needs --target cuda".into()));
     }
@@ -256,6 +261,7 @@ pub fn compile(
         portable: None,
         variant: None,
         weights_object: separate_weights.then_some(weights_symbol.as_str()),
+        data_dependent: &bounded.outputs,
     };
     progress.phase("codegen");
     let cx = Context::create();
@@ -272,6 +278,7 @@ pub fn compile(
         progress,
         &api,
         graph,
+        &bounded.outputs,
         &target,
         (plan.arena_bytes, plan.thread_scratch_bytes),
         device_code.is_some(),
@@ -295,13 +302,21 @@ pub fn compile(
 /// Plans every variant of a portable artifact; variants that would be the same code are
 /// dropped (avx512_bf16 when no kernel computes bf16 products in hardware, avx512_vnni when no
 /// kernel computes integer ones).
+/// A portable artifact's variant: its graph (outputs bounded), plan and target.
+type PlannedVariant<'a> = (Graph, plan::Plan, &'a TargetDesc);
+
+/// The planned variants, and the graph outputs whose shapes are bounds (`data_dependent`; the
+/// same for every variant, whose graphs differ only in what their targets' passes did).
 fn plan_variants<'a>(
     variants: &'a [Variant<'a>],
     opts: &plan::passes::PlanOptions,
-) -> Result<Vec<(Graph, plan::Plan, &'a TargetDesc)>> {
+) -> Result<(Vec<PlannedVariant<'a>>, Vec<usize>)> {
     let mut planned = vec![];
+    let mut data_dependent = vec![];
     for v in variants {
-        let graph = v.graph.clone();
+        let bounded = data_dependent::bound_outputs(v.graph, false)?;
+        data_dependent = bounded.outputs;
+        let graph = bounded.graph.into_owned();
         let opts = plan::passes::PlanOptions {
             needs: v.needs,
             ..opts.clone()
@@ -322,7 +337,7 @@ fn plan_variants<'a>(
         }
         planned.push((graph, plan, &v.target));
     }
-    Ok(planned)
+    Ok((planned, data_dependent))
 }
 
 fn check_portable(opts: &CompileOptions) -> Result<()> {
@@ -360,7 +375,7 @@ fn summarize_portable(planned: &[(Graph, plan::Plan, &TargetDesc)], files: Vec<P
 /// [`plan_only`] for a portable artifact (`--cpu portable`).
 pub fn plan_only_portable(variants: &[Variant<'_>], opts: &CompileOptions) -> Result<Summary> {
     check_portable(opts)?;
-    let planned = plan_variants(variants, &opts.plan)?;
+    let (planned, _) = plan_variants(variants, &opts.plan)?;
     Ok(summarize_portable(&planned, vec![]))
 }
 
@@ -375,7 +390,7 @@ pub fn compile_portable(
 ) -> Result<Summary> {
     check_portable(opts)?;
     progress.phase("plan");
-    let planned = plan_variants(variants, &opts.plan)?;
+    let (planned, data_dependent) = plan_variants(variants, &opts.plan)?;
     let api = api::Api {
         prefix: header::c_ident(&opts.name),
         profile: opts.profile,
@@ -400,6 +415,7 @@ pub fn compile_portable(
         portable: Some(&portable),
         variant: None,
         weights_object: None,
+        data_dependent: &data_dependent,
     };
     progress.phase("codegen");
     let cx = Context::create();
@@ -422,6 +438,7 @@ pub fn compile_portable(
         progress,
         &api,
         graph,
+        &data_dependent,
         &header_target,
         (arena, scratch),
         false,
@@ -439,6 +456,8 @@ fn finish_module(
     progress: &mut dyn Progress,
     api: &api::Api,
     graph: &Graph,
+    // The graph outputs whose shape is a bound (`data_dependent`), for the header.
+    bounded: &[usize],
     target: &str,
     memory: (u64, u64),
     cuda: bool,
@@ -528,8 +547,11 @@ fn finish_module(
                 api,
                 &opts.name,
                 target,
-                &emit::signature::signature_inputs(graph),
-                &emit::signature::signature_outputs(graph),
+                &header::HeaderIo {
+                    inputs: &emit::signature::signature_inputs(graph),
+                    outputs: &emit::signature::signature_outputs(graph),
+                    bounded,
+                },
                 memory,
                 kind,
             );

@@ -947,3 +947,141 @@ int32_t kiln_uk_roi_align(const kiln_uk_args *a) {
   kiln_rt_parallel_for(a->ctx, roi_task, &j, j.R * j.C);
   return KILN_UK_OK;
 }
+
+/* ---- NonMaxSuppression ---------------------------------------------------------------------
+   in: boxes [B, N, 4], scores [B, C, N] (same float dtype), max_output_boxes_per_class (i64
+   scalar, absent: 0), iou_threshold, score_threshold (scalars, optional). out[0]: the selected
+   [batch, class, box] triples, [count, 3] i64, count only known at run time: the buffer holds
+   the bound computed at compile time (codegen/src/data_dependent.rs) and this writes the actual
+   count into out[0].dims[0] (the context's shape of the graph output). iattr: center_point_box.
+   scratch: 3 * N int64 (candidates, merge-sort buffer, selected boxes).
+   The arithmetic follows the reference (kiln_ir's detect.rs) in the boxes' precision (float
+   for f16/bf16/f32 boxes, double for f64): candidates scoring above the threshold, highest
+   score first and the lower index on ties, each kept unless its IoU with a kept box exceeds
+   the threshold, at most max_output_boxes_per_class per class. */
+
+#define NMS_DEFINE(T, SUFFIX)                                                                      \
+  KILN_UK_INLINE T nms_max_##SUFFIX(T a, T b) { return a >= b ? a : b; }                          \
+  KILN_UK_INLINE T nms_min_##SUFFIX(T a, T b) { return a <= b ? a : b; }                          \
+  KILN_UK_INLINE void nms_extent_##SUFFIX(const T *b, int axis, int center, T *lo, T *hi) {        \
+    if (center) {                                                                                  \
+      T half = b[axis + 2] / (T)2.0;                                                               \
+      *lo = b[axis] - half;                                                                        \
+      *hi = b[axis] + half;                                                                        \
+    } else if (b[axis] <= b[axis + 2]) {                                                           \
+      *lo = b[axis];                                                                               \
+      *hi = b[axis + 2];                                                                           \
+    } else {                                                                                       \
+      *lo = b[axis + 2];                                                                           \
+      *hi = b[axis];                                                                               \
+    }                                                                                              \
+  }                                                                                                \
+  KILN_UK_INLINE int nms_suppresses_##SUFFIX(const T *a, const T *b, int center, T threshold) {    \
+    T ay0, ay1, ax0, ax1, by0, by1, bx0, bx1;                                                      \
+    nms_extent_##SUFFIX(a, 0, center, &ay0, &ay1);                                                 \
+    nms_extent_##SUFFIX(a, 1, center, &ax0, &ax1);                                                 \
+    nms_extent_##SUFFIX(b, 0, center, &by0, &by1);                                                 \
+    nms_extent_##SUFFIX(b, 1, center, &bx0, &bx1);                                                 \
+    T ix = nms_min_##SUFFIX(ax1, bx1) - nms_max_##SUFFIX(ax0, bx0);                                \
+    T iy = nms_min_##SUFFIX(ay1, by1) - nms_max_##SUFFIX(ay0, by0);                                \
+    if (ix <= (T)0 || iy <= (T)0) return 0;                                                        \
+    T inter = ix * iy;                                                                             \
+    T area_a = (ax1 - ax0) * (ay1 - ay0);                                                          \
+    T area_b = (bx1 - bx0) * (by1 - by0);                                                          \
+    T uni = area_a + area_b - inter;                                                               \
+    if (inter <= (T)0 || area_a <= (T)0 || area_b <= (T)0 || uni <= (T)0) return 0;                \
+    return inter / uni > threshold;                                                                \
+  }
+
+NMS_DEFINE(float, f)
+NMS_DEFINE(double, d)
+
+/* Whether candidate i comes before j: the higher score, then the lower index. */
+KILN_UK_INLINE int nms_before(const kiln_tensor *s, int64_t base, int64_t i, int64_t j, int wide) {
+  double si = kiln_load_f64(s->data, s->dtype, base + i), sj = kiln_load_f64(s->data, s->dtype, base + j);
+  if (!wide) {
+    si = (float)si;
+    sj = (float)sj;
+  }
+  if (si > sj) return 1;
+  if (sj > si) return 0;
+  return i < j;
+}
+
+/* Stable merge sort of idx[0..n) by nms_before, through tmp (n entries). */
+static void nms_sort(int64_t *idx, int64_t *tmp, int64_t n, const kiln_tensor *s, int64_t base, int wide) {
+  for (int64_t width = 1; width < n; width *= 2) {
+    for (int64_t lo = 0; lo < n; lo += 2 * width) {
+      int64_t mid = lo + width < n ? lo + width : n, hi = lo + 2 * width < n ? lo + 2 * width : n;
+      int64_t i = lo, j = mid, k = lo;
+      while (i < mid && j < hi) tmp[k++] = nms_before(s, base, idx[j], idx[i], wide) ? idx[j++] : idx[i++];
+      while (i < mid) tmp[k++] = idx[i++];
+      while (j < hi) tmp[k++] = idx[j++];
+    }
+    __builtin_memcpy(idx, tmp, (size_t)n * sizeof *idx);
+  }
+}
+
+int32_t kiln_uk_nms(const kiln_uk_args *a) {
+  const kiln_tensor *boxes = &a->in[0], *scores = &a->in[1];
+  const kiln_tensor *y = &a->out[0];
+  int center = (int)a->iattr[0];
+  int64_t nb = boxes->dims[0], n = boxes->dims[1], nc = scores->dims[1];
+  int wide = boxes->dtype == KILN_F64;
+  int64_t max_out = 0;
+  if (a->n_in > 2 && a->in[2].data && a->in[2].numel > 0) max_out = kiln_load_i64(a->in[2].data, a->in[2].dtype, 0);
+  if (max_out < 0) max_out = 0;
+  double iou = 0.0, score_t = 0.0;
+  int has_score_t = 0;
+  if (a->n_in > 3 && a->in[3].data && a->in[3].numel > 0) iou = kiln_load_f64(a->in[3].data, a->in[3].dtype, 0);
+  if (a->n_in > 4 && a->in[4].data && a->in[4].numel > 0) {
+    score_t = kiln_load_f64(a->in[4].data, a->in[4].dtype, 0);
+    has_score_t = 1;
+  }
+  if (!wide) {
+    iou = (float)iou;
+    score_t = (float)score_t;
+  }
+  int64_t *cand = (int64_t *)a->scratch, *tmp = cand + n, *kept = tmp + n;
+  int64_t *out = (int64_t *)y->data, count = 0, cap = y->numel / 3;
+  float fa[4], fb[4];
+  double da[4], db[4];
+  for (int64_t b = 0; b < nb; b++) {
+    for (int64_t c = 0; c < nc; c++) {
+      int64_t base = (b * nc + c) * n, m = 0;
+      for (int64_t i = 0; i < n; i++) {
+        double s = kiln_load_f64(scores->data, scores->dtype, base + i);
+        if (!wide) s = (float)s;
+        if (!has_score_t || s > score_t) cand[m++] = i;
+      }
+      nms_sort(cand, tmp, m, scores, base, wide);
+      int64_t n_kept = 0;
+      for (int64_t t = 0; t < m && n_kept < max_out; t++) {
+        int64_t i = cand[t], keep = 1;
+        for (int q = 0; q < 4; q++) {
+          da[q] = kiln_load_f64(boxes->data, boxes->dtype, (b * n + i) * 4 + q);
+          fa[q] = (float)da[q];
+        }
+        for (int64_t s = 0; s < n_kept && keep; s++) {
+          for (int q = 0; q < 4; q++) {
+            db[q] = kiln_load_f64(boxes->data, boxes->dtype, (b * n + kept[s]) * 4 + q);
+            fb[q] = (float)db[q];
+          }
+          keep = wide ? !nms_suppresses_d(da, db, center, iou) : !nms_suppresses_f(fa, fb, center, (float)iou);
+        }
+        if (!keep) continue;
+        if (count >= cap)
+          return kiln_uk_fail(a, KILN_UK_EVALUE,
+                              "NonMaxSuppression selected more boxes than its output holds (%lld)",
+                              (long long)cap);
+        kept[n_kept++] = i;
+        out[count * 3] = b;
+        out[count * 3 + 1] = c;
+        out[count * 3 + 2] = i;
+        count++;
+      }
+    }
+  }
+  ((int64_t *)y->dims)[0] = count;
+  return KILN_UK_OK;
+}

@@ -959,3 +959,31 @@ int32_t kiln_uk_grid_sample(const kiln_uk_args *a) {
   }
   return KILN_UK_OK;
 }
+
+/* NonZero: the coordinates of the non-zero elements of in[0] in row-major order, as out[0]
+   [rank, count] i64. The output's size depends on the data: its buffer is sized for every
+   element ([rank, numel], codegen/src/data_dependent.rs), and its dims point at the context's
+   shape of the graph output, where this writes the count (kiln_rt_output_dims). A value is
+   non-zero as the reference has it: NaN is, -0.0 is not. */
+int32_t kiln_uk_nonzero(const kiln_uk_args *a) {
+  const kiln_tensor *x = &a->in[0];
+  const kiln_tensor *y = &a->out[0];
+  i64 rank = x->rank, n = x->numel, count = 0;
+  for (i64 i = 0; i < n; i++) count += kiln_load_f64(x->data, x->dtype, i) != 0.0;
+  if (count * rank > y->numel)
+    return kiln_uk_fail(a, KILN_UK_EVALUE, "NonZero found %lld values, more than its output holds (%lld)",
+                        (long long)count, (long long)(rank ? y->numel / rank : 0));
+  int64_t *out = (int64_t *)y->data;
+  i64 k = 0;
+  for (i64 i = 0; i < n; i++) {
+    if (kiln_load_f64(x->data, x->dtype, i) == 0.0) continue;
+    i64 rest = i;
+    for (i64 d = rank - 1; d >= 0; d--) {
+      out[d * count + k] = rest % x->dims[d];
+      rest /= x->dims[d];
+    }
+    k++;
+  }
+  ((int64_t *)y->dims)[1] = count;
+  return KILN_UK_OK;
+}

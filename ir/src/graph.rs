@@ -144,6 +144,28 @@ impl Graph {
         &self.output(v).ty
     }
 
+    /// Gives `v`, whose type has dims unknown at compile time, static dims that bound its size:
+    /// for codegen, which stores a data-dependent output (NonZero's, say) in a buffer of that
+    /// size and reports its actual shape at run time. Fails when `ty` is not static, differs in
+    /// dtype or rank, or contradicts a dim that is already fixed.
+    pub fn bound_value_type(&mut self, v: ValueId, ty: TensorType) -> Result<(), String> {
+        let old = self.value_type(v);
+        let fits = ty.is_static()
+            && ty.dtype == old.dtype
+            && ty.rank() == old.rank()
+            && old
+                .shape
+                .iter()
+                .zip(&ty.shape)
+                .all(|(a, b)| a.fixed().is_none() || a == b);
+        if !fits {
+            return Err(format!("{ty} cannot bound {old}"));
+        }
+        check_value_size(&ty)?;
+        self.nodes[v.node.index()].outputs[v.output as usize].ty = ty;
+        Ok(())
+    }
+
     pub fn value_name(&self, v: ValueId) -> &str {
         &self.output(v).name
     }

@@ -525,9 +525,14 @@ int kiln_exe_main(int argc, char **argv, const kiln_model_desc *desc) {
   }
 
   for (int32_t i = 0; i < n_out; i++) {
+    /* The shape the run left (an output whose size depends on the data has its actual dims,
+       its values first in the buffer). */
+    kiln_io_desc shaped = desc->outputs[i];
+    shaped.dims = kiln_rt_output_dims(ctx, i);
+    shaped.bytes = kiln_rt_output_bytes(ctx, i);
     if (output_dir) {
       char *path = output_file_name(output_dir, desc->outputs[i].name);
-      if (!path || kiln_npy_write(path, &desc->outputs[i], outs[i], err, sizeof err) != 0) {
+      if (!path || kiln_npy_write(path, &shaped, outs[i], err, sizeof err) != 0) {
         print_error(path ? err : "out of memory");
         if (path) rc = EXIT_USAGE;
         free(path);
@@ -536,7 +541,7 @@ int kiln_exe_main(int argc, char **argv, const kiln_model_desc *desc) {
       }
       free(path);
     }
-    if (!quiet) summarize(stdout, &desc->outputs[i], outs[i]);
+    if (!quiet) summarize(stdout, &shaped, outs[i]);
   }
   if (profile) {
     kiln_rt_profile_enable(ctx, 0);

@@ -140,6 +140,22 @@ int32_t kiln_rt_io_count(const kiln_model_desc *desc, int32_t output);
 const char *kiln_rt_io_name(const kiln_model_desc *desc, int32_t output, int32_t i);
 int32_t kiln_rt_io_dtype(const kiln_model_desc *desc, int32_t output, int32_t i);
 int32_t kiln_rt_io_shape(const kiln_model_desc *desc, int32_t output, int32_t i, int64_t *dims);
+/* The shape of graph output i after the last run (rank entries, NULL when i is out of range):
+   its static dims, except where the output's size depends on the data (NonZero,
+   NonMaxSuppression, Unique, a Compress by a run-time condition): the output buffer has room
+   for the static dims, which bound it, and the operator's kernel writes the actual dims here
+   (its kiln_tensor's dims point at them) and its values first, in row-major order for them. */
+int64_t *kiln_rt_output_dims(kiln_ctx *ctx, int32_t i);
+/* The bytes graph output i holds after the last run (for its kiln_rt_output_dims); -1 out of
+   range. */
+int64_t kiln_rt_output_bytes(kiln_ctx *ctx, int32_t i);
+/* NAME_run_shaped after its kiln_rt_api_check (fn: its name, for messages): checks that every
+   input_shapes[i] is the shape input i was compiled for, runs, and writes each output's shape
+   (kiln_rt_output_dims) to output_shapes[i] where output_shapes and that entry are not NULL.
+   Returns 0, or non-zero with the context's error set. */
+int32_t kiln_rt_run_shaped(kiln_ctx *ctx, const char *fn, const void *const *inputs,
+                           const int64_t *const *input_shapes, void *const *outputs,
+                           int64_t *const *output_shapes);
 /* Prefixes the context's last error with the node that failed (generated code calls this when a
    kernel returns non-zero). */
 void kiln_rt_error_context(kiln_ctx *ctx, const char *node, const char *op);

@@ -46,6 +46,11 @@ struct kiln_ctx {
   void *device;             /* a CUDA model's device state (cuda.c), NULL for a CPU model */
   int32_t device_index;
   char device_name[128];
+  /* The shapes of the graph outputs after the last run (kiln_rt_output_dims): the static dims,
+     which data-dependent kernels overwrite with the actual ones. out_dims[out_at[i]..] holds
+     output i's rank entries. */
+  int64_t *out_dims;
+  int64_t *out_at;
 };
 
 /* ---- CPU features ------------------------------------------------------------------------ */
@@ -414,6 +419,85 @@ kiln_ctx *kiln_rt_create(const kiln_model_desc *desc, int32_t num_threads) {
   return kiln_rt_create_with_weights(desc, num_threads, NULL);
 }
 
+/* The context's copy of the outputs' static dims (kiln_rt_output_dims). */
+static int init_output_dims(kiln_ctx *ctx) {
+  const kiln_model_desc *desc = ctx->desc;
+  int64_t total = 0;
+  for (int32_t i = 0; i < desc->n_outputs; i++) {
+    if (desc->outputs[i].rank < 0 || desc->outputs[i].rank > 64) {
+      snprintf(create_error, sizeof create_error, "bad model description: output %d has rank %d", i,
+               desc->outputs[i].rank);
+      return -1;
+    }
+    total += desc->outputs[i].rank;
+  }
+  ctx->out_dims = calloc((size_t)(total > 0 ? total : 1), sizeof *ctx->out_dims);
+  ctx->out_at = calloc((size_t)(desc->n_outputs > 0 ? desc->n_outputs : 1), sizeof *ctx->out_at);
+  if (!ctx->out_dims || !ctx->out_at) {
+    snprintf(create_error, sizeof create_error, "out of memory");
+    return -1;
+  }
+  int64_t at = 0;
+  for (int32_t i = 0; i < desc->n_outputs; i++) {
+    ctx->out_at[i] = at;
+    for (int32_t d = 0; d < desc->outputs[i].rank; d++) ctx->out_dims[at + d] = desc->outputs[i].dims[d];
+    at += desc->outputs[i].rank;
+  }
+  return 0;
+}
+
+int64_t *kiln_rt_output_dims(kiln_ctx *ctx, int32_t i) {
+  if (!ctx || i < 0 || i >= ctx->desc->n_outputs) return NULL;
+  return ctx->out_dims + ctx->out_at[i];
+}
+
+int64_t kiln_rt_output_bytes(kiln_ctx *ctx, int32_t i) {
+  const int64_t *dims = kiln_rt_output_dims(ctx, i);
+  if (!dims) return -1;
+  const kiln_io_desc *d = &ctx->desc->outputs[i];
+  int64_t numel = 1, all = 1;
+  for (int32_t k = 0; k < d->rank; k++) {
+    numel *= dims[k];
+    all *= d->dims[k];
+  }
+  return all > 0 ? d->bytes / all * numel : 0;
+}
+
+int32_t kiln_rt_run_shaped(kiln_ctx *ctx, const char *fn, const void *const *inputs,
+                           const int64_t *const *input_shapes, void *const *outputs,
+                           int64_t *const *output_shapes) {
+  const kiln_model_desc *desc = ctx->desc;
+  if (!input_shapes && desc->n_inputs > 0) {
+    kiln_rt_set_error(ctx, "%s: input_shapes is NULL", fn);
+    return -1;
+  }
+  for (int32_t i = 0; i < desc->n_inputs; i++) {
+    const kiln_io_desc *d = &desc->inputs[i];
+    int same = input_shapes[i] != NULL;
+    for (int32_t k = 0; same && k < d->rank; k++) same = input_shapes[i][k] == d->dims[k];
+    if (same) continue;
+    char want[256];
+    int n = snprintf(want, sizeof want, "[");
+    for (int32_t k = 0; k < d->rank && n < (int)sizeof want - 24; k++)
+      n += snprintf(want + n, sizeof want - (size_t)n, "%s%lld", k ? ", " : "", (long long)d->dims[k]);
+    snprintf(want + n, sizeof want - (size_t)n, "]");
+    if (!input_shapes[i])
+      kiln_rt_set_error(ctx, "%s: input_shapes[%d] ('%s') is NULL", fn, i, d->name);
+    else
+      kiln_rt_set_error(ctx, "%s: input '%s' does not have the shape %s this model was compiled for", fn,
+                        d->name, want);
+    return -1;
+  }
+  int32_t rc = desc->run(ctx, inputs, outputs);
+  if (rc != 0 || !output_shapes) return rc;
+  for (int32_t i = 0; i < desc->n_outputs; i++) {
+    if (!output_shapes[i]) continue;
+    const int64_t *dims = kiln_rt_output_dims(ctx, i);
+    for (int32_t k = 0; k < desc->outputs[i].rank; k++) output_shapes[i][k] = dims[k];
+  }
+  return 0;
+}
+
 /* The parts of a context every model has: the description and the mapped weights. */
 static kiln_ctx *ctx_new(const kiln_model_desc *desc, const char *weights_path) {
   if (check_cpu_features(desc->cpu_features) != 0) return NULL;
@@ -424,7 +508,9 @@ static kiln_ctx *ctx_new(const kiln_model_desc *desc, const char *weights_path) 
   }
   ctx->desc = desc;
   ctx->device_index = -1;
-  if (attach_weights(ctx, weights_path) != 0) {
+  if (init_output_dims(ctx) != 0 || attach_weights(ctx, weights_path) != 0) {
+    free(ctx->out_dims);
+    free(ctx->out_at);
     free(ctx);
     return NULL;
   }
@@ -514,6 +600,8 @@ void kiln_rt_destroy(kiln_ctx *ctx) {
   pool_destroy(ctx->pool);
   kiln_rt_profile_free(ctx->prof);
   kiln_weights_close(&ctx->weights);
+  free(ctx->out_dims);
+  free(ctx->out_at);
   free(ctx->arena);
   free(ctx->thread_scratch);
   free(ctx);

@@ -93,6 +93,25 @@ int main(void) {
     CHECK(sum[i] == want && neg[i] == -c[i]);
   }
   CHECK(names_run_generic(ctx, ins, outs) == 0 && names_last_error(ctx)[0] == 0);
+
+  /* The shaped run: input shapes checked against the compiled ones, output shapes reported. */
+  int64_t in_dims[5][2], out_dims[2][2] = {{-1, -1}, {-1, -1}};
+  const int64_t *in_shapes[5];
+  int64_t *out_shapes[2] = {out_dims[0], out_dims[1]};
+  for (int32_t i = 0; i < 5; i++) {
+    names_input_shape(i, in_dims[i]);
+    in_shapes[i] = in_dims[i];
+  }
+  CHECK(names_run_shaped(ctx, ins, NULL, outs, out_shapes) != 0 && strstr(names_last_error(ctx), "input_shapes is NULL"));
+  in_dims[2][0] = 4;
+  CHECK(names_run_shaped(ctx, ins, in_shapes, outs, out_shapes) != 0);
+  CHECK(strstr(names_last_error(ctx), "names_run_shaped") && strstr(names_last_error(ctx), "'a.b'") &&
+        strstr(names_last_error(ctx), "[3]"));
+  in_dims[2][0] = 3;
+  CHECK(names_run_shaped(NULL, ins, in_shapes, outs, out_shapes) != 0);
+  CHECK(names_run_shaped(ctx, ins, in_shapes, outs, out_shapes) == 0 && names_last_error(ctx)[0] == 0);
+  CHECK(out_dims[0][0] == 2 && out_dims[0][1] == 3 && out_dims[1][0] == 2 && out_dims[1][1] == 3);
+  CHECK(names_run_shaped(ctx, ins, in_shapes, outs, NULL) == 0);
   names_destroy(ctx);
   printf("ok\n");
   return 0;

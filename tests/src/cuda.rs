@@ -9,6 +9,25 @@ use std::process::Command;
 /// The error message prefix of a CUDA artifact that finds no driver or no device.
 pub const NO_DEVICE: &str = "no CUDA device";
 
+/// Fixtures whose graph outputs have sizes that depend on the data (NonMaxSuppression,
+/// NonZero): CPU targets compile them, the CUDA target refuses them with this message until its
+/// kernels can report a shape. GPU tests check the refusal instead of the outputs.
+pub const CUDA_REFUSED: &[&str] = &["detection_outputs"];
+pub const CUDA_REFUSAL: &str = "depends on the data: the CUDA target does not compile that yet";
+
+/// For a fixture in [`CUDA_REFUSED`]: Ok when `result` is the refusal, an error otherwise.
+pub fn expect_cuda_refusal<T>(name: &str, result: Result<T, String>) -> Result<(), String> {
+    match result {
+        Err(e) if e.contains(CUDA_REFUSAL) => Ok(()),
+        Err(e) => Err(format!(
+            "{name}: expected the CUDA target's refusal ({CUDA_REFUSAL}), got: {e}"
+        )),
+        Ok(_) => Err(format!(
+            "{name}: compiled for CUDA, which should refuse it ({CUDA_REFUSAL})"
+        )),
+    }
+}
+
 /// The compute capabilities whose PTX CI checks: A100 and H100.
 pub const CHECKED_SM: [u32; 2] = [80, 90];
 

@@ -109,7 +109,8 @@ pub fn compile_and_run_staticlib_on(
         .collect();
     for (i, ty) in outs.iter().enumerate() {
         let p = dir.join(format!("out{i}.bin"));
-        cmd.arg(format!("{}:{}", p.display(), ty.size_bytes().unwrap_or(0)));
+        let bytes = ty.size_bytes().map_or(-1, |b| b as i64);
+        cmd.arg(format!("{}:{bytes}", p.display()));
     }
     let o = cmd.output().map_err(|e| e.to_string())?;
     if !o.status.success() {
@@ -123,7 +124,20 @@ pub fn compile_and_run_staticlib_on(
         .enumerate()
         .map(|(i, ty)| {
             let bytes = std::fs::read(dir.join(format!("out{i}.bin"))).map_err(|e| e.to_string())?;
-            let shape = ty.fixed_shape().ok_or("dynamic output shape")?;
+            // The shape the run reported (NAME_run_shaped): the graph's, or for an output whose
+            // size depends on the data, the actual one.
+            let dims =
+                std::fs::read_to_string(dir.join(format!("out{i}.bin.shape"))).map_err(|e| e.to_string())?;
+            let shape = dims
+                .split_whitespace()
+                .map(|d| {
+                    d.parse::<usize>()
+                        .map_err(|e| format!("output {i} shape '{dims}': {e}"))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            if ty.is_static() && ty.fixed_shape().as_ref() != Some(&shape) {
+                return Err(format!("output {i}: run_shaped reported {shape:?} for {ty}"));
+            }
             Tensor::from_le_bytes(ty.dtype, shape, &bytes).map_err(|e| e.to_string())
         })
         .collect()

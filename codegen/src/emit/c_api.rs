@@ -192,6 +192,29 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
         let outs = f.get_nth_param(2).expect("outputs").into_pointer_value();
         guarded_run(f, "run_generic", ins, outs, 1)?;
 
+        // The shaped run: input shapes checked, output shapes reported (kiln_rt_run_shaped).
+        let f = self.exported_fn(
+            &api.symbol("run_shaped"),
+            i32t.fn_type(&[p.into(), p.into(), p.into(), p.into(), p.into()], false),
+        );
+        let params: Vec<BasicValueEnum> = f.get_param_iter().collect();
+        self.api_check(
+            f,
+            desc,
+            "run_shaped",
+            params[1].into_pointer_value(),
+            params[3].into_pointer_value(),
+            1,
+        )?;
+        let name = self.cstring("kiln.api.run_shaped.name", &api.symbol("run_shaped"));
+        let rc = self
+            .call_rt(
+                "kiln_rt_run_shaped",
+                &[params[0], name.into(), params[1], params[2], params[3], params[4]],
+            )?
+            .expect("i32");
+        b.build_return(Some(&rc)).map_err(llvm)?;
+
         let n_in = self.parts.graph.inputs().len();
         let n_out = self.parts.graph.outputs().len();
         let params: Vec<_> = std::iter::repeat_n(p.into(), 1 + n_in + n_out).collect();

@@ -14,7 +14,7 @@ use inkwell::module::{Linkage, Module};
 use inkwell::types::{BasicTypeEnum, StructType};
 use inkwell::values::{BasicValueEnum, FunctionValue, PointerValue};
 use inkwell::IntPredicate;
-use kiln_ir::{Graph, TensorType};
+use kiln_ir::{Graph, TensorType, ValueId};
 use std::collections::HashMap;
 
 /// Emits `i32 kiln.k{i}(ptr ctx, ptr args)` for every kernel of the plan into `module` (whose
@@ -132,6 +132,18 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
         self.cx.struct_type(&[p, i, p, i, p, i, p, i, p, p], false)
     }
 
+    /// The graph output whose actual dims the kernel computing `v` writes, when `v` is a
+    /// data-dependent operator's output (`crate::data_dependent`).
+    fn data_dependent_output(&self, v: ValueId) -> Option<usize> {
+        let graph = self.parts.graph;
+        self.parts.data_dependent.iter().copied().find(|&j| {
+            graph
+                .outputs()
+                .get(j)
+                .is_some_and(|o| crate::data_dependent::chain_to(graph, o.value).last() == Some(&v))
+        })
+    }
+
     /// Fills `kiln_tensor` descriptors and `kiln_uk_args`, calls `kiln_uk_<symbol>`.
     pub(super) fn ukernel_body(
         &self,
@@ -213,6 +225,19 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
         }
         for (idx, v) in k.outputs.iter().enumerate() {
             describe(outs, idx, n_in + idx, Some(graph.value_type(*v)), "out")?;
+            if let Some(j) = self.data_dependent_output(*v) {
+                // Its kernel writes the actual dims into the context's shape of graph output j.
+                let t = unsafe { b.build_in_bounds_gep(tt, outs, &[i64t.const_int(idx as u64, false)], "t") }
+                    .map_err(llvm)?;
+                let dims = self
+                    .call_rt(
+                        "kiln_rt_output_dims",
+                        &[ctx.into(), self.cx.i32_type().const_int(j as u64, false).into()],
+                    )?
+                    .expect("ptr");
+                let p = b.build_struct_gep(tt, t, 1, "dims").map_err(llvm)?;
+                b.build_store(p, dims).map_err(llvm)?;
+            }
         }
         let scratch = match k.scratch {
             Some(_) => load_arg(n_in + n_out)?,

@@ -48,6 +48,9 @@ pub struct ModuleParts<'a> {
     /// The packed weights are linked beside the code as an object of their own defining this
     /// symbol (`crate::weights_object`); None: embedded in the module.
     pub weights_object: Option<&'a str>,
+    /// The graph outputs whose shape is an upper bound (`crate::data_dependent`): their
+    /// kernels write the actual dims into the context's output shape.
+    pub data_dependent: &'a [usize],
 }
 
 /// The CPU variants of a portable artifact, baseline first: each one a complete set of
@@ -279,6 +282,7 @@ pub fn build_portable_module<'ctx>(
             portable: Some(portable),
             variant: Some(i),
             weights_object: None,
+            data_dependent: parts.data_dependent,
         };
         let m = variant_module(cx, &module, &vparts, i, shared, &mut |k, _| {
             on_kernel(done + k, total)
@@ -497,6 +501,7 @@ mod tests {
             portable: None,
             variant: None,
             weights_object: None,
+            data_dependent: &[],
         };
         let cx = Context::create();
         let module = cx.create_module("m");

@@ -21,19 +21,25 @@ pub fn signature_outputs(graph: &Graph) -> Vec<(String, TensorType)> {
         .collect()
 }
 
-/// `c_name`: the tensor's parameter and size-macro name in the C header.
-fn io_json(items: &[(String, TensorType)], c_names: &[String]) -> serde_json::Value {
+/// `c_name`: the tensor's parameter and size-macro name in the C header; `bounded`: the indices
+/// whose shape is an upper bound (`crate::data_dependent`), marked `"shape_is_bound": true`.
+fn io_json(items: &[(String, TensorType)], c_names: &[String], bounded: &[usize]) -> serde_json::Value {
     serde_json::Value::Array(
         items
             .iter()
             .zip(c_names)
-            .map(|((name, ty), c_name)| {
-                serde_json::json!({
+            .enumerate()
+            .map(|(i, ((name, ty), c_name))| {
+                let mut v = serde_json::json!({
                     "name": name,
                     "c_name": c_name,
                     "dtype": kiln_runtime::DTYPE_NAMES[ty.dtype as usize],
                     "shape": ty.fixed_shape().unwrap_or_default(),
-                })
+                });
+                if bounded.contains(&i) {
+                    v["shape_is_bound"] = true.into();
+                }
+                v
             })
             .collect(),
     )
@@ -54,8 +60,8 @@ pub fn signature_json(
         "target": parts.target.triple,
         "cpu": parts.target.cpu,
         "cpu_features": parts.target.required_cpu_features(),
-        "inputs": io_json(inputs, in_ids),
-        "outputs": io_json(outputs, out_ids),
+        "inputs": io_json(inputs, in_ids, &[]),
+        "outputs": io_json(outputs, out_ids, parts.data_dependent),
         "kernels": parts.plan.kernels.len(),
         "weights_bytes": parts.plan.weights.len(),
         "arena_bytes": parts.plan.arena_bytes,

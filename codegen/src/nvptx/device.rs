@@ -52,6 +52,8 @@ pub fn build(graph: &Graph, plan: &Plan, target: &TargetDesc, model_name: &str) 
         portable: None,
         variant: None,
         weights_object: None,
+        // GPU targets refuse data-dependent outputs (`crate::data_dependent`).
+        data_dependent: &[],
     };
     let bodies = emit::kernels::kernel_functions(&cx, &module, &parts, &mut |_, _| {})?;
     let builder = cx.create_builder();

@@ -199,6 +199,7 @@ pub(crate) fn run_plan(
         portable: None,
         variant: None,
         weights_object: None,
+        data_dependent: &[],
     };
     let bodies = crate::emit::kernels::kernel_functions(&cx, &module, &parts, &mut |_, _| {})
         .map_err(|e| e.to_string())?;

@@ -17,6 +17,22 @@ pub fn lower(node: &NodeInfo) -> Result<Option<UkCall>> {
         Op::Rnn(a) => rnn(node, a).map(Some),
         Op::Quant(q) => quant(node, q),
         Op::Signal(x) => signal(node, x),
+        // iattr: center_point_box. Scratch: candidates, merge buffer and kept boxes (3 × N i64).
+        // Its output's size depends on the data (`crate::data_dependent`).
+        Op::Vision(VisionOp::NonMaxSuppression { center_point_box }) => {
+            let boxes = node.input_shape(0)?;
+            let scores = node.input_shape(1)?;
+            if boxes.len() != 3 || boxes[2] != 4 || scores.len() != 3 {
+                return Err(node.unsupported(format!(
+                    "boxes {boxes:?} and scores {scores:?} must be [B, N, 4] and [B, C, N]"
+                )));
+            }
+            Ok(Some(
+                UkCall::new("nms")
+                    .iattr([*center_point_box as i64])
+                    .scratch((3 * boxes[1].max(1) * 8) as u64),
+            ))
+        }
         Op::Vision(VisionOp::RoiAlign {
             mode,
             output_height,

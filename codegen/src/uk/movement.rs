@@ -46,6 +46,8 @@ pub fn lower(node: &NodeInfo) -> Result<Option<UkCall>> {
         }
         Op::Trilu { upper } => trilu(node, *upper)?,
         Op::Range => UkCall::new("range"),
+        // Its output's size depends on the data (`crate::data_dependent`).
+        Op::NonZero => UkCall::new("nonzero"),
         Op::OneHot { axis } => one_hot(node, *axis)?,
         Op::Resize(a) => resize(node, a)?,
         Op::Vision(VisionOp::MaxUnpool {
