@@ -1,5 +1,6 @@
-//! Graph outputs whose size depends on the data: NonZero and NonMaxSuppression produce as many
-//! values as their inputs select, so type inference leaves a dim of their output unknown.
+//! Graph outputs whose size depends on the data: NonZero, NonMaxSuppression and a Compress by a
+//! run-time condition produce as many values as their inputs select, so type inference leaves
+//! a dim of their output unknown.
 //! Such an output compiles when it is a graph output that no node reads: its buffer gets the
 //! static shape that bounds it (`upper_bound`), its kernel writes its values first, in
 //! row-major order for the actual dims, and writes those dims into the context's shape of
@@ -9,7 +10,7 @@
 //! count at run time.
 
 use crate::error::{CodegenError, Result};
-use kiln_ir::{Dim, Graph, Op, TensorType, ValueId, VisionOp};
+use kiln_ir::{Dim, Graph, MiscOp, Op, TensorType, ValueId, VisionOp};
 use std::borrow::Cow;
 
 /// The graph codegen plans (with bounded types where outputs are data-dependent) and which of
@@ -123,6 +124,21 @@ fn upper_bound(graph: &Graph, v: ValueId) -> Option<Vec<usize>> {
                 },
             };
             Some(vec![batch * classes * per_class, 3])
+        }
+        // The axis (or the flattened tensor) keeps at most as many slices as it has and as
+        // the condition has entries.
+        Op::Misc(MiscOp::Compress { axis }) => {
+            let (x, cond) = (input(0)?, input(1)?);
+            let len = *cond.first()?;
+            match axis {
+                None => Some(vec![x.iter().product::<usize>().min(len)]),
+                Some(axis) => {
+                    let a = kiln_ir::ops::util::norm_axis(*axis, x.len()).ok()?;
+                    let mut s = x;
+                    s[a] = s[a].min(len);
+                    Some(s)
+                }
+            }
         }
         _ => None,
     }

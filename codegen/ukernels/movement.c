@@ -987,3 +987,39 @@ int32_t kiln_uk_nonzero(const kiln_uk_args *a) {
   ((int64_t *)y->dims)[1] = count;
   return KILN_UK_OK;
 }
+
+/* Compress: the slices of in[0] along an axis (iattr: outer, n, inner — the dims before, at and
+   after it; the whole tensor as one axis of inner 1 when Compress has none) where the bool
+   condition in[1] is true, in order; a shorter condition selects among the leading slices,
+   and one longer than the axis may not select past it (as the reference). With a run-time
+   condition the output's size depends on the data: its buffer holds every slice and its dims
+   point at the context's shape of the graph output (codegen/src/data_dependent.rs), where
+   the count is written (iattr[3]: the axis' index among the output's dims). With a constant
+   condition the output is static and the count equals its dim, so nothing is written. */
+int32_t kiln_uk_compress(const kiln_uk_args *a) {
+  const kiln_tensor *x = &a->in[0], *cond = &a->in[1], *y = &a->out[0];
+  i64 outer = a->iattr[0], n = a->iattr[1], inner = a->iattr[2], axis = a->iattr[3];
+  const uint8_t *c = (const uint8_t *)cond->data;
+  i64 count = 0;
+  for (i64 k = 0; k < cond->numel; k++) {
+    if (!c[k]) continue;
+    if (k >= n)
+      return kiln_uk_fail(a, KILN_UK_EINDEX, "Compress: the condition selects index %lld of an axis of extent %lld",
+                          (long long)k, (long long)n);
+    count++;
+  }
+  if (outer * count * inner > y->numel)
+    return kiln_uk_fail(a, KILN_UK_EVALUE, "Compress selects %lld slices, more than its output holds",
+                        (long long)count);
+  i64 es = kiln_dtype_size(x->dtype), row = inner * es;
+  const char *src = (const char *)x->data;
+  char *dst = (char *)y->data;
+  for (i64 o = 0; o < outer; o++)
+    for (i64 k = 0; k < n && k < cond->numel; k++)
+      if (c[k]) {
+        __builtin_memcpy(dst, src + (o * n + k) * row, (size_t)row);
+        dst += row;
+      }
+  if (y->dims[axis] != count) ((int64_t *)y->dims)[axis] = count;
+  return KILN_UK_OK;
+}

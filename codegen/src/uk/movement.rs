@@ -48,6 +48,21 @@ pub fn lower(node: &NodeInfo) -> Result<Option<UkCall>> {
         Op::Range => UkCall::new("range"),
         // Its output's size depends on the data (`crate::data_dependent`).
         Op::NonZero => UkCall::new("nonzero"),
+        // iattr: outer, n, inner (the dims before, at and after the axis; the whole tensor as
+        // one axis without one), the axis' index in the output. Its output's size depends on
+        // the data unless the condition is a constant.
+        Op::Misc(MiscOp::Compress { axis }) => {
+            let x = node.input_shape(0)?;
+            let (outer, n, inner, at) = match axis {
+                None => (1, x.iter().product::<usize>(), 1, 0),
+                Some(axis) => {
+                    let a = kiln_ir::ops::util::norm_axis(*axis, x.len())
+                        .map_err(|e| node.unsupported(e.to_string()))?;
+                    (x[..a].iter().product(), x[a], x[a + 1..].iter().product(), a)
+                }
+            };
+            UkCall::new("compress").iattr([outer as i64, n as i64, inner as i64, at as i64])
+        }
         Op::OneHot { axis } => one_hot(node, *axis)?,
         Op::Resize(a) => resize(node, a)?,
         Op::Vision(VisionOp::MaxUnpool {
