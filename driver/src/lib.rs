@@ -453,8 +453,11 @@ impl<'p> Session<'p> {
     pub fn plan(&self, lowered: &Graph) -> Result<Plan> {
         let target = self.target()?;
         let kernel_target = self.kernel_target()?;
+        // Data-dependent graph outputs planned with the types that bound them, as compile does
+        // (the value ids are the same; only those types differ from `lowered`'s).
+        let bounded = kiln_codegen::data_dependent::bound_outputs(lowered, target.is_gpu())?;
         let plan = kiln_codegen::plan::build_with(
-            lowered,
+            &bounded.graph,
             &kernel_target,
             &self.plan_options(self.target_needs(&target), false),
         )?;
