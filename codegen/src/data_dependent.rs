@@ -1,5 +1,5 @@
-//! Graph outputs whose size depends on the data: NonZero, NonMaxSuppression and a Compress by a
-//! run-time condition produce as many values as their inputs select, so type inference leaves
+//! Graph outputs whose size depends on the data: NonZero, NonMaxSuppression, Unique and a
+//! Compress by a run-time condition produce as many values as their inputs select, so type inference leaves
 //! a dim of their output unknown.
 //! Such an output compiles when it is a graph output that no node reads: its buffer gets the
 //! static shape that bounds it (`upper_bound`), its kernel writes its values first, in
@@ -138,6 +138,23 @@ fn upper_bound(graph: &Graph, v: ValueId) -> Option<Vec<usize>> {
                     s[a] = s[a].min(len);
                     Some(s)
                 }
+            }
+        }
+        // The distinct slices (output 0), their first occurrences (1) and counts (3): at most
+        // every slice. The inverse indices (2) have one per slice, a static shape.
+        Op::Misc(MiscOp::Unique { axis, .. }) => {
+            let x = input(0)?;
+            let (n, a) = match axis {
+                None => (x.iter().product::<usize>(), None),
+                Some(axis) => {
+                    let a = kiln_ir::ops::util::norm_axis(*axis, x.len()).ok()?;
+                    (x[a], Some(a))
+                }
+            };
+            match (v.output, a) {
+                (0, None) | (1 | 3, _) => Some(vec![n]),
+                (0, Some(_)) => Some(x),
+                _ => None,
             }
         }
         _ => None,

@@ -1023,3 +1023,92 @@ int32_t kiln_uk_compress(const kiln_uk_args *a) {
   if (y->dims[axis] != count) ((int64_t *)y->dims)[axis] = count;
   return KILN_UK_OK;
 }
+
+/* Unique: the distinct slices of in[0] along an axis (iattr: outer, n, inner as for Compress;
+   sorted; the axis' index in out[0]), compared lexicographically in (outer, inner) order with
+   NaN after every number and equal to itself (numpy's order, as the reference). Outputs, as
+   many as the node has: the slices [.., count, ..], the first occurrence of each [count], the
+   slice each input slice became [n], the count of each [count]. count depends on the data:
+   out[0], out[1] and out[3] are bounded by n (codegen/src/data_dependent.rs) and their dims
+   receive it where they differ. scratch: 7 * n int64. */
+static int unique_cmp(const kiln_tensor *x, i64 outer, i64 n, i64 inner, i64 p, i64 q) {
+  int fl = kiln_dtype_is_float(x->dtype);
+  for (i64 o = 0; o < outer; o++)
+    for (i64 i = 0; i < inner; i++) {
+      i64 ip = (o * n + p) * inner + i, iq = (o * n + q) * inner + i;
+      if (fl) {
+        double a = kiln_load_f64(x->data, x->dtype, ip), b = kiln_load_f64(x->data, x->dtype, iq);
+        int an = a != a, bn = b != b;
+        if (an || bn) {
+          if (an != bn) return an ? 1 : -1;
+          continue;
+        }
+        if (a != b) return a < b ? -1 : 1;
+      } else {
+        int64_t a = kiln_load_i64(x->data, x->dtype, ip), b = kiln_load_i64(x->data, x->dtype, iq);
+        if (a != b) return a < b ? -1 : 1;
+      }
+    }
+  return 0;
+}
+
+/* Stable merge sort of v[0..m) through tmp: by slice order (key NULL) or by key[v[i]]. */
+static void unique_sort(i64 *v, i64 *tmp, i64 m, const kiln_tensor *x, i64 outer, i64 n, i64 inner,
+                        const i64 *key) {
+  for (i64 w = 1; w < m; w *= 2) {
+    for (i64 lo = 0; lo < m; lo += 2 * w) {
+      i64 mid = lo + w < m ? lo + w : m, hi = lo + 2 * w < m ? lo + 2 * w : m;
+      i64 i = lo, j = mid, k = lo;
+      while (i < mid && j < hi) {
+        int right_first = key ? key[v[j]] < key[v[i]] : unique_cmp(x, outer, n, inner, v[j], v[i]) < 0;
+        tmp[k++] = right_first ? v[j++] : v[i++];
+      }
+      while (i < mid) tmp[k++] = v[i++];
+      while (j < hi) tmp[k++] = v[j++];
+    }
+    __builtin_memcpy(v, tmp, (size_t)m * sizeof *v);
+  }
+}
+
+int32_t kiln_uk_unique(const kiln_uk_args *a) {
+  const kiln_tensor *x = &a->in[0];
+  i64 outer = a->iattr[0], n = a->iattr[1], inner = a->iattr[2], sorted = a->iattr[3], axis = a->iattr[4];
+  i64 *order = (i64 *)a->scratch, *tmp = order + n, *firsts = tmp + n, *counts = firsts + n;
+  i64 *perm = counts + n, *rank = perm + n, *inverse = rank + n;
+  for (i64 k = 0; k < n; k++) order[k] = k;
+  unique_sort(order, tmp, n, x, outer, n, inner, NULL);
+  i64 groups = 0;
+  for (i64 p = 0; p < n; p++) {
+    if (p == 0 || unique_cmp(x, outer, n, inner, firsts[groups - 1], order[p]) != 0) {
+      firsts[groups] = order[p];
+      counts[groups++] = 0;
+    }
+    counts[groups - 1]++;
+    inverse[order[p]] = groups - 1;
+  }
+  /* Unsorted: the groups in the order of their first occurrences. */
+  for (i64 g = 0; g < groups; g++) perm[g] = g;
+  if (!sorted) unique_sort(perm, tmp, groups, x, outer, n, inner, firsts);
+  for (i64 g = 0; g < groups; g++) rank[perm[g]] = g;
+  if (a->n_out > 0 && groups * outer * inner > a->out[0].numel)
+    return kiln_uk_fail(a, KILN_UK_EVALUE, "Unique found %lld slices, more than its output holds", (long long)groups);
+  i64 es = kiln_dtype_size(x->dtype), row = inner * es;
+  if (a->n_out > 0) {
+    char *dst = (char *)a->out[0].data;
+    for (i64 o = 0; o < outer; o++)
+      for (i64 g = 0; g < groups; g++) {
+        __builtin_memcpy(dst, (const char *)x->data + (o * n + firsts[perm[g]]) * row, (size_t)row);
+        dst += row;
+      }
+    if (a->out[0].dims[axis] != groups) ((int64_t *)a->out[0].dims)[axis] = groups;
+  }
+  for (i64 g = 0; g < groups; g++) {
+    if (a->n_out > 1) ((int64_t *)a->out[1].data)[g] = firsts[perm[g]];
+    if (a->n_out > 3) ((int64_t *)a->out[3].data)[g] = counts[perm[g]];
+  }
+  if (a->n_out > 2)
+    for (i64 k = 0; k < n; k++) ((int64_t *)a->out[2].data)[k] = rank[inverse[k]];
+  for (int o = 1; o < a->n_out; o += 2)
+    if (a->out[o].dims[0] != groups) ((int64_t *)a->out[o].dims)[0] = groups;
+  return KILN_UK_OK;
+}

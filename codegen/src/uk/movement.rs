@@ -63,6 +63,23 @@ pub fn lower(node: &NodeInfo) -> Result<Option<UkCall>> {
             };
             UkCall::new("compress").iattr([outer as i64, n as i64, inner as i64, at as i64])
         }
+        // iattr: outer, n, inner as Compress's, sorted, the axis' index in output 0. Scratch:
+        // 7 × n i64 (the sort and the groups). Outputs 0, 1 and 3 have sizes that depend on the
+        // data.
+        Op::Misc(MiscOp::Unique { sorted, axis }) => {
+            let x = node.input_shape(0)?;
+            let (outer, n, inner, at) = match axis {
+                None => (1, x.iter().product::<usize>(), 1, 0),
+                Some(axis) => {
+                    let a = kiln_ir::ops::util::norm_axis(*axis, x.len())
+                        .map_err(|e| node.unsupported(e.to_string()))?;
+                    (x[..a].iter().product(), x[a], x[a + 1..].iter().product(), a)
+                }
+            };
+            UkCall::new("unique")
+                .iattr([outer as i64, n as i64, inner as i64, *sorted as i64, at as i64])
+                .scratch((7 * n.max(1) * 8) as u64)
+        }
         Op::OneHot { axis } => one_hot(node, *axis)?,
         Op::Resize(a) => resize(node, a)?,
         Op::Vision(VisionOp::MaxUnpool {
