@@ -23,6 +23,20 @@ use kiln_ir::{
 /// Must match MV_MAX_RANK in movement.c.
 const MAX_RANK: usize = 32;
 
+/// Input 0 as slices along `axis` (Compress, Unique): the extents before, at and after it and
+/// its index; without an axis, the flattened tensor as one axis.
+fn slices_along(node: &NodeInfo, axis: Option<i64>) -> Result<(usize, usize, usize, usize)> {
+    let x = node.input_shape(0)?;
+    Ok(match axis {
+        None => (1, x.iter().product(), 1, 0),
+        Some(axis) => {
+            let a =
+                kiln_ir::ops::util::norm_axis(axis, x.len()).map_err(|e| node.unsupported(e.to_string()))?;
+            (x[..a].iter().product(), x[a], x[a + 1..].iter().product(), a)
+        }
+    })
+}
+
 pub fn lower(node: &NodeInfo) -> Result<Option<UkCall>> {
     let call = match node.op() {
         Op::Transpose { perm } => transpose(node, perm)?,
@@ -52,30 +66,14 @@ pub fn lower(node: &NodeInfo) -> Result<Option<UkCall>> {
         // one axis without one), the axis' index in the output. Its output's size depends on
         // the data unless the condition is a constant.
         Op::Misc(MiscOp::Compress { axis }) => {
-            let x = node.input_shape(0)?;
-            let (outer, n, inner, at) = match axis {
-                None => (1, x.iter().product::<usize>(), 1, 0),
-                Some(axis) => {
-                    let a = kiln_ir::ops::util::norm_axis(*axis, x.len())
-                        .map_err(|e| node.unsupported(e.to_string()))?;
-                    (x[..a].iter().product(), x[a], x[a + 1..].iter().product(), a)
-                }
-            };
+            let (outer, n, inner, at) = slices_along(node, *axis)?;
             UkCall::new("compress").iattr([outer as i64, n as i64, inner as i64, at as i64])
         }
         // iattr: outer, n, inner as Compress's, sorted, the axis' index in output 0. Scratch:
         // 7 × n i64 (the sort and the groups). Outputs 0, 1 and 3 have sizes that depend on the
         // data.
         Op::Misc(MiscOp::Unique { sorted, axis }) => {
-            let x = node.input_shape(0)?;
-            let (outer, n, inner, at) = match axis {
-                None => (1, x.iter().product::<usize>(), 1, 0),
-                Some(axis) => {
-                    let a = kiln_ir::ops::util::norm_axis(*axis, x.len())
-                        .map_err(|e| node.unsupported(e.to_string()))?;
-                    (x[..a].iter().product(), x[a], x[a + 1..].iter().product(), a)
-                }
-            };
+            let (outer, n, inner, at) = slices_along(node, *axis)?;
             UkCall::new("unique")
                 .iattr([outer as i64, n as i64, inner as i64, *sorted as i64, at as i64])
                 .scratch((7 * n.max(1) * 8) as u64)
