@@ -1,105 +1,547 @@
-//! Graph outputs whose size depends on the data: NonZero, NonMaxSuppression, Unique and a
-//! Compress by a run-time condition produce as many values as their inputs select, so type inference leaves
-//! a dim of their output unknown.
-//! Such an output compiles when it is a graph output that no node reads: its buffer gets the
-//! static shape that bounds it (`upper_bound`), its kernel writes its values first, in
-//! row-major order for the actual dims, and writes those dims into the context's shape of
-//! the output (`kiln_rt_output_dims`, which the kernel's output descriptor points at); the
-//! executable writes `.npy` files of the actual shape and `NAME_run_shaped` reports it.
-//! A data-dependent value read by another node is still refused: later kernels would need the
-//! count at run time.
+//! Values whose size depends on the data: NonZero, NonMaxSuppression, Unique and a Compress by
+//! a run-time condition produce as many values as their inputs select, so type inference
+//! leaves one axis of their output unknown — and of every value computed from it.
+//!
+//! Such a value (its *dynamic axis* aside, every dim is static) compiles with the static shape
+//! that bounds it (`upper_bound`): its buffer has room for the bound, kernels compute on the
+//! bound, and the operator that selects (the *root*) writes the actual count into its output's
+//! dims. Later kernels see the bound; that is right for the operators this module lets through
+//! (elementwise, Cast, Identity, Gather, Slice, Concat, Reshape, Flatten, Squeeze, Unsqueeze,
+//! Transpose, each keeping the dynamic axis apart from what it mixes), because each computes an
+//! output row from the same input row alone. The rows past the count hold a known *fill*
+//! (roots write zeros; elementwise operators map it), so a Gather whose indices come from such
+//! a value reads in range there too — it is compiled only when the fill is a valid index.
+//!
+//! A graph output computed this way gets the root's count in its dims
+//! (`kiln_rt_output_dims`): after the root's kernel, the run copies the count there. The
+//! executable writes `.npy` files of the actual shape and `NAME_run_shaped` reports it. Its
+//! values must come first, in row-major order for the actual dims: true when every dim before
+//! the dynamic axis is 1, and for a root's own compacted output (NonZero's `[rank, count]`).
 
 use crate::error::{CodegenError, Result};
-use kiln_ir::{Dim, Graph, MiscOp, Op, TensorType, ValueId, VisionOp};
+use kiln_ir::ops::{EvalCtx, InferCtx};
+use kiln_ir::{
+    DType, Dim, Graph, MiscOp, Node, Op, OpFamily, Tensor, TensorData, TensorType, ValueId, VisionOp,
+};
 use std::borrow::Cow;
+use std::collections::HashMap;
 
-/// The graph codegen plans (with bounded types where outputs are data-dependent) and which of
+/// How a data-dependent value lies in its buffer, which the bound sizes.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Placement {
+    /// Row-major for the actual dims: the values first. What graph outputs need.
+    Compact,
+    /// Row-major for the bound: each value at its position in the bound shape, the rest
+    /// filled. What kernels computing on the bound read.
+    Padded,
+    /// Both at once: every dim before the dynamic axis is 1.
+    Both,
+}
+
+/// A value with a dynamic axis.
+#[derive(Clone, Debug)]
+pub struct Dynamic {
+    /// The root: the operator output whose kernel computes the count.
+    pub root: ValueId,
+    /// The axis whose extent is that count.
+    pub axis: usize,
+    pub placement: Placement,
+    /// What the positions past the count hold, where known.
+    pub fill: Option<f64>,
+}
+
+/// A data-dependent operator output, and the graph outputs whose dims take its count.
+#[derive(Clone, Debug)]
+pub struct Root {
+    pub value: ValueId,
+    /// The index of its dims where its kernel writes the count.
+    pub axis: usize,
+    /// `(graph output index, axis)` for every graph output computed from it.
+    pub outputs: Vec<(usize, usize)>,
+}
+
+/// The data-dependent values of a graph.
+#[derive(Debug)]
+pub struct Analysis {
+    pub values: HashMap<ValueId, Dynamic>,
+    pub roots: Vec<Root>,
+}
+
+/// The graph codegen plans (with bounded types where values are data-dependent) and which of
 /// its outputs have a bound rather than a shape.
+#[derive(Debug)]
 pub struct Bounded<'g> {
     pub graph: Cow<'g, Graph>,
     /// Indices of the graph outputs whose static shape is an upper bound.
     pub outputs: Vec<usize>,
 }
 
-/// The values from the operator to graph output value `v`: `v`, then back through Identity
-/// nodes (freeze removes them; without it they stay), each value on the way read only by the
-/// next and not itself a graph output. The last is the value whose kernel computes the dims.
-pub fn chain_to(graph: &Graph, v: ValueId) -> Vec<ValueId> {
-    let readers = |x: ValueId| {
-        graph
-            .nodes()
-            .iter()
-            .filter(|n| n.inputs.contains(&Some(x)))
-            .count()
-    };
-    let mut chain = vec![v];
-    let mut at = v;
-    while let (Op::Identity, Some(Some(src))) = (&graph.node(at.node).op, graph.node(at.node).inputs.first())
-    {
-        if readers(*src) != 1 || graph.outputs().iter().any(|p| p.value == *src) {
-            break;
-        }
-        at = *src;
-        chain.push(at);
+/// Whether `v` is a root: the output of a selecting operator that is not computed at compile
+/// time, and its dynamic axis. Decided from the operator alone, so it holds before and after
+/// bounding.
+fn root_axis(graph: &Graph, v: ValueId) -> Option<usize> {
+    let node = graph.node(v.node);
+    if graph.known_value(v).is_some() {
+        return None;
     }
-    chain
+    let rank = graph.value_type(v).rank();
+    let axis = |a: Option<i64>| match a {
+        None => Some(0),
+        Some(a) => kiln_ir::ops::util::norm_axis(a, rank).ok(),
+    };
+    match &node.op {
+        Op::NonZero => Some(1),
+        Op::Vision(VisionOp::NonMaxSuppression { .. }) => Some(0),
+        Op::Misc(MiscOp::Compress { axis: a }) => {
+            let cond = node.inputs.get(1).copied().flatten()?;
+            match graph.known_value(cond) {
+                Some(_) => None,
+                None => axis(*a),
+            }
+        }
+        Op::Misc(MiscOp::Unique { axis: a, .. }) => match v.output {
+            0 => axis(*a),
+            1 | 3 => Some(0),
+            _ => None,
+        },
+        _ => None,
+    }
 }
 
-/// `graph` with every data-dependent graph output bounded (see the module docs); `gpu`: a GPU
-/// target, which refuses them (its kernels cannot report a shape yet).
-pub fn bound_outputs(graph: &Graph, gpu: bool) -> Result<Bounded<'_>> {
-    let mut bounded: Option<Graph> = None;
-    let mut outputs = vec![];
-    for (j, o) in graph.outputs().iter().enumerate() {
-        let v = o.value;
-        let ty = graph.value_type(v);
-        if ty.is_static() {
+/// Whether NonZero's output `v` is written in its bound layout (`[rank, bound]`, zero-filled)
+/// rather than compacted: when a node other than Identity reads it (through Identity nodes).
+pub fn writes_padded(graph: &Graph, v: ValueId) -> bool {
+    let mut stack = vec![v];
+    while let Some(x) = stack.pop() {
+        for id in graph.node_ids() {
+            let n = graph.node(id);
+            if !n.inputs.contains(&Some(x)) {
+                continue;
+            }
+            match n.op {
+                Op::Identity => stack.push(id.out(0)),
+                _ => return true,
+            }
+        }
+    }
+    false
+}
+
+/// Every dim of `v` before `axis` is 1.
+fn leading_ones(graph: &Graph, v: ValueId, axis: usize) -> bool {
+    graph.value_type(v).shape[..axis]
+        .iter()
+        .all(|d| *d == Dim::Fixed(1))
+}
+
+/// Finds every data-dependent value of `graph` and checks that kiln can compile what reads
+/// them (see the module docs); the error names the first node that cannot be.
+pub fn analyze(graph: &Graph) -> Result<Analysis> {
+    let mut values: HashMap<ValueId, Dynamic> = HashMap::new();
+    let mut roots: Vec<Root> = vec![];
+    for id in graph.node_ids() {
+        let node = graph.node(id);
+        let dynamic_inputs: Vec<(usize, Dynamic)> = node
+            .inputs
+            .iter()
+            .enumerate()
+            .filter_map(|(i, v)| Some((i, values.get(&(*v)?)?.clone())))
+            .collect();
+        if !dynamic_inputs.is_empty() {
+            for (o, d) in propagate(graph, node, &dynamic_inputs)? {
+                values.insert(id.out(o as u32), d);
+            }
             continue;
         }
-        let chain = chain_to(graph, v);
-        let root = *chain.last().expect("the chain starts at v");
-        let node = graph.node(root.node);
-        let Some(bound) = upper_bound(graph, root) else {
+        for o in 0..node.outputs.len() {
+            let v = id.out(o as u32);
+            let Some(axis) = root_axis(graph, v) else {
+                continue;
+            };
+            let placement = if leading_ones(graph, v, axis) {
+                Placement::Both
+            } else if matches!(node.op, Op::NonZero) && writes_padded(graph, v) {
+                Placement::Padded
+            } else {
+                Placement::Compact
+            };
+            values.insert(
+                v,
+                Dynamic {
+                    root: v,
+                    axis,
+                    placement,
+                    fill: Some(0.0),
+                },
+            );
+            roots.push(Root {
+                value: v,
+                axis,
+                outputs: vec![],
+            });
+        }
+    }
+    for (j, o) in graph.outputs().iter().enumerate() {
+        let Some(d) = values.get(&o.value) else {
             continue;
         };
-        let once = graph.outputs().iter().filter(|p| p.value == v).count() == 1;
-        let read = graph.nodes().iter().any(|n| n.inputs.contains(&Some(v)));
-        if !once || read {
+        let root = graph.node(d.root.node);
+        if d.placement == Placement::Padded {
             return Err(CodegenError::unsupported(
-                &node.name,
-                node.op.name(),
+                &root.name,
+                root.op.name(),
                 format!(
-                    "output '{}' has shape {ty}, which depends on the data; kiln compiles such a value only as a graph output that no other node reads (and listed once)",
-                    o.name
+                    "output '{}' has a dim that depends on the data (axis {}) after dims other than 1, so its values would not come first in its buffer; kiln compiles such an output only with that axis first (a Transpose can move it there)",
+                    o.name, d.axis
                 ),
             ));
         }
-        if gpu {
-            return Err(CodegenError::unsupported(
-                &node.name,
-                node.op.name(),
-                format!(
-                    "output '{}' has shape {ty}, which depends on the data: the CUDA target does not compile that yet (CPU targets do)",
-                    o.name
-                ),
-            ));
-        }
-        let g = bounded.get_or_insert_with(|| graph.clone());
-        for &x in &chain {
-            let ty = TensorType::new(ty.dtype, bound.iter().map(|&d| Dim::Fixed(d)).collect());
-            g.bound_value_type(x, ty)
-                .map_err(|e| CodegenError::internal(format!("bounding output '{}': {e}", o.name)))?;
-        }
-        outputs.push(j);
+        let r = roots
+            .iter_mut()
+            .find(|r| r.value == d.root)
+            .expect("every dynamic value has a root");
+        r.outputs.push((j, d.axis));
     }
+    Ok(Analysis { values, roots })
+}
+
+/// The data-dependent values that cannot be graph outputs: those in their bound's layout with
+/// dims other than 1 before the dynamic axis (a tool that makes intermediate values outputs,
+/// as `kiln verify` does, leaves them out).
+pub fn padded_values(graph: &Graph) -> Vec<ValueId> {
+    analyze(graph).map_or(vec![], |a| {
+        a.values
+            .into_iter()
+            .filter(|(_, d)| d.placement == Placement::Padded)
+            .map(|(v, _)| v)
+            .collect()
+    })
+}
+
+/// The root `v` is, with the graph outputs that take its count; None for any other value.
+pub fn root(graph: &Graph, v: ValueId) -> Result<Option<Root>> {
+    if root_axis(graph, v).is_none() {
+        return Ok(None);
+    }
+    Ok(analyze(graph)?.roots.into_iter().find(|r| r.value == v))
+}
+
+/// The dynamic axis of `node`'s outputs, which reads the data-dependent values `inputs`
+/// (input index and what is known of it), or an error naming the node when kiln cannot
+/// compile it after them.
+fn propagate(graph: &Graph, node: &Node, inputs: &[(usize, Dynamic)]) -> Result<Vec<(usize, Dynamic)>> {
+    let (first_input, first) = &inputs[0];
+    let refuse = |why: &str| {
+        let v = node.inputs[*first_input].expect("a dynamic input is present");
+        let root = graph.node(first.root.node);
+        CodegenError::unsupported(
+            &node.name,
+            node.op.name(),
+            format!(
+                "reads '{}', whose extent along axis {} depends on the data ({} '{}'), {why}; after such a value kiln compiles elementwise operators, Cast, Identity, Gather, Slice, Concat, Reshape, Flatten, Squeeze, Unsqueeze and Transpose that keep that axis apart",
+                graph.value_name(v),
+                first.axis,
+                root.op.name(),
+                root.name,
+            ),
+        )
+    };
+    if inputs.iter().any(|(_, d)| d.root != first.root) {
+        return Err(refuse(
+            "together with a value whose extent depends on another selection",
+        ));
+    }
+    let out_ty = |o: usize| &node.outputs[o].ty;
+    let out_rank = out_ty(0).rank();
+    let in_ty = |i: usize| node.inputs.get(i).copied().flatten().map(|v| graph.value_type(v));
+    // Every operator but Identity computes on the bound, so it needs the padded layout.
+    if !matches!(node.op, Op::Identity) && inputs.iter().any(|(_, d)| d.placement == Placement::Compact) {
+        return Err(refuse(
+            "which its operator writes compacted (only a graph output can take it)",
+        ));
+    }
+    let known_axes = |i: usize, rank: usize| -> Option<Vec<usize>> {
+        let t = graph.known_value(node.inputs.get(i).copied().flatten()?)?;
+        t.to_i64_vec()
+            .iter()
+            .map(|&a| kiln_ir::ops::util::norm_axis(a, rank).ok())
+            .collect()
+    };
+    let same = |axis: usize, fill: Option<f64>| Dynamic {
+        axis,
+        fill,
+        ..first.clone()
+    };
+    let (axis, fill) = match &node.op {
+        Op::Identity => return Ok(vec![(0, first.clone())]),
+        op if op.family() == OpFamily::Elementwise => {
+            // Inputs broadcast from the right: each dynamic one must land on the same axis,
+            // and every other input must be 1 (or absent) there.
+            let axis = out_rank - in_ty(*first_input).map_or(0, |t| t.rank()) + first.axis;
+            for (i, v) in node.inputs.iter().enumerate() {
+                let Some(v) = v else { continue };
+                let ty = graph.value_type(*v);
+                let Some(at) = (axis + ty.rank()).checked_sub(out_rank) else {
+                    continue;
+                };
+                match inputs.iter().find(|(k, _)| *k == i) {
+                    Some((_, d)) if d.axis == at => {}
+                    Some(_) => return Err(refuse("broadcast against itself on another axis")),
+                    None if ty.shape[at] == Dim::Fixed(1) => {}
+                    None => return Err(refuse("broadcast against a value that is not 1 along that axis")),
+                }
+            }
+            (axis, elementwise_fill(graph, node, inputs))
+        }
+        Op::Transpose { perm } => match perm.iter().position(|&p| p == first.axis) {
+            Some(a) => (a, first.fill),
+            None => return Err(refuse("with a permutation that drops that axis")),
+        },
+        Op::Gather { axis } => {
+            let data = in_ty(0).expect("Gather has data");
+            let ga = kiln_ir::ops::util::norm_axis(*axis, data.rank()).map_err(|e| refuse(&e.to_string()))?;
+            let idx_rank = in_ty(1).map_or(0, |t| t.rank());
+            match (inputs.len(), *first_input) {
+                (1, 0) if ga == first.axis => return Err(refuse("gathering along that axis")),
+                (1, 0) if first.axis < ga => (first.axis, first.fill),
+                (1, 0) => (first.axis - 1 + idx_rank, first.fill),
+                (1, 1) => {
+                    let n = data.shape[ga].fixed().unwrap_or(0) as f64;
+                    match first.fill {
+                        Some(p) if p.fract() == 0.0 && p >= -n && p < n => (ga + first.axis, None),
+                        _ => {
+                            return Err(refuse(
+                                "as indices whose positions past the count are not known to be valid indices",
+                            ))
+                        }
+                    }
+                }
+                _ => return Err(refuse("as both data and indices")),
+            }
+        }
+        Op::Slice => {
+            let rank = in_ty(0).map_or(0, |t| t.rank());
+            let axes = match node.inputs.get(3).copied().flatten() {
+                Some(_) => known_axes(3, rank),
+                None => {
+                    let starts = node
+                        .inputs
+                        .get(1)
+                        .copied()
+                        .flatten()
+                        .and_then(|v| graph.known_value(v));
+                    starts.map(|s| (0..s.len()).collect())
+                }
+            };
+            match axes {
+                Some(axes) if !axes.contains(&first.axis) => (first.axis, first.fill),
+                Some(_) => return Err(refuse("slicing along that axis")),
+                None => return Err(refuse("with slice axes that are not known at compile time")),
+            }
+        }
+        Op::Concat { axis } => {
+            let ca = kiln_ir::ops::util::norm_axis(*axis, out_rank).map_err(|e| refuse(&e.to_string()))?;
+            let present = node.inputs.iter().flatten().count();
+            if ca == first.axis {
+                return Err(refuse("concatenating along that axis"));
+            }
+            if inputs.len() != present || inputs.iter().any(|(_, d)| d.axis != first.axis) {
+                return Err(refuse("with values whose extent along that axis is static"));
+            }
+            let fill = first
+                .fill
+                .filter(|f| inputs.iter().all(|(_, d)| d.fill == Some(*f)));
+            (first.axis, fill)
+        }
+        Op::Squeeze => {
+            let rank = in_ty(0).map_or(0, |t| t.rank());
+            match known_axes(1, rank) {
+                Some(axes) if !axes.contains(&first.axis) => (
+                    first.axis - axes.iter().filter(|&&a| a < first.axis).count(),
+                    first.fill,
+                ),
+                Some(_) => return Err(refuse("squeezing that axis")),
+                None => return Err(refuse("without squeeze axes known at compile time")),
+            }
+        }
+        Op::Unsqueeze => match known_axes(1, out_rank) {
+            // The output positions that are not new take the input's axes in order.
+            Some(axes) => {
+                let kept: Vec<usize> = (0..out_rank).filter(|p| !axes.contains(p)).collect();
+                match kept.get(first.axis) {
+                    Some(&a) => (a, first.fill),
+                    None => return Err(refuse("with invalid axes")),
+                }
+            }
+            None => return Err(refuse("without unsqueeze axes known at compile time")),
+        },
+        Op::Reshape { .. } | Op::Flatten { .. } => {
+            // The dims before the axis stay, and the rows after it keep their size.
+            let (inp, out) = (&in_ty(0).expect("has data").shape, &out_ty(0).shape);
+            let a = first.axis;
+            let fixed = |ds: &[Dim]| ds.iter().map(|d| d.fixed()).collect::<Option<Vec<usize>>>();
+            let keeps = out.len() > a
+                && fixed(&inp[..a]).is_some()
+                && fixed(&inp[..a]) == fixed(&out[..a])
+                && matches!(
+                    (fixed(&inp[a + 1..]), fixed(&out[a + 1..])),
+                    (Some(x), Some(y)) if x.iter().product::<usize>() == y.iter().product::<usize>()
+                );
+            if !keeps {
+                return Err(refuse(
+                    "into a shape that does not keep that axis and the size of what follows it",
+                ));
+            }
+            (a, first.fill)
+        }
+        _ => return Err(refuse("with an operator that would need the count")),
+    };
+    let placement = match node.outputs.first() {
+        Some(o)
+            if o.ty.shape[..axis.min(o.ty.rank())]
+                .iter()
+                .all(|d| *d == Dim::Fixed(1)) =>
+        {
+            Placement::Both
+        }
+        _ => Placement::Padded,
+    };
+    Ok((0..node.outputs.len())
+        .map(|o| {
+            (
+                o,
+                Dynamic {
+                    placement,
+                    ..same(axis, fill)
+                },
+            )
+        })
+        .collect())
+}
+
+/// What an elementwise node writes past the count: the operator applied to its dynamic inputs'
+/// fills and its other inputs where these are one repeated value; None otherwise.
+fn elementwise_fill(graph: &Graph, node: &Node, inputs: &[(usize, Dynamic)]) -> Option<f64> {
+    let mut scalars: Vec<Option<Tensor>> = vec![];
+    for (i, v) in node.inputs.iter().enumerate() {
+        let Some(v) = v else {
+            scalars.push(None);
+            continue;
+        };
+        let dtype = graph.value_type(*v).dtype;
+        let x = match inputs.iter().find(|(k, _)| *k == i) {
+            Some((_, d)) => d.fill?,
+            None => {
+                let t = graph.known_value(*v)?;
+                let vals = t.to_f64_vec();
+                let first = *vals.first()?;
+                if vals.iter().any(|x| x.to_bits() != first.to_bits()) {
+                    return None;
+                }
+                first
+            }
+        };
+        scalars.push(Some(scalar(dtype, x)?));
+    }
+    let out_types: Vec<TensorType> = node
+        .outputs
+        .iter()
+        .map(|o| TensorType::fixed(o.ty.dtype, &[]))
+        .collect();
+    let cx = EvalCtx {
+        inputs: scalars.iter().map(|t| t.as_ref()).collect(),
+        out_types: &out_types,
+    };
+    let out = kiln_ir::ops::eval(&node.op, &cx).ok()?;
+    out.first()?.to_f64_vec().first().copied()
+}
+
+fn scalar(dtype: DType, x: f64) -> Option<Tensor> {
+    Tensor::new(vec![], TensorData::from_f64s(dtype, [x])).ok()
+}
+
+/// `graph` with every data-dependent value bounded (see the module docs); `gpu`: a GPU target,
+/// which refuses them (its kernels cannot report a shape yet).
+pub fn bound_outputs(graph: &Graph, gpu: bool) -> Result<Bounded<'_>> {
+    let analysis = analyze(graph)?;
+    let Some(first) = analysis.roots.first() else {
+        return Ok(Bounded {
+            graph: Cow::Borrowed(graph),
+            outputs: vec![],
+        });
+    };
+    if gpu {
+        let node = graph.node(first.value.node);
+        return Err(CodegenError::unsupported(
+            &node.name,
+            node.op.name(),
+            format!(
+                "'{}' has shape {}, which depends on the data: the CUDA target does not compile that yet (CPU targets do)",
+                graph.value_name(first.value),
+                graph.value_type(first.value)
+            ),
+        ));
+    }
+    let mut g = graph.clone();
+    for id in graph.node_ids() {
+        let node = graph.node(id);
+        let outs: Vec<usize> = (0..node.outputs.len())
+            .filter(|&o| analysis.values.contains_key(&id.out(o as u32)))
+            .collect();
+        if outs.is_empty() {
+            continue;
+        }
+        let types: Vec<TensorType> = match root_axis(graph, id.out(outs[0] as u32)) {
+            Some(_) => {
+                let mut types: Vec<TensorType> = node.outputs.iter().map(|o| o.ty.clone()).collect();
+                for &o in &outs {
+                    // A root without a bound (its inputs are not static) stays as it is; planning
+                    // reports its shape.
+                    let Some(bound) = upper_bound(graph, id.out(o as u32)) else {
+                        return Ok(Bounded {
+                            graph: Cow::Borrowed(graph),
+                            outputs: vec![],
+                        });
+                    };
+                    types[o] = TensorType::fixed(types[o].dtype, &bound);
+                }
+                types
+            }
+            None => {
+                let cx = InferCtx {
+                    inputs: node.inputs.iter().map(|v| v.map(|v| g.value_type(v))).collect(),
+                    values: node
+                        .inputs
+                        .iter()
+                        .map(|v| v.and_then(|v| g.known_value(v)))
+                        .collect(),
+                    num_outputs: node.outputs.len(),
+                };
+                kiln_ir::ops::infer(&node.op, &cx)
+                    .map_err(|e| CodegenError::unsupported(&node.name, node.op.name(), e.to_string()))?
+            }
+        };
+        for o in outs {
+            g.bound_value_type(id.out(o as u32), types[o].clone())
+                .map_err(|e| {
+                    CodegenError::unsupported(&node.name, node.op.name(), format!("bounding its output: {e}"))
+                })?;
+        }
+    }
+    let outputs = graph
+        .outputs()
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| analysis.values.contains_key(&o.value))
+        .map(|(j, _)| j)
+        .collect();
     Ok(Bounded {
-        graph: bounded.map_or(Cow::Borrowed(graph), Cow::Owned),
+        graph: Cow::Owned(g),
         outputs,
     })
 }
 
-/// The static shape that bounds `v`, a data-dependent output, when its producer is an operator
-/// this module handles and its inputs have static shapes.
+/// The static shape that bounds `v`, a root, when its operator's inputs have static shapes.
 fn upper_bound(graph: &Graph, v: ValueId) -> Option<Vec<usize>> {
     let node = graph.node(v.node);
     let input = |i: usize| -> Option<Vec<usize>> { graph.value_type((*node.inputs.get(i)?)?).fixed_shape() };
@@ -158,5 +600,155 @@ fn upper_bound(graph: &Graph, v: ValueId) -> Option<Vec<usize>> {
             }
         }
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_ir::{Binary, ReduceKind, Tensor, Unary};
+
+    /// `NonMaxSuppression` of 8 boxes in 2 classes (at most 3 each), and the graph builder.
+    fn nms(g: &mut Graph) -> ValueId {
+        let boxes = g.add_input("boxes", TensorType::fixed(DType::F32, &[1, 8, 4]));
+        let scores = g.add_input("scores", TensorType::fixed(DType::F32, &[1, 2, 8]));
+        let max = g.add_const("max", Tensor::from_vec(vec![1], vec![3i64]));
+        g.add(
+            "nms",
+            Op::Vision(VisionOp::NonMaxSuppression {
+                center_point_box: false,
+            }),
+            vec![Some(boxes), Some(scores), Some(max)],
+            "selected",
+        )
+        .unwrap()
+    }
+
+    /// Column `c` of the selected indices: `Gather(selected, c, axis=1)`, `[count]`.
+    fn column(g: &mut Graph, sel: ValueId, c: i64) -> ValueId {
+        let at = g.add_const(format!("col{c}"), Tensor::scalar(c));
+        g.add(
+            format!("gather{c}"),
+            Op::Gather { axis: 1 },
+            vec![Some(sel), Some(at)],
+            format!("c{c}"),
+        )
+        .unwrap()
+    }
+
+    fn gather_boxes(g: &mut Graph, idx: ValueId) -> ValueId {
+        let table = g.add_const("table", Tensor::from_vec(vec![8, 2], vec![0.5f32; 16]));
+        g.add(
+            "pick",
+            Op::Gather { axis: 0 },
+            vec![Some(table), Some(idx)],
+            "picked",
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn the_count_reaches_outputs_through_gathers_and_arithmetic() {
+        let mut g = Graph::new("g");
+        let sel = nms(&mut g);
+        let (cls, bx) = (column(&mut g, sel, 1), column(&mut g, sel, 2));
+        // A flat index, class * 8 + box: zero where both are, so a valid index past the count.
+        let eight = g.add_const("eight", Tensor::scalar(8i64));
+        let scaled = g
+            .add("mul", Op::Binary(Binary::Mul), vec![Some(cls), Some(eight)], "m")
+            .unwrap();
+        let flat = g
+            .add("add", Op::Binary(Binary::Add), vec![Some(scaled), Some(bx)], "f")
+            .unwrap();
+        let picked = gather_boxes(&mut g, flat);
+        g.add_output("selected", sel);
+        g.add_output("picked", picked);
+        let a = analyze(&g).unwrap();
+        assert_eq!(a.values[&flat].fill, Some(0.0));
+        assert_eq!(a.values[&picked].axis, 0);
+        assert_eq!(a.roots.len(), 1);
+        assert_eq!(a.roots[0].outputs, vec![(0, 0), (1, 0)]);
+        let b = bound_outputs(&g, false).unwrap();
+        assert_eq!(b.outputs, vec![0, 1]);
+        // 1 batch entry × 2 classes × 3 boxes.
+        assert_eq!(
+            b.graph.value_type(picked),
+            &TensorType::fixed(DType::F32, &[6, 2])
+        );
+        assert!(bound_outputs(&g, true).unwrap_err().to_string().contains("CUDA"));
+    }
+
+    #[test]
+    fn indices_whose_fill_may_be_out_of_range_are_refused() {
+        let mut g = Graph::new("g");
+        let sel = nms(&mut g);
+        let bx = column(&mut g, sel, 2);
+        // Past the count, 0 + 9 indexes past the 8 rows.
+        let nine = g.add_const("nine", Tensor::scalar(9i64));
+        let far = g
+            .add("add", Op::Binary(Binary::Add), vec![Some(bx), Some(nine)], "far")
+            .unwrap();
+        let picked = gather_boxes(&mut g, far);
+        g.add_output("picked", picked);
+        let err = analyze(&g).unwrap_err().to_string();
+        assert!(
+            err.contains("'pick'") && err.contains("not known to be valid indices"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn operators_that_need_the_count_are_refused_by_name() {
+        let mut g = Graph::new("g");
+        let sel = nms(&mut g);
+        let f = g
+            .add("cast", Op::Cast { to: DType::F32 }, vec![Some(sel)], "f")
+            .unwrap();
+        let e = g.add("exp", Op::Unary(Unary::Exp), vec![Some(f)], "e").unwrap();
+        let axes = g.add_const("axes", Tensor::from_vec(vec![1], vec![0i64]));
+        let r = g
+            .add(
+                "sum",
+                Op::Reduce {
+                    kind: ReduceKind::Sum,
+                    keepdims: false,
+                    noop_with_empty_axes: false,
+                },
+                vec![Some(e), Some(axes)],
+                "sum",
+            )
+            .unwrap();
+        g.add_output("sum", r);
+        let err = analyze(&g).unwrap_err().to_string();
+        assert!(
+            err.contains("'sum'") && err.contains("would need the count"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn nonzero_read_by_a_kernel_writes_its_bound_layout_and_cannot_be_an_output() {
+        let mut g = Graph::new("g");
+        let x = g.add_input("x", TensorType::fixed(DType::F32, &[3, 4]));
+        let nz = g.add("nz", Op::NonZero, vec![Some(x)], "nz").unwrap();
+        assert!(!writes_padded(&g, nz));
+        let t = g
+            .add("t", Op::Transpose { perm: vec![1, 0] }, vec![Some(nz)], "t")
+            .unwrap();
+        g.add_output("coords", t);
+        assert!(writes_padded(&g, nz));
+        let a = analyze(&g).unwrap();
+        assert_eq!(
+            (a.values[&nz].placement, a.values[&t].placement),
+            (Placement::Padded, Placement::Both)
+        );
+        assert_eq!(a.roots[0].outputs, vec![(0, 0)]);
+        assert_eq!(padded_values(&g), vec![nz]);
+        g.add_output("nz", nz);
+        let err = analyze(&g).unwrap_err().to_string();
+        assert!(
+            err.contains("output 'nz'") && err.contains("would not come first"),
+            "{err}"
+        );
     }
 }

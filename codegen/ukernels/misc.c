@@ -1082,6 +1082,9 @@ int32_t kiln_uk_nms(const kiln_uk_args *a) {
       }
     }
   }
+  /* Past the count: zeros, which index the first box, class and batch entry for the kernels
+     that compute on the bound (codegen/src/data_dependent.rs). */
+  for (int64_t k = count * 3; k < y->numel; k++) out[k] = 0;
   ((int64_t *)y->dims)[0] = count;
   return KILN_UK_OK;
 }

@@ -962,9 +962,10 @@ int32_t kiln_uk_grid_sample(const kiln_uk_args *a) {
 
 /* NonZero: the coordinates of the non-zero elements of in[0] in row-major order, as out[0]
    [rank, count] i64. The output's size depends on the data: its buffer is sized for every
-   element ([rank, numel], codegen/src/data_dependent.rs), and its dims point at the context's
-   shape of the graph output, where this writes the count (kiln_rt_output_dims). A value is
-   non-zero as the reference has it: NaN is, -0.0 is not. */
+   element ([rank, numel], codegen/src/data_dependent.rs) and this writes the count into its
+   dims. iattr[0]: 0 writes the coordinates compacted ([rank, count] row-major, for a graph
+   output), 1 at their place in the bound ([rank, numel], for kernels that read it), the rest
+   zero either way. A value is non-zero as the reference has it: NaN is, -0.0 is not. */
 int32_t kiln_uk_nonzero(const kiln_uk_args *a) {
   const kiln_tensor *x = &a->in[0];
   const kiln_tensor *y = &a->out[0];
@@ -974,12 +975,14 @@ int32_t kiln_uk_nonzero(const kiln_uk_args *a) {
     return kiln_uk_fail(a, KILN_UK_EVALUE, "NonZero found %lld values, more than its output holds (%lld)",
                         (long long)count, (long long)(rank ? y->numel / rank : 0));
   int64_t *out = (int64_t *)y->data;
+  i64 stride = a->n_iattr > 0 && a->iattr[0] ? (rank ? y->numel / rank : 0) : count;
+  __builtin_memset(out, 0, (size_t)y->numel * sizeof *out);
   i64 k = 0;
   for (i64 i = 0; i < n; i++) {
     if (kiln_load_f64(x->data, x->dtype, i) == 0.0) continue;
     i64 rest = i;
     for (i64 d = rank - 1; d >= 0; d--) {
-      out[d * count + k] = rest % x->dims[d];
+      out[d * stride + k] = rest % x->dims[d];
       rest /= x->dims[d];
     }
     k++;
@@ -1020,6 +1023,8 @@ int32_t kiln_uk_compress(const kiln_uk_args *a) {
         __builtin_memcpy(dst, src + (o * n + k) * row, (size_t)row);
         dst += row;
       }
+  /* What a kernel computing on the bound reads past the count (data_dependent.rs). */
+  __builtin_memset(dst, 0, (size_t)((char *)y->data + y->numel * es - dst));
   if (y->dims[axis] != count) ((int64_t *)y->dims)[axis] = count;
   return KILN_UK_OK;
 }
@@ -1100,11 +1105,13 @@ int32_t kiln_uk_unique(const kiln_uk_args *a) {
         __builtin_memcpy(dst, (const char *)x->data + (o * n + firsts[perm[g]]) * row, (size_t)row);
         dst += row;
       }
+    /* Past the count: zeros, what kernels computing on the bound read (data_dependent.rs). */
+    __builtin_memset(dst, 0, (size_t)((char *)a->out[0].data + a->out[0].numel * es - dst));
     if (a->out[0].dims[axis] != groups) ((int64_t *)a->out[0].dims)[axis] = groups;
   }
-  for (i64 g = 0; g < groups; g++) {
-    if (a->n_out > 1) ((int64_t *)a->out[1].data)[g] = firsts[perm[g]];
-    if (a->n_out > 3) ((int64_t *)a->out[3].data)[g] = counts[perm[g]];
+  for (i64 g = 0; g < a->out[a->n_out > 1 ? 1 : 0].numel; g++) {
+    if (a->n_out > 1) ((int64_t *)a->out[1].data)[g] = g < groups ? firsts[perm[g]] : 0;
+    if (a->n_out > 3) ((int64_t *)a->out[3].data)[g] = g < groups ? counts[perm[g]] : 0;
   }
   if (a->n_out > 2)
     for (i64 k = 0; k < n; k++) ((int64_t *)a->out[2].data)[k] = rank[inverse[k]];

@@ -19,6 +19,7 @@ mod options;
 pub mod report;
 mod source;
 
+pub use kiln_codegen::data_dependent::padded_values;
 pub use kiln_codegen::plan::passes::{ABSORB_BF16_ROUNDING, FUSE_KERNELS, PLAN_PASS_NAMES};
 pub use kiln_codegen::plan::Plan;
 pub use kiln_codegen::weights_file::hex as layout_hash_hex;

@@ -9,10 +9,10 @@ use std::process::Command;
 /// The error message prefix of a CUDA artifact that finds no driver or no device.
 pub const NO_DEVICE: &str = "no CUDA device";
 
-/// Fixtures whose graph outputs have sizes that depend on the data (NonMaxSuppression,
-/// NonZero): CPU targets compile them, the CUDA target refuses them with this message until its
+/// Fixtures whose values have sizes that depend on the data (NonMaxSuppression, NonZero and
+/// what is computed from them): CPU targets compile them, the CUDA target refuses them with this message until its
 /// kernels can report a shape. GPU tests check the refusal instead of the outputs.
-pub const CUDA_REFUSED: &[&str] = &["detection_outputs"];
+pub const CUDA_REFUSED: &[&str] = &["detection_outputs", "detection_postprocess"];
 pub const CUDA_REFUSAL: &str = "depends on the data: the CUDA target does not compile that yet";
 
 /// For a fixture in [`CUDA_REFUSED`]: Ok when `result` is the refusal, an error otherwise.

@@ -14,7 +14,7 @@ use inkwell::module::{Linkage, Module};
 use inkwell::types::{BasicTypeEnum, StructType};
 use inkwell::values::{BasicValueEnum, FunctionValue, PointerValue};
 use inkwell::IntPredicate;
-use kiln_ir::{Graph, TensorType, ValueId};
+use kiln_ir::{Graph, TensorType};
 use std::collections::HashMap;
 
 /// Emits `i32 kiln.k{i}(ptr ctx, ptr args)` for every kernel of the plan into `module` (whose
@@ -132,18 +132,6 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
         self.cx.struct_type(&[p, i, p, i, p, i, p, i, p, p], false)
     }
 
-    /// The graph output whose actual dims the kernel computing `v` writes, when `v` is a
-    /// data-dependent operator's output (`crate::data_dependent`).
-    fn data_dependent_output(&self, v: ValueId) -> Option<usize> {
-        let graph = self.parts.graph;
-        self.parts.data_dependent.iter().copied().find(|&j| {
-            graph
-                .outputs()
-                .get(j)
-                .is_some_and(|o| crate::data_dependent::chain_to(graph, o.value).last() == Some(&v))
-        })
-    }
-
     /// Fills `kiln_tensor` descriptors and `kiln_uk_args`, calls `kiln_uk_<symbol>`.
     pub(super) fn ukernel_body(
         &self,
@@ -223,21 +211,35 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
                 describe(ins, idx, idx, v.map(|v| graph.value_type(v)), "in")?;
             }
         }
+        // Data-dependent outputs (`crate::data_dependent`): the kernel writes the actual dims
+        // into a copy of the bound's, and the count goes on to the graph outputs computed
+        // from the value.
+        let mut roots = vec![];
         for (idx, v) in k.outputs.iter().enumerate() {
-            describe(outs, idx, n_in + idx, Some(graph.value_type(*v)), "out")?;
-            if let Some(j) = self.data_dependent_output(*v) {
-                // Its kernel writes the actual dims into the context's shape of graph output j.
-                let t = unsafe { b.build_in_bounds_gep(tt, outs, &[i64t.const_int(idx as u64, false)], "t") }
+            let ty = graph.value_type(*v);
+            describe(outs, idx, n_in + idx, Some(ty), "out")?;
+            let Some(root) = crate::data_dependent::root(graph, *v)? else {
+                continue;
+            };
+            let bound: Vec<i64> = ty
+                .fixed_shape()
+                .unwrap_or_default()
+                .iter()
+                .map(|&d| d as i64)
+                .collect();
+            let dims = b
+                .build_array_alloca(i64t, i64t.const_int(bound.len().max(1) as u64, false), "dims")
+                .map_err(llvm)?;
+            for (d, &n) in bound.iter().enumerate() {
+                let p = unsafe { b.build_in_bounds_gep(i64t, dims, &[i64t.const_int(d as u64, false)], "d") }
                     .map_err(llvm)?;
-                let dims = self
-                    .call_rt(
-                        "kiln_rt_output_dims",
-                        &[ctx.into(), self.cx.i32_type().const_int(j as u64, false).into()],
-                    )?
-                    .expect("ptr");
-                let p = b.build_struct_gep(tt, t, 1, "dims").map_err(llvm)?;
-                b.build_store(p, dims).map_err(llvm)?;
+                b.build_store(p, i64t.const_int(n as u64, true)).map_err(llvm)?;
             }
+            let t = unsafe { b.build_in_bounds_gep(tt, outs, &[i64t.const_int(idx as u64, false)], "t") }
+                .map_err(llvm)?;
+            let p = b.build_struct_gep(tt, t, 1, "dims").map_err(llvm)?;
+            b.build_store(p, dims).map_err(llvm)?;
+            roots.push((dims, root));
         }
         let scratch = match k.scratch {
             Some(_) => load_arg(n_in + n_out)?,
@@ -271,6 +273,26 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
             .try_as_basic_value()
             .basic()
             .ok_or_else(|| CodegenError::internal("ukernel returns i32"))?;
+        for (dims, root) in roots {
+            let at =
+                unsafe { b.build_in_bounds_gep(i64t, dims, &[i64t.const_int(root.axis as u64, false)], "n") }
+                    .map_err(llvm)?;
+            let count = b.build_load(i64t, at, "count").map_err(llvm)?;
+            for (j, axis) in root.outputs {
+                let out_dims = self
+                    .call_rt(
+                        "kiln_rt_output_dims",
+                        &[ctx.into(), self.cx.i32_type().const_int(j as u64, false).into()],
+                    )?
+                    .expect("ptr")
+                    .into_pointer_value();
+                let p = unsafe {
+                    b.build_in_bounds_gep(i64t, out_dims, &[i64t.const_int(axis as u64, false)], "o")
+                }
+                .map_err(llvm)?;
+                b.build_store(p, count).map_err(llvm)?;
+            }
+        }
         b.build_return(Some(&rc)).map_err(llvm)?;
         Ok(())
     }

@@ -60,8 +60,10 @@ pub fn lower(node: &NodeInfo) -> Result<Option<UkCall>> {
         }
         Op::Trilu { upper } => trilu(node, *upper)?,
         Op::Range => UkCall::new("range"),
-        // Its output's size depends on the data (`crate::data_dependent`).
-        Op::NonZero => UkCall::new("nonzero"),
+        // Its output's size depends on the data (`crate::data_dependent`). iattr: whether it
+        // writes its bound's layout (a kernel reads it) rather than compacted (a graph output).
+        Op::NonZero => UkCall::new("nonzero")
+            .iattr([crate::data_dependent::writes_padded(node.graph, node.id.out(0)) as i64]),
         // iattr: outer, n, inner (the dims before, at and after the axis; the whole tensor as
         // one axis without one), the axis' index in the output. Its output's size depends on
         // the data unless the condition is a constant.

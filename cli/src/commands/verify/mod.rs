@@ -243,8 +243,9 @@ pub fn run(args: Args) -> Result<()> {
     for (j, o) in graph.outputs().iter().enumerate() {
         output_of.entry(o.value).or_insert(j);
     }
+    let unprobed: HashSet<ValueId> = kiln_driver::padded_values(&graph).into_iter().collect();
     for (k, kern) in plan.kernels.iter().enumerate() {
-        for &v in &kern.outputs {
+        for &v in kern.outputs.iter().filter(|v| !unprobed.contains(v)) {
             let output = *output_of.entry(v).or_insert_with(|| {
                 probed.add_output(format!("kiln_verify_probe_{}", probed.outputs().len()), v);
                 probed.outputs().len() - 1
