@@ -6,7 +6,7 @@
 //! that bounds it (`upper_bound`): its buffer has room for the bound, kernels compute on the
 //! bound, and the operator that selects (the *root*) writes the actual count into its output's
 //! dims. Later kernels see the bound; that is right for the operators this module lets through
-//! (elementwise, Cast, Identity, Gather, Slice, Concat, Reshape, Flatten, Squeeze, Unsqueeze,
+//! (elementwise, Cast, Identity, Gather, Slice, Split, Concat, Reshape, Flatten, Squeeze, Unsqueeze,
 //! Transpose, each keeping the dynamic axis apart from what it mixes), because each computes an
 //! output row from the same input row alone. The rows past the count hold a known *fill*
 //! (roots write zeros; elementwise operators map it), so a Gather whose indices come from such
@@ -238,7 +238,7 @@ fn propagate(graph: &Graph, node: &Node, inputs: &[(usize, Dynamic)]) -> Result<
             &node.name,
             node.op.name(),
             format!(
-                "reads '{}', whose extent along axis {} depends on the data ({} '{}'), {why}; after such a value kiln compiles elementwise operators, Cast, Identity, Gather, Slice, Concat, Reshape, Flatten, Squeeze, Unsqueeze and Transpose that keep that axis apart",
+                "reads '{}', whose extent along axis {} depends on the data ({} '{}'), {why}; after such a value kiln compiles elementwise operators, Cast, Identity, Gather, Slice, Split, Concat, Reshape, Flatten, Squeeze, Unsqueeze and Transpose that keep that axis apart",
                 graph.value_name(v),
                 first.axis,
                 root.op.name(),
@@ -352,6 +352,14 @@ fn propagate(graph: &Graph, node: &Node, inputs: &[(usize, Dynamic)]) -> Result<
                 .fill
                 .filter(|f| inputs.iter().all(|(_, d)| d.fill == Some(*f)));
             (first.axis, fill)
+        }
+        Op::Split { axis, .. } => {
+            let rank = in_ty(0).map_or(0, |t| t.rank());
+            match kiln_ir::ops::util::norm_axis(*axis, rank) {
+                Ok(a) if a != first.axis => (first.axis, first.fill),
+                Ok(_) => return Err(refuse("splitting along that axis")),
+                Err(e) => return Err(refuse(&e.to_string())),
+            }
         }
         Op::Squeeze => {
             let rank = in_ty(0).map_or(0, |t| t.rank());
@@ -652,6 +660,18 @@ mod tests {
         let mut g = Graph::new("g");
         let sel = nms(&mut g);
         let (cls, bx) = (column(&mut g, sel, 1), column(&mut g, sel, 2));
+        // Split into its three columns, as exporters also write it.
+        let parts = g
+            .add_node(
+                "split",
+                Op::Split {
+                    axis: 1,
+                    num_outputs: Some(3),
+                },
+                vec![Some(sel)],
+                vec!["b".into(), "k".into(), "i".into()],
+            )
+            .unwrap();
         // A flat index, class * 8 + box: zero where both are, so a valid index past the count.
         let eight = g.add_const("eight", Tensor::scalar(8i64));
         let scaled = g
@@ -666,6 +686,9 @@ mod tests {
         let a = analyze(&g).unwrap();
         assert_eq!(a.values[&flat].fill, Some(0.0));
         assert_eq!(a.values[&picked].axis, 0);
+        assert!(parts
+            .iter()
+            .all(|v| a.values[v].axis == 0 && a.values[v].fill == Some(0.0)));
         assert_eq!(a.roots.len(), 1);
         assert_eq!(a.roots[0].outputs, vec![(0, 0), (1, 0)]);
         let b = bound_outputs(&g, false).unwrap();
