@@ -65,6 +65,10 @@ pub struct InputScale {
     pub input: ValueId,
     /// The scales, `[N, 1, 1, C]`.
     pub scale: ValueId,
+    /// The bf16 autocast's rounding pair between the Mul and the anchor (narrowing Cast,
+    /// widening Cast): the kernel's bf16 packing rounds as the pair does, so only a kernel
+    /// that packs A as bf16 pairs takes the scale then.
+    pub rounding: Option<[NodeId; 2]>,
 }
 
 impl Chain {
@@ -119,8 +123,8 @@ impl Chain {
     /// Every node the chain's kernel computes besides its anchor.
     pub fn fused_nodes(&self) -> impl Iterator<Item = NodeId> + '_ {
         self.input_scale
-            .map(|s| s.mul)
             .into_iter()
+            .flat_map(|s| std::iter::once(s.mul).chain(s.rounding.into_iter().flatten()))
             .chain(self.absorbed.iter().copied())
             .chain(self.pool)
     }
@@ -369,8 +373,8 @@ fn quantize_after(
 }
 
 /// The squeeze-excitation scale in front of a channels-last convolution `conv`: its input is
-/// the only use of `x * s` (either operand order), `x` is `[N, H, W, C]` f32 and `s`
-/// `[N, 1, 1, C]` f32.
+/// the only use of `x * s` (either operand order; under the bf16 autocast, through the
+/// rounding pair that is its only use), `x` is `[N, H, W, C]` f32 and `s` `[N, 1, 1, C]` f32.
 fn input_scale_of(
     graph: &Graph,
     conv: NodeId,
@@ -381,12 +385,29 @@ fn input_scale_of(
     if !matches!(&node.op, Op::Conv(a) if a.channels_last && a.group <= 1) {
         return None;
     }
-    let x = node.inputs.first().copied().flatten()?;
+    let mut x = node.inputs.first().copied().flatten()?;
+    if sole(x) != Some(conv) {
+        return None;
+    }
+    let mut rounding = None;
+    let widen = graph.node(x.node);
+    if let (Op::Cast { to: DType::F32 }, Some(Some(narrowed))) = (&widen.op, widen.inputs.first()) {
+        let narrow = graph.node(narrowed.node);
+        match (&narrow.op, narrow.inputs.first()) {
+            (Op::Cast { to: DType::BF16 }, Some(Some(product)))
+                if sole(*narrowed) == Some(x.node)
+                    && sole(*product) == Some(narrowed.node)
+                    && !claimed.contains(&x.node)
+                    && !claimed.contains(&narrowed.node) =>
+            {
+                rounding = Some([narrowed.node, x.node]);
+                x = *product;
+            }
+            _ => return None,
+        }
+    }
     let mul = x.node;
-    if sole(x) != Some(conv)
-        || claimed.contains(&mul)
-        || !matches!(graph.node(mul).op, Op::Binary(Binary::Mul))
-    {
+    if claimed.contains(&mul) || !matches!(graph.node(mul).op, Op::Binary(Binary::Mul)) {
         return None;
     }
     let xt = graph.value_type(x);
@@ -410,7 +431,12 @@ fn input_scale_of(
     } else {
         return None;
     };
-    Some(InputScale { mul, input, scale })
+    Some(InputScale {
+        mul,
+        input,
+        scale,
+        rounding,
+    })
 }
 
 /// Finds the chains of every Conv/MatMul anchor (at most one per anchor). With `cpu` (CPU

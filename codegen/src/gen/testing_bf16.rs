@@ -179,6 +179,40 @@ fn bf16_pairs_nhwc_conv_shapes() {
 }
 
 #[test]
+fn bf16_pairs_pointwise_scaled_input() {
+    // The squeeze-excitation scale fused in front of a bf16 pointwise convolution: the kernel
+    // reads x and the per-image scales and rounds x·s as it packs the pairs, which is what the
+    // autocast's rounding pair after the Mul computes. (n, c, m): images sharing a panel, an
+    // odd channel count (a half pair), K over two blocks.
+    for (i, &(n, c, m)) in [(1, 24, 20), (3, 41, 33), (2, 400, 17)].iter().enumerate() {
+        let (h, w) = (5, 7);
+        let mut case = CaseBuilder::new(1150 + i as u64)
+            .bf16_operand(&[n, h, w, c])
+            .bf16_weights(&[m, c, 1, 1])
+            .operand(&[m], true)
+            .node(nhwc::conv_nhwc([1, 1], [1, 1], [0, 0, 0, 0], [1, 1], 1));
+        let x: Vec<f32> = Rng::new(1160 + i as u64).vec(n * h * w * c);
+        let scale: Vec<f32> = Rng::new(1170 + i as u64).vec(n * c);
+        let scaled: Vec<f32> = x
+            .iter()
+            .enumerate()
+            .map(|(j, v)| v * scale[(j / (h * w * c)) * c + j % c])
+            .collect();
+        // The reference rounds the scaled input (its casts); the kernel gets x and the scales.
+        case.graph_inputs[0] = Tensor::from_vec(vec![n, h, w, c], scaled);
+        case.data[0] = Some(x);
+        let mut epi = Epilogue::new(
+            Bias::PerRow(case.data[2].clone().unwrap()),
+            None,
+            Activation::None,
+        );
+        epi.input_scale = Some(4);
+        case.data.extend([None, Some(scale)]);
+        case.check_pairs(&format!("scaled pointwise case {i}"), Some(epi), true);
+    }
+}
+
+#[test]
 fn bf16_pairs_fused_epilogue() {
     // Bias, residual and ReLU in registers after the pair products (ResNet's block end).
     let case = CaseBuilder::new(1200)

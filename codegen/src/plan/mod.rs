@@ -557,6 +557,12 @@ fn fused_kernel(
                 .flatten()?,
         )
     };
+    // A scale behind the bf16 rounding pair is rounded by the kernel's bf16 packing alone.
+    if chain.input_scale.is_some_and(|s| s.rounding.is_some())
+        && !matches!(&imp, KernelImpl::Generated(g) if g.bf16_dot_products())
+    {
+        return None;
+    }
     let g = imp.generated_mut()?;
     let reads: Vec<bool> = (0..info.n_inputs()).map(|i| g.reads_input(i)).collect();
     let packed = g

@@ -390,16 +390,22 @@ fn dot_u8_as_s8_quads<'ctx>(
 /// Converts `n` f32 at `src` to bf16 (round to nearest even, as `vcvtneps2bf16`: exact for
 /// the bf16 values the pair kernels take) at `dst`, 32 at a time; the last vector's lanes
 /// past `n` are zero, so an odd `n` ends on a pair whose high half is zero. Writes whole
-/// 64-byte vectors.
+/// 64-byte vectors. With `scale`, each value is first multiplied by `scale[x]` (in f32, as
+/// the Mul it stands for), then rounded.
 pub(super) fn bf16_pair_row<'ctx>(
     e: &Emit<'_, 'ctx>,
     dst: PointerValue<'ctx>,
     src: PointerValue<'ctx>,
+    scale: Option<PointerValue<'ctx>>,
     n: IntValue<'ctx>,
 ) -> Result<()> {
     let lanes = 2 * PAIRS_PER_VECTOR as u32;
     e.for_masked(n, lanes, |x0, mask| {
-        let v = e.masked_load(e.gep_f32(src, x0)?, mask, lanes)?;
+        let mut v = e.masked_load(e.gep_f32(src, x0)?, mask, lanes)?;
+        if let Some(scale) = scale {
+            let w = e.masked_load(e.gep_f32(scale, x0)?, mask, lanes)?;
+            v = e.b.build_float_mul(v, w, "").map_err(llvm)?;
+        }
         let bf =
             e.b.build_float_trunc(v, e.cx.bf16_type().vec_type(lanes), "")
                 .map_err(llvm)?;

@@ -312,8 +312,7 @@ impl Builder {
             (Some(_), None) => return Ok(None),
         };
         let k_elems = self.k;
-        // Pair packing has no scaling step: a scaled A stays f32.
-        let bf16_pairs = a_scale.is_none() && self.try_bf16_pairs(node, target, &tile);
+        let bf16_pairs = self.try_bf16_pairs(node, target, &tile);
         if bf16_pairs {
             self.k = k_elems.div_ceil(2);
         }

@@ -211,12 +211,15 @@ impl GemmKernel {
 
     /// Packs rows `[row, row+MR)` × pairs `[k0, k0+kc)` of a run-time A into `dst` as bf16
     /// pair rows (row i at `dst[i*rs..]`, `rs = pair_row_stride`), rounding to nearest even;
-    /// rows past M are zero.
+    /// rows past M are zero. `scales`: the base of `Epilogue::input_scale`'s scales (K per
+    /// image, `self.a_scale`), which multiply a row-major A before it is rounded.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn pack_a_pairs<'ctx>(
         &self,
         e: &Emit<'_, 'ctx>,
         dst: PointerValue<'ctx>,
         src: PointerValue<'ctx>,
+        scales: Option<PointerValue<'ctx>>,
         row: IntValue<'ctx>,
         k0: IntValue<'ctx>,
         kc: IntValue<'ctx>,
@@ -264,7 +267,15 @@ impl GemmKernel {
                         valid,
                         || {
                             let from = e.gep_f32(src, e.add(e.mulc(r, src_rs as i64)?, k0e)?)?;
-                            bf16_pair_row(e, to, from, kce)
+                            let scale = match (scales, self.a_scale) {
+                                (Some(base), Some(sc)) => {
+                                    let image = e.udivc(r, sc.rows_per_image as i64)?;
+                                    let at = e.add(e.mulc(image, self.k_elems as i64)?, k0e)?;
+                                    Some(e.gep_f32(base, at)?)
+                                }
+                                _ => None,
+                            };
+                            bf16_pair_row(e, to, from, scale, kce)
                         },
                         || {
                             let per_vector = 2 * PAIRS_PER_VECTOR as i64;

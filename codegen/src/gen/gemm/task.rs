@@ -186,10 +186,14 @@ impl GemmKernel {
                 (e.gep_f32(ptrs.a, off)?, e.i64c(mr * kk))
             } else if self.bf16_pairs {
                 let rs = self.pair_row_stride();
+                let scales = match self.a_scale {
+                    Some(sc) => Some(slot(sc.input)?),
+                    None => None,
+                };
                 e.for_range(e.i64c(0), n_mp, 1, |mp| {
                     let row = e.add(m0, e.mulc(mp, mr)?)?;
                     let dst = e.gep_f32(apack, e.mulc(mp, mr * rs)?)?;
-                    self.pack_a_pairs(e, dst, ptrs.a, row, k0, kc)
+                    self.pack_a_pairs(e, dst, ptrs.a, scales, row, k0, kc)
                 })?;
                 (apack, e.i64c(mr * rs))
             } else if a_packed {
