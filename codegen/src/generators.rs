@@ -29,6 +29,8 @@ pub enum GpuGenerator {
     Rows,
     /// Windowed pooling (`pool`).
     Pool,
+    /// Resize by interpolation, linear and cubic (`resize`).
+    Resize,
     /// Element-wise groups (`elementwise`).
     Elementwise,
     /// ArgMax and ArgMin (`arg`).
@@ -71,6 +73,8 @@ pub fn generators(op: &Op) -> Generators {
         Op::ArgMax { .. } | Op::ArgMin { .. } => (&[G::Arg], &[]),
         Op::CumSum { .. } | Op::CumProd { .. } => (&[G::Cumulative], &[]),
         Op::Pool(_) => (&[G::Pool], &[]),
+        // Nearest mode is a gather by axis maps; the interpolating modes have their own kernel.
+        Op::Resize(_) => (&[G::Copy, G::Gather, G::Resize], &[]),
         Op::Softmax { .. }
         | Op::LogSoftmax { .. }
         | Op::LayerNorm { .. }
@@ -96,6 +100,7 @@ impl GpuGenerator {
             GpuGenerator::Gather => kernels::gather::lower(node, target),
             GpuGenerator::Rows => kernels::rows::lower(node, target),
             GpuGenerator::Pool => kernels::pool::lower(node, target),
+            GpuGenerator::Resize => kernels::resize::lower(node, target),
             GpuGenerator::Elementwise => kernels::elementwise::lower(node, target),
             GpuGenerator::Arg => kernels::arg::lower(node, target),
             GpuGenerator::Cumulative => kernels::cumulative::lower(node, target),

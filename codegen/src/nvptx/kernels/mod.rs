@@ -10,4 +10,5 @@ pub mod elementwise;
 pub mod gather;
 pub mod gemm;
 pub mod pool;
+pub mod resize;
 pub mod rows;
