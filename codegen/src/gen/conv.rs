@@ -101,7 +101,7 @@ pub(crate) fn lower_conv(
         b: bop,
         packed: vec![PackedConst::from_f32s(&packed_w)],
         unread,
-        what: format!("conv{kh}x{kw}/{}", geo.sh),
+        what: format!("conv{kh}x{kw}/{}", if s.one_d { geo.sw } else { geo.sh }),
         scalable_rows: None,
     };
     b.finish(node, target, tile, epi)

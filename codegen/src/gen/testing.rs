@@ -554,6 +554,38 @@ fn gemm_speed() {
 }
 
 #[test]
+fn conv_1d_shapes() {
+    // 1-D convolutions as 2-D ones of height 1. (n, c, l, m, k, stride, pads, dilation,
+    // group, auto_pad): a speech front end's strided kernel, dilation, a grouped and a
+    // depthwise one, SAME padding with default attributes, a pointwise one.
+    let cases = [
+        (1, 1, 400, 8, 10, 5, [0, 0], 1, 1, AutoPad::NotSet),
+        (2, 6, 37, 10, 3, 1, [2, 2], 2, 1, AutoPad::NotSet),
+        (1, 8, 30, 12, 5, 2, [1, 3], 1, 4, AutoPad::NotSet),
+        (1, 7, 25, 7, 3, 1, [1, 1], 1, 7, AutoPad::NotSet),
+        (1, 5, 19, 6, 4, 2, [0, 0], 1, 1, AutoPad::SameUpper),
+        (2, 16, 11, 9, 1, 1, [0, 0], 1, 1, AutoPad::NotSet),
+    ];
+    for (i, &(n, c, l, m, k, s, p, d, g, auto_pad)) in cases.iter().enumerate() {
+        let same = auto_pad != AutoPad::NotSet;
+        let case = CaseBuilder::new(520 + i as u64)
+            .operand(&[n, c, l], false)
+            .operand(&[m, c / g, k], true)
+            .operand(&[m], true)
+            .node(Op::Conv(ConvAttrs {
+                kernel_shape: if same { vec![] } else { vec![k] },
+                strides: vec![s],
+                pads: if same { vec![] } else { p.to_vec() },
+                dilations: if same { vec![] } else { vec![d] },
+                group: g,
+                auto_pad,
+                channels_last: false,
+            }));
+        case.check(&format!("conv 1-D case {i}"));
+    }
+}
+
+#[test]
 fn conv_auto_pad_and_defaults() {
     for (i, auto_pad) in [AutoPad::SameUpper, AutoPad::SameLower, AutoPad::Valid]
         .into_iter()

@@ -281,14 +281,36 @@ pub struct ConvShape {
     pub oh: usize,
     pub ow: usize,
     pub groups: usize,
+    /// A 1-D convolution (X `[N, C, L]`) seen as a 2-D one of height 1: [`Self::window`] lifts
+    /// its attributes to match.
+    pub one_d: bool,
 }
 
 impl ConvShape {
-    /// The extents of a Conv node; None unless X, W and Y are 4-D.
+    /// The extents of a Conv node; None unless X, W and Y are 4-D, or 3-D in the NCHW layout
+    /// (a 1-D convolution: height 1, so every 2-D kernel computes it).
     pub fn of(node: &NodeInfo, attrs: &ConvAttrs) -> Result<Option<ConvShape>> {
         let xs = node.input_shape(0)?;
         let ws = node.input_shape(1)?;
         let ys = node.output_shape(0)?;
+        if xs.len() == 3 && ws.len() == 3 && ys.len() == 3 && !attrs.channels_last {
+            return Ok(Some(ConvShape {
+                batch: xs[0],
+                c: xs[1],
+                h: 1,
+                w: xs[2],
+                m: ws[0],
+                cg: ws[1],
+                kh: 1,
+                kw: ws[2],
+                y_batch: ys[0],
+                y_channels: ys[1],
+                oh: 1,
+                ow: ys[2],
+                groups: attrs.group.max(1),
+                one_d: true,
+            }));
+        }
         if xs.len() != 4 || ws.len() != 4 || ys.len() != 4 {
             return Ok(None);
         }
@@ -311,6 +333,7 @@ impl ConvShape {
             oh,
             ow,
             groups: attrs.group.max(1),
+            one_d: false,
         }))
     }
 
@@ -324,6 +347,35 @@ impl ConvShape {
     /// The window of `attrs` over `c` of the input channels (see [`ConvWindow`]), None unless
     /// it produces the output's extents.
     pub fn window(&self, attrs: &ConvAttrs, c: usize) -> Option<ConvWindow> {
+        let lifted;
+        let attrs = if self.one_d {
+            lifted = lift_1d(attrs)?;
+            &lifted
+        } else {
+            attrs
+        };
         ConvWindow::resolve(attrs, c, self.h, self.w, self.kh, self.kw, self.oh, self.ow)
     }
+}
+
+/// A 1-D convolution's attributes for the same convolution over a height of 1: a leading
+/// axis of extent, stride and dilation 1 and no padding. None when they are not 1-D.
+fn lift_1d(a: &ConvAttrs) -> Option<ConvAttrs> {
+    let one = |v: &Vec<usize>| match v.as_slice() {
+        [] => Some(vec![]),
+        [x] => Some(vec![1, *x]),
+        _ => None,
+    };
+    let pads = match a.pads.as_slice() {
+        [] => vec![],
+        [b, e] => vec![0, *b, 0, *e],
+        _ => return None,
+    };
+    Some(ConvAttrs {
+        kernel_shape: one(&a.kernel_shape)?,
+        strides: one(&a.strides)?,
+        dilations: one(&a.dilations)?,
+        pads,
+        ..a.clone()
+    })
 }

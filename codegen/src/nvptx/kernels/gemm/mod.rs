@@ -700,7 +700,7 @@ fn conv(
         b,
         packed: vec![PackedConst::from_f32s(&repack(&w, g, mg, kk, kk, 1, true))],
         unread,
-        what: format!("conv{kh}x{kw}/{}", geo.sh),
+        what: format!("conv{kh}x{kw}/{}", if s.one_d { geo.sw } else { geo.sh }),
         ty,
     };
     parts.finish(node, epi, None)

@@ -280,6 +280,36 @@ fn depthwise_shapes() {
     }
 }
 
+#[test]
+fn conv_1d_shapes() {
+    // 1-D convolutions as 2-D ones of height 1. (n, c, l, m, k, stride, pads, dilation,
+    // group): a speech front end's strided kernel, dilation, grouped, depthwise, pointwise.
+    let cases = [
+        (1, 1, 400, 8, 10, 5, [0, 0], 1, 1, "gpu conv"),
+        (2, 6, 37, 10, 3, 1, [2, 2], 2, 1, "gpu conv"),
+        (1, 8, 30, 12, 5, 2, [1, 3], 1, 4, "gpu conv"),
+        (1, 7, 25, 7, 3, 1, [1, 1], 1, 7, "gpu dwconv"),
+        (2, 16, 11, 9, 1, 1, [0, 0], 1, 1, "gpu conv"),
+    ];
+    for (i, &(n, c, l, m, k, s, p, d, grp, kind)) in cases.iter().enumerate() {
+        let mut g = G::new(320 + i as u64);
+        let x = g.input(&[n, c, l]);
+        let wt = g.constant(&[m, c / grp, k]);
+        let b = g.constant(&[m]);
+        let op = Op::Conv(ConvAttrs {
+            kernel_shape: vec![k],
+            strides: vec![s],
+            pads: p.to_vec(),
+            dilations: vec![d],
+            group: grp,
+            auto_pad: AutoPad::NotSet,
+            channels_last: false,
+        });
+        let y = g.node(op, vec![Some(x), Some(wt), Some(b)]);
+        assert_gpu(&g.check(y), kind);
+    }
+}
+
 /// The activations the epilogue fuses, as graph nodes after `v`.
 fn activate(g: &mut G, v: ValueId, which: usize) -> ValueId {
     match which {
