@@ -78,6 +78,8 @@ pub fn generators(op: &Op) -> Generators {
         Op::Softmax { .. }
         | Op::LogSoftmax { .. }
         | Op::LayerNorm { .. }
+        | Op::InstanceNorm { .. }
+        | Op::GroupNorm { .. }
         | Op::Misc(MiscOp::RmsNorm { .. })
         | Op::Reduce { .. }
         | Op::GlobalPool(_) => (&[G::Rows], &[]),

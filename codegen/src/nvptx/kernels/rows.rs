@@ -1,4 +1,5 @@
-//! Row kernels on the GPU: Softmax, LogSoftmax, LayerNormalization, RMSNormalization, Reduce*
+//! Row kernels on the GPU: Softmax, LogSoftmax, LayerNormalization, RMSNormalization,
+//! InstanceNormalization, GroupNormalization, Reduce*
 //! and the global pools, as reductions over rows of a tensor viewed as `[outer, len, inner]`.
 //!
 //! A row is the `len` elements `(o·len + k)·inner + i` of one `(o, i)`; row `r = o·inner + i`,
@@ -34,6 +35,14 @@ enum Param {
     PerElement,
     /// One value for everything: `p[0]`.
     Scalar,
+    /// One value per channel of an NCHW tensor whose rows are the consecutive groups of
+    /// `per_row` channels of `spatial` elements each, `rows_per_sample` rows to a sample (group
+    /// and instance normalization): `p[(r % rows_per_sample) · per_row + k / spatial]`.
+    PerChannel {
+        rows_per_sample: usize,
+        per_row: usize,
+        spatial: usize,
+    },
 }
 
 /// A reduction a kernel folds a row with.
@@ -221,6 +230,68 @@ pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GpuK
             };
             let (outer, len) = (x[..a].iter().product(), x[a..].iter().product());
             boxed(RowGpu::new("layernorm", op, outer, len, 1))
+        }
+        // Rows of NCHW samples: each channel (InstanceNormalization) or group of channels
+        // (GroupNormalization) is a contiguous row, normalized like a layer norm's, with a
+        // scale and bias per channel (per group for opset 18's GroupNormalization).
+        Op::InstanceNorm { epsilon } | Op::GroupNorm { epsilon, .. } => {
+            if !all_f32(node, &[0, 1, 2]) || node.n_outputs() != 1 || !node.has_input(2) {
+                return Ok(None);
+            }
+            let x = node.input_shape(0)?;
+            if x.len() < 3 {
+                return Ok(None);
+            }
+            let (n, c, spatial) = (x[0], x[1], x[2..].iter().product::<usize>());
+            let (groups, per_channel) = match node.op() {
+                Op::GroupNorm {
+                    num_groups,
+                    stash_type,
+                    per_channel_affine,
+                    ..
+                } => {
+                    if *stash_type != DType::F32 {
+                        return Ok(None);
+                    }
+                    (*num_groups, *per_channel_affine)
+                }
+                _ => (c, true),
+            };
+            if groups == 0 || c % groups != 0 {
+                return Ok(None);
+            }
+            let per_group = c / groups;
+            let mode = if per_channel {
+                Param::PerChannel {
+                    rows_per_sample: groups,
+                    per_row: per_group,
+                    spatial: spatial.max(1),
+                }
+            } else {
+                Param::PerChannel {
+                    rows_per_sample: groups,
+                    per_row: 1,
+                    spatial: (per_group * spatial).max(1),
+                }
+            };
+            let want = if per_channel { c } else { groups };
+            for i in [1, 2] {
+                if node.input_shape(i)?.iter().product::<usize>() != want {
+                    return Ok(None);
+                }
+            }
+            let op = RowOp::LayerNorm {
+                epsilon: *epsilon,
+                scale: mode,
+                bias: Some(mode),
+                stats: 0,
+            };
+            let name = if matches!(node.op(), Op::InstanceNorm { .. }) {
+                "instancenorm"
+            } else {
+                "groupnorm"
+            };
+            boxed(RowGpu::new(name, op, n * groups, per_group * spatial, 1))
         }
         Op::Misc(MiscOp::RmsNorm { axis, epsilon, .. }) => {
             if !all_f32(node, &[0, 1]) || node.n_outputs() != 1 {
@@ -667,15 +738,26 @@ pub(super) fn block_reduce<'ctx>(
     Ok(r)
 }
 
+/// Parameter `p` for position `kk` of row `r` (see [`Param`]).
 fn load_param<'ctx>(
     e: &Emit<'_, 'ctx>,
     p: PointerValue<'ctx>,
     mode: Param,
+    r: IntValue<'ctx>,
     kk: IntValue<'ctx>,
 ) -> Result<FloatValue<'ctx>> {
     match mode {
         Param::PerElement => e.load_f32(e.gep_f32(p, kk)?),
         Param::Scalar => e.load_f32(p),
+        Param::PerChannel {
+            rows_per_sample,
+            per_row,
+            spatial,
+        } => {
+            let first = e.mulc(e.uremc(r, rows_per_sample as i64)?, per_row as i64)?;
+            let channel = e.add(first, e.udivc(kk, spatial as i64)?)?;
+            e.load_f32(e.gep_f32(p, channel)?)
+        }
     }
 }
 
@@ -748,10 +830,10 @@ impl GpuKernel for RowGpu {
                     let y = fmul(
                         &e,
                         fmul(&e, fsub(&e, v, mean)?, inv)?,
-                        load_param(&e, sp, *scale, kk)?,
+                        load_param(&e, sp, *scale, r, kk)?,
                     )?;
                     match (bp, bias) {
-                        (Some(p), Some(mode)) => fadd(&e, y, load_param(&e, p, *mode, kk)?),
+                        (Some(p), Some(mode)) => fadd(&e, y, load_param(&e, p, *mode, r, kk)?),
                         _ => Ok(y),
                     }
                 })?;
@@ -773,7 +855,7 @@ impl GpuKernel for RowGpu {
                 let inv = inv_sqrt(&e, fdiv(&e, ss, n)?, *epsilon)?;
                 let sp = k.input(1)?;
                 self.map(k, &e, &row, |kk, v| {
-                    fmul(&e, fmul(&e, v, inv)?, load_param(&e, sp, *scale, kk)?)
+                    fmul(&e, fmul(&e, v, inv)?, load_param(&e, sp, *scale, r, kk)?)
                 })?;
             }
             RowOp::Reduce(ReduceKind::LogSumExp) => {
@@ -1039,6 +1121,40 @@ mod tests {
                 vec![Some(x), Some(s)],
             );
             g.check(y, "gpu rmsnorm");
+        }
+    }
+
+    #[test]
+    fn instance_and_group_norms() {
+        // (shape, groups: None for InstanceNormalization, per-channel affine): rows shorter
+        // and longer than a block, 1-D and 3-D spatial extents, a channel per group.
+        let cases: [(&[usize], Option<usize>, bool); 6] = [
+            (&[2, 3, 5, 7], None, true),
+            (&[1, 4, 300], None, true),
+            (&[2, 6, 4, 5], Some(3), true),
+            (&[1, 8, 2, 3, 4], Some(2), true),
+            (&[2, 6, 9], Some(2), false),
+            (&[1, 4, 6, 6], Some(4), true),
+        ];
+        for (i, (shape, groups, per_channel)) in cases.into_iter().enumerate() {
+            let mut g = G::new(40 + i as u64);
+            let x = g.input(shape);
+            let len = if per_channel { shape[1] } else { groups.unwrap() };
+            let (s, b) = (g.weights(&[len]), g.weights(&[len]));
+            let (op, what) = match groups {
+                None => (Op::InstanceNorm { epsilon: 1e-5 }, "gpu instancenorm"),
+                Some(num_groups) => (
+                    Op::GroupNorm {
+                        num_groups,
+                        epsilon: 1e-3,
+                        stash_type: DType::F32,
+                        per_channel_affine: per_channel,
+                    },
+                    "gpu groupnorm",
+                ),
+            };
+            let y = g.node(op, vec![Some(x), Some(s), Some(b)]);
+            g.check(y, what);
         }
     }
 
