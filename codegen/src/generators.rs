@@ -23,6 +23,8 @@ pub enum GpuGenerator {
     Attention,
     /// Strided copies (`copy`).
     Copy,
+    /// Transposed convolutions as a gather per output element (`conv_transpose`).
+    ConvTranspose,
     /// Gathers by run-time indices or compile-time axis maps (`gather`).
     Gather,
     /// One block per row: softmax, normalizations, reductions (`rows`).
@@ -70,6 +72,7 @@ pub fn generators(op: &Op) -> Generators {
             (&[G::Elementwise], &[C::ElementwiseLoop])
         }
         Op::Attention(_) => (&[G::Attention], &[]),
+        Op::ConvTranspose(_) => (&[G::ConvTranspose], &[]),
         Op::ArgMax { .. } | Op::ArgMin { .. } => (&[G::Arg], &[]),
         Op::CumSum { .. } | Op::CumProd { .. } => (&[G::Cumulative], &[]),
         Op::Pool(_) => (&[G::Pool], &[]),
@@ -99,6 +102,7 @@ impl GpuGenerator {
             GpuGenerator::Gemm => kernels::gemm::lower(node, target),
             GpuGenerator::Attention => kernels::attention::lower(node, target),
             GpuGenerator::Copy => kernels::copy::lower(node, target),
+            GpuGenerator::ConvTranspose => kernels::conv_transpose::lower(node, target),
             GpuGenerator::Gather => kernels::gather::lower(node, target),
             GpuGenerator::Rows => kernels::rows::lower(node, target),
             GpuGenerator::Pool => kernels::pool::lower(node, target),

@@ -28,8 +28,6 @@ const LIBRARY_KERNELS: &[(&str, usize)] = &[
     ("cast_float16", 3),
     ("cnn_float16", 4),
     ("conv_1d_3d", 1),
-    ("conv_transpose", 2),
-    ("conv_transpose_groups_dilations", 4),
     ("dynamic_quantize_large", 1),
     ("einsum", 7),
     ("elementwise_unary_misc", 2),
