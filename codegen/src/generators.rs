@@ -33,6 +33,8 @@ pub enum GpuGenerator {
     Pool,
     /// Resize by interpolation, linear and cubic (`resize`).
     Resize,
+    /// LSTM, GRU and RNN, a persistent block per direction and batch row (`recurrent`).
+    Recurrent,
     /// Element-wise groups (`elementwise`).
     Elementwise,
     /// ArgMax and ArgMin (`arg`).
@@ -73,6 +75,7 @@ pub fn generators(op: &Op) -> Generators {
         }
         Op::Attention(_) => (&[G::Attention], &[]),
         Op::ConvTranspose(_) => (&[G::ConvTranspose], &[]),
+        Op::Rnn(_) => (&[G::Recurrent], &[]),
         Op::ArgMax { .. } | Op::ArgMin { .. } => (&[G::Arg], &[]),
         Op::CumSum { .. } | Op::CumProd { .. } => (&[G::Cumulative], &[]),
         Op::Pool(_) => (&[G::Pool], &[]),
@@ -107,6 +110,7 @@ impl GpuGenerator {
             GpuGenerator::Rows => kernels::rows::lower(node, target),
             GpuGenerator::Pool => kernels::pool::lower(node, target),
             GpuGenerator::Resize => kernels::resize::lower(node, target),
+            GpuGenerator::Recurrent => kernels::recurrent::lower(node, target),
             GpuGenerator::Elementwise => kernels::elementwise::lower(node, target),
             GpuGenerator::Arg => kernels::arg::lower(node, target),
             GpuGenerator::Cumulative => kernels::cumulative::lower(node, target),

@@ -11,5 +11,6 @@ pub mod elementwise;
 pub mod gather;
 pub mod gemm;
 pub mod pool;
+pub mod recurrent;
 pub mod resize;
 pub mod rows;
