@@ -128,7 +128,10 @@ pub(crate) fn supports_on(graph: &Graph, id: NodeId, gpu: bool) -> bool {
             (ins.first().copied().flatten(), out),
             (Some(DType::F32), DType::BF16) | (Some(DType::BF16), DType::F32)
         );
-    if !bf16_cast && (!supported_dtype(out) || ins.iter().flatten().any(|d| !supported_dtype(*d))) {
+    // f16 on the GPU: stored as half, computed in f32 registers and rounded to f16 after every
+    // operator, as the reference computes it.
+    let dtype_ok = |d: DType| supported_dtype(d) || (gpu && d == DType::F16);
+    if !bf16_cast && (!dtype_ok(out) || ins.iter().flatten().any(|d| !dtype_ok(*d))) {
         return false;
     }
     if node
@@ -140,7 +143,7 @@ pub(crate) fn supports_on(graph: &Graph, id: NodeId, gpu: bool) -> bool {
         return false;
     }
     let x = ins.first().copied().flatten();
-    let float = x == Some(DType::F32);
+    let float = matches!(x, Some(DType::F32 | DType::F16));
     let int = matches!(x, Some(DType::I32 | DType::I64));
     match &node.op {
         Op::Unary(u) => match u {
@@ -200,7 +203,7 @@ pub(crate) fn supports_on(graph: &Graph, id: NodeId, gpu: bool) -> bool {
         // A float to integer conversion is left to the CPU's kernel library (out-of-range
         // values); the GPU kernel converts with `llvm.fptosi.sat`, the reference's semantics
         // (truncation, saturation, NaN to 0).
-        Op::Cast { to } => gpu || !(x == Some(DType::F32) && matches!(to, DType::I32 | DType::I64)),
+        Op::Cast { to } => gpu || !(float && matches!(to, DType::I32 | DType::I64)),
         _ => false,
     }
 }
@@ -378,7 +381,11 @@ impl EwGroup {
                 };
                 ops.push(Some(v));
             }
-            vals.push(emit_op(e, step, &ops, n)?);
+            let v = emit_op(e, step, &ops, n)?;
+            vals.push(match step.dtype {
+                DType::F16 => round_f16(e, v)?,
+                _ => v,
+            });
         }
         Ok(*vals.last().expect("a group has a node"))
     }
@@ -520,10 +527,10 @@ impl EwKernel {
     }
 }
 
-/// The in-register element type: i1 for bool, f32 for bf16, i32 for u8 and i8.
+/// The in-register element type: i1 for bool, f32 for bf16 and f16, i32 for u8 and i8.
 fn reg_type<'ctx>(e: &Emit<'_, 'ctx>, d: DType) -> BasicTypeEnum<'ctx> {
     match d {
-        DType::F32 | DType::BF16 => e.cx.f32_type().into(),
+        DType::F32 | DType::BF16 | DType::F16 => e.cx.f32_type().into(),
         DType::I32 | DType::U8 | DType::I8 => e.cx.i32_type().into(),
         DType::I64 => e.cx.i64_type().into(),
         _ => e.cx.bool_type().into(),
@@ -535,6 +542,7 @@ fn mem_type<'ctx>(e: &Emit<'_, 'ctx>, d: DType) -> BasicTypeEnum<'ctx> {
     match d {
         DType::Bool | DType::U8 | DType::I8 => e.cx.i8_type().into(),
         DType::BF16 => e.cx.i16_type().into(),
+        DType::F16 => e.cx.f16_type().into(),
         _ => reg_type(e, d),
     }
 }
@@ -549,7 +557,7 @@ fn vec_of<'ctx>(t: BasicTypeEnum<'ctx>, n: u32) -> VectorType<'ctx> {
 
 fn const_vec<'ctx>(e: &Emit<'_, 'ctx>, d: DType, c: f64, n: u32) -> VectorValue<'ctx> {
     let s: BasicValueEnum = match d {
-        DType::F32 | DType::BF16 => e.cx.f32_type().const_float(f64::from(c as f32)).into(),
+        DType::F32 | DType::BF16 | DType::F16 => e.cx.f32_type().const_float(f64::from(c as f32)).into(),
         DType::I32 | DType::U8 | DType::I8 => e.cx.i32_type().const_int(c as i64 as u64, true).into(),
         DType::I64 => e.cx.i64_type().const_int(c as i64 as u64, true).into(),
         _ => e.cx.bool_type().const_int(u64::from(c != 0.0), false).into(),
@@ -570,7 +578,7 @@ fn elem_ptr<'ctx>(
 fn elem_align(d: DType) -> u32 {
     match d {
         DType::Bool | DType::U8 | DType::I8 => 1,
-        DType::BF16 => 2,
+        DType::BF16 | DType::F16 => 2,
         DType::I64 => 8,
         _ => 4,
     }
@@ -607,6 +615,9 @@ pub(crate) fn load<'ctx>(
             .build_int_s_extend(v, e.cx.i32_type().vec_type(n), "")
             .map_err(llvm);
     }
+    if d == DType::F16 {
+        return e.b.build_float_ext(v, e.vty(n), "").map_err(llvm);
+    }
     if d == DType::BF16 {
         let w =
             e.b.build_int_z_extend(v, e.cx.i32_type().vec_type(n), "")
@@ -636,6 +647,10 @@ pub(crate) fn store<'ctx>(
     } else if is_8bit(d) {
         // In range already: QuantizeLinear saturates.
         e.b.build_int_truncate(v, e.cx.i8_type().vec_type(n), "")
+            .map_err(llvm)?
+    } else if d == DType::F16 {
+        // Exact: the value was rounded to f16 when computed.
+        e.b.build_float_trunc(v, e.cx.f16_type().vec_type(n), "")
             .map_err(llvm)?
     } else if d == DType::BF16 {
         let w =
@@ -794,7 +809,7 @@ fn emit_op<'ctx>(
         ))
     })?;
     let xt = step.arg_types[0].unwrap_or(DType::F32);
-    let float = xt == DType::F32;
+    let float = matches!(xt, DType::F32 | DType::F16);
     let operand = |i: usize| -> Result<VectorValue<'ctx>> {
         ops.get(i).copied().flatten().ok_or_else(|| {
             CodegenError::internal(format!("elementwise {} without operand {i}", step.op.name()))
@@ -1057,6 +1072,15 @@ pub(crate) fn round_bf16<'ctx>(
         .into_vector_value())
 }
 
+/// `x` rounded to the nearest f16 (even on ties), kept in f32: what an f16 result holds.
+fn round_f16<'ctx>(e: &Emit<'_, 'ctx>, x: VectorValue<'ctx>) -> Result<VectorValue<'ctx>> {
+    let n = x.get_type().get_size();
+    let h =
+        e.b.build_float_trunc(x, e.cx.f16_type().vec_type(n), "")
+            .map_err(llvm)?;
+    e.b.build_float_ext(h, e.vty(n), "").map_err(llvm)
+}
+
 fn cast<'ctx>(
     e: &Emit<'_, 'ctx>,
     x: VectorValue<'ctx>,
@@ -1067,6 +1091,13 @@ fn cast<'ctx>(
     let b = e.b;
     if from == to {
         return Ok(x);
+    }
+    // An f16 is its exact f32 in registers: convert as from f32, or to f32 and round.
+    if from == DType::F16 {
+        return cast(e, x, DType::F32, to, n);
+    }
+    if to == DType::F16 {
+        return round_f16(e, cast(e, x, from, DType::F32, n)?);
     }
     let dst = vec_of(reg_type(e, to), n);
     match (from, to) {

@@ -36,6 +36,7 @@ impl G {
             DType::F32 => Tensor::from_vec(s, r),
             DType::I32 => Tensor::from_vec(s, r.iter().map(|x| (x * 1000.0) as i32).collect()),
             DType::I64 => Tensor::from_vec(s, r.iter().map(|x| (x * 1e6) as i64).collect()),
+            DType::F16 => Tensor::from_vec(s, r.iter().map(|&x| half::f16::from_f32(x)).collect()),
             _ => Tensor::from_vec(s, r.iter().map(|x| *x > 0.0).collect::<Vec<bool>>()),
         }
     }
@@ -89,6 +90,46 @@ impl G {
         );
         d
     }
+}
+
+#[test]
+fn f16_groups_round_after_every_operator() {
+    // An f16 chain fused into one kernel (computed in f32 registers, rounded to f16 after each
+    // operator, stored as half), with a broadcast input, a scalar constant, a comparison and a
+    // Where, and conversions to and from f32 and i32.
+    let mut g = G::new(21);
+    let x = g.input(DType::F16, &[3, 70]);
+    let c = g.input(DType::F16, &[1, 70]);
+    let k = g.konst(Tensor::scalar(half::f16::from_f32(0.3)));
+    let a = g.bin(Binary::Mul, x, c);
+    let a = g.bin(Binary::Add, a, k);
+    let t = g.un(Unary::Sigmoid, a);
+    let e = g.un(Unary::Exp, t);
+    let r = g.un(Unary::Relu, x);
+    let gt = g.bin(Binary::Greater, e, r);
+    let w = g.op(Op::Where, &[gt, e, r]);
+    let d = g.check(&[w]);
+    assert_eq!(d.len(), 1, "one fused kernel: {d:?}");
+    // (x + 0.3) − x near 1000, where f16's step is 0.5: 0.5 or 0 after rounding the sum, as
+    // the reference has it; 0.3 if the sum stayed in f32.
+    let mut g = G::new(23);
+    let big = Tensor::from_vec(
+        vec![40],
+        (0..40).map(|i| half::f16::from_f32(1000.0 + i as f32)).collect(),
+    );
+    let x = g.input_tensor(big);
+    let k = g.konst(Tensor::scalar(half::f16::from_f32(0.3)));
+    let a = g.bin(Binary::Add, x, k);
+    let d = g.bin(Binary::Sub, a, x);
+    g.check(&[d]);
+    let mut g = G::new(22);
+    let x = g.input(DType::F32, &[5, 33]);
+    let h = g.op(Op::Cast { to: DType::F16 }, &[x]);
+    let s = g.bin(Binary::Sub, h, h);
+    let i = g.op(Op::Cast { to: DType::I32 }, &[h]);
+    let back = g.op(Op::Cast { to: DType::F32 }, &[h]);
+    let from_int = g.op(Op::Cast { to: DType::F16 }, &[i]);
+    g.check(&[s, i, back, from_int]);
 }
 
 #[test]
