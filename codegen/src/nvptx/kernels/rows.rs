@@ -85,6 +85,9 @@ pub struct RowGpu {
     /// Threads per row (power of two) and rows per block.
     t: usize,
     r: usize,
+    /// The tensors' element type: f32, or f16 (read into f32, computed in f32, rounded once
+    /// when stored).
+    elem: DType,
 }
 
 /// The axes of `shape` where `mask` is `want`, as (extent, stride), adjacent ones merged.
@@ -143,6 +146,7 @@ impl RowGpu {
             }
         );
         Some(RowGpu {
+            elem: DType::F32,
             what,
             op,
             kept,
@@ -159,13 +163,9 @@ impl RowGpu {
     }
 }
 
-fn boxed(k: Option<RowGpu>) -> Result<Option<Box<dyn GpuKernel>>> {
-    Ok(k.map(|k| Box::new(k) as Box<dyn GpuKernel>))
-}
-
-/// Whether every input present and every output are static row-major f32 tensors.
-fn all_f32(node: &NodeInfo, inputs: &[usize]) -> bool {
-    let ok = |t: &kiln_ir::TensorType| t.dtype == DType::F32 && t.layout == Layout::RowMajor && t.is_static();
+/// Whether every input present and every output are static row-major tensors of `elem`.
+fn all_of(node: &NodeInfo, inputs: &[usize], elem: DType) -> bool {
+    let ok = |t: &kiln_ir::TensorType| t.dtype == elem && t.layout == Layout::RowMajor && t.is_static();
     inputs.iter().all(|&i| node.input_type(i).is_none_or(ok))
         && (0..node.n_outputs()).all(|i| ok(node.output_type(i)))
 }
@@ -178,9 +178,24 @@ fn norm_axis(axis: i64, rank: usize) -> Option<usize> {
 /// The generator: Softmax, LogSoftmax, LayerNormalization, RMSNormalization, Reduce* over
 /// contiguous axes and the global average/max pools, all f32.
 pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GpuKernel>>> {
-    if !target.is_gpu() || node.extra.is_some() {
+    if !target.is_gpu() || node.extra.is_some() || node.n_outputs() == 0 {
         return Ok(None);
     }
+    // f32 or f16 throughout (scale and bias included).
+    let elem = node.output_type(0).dtype;
+    if !matches!(elem, DType::F32 | DType::F16) {
+        return Ok(None);
+    }
+    let all_f32 = |node: &NodeInfo, inputs: &[usize]| all_of(node, inputs, elem);
+    let boxed = |k: Option<RowGpu>| -> Result<Option<Box<dyn GpuKernel>>> {
+        Ok(k.map(|mut k| {
+            if elem == DType::F16 {
+                k.what.push_str(" f16");
+            }
+            k.elem = elem;
+            Box::new(k) as Box<dyn GpuKernel>
+        }))
+    };
     match node.op() {
         Op::Softmax { axis, coerce_2d } | Op::LogSoftmax { axis, coerce_2d } => {
             let log = matches!(node.op(), Op::LogSoftmax { .. });
@@ -639,6 +654,35 @@ impl RowGpu {
         e.add(row.base, offset(e, &self.red, k)?)
     }
 
+    /// Element `i` of a tensor of the kernel's element type, as f32.
+    fn load<'ctx>(
+        &self,
+        e: &Emit<'_, 'ctx>,
+        base: PointerValue<'ctx>,
+        i: IntValue<'ctx>,
+    ) -> Result<FloatValue<'ctx>> {
+        load_elem(e, self.elem, base, i)
+    }
+
+    /// Stores `v` as element `i` (rounded to f16 for an f16 tensor).
+    fn store<'ctx>(
+        &self,
+        e: &Emit<'_, 'ctx>,
+        base: PointerValue<'ctx>,
+        i: IntValue<'ctx>,
+        v: FloatValue<'ctx>,
+    ) -> Result<()> {
+        match self.elem {
+            DType::F16 => {
+                let h = e.b.build_float_trunc(v, e.cx.f16_type(), "").map_err(llvm)?;
+                // SAFETY (of the IR): i indexes the tensor the plan gave the kernel.
+                let p = unsafe { e.b.build_in_bounds_gep(e.cx.f16_type(), base, &[i], "") }.map_err(llvm)?;
+                e.store(p, h)
+            }
+            _ => e.store(e.gep_f32(base, i)?, v),
+        }
+    }
+
     /// Folds `f(k, x[k])` over this thread's elements of the row, then over the row: every
     /// thread of the row gets the result.
     fn reduce<'ctx>(
@@ -654,7 +698,7 @@ impl RowGpu {
         let acc = e.entry_alloca(f32t, "acc")?;
         e.store(acc, e.f32c(fold.init()))?;
         e.for_range(row.tx, row.len, self.t as i64, |kk| {
-            let v = e.load_f32(e.gep_f32(x, self.at(e, row, kk)?)?)?;
+            let v = self.load(e, x, self.at(e, row, kk)?)?;
             let v = f(kk, v)?;
             let a = e.load_f32(acc)?;
             e.store(acc, fold.combine(e, a, v)?)
@@ -674,8 +718,8 @@ impl RowGpu {
         let (x, y) = (k.input(0)?, k.output(0)?);
         e.for_range(row.tx, row.len, self.t as i64, |kk| {
             let at = self.at(e, row, kk)?;
-            let v = e.load_f32(e.gep_f32(x, at)?)?;
-            e.store(e.gep_f32(y, at)?, f(kk, v)?)
+            let v = self.load(e, x, at)?;
+            self.store(e, y, at, f(kk, v)?)
         })
     }
 }
@@ -738,17 +782,39 @@ pub(super) fn block_reduce<'ctx>(
     Ok(r)
 }
 
-/// Parameter `p` for position `kk` of row `r` (see [`Param`]).
+/// Element `i` of an f32 or f16 tensor, as f32.
+fn load_elem<'ctx>(
+    e: &Emit<'_, 'ctx>,
+    elem: DType,
+    base: PointerValue<'ctx>,
+    i: IntValue<'ctx>,
+) -> Result<FloatValue<'ctx>> {
+    match elem {
+        DType::F16 => {
+            // SAFETY (of the IR): i indexes the tensor the plan gave the kernel.
+            let p = unsafe { e.b.build_in_bounds_gep(e.cx.f16_type(), base, &[i], "") }.map_err(llvm)?;
+            let h =
+                e.b.build_load(e.cx.f16_type(), p, "")
+                    .map_err(llvm)?
+                    .into_float_value();
+            e.b.build_float_ext(h, e.cx.f32_type(), "").map_err(llvm)
+        }
+        _ => e.load_f32(e.gep_f32(base, i)?),
+    }
+}
+
+/// Parameter `p` (of `elem`) for position `kk` of row `r` (see [`Param`]).
 fn load_param<'ctx>(
     e: &Emit<'_, 'ctx>,
+    elem: DType,
     p: PointerValue<'ctx>,
     mode: Param,
     r: IntValue<'ctx>,
     kk: IntValue<'ctx>,
 ) -> Result<FloatValue<'ctx>> {
     match mode {
-        Param::PerElement => e.load_f32(e.gep_f32(p, kk)?),
-        Param::Scalar => e.load_f32(p),
+        Param::PerElement => load_elem(e, elem, p, kk),
+        Param::Scalar => load_elem(e, elem, p, e.i64c(0)),
         Param::PerChannel {
             rows_per_sample,
             per_row,
@@ -756,7 +822,7 @@ fn load_param<'ctx>(
         } => {
             let first = e.mulc(e.uremc(r, rows_per_sample as i64)?, per_row as i64)?;
             let channel = e.add(first, e.udivc(kk, spatial as i64)?)?;
-            e.load_f32(e.gep_f32(p, channel)?)
+            load_elem(e, elem, p, channel)
         }
     }
 }
@@ -830,10 +896,10 @@ impl GpuKernel for RowGpu {
                     let y = fmul(
                         &e,
                         fmul(&e, fsub(&e, v, mean)?, inv)?,
-                        load_param(&e, sp, *scale, r, kk)?,
+                        load_param(&e, self.elem, sp, *scale, r, kk)?,
                     )?;
                     match (bp, bias) {
-                        (Some(p), Some(mode)) => fadd(&e, y, load_param(&e, p, *mode, r, kk)?),
+                        (Some(p), Some(mode)) => fadd(&e, y, load_param(&e, self.elem, p, *mode, r, kk)?),
                         _ => Ok(y),
                     }
                 })?;
@@ -842,9 +908,9 @@ impl GpuKernel for RowGpu {
                         e.b.build_and(valid, e.icmp(IntPredicate::EQ, tx, e.i64c(0))?, "")
                             .map_err(llvm)?;
                     e.if_then(first, || {
-                        e.store(e.gep_f32(k.output(1)?, r)?, mean)?;
+                        self.store(&e, k.output(1)?, r, mean)?;
                         if *stats > 1 {
-                            e.store(e.gep_f32(k.output(2)?, r)?, inv)?;
+                            self.store(&e, k.output(2)?, r, inv)?;
                         }
                         Ok(())
                     })?;
@@ -855,7 +921,11 @@ impl GpuKernel for RowGpu {
                 let inv = inv_sqrt(&e, fdiv(&e, ss, n)?, *epsilon)?;
                 let sp = k.input(1)?;
                 self.map(k, &e, &row, |kk, v| {
-                    fmul(&e, fmul(&e, v, inv)?, load_param(&e, sp, *scale, r, kk)?)
+                    fmul(
+                        &e,
+                        fmul(&e, v, inv)?,
+                        load_param(&e, self.elem, sp, *scale, r, kk)?,
+                    )
                 })?;
             }
             RowOp::Reduce(ReduceKind::LogSumExp) => {
@@ -872,7 +942,7 @@ impl GpuKernel for RowGpu {
                 let first =
                     e.b.build_and(valid, e.icmp(IntPredicate::EQ, tx, e.i64c(0))?, "")
                         .map_err(llvm)?;
-                e.if_then(first, || e.store(e.gep_f32(k.output(0)?, r)?, y))?;
+                e.if_then(first, || self.store(&e, k.output(0)?, r, y))?;
             }
             RowOp::Reduce(kind) => {
                 let fold = match kind {
@@ -895,7 +965,7 @@ impl GpuKernel for RowGpu {
                 let first =
                     e.b.build_and(valid, e.icmp(IntPredicate::EQ, tx, e.i64c(0))?, "")
                         .map_err(llvm)?;
-                e.if_then(first, || e.store(e.gep_f32(k.output(0)?, r)?, y))?;
+                e.if_then(first, || self.store(&e, k.output(0)?, r, y))?;
             }
         }
         k.ret()
@@ -941,6 +1011,21 @@ mod tests {
             self.inputs.push(Tensor::from_vec(shape.to_vec(), v));
             let ty = TensorType::new(DType::F32, shape.iter().map(|&d| Dim::Fixed(d)).collect());
             self.g.add_input(format!("in{}", self.inputs.len()), ty)
+        }
+
+        /// An f16 input (the values rounded to half).
+        fn input_f16(&mut self, shape: &[usize]) -> ValueId {
+            let v = self.rng.vec_scaled(shape.iter().product(), 4.0);
+            let h: Vec<half::f16> = v.iter().map(|&x| half::f16::from_f32(x)).collect();
+            self.inputs.push(Tensor::from_vec(shape.to_vec(), h));
+            let ty = TensorType::new(DType::F16, shape.iter().map(|&d| Dim::Fixed(d)).collect());
+            self.g.add_input(format!("in{}", self.inputs.len()), ty)
+        }
+
+        fn weights_f16(&mut self, shape: &[usize]) -> ValueId {
+            let v = self.rng.vec_scaled(shape.iter().product(), 1.0);
+            let h: Vec<half::f16> = v.iter().map(|&x| half::f16::from_f32(x)).collect();
+            self.constant(Tensor::from_vec(shape.to_vec(), h))
         }
 
         fn constant(&mut self, t: Tensor) -> ValueId {
@@ -1122,6 +1207,49 @@ mod tests {
             );
             g.check(y, "gpu rmsnorm");
         }
+    }
+
+    #[test]
+    fn f16_rows_compute_in_f32_and_round_once() {
+        let mut g = G::new(60);
+        let x = g.input_f16(&[3, 300]);
+        let y = g.node(
+            Op::Softmax {
+                axis: -1,
+                coerce_2d: false,
+            },
+            vec![Some(x)],
+        );
+        g.check(y, "gpu softmax");
+        let mut g = G::new(61);
+        let x = g.input_f16(&[4, 7, 96]);
+        let (s, b) = (g.weights_f16(&[96]), g.weights_f16(&[96]));
+        let y = g.node(
+            Op::LayerNorm {
+                axis: -1,
+                epsilon: 1e-5,
+                stash_type: DType::F32,
+            },
+            vec![Some(x), Some(s), Some(b)],
+        );
+        g.check(y, "gpu layernorm");
+        let mut g = G::new(62);
+        let x = g.input_f16(&[2, 16, 5, 5]);
+        let y = g.node(
+            Op::GlobalPool(PoolKind::Average {
+                count_include_pad: false,
+            }),
+            vec![Some(x)],
+        );
+        g.check(y, "gpu global avgpool");
+        let mut g = G::new(63);
+        let x = g.input_f16(&[2, 6, 4, 5]);
+        let (s, b) = (g.weights_f16(&[6]), g.weights_f16(&[6]));
+        let y = g.node(
+            Op::InstanceNorm { epsilon: 1e-5 },
+            vec![Some(x), Some(s), Some(b)],
+        );
+        g.check(y, "gpu instancenorm");
     }
 
     #[test]
