@@ -35,6 +35,8 @@ pub enum GpuGenerator {
     Resize,
     /// LSTM, GRU and RNN, a persistent block per direction and batch row (`recurrent`).
     Recurrent,
+    /// TopK, a block per row (`topk`).
+    TopK,
     /// Element-wise groups (`elementwise`).
     Elementwise,
     /// ArgMax and ArgMin (`arg`).
@@ -76,6 +78,7 @@ pub fn generators(op: &Op) -> Generators {
         Op::Attention(_) => (&[G::Attention], &[]),
         Op::ConvTranspose(_) => (&[G::ConvTranspose], &[]),
         Op::Rnn(_) => (&[G::Recurrent], &[]),
+        Op::TopK { .. } => (&[G::TopK], &[]),
         Op::ArgMax { .. } | Op::ArgMin { .. } => (&[G::Arg], &[]),
         Op::CumSum { .. } | Op::CumProd { .. } => (&[G::Cumulative], &[]),
         Op::Pool(_) => (&[G::Pool], &[]),
@@ -111,6 +114,7 @@ impl GpuGenerator {
             GpuGenerator::Pool => kernels::pool::lower(node, target),
             GpuGenerator::Resize => kernels::resize::lower(node, target),
             GpuGenerator::Recurrent => kernels::recurrent::lower(node, target),
+            GpuGenerator::TopK => kernels::topk::lower(node, target),
             GpuGenerator::Elementwise => kernels::elementwise::lower(node, target),
             GpuGenerator::Arg => kernels::arg::lower(node, target),
             GpuGenerator::Cumulative => kernels::cumulative::lower(node, target),

@@ -35,7 +35,6 @@ const LIBRARY_KERNELS: &[(&str, usize)] = &[
     ("reduce_opset18", 1),
     ("resnet_basic_tiny_qoperator", 11),
     ("scatter", 5),
-    ("topk", 2),
 ];
 
 /// One fixture for one SM, f32 or bf16: compile, then assemble. Returns the time of each step

@@ -14,3 +14,4 @@ pub mod pool;
 pub mod recurrent;
 pub mod resize;
 pub mod rows;
+pub mod topk;
