@@ -25,6 +25,8 @@ pub enum GpuGenerator {
     Copy,
     /// Transposed convolutions as a gather per output element (`conv_transpose`).
     ConvTranspose,
+    /// Direct convolutions, a thread per output element, for 3-D ones (`conv_direct`).
+    ConvDirect,
     /// Gathers by run-time indices or compile-time axis maps (`gather`).
     Gather,
     /// One block per row: softmax, normalizations, reductions (`rows`).
@@ -68,7 +70,8 @@ pub fn generators(op: &Op) -> Generators {
     use CpuGenerator as C;
     use GpuGenerator as G;
     let (gpu, cpu): (&'static [GpuGenerator], &'static [CpuGenerator]) = match op {
-        Op::MatMul | Op::Gemm { .. } | Op::Conv(_) => (&[G::Gemm], &[C::Products]),
+        Op::MatMul | Op::Gemm { .. } => (&[G::Gemm], &[C::Products]),
+        Op::Conv(_) => (&[G::Gemm, G::ConvDirect], &[C::Products]),
         Op::Quant(
             QuantOp::MatMulInteger | QuantOp::ConvInteger(_) | QuantOp::BlockQuantizedMatMul { .. },
         ) => (&[], &[C::Products]),
@@ -109,6 +112,7 @@ impl GpuGenerator {
             GpuGenerator::Attention => kernels::attention::lower(node, target),
             GpuGenerator::Copy => kernels::copy::lower(node, target),
             GpuGenerator::ConvTranspose => kernels::conv_transpose::lower(node, target),
+            GpuGenerator::ConvDirect => kernels::conv_direct::lower(node, target),
             GpuGenerator::Gather => kernels::gather::lower(node, target),
             GpuGenerator::Rows => kernels::rows::lower(node, target),
             GpuGenerator::Pool => kernels::pool::lower(node, target),

@@ -25,7 +25,6 @@ const BF16_SM: u32 = 80;
 const LIBRARY_KERNELS: &[(&str, usize)] = &[
     ("bert_tiny_dynamic_int8", 22),
     ("cast", 3),
-    ("conv_1d_3d", 1),
     ("dynamic_quantize_large", 1),
     ("einsum", 7),
     ("elementwise_unary_misc", 2),

@@ -4,6 +4,7 @@
 
 pub mod arg;
 pub mod attention;
+pub mod conv_direct;
 pub mod conv_transpose;
 pub mod copy;
 pub mod cumulative;
