@@ -262,6 +262,7 @@ mod tests {
     fn three_d_convolutions() {
         // Padded 3×3×3, strided and dilated, grouped.
         #[rustfmt::skip]
+        #[allow(clippy::type_complexity)]
         let cases: [(&[usize], usize, &[usize], &[usize], &[usize], &[usize], usize); 3] = [
             (&[1, 2, 4, 5, 5], 3, &[3, 3, 3], &[1, 1, 1], &[1, 1, 1, 1, 1, 1], &[1, 1, 1], 1),
             (&[2, 3, 6, 5, 7], 4, &[2, 3, 2], &[2, 1, 2], &[0, 1, 1, 1, 0, 0], &[1, 2, 1], 1),
