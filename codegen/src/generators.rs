@@ -23,10 +23,8 @@ pub enum GpuGenerator {
     Attention,
     /// Strided copies (`copy`).
     Copy,
-    /// Transposed convolutions as a gather per output element (`conv_transpose`).
-    ConvTranspose,
-    /// Direct convolutions, a thread per output element, for 3-D ones (`conv_direct`).
-    ConvDirect,
+    /// ConvTranspose and 3-D Conv, a thread per output element (`window_conv`).
+    WindowConv,
     /// Gathers by run-time indices or compile-time axis maps (`gather`).
     Gather,
     /// One block per row: softmax, normalizations, reductions (`rows`).
@@ -71,7 +69,7 @@ pub fn generators(op: &Op) -> Generators {
     use GpuGenerator as G;
     let (gpu, cpu): (&'static [GpuGenerator], &'static [CpuGenerator]) = match op {
         Op::MatMul | Op::Gemm { .. } => (&[G::Gemm], &[C::Products]),
-        Op::Conv(_) => (&[G::Gemm, G::ConvDirect], &[C::Products]),
+        Op::Conv(_) => (&[G::Gemm, G::WindowConv], &[C::Products]),
         Op::Quant(
             QuantOp::MatMulInteger | QuantOp::ConvInteger(_) | QuantOp::BlockQuantizedMatMul { .. },
         ) => (&[], &[C::Products]),
@@ -79,7 +77,7 @@ pub fn generators(op: &Op) -> Generators {
             (&[G::Elementwise], &[C::ElementwiseLoop])
         }
         Op::Attention(_) => (&[G::Attention], &[]),
-        Op::ConvTranspose(_) => (&[G::ConvTranspose], &[]),
+        Op::ConvTranspose(_) => (&[G::WindowConv], &[]),
         Op::Rnn(_) => (&[G::Recurrent], &[]),
         Op::TopK { .. } => (&[G::TopK], &[]),
         Op::ArgMax { .. } | Op::ArgMin { .. } => (&[G::Arg], &[]),
@@ -111,8 +109,7 @@ impl GpuGenerator {
             GpuGenerator::Gemm => kernels::gemm::lower(node, target),
             GpuGenerator::Attention => kernels::attention::lower(node, target),
             GpuGenerator::Copy => kernels::copy::lower(node, target),
-            GpuGenerator::ConvTranspose => kernels::conv_transpose::lower(node, target),
-            GpuGenerator::ConvDirect => kernels::conv_direct::lower(node, target),
+            GpuGenerator::WindowConv => kernels::window_conv::lower(node, target),
             GpuGenerator::Gather => kernels::gather::lower(node, target),
             GpuGenerator::Rows => kernels::rows::lower(node, target),
             GpuGenerator::Pool => kernels::pool::lower(node, target),

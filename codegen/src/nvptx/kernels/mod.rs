@@ -4,8 +4,6 @@
 
 pub mod arg;
 pub mod attention;
-pub mod conv_direct;
-pub mod conv_transpose;
 pub mod copy;
 pub mod cumulative;
 pub mod elementwise;
@@ -16,3 +14,4 @@ pub mod recurrent;
 pub mod resize;
 pub mod rows;
 pub mod topk;
+pub mod window_conv;
