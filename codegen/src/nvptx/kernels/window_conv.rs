@@ -239,92 +239,96 @@ impl GpuKernel for WindowConv {
 
 #[cfg(test)]
 mod tests {
-    mod transposed {
-        use crate::nvptx::emulate::{check_graph, ptxas_check};
-        use kiln_ir::{AutoPad, ConvAttrs, ConvTransposeAttrs, DType, Graph, Op, Tensor, TensorType};
+    use crate::nvptx::emulate::{check_graph, ptxas_check};
+    use kiln_ir::{AutoPad, ConvAttrs, ConvTransposeAttrs, DType, Graph, Op, Tensor, TensorType};
 
-        /// `ConvTranspose(x, w, b?)` with x `[n, c, spatial...]`, w `[c, m / group, kernel...]`.
-        #[allow(clippy::too_many_arguments)]
-        fn graph(
-            x: &[usize],
-            m: usize,
-            kernel: &[usize],
-            strides: &[usize],
-            pads: &[usize],
-            dilations: &[usize],
-            output_padding: &[usize],
-            group: usize,
-            bias: bool,
-        ) -> (Graph, Vec<Tensor>) {
-            let mut g = Graph::new("t");
-            let xv = g.add_input("x", TensorType::fixed(DType::F32, x));
-            let n: usize = x.iter().product();
-            let xt = Tensor::from_vec(
-                x.to_vec(),
-                (0..n)
-                    .map(|i| ((i * 29) % 17) as f32 * 0.25 - 2.0)
-                    .collect::<Vec<f32>>(),
-            );
-            let mut ws = vec![x[1], m / group];
-            ws.extend(kernel);
-            let nw: usize = ws.iter().product();
-            let wv = g.add_const(
-                "w",
-                Tensor::from_vec(
-                    ws,
-                    (0..nw)
-                        .map(|i| ((i * 13) % 11) as f32 * 0.1 - 0.5)
-                        .collect::<Vec<f32>>(),
-                ),
-            );
-            let bv = bias.then(|| {
-                g.add_const(
-                    "b",
-                    Tensor::from_vec(
-                        vec![m],
-                        (0..m).map(|i| i as f32 * 0.3 - 1.0).collect::<Vec<f32>>(),
-                    ),
-                )
-            });
-            let attrs = ConvTransposeAttrs {
-                conv: ConvAttrs {
-                    kernel_shape: kernel.to_vec(),
-                    strides: strides.to_vec(),
-                    pads: pads.to_vec(),
-                    dilations: dilations.to_vec(),
-                    group,
-                    auto_pad: AutoPad::NotSet,
-                    channels_last: false,
-                },
-                output_padding: output_padding.to_vec(),
+    fn attrs(
+        kernel: &[usize],
+        strides: &[usize],
+        pads: &[usize],
+        dilations: &[usize],
+        group: usize,
+    ) -> ConvAttrs {
+        ConvAttrs {
+            kernel_shape: kernel.to_vec(),
+            strides: strides.to_vec(),
+            pads: pads.to_vec(),
+            dilations: dilations.to_vec(),
+            group,
+            auto_pad: AutoPad::NotSet,
+            channels_last: false,
+        }
+    }
+
+    /// `op(x, w, b?)` with x of shape `x`, weights of shape `w`, `m` output channels.
+    fn graph(op: Op, x: &[usize], w: Vec<usize>, m: usize, bias: bool) -> (Graph, Vec<Tensor>) {
+        let values = |n: usize, f: fn(usize) -> f32| (0..n).map(f).collect::<Vec<f32>>();
+        let mut g = Graph::new("t");
+        let xv = g.add_input("x", TensorType::fixed(DType::F32, x));
+        let xt = Tensor::from_vec(
+            x.to_vec(),
+            values(x.iter().product(), |i| ((i * 29) % 17) as f32 * 0.25 - 2.0),
+        );
+        let nw: usize = w.iter().product();
+        let wv = g.add_const(
+            "w",
+            Tensor::from_vec(w, values(nw, |i| ((i * 13) % 11) as f32 * 0.1 - 0.5)),
+        );
+        let bv = bias.then(|| {
+            g.add_const(
+                "b",
+                Tensor::from_vec(vec![m], values(m, |i| i as f32 * 0.3 - 1.0)),
+            )
+        });
+        let y = g.add("conv", op, vec![Some(xv), Some(wv), bv], "y").unwrap();
+        g.add_output("y", y);
+        (g, vec![xt])
+    }
+
+    fn check(g: &Graph, inputs: &[Tensor], what: &str) {
+        let describes = check_graph(g, inputs);
+        assert!(describes.iter().all(|d| d.starts_with(what)), "{describes:?}");
+    }
+
+    /// A case: x's shape, output channels, kernel, strides, pads, dilations, output padding
+    /// (transposed only), groups, bias.
+    struct Case {
+        x: &'static [usize],
+        m: usize,
+        k: &'static [usize],
+        s: &'static [usize],
+        p: &'static [usize],
+        d: &'static [usize],
+        op: &'static [usize],
+        group: usize,
+        bias: bool,
+    }
+
+    impl Case {
+        fn transposed(&self) -> (Graph, Vec<Tensor>) {
+            let mut w = vec![self.x[1], self.m / self.group];
+            w.extend(self.k);
+            let op = Op::ConvTranspose(ConvTransposeAttrs {
+                conv: attrs(self.k, self.s, self.p, self.d, self.group),
+                output_padding: self.op.to_vec(),
                 output_shape: vec![],
-            };
-            let y = g
-                .add("ct", Op::ConvTranspose(attrs), vec![Some(xv), Some(wv), bv], "y")
-                .unwrap();
-            g.add_output("y", y);
-            (g, vec![xt])
+            });
+            graph(op, self.x, w, self.m, self.bias)
         }
 
-        /// A case: x's shape, output channels, kernel, strides, pads, dilations, output padding,
-        /// groups, bias.
-        struct Case {
-            x: &'static [usize],
-            m: usize,
-            k: &'static [usize],
-            s: &'static [usize],
-            p: &'static [usize],
-            d: &'static [usize],
-            op: &'static [usize],
-            group: usize,
-            bias: bool,
+        fn direct(&self) -> (Graph, Vec<Tensor>) {
+            let mut w = vec![self.m, self.x[1] / self.group];
+            w.extend(self.k);
+            let op = Op::Conv(attrs(self.k, self.s, self.p, self.d, self.group));
+            graph(op, self.x, w, self.m, self.bias)
         }
+    }
 
-        #[test]
-        fn transposed_convolutions() {
-            // 2× upsampling (a segmentation decoder's), stride 2 with pads and output padding,
-            // dilation, groups, 1-D and 3-D, no bias.
-            #[rustfmt::skip]
+    #[test]
+    fn transposed_convolutions() {
+        // 2× upsampling (a segmentation decoder's), stride 2 with pads and output padding,
+        // dilation, groups, 1-D and 3-D, no bias.
+        #[rustfmt::skip]
         let cases = [
             Case { x: &[1, 4, 5, 6], m: 3, k: &[2, 2], s: &[2, 2], p: &[0, 0, 0, 0], d: &[1, 1], op: &[], group: 1, bias: true },
             Case { x: &[2, 3, 4, 4], m: 5, k: &[3, 3], s: &[2, 2], p: &[1, 1, 1, 1], d: &[1, 1], op: &[1, 1], group: 1, bias: true },
@@ -333,119 +337,30 @@ mod tests {
             Case { x: &[2, 3, 9], m: 4, k: &[4], s: &[3], p: &[1, 2], d: &[1], op: &[], group: 1, bias: true },
             Case { x: &[1, 2, 3, 3, 2], m: 3, k: &[2, 2, 2], s: &[2, 2, 2], p: &[0, 0, 0, 0, 0, 0], d: &[1, 1, 1], op: &[], group: 1, bias: true },
         ];
-            for c in cases {
-                let (g, inputs) = graph(c.x, c.m, c.k, c.s, c.p, c.d, c.op, c.group, c.bias);
-                let describes = check_graph(&g, &inputs);
-                assert!(
-                    describes.iter().all(|d| d.starts_with("gpu conv_transpose")),
-                    "{describes:?}"
-                );
-            }
-            let (g, _) = graph(
-                &[1, 4, 5, 6],
-                3,
-                &[2, 2],
-                &[2, 2],
-                &[0, 0, 0, 0],
-                &[1, 1],
-                &[],
-                1,
-                true,
-            );
-            for sm in [80, 90] {
-                ptxas_check(&g, sm);
-            }
+        for c in &cases {
+            let (g, inputs) = c.transposed();
+            check(&g, &inputs, "gpu conv_transpose");
+        }
+        for sm in [80, 90] {
+            ptxas_check(&cases[0].transposed().0, sm);
         }
     }
 
-    mod three_d {
-        use crate::nvptx::emulate::{check_graph, ptxas_check};
-        use kiln_ir::{AutoPad, ConvAttrs, DType, Graph, Op, Tensor, TensorType};
-
-        /// `Conv(x, w, b)` with x `[n, c, d, h, w]`, w `[m, c / group, kernel...]`.
-        fn graph(
-            x: &[usize],
-            m: usize,
-            kernel: &[usize],
-            strides: &[usize],
-            pads: &[usize],
-            dilations: &[usize],
-            group: usize,
-        ) -> (Graph, Vec<Tensor>) {
-            let mut g = Graph::new("t");
-            let xv = g.add_input("x", TensorType::fixed(DType::F32, x));
-            let n: usize = x.iter().product();
-            let xt = Tensor::from_vec(
-                x.to_vec(),
-                (0..n)
-                    .map(|i| ((i * 29) % 17) as f32 * 0.25 - 2.0)
-                    .collect::<Vec<f32>>(),
-            );
-            let mut ws = vec![m, x[1] / group];
-            ws.extend(kernel);
-            let nw: usize = ws.iter().product();
-            let wv = g.add_const(
-                "w",
-                Tensor::from_vec(
-                    ws,
-                    (0..nw)
-                        .map(|i| ((i * 13) % 11) as f32 * 0.1 - 0.5)
-                        .collect::<Vec<f32>>(),
-                ),
-            );
-            let bv = g.add_const(
-                "b",
-                Tensor::from_vec(
-                    vec![m],
-                    (0..m).map(|i| i as f32 * 0.3 - 1.0).collect::<Vec<f32>>(),
-                ),
-            );
-            let attrs = ConvAttrs {
-                kernel_shape: kernel.to_vec(),
-                strides: strides.to_vec(),
-                pads: pads.to_vec(),
-                dilations: dilations.to_vec(),
-                group,
-                auto_pad: AutoPad::NotSet,
-                channels_last: false,
-            };
-            let y = g
-                .add("conv", Op::Conv(attrs), vec![Some(xv), Some(wv), Some(bv)], "y")
-                .unwrap();
-            g.add_output("y", y);
-            (g, vec![xt])
-        }
-
-        #[test]
-        fn three_d_convolutions() {
-            // Padded 3×3×3, strided and dilated, grouped.
-            #[rustfmt::skip]
-        #[allow(clippy::type_complexity)]
-        let cases: [(&[usize], usize, &[usize], &[usize], &[usize], &[usize], usize); 3] = [
-            (&[1, 2, 4, 5, 5], 3, &[3, 3, 3], &[1, 1, 1], &[1, 1, 1, 1, 1, 1], &[1, 1, 1], 1),
-            (&[2, 3, 6, 5, 7], 4, &[2, 3, 2], &[2, 1, 2], &[0, 1, 1, 1, 0, 0], &[1, 2, 1], 1),
-            (&[1, 4, 3, 4, 4], 6, &[1, 3, 3], &[1, 2, 2], &[0, 1, 1, 0, 1, 1], &[1, 1, 1], 2),
+    #[test]
+    fn three_d_convolutions() {
+        // Padded 3×3×3, strided and dilated, grouped, no bias.
+        #[rustfmt::skip]
+        let cases = [
+            Case { x: &[1, 2, 4, 5, 5], m: 3, k: &[3, 3, 3], s: &[1, 1, 1], p: &[1, 1, 1, 1, 1, 1], d: &[1, 1, 1], op: &[], group: 1, bias: true },
+            Case { x: &[2, 3, 6, 5, 7], m: 4, k: &[2, 3, 2], s: &[2, 1, 2], p: &[0, 1, 1, 1, 0, 0], d: &[1, 2, 1], op: &[], group: 1, bias: true },
+            Case { x: &[1, 4, 3, 4, 4], m: 6, k: &[1, 3, 3], s: &[1, 2, 2], p: &[0, 1, 1, 0, 1, 1], d: &[1, 1, 1], op: &[], group: 2, bias: false },
         ];
-            for (x, m, k, s, p, d, group) in cases {
-                let (g, inputs) = graph(x, m, k, s, p, d, group);
-                let describes = check_graph(&g, &inputs);
-                assert!(
-                    describes.iter().all(|d| d.starts_with("gpu direct conv")),
-                    "{describes:?}"
-                );
-            }
-            let (g, _) = graph(
-                &[1, 2, 4, 5, 5],
-                3,
-                &[3, 3, 3],
-                &[1, 1, 1],
-                &[1, 1, 1, 1, 1, 1],
-                &[1, 1, 1],
-                1,
-            );
-            for sm in [80, 90] {
-                ptxas_check(&g, sm);
-            }
+        for c in &cases {
+            let (g, inputs) = c.direct();
+            check(&g, &inputs, "gpu direct conv");
+        }
+        for sm in [80, 90] {
+            ptxas_check(&cases[0].direct().0, sm);
         }
     }
 }
