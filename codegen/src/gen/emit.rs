@@ -91,6 +91,22 @@ impl<'a, 'ctx> Emit<'a, 'ctx> {
         self.b.build_int_unsigned_rem(a, self.i64c(c), "").map_err(llvm)
     }
 
+    /// The coordinates of the row-major flat index `i` over `dims`, outermost first; the
+    /// outermost takes what is left (an index past the end stays past it).
+    pub fn unravel(&self, i: IntValue<'ctx>, dims: &[usize]) -> Result<Vec<IntValue<'ctx>>> {
+        let mut coord = vec![self.i64c(0); dims.len()];
+        let mut rest = i;
+        for d in (0..dims.len()).rev() {
+            if d == 0 {
+                coord[0] = rest;
+            } else {
+                coord[d] = self.uremc(rest, dims[d] as i64)?;
+                rest = self.udivc(rest, dims[d] as i64)?;
+            }
+        }
+        Ok(coord)
+    }
+
     pub fn icmp(&self, p: IntPredicate, a: IntValue<'ctx>, b: IntValue<'ctx>) -> Result<IntValue<'ctx>> {
         self.b.build_int_compare(p, a, b, "").map_err(llvm)
     }

@@ -185,18 +185,8 @@ impl GpuKernel for ResizeGpu {
         let word = |at| -> Result<_> { e.gep_u8(table, e.mulc(at, 4)?) };
         k.grid_stride_loop(self.total(), THREADS, |i| {
             // The output coordinates; the offset of the axes that are not resized.
-            let mut coord = vec![e.i64c(0); self.out_dims.len()];
-            let mut rest = i;
-            for d in (0..self.out_dims.len()).rev() {
-                coord[d] = if d == 0 {
-                    rest
-                } else {
-                    e.uremc(rest, self.out_dims[d] as i64)?
-                };
-                if d > 0 {
-                    rest = e.udivc(rest, self.out_dims[d] as i64)?;
-                }
-            }
+            let dims: Vec<usize> = self.out_dims.iter().map(|&d| d as usize).collect();
+            let coord = e.unravel(i, &dims)?;
             let mut base = e.i64c(0);
             for (d, &c) in coord.iter().enumerate() {
                 if self.steps.iter().all(|s| s.axis != d) {

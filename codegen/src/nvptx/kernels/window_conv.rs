@@ -165,14 +165,10 @@ impl GpuKernel for WindowConv {
         let acc = e.entry_alloca(k.cx.f32_type(), "acc")?;
         k.grid_stride_loop(self.total(), THREADS, |i| {
             // (n, m, o[spatial]) of the output element.
-            let mut o = vec![e.i64c(0); self.axes.len()];
-            let mut rest = i;
-            for (d, a) in self.axes.iter().enumerate().rev() {
-                o[d] = e.uremc(rest, a.output as i64)?;
-                rest = e.udivc(rest, a.output as i64)?;
-            }
-            let m = e.uremc(rest, self.m as i64)?;
-            let n = e.udivc(rest, self.m as i64)?;
+            let mut dims = vec![self.batch, self.m];
+            dims.extend(self.axes.iter().map(|a| a.output));
+            let coord = e.unravel(i, &dims)?;
+            let (n, m, o) = (coord[0], coord[1], &coord[2..]);
             let g = e.udivc(m, mg as i64)?;
             let init = match bias {
                 Some(b) => e.load_f32(e.gep_f32(b, m)?)?,
