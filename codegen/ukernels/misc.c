@@ -953,7 +953,8 @@ int32_t kiln_uk_roi_align(const kiln_uk_args *a) {
    scalar, absent: 0), iou_threshold, score_threshold (scalars, optional). out[0]: the selected
    [batch, class, box] triples, [count, 3] i64, count only known at run time: the buffer holds
    the bound computed at compile time (codegen/src/data_dependent.rs) and this writes the actual
-   count into out[0].dims[0] (the context's shape of the graph output). iattr: center_point_box.
+   count into out[0].dims[0] (the run copies it into the shape of every graph output computed
+   from it) and zeros past it. iattr: center_point_box.
    scratch: 3 * N int64 (candidates, merge-sort buffer, selected boxes).
    The arithmetic follows the reference (kiln_ir's detect.rs) in the boxes' precision (float
    for f16/bf16/f32 boxes, double for f64): candidates scoring above the threshold, highest

@@ -995,9 +995,9 @@ int32_t kiln_uk_nonzero(const kiln_uk_args *a) {
    after it; the whole tensor as one axis of inner 1 when Compress has none) where the bool
    condition in[1] is true, in order; a shorter condition selects among the leading slices,
    and one longer than the axis may not select past it (as the reference). With a run-time
-   condition the output's size depends on the data: its buffer holds every slice and its dims
-   point at the context's shape of the graph output (codegen/src/data_dependent.rs), where
-   the count is written (iattr[3]: the axis' index among the output's dims). With a constant
+   condition the output's size depends on the data: its buffer holds every slice, and the count
+   is written into its dims (iattr[3]: the axis' index among them), from where the run copies
+   it into the graph outputs' shapes (codegen/src/data_dependent.rs). With a constant
    condition the output is static and the count equals its dim, so nothing is written. */
 int32_t kiln_uk_compress(const kiln_uk_args *a) {
   const kiln_tensor *x = &a->in[0], *cond = &a->in[1], *y = &a->out[0];

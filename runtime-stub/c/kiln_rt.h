@@ -142,9 +142,10 @@ int32_t kiln_rt_io_dtype(const kiln_model_desc *desc, int32_t output, int32_t i)
 int32_t kiln_rt_io_shape(const kiln_model_desc *desc, int32_t output, int32_t i, int64_t *dims);
 /* The shape of graph output i after the last run (rank entries, NULL when i is out of range):
    its static dims, except where the output's size depends on the data (NonZero,
-   NonMaxSuppression, Unique, a Compress by a run-time condition): the output buffer has room
-   for the static dims, which bound it, and the operator's kernel writes the actual dims here
-   (its kiln_tensor's dims point at them) and its values first, in row-major order for them. */
+   NonMaxSuppression, Unique, a Compress by a run-time condition, and values computed from
+   them): the output buffer has room for the static dims, which bound it, the values come
+   first, in row-major order for the actual dims, and the run writes the actual count here
+   after the selecting operator's kernel. */
 int64_t *kiln_rt_output_dims(kiln_ctx *ctx, int32_t i);
 /* The bytes graph output i holds after the last run (for its kiln_rt_output_dims); -1 out of
    range. */

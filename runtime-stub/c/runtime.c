@@ -47,7 +47,7 @@ struct kiln_ctx {
   int32_t device_index;
   char device_name[128];
   /* The shapes of the graph outputs after the last run (kiln_rt_output_dims): the static dims,
-     which data-dependent kernels overwrite with the actual ones. out_dims[out_at[i]..] holds
+     whose data-dependent extent the run overwrites with the actual count. out_dims[out_at[i]..] holds
      output i's rank entries. */
   int64_t *out_dims;
   int64_t *out_at;
