@@ -120,9 +120,10 @@ class First(object):
         return y
 
 
-def export(name: str, module, inputs: dict, path: str) -> None:
+def export(name: str, module, inputs: dict, path: str, dynamic_batch: bool = False) -> None:
     """`torch.onnx.export` of the module's first output (named `y`), with the TorchScript
-    exporter at opset 17 where it handles the model, else the dynamo exporter at opset 18."""
+    exporter at opset 17 where it handles the model, else the dynamo exporter at opset 18.
+    `dynamic_batch`: axis 0 of every input and of `y` is the symbolic dimension `batch`."""
     import torch
 
     names = list(inputs)
@@ -136,16 +137,20 @@ def export(name: str, module, inputs: dict, path: str) -> None:
             return First(self.m)(**dict(zip(names, args)))
 
     args = tuple(inputs.values())
+    axes = {n: {0: "batch"} for n in names + ["y"]} if dynamic_batch else None
     try:
         torch.onnx.export(Positional().eval(), args, path, input_names=names, output_names=["y"],
-                          opset_version=17, dynamo=False)
+                          opset_version=17, dynamo=False, dynamic_axes=axes)
     except Exception as e:  # a torch without the TorchScript exporter, or an op it lacks
         log(f"{name}: TorchScript export failed ({str(e)[:160]}); using the dynamo exporter")
+        batch = torch.export.Dim("batch", max=1024)
+        shapes = {"args": tuple({0: batch} for _ in names)} if dynamic_batch else None
         torch.onnx.export(Positional().eval(), args, path, input_names=names, output_names=["y"],
-                          opset_version=18, dynamo=True, external_data=False)
+                          opset_version=18, dynamo=True, external_data=False, dynamic_shapes=shapes)
 
 
-def export_with_data(name: str, path: str, tiny: bool = False) -> tuple[dict, np.ndarray] | None:
+def export_with_data(name: str, path: str, tiny: bool = False,
+                     dynamic_batch: bool = False) -> tuple[dict, np.ndarray] | None:
     """Exports model `name` to `path`; returns its inputs (numpy) and torch's output, or None
     when a package it needs is missing."""
     import torch
@@ -155,7 +160,7 @@ def export_with_data(name: str, path: str, tiny: bool = False) -> tuple[dict, np
         return None
     module, inputs = made
     with torch.no_grad():
-        export(name, module, inputs, path)
+        export(name, module, inputs, path, dynamic_batch=dynamic_batch)
         y = First(module)(**inputs).float().numpy()
     return {k: v.numpy() for k, v in inputs.items()}, y
 

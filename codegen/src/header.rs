@@ -37,14 +37,33 @@ pub fn c_ident(name: &str) -> String {
     s
 }
 
-fn doc_line(ty: &TensorType, name: &str, id: &str, what: &str, bound: bool) -> String {
+/// One tensor's line; `batch`: the batch range of a batched tensor, whose sizes are per sample.
+fn doc_line(
+    ty: &TensorType,
+    name: &str,
+    id: &str,
+    what: &str,
+    bound: bool,
+    batch: Option<(usize, usize)>,
+) -> String {
     let shape = ty.fixed_shape().unwrap_or_default();
     let n: usize = shape.iter().product();
     let at_most = if bound { "at most " } else { "" };
+    let (shown, per) = match (batch, shape.split_first()) {
+        (Some((lo, hi)), Some((&a0, rest))) => {
+            let rest: String = rest.iter().map(|d| format!(",{d}")).collect();
+            let axis0 = if a0 == 1 {
+                format!("{lo}..{hi}")
+            } else {
+                format!("n*{a0} (n in {lo}..{hi}), ")
+            };
+            (format!("{}[{axis0}{rest}]", ty.dtype), " a sample")
+        }
+        _ => (ty.to_string(), ""),
+    };
     format!(
-        " *   {what} {:<24} {at_most}{}  ({at_most}{} elements, {} bytes)  C name: {id}\n",
+        " *   {what} {:<24} {at_most}{shown}  ({at_most}{} elements, {} bytes{per})  C name: {id}\n",
         comment_text(name),
-        ty,
         n,
         ty.size_bytes().unwrap_or(0)
     )
@@ -287,6 +306,8 @@ pub struct HeaderIo<'a> {
     pub inputs: &'a [(String, TensorType)],
     pub outputs: &'a [(String, TensorType)],
     pub bounded: &'a [usize],
+    /// A batch range (`crate::batch`): which inputs and outputs it batches.
+    pub batch: Option<&'a crate::batch::Batch>,
 }
 
 pub fn header(
@@ -319,11 +340,27 @@ pub fn header(
     s.push_str(" * patterns (uint16_t), bool as uint8_t (0 or 1).\n *\n");
     let ids = c_names(p, inputs, outputs);
     let (in_ids, out_ids) = ids.split_at(inputs.len());
-    for ((n, ty), id) in inputs.iter().zip(in_ids) {
-        s.push_str(&doc_line(ty, n, id, "input ", false));
+    let range = |flags: fn(&crate::batch::Batch) -> &Vec<bool>, i: usize| {
+        io.batch.filter(|b| flags(b)[i]).map(|b| (b.lo, b.hi))
+    };
+    for (i, ((n, ty), id)) in inputs.iter().zip(in_ids).enumerate() {
+        s.push_str(&doc_line(ty, n, id, "input ", false, range(|b| &b.inputs, i)));
     }
     for (j, ((n, ty), id)) in outputs.iter().zip(out_ids).enumerate() {
-        s.push_str(&doc_line(ty, n, id, "output", bounded.contains(&j)));
+        s.push_str(&doc_line(
+            ty,
+            n,
+            id,
+            "output",
+            bounded.contains(&j),
+            range(|b| &b.outputs, j),
+        ));
+    }
+    if let Some(b) = io.batch {
+        s.push_str(&format!(
+            " *\n * Batch: this model runs any batch of {}..{} samples (axis 0 of the tensors with a range above;\n * each buffer holds the samples one after another, n times the per-sample size given).\n * Run it with {p}_run_shaped, whose input shapes give the batch; {p}_run and {p}_run_generic\n * refuse. The size macros and {p}_input_shape/{p}_output_shape give one sample.\n",
+            b.lo, b.hi
+        ));
     }
     if !bounded.is_empty() {
         s.push_str(" *\n * Outputs marked \"at most\" have a size that depends on the data: their buffers need the\n * size given, the run writes their values first, and NAME_run_shaped reports their shape.\n".replace("NAME", p).as_str());

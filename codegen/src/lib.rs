@@ -4,6 +4,7 @@
 
 pub mod api;
 mod archive;
+pub mod batch;
 mod bf16_rounding;
 pub mod buildfiles;
 pub mod data_dependent;
@@ -85,6 +86,9 @@ pub struct CompileOptions {
     /// Run the kernels on an NVIDIA GPU of this compute capability (`--target cuda --sm N`);
     /// `target` is then the host CPU, which runs the launches.
     pub cuda_sm: Option<u32>,
+    /// A batch range (`--input-shape x=1..8,...`): the graph is the per-sample program and the
+    /// run calls it once per sample ([`batch`]).
+    pub batch: Option<batch::Batch>,
 }
 
 impl CompileOptions {
@@ -262,6 +266,7 @@ pub fn compile(
         variant: None,
         weights_object: separate_weights.then_some(weights_symbol.as_str()),
         data_dependent: &bounded.outputs,
+        batch: opts.batch.as_ref(),
     };
     progress.phase("codegen");
     let cx = Context::create();
@@ -416,6 +421,7 @@ pub fn compile_portable(
         variant: None,
         weights_object: None,
         data_dependent: &data_dependent,
+        batch: opts.batch.as_ref(),
     };
     progress.phase("codegen");
     let cx = Context::create();
@@ -551,6 +557,7 @@ fn finish_module(
                     inputs: &emit::signature::signature_inputs(graph),
                     outputs: &emit::signature::signature_outputs(graph),
                     bounded,
+                    batch: opts.batch.as_ref(),
                 },
                 memory,
                 kind,

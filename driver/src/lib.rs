@@ -433,7 +433,29 @@ impl<'p> Session<'p> {
             profile: o.profile,
             weights_out: o.weights_out.clone(),
             cuda_sm,
+            batch: None,
         })
+    }
+
+    /// The batch a source with a batch range serves, checked on its per-sample graph against
+    /// the same model imported at a larger batch (`None` without a range).
+    pub fn batch(
+        &self,
+        source: &ModelSource,
+        per_sample: &Graph,
+    ) -> Result<Option<kiln_codegen::batch::Batch>> {
+        let Some(range) = source.batch_range()? else {
+            return Ok(None);
+        };
+        if self.options.target == Target::Cuda {
+            anyhow::bail!("a batch range (--input-shape NAME={range},...) is compiled for CPU targets only; give the CUDA target a fixed batch");
+        }
+        // 3, not 2: a batch that enters the shapes as n*n or n+n (not sample by sample) shows.
+        const PROBE: usize = 3;
+        let probe = source.load_at(PROBE)?.graph;
+        let batch = kiln_codegen::batch::analyze(per_sample, &probe, PROBE, range.lo, range.hi)
+            .with_context(|| format!("{}: batch range {range}", source.path.display()))?;
+        Ok(Some(batch))
     }
 
     /// Imports the model (`import` phase).
@@ -499,6 +521,7 @@ impl<'p> Session<'p> {
             refuse_overwriting_inputs(source, o, &out)?;
         }
         let mut graph = self.import(source)?;
+        let batch = self.batch(source, &graph)?;
         self.progress.phase("passes");
         let targets = self.targets_for(Some(&graph))?;
         self.check_passes()?;
@@ -552,7 +575,8 @@ impl<'p> Session<'p> {
                 std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
             }
         }
-        let copts = self.codegen_options_named(name.clone(), targets.main, true)?;
+        let mut copts = self.codegen_options_named(name.clone(), targets.main, true)?;
+        copts.batch = batch;
         let variants: Vec<kiln_codegen::Variant> = targets
             .variants
             .iter()

@@ -578,6 +578,7 @@ mod tests {
             profile: false,
             weights_out: None,
             cuda_sm: None,
+            batch: None,
         };
         let summary = kiln_codegen::plan_only(&g1, &opts).unwrap();
         let r = build_report(&Inputs {

@@ -1,7 +1,8 @@
 //! Where a model comes from: the model file and what binds its inputs and initializers.
 
 use anyhow::{Context, Result};
-use kiln_frontend::{shapes::parse_input_shape, weights::read_safetensors, ImportOptions, Model};
+use kiln_frontend::shapes::{batch_range, parse_input_shape, BatchRange, InputShape};
+use kiln_frontend::{weights::read_safetensors, ImportOptions, Model};
 use kiln_ir::Tensor;
 use std::path::{Path, PathBuf};
 
@@ -13,7 +14,8 @@ pub struct ModelSource {
     pub path: PathBuf,
     /// Safetensors files whose tensors are bound to initializers or inputs by name.
     pub weights: Vec<PathBuf>,
-    /// Input shapes, `NAME=D0,D1,...` (binding symbolic dims).
+    /// Input shapes, `NAME=D0,D1,...` (binding symbolic dims); the first dim may be a batch
+    /// range `LO..HI`.
     pub input_shapes: Vec<String>,
     /// Inputs frozen to a value known at compile time, `NAME=FILE` (.npy or .pb).
     pub bind: Vec<String>,
@@ -29,16 +31,37 @@ impl ModelSource {
         }
     }
 
+    fn parsed_shapes(&self) -> Result<Vec<InputShape>> {
+        Ok(self
+            .input_shapes
+            .iter()
+            .map(|s| parse_input_shape(s))
+            .collect::<std::result::Result<_, _>>()?)
+    }
+
+    /// The batch range the input shapes give (`x=1..8,...`), if any.
+    pub fn batch_range(&self) -> Result<Option<BatchRange>> {
+        Ok(batch_range(&self.parsed_shapes()?)?)
+    }
+
     /// The frontend's options: shapes parsed, weight and bind files read. Sets the
     /// interpreter's memory budget when `max_memory` is given (every command that loads a
-    /// model may evaluate it).
+    /// model may evaluate it). A batch range is bound to 1: the per-sample graph.
     pub fn import_options(&self) -> Result<ImportOptions> {
+        self.import_options_at(1)
+    }
+
+    /// [`Self::import_options`] with a batch range's axis bound to `batch`.
+    pub fn import_options_at(&self, batch: usize) -> Result<ImportOptions> {
         if let Some(bytes) = self.max_memory {
             kiln_ir::budget::set_memory_budget(bytes);
         }
         let mut opts = ImportOptions::default();
-        for s in &self.input_shapes {
-            opts.input_shapes.push(parse_input_shape(s)?);
+        for s in self.parsed_shapes()? {
+            if s.batch.is_some() {
+                opts.batch_inputs.push(s.name.clone());
+            }
+            opts.input_shapes.push(s.at_batch(batch));
         }
         for w in &self.weights {
             opts.weights.extend(read_safetensors(w)?);
@@ -65,9 +88,15 @@ impl ModelSource {
         files
     }
 
-    /// Imports the model (errors name the model file).
+    /// Imports the model (errors name the model file); with a batch range, its per-sample
+    /// graph (the batch bound to 1).
     pub fn load(&self) -> Result<Model> {
-        let opts = self.import_options()?;
+        self.load_at(1)
+    }
+
+    /// Imports the model with a batch range's axis bound to `batch`.
+    pub fn load_at(&self, batch: usize) -> Result<Model> {
+        let opts = self.import_options_at(batch)?;
         kiln_frontend::load_model(&self.path, &opts)
             .map_err(anyhow::Error::from)
             .with_context(|| format!("{}", self.path.display()))

@@ -4,11 +4,46 @@ use crate::error::{FrontendError, Result};
 use kiln_ir::{Dim, TensorType};
 use std::collections::HashMap;
 
-/// Parses `NAME=D0,D1,...` (also accepts `x` as separator: `1x3x224x224`).
-pub fn parse_input_shape(s: &str) -> Result<(String, Vec<usize>)> {
+/// A batch range: `--input-shape x=1..8,3,224,224` lets a run take any batch of `lo..=hi`
+/// samples along axis 0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchRange {
+    pub lo: usize,
+    pub hi: usize,
+}
+
+impl std::fmt::Display for BatchRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}..{}", self.lo, self.hi)
+    }
+}
+
+/// One `--input-shape` argument: the input, its dims (axis 0 is a placeholder when `batch` is
+/// given) and the batch range of axis 0, if one was given.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InputShape {
+    pub name: String,
+    pub dims: Vec<usize>,
+    pub batch: Option<BatchRange>,
+}
+
+impl InputShape {
+    /// The dims with the batch axis (if ranged) set to `n`.
+    pub fn at_batch(&self, n: usize) -> (String, Vec<usize>) {
+        let mut dims = self.dims.clone();
+        if self.batch.is_some() {
+            dims[0] = n;
+        }
+        (self.name.clone(), dims)
+    }
+}
+
+/// Parses `NAME=D0,D1,...` (also accepts `x` as separator: `1x3x224x224`). The first dim may be
+/// a range `LO..HI` (the batch).
+pub fn parse_input_shape(s: &str) -> Result<InputShape> {
     let err = |m: &str| {
         FrontendError::InputShape(format!(
-            "'{s}': {m} (expected NAME=D0,D1,..., e.g. x=1,3,224,224)"
+            "'{s}': {m} (expected NAME=D0,D1,..., e.g. x=1,3,224,224, or x=1..8,3,224,224 for a batch range)"
         ))
     };
     let (name, dims) = s.rsplit_once('=').ok_or_else(|| err("missing '='"))?;
@@ -16,25 +51,69 @@ pub fn parse_input_shape(s: &str) -> Result<(String, Vec<usize>)> {
         return Err(err("missing input name"));
     }
     let dims = dims.trim();
+    let mut shape = InputShape {
+        name: name.to_string(),
+        dims: vec![],
+        batch: None,
+    };
     if dims.is_empty() {
-        return Ok((name.to_string(), vec![]));
+        return Ok(shape);
     }
-    let dims = dims
-        .split([',', 'x'])
-        .map(|d| {
-            d.trim()
-                .parse::<usize>()
-                .map_err(|_| err(&format!("'{d}' is not a non-negative integer")))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    Ok((name.to_string(), dims))
+    let number = |d: &str| {
+        d.trim()
+            .parse::<usize>()
+            .map_err(|_| err(&format!("'{}' is not a non-negative integer", d.trim())))
+    };
+    // Split on ',' (or 'x' when there is no ','), so that a range's ".." stays whole.
+    let parts: Vec<&str> = if dims.contains(',') {
+        dims.split(',').collect()
+    } else {
+        dims.split('x').collect()
+    };
+    for (axis, d) in parts.iter().enumerate() {
+        if let Some((lo, hi)) = d.split_once("..") {
+            if axis != 0 {
+                return Err(err(&format!(
+                    "'{}' on axis {axis}: only the first (batch) axis may be a range; the other dims are fixed",
+                    d.trim()
+                )));
+            }
+            let (lo, hi) = (number(lo)?, number(hi)?);
+            if lo == 0 || lo > hi {
+                return Err(err(&format!("the range {lo}..{hi} must have 1 <= LO <= HI")));
+            }
+            shape.batch = Some(BatchRange { lo, hi });
+            shape.dims.push(lo);
+        } else {
+            shape.dims.push(number(d)?);
+        }
+    }
+    Ok(shape)
+}
+
+/// The batch range of a set of `--input-shape` arguments: at most one, shared by every input
+/// given one.
+pub fn batch_range(shapes: &[InputShape]) -> Result<Option<BatchRange>> {
+    let mut ranged = shapes.iter().filter_map(|s| s.batch.map(|b| (s, b)));
+    let Some((first, range)) = ranged.next() else {
+        return Ok(None);
+    };
+    if let Some((other, b)) = ranged.find(|(_, b)| *b != range) {
+        return Err(FrontendError::InputShape(format!(
+            "inputs '{}' and '{}' have different batch ranges ({range} and {b}); a model has one batch range",
+            first.name, other.name
+        )));
+    }
+    Ok(Some(range))
 }
 
 /// Applies bindings to the graph inputs' types. A binding must name an input and match its
-/// rank and fixed dims; a symbol bound once is bound in every input that uses it.
+/// rank and fixed dims; a symbol bound once is bound in every input that uses it. The inputs
+/// in `batch_inputs` were given a batch range: their axis 0 must be symbolic.
 pub fn bind_input_shapes(
     inputs: &mut [(String, TensorType)],
     bindings: &[(String, Vec<usize>)],
+    batch_inputs: &[String],
 ) -> Result<()> {
     let mut symbols: HashMap<String, usize> = HashMap::new();
     for (name, dims) in bindings {
@@ -50,6 +129,11 @@ pub fn bind_input_shapes(
                 "input '{name}' has rank {} ({ty}) but {} dims were given",
                 ty.rank(),
                 dims.len()
+            )));
+        }
+        if let (true, Some(Dim::Fixed(f))) = (batch_inputs.contains(name), ty.shape.first()) {
+            return Err(FrontendError::InputShape(format!(
+                "input '{name}' is {ty}: its first axis is fixed at {f} in the model, so it cannot take a batch range (export the model with a dynamic batch axis)"
             )));
         }
         for (d, &v) in ty.shape.iter().zip(dims) {

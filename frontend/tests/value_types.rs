@@ -62,7 +62,7 @@ fn types_values_up_to_an_unknown_operator() {
     };
     let opts = ImportOptions {
         input_shapes: vec![("x".into(), vec![2, 3])],
-        weights: vec![],
+        ..ImportOptions::default()
     };
     let types = value_types(&model, ".".into(), &opts).unwrap();
     let bound = TensorType::fixed(DType::F32, &[2, 3]);

@@ -46,13 +46,33 @@ static void print_type(FILE *out, const kiln_io_desc *d) {
   fputs(buf, out);
 }
 
+/* Input or output i's type as the model declares it: with a batch range, axis 0 shows the
+   range ("f32[1..8,3,224,224]", or "f32[n*16,64] (n in 1..8)" for several rows a sample). */
+static void print_io_type(FILE *out, const kiln_model_desc *desc, int output, int32_t i) {
+  const kiln_io_desc *d = output ? &desc->outputs[i] : &desc->inputs[i];
+  const kiln_batch_desc *b = desc->batch;
+  if (!b || !(output ? b->outputs[i] : b->inputs[i]) || d->rank == 0) {
+    print_type(out, d);
+    return;
+  }
+  char rest[1024];
+  kiln_stub_format_type(rest, sizeof rest, d->dtype, d->rank, d->dims);
+  const char *tail = strchr(rest, ',');
+  if (d->dims[0] == 1)
+    fprintf(out, "%s[%lld..%lld%s", kiln_stub_dtype_name(d->dtype), (long long)b->lo, (long long)b->hi,
+            tail ? tail : "]");
+  else
+    fprintf(out, "%s[n*%lld%s (n in %lld..%lld)", kiln_stub_dtype_name(d->dtype), (long long)d->dims[0],
+            tail ? tail : "]", (long long)b->lo, (long long)b->hi);
+}
+
 /* "x: f32[1,3], y: i64[2]", as kiln run lists a model's inputs. */
 static void print_inputs(FILE *out, const kiln_model_desc *desc) {
   for (int32_t i = 0; i < desc->n_inputs; i++) {
     fputs(i ? ", " : "", out);
     put_printable(out, desc->inputs[i].name);
     fputs(": ", out);
-    print_type(out, &desc->inputs[i]);
+    print_io_type(out, desc, 0, i);
   }
 }
 
@@ -104,7 +124,7 @@ static void usage(FILE *out, const char *prog, const kiln_model_desc *desc) {
     fputs("  ", out);
     put_printable(out, desc->inputs[i].name);
     fputs(": ", out);
-    print_type(out, &desc->inputs[i]);
+    print_io_type(out, desc, 0, i);
     fprintf(out, "%s\n", desc->inputs[i].dtype == KILN_BF16 ? " (given as a float32 .npy)" : "");
   }
   fprintf(out, "Outputs:\n");
@@ -112,7 +132,7 @@ static void usage(FILE *out, const char *prog, const kiln_model_desc *desc) {
     fputs("  ", out);
     put_printable(out, desc->outputs[i].name);
     fputs(": ", out);
-    print_type(out, &desc->outputs[i]);
+    print_io_type(out, desc, 1, i);
     fprintf(out, "%s\n", desc->outputs[i].dtype == KILN_BF16 ? " (written as float32)" : "");
   }
 }
@@ -128,6 +148,34 @@ static int usage_error(const kiln_model_desc *desc, const char *msg, const char 
   }
   fprintf(stderr, "\n");
   return EXIT_USAGE;
+}
+
+/* Copies of n io descriptions with axis 0 of those flagged batched scaled to a batch of
+   `samples` (dims and bytes); NULL when out of memory. free_descs frees them. */
+static kiln_io_desc *batched_descs(const kiln_io_desc *d, int32_t n, const int32_t *batched, int64_t samples) {
+  kiln_io_desc *out = calloc((size_t)(n > 0 ? n : 1), sizeof *out);
+  for (int32_t i = 0; out && i < n; i++) {
+    out[i] = d[i];
+    out[i].dims = NULL;
+    int64_t *dims = calloc((size_t)(d[i].rank > 0 ? d[i].rank : 1), sizeof *dims);
+    if (!dims) {
+      for (int32_t k = 0; k < i; k++) free((void *)out[k].dims);
+      free(out);
+      return NULL;
+    }
+    for (int32_t k = 0; k < d[i].rank; k++) dims[k] = d[i].dims[k];
+    if (batched && batched[i] && d[i].rank > 0) {
+      dims[0] *= samples;
+      out[i].bytes *= samples;
+    }
+    out[i].dims = dims;
+  }
+  return out;
+}
+
+static void free_descs(kiln_io_desc *d, int32_t n) {
+  for (int32_t i = 0; d && i < n; i++) free((void *)d[i].dims);
+  free(d);
 }
 
 static int parse_count(const char *s, long min, long max, long *out) {
@@ -316,6 +364,7 @@ int kiln_exe_main(int argc, char **argv, const kiln_model_desc *desc) {
   const char **files = calloc((size_t)(n_in > 0 ? n_in : 1), sizeof *files);
   void **ins = calloc((size_t)(n_in > 0 ? n_in : 1), sizeof *ins);
   void **outs = calloc((size_t)(n_out > 0 ? n_out : 1), sizeof *outs);
+  kiln_io_desc *in_desc = NULL, *out_desc = NULL;
   kiln_ctx *ctx = NULL;
   int rc = EXIT_RUNTIME;
   if (!files || !ins || !outs) {
@@ -457,11 +506,40 @@ int kiln_exe_main(int argc, char **argv, const kiln_model_desc *desc) {
   }
 
   char err[1536];
+  /* With a batch range, the batch of this run: the samples on axis 0 of the batched inputs'
+     files, the same in all. in_desc/out_desc are the inputs and outputs at that batch. */
+  const kiln_batch_desc *batch = desc->batch;
+  int64_t samples = 1;
+  int32_t samples_from = -1;
+  for (int32_t i = 0; batch && i < n_in; i++) {
+    int64_t n = 0;
+    if (!batch->inputs[i]) continue;
+    if (kiln_npy_batch(files[i], &desc->inputs[i], batch->lo, batch->hi, &n, err, sizeof err) != 0) {
+      print_error(err);
+      rc = EXIT_USAGE;
+      goto done;
+    }
+    if (samples_from >= 0 && n != samples) {
+      snprintf(err, sizeof err, "inputs '%s' and '%s' have different batch sizes (%lld and %lld)",
+               desc->inputs[samples_from].name, desc->inputs[i].name, (long long)samples, (long long)n);
+      print_error(err);
+      rc = EXIT_USAGE;
+      goto done;
+    }
+    samples = n;
+    samples_from = i;
+  }
+  in_desc = batched_descs(desc->inputs, n_in, batch ? batch->inputs : NULL, samples);
+  out_desc = batched_descs(desc->outputs, n_out, batch ? batch->outputs : NULL, samples);
+  if (!in_desc || !out_desc) {
+    fprintf(stderr, "error: out of memory\n");
+    goto done;
+  }
   /* Every input file is checked (header, type, size) before the context and the input buffers are
      allocated: a small file claiming a huge shape is refused as such, not as an allocation
      failure. */
   for (int32_t i = 0; i < n_in; i++) {
-    if (kiln_npy_check(files[i], &desc->inputs[i], err, sizeof err) != 0) {
+    if (kiln_npy_check(files[i], &in_desc[i], err, sizeof err) != 0) {
       print_error(err);
       rc = EXIT_USAGE;
       goto done;
@@ -470,21 +548,21 @@ int kiln_exe_main(int argc, char **argv, const kiln_model_desc *desc) {
   ctx = create_context(desc, (int32_t)threads, (int32_t)device, weights_path, &rc);
   if (!ctx) goto done;
   for (int32_t i = 0; i < n_in; i++) {
-    ins[i] = alloc_tensor(desc->inputs[i].bytes);
+    ins[i] = alloc_tensor(in_desc[i].bytes);
     if (!ins[i]) {
       fputs("error: out of memory for input '", stderr);
       put_printable(stderr, desc->inputs[i].name);
       fputs("'\n", stderr);
       goto done;
     }
-    if (kiln_npy_read(files[i], &desc->inputs[i], ins[i], err, sizeof err) != 0) {
+    if (kiln_npy_read(files[i], &in_desc[i], ins[i], err, sizeof err) != 0) {
       print_error(err);
       rc = EXIT_USAGE;
       goto done;
     }
   }
   for (int32_t i = 0; i < n_out; i++) {
-    outs[i] = alloc_tensor(desc->outputs[i].bytes);
+    outs[i] = alloc_tensor(out_desc[i].bytes);
     if (!outs[i]) {
       fputs("error: out of memory for output '", stderr);
       put_printable(stderr, desc->outputs[i].name);
@@ -508,7 +586,9 @@ int kiln_exe_main(int argc, char **argv, const kiln_model_desc *desc) {
       goto done;
     }
     double t0 = now_ms();
-    if (desc->run(ctx, (const void *const *)ins, (void *const *)outs) != 0) {
+    int32_t run_rc = batch ? kiln_rt_run_batch(ctx, samples, (const void *const *)ins, (void *const *)outs)
+                           : desc->run(ctx, (const void *const *)ins, (void *const *)outs);
+    if (run_rc != 0) {
       const char *e = kiln_rt_last_error(ctx);
       print_error(e && *e ? e : "the model failed without saying why");
       free(times);
@@ -573,6 +653,8 @@ int kiln_exe_main(int argc, char **argv, const kiln_model_desc *desc) {
 
 done:
   kiln_rt_destroy(ctx);
+  free_descs(in_desc, n_in);
+  free_descs(out_desc, n_out);
   for (int32_t i = 0; ins && i < n_in; i++) free(ins[i]);
   for (int32_t i = 0; outs && i < n_out; i++) free(outs[i]);
   free(files);

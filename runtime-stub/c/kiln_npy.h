@@ -27,6 +27,11 @@ int kiln_npy_read(const char *path, const kiln_io_desc *want, void *dst, char *e
    is allocated). Returns 0, or -1 with kiln_npy_read's message in err. */
 int kiln_npy_check(const char *path, const kiln_io_desc *want, char *err, size_t errlen);
 
+/* kiln_npy_check for an input with a batch range: axis 0 of the file may hold n samples of
+   want->dims[0] rows, lo <= n <= hi, the other dims want's. Sets *samples to n. */
+int kiln_npy_batch(const char *path, const kiln_io_desc *want, int64_t lo, int64_t hi, int64_t *samples,
+                   char *err, size_t errlen);
+
 /* Writes data (shaped and typed as d) as a .npy v1.0 file; bf16 becomes float32, as kiln does.
    Returns 0, or -1 with a message in err. */
 int kiln_npy_write(const char *path, const kiln_io_desc *d, const void *data, char *err, size_t errlen);

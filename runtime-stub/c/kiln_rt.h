@@ -62,6 +62,18 @@ typedef struct kiln_weights_desc {
   int64_t bytes;           /* size of the weights blob */
 } kiln_weights_desc;
 
+/* A model compiled for a batch range (`--input-shape x=LO..HI,...`): run() is the per-sample
+   program, whose inputs and outputs have the per-sample extent on axis 0 in their dims (a0,
+   1 for inputs); a batch of n samples has n*a0 there, the samples one after another, and the
+   shaped run calls run() once per sample. */
+typedef struct kiln_batch_desc {
+  int64_t lo;            /* the batch sizes a run accepts: lo..hi */
+  int64_t hi;
+  const int32_t *inputs;  /* n_inputs flags: 1 where axis 0 is the batch */
+  const int32_t *outputs; /* n_outputs flags: 1 where axis 0 is the batch (the others are the
+                             same for every sample) */
+} kiln_batch_desc;
+
 /* What kiln generates for every model: a constant the stub reads. */
 typedef struct kiln_model_desc {
   const char *name;               /* model name, also the API prefix */
@@ -88,6 +100,9 @@ typedef struct kiln_model_desc {
   /* NULL for a CPU model. For `--target cuda`, the PTX, the launch table and the host entry
      points (kiln_cuda.h); kiln_rt_create then makes a context on the GPU. */
   const struct kiln_cuda_desc *cuda;
+  /* -- batch range -- */
+  /* NULL: the shapes are fixed. Otherwise the batch sizes a shaped run accepts. */
+  const kiln_batch_desc *batch;
 } kiln_model_desc;
 
 typedef struct kiln_ctx kiln_ctx;
@@ -124,7 +139,8 @@ const char *kiln_rt_last_error(kiln_ctx *ctx);
 /* What every generated NAME_run / NAME_run_generic / NAME_run_device checks before running:
    ctx is not NULL and belongs to desc, and the tensor pointer arrays and each pointer in them
    are not NULL. fn is the API function's name, for the message; mode says how the tensors were
-   passed (0: typed parameters, 1: inputs/outputs arrays, 2: d_inputs/d_outputs arrays). Returns
+   passed (0: typed parameters, 1: inputs/outputs arrays, 2: d_inputs/d_outputs arrays, 3:
+   inputs/outputs arrays with shapes, the only mode a model with a batch range accepts). Returns
    0 after clearing the context's last error, or -1 with the error set (thread-local when ctx
    is NULL). */
 int32_t kiln_rt_api_check(const kiln_model_desc *desc, kiln_ctx *ctx, const char *fn,
@@ -151,12 +167,18 @@ int64_t *kiln_rt_output_dims(kiln_ctx *ctx, int32_t i);
    range. */
 int64_t kiln_rt_output_bytes(kiln_ctx *ctx, int32_t i);
 /* NAME_run_shaped after its kiln_rt_api_check (fn: its name, for messages): checks that every
-   input_shapes[i] is the shape input i was compiled for, runs, and writes each output's shape
-   (kiln_rt_output_dims) to output_shapes[i] where output_shapes and that entry are not NULL.
-   Returns 0, or non-zero with the context's error set. */
+   input_shapes[i] is the shape input i was compiled for (for a batch range: with n*a0 on axis
+   0 of the batched inputs, the same n in desc->batch's range for all), runs, and writes each
+   output's shape (kiln_rt_output_dims) to output_shapes[i] where output_shapes and that entry
+   are not NULL. Returns 0, or non-zero with the context's error set. */
 int32_t kiln_rt_run_shaped(kiln_ctx *ctx, const char *fn, const void *const *inputs,
                            const int64_t *const *input_shapes, void *const *outputs,
                            int64_t *const *output_shapes);
+/* Runs a batch of n samples of a model with a batch range (desc->batch not NULL; n in range,
+   the buffers sized for it): the per-sample program once per sample, on each batched input's
+   and output's slice. Sets the batched outputs' kiln_rt_output_dims to n*a0. Returns 0, or
+   non-zero with the context's error set. */
+int32_t kiln_rt_run_batch(kiln_ctx *ctx, int64_t n, const void *const *inputs, void *const *outputs);
 /* Prefixes the context's last error with the node that failed (generated code calls this when a
    kernel returns non-zero). */
 void kiln_rt_error_context(kiln_ctx *ctx, const char *node, const char *op);

@@ -277,7 +277,8 @@ static int parse_header(const char *text, size_t n, npy_header *h, char *msg, si
    want, and (for a regular file) the file's size against the bytes the header implies, so that
    a file claiming a huge shape is refused before anything that large is allocated. Returns the
    file positioned at the data, or NULL with a message in err. */
-static FILE *open_checked(const char *path, const kiln_io_desc *want, char *err, size_t errlen) {
+static FILE *open_checked(const char *path, const kiln_io_desc *want, const int64_t *batch, int64_t *samples,
+                          char *err, size_t errlen) {
   char msg[256] = "";
   char *header = NULL;
   int ok = 0;
@@ -314,19 +315,34 @@ static FILE *open_checked(const char *path, const kiln_io_desc *want, char *err,
 
   /* The file's dtype must be the input's; bf16 inputs come as float32 (numpy has no bf16). */
   int32_t file_dtype = want->dtype == KILN_BF16 ? KILN_F32 : want->dtype;
+  /* With a batch range, axis 0 holds n samples of want->dims[0] rows, n in batch[0]..batch[1]. */
+  int batched = batch && want->rank > 0 && want->dims[0] > 0;
   int shape_ok = h.rank == want->rank;
-  for (int32_t i = 0; shape_ok && i < h.rank; i++) shape_ok = h.dims[i] == want->dims[i];
+  for (int32_t i = batched ? 1 : 0; shape_ok && i < h.rank; i++) shape_ok = h.dims[i] == want->dims[i];
+  if (shape_ok && batched) {
+    int64_t n = h.dims[0] / want->dims[0];
+    shape_ok = h.dims[0] % want->dims[0] == 0 && n >= batch[0] && n <= batch[1];
+    if (samples) *samples = n;
+  }
   if (h.dtype != file_dtype || !shape_ok) {
     char exp[512], have[512];
     kiln_stub_format_type(exp, sizeof exp, want->dtype, want->rank, want->dims);
+    if (batched && want->dims[0] == 1) {
+      /* "f32[1..8,3,224,224]": the range in place of the per-sample 1. */
+      char rest[480];
+      const char *tail = strchr(exp, ',');
+      snprintf(rest, sizeof rest, "%s", tail ? tail : "]");
+      snprintf(exp, sizeof exp, "%s[%lld..%lld%s", kiln_stub_dtype_name(want->dtype), (long long)batch[0],
+               (long long)batch[1], rest);
+    }
     kiln_stub_format_type(have, sizeof have, h.dtype, h.rank, h.dims);
     snprintf(err, errlen, "input '%s': expected %s%s, got %s in %s", want->name, exp,
              want->dtype == KILN_BF16 ? " (as a float32 .npy)" : "", have, path);
     goto out;
   }
-  /* The shape equals the model's, whose byte size is known; numel comes from it. */
+  /* The shape is the model's (or a batch of it), whose byte size is known; numel comes from it. */
   int64_t numel = 1;
-  for (int32_t i = 0; i < want->rank; i++) numel *= want->dims[i];
+  for (int32_t i = 0; i < h.rank; i++) numel *= h.dims[i];
   int64_t file_bytes = numel * kiln_stub_dtype_size(file_dtype);
   struct stat st;
   long data_at = ftell(f);
@@ -352,7 +368,16 @@ out:
 }
 
 int kiln_npy_check(const char *path, const kiln_io_desc *want, char *err, size_t errlen) {
-  FILE *f = open_checked(path, want, err, errlen);
+  FILE *f = open_checked(path, want, NULL, NULL, err, errlen);
+  if (!f) return -1;
+  fclose(f);
+  return 0;
+}
+
+int kiln_npy_batch(const char *path, const kiln_io_desc *want, int64_t lo, int64_t hi, int64_t *samples,
+                   char *err, size_t errlen) {
+  const int64_t range[2] = {lo, hi};
+  FILE *f = open_checked(path, want, range, samples, err, errlen);
   if (!f) return -1;
   fclose(f);
   return 0;
@@ -361,7 +386,7 @@ int kiln_npy_check(const char *path, const kiln_io_desc *want, char *err, size_t
 int kiln_npy_read(const char *path, const kiln_io_desc *want, void *dst, char *err, size_t errlen) {
   char msg[256] = "";
   int rc = -1;
-  FILE *f = open_checked(path, want, err, errlen);
+  FILE *f = open_checked(path, want, NULL, NULL, err, errlen);
   if (!f) return -1;
 #define FAIL(...)                                                                                  \
   do {                                                                                             \

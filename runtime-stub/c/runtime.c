@@ -51,6 +51,10 @@ struct kiln_ctx {
      output i's rank entries. */
   int64_t *out_dims;
   int64_t *out_at;
+  /* A batch-range model's per-sample input and output pointers (kiln_rt_run_batch), made
+     at creation so that a run allocates nothing. */
+  const void **sample_in;
+  void **sample_out;
 };
 
 /* ---- CPU features ------------------------------------------------------------------------ */
@@ -433,7 +437,11 @@ static int init_output_dims(kiln_ctx *ctx) {
   }
   ctx->out_dims = calloc((size_t)(total > 0 ? total : 1), sizeof *ctx->out_dims);
   ctx->out_at = calloc((size_t)(desc->n_outputs > 0 ? desc->n_outputs : 1), sizeof *ctx->out_at);
-  if (!ctx->out_dims || !ctx->out_at) {
+  if (desc->batch) {
+    ctx->sample_in = calloc((size_t)(desc->n_inputs > 0 ? desc->n_inputs : 1), sizeof *ctx->sample_in);
+    ctx->sample_out = calloc((size_t)(desc->n_outputs > 0 ? desc->n_outputs : 1), sizeof *ctx->sample_out);
+  }
+  if (!ctx->out_dims || !ctx->out_at || (desc->batch && (!ctx->sample_in || !ctx->sample_out))) {
     snprintf(create_error, sizeof create_error, "out of memory");
     return -1;
   }
@@ -463,24 +471,76 @@ int64_t kiln_rt_output_bytes(kiln_ctx *ctx, int32_t i) {
   return all > 0 ? d->bytes / all * numel : 0;
 }
 
+/* "[1, 3, 224, 224]", or with a batch range "[1..8, 3, 224, 224]" (axis 0 as n*a0). */
+static void format_dims(char *buf, size_t len, const kiln_io_desc *d, const kiln_batch_desc *batch) {
+  int n = snprintf(buf, len, "[");
+  for (int32_t k = 0; k < d->rank && n < (int)len - 48; k++) {
+    if (k == 0 && batch && d->dims[0] == 1)
+      n += snprintf(buf + n, len - (size_t)n, "%lld..%lld", (long long)batch->lo, (long long)batch->hi);
+    else if (k == 0 && batch)
+      n += snprintf(buf + n, len - (size_t)n, "n*%lld (n in %lld..%lld)", (long long)d->dims[0],
+                    (long long)batch->lo, (long long)batch->hi);
+    else
+      n += snprintf(buf + n, len - (size_t)n, "%s%lld", k ? ", " : "", (long long)d->dims[k]);
+  }
+  snprintf(buf + n, len - (size_t)n, "]");
+}
+
+int32_t kiln_rt_run_batch(kiln_ctx *ctx, int64_t n, const void *const *inputs, void *const *outputs) {
+  const kiln_model_desc *desc = ctx->desc;
+  const kiln_batch_desc *b = desc->batch;
+  if (!b || n < b->lo || n > b->hi) {
+    kiln_rt_set_error(ctx, "a batch of %lld is outside the range this model was compiled for", (long long)n);
+    return -1;
+  }
+  for (int64_t s = 0; s < n; s++) {
+    for (int32_t i = 0; i < desc->n_inputs; i++)
+      ctx->sample_in[i] = b->inputs[i] ? (const char *)inputs[i] + s * desc->inputs[i].bytes : inputs[i];
+    for (int32_t i = 0; i < desc->n_outputs; i++)
+      ctx->sample_out[i] = b->outputs[i] ? (char *)outputs[i] + s * desc->outputs[i].bytes : outputs[i];
+    int32_t rc = desc->run(ctx, ctx->sample_in, ctx->sample_out);
+    if (rc != 0) return rc;
+  }
+  for (int32_t i = 0; i < desc->n_outputs; i++)
+    if (b->outputs[i] && desc->outputs[i].rank > 0) kiln_rt_output_dims(ctx, i)[0] = n * desc->outputs[i].dims[0];
+  return 0;
+}
+
 int32_t kiln_rt_run_shaped(kiln_ctx *ctx, const char *fn, const void *const *inputs,
                            const int64_t *const *input_shapes, void *const *outputs,
                            int64_t *const *output_shapes) {
   const kiln_model_desc *desc = ctx->desc;
+  const kiln_batch_desc *batch = desc->batch;
   if (!input_shapes && desc->n_inputs > 0) {
     kiln_rt_set_error(ctx, "%s: input_shapes is NULL", fn);
     return -1;
   }
+  int64_t n = -1;      /* the batch, from the first batched input */
+  int32_t n_from = -1; /* that input */
   for (int32_t i = 0; i < desc->n_inputs; i++) {
     const kiln_io_desc *d = &desc->inputs[i];
+    int batched = batch && batch->inputs[i] && d->rank > 0 && d->dims[0] > 0;
     int same = input_shapes[i] != NULL;
-    for (int32_t k = 0; same && k < d->rank; k++) same = input_shapes[i][k] == d->dims[k];
+    for (int32_t k = batched ? 1 : 0; same && k < d->rank; k++) same = input_shapes[i][k] == d->dims[k];
+    if (same && batched) {
+      int64_t rows = input_shapes[i][0];
+      int64_t m = rows / d->dims[0];
+      if (rows % d->dims[0] != 0 || m < batch->lo || m > batch->hi) {
+        kiln_rt_set_error(ctx, "%s: input '%s' has %lld rows on axis 0, not a batch of %lld..%lld samples", fn,
+                          d->name, (long long)rows, (long long)batch->lo, (long long)batch->hi);
+        return -1;
+      }
+      if (n >= 0 && m != n) {
+        kiln_rt_set_error(ctx, "%s: inputs '%s' and '%s' have different batch sizes (%lld and %lld)", fn,
+                          desc->inputs[n_from].name, d->name, (long long)n, (long long)m);
+        return -1;
+      }
+      n = m;
+      n_from = i;
+    }
     if (same) continue;
     char want[256];
-    int n = snprintf(want, sizeof want, "[");
-    for (int32_t k = 0; k < d->rank && n < (int)sizeof want - 24; k++)
-      n += snprintf(want + n, sizeof want - (size_t)n, "%s%lld", k ? ", " : "", (long long)d->dims[k]);
-    snprintf(want + n, sizeof want - (size_t)n, "]");
+    format_dims(want, sizeof want, d, batched ? batch : NULL);
     if (!input_shapes[i])
       kiln_rt_set_error(ctx, "%s: input_shapes[%d] ('%s') is NULL", fn, i, d->name);
     else
@@ -488,7 +548,7 @@ int32_t kiln_rt_run_shaped(kiln_ctx *ctx, const char *fn, const void *const *inp
                         d->name, want);
     return -1;
   }
-  int32_t rc = desc->run(ctx, inputs, outputs);
+  int32_t rc = batch ? kiln_rt_run_batch(ctx, n, inputs, outputs) : desc->run(ctx, inputs, outputs);
   if (rc != 0 || !output_shapes) return rc;
   for (int32_t i = 0; i < desc->n_outputs; i++) {
     if (!output_shapes[i]) continue;
@@ -511,6 +571,8 @@ static kiln_ctx *ctx_new(const kiln_model_desc *desc, const char *weights_path) 
   if (init_output_dims(ctx) != 0 || attach_weights(ctx, weights_path) != 0) {
     free(ctx->out_dims);
     free(ctx->out_at);
+    free(ctx->sample_in);
+    free(ctx->sample_out);
     free(ctx);
     return NULL;
   }
@@ -602,6 +664,8 @@ void kiln_rt_destroy(kiln_ctx *ctx) {
   kiln_weights_close(&ctx->weights);
   free(ctx->out_dims);
   free(ctx->out_at);
+  free(ctx->sample_in);
+  free(ctx->sample_out);
   free(ctx->arena);
   free(ctx->thread_scratch);
   free(ctx);
@@ -634,6 +698,15 @@ int32_t kiln_rt_api_check(const kiln_model_desc *desc, kiln_ctx *ctx, const char
   if (ctx->desc != desc) {
     kiln_rt_set_error(ctx, "%s: ctx was created by another model ('%s')", fn,
                       ctx->desc ? ctx->desc->name : "?");
+    return -1;
+  }
+  if (desc->batch && mode != 3) {
+    char prefix[128];
+    api_prefix(desc->name, prefix, sizeof prefix);
+    kiln_rt_set_error(ctx,
+                      "%s: this model takes a batch of %lld..%lld samples; run it with %s_run_shaped, which "
+                      "is given the inputs' shapes",
+                      fn, (long long)desc->batch->lo, (long long)desc->batch->hi, prefix);
     return -1;
   }
   const char *in_arg = mode == 2 ? "d_inputs" : "inputs", *out_arg = mode == 2 ? "d_outputs" : "outputs";

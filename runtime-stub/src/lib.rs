@@ -116,10 +116,15 @@ mod tests {
             ["name", "op", "n_nodes", "nodes", "calls", "total_ns", "flops"]
         );
         assert_eq!(std::mem::size_of::<ProfileKernel>(), 56);
-        // The kernel table follows `run`, then the weights file's description; the CUDA
-        // description comes last.
+        // The kernel table follows `run`, then the weights file's description, the CUDA
+        // description and the batch range (codegen's emit/descriptor.rs writes them in this
+        // order).
         let desc = c_fields("kiln_model_desc");
-        assert_eq!(&desc[desc.len() - 4..], ["run", "kernels", "weights", "cuda"]);
+        assert_eq!(
+            &desc[desc.len() - 5..],
+            ["run", "kernels", "weights", "cuda", "batch"]
+        );
+        assert_eq!(c_fields("kiln_batch_desc"), ["lo", "hi", "inputs", "outputs"]);
     }
 
     #[test]

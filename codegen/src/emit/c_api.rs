@@ -204,7 +204,7 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
             "run_shaped",
             params[1].into_pointer_value(),
             params[3].into_pointer_value(),
-            1,
+            3,
         )?;
         let name = self.cstring("kiln.api.run_shaped.name", &api.symbol("run_shaped"));
         let rc = self

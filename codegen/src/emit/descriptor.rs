@@ -152,6 +152,34 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
         self.const_global("kiln.cuda", value.into(), 8).as_pointer_value()
     }
 
+    /// `kiln_batch_desc` of a model compiled for a batch range, or null.
+    pub(super) fn batch_desc(&self) -> PointerValue<'ctx> {
+        let Some(batch) = self.parts.batch else {
+            return self.ptr().const_null();
+        };
+        let (p, i32t, i64t) = (self.ptr(), self.cx.i32_type(), self.cx.i64_type());
+        let flags = |name: &str, v: &[bool]| {
+            let vals: Vec<_> = v.iter().map(|&b| i32t.const_int(b as u64, false)).collect();
+            let arr = if vals.is_empty() {
+                i32t.const_array(&[i32t.const_zero()])
+            } else {
+                i32t.const_array(&vals)
+            };
+            self.const_global(name, arr.into(), 4).as_pointer_value()
+        };
+        let st = self
+            .cx
+            .struct_type(&[i64t.into(), i64t.into(), p.into(), p.into()], false);
+        let value = st.const_named_struct(&[
+            i64t.const_int(batch.lo as u64, false).into(),
+            i64t.const_int(batch.hi as u64, false).into(),
+            flags("kiln.batch.inputs", &batch.inputs).into(),
+            flags("kiln.batch.outputs", &batch.outputs).into(),
+        ]);
+        self.const_global("kiln.batch", value.into(), 8)
+            .as_pointer_value()
+    }
+
     pub(super) fn weights_desc(&self, layout_hash: Option<u64>) -> PointerValue<'ctx> {
         let (Some(file), Some(hash)) = (&self.parts.api.weights_file, layout_hash) else {
             return self.ptr().const_null();
@@ -190,6 +218,8 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
                 // -- weights outside the binary --
                 p.into(),
                 // -- CUDA --
+                p.into(),
+                // -- batch range --
                 p.into(),
             ],
             false,
@@ -240,6 +270,7 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
             kernels.into(),
             self.weights_desc(layout_hash).into(),
             self.cuda_desc().into(),
+            self.batch_desc().into(),
         ]);
         Ok(self.const_global("kiln.model", value.into(), 8))
     }

@@ -51,6 +51,8 @@ pub struct ModuleParts<'a> {
     /// The graph outputs whose shape is an upper bound (`crate::data_dependent`): their
     /// kernels write the actual dims into the context's output shape.
     pub data_dependent: &'a [usize],
+    /// A batch range: the graph is the per-sample program (`crate::batch`).
+    pub batch: Option<&'a crate::batch::Batch>,
 }
 
 /// The CPU variants of a portable artifact, baseline first: each one a complete set of
@@ -283,6 +285,7 @@ pub fn build_portable_module<'ctx>(
             variant: Some(i),
             weights_object: None,
             data_dependent: parts.data_dependent,
+            batch: parts.batch,
         };
         let m = variant_module(cx, &module, &vparts, i, shared, &mut |k, _| {
             on_kernel(done + k, total)
@@ -502,6 +505,7 @@ mod tests {
             variant: None,
             weights_object: None,
             data_dependent: &[],
+            batch: None,
         };
         let cx = Context::create();
         let module = cx.create_module("m");

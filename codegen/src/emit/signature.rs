@@ -66,6 +66,18 @@ pub fn signature_json(
         "weights_bytes": parts.plan.weights.len(),
         "arena_bytes": parts.plan.arena_bytes,
     });
+    if let Some(b) = parts.batch {
+        // "batch": the range; each batched input and output says so, its shape the
+        // per-sample one (axis 0 is n times it at batch n).
+        sig["batch"] = serde_json::json!({"min": b.lo, "max": b.hi});
+        for (key, flags) in [("inputs", &b.inputs), ("outputs", &b.outputs)] {
+            for (v, &batched) in sig[key].as_array_mut().into_iter().flatten().zip(flags.iter()) {
+                if batched {
+                    v["batched"] = true.into();
+                }
+            }
+        }
+    }
     if let Some(code) = parts.cuda {
         sig["device"] = format!("cuda sm_{}", code.sm).into();
     }

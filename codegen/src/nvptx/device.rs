@@ -54,6 +54,7 @@ pub fn build(graph: &Graph, plan: &Plan, target: &TargetDesc, model_name: &str) 
         weights_object: None,
         // GPU targets refuse data-dependent outputs (`crate::data_dependent`).
         data_dependent: &[],
+        batch: None,
     };
     let bodies = emit::kernels::kernel_functions(&cx, &module, &parts, &mut |_, _| {})?;
     let builder = cx.create_builder();

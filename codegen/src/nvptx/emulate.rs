@@ -200,6 +200,7 @@ pub(crate) fn run_plan(
         variant: None,
         weights_object: None,
         data_dependent: &[],
+        batch: None,
     };
     let bodies = crate::emit::kernels::kernel_functions(&cx, &module, &parts, &mut |_, _| {})
         .map_err(|e| e.to_string())?;

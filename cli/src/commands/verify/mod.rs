@@ -176,6 +176,13 @@ struct OptionsInfo {
     threads: Option<usize>,
 }
 
+/// The artifact compiled for a batch range, run at one batch size.
+#[derive(Serialize, Clone, Debug)]
+struct BatchRun {
+    batch: usize,
+    outputs: Vec<Compared>,
+}
+
 #[derive(Serialize, Clone, Debug)]
 struct VerifyReport {
     schema: &'static str,
@@ -190,6 +197,9 @@ struct VerifyReport {
     passes: Option<Vec<PassCheck>>,
     culprit: Option<Culprit>,
     disabled_pass_runs: Option<Vec<Disabled>>,
+    /// With a batch range: the artifact compiled for it, at its smallest, a middle and its
+    /// largest batch, on random inputs, against the reference interpreter at that batch.
+    batches: Option<Vec<BatchRun>>,
 }
 
 /// A kernel output the executable writes as graph output `output`.
@@ -224,6 +234,10 @@ pub fn run(args: Args) -> Result<()> {
     };
     session.check_passes()?;
     let source = args.model.source();
+    let batch_range = source.batch_range()?;
+    if batch_range.is_some() && !args.inputs.is_empty() {
+        bail!("with a batch range, verify draws random inputs at each batch size it checks; drop --input (or fix the batch to verify on files)");
+    }
     let original = source.load()?.graph;
     let (inputs, input_info) = gather_inputs(&original, &args.inputs, args.seed)?;
     let reference = kiln_ir::eval::eval_graph(&original, inputs.clone())
@@ -322,8 +336,24 @@ pub fn run(args: Args) -> Result<()> {
         }
     };
 
+    let batches = match batch_range {
+        Some(range) => Some(batch_runs(
+            session.options(),
+            &source,
+            range,
+            &args,
+            &base_tol,
+            dir.path(),
+        )?),
+        None => None,
+    };
     let passed = outputs.iter().all(|c| c.metrics.passed)
-        && intermediates.values.iter().all(|i| i.value.metrics.passed);
+        && intermediates.values.iter().all(|i| i.value.metrics.passed)
+        && batches
+            .iter()
+            .flatten()
+            .flat_map(|b| &b.outputs)
+            .all(|c| c.metrics.passed);
     let mut report = VerifyReport {
         schema: SCHEMA,
         kiln_version: env!("CARGO_PKG_VERSION"),
@@ -344,6 +374,7 @@ pub fn run(args: Args) -> Result<()> {
         passes: None,
         culprit: None,
         disabled_pass_runs: None,
+        batches,
     };
 
     if !passed {
@@ -428,14 +459,16 @@ pub fn run(args: Args) -> Result<()> {
     if report.passed {
         return Ok(());
     }
+    let batch_outputs: Vec<&Compared> = report.batches.iter().flatten().flat_map(|b| &b.outputs).collect();
     let failing = report.outputs.iter().filter(|c| !c.metrics.passed).count()
+        + batch_outputs.iter().filter(|c| !c.metrics.passed).count()
         + report
             .intermediates
             .values
             .iter()
             .filter(|i| !i.value.metrics.passed)
             .count();
-    let total = report.outputs.len() + report.intermediates.values.len();
+    let total = report.outputs.len() + report.intermediates.values.len() + batch_outputs.len();
     let culprit = report
         .culprit
         .as_ref()
@@ -445,6 +478,49 @@ pub fn run(args: Args) -> Result<()> {
         Exit::VerifyFailed,
         format!("{failing} of {total} compared values outside tolerance; {culprit}"),
     )))
+}
+
+/// Compiles the model for its batch range (as `kiln compile` does) and runs the artifact at the
+/// range's smallest, middle and largest batch on random inputs, each compared with the
+/// reference interpreter on the model imported at that batch.
+fn batch_runs(
+    options: &Options,
+    source: &kiln_driver::ModelSource,
+    range: kiln_frontend::shapes::BatchRange,
+    args: &Args,
+    tol: &Tolerance,
+    dir: &Path,
+) -> Result<Vec<BatchRun>> {
+    let exe = dir.join("model-batched");
+    let mut session = Session::new(Options {
+        output: Some(exe.clone()),
+        ..options.clone()
+    });
+    session
+        .compile(source)
+        .with_context(|| format!("batch range {range}"))?;
+    let mut sizes = vec![range.lo, (range.lo + range.hi) / 2, range.hi];
+    sizes.dedup();
+    let mut runs = vec![];
+    for n in sizes {
+        let graph = source.load_at(n)?.graph;
+        let (inputs, _) = gather_inputs(&graph, &[], args.seed.wrapping_add(n as u64))?;
+        let reference = kiln_ir::eval::eval_graph(&graph, inputs.clone())
+            .with_context(|| format!("the reference interpreter cannot run the model at batch {n}"))?;
+        let at = dir.join(format!("batch-{n}"));
+        std::fs::create_dir_all(&at).with_context(|| format!("cannot create {}", at.display()))?;
+        let files = write_input_files(&at, &graph, &inputs)?;
+        let actual = run_exe(&exe, &at.join("out"), &graph, &files, args.threads)?;
+        let outputs = graph
+            .outputs()
+            .iter()
+            .zip(&reference)
+            .zip(&actual)
+            .map(|((o, want), got)| compared(&o.name, got, want, tol))
+            .collect();
+        runs.push(BatchRun { batch: n, outputs });
+    }
+    Ok(runs)
 }
 
 /// The kernels of a plan as comparable data: anchor, fused nodes, outputs, implementation.
@@ -811,6 +887,22 @@ fn to_text(r: &VerifyReport) -> String {
         }
     } else if let Some(reason) = &im.reason {
         s += &format!("intermediates: not compared ({reason})\n");
+    }
+    if let Some(runs) = &r.batches {
+        s += "batch range (the artifact compiled for it vs the reference interpreter at each batch):\n";
+        for b in runs {
+            for c in &b.outputs {
+                s += &format!(
+                    "  {} batch {}: {} {}{:?}  {}\n",
+                    status(c.metrics.passed),
+                    b.batch,
+                    c.name,
+                    c.dtype,
+                    c.shape,
+                    fmt_metrics(&c.metrics)
+                );
+            }
+        }
     }
     if let Some(checks) = &r.passes {
         let list: Vec<String> = checks

@@ -115,6 +115,9 @@ pub struct ImportOptions {
     /// `name → dims` from `--input-shape`; a symbolic dimension bound here is bound in every
     /// input that uses the same symbol.
     pub input_shapes: Vec<(String, Vec<usize>)>,
+    /// Inputs given a batch range (`--input-shape x=1..8,...`): their axis 0 must be symbolic
+    /// in the model, since the compiled code runs it for any batch in the range.
+    pub batch_inputs: Vec<String>,
     /// Tensors from `--weights` files, bound by name to initializers or graph inputs.
     pub weights: Vec<(String, Tensor)>,
 }
@@ -539,7 +542,7 @@ fn main_importer<'p>(
             .ok_or_else(|| FrontendError::Model(format!("graph input '{}' has no type", vi.name)))?;
         inputs.push((vi.name.clone(), ty));
     }
-    crate::shapes::bind_input_shapes(&mut inputs, &opts.input_shapes)?;
+    crate::shapes::bind_input_shapes(&mut inputs, &opts.input_shapes, &opts.batch_inputs)?;
 
     for init in &g.initializer {
         let t = match weights.get(init.name.as_str()) {
