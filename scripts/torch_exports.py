@@ -170,11 +170,16 @@ def main() -> int:
     p.add_argument("--tiny", metavar="DIR", required=True,
                    help="export the small transformer models (encoder, bert, gpt2) to DIR")
     p.add_argument("--models", nargs="+", default=list(TRANSFORMERS), choices=TRANSFORMERS)
+    p.add_argument("--dynamic-batch", action="store_true",
+                   help="export axis 0 of the inputs and the output as the symbolic dimension "
+                        "'batch' (files named *_dynamic_batch.onnx)")
     args = p.parse_args()
     os.makedirs(args.tiny, exist_ok=True)
     names = {"encoder": "torch_transformer_encoder", "bert": "hf_bert", "gpt2": "hf_gpt2"}
+    suffix = "_dynamic_batch" if args.dynamic_batch else ""
     for name in args.models:
-        out = export_with_data(name, os.path.join(args.tiny, names[name] + ".onnx"), tiny=True)
+        out = export_with_data(name, os.path.join(args.tiny, names[name] + suffix + ".onnx"), tiny=True,
+                               dynamic_batch=args.dynamic_batch)
         log(f"{name}: {'skipped (a package is missing)' if out is None else 'exported'}")
     return 0
 

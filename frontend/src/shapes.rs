@@ -171,3 +171,47 @@ pub fn bind_input_shapes(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_dim_may_be_a_batch_range() {
+        let s = parse_input_shape("x=1..8,3,224,224").unwrap();
+        assert_eq!(s.batch, Some(BatchRange { lo: 1, hi: 8 }));
+        assert_eq!(s.at_batch(5), ("x".to_string(), vec![5, 3, 224, 224]));
+        let s = parse_input_shape("ids=2..4x128").unwrap();
+        assert_eq!(
+            (s.batch, s.dims),
+            (Some(BatchRange { lo: 2, hi: 4 }), vec![2, 128])
+        );
+        let fixed = parse_input_shape("x=1,3").unwrap();
+        assert_eq!((fixed.batch, fixed.at_batch(7).1), (None, vec![1, 3]));
+    }
+
+    #[test]
+    fn bad_ranges_say_what_is_wrong() {
+        for (arg, msg) in [
+            ("x=1,1..512", "only the first (batch) axis may be a range"),
+            ("x=0..8,3", "1 <= LO <= HI"),
+            ("x=8..2,3", "1 <= LO <= HI"),
+            ("x=1..y,3", "'y' is not a non-negative integer"),
+        ] {
+            let e = parse_input_shape(arg).unwrap_err().to_string();
+            assert!(e.contains(msg), "{arg}: {e}");
+        }
+        let shapes = ["a=1..8,4", "b=1..4,4"].map(|s| parse_input_shape(s).unwrap());
+        let e = batch_range(&shapes).unwrap_err().to_string();
+        assert!(e.contains("different batch ranges (1..8 and 1..4)"), "{e}");
+    }
+
+    #[test]
+    fn a_range_needs_a_symbolic_batch_axis() {
+        let mut inputs = vec![("x".to_string(), TensorType::fixed(kiln_ir::DType::F32, &[1, 3]))];
+        let e = bind_input_shapes(&mut inputs, &[("x".into(), vec![1, 3])], &["x".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("first axis is fixed at 1"), "{e}");
+    }
+}

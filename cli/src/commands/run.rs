@@ -101,6 +101,13 @@ fn write_report(args: &Args, mode: &'static str, seconds: f64, outputs: Vec<Outp
 }
 
 pub fn run(args: Args) -> Result<()> {
+    if let Some(range) = args.model.source().batch_range()? {
+        return Err(Failure::new(
+            Exit::Usage,
+            format!("kiln run takes the inputs' own shapes: give the batch of these inputs (--input-shape NAME=4,...), not the range {range} (ranges are for compile, explain and verify)"),
+        )
+        .into());
+    }
     let model = args.model.load()?;
     if !args.reference {
         return run_compiled(&args, model);
