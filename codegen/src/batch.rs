@@ -637,9 +637,12 @@ mod tests {
         assert_eq!(batch.outputs, [true, true, false]);
     }
 
+    /// Adds a node reading `x` and returns its output.
+    type Build = dyn Fn(&mut Graph, ValueId) -> ValueId;
+
     #[test]
     fn operators_that_mix_samples_are_refused_by_name() {
-        let cases: [(&str, &dyn Fn(&mut Graph, ValueId) -> ValueId, &str); 4] = [
+        let cases: [(&str, &Build, &str); 4] = [
             (
                 "mean",
                 &|g, x| {
