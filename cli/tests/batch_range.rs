@@ -86,11 +86,14 @@ fn assert_close(got: &Tensor, want: &Tensor, what: &str) {
     }
 }
 
+/// An input's name and per-sample dims.
+type Input<'a> = (&'a str, &'a [usize]);
+
+/// For each fixture: its inputs, its outputs.
 #[test]
 fn one_executable_serves_every_batch_of_a_cnn_and_a_bert_export() {
     let dir = tempfile::tempdir().unwrap();
-    // (fixture, inputs with their per-sample dims, outputs)
-    let cases: [(&str, &[(&str, &[usize])], &[&str]); 2] = [
+    let cases: [(&str, &[Input], &[&str]); 2] = [
         ("dynamic_batch", &[("input", &[3, 16, 16])], &["logits", "probs"]),
         (
             "hf_bert_dynamic_batch_export",
