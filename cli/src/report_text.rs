@@ -121,6 +121,9 @@ pub fn to_table(r: &Report) -> String {
         s.library_kernels,
         s.fusion_groups
     ));
+    if let Some(b) = &r.batch {
+        out.push_str(&format!("  {}\n", batch_line(b)));
+    }
     let status: Vec<String> = s.node_status.iter().map(|(k, v)| format!("{k} {v}")).collect();
     out.push_str(&format!("  nodes by status: {}\n", status.join(", ")));
 
@@ -230,4 +233,19 @@ mod tests {
         let t = table(&["a", "bb"], &[vec!["xyz".into(), "1".into()]]);
         assert_eq!(t, "  a    bb\n  xyz  1\n");
     }
+}
+
+/// "batch range 1..8: compiled for one sample, run once per sample (batched: x → y)".
+pub fn batch_line(b: &kiln_driver::report::BatchInfo) -> String {
+    format!(
+        "batch range {}..{}: compiled for one sample, run once per sample (batched: {} → {})",
+        b.min,
+        b.max,
+        b.inputs.join(", "),
+        if b.outputs.is_empty() {
+            "none".to_string()
+        } else {
+            b.outputs.join(", ")
+        }
+    )
 }

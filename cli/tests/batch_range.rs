@@ -89,7 +89,6 @@ fn assert_close(got: &Tensor, want: &Tensor, what: &str) {
 /// An input's name and per-sample dims.
 type Input<'a> = (&'a str, &'a [usize]);
 
-/// For each fixture: its inputs, its outputs.
 #[test]
 fn one_executable_serves_every_batch_of_a_cnn_and_a_bert_export() {
     let dir = tempfile::tempdir().unwrap();

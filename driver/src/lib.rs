@@ -116,6 +116,8 @@ pub struct Compiled {
     pub report: Option<Report>,
     /// With `--mode max-autotune`: what tuning timed and read from its cache.
     pub tuning: Option<Tuning>,
+    /// With a batch range: the range and which inputs and outputs it batches.
+    pub batch: Option<report::BatchInfo>,
 }
 
 /// What `--mode max-autotune` did in one compilation.
@@ -522,6 +524,7 @@ impl<'p> Session<'p> {
         }
         let mut graph = self.import(source)?;
         let batch = self.batch(source, &graph)?;
+        let batch_info = batch.as_ref().map(|b| report::BatchInfo::new(&graph, b));
         self.progress.phase("passes");
         let targets = self.targets_for(Some(&graph))?;
         self.check_passes()?;
@@ -637,6 +640,7 @@ impl<'p> Session<'p> {
                 optimized: &graph,
                 passes: &pass_stats,
                 summary: &summary,
+                batch: batch_info.as_ref(),
             })
         });
         Ok(Compiled {
@@ -647,6 +651,7 @@ impl<'p> Session<'p> {
             passes: pass_stats,
             report,
             tuning,
+            batch: batch_info,
         })
     }
 }

@@ -31,6 +31,37 @@ pub struct Report {
     pub fusion_groups: Vec<FusionGroup>,
     pub nodes: Vec<NodeInfo>,
     pub memory: MemoryInfo,
+    /// With a batch range: the range and the batched inputs and outputs; null otherwise.
+    pub batch: Option<BatchInfo>,
+}
+
+/// A batch range (`--input-shape x=LO..HI,...`): the artifact is the per-sample program, run
+/// once per sample.
+#[derive(Serialize, Clone, Debug, PartialEq, Eq)]
+pub struct BatchInfo {
+    pub min: usize,
+    pub max: usize,
+    /// The graph inputs and outputs whose axis 0 is the batch.
+    pub inputs: Vec<String>,
+    pub outputs: Vec<String>,
+}
+
+impl BatchInfo {
+    /// `batch` with the names of `graph`'s batched inputs and outputs.
+    pub fn new(graph: &Graph, batch: &kiln_codegen::batch::Batch) -> BatchInfo {
+        BatchInfo {
+            min: batch.lo,
+            max: batch.hi,
+            inputs: (graph.input_types().map(|(n, _)| n.to_string()))
+                .zip(&batch.inputs)
+                .filter_map(|(n, &batched)| batched.then_some(n))
+                .collect(),
+            outputs: (graph.outputs().iter().map(|o| o.name.clone()))
+                .zip(&batch.outputs)
+                .filter_map(|(n, &batched)| batched.then_some(n))
+                .collect(),
+        }
+    }
 }
 
 #[derive(Serialize, Debug)]
@@ -190,6 +221,7 @@ pub struct Inputs<'a> {
     pub optimized: &'a Graph,
     pub passes: &'a [PassStats],
     pub summary: &'a Summary,
+    pub batch: Option<&'a BatchInfo>,
 }
 
 fn is_source(op: &Op) -> bool {
@@ -502,6 +534,7 @@ pub fn build_report(inp: &Inputs) -> Report {
                 })
                 .collect(),
         },
+        batch: inp.batch.cloned(),
     }
 }
 
@@ -596,6 +629,7 @@ mod tests {
             optimized: &g1,
             passes: &[],
             summary: &summary,
+            batch: None,
         });
         assert_eq!(r.schema, SCHEMA);
         assert_eq!(r.summary.nodes_before_passes, 8);

@@ -329,6 +329,9 @@ pub fn build(args: Args, mode: Mode) -> Result<()> {
                 kiln_driver::layout_hash_hex(w.layout_hash)
             );
         }
+        if let Some(b) = &compiled.batch {
+            eprintln!("  {}", crate::report_text::batch_line(b));
+        }
         if let Some(t) = &compiled.tuning {
             let s = &t.stats;
             eprintln!(
