@@ -224,17 +224,6 @@ pub fn to_table(r: &Report) -> String {
     out
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn table_aligns_columns() {
-        let t = table(&["a", "bb"], &[vec!["xyz".into(), "1".into()]]);
-        assert_eq!(t, "  a    bb\n  xyz  1\n");
-    }
-}
-
 /// "batch range 1..8: compiled for one sample, run once per sample (batched: x → y)".
 pub fn batch_line(b: &kiln_driver::report::BatchInfo) -> String {
     format!(
@@ -248,4 +237,15 @@ pub fn batch_line(b: &kiln_driver::report::BatchInfo) -> String {
             b.outputs.join(", ")
         }
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_aligns_columns() {
+        let t = table(&["a", "bb"], &[vec!["xyz".into(), "1".into()]]);
+        assert_eq!(t, "  a    bb\n  xyz  1\n");
+    }
 }
