@@ -137,6 +137,9 @@ def export(name: str, module, inputs: dict, path: str, dynamic_batch: bool = Fal
             return First(self.m)(**dict(zip(names, args)))
 
     args = tuple(inputs.values())
+    if dynamic_batch:
+        # torch.export specializes a dim whose example size is 1: trace a batch of 2.
+        args = tuple(torch.cat([a, a]) for a in args)
     axes = {n: {0: "batch"} for n in names + ["y"]} if dynamic_batch else None
     try:
         torch.onnx.export(Positional().eval(), args, path, input_names=names, output_names=["y"],

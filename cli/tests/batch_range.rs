@@ -90,10 +90,16 @@ fn assert_close(got: &Tensor, want: &Tensor, what: &str) {
 type Input<'a> = (&'a str, &'a [usize]);
 
 #[test]
-fn one_executable_serves_every_batch_of_a_cnn_and_a_bert_export() {
+fn one_executable_serves_every_batch_of_a_cnn_and_transformer_exports() {
     let dir = tempfile::tempdir().unwrap();
-    let cases: [(&str, &[Input], &[&str]); 2] = [
+    let cases: [(&str, &[Input], &[&str]); 3] = [
         ("dynamic_batch", &[("input", &[3, 16, 16])], &["logits", "probs"]),
+        // Sequence-first attention inside: the batch moves to axis 1 and into Gemm rows.
+        (
+            "torch_transformer_encoder_dynamic_batch_export",
+            &[("x", &[16, 64])],
+            &["y"],
+        ),
         (
             "hf_bert_dynamic_batch_export",
             &[("input_ids", &[16]), ("attention_mask", &[16])],
@@ -320,7 +326,7 @@ fn ranges_kiln_cannot_serve_are_refused_with_the_reason() {
     assert!(
         stderr(&o).contains("batch range 1..8")
             && stderr(&o).contains("'sum'")
-            && stderr(&o).contains("reduces over axis 0"),
+            && stderr(&o).contains("reduces along the batch (axis 0)"),
         "{}",
         stderr(&o)
     );

@@ -12,21 +12,24 @@
 //! fails, by comparing the graph imported at batch 1 with the same graph imported at a larger
 //! *probe* batch. Every value is
 //!
-//! - **batched**: its axis 0 grows with the batch (`n·a0` rows at batch `n`, `a0` per sample)
-//!   and its buffer is the per-sample buffers one after another;
+//! - **batched** along an axis: that axis grows with the batch (`n·a` at batch `n`, `a` per
+//!   sample) and sample `b`'s values sit at `b·a..(b+1)·a` along it. Graph inputs and outputs
+//!   have it on axis 0, so that a sample is a contiguous slice; inside the graph it may move
+//!   (the sequence-first layout `nn.MultiheadAttention` transposes to);
 //! - **fixed**: the same type and the same values at every batch (weights, shape arithmetic on
 //!   the other axes);
 //! - **batch-sized**: the same type, values that depend on the batch size (a `Shape` that
 //!   includes axis 0). Allowed only where it sets the shape of a batched value (Reshape,
 //!   Expand, ConstantOfShape, Resize's sizes), whose type the probe checks.
 //!
-//! An operator with a batched input must act on each sample alone: elementwise operators where
-//! the other operands do not vary along axis 0, convolutions, pooling, normalizations and
-//! reductions over other axes, products whose batched operand keeps axis 0 out of the
-//! contraction, data movement that keeps axis 0 first and whole. Anything else (a reduction or
-//! a Concat along axis 0, BatchNormalization in training, MaxPool's flat Indices, a recurrent
-//! cell whose batch is axis 1, DynamicQuantizeLinear's whole-tensor range) is refused with the
-//! node's name.
+//! An operator with a batched input must act on each sample alone, and its output's batch axis
+//! (which the probe's types show) must be where the operator puts the input's: elementwise
+//! operators whose other operands do not vary along it, convolutions and pooling (batch on
+//! axis 0), normalizations, softmax and reductions over other axes, products whose batched
+//! operand keeps it out of the contraction, Transpose moving it where its permutation says,
+//! reshapes that keep the same number of elements before it, and data movement that leaves it
+//! whole. Anything else (a reduction or a Concat along the batch, MaxPool's flat Indices, a
+//! recurrent cell, DynamicQuantizeLinear's whole-tensor range) is refused with the node's name.
 
 use crate::error::{CodegenError, Result};
 use kiln_ir::{Dim, Graph, Node, Op, QuantOp, TensorType, ValueId};
@@ -47,10 +50,56 @@ pub struct Batch {
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Kind {
-    Batched,
+    /// The samples stack along `axis`, in `outer` interleaved runs: at batch `n` the axis has
+    /// `outer·n·a` entries and sample `b`'s `o`-th run of `a` starts at `(o·n + b)·a` (a
+    /// sequence-first `[S·B, E]` has `outer` S). 0: the same values for every sample, which
+    /// stack any way.
+    Batched {
+        axis: usize,
+        outer: usize,
+    },
     Fixed,
     BatchSized,
 }
+
+impl Kind {
+    fn axis(self) -> Option<usize> {
+        match self {
+            Kind::Batched { axis, .. } => Some(axis),
+            _ => None,
+        }
+    }
+
+    fn outer(self) -> usize {
+        match self {
+            Kind::Batched { outer, .. } => outer,
+            _ => 0,
+        }
+    }
+}
+
+/// Samples stacked whole along axis 0: what graph inputs and outputs need.
+const STACKED: Kind = Kind::Batched { axis: 0, outer: 1 };
+
+/// The common run count of batched values (0 for those that fit any), or None when two differ.
+fn common_outer(kinds: impl IntoIterator<Item = Kind>) -> Option<usize> {
+    let mut outer = 0;
+    for k in kinds {
+        match (outer, k.outer()) {
+            (_, 0) => {}
+            (0, o) => outer = o,
+            (a, b) if a != b => return None,
+            _ => {}
+        }
+    }
+    Some(outer)
+}
+
+/// The output's run count (`Kind::Batched::outer`), or why the node does not act per sample.
+type Outer = std::result::Result<usize, String>;
+
+/// An output axis the probe could not tell: the rules check everything but where it goes.
+const UNKNOWN: usize = usize::MAX;
 
 /// Checks that `per_sample` (the graph at batch 1) may run a batch sample by sample, `probe`
 /// being the same model imported at batch `probe_n` (> 1), and says which inputs and outputs
@@ -68,6 +117,7 @@ pub fn analyze(per_sample: &Graph, probe: &Graph, probe_n: usize, lo: usize, hi:
             ),
         ));
     }
+    let live = live_nodes(per_sample);
     let mut kinds: HashMap<ValueId, Kind> = HashMap::new();
     // Batched values holding sample positions: at sample b, the per-sample value plus
     // b·offset (see `indexed_rule`). Absent: offset 0.
@@ -89,58 +139,69 @@ pub fn analyze(per_sample: &Graph, probe: &Graph, probe_n: usize, lo: usize, hi:
             node: id,
             output: k as u32,
         };
+        if !live[id.index()] {
+            // Computes nothing the outputs read (the passes remove it).
+            continue;
+        }
         let ins: Vec<Option<Kind>> = node.inputs.iter().map(|v| v.map(|v| kinds[&v])).collect();
-        let any_batched = ins.contains(&Some(Kind::Batched));
+        let any_batched = ins.iter().flatten().any(|k| k.axis().is_some());
         let sized = ins.contains(&Some(Kind::BatchSized));
+        let offs: Vec<i64> = node
+            .inputs
+            .iter()
+            .map(|v| v.and_then(|v| offsets.get(&v).copied()).unwrap_or(0))
+            .collect();
         for (k, (o1, op)) in node.outputs.iter().zip(&other.outputs).enumerate() {
             let (t1, tp) = (&o1.ty, &op.ty);
-            let batched = batched_types(t1, tp, probe_n);
+            let axis = batch_axis(t1, tp, probe_n);
             let kind = if matches!(node.op, Op::Input) {
-                match (batched, t1 == tp) {
-                    (true, _) => Kind::Batched,
-                    (false, true) => Kind::Fixed,
-                    (false, false) => {
+                match (axis, t1 == tp) {
+                    (Some(0), _) => STACKED,
+                    (None, true) => Kind::Fixed,
+                    _ => {
                         return Err(refuse(
                             node,
-                            format!("input is {t1} at batch 1 and {tp} at batch {probe_n}"),
+                            format!("input is {t1} at batch 1 and {tp} at batch {probe_n}: a batched input needs the batch on axis 0"),
                         ))
                     }
                 }
             } else if any_batched && !matches!(node.op, Op::Shape { .. } | Op::Size) {
-                let offs: Vec<i64> = node
-                    .inputs
-                    .iter()
-                    .map(|v| v.and_then(|v| offsets.get(&v).copied()).unwrap_or(0))
-                    .collect();
-                if offs.iter().any(|&o| o != 0) {
-                    let offset =
-                        indexed_rule(per_sample, node, &ins, &offs).map_err(|why| refuse(node, why))?;
-                    if offset != 0 {
-                        offsets.insert(out(k), offset);
+                let Some(axis) = axis else {
+                    // The operator's own reason first (a reduction over the batch, ...).
+                    if offs.iter().all(|&o| o == 0) {
+                        per_sample_rule(per_sample, node, &ins, UNKNOWN).map_err(|why| refuse(node, why))?;
                     }
-                } else if k == 0 {
-                    per_sample_rule(per_sample, node, &ins).map_err(|why| refuse(node, why))?;
-                }
-                if !batched {
                     return Err(refuse(
                         node,
                         format!(
-                            "its output {} is {t1} at batch 1 and {tp} at batch {probe_n}: the batch does not stay on axis 0",
+                            "its output {} is {t1} at batch 1 and {tp} at batch {probe_n}: the samples do not stay on one axis",
                             o1.name
                         ),
                     ));
-                }
-                Kind::Batched
-            } else if sized && batched && matches!(node.op, Op::Expand | Op::ConstantOfShape { .. }) {
+                };
+                let outer = if offs.iter().any(|&o| o != 0) {
+                    let (offset, outer) =
+                        indexed_rule(per_sample, node, &ins, &offs, axis).map_err(|why| refuse(node, why))?;
+                    if offset != 0 {
+                        offsets.insert(out(k), offset);
+                    }
+                    outer
+                } else {
+                    per_sample_rule(per_sample, node, &ins, axis).map_err(|why| refuse(node, why))?
+                };
+                Kind::Batched { axis, outer }
+            } else if let (true, Some(axis), Op::Expand | Op::ConstantOfShape { .. }) =
+                (sized, axis, &node.op)
+            {
                 // Fixed values broadcast to a batch-sized shape: the same for every sample.
-                Kind::Batched
+                Kind::Batched { axis, outer: 0 }
             } else if let (true, Op::Range) = (sized, &node.op) {
                 // 0..n·a, what exporters gather a sample's rows with: at sample b, the per-sample
                 // 0..a plus b·a.
                 let a =
                     sample_range(per_sample, node, probe, other, probe_n).map_err(|why| refuse(node, why))?;
                 offsets.insert(out(k), a);
-                Kind::Batched
+                STACKED
             } else {
                 // Shape arithmetic and constants: fixed where the probe shows the same values.
                 match (per_sample.known_value(out(k)), probe.known_value(out(k))) {
@@ -165,7 +226,7 @@ pub fn analyze(per_sample: &Graph, probe: &Graph, probe_n: usize, lo: usize, hi:
     let inputs = per_sample
         .inputs()
         .iter()
-        .map(|&id| kinds[&ValueId { node: id, output: 0 }] == Kind::Batched)
+        .map(|&id| kinds[&ValueId { node: id, output: 0 }] == STACKED)
         .collect::<Vec<_>>();
     if !inputs.contains(&true) {
         return Err(CodegenError::unsupported(
@@ -176,23 +237,28 @@ pub fn analyze(per_sample: &Graph, probe: &Graph, probe_n: usize, lo: usize, hi:
     }
     let mut outputs = vec![];
     for o in per_sample.outputs() {
+        let refuse = |why: String| {
+            CodegenError::unsupported(&o.name, "graph output", format!("output '{}' {why}", o.name))
+        };
         if offsets.contains_key(&o.value) {
-            return Err(CodegenError::unsupported(
-                &o.name,
-                "graph output",
-                format!("output '{}' holds positions in the batch", o.name),
-            ));
+            return Err(refuse("holds positions in the batch".into()));
         }
         match kinds[&o.value] {
-            Kind::Batched => outputs.push(true),
-            Kind::Fixed => outputs.push(false),
-            Kind::BatchSized => {
-                return Err(CodegenError::unsupported(
-                    &o.name,
-                    "graph output",
-                    format!("output '{}' holds values computed from the batch size", o.name),
-                ))
+            Kind::Batched {
+                axis: 0,
+                outer: 0 | 1,
+            } => outputs.push(true),
+            Kind::Batched { axis, outer } => {
+                let at = match axis {
+                    0 => format!("interleaves the samples in {outer} runs along axis 0"),
+                    _ => format!("has the batch on axis {axis}"),
+                };
+                return Err(refuse(format!(
+                    "{at}; the samples of a graph output must be whole, one after another on axis 0"
+                )));
             }
+            Kind::Fixed => outputs.push(false),
+            Kind::BatchSized => return Err(refuse("holds values computed from the batch size".into())),
         }
     }
     Ok(Batch {
@@ -203,46 +269,82 @@ pub fn analyze(per_sample: &Graph, probe: &Graph, probe_n: usize, lo: usize, hi:
     })
 }
 
-/// Whether `probe` is `per_sample` with axis 0 scaled by `n`.
-fn batched_types(per_sample: &TensorType, probe: &TensorType, n: usize) -> bool {
-    per_sample.dtype == probe.dtype
-        && per_sample.rank() == probe.rank()
-        && per_sample.rank() > 0
-        && match (&per_sample.shape[0], &probe.shape[0]) {
-            (Dim::Fixed(a), Dim::Fixed(b)) => a * n == *b,
-            _ => false,
+/// Which nodes the graph outputs depend on.
+fn live_nodes(g: &Graph) -> Vec<bool> {
+    let mut live = vec![false; g.len()];
+    let mut stack: Vec<kiln_ir::NodeId> = g.outputs().iter().map(|o| o.value.node).collect();
+    while let Some(n) = stack.pop() {
+        if std::mem::replace(&mut live[n.index()], true) {
+            continue;
         }
-        && per_sample.shape[1..] == probe.shape[1..]
+        stack.extend(g.node(n).inputs.iter().flatten().map(|v| v.node));
+    }
+    live
 }
 
-/// Why `node`, with the batched inputs `ins` shows, would not act on each sample alone
-/// (`Ok` when it does).
-fn per_sample_rule(g: &Graph, node: &Node, ins: &[Option<Kind>]) -> std::result::Result<(), String> {
+/// The one axis along which `probe` is `per_sample` scaled by `n`, if there is one.
+fn batch_axis(per_sample: &TensorType, probe: &TensorType, n: usize) -> Option<usize> {
+    if per_sample.dtype != probe.dtype || per_sample.rank() != probe.rank() {
+        return None;
+    }
+    let mut axis = None;
+    for (i, (a, b)) in per_sample.shape.iter().zip(&probe.shape).enumerate() {
+        match (a, b) {
+            _ if a == b => {}
+            (Dim::Fixed(a), Dim::Fixed(b)) if *a > 0 && a * n == *b && axis.is_none() => axis = Some(i),
+            _ => return None,
+        }
+    }
+    axis
+}
+
+/// The dims of a node's input or output in the per-sample graph.
+fn dims(g: &Graph, v: ValueId) -> Vec<usize> {
+    g.value_type(v)
+        .shape
+        .iter()
+        .map(|d| d.fixed().unwrap_or(0))
+        .collect()
+}
+
+/// Why `node` (its inputs' kinds `ins`, its first output batched along `k` in the probe) would
+/// not act on each sample alone, or put the samples elsewhere than on `k`; `Ok` when it does.
+fn per_sample_rule(g: &Graph, node: &Node, ins: &[Option<Kind>], k: usize) -> Outer {
     use Kind::*;
-    let rank = |i: usize| node.inputs[i].map_or(0, |v| g.value_type(v).rank());
-    let out_rank = node.outputs[0].ty.rank();
-    let is = |i: usize, k: Kind| ins.get(i).copied().flatten() == Some(k);
-    let only_first_batched = || {
-        if ins.iter().skip(1).any(|k| *k == Some(Batched)) {
-            return Err("only its first input may carry the batch".to_string());
-        }
-        Ok(())
-    };
-    let no_sized = |from: usize| {
-        if ins.iter().skip(from).any(|k| *k == Some(BatchSized)) {
-            return Err("an operand is computed from the batch size".to_string());
-        }
-        Ok(())
-    };
-    let axis_not_0 = |axis: i64, r: usize| {
-        if norm(axis, r) == Some(0) {
-            return Err("it works along axis 0, the batch".to_string());
-        }
-        Ok(())
-    };
-    let known_ints = |i: usize| {
+    let rank = |i: usize| {
         node.inputs
             .get(i)
+            .copied()
+            .flatten()
+            .map_or(0, |v| g.value_type(v).rank())
+    };
+    let out_rank = node.outputs[0].ty.rank();
+    let axis_of = |i: usize| ins.get(i).copied().flatten().and_then(Kind::axis);
+    // The first batched input and its batch axis.
+    let (first, i, outer) = ins
+        .iter()
+        .enumerate()
+        .find_map(|(n, k)| k.and_then(|k| k.axis().map(|a| (n, a, k.outer()))))
+        .expect("a batched input");
+    let expect = |want: usize| match k == want || k == UNKNOWN {
+        true => Ok(outer),
+        false => Err(format!(
+            "its output has the samples on axis {k}, where it puts axis {want}"
+        )),
+    };
+    let only_first_batched =
+        || match first == 0 && ins.iter().skip(1).all(|k| k.and_then(Kind::axis).is_none()) {
+            true => Ok(()),
+            false => Err("only its first input may carry the batch".to_string()),
+        };
+    let no_sized = |from: usize| match ins.iter().skip(from).any(|k| *k == Some(BatchSized)) {
+        true => Err("an operand is computed from the batch size".to_string()),
+        false => Ok(()),
+    };
+    let along = |what: &str| Err(format!("it {what} along the batch (axis {i})"));
+    let known_ints = |n: usize| {
+        node.inputs
+            .get(n)
             .copied()
             .flatten()
             .and_then(|v| g.known_value(v))
@@ -251,21 +353,21 @@ fn per_sample_rule(g: &Graph, node: &Node, ins: &[Option<Kind>]) -> std::result:
     match &node.op {
         Op::Unary(_) | Op::Binary(_) | Op::Where | Op::Clip | Op::Cast { .. } | Op::Identity => {
             no_sized(0)?;
-            elementwise(g, node, ins, out_rank)
+            elementwise(g, node, ins, k)
         }
         Op::Quant(QuantOp::QuantizeLinear { axis, .. } | QuantOp::DequantizeLinear { axis, .. }) => {
             only_first_batched()?;
             no_sized(0)?;
-            let scale_is_vector = node
+            let vector_scale = node
                 .inputs
                 .get(1)
                 .copied()
                 .flatten()
                 .is_some_and(|v| g.value_type(v).rank() > 0);
-            if scale_is_vector && norm(*axis, rank(0)) == Some(0) {
-                return Err("its scales run along axis 0, the batch".into());
+            if vector_scale && norm(*axis, rank(0)) == Some(i) {
+                return along("scales its channels");
             }
-            Ok(())
+            expect(i)
         }
         Op::Conv(_)
         | Op::ConvTranspose(_)
@@ -273,92 +375,144 @@ fn per_sample_rule(g: &Graph, node: &Node, ins: &[Option<Kind>]) -> std::result:
         | Op::InstanceNorm { .. }
         | Op::GroupNorm { .. }
         | Op::GlobalPool(_)
+        | Op::Pool(_)
+        | Op::Resize(_)
         | Op::DepthToSpace { .. }
         | Op::SpaceToDepth { .. }
         | Op::Quant(QuantOp::ConvInteger(_) | QuantOp::QLinearConv(_)) => {
             only_first_batched()?;
-            no_sized(0)
-        }
-        Op::Pool(_) => {
-            only_first_batched()?;
-            if node.outputs.len() > 1 {
+            no_sized(1).or_else(|e| {
+                if matches!(node.op, Op::Resize(_)) {
+                    Ok(())
+                } else {
+                    Err(e)
+                }
+            })?;
+            if node.outputs.len() > 1 && matches!(node.op, Op::Pool(_)) {
                 return Err("MaxPool's Indices count across the whole batch".into());
             }
-            Ok(())
-        }
-        Op::LayerNorm { axis, .. } | Op::LpNorm { axis, .. } => {
-            only_first_batched()?;
-            no_sized(0)?;
-            axis_not_0(*axis, rank(0))
-        }
-        Op::Misc(kiln_ir::MiscOp::RmsNorm { axis, .. }) => {
-            only_first_batched()?;
-            no_sized(0)?;
-            axis_not_0(*axis, rank(0))
-        }
-        Op::MeanVarianceNorm { axes } => {
-            only_first_batched()?;
-            match axes.iter().any(|&a| norm(a, rank(0)) == Some(0)) {
-                true => Err("it normalizes over axis 0, the batch".into()),
-                false => Ok(()),
+            match i {
+                0 => expect(0),
+                _ => Err(format!(
+                    "its input has the samples on axis {i}, not on axis 0 (N)"
+                )),
             }
         }
-        Op::Softmax { axis, .. } | Op::LogSoftmax { axis, .. } | Op::Hardmax { axis, .. } => {
-            axis_not_0(*axis, rank(0))
+        Op::LayerNorm { axis, .. } | Op::Misc(kiln_ir::MiscOp::RmsNorm { axis, .. }) => {
+            only_first_batched()?;
+            no_sized(0)?;
+            match norm(*axis, rank(0)) {
+                Some(a) if i < a => expect(i),
+                _ => along("normalizes"),
+            }
         }
-        Op::ArgMax { axis, .. } | Op::ArgMin { axis, .. } => axis_not_0(*axis, rank(0)),
+        Op::LpNorm { axis, .. } => match norm(*axis, rank(0)) {
+            Some(a) if a != i => expect(i),
+            _ => along("normalizes"),
+        },
+        Op::MeanVarianceNorm { axes } => match axes.iter().any(|&a| norm(a, rank(0)) == Some(i)) {
+            true => along("normalizes"),
+            false => expect(i),
+        },
+        Op::Softmax { axis, coerce_2d }
+        | Op::LogSoftmax { axis, coerce_2d }
+        | Op::Hardmax { axis, coerce_2d } => match (norm(*axis, rank(0)), coerce_2d) {
+            (Some(a), true) if i < a => expect(i),
+            (Some(a), false) if i != a => expect(i),
+            _ => along("normalizes"),
+        },
+        Op::ArgMax { axis, keepdims, .. } | Op::ArgMin { axis, keepdims, .. } => match norm(*axis, rank(0)) {
+            Some(a) if a != i => expect(if *keepdims || i < a { i } else { i - 1 }),
+            _ => along("searches"),
+        },
         Op::TopK { axis, .. } => {
             only_first_batched()?;
             no_sized(1)?;
-            axis_not_0(*axis, rank(0))
+            match norm(*axis, rank(0)) {
+                Some(a) if a != i => expect(i),
+                _ => along("searches"),
+            }
         }
         Op::CumSum { .. } | Op::CumProd { .. } => {
             only_first_batched()?;
-            match known_ints(1) {
-                Some(a) if a.len() == 1 => axis_not_0(a[0], rank(0)),
+            match known_ints(1).as_deref() {
+                Some([a]) if norm(*a, rank(0)) != Some(i) => expect(i),
+                Some([_]) => along("accumulates"),
                 _ => Err("its axis is not known at compile time".into()),
             }
         }
         Op::Reduce {
-            noop_with_empty_axes, ..
+            keepdims,
+            noop_with_empty_axes,
+            ..
         } => {
             only_first_batched()?;
-            match (node.inputs.get(1).copied().flatten(), known_ints(1)) {
-                (None, _) if *noop_with_empty_axes => Ok(()),
-                (Some(_), Some(axes)) if axes.is_empty() && *noop_with_empty_axes => Ok(()),
-                (Some(_), Some(axes)) if !axes.is_empty() => {
-                    match axes.iter().any(|&a| norm(a, rank(0)) == Some(0)) {
-                        true => Err("it reduces over axis 0, the batch".into()),
-                        false => Ok(()),
-                    }
-                }
-                (Some(_), None) => Err("its axes are not known at compile time".into()),
-                _ => Err("it reduces over every axis, the batch included".into()),
+            let axes = match (node.inputs.get(1).copied().flatten(), known_ints(1)) {
+                (None, _) if *noop_with_empty_axes => vec![],
+                (Some(_), Some(axes)) if !axes.is_empty() || *noop_with_empty_axes => axes,
+                (Some(_), None) => return Err("its axes are not known at compile time".into()),
+                _ => return along("reduces"),
+            };
+            let axes: Vec<usize> = axes.iter().filter_map(|&a| norm(a, rank(0))).collect();
+            if axes.contains(&i) {
+                return along("reduces");
+            }
+            let before = if *keepdims {
+                0
+            } else {
+                axes.iter().filter(|&&a| a < i).count()
+            };
+            expect(i - before)
+        }
+        Op::Transpose { perm } => match perm.iter().position(|&p| p == i) {
+            Some(p) => expect(p),
+            None => Err("a bad permutation".into()),
+        },
+        Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze | Op::Unsqueeze => {
+            only_first_batched()?;
+            // Row-major order is kept, so the samples stay whole blocks along `k` exactly when
+            // as many elements come before `k` in the output as before `i` in the input.
+            let before = |d: &[usize], a: usize| d[..a].iter().product::<usize>();
+            let (din, dout) = (dims(g, node.inputs[0].expect("data")), &node.outputs[0].ty);
+            let dout: Vec<usize> = dout.shape.iter().map(|d| d.fixed().unwrap_or(0)).collect();
+            // The runs of samples before the batch: prod(dims before i)·outer in the input; the
+            // output splits them into its dims before k and its own runs.
+            let mixes = || {
+                Err(format!(
+                    "it mixes the samples (axis {i}) with the dims around them"
+                ))
+            };
+            if k == UNKNOWN {
+                return mixes();
+            }
+            let (runs, before_k) = (before(&din, i) * outer.max(1), before(&dout, k));
+            match (before_k > 0 && runs % before_k == 0, dout.get(k)) {
+                (true, Some(&extent)) if extent % (runs / before_k) == 0 => Ok(runs / before_k),
+                _ => mixes(),
             }
         }
-        Op::Transpose { perm } => match perm.first() {
-            Some(0) => Ok(()),
-            _ => Err("it moves the batch off axis 0".into()),
-        },
-        Op::Reshape { .. } | Op::Flatten { .. } | Op::Expand => only_first_batched(),
-        Op::Squeeze | Op::Unsqueeze => {
+        Op::Expand => {
             only_first_batched()?;
-            match known_ints(1) {
-                Some(axes) if axes.iter().all(|&a| norm(a, out_rank.max(rank(0))) != Some(0)) => Ok(()),
-                Some(_) => Err("it adds or removes axis 0, the batch".into()),
-                None => Err("its axes are not known at compile time".into()),
-            }
+            expect(i + out_rank - rank(0))
         }
         Op::Concat { axis } => {
-            if ins.iter().any(|k| *k != Some(Batched)) {
+            if ins.iter().any(|kind| kind.and_then(Kind::axis) != Some(i)) {
                 return Err("it joins batched values with values that are not".into());
             }
-            axis_not_0(*axis, out_rank)
+            let outer = common_outer(ins.iter().flatten().copied())
+                .ok_or("its inputs interleave the samples differently")?;
+            match norm(*axis, out_rank) {
+                Some(a) if a != i => expect(i).map(|_| outer),
+                _ => along("concatenates"),
+            }
         }
         Op::Split { axis, .. } => {
             only_first_batched()?;
             no_sized(1)?;
-            axis_not_0(*axis, rank(0))
+            match norm(*axis, rank(0)) {
+                Some(a) if a != i => expect(i),
+                _ => along("splits"),
+            }
         }
         Op::Slice => {
             only_first_batched()?;
@@ -372,28 +526,31 @@ fn per_sample_rule(g: &Graph, node: &Node, ins: &[Option<Kind>]) -> std::result:
                 Some(_) => known_ints(4).ok_or("its steps are not known at compile time")?,
                 None => vec![1; starts.len()],
             };
-            for (k, &a) in axes.iter().enumerate() {
-                if norm(a, rank(0)) == Some(0) {
-                    let whole = starts.get(k) == Some(&0)
-                        && ends.get(k).is_some_and(|&e| e >= i32::MAX as i64)
-                        && steps.get(k) == Some(&1);
-                    if !whole {
-                        return Err("it slices axis 0, the batch".into());
-                    }
+            for (n, &a) in axes.iter().enumerate() {
+                let whole = starts.get(n) == Some(&0)
+                    && ends.get(n).is_some_and(|&e| e >= i32::MAX as i64)
+                    && steps.get(n) == Some(&1);
+                if norm(a, rank(0)) == Some(i) && !whole {
+                    return along("slices");
                 }
             }
-            Ok(())
+            expect(i)
         }
-        Op::Gather { axis } => match (ins.first().copied().flatten(), ins.get(1).copied().flatten()) {
-            (Some(Batched), Some(Fixed)) => axis_not_0(*axis, rank(0)),
-            (Some(Fixed), Some(Batched)) if norm(*axis, rank(0)) == Some(0) => Ok(()),
-            _ => Err("it gathers across samples".into()),
-        },
+        Op::Gather { axis } => {
+            let a = norm(*axis, rank(0)).ok_or("a bad axis")?;
+            match (axis_of(0), axis_of(1), ins.get(1).copied().flatten()) {
+                (Some(i), None, Some(Fixed)) if a != i => expect(if i < a { i } else { i + rank(1) - 1 }),
+                (None, Some(j), _) if ins[0] == Some(Fixed) => {
+                    expect(a + j).map(|_| ins[1].map_or(0, Kind::outer))
+                }
+                _ => Err("it gathers across samples".into()),
+            }
+        }
         Op::Tile => {
             only_first_batched()?;
             match known_ints(1) {
-                Some(r) if r.first() == Some(&1) => Ok(()),
-                _ => Err("it repeats axis 0, the batch".into()),
+                Some(r) if r.get(i) == Some(&1) => expect(i),
+                _ => along("repeats"),
             }
         }
         Op::Pad { .. } => {
@@ -404,38 +561,52 @@ fn per_sample_rule(g: &Graph, node: &Node, ins: &[Option<Kind>]) -> std::result:
                 Some(_) => known_ints(3).ok_or("its axes are not known at compile time")?,
                 None => (0..r as i64).collect(),
             };
-            let k = axes.len();
-            for (i, &a) in axes.iter().enumerate() {
-                if norm(a, r) == Some(0) && (pads.get(i) != Some(&0) || pads.get(i + k) != Some(&0)) {
-                    return Err("it pads axis 0, the batch".into());
+            let n = axes.len();
+            for (p, &a) in axes.iter().enumerate() {
+                if norm(a, r) == Some(i) && (pads.get(p) != Some(&0) || pads.get(p + n) != Some(&0)) {
+                    return along("pads");
                 }
             }
-            Ok(())
+            expect(i)
         }
-        Op::Resize(_) => only_first_batched(),
-        Op::Trilu { .. } if rank(0) >= 3 => only_first_batched(),
-        Op::MatMul | Op::Quant(QuantOp::MatMulInteger) => {
+        Op::Trilu { .. } if i + 2 < rank(0) => {
+            only_first_batched()?;
+            expect(i)
+        }
+        Op::MatMul | Op::Quant(QuantOp::MatMulInteger) | Op::Quant(QuantOp::QLinearMatMul) => {
             no_sized(0)?;
-            let (a, b) = (rank(0), rank(1));
-            // Axis 0 of a batched operand must be a row of A or a batch dim, never the
-            // contraction; the output's type check catches broadcasts that would mix samples.
-            match (is(0, Batched), is(1, Batched)) {
-                (true, false) if a >= 2 => Ok(()),
-                (_, true) if b >= 3 && (!is(0, Batched) || a >= 3) => Ok(()),
-                _ => Err("the batch is contracted".into()),
+            // Operands: A and B (QLinearMatMul: inputs 0 and 3). A batch axis must be a row of
+            // A, a column of B or a batch dim, never K; both batched: the same batch dim.
+            let b_at = if matches!(node.op, Op::Quant(QuantOp::QLinearMatMul)) {
+                3
+            } else {
+                1
+            };
+            let (ra, rb) = (rank(0), rank(b_at));
+            if ins
+                .iter()
+                .enumerate()
+                .any(|(n, kind)| n != 0 && n != b_at && kind.and_then(Kind::axis).is_some())
+            {
+                return Err("a scale or zero point carries the batch".into());
             }
-        }
-        Op::Quant(QuantOp::QLinearMatMul) => {
-            if !is(0, Batched) || ins.iter().skip(1).any(|k| *k == Some(Batched)) || rank(0) < 2 {
-                return Err("only a batched A of rank >= 2 is supported".into());
+            let ka = axis_of(0).map(|a| (a, a + 1 != ra && ra >= 2, a + out_rank - ra));
+            let kb = axis_of(b_at).map(|b| (b, b + 2 != rb && rb >= 2, b + out_rank - rb));
+            let outer = common_outer([ins[0], ins[b_at]].into_iter().flatten())
+                .ok_or("its operands interleave the samples differently")?;
+            match (ka, kb) {
+                (Some((_, true, ka)), None) | (None, Some((_, true, ka))) => expect(ka).map(|_| outer),
+                (Some((a, true, ka)), Some((b, true, kb))) if a + 2 < ra && b + 2 < rb && ka == kb => {
+                    expect(ka).map(|_| outer)
+                }
+                _ => along("contracts"),
             }
-            Ok(())
         }
         Op::Gemm { trans_a, .. } => {
             only_first_batched()?;
-            match trans_a {
-                false => Ok(()),
-                true => Err("transA puts the batch in the contraction".into()),
+            match (trans_a, i) {
+                (false, 0) | (true, 1) => expect(0),
+                _ => along("contracts"),
             }
         }
         _ => Err("kiln does not run it sample by sample yet; compile with a fixed batch".into()),
@@ -465,18 +636,19 @@ fn value_of(g: &Graph, node: &Node, i: usize) -> Option<i64> {
     (v.len() == 1).then(|| v[0] as i64)
 }
 
-/// The offset of a node's output when an input holds sample positions (`offs[i] != 0`): data
-/// movement keeps it, Add and Sub add them, Mul by a constant scales it, and a Gather along
-/// axis 0 whose indices are offset by the data's per-sample rows reads each sample's own rows
-/// (offset 0 again). Anything else would compute with the position itself.
+/// The offset of a node's output (batched along `k`) when an input holds sample positions
+/// (`offs[i] != 0`): data movement keeps it, Add and Sub add them, Mul by a constant scales it,
+/// and a Gather along the data's batch axis whose indices are offset by the data's per-sample
+/// extent there reads each sample's own rows (offset 0 again). Anything else would compute
+/// with the position itself.
 fn indexed_rule(
     g: &Graph,
     node: &Node,
     ins: &[Option<Kind>],
     offs: &[i64],
-) -> std::result::Result<i64, String> {
+    k: usize,
+) -> std::result::Result<(i64, usize), String> {
     use kiln_ir::Binary;
-    let out_rank = node.outputs[0].ty.rank();
     let constant = |i: usize| -> Option<i64> {
         let t = g.known_value(node.inputs.get(i).copied().flatten()?)?;
         let v = t.to_f64_vec();
@@ -495,17 +667,23 @@ fn indexed_rule(
         | Op::Expand
         | Op::Transpose { .. }
         | Op::Identity => {
-            per_sample_rule(g, node, ins)?;
-            only_first()
+            let outer = per_sample_rule(g, node, ins, k)?;
+            Ok((only_first()?, outer))
         }
-        Op::Cast { to } if to.is_int() => only_first(),
+        Op::Cast { to } if to.is_int() => {
+            let outer = elementwise(g, node, ins, k)?;
+            Ok((only_first()?, outer))
+        }
         Op::Binary(op @ (Binary::Add | Binary::Sub)) => {
-            elementwise(g, node, ins, out_rank)?;
-            Ok(if *op == Binary::Add {
-                offs[0] + offs[1]
-            } else {
-                offs[0] - offs[1]
-            })
+            let outer = elementwise(g, node, ins, k)?;
+            Ok((
+                if *op == Binary::Add {
+                    offs[0] + offs[1]
+                } else {
+                    offs[0] - offs[1]
+                },
+                outer,
+            ))
         }
         Op::Binary(Binary::Mul) => {
             let (o, c) = match (offs[0], offs[1]) {
@@ -513,16 +691,28 @@ fn indexed_rule(
                 (0, o) if ins[0] == Some(Kind::Fixed) => (o, constant(0)),
                 _ => (0, None),
             };
-            elementwise(g, node, ins, out_rank)?;
-            c.map(|c| o * c).ok_or_else(|| {
+            let outer = elementwise(g, node, ins, k)?;
+            c.map(|c| (o * c, outer)).ok_or_else(|| {
                 "it multiplies positions in the batch by something other than a constant".into()
             })
         }
-        Op::Gather { axis } if norm(*axis, g.value_type(node.inputs[0].expect("data")).rank()) == Some(0) => {
-            let data = g.value_type(node.inputs[0].expect("data"));
-            let rows = data.shape.first().and_then(|d| d.fixed()).unwrap_or(0) as i64;
-            match (ins[0], offs[0], offs[1]) {
-                (Some(Kind::Batched), 0, o) if o == rows => Ok(0),
+        Op::Gather { axis } => {
+            let data = node.inputs[0].expect("data");
+            let a = norm(*axis, g.value_type(data).rank());
+            let extent = a
+                .and_then(|a| g.value_type(data).shape.get(a).and_then(|d| d.fixed()))
+                .unwrap_or(0) as i64;
+            match (
+                ins[0].and_then(Kind::axis),
+                ins[1].and_then(Kind::axis),
+                offs[0],
+                offs[1],
+            ) {
+                (Some(i), Some(j), 0, o)
+                    if Some(i) == a && o == extent && k == i + j && ins[0].map(Kind::outer) == Some(1) =>
+                {
+                    Ok((0, ins[1].map_or(0, Kind::outer)))
+                }
                 _ => Err("it gathers rows of other samples".into()),
             }
         }
@@ -530,20 +720,18 @@ fn indexed_rule(
     }
 }
 
-/// Elementwise operators act on each sample when every batched operand lines up with the
-/// output's axis 0 and no other operand varies along it.
-fn elementwise(
-    g: &Graph,
-    node: &Node,
-    ins: &[Option<Kind>],
-    out_rank: usize,
-) -> std::result::Result<(), String> {
-    for (v, k) in node.inputs.iter().zip(ins) {
+/// Elementwise operators act on each sample when every batched operand's batch axis lands on
+/// the output's `k`, interleaved alike, and no other operand varies along `k`.
+fn elementwise(g: &Graph, node: &Node, ins: &[Option<Kind>], k: usize) -> Outer {
+    let out_rank = node.outputs[0].ty.rank();
+    for (v, kind) in node.inputs.iter().zip(ins) {
         let Some(v) = v else { continue };
         let ty = g.value_type(*v);
-        let lines_up = match k {
-            Some(Kind::Batched) => ty.rank() == out_rank,
-            _ => ty.rank() < out_rank || ty.shape.first() == Some(&Dim::Fixed(1)),
+        // The operand's axis that broadcasts against the output's k, if any.
+        let at = (k + ty.rank()).checked_sub(out_rank);
+        let lines_up = match kind.and_then(Kind::axis) {
+            Some(a) => at == Some(a),
+            None => at.is_none_or(|p| ty.shape[p] == Dim::Fixed(1)),
         };
         if !lines_up {
             return Err(format!(
@@ -552,7 +740,8 @@ fn elementwise(
             ));
         }
     }
-    Ok(())
+    common_outer(ins.iter().flatten().copied())
+        .ok_or_else(|| "its operands interleave the samples differently".into())
 }
 
 fn norm(axis: i64, rank: usize) -> Option<usize> {
@@ -649,17 +838,28 @@ mod tests {
                     let axes = ints(g, "axes", &[0]);
                     add(g, "mean", reduce(ReduceKind::Mean), &[x, axes])
                 },
-                "reduces over axis 0",
+                "reduces along the batch (axis 0)",
             ),
             (
                 "join",
                 &|g, x| add(g, "join", Op::Concat { axis: 0 }, &[x, x]),
-                "along axis 0",
+                "concatenates along the batch",
             ),
             (
-                "flip",
-                &|g, x| add(g, "flip", Op::Transpose { perm: vec![1, 0] }, &[x]),
-                "off axis 0",
+                "flip_softmax",
+                &|g, x| {
+                    let t = add(g, "flip", Op::Transpose { perm: vec![1, 0] }, &[x]);
+                    add(
+                        g,
+                        "flip_softmax",
+                        Op::Softmax {
+                            axis: 1,
+                            coerce_2d: false,
+                        },
+                        &[t],
+                    )
+                },
+                "normalizes along the batch (axis 1)",
             ),
             (
                 "softmax",
@@ -674,7 +874,7 @@ mod tests {
                         &[x],
                     )
                 },
-                "along axis 0",
+                "normalizes along the batch",
             ),
         ];
         for (node, build, why) in cases {
@@ -689,6 +889,33 @@ mod tests {
                 "{node}: {err}"
             );
         }
+    }
+
+    #[test]
+    fn the_batch_may_move_inside_the_graph_but_not_in_its_outputs() {
+        // Sequence-first internals, as nn.MultiheadAttention transposes to: per sample.
+        let flip = |g: &mut Graph, x: ValueId, to: &[i64]| {
+            let t = add(g, "flip", Op::Transpose { perm: vec![1, 0] }, &[x]);
+            let r = add(g, "relu", Op::Unary(kiln_ir::Unary::Relu), &[t]);
+            let y = if to.is_empty() {
+                add(g, "back", Op::Transpose { perm: vec![1, 0] }, &[r])
+            } else {
+                let shape = ints(g, "to", to);
+                add(g, "reshape", Op::Reshape { allow_zero: false }, &[r, shape])
+            };
+            g.add_output("y", y);
+        };
+        assert_eq!(check(|g, x| flip(g, x, &[])).unwrap().outputs, [true]);
+        // [4, n] -> [2, 2n]: sample b's values at columns o·n + b, two runs: per sample, but
+        // not whole on axis 0 for the output.
+        let err = check(|g, x| flip(g, x, &[2, -1])).unwrap_err().to_string();
+        assert!(err.contains("output 'y' has the batch on axis 1"), "{err}");
+        // [4, n] -> [n, 4] by Reshape (a transpose written wrong): rows mix samples.
+        let err = check(|g, x| flip(g, x, &[-1, 4])).unwrap_err().to_string();
+        assert!(
+            err.contains("'reshape'") && err.contains("mixes the samples"),
+            "{err}"
+        );
     }
 
     #[test]
