@@ -602,6 +602,30 @@ fn per_sample_rule(g: &Graph, node: &Node, ins: &[Option<Kind>], k: usize) -> Ou
                 _ => along("contracts"),
             }
         }
+        Op::Attention(_) | Op::Misc(kiln_ir::MiscOp::RotaryEmbedding { .. }) => {
+            // Every operand is per sample along axis 0 (Q, K, V, caches, positions) or the
+            // same for all samples: a mask or cache broadcast over axis 0, or indexed by
+            // per-sample positions (RotaryEmbedding's 2-D caches).
+            no_sized(0)?;
+            let batch_dim_broadcasts = |n: usize| {
+                let ty = g.value_type(node.inputs[n].expect("operand"));
+                let full = if matches!(node.op, Op::Attention(_)) { 4 } else { 3 };
+                ty.rank() < full || ty.shape.first() == Some(&Dim::Fixed(1))
+            };
+            for (n, kind) in ins.iter().enumerate() {
+                match kind {
+                    Some(Batched { axis: 0, .. }) | None => {}
+                    Some(Fixed) if batch_dim_broadcasts(n) && n > 0 => {}
+                    _ => return Err(format!("operand {n} is not per sample along axis 0")),
+                }
+            }
+            if i != 0 {
+                return Err(format!("its input has the samples on axis {i}, not on axis 0"));
+            }
+            let outer = common_outer(ins.iter().flatten().copied())
+                .ok_or("its operands interleave the samples differently")?;
+            expect(0).map(|_| outer)
+        }
         Op::Gemm { trans_a, .. } => {
             only_first_batched()?;
             match (trans_a, i) {
@@ -916,6 +940,33 @@ mod tests {
             err.contains("'reshape'") && err.contains("mixes the samples"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn attention_is_per_sample_with_a_mask_shared_by_the_batch() {
+        let attention = || -> Result<Batch> {
+            let make = |n: usize| {
+                let mut g = Graph::new("g");
+                let q = g.add_input("q", TensorType::fixed(DType::F32, &[n, 2, 4, 8]));
+                let mask = g.add_const("mask", Tensor::from_vec(vec![1, 1, 4, 4], vec![0f32; 16]));
+                let attrs = kiln_ir::AttentionAttrs {
+                    is_causal: false,
+                    q_num_heads: 0,
+                    kv_num_heads: 0,
+                    qk_matmul_output_mode: 0,
+                    scale: None,
+                    softcap: 0.0,
+                    softmax_precision: None,
+                    left_window_size: -1,
+                    right_window_size: -1,
+                };
+                let y = add(&mut g, "attn", Op::Attention(attrs), &[q, q, q, mask]);
+                g.add_output("y", y);
+                g
+            };
+            analyze(&make(1), &make(3), 3, 1, 4)
+        };
+        assert_eq!(attention().unwrap().outputs, [true]);
     }
 
     #[test]
