@@ -949,17 +949,7 @@ mod tests {
                 let mut g = Graph::new("g");
                 let q = g.add_input("q", TensorType::fixed(DType::F32, &[n, 2, 4, 8]));
                 let mask = g.add_const("mask", Tensor::from_vec(vec![1, 1, 4, 4], vec![0f32; 16]));
-                let attrs = kiln_ir::AttentionAttrs {
-                    is_causal: false,
-                    q_num_heads: 0,
-                    kv_num_heads: 0,
-                    qk_matmul_output_mode: 0,
-                    scale: None,
-                    softcap: 0.0,
-                    softmax_precision: None,
-                    left_window_size: -1,
-                    right_window_size: -1,
-                };
+                let attrs = kiln_ir::AttentionAttrs::default();
                 let y = add(&mut g, "attn", Op::Attention(attrs), &[q, q, q, mask]);
                 g.add_output("y", y);
                 g

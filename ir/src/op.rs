@@ -209,6 +209,8 @@ pub struct RnnAttrs {
     pub layout: u8,
 }
 
+/// `Default` is ONNX's attribute defaults: non-causal, 4-D inputs, the default scale, no
+/// softcap or window.
 #[derive(Clone, PartialEq, Debug)]
 pub struct AttentionAttrs {
     pub is_causal: bool,
@@ -225,6 +227,22 @@ pub struct AttentionAttrs {
     /// query's absolute position are masked; -1 = unbounded.
     pub left_window_size: i64,
     pub right_window_size: i64,
+}
+
+impl Default for AttentionAttrs {
+    fn default() -> AttentionAttrs {
+        AttentionAttrs {
+            is_causal: false,
+            q_num_heads: 0,
+            kv_num_heads: 0,
+            qk_matmul_output_mode: 0,
+            scale: None,
+            softcap: 0.0,
+            softmax_precision: None,
+            left_window_size: -1,
+            right_window_size: -1,
+        }
+    }
 }
 
 /// One operation in the graph.

@@ -116,17 +116,7 @@ mod tests {
     #[test]
     fn attention_tiles_follow_the_target_and_the_operands() {
         let (t, d, rows) = (40usize, 25usize, 40usize);
-        let attrs = AttentionAttrs {
-            is_causal: false,
-            q_num_heads: 0,
-            kv_num_heads: 0,
-            qk_matmul_output_mode: 0,
-            scale: None,
-            softcap: 0.0,
-            softmax_precision: None,
-            left_window_size: -1,
-            right_window_size: -1,
-        };
+        let attrs = AttentionAttrs::default();
         let triple = Some("x86_64-unknown-linux-gnu");
         let bf16_cpu = TargetDesc::select(triple, Some("sapphirerapids")).unwrap();
         let avx512 = TargetDesc::select(triple, Some("skylake-avx512")).unwrap();

@@ -644,17 +644,7 @@ mod tests {
     use super::*;
 
     fn attrs() -> AttentionAttrs {
-        AttentionAttrs {
-            is_causal: false,
-            q_num_heads: 0,
-            kv_num_heads: 0,
-            qk_matmul_output_mode: 0,
-            scale: None,
-            softcap: 0.0,
-            softmax_precision: None,
-            left_window_size: -1,
-            right_window_size: -1,
-        }
+        AttentionAttrs::default()
     }
 
     fn run(a: AttentionAttrs, inputs: Vec<Option<&Tensor>>, outs: usize) -> Vec<Tensor> {

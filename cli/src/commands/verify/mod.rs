@@ -836,6 +836,18 @@ fn status(passed: bool) -> &'static str {
     }
 }
 
+/// "  ok   LABELy f32[1, 10]  cosine ..." for one compared value.
+fn compared_line(label: &str, c: &Compared) -> String {
+    format!(
+        "  {} {label}{} {}{:?}  {}\n",
+        status(c.metrics.passed),
+        c.name,
+        c.dtype,
+        c.shape,
+        fmt_metrics(&c.metrics)
+    )
+}
+
 fn to_text(r: &VerifyReport) -> String {
     let mut s = String::new();
     let random = r.inputs.iter().filter(|i| i.file.is_none()).count();
@@ -855,14 +867,7 @@ fn to_text(r: &VerifyReport) -> String {
     );
     s += "outputs (compiled vs the reference interpreter on the imported graph):\n";
     for c in &r.outputs {
-        s += &format!(
-            "  {} {} {}{:?}  {}\n",
-            status(c.metrics.passed),
-            c.name,
-            c.dtype,
-            c.shape,
-            fmt_metrics(&c.metrics)
-        );
+        s += &compared_line("", c);
     }
     let im = &r.intermediates;
     if im.checked {
@@ -892,15 +897,7 @@ fn to_text(r: &VerifyReport) -> String {
         s += "batch range (the artifact compiled for it vs the reference interpreter at each batch):\n";
         for b in runs {
             for c in &b.outputs {
-                s += &format!(
-                    "  {} batch {}: {} {}{:?}  {}\n",
-                    status(c.metrics.passed),
-                    b.batch,
-                    c.name,
-                    c.dtype,
-                    c.shape,
-                    fmt_metrics(&c.metrics)
-                );
+                s += &compared_line(&format!("batch {}: ", b.batch), c);
             }
         }
     }

@@ -463,12 +463,7 @@ mod tests {
             is_causal: causal,
             q_num_heads: if three_d { hq } else { 0 },
             kv_num_heads: if three_d { hkv } else { 0 },
-            qk_matmul_output_mode: 0,
-            scale: None,
-            softcap: 0.0,
-            softmax_precision: None,
-            left_window_size: -1,
-            right_window_size: -1,
+            ..AttentionAttrs::default()
         };
         let y = g.add("attn", Op::Attention(attrs), ids, "y").unwrap();
         g.add_output("y", y);
