@@ -99,13 +99,13 @@ static const kiln_model_desc models[] = {
     {"add1", "0.1.0-test", "x86_64-unknown-linux-gnu", "",
      "{\"name\":\"add1\",\"inputs\":[{\"name\":\"x\",\"dtype\":\"f32\",\"shape\":[3,4]}],"
      "\"outputs\":[{\"name\":\"y/out\",\"dtype\":\"f32\",\"shape\":[3,4]}]}",
-     1, 1, add1_in, add1_out, 256, 128, 2, add1_run, add1_kernels, NULL, NULL},
+     1, 1, add1_in, add1_out, 256, 128, 2, add1_run, add1_kernels, NULL, NULL, NULL},
     {"multi", "0.1.0-test", "x86_64-unknown-linux-gnu", "", "{\"name\":\"multi\"}", 3, 2, multi_in,
-     multi_out, 0, 0, 1, multi_run, NULL, NULL, NULL},
+     multi_out, 0, 0, 1, multi_run, NULL, NULL, NULL, NULL},
     {"bf16", "0.1.0-test", "x86_64-unknown-linux-gnu", "", "{\"name\":\"bf16\"}", 1, 1, bf16_in, bf16_out,
-     0, 0, 1, bf16_run, NULL, NULL, NULL},
+     0, 0, 1, bf16_run, NULL, NULL, NULL, NULL},
     {"avx512", "0.1.0-test", "x86_64-unknown-linux-gnu", "+avx2,+fma,avx512f,avx512bw,-sse4a,madeup",
-     "{\"name\":\"avx512\"}", 1, 1, add1_in, add1_out, 0, 0, 1, add1_run, NULL, NULL, NULL},
+     "{\"name\":\"avx512\"}", 1, 1, add1_in, add1_out, 0, 0, 1, add1_run, NULL, NULL, NULL, NULL},
 };
 
 /* ---- thread pool self-test ---- */
@@ -164,7 +164,7 @@ static void *concurrent(void *arg) {
 }
 
 static int selftest(void) {
-  static const kiln_model_desc scratchy = {"scratchy", "t", "t", "", "{}", 0, 0, NULL, NULL, 64, 128, 0, NULL, NULL, NULL, NULL};
+  static const kiln_model_desc scratchy = {"scratchy", "t", "t", "", "{}", 0, 0, NULL, NULL, 64, 128, 0, NULL, NULL, NULL, NULL, NULL};
   int failures = 0;
   int counts[] = {1, 2, 7};
   for (int k = 0; k < 3; k++) {
