@@ -89,6 +89,74 @@ fn assert_close(got: &Tensor, want: &Tensor, what: &str) {
 /// An input's name and per-sample dims.
 type Input<'a> = (&'a str, &'a [usize]);
 
+/// Compiles fixture `fixture` for batches 1..4 of its inputs (the first input's range binds the
+/// others' through their shared 'batch' dim).
+fn compile_range(fixture: &str, inputs: &[Input], extra: &[&str], exe: &Path) {
+    let (name0, dims0) = inputs[0];
+    let rest: String = dims0.iter().map(|d| format!(",{d}")).collect();
+    compile(
+        &fixture_model(fixture),
+        &[&format!("{name0}=1..4{rest}")],
+        extra,
+        exe,
+    );
+}
+
+/// Runs `exe` on a batch of `n` samples and, when the run succeeds, checks each output against
+/// the reference interpreter on the model imported at batch `n`. The run's output is returned.
+fn run_batch(fixture: &str, inputs: &[Input], outputs: &[&str], n: usize, exe: &Path, dir: &Path) -> Output {
+    let model = fixture_model(fixture);
+    let at = dir.join(format!("{fixture}-{n}"));
+    std::fs::create_dir_all(&at).unwrap();
+    let mut files = vec![];
+    let mut fixed = vec![];
+    for &(name, dims) in inputs {
+        let path = at.join(format!("{name}.npy"));
+        kiln_frontend::npy::write_npy(&path, &batch_input(name, n, dims)).unwrap();
+        files.push((name.to_string(), path));
+        let rest: String = dims.iter().map(|d| format!(",{d}")).collect();
+        fixed.push(format!("{name}={n}{rest}"));
+    }
+    let mut cmd = std::process::Command::new(exe);
+    for (name, path) in &files {
+        cmd.arg("-i").arg(format!("{name}={}", path.display()));
+    }
+    let o = cmd.arg("-q").arg("-o").arg(at.join("got")).output().unwrap();
+    if o.status.success() {
+        reference(&model, &fixed, &files, &at.join("want"));
+        for out in outputs {
+            let file = format!("{out}.npy");
+            assert_close(
+                &read(&at.join("got").join(&file)),
+                &read(&at.join("want").join(&file)),
+                &format!("{fixture} batch {n} {out}"),
+            );
+        }
+    }
+    o
+}
+
+/// The CUDA artifact of a batch range matches the reference at every batch on a GPU. Without
+/// one the run's "no CUDA device" skips the comparison (`KILN_REQUIRE_GPU=1` makes it a
+/// failure); the runtime path is covered without a GPU by `cuda_no_device.rs`'s fake driver.
+#[test]
+fn the_cuda_artifact_of_a_range_matches_the_reference_on_a_gpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let inputs: &[Input] = &[("input", &[3, 16, 16])];
+    let exe = dir.path().join("dynamic_batch_cuda");
+    compile_range("dynamic_batch", inputs, &["--target", "cuda"], &exe);
+    for n in [1, 3, 4] {
+        let o = run_batch("dynamic_batch", inputs, &["logits", "probs"], n, &exe, dir.path());
+        let err = stderr(&o);
+        if err.contains("error: no CUDA device") && !std::env::var("KILN_REQUIRE_GPU").is_ok_and(|v| v == "1")
+        {
+            eprintln!("skipped: {}", err.trim());
+            return;
+        }
+        assert!(o.status.success(), "batch {n}: {err}");
+    }
+}
+
 #[test]
 fn one_executable_serves_every_batch_of_a_cnn_and_transformer_exports() {
     let dir = tempfile::tempdir().unwrap();
@@ -107,39 +175,11 @@ fn one_executable_serves_every_batch_of_a_cnn_and_transformer_exports() {
         ),
     ];
     for (fixture, inputs, outputs) in cases {
-        let model = fixture_model(fixture);
         let exe = dir.path().join(fixture);
-        let (name0, dims0) = inputs[0];
-        let rest: String = dims0.iter().map(|d| format!(",{d}")).collect();
-        // The first input's range binds the others' through their shared 'batch' dim.
-        compile(&model, &[&format!("{name0}=1..4{rest}")], &[], &exe);
+        compile_range(fixture, inputs, &[], &exe);
         for n in [1, 3, 4] {
-            let at = dir.path().join(format!("{fixture}-{n}"));
-            std::fs::create_dir_all(&at).unwrap();
-            let mut files = vec![];
-            let mut fixed = vec![];
-            for &(name, dims) in inputs {
-                let path = at.join(format!("{name}.npy"));
-                kiln_frontend::npy::write_npy(&path, &batch_input(name, n, dims)).unwrap();
-                files.push((name.to_string(), path));
-                let rest: String = dims.iter().map(|d| format!(",{d}")).collect();
-                fixed.push(format!("{name}={n}{rest}"));
-            }
-            reference(&model, &fixed, &files, &at.join("want"));
-            let mut cmd = std::process::Command::new(&exe);
-            for (name, path) in &files {
-                cmd.arg("-i").arg(format!("{name}={}", path.display()));
-            }
-            let o = cmd.arg("-q").arg("-o").arg(at.join("got")).output().unwrap();
-            assert!(o.status.success(), "{fixture} at batch {n}: {}", stderr(&o));
-            for out in outputs {
-                let file = format!("{out}.npy");
-                assert_close(
-                    &read(&at.join("got").join(&file)),
-                    &read(&at.join("want").join(&file)),
-                    &format!("{fixture} batch {n} {out}"),
-                );
-            }
+            let run = run_batch(fixture, inputs, outputs, n, &exe, dir.path());
+            assert!(run.status.success(), "{fixture} at batch {n}: {}", stderr(&run));
         }
     }
 
@@ -342,17 +382,6 @@ fn ranges_kiln_cannot_serve_are_refused_with_the_reason() {
             vec![per_row.to_str().unwrap(), "--input-shape", "x=1,1..4"],
             2,
             "only the first (batch) axis may be a range",
-        ),
-        (
-            vec![
-                per_row.to_str().unwrap(),
-                "--input-shape",
-                "x=1..8,4",
-                "--target",
-                "cuda",
-            ],
-            2,
-            "compiled for CPU targets only",
         ),
     ] {
         let mut all = vec!["compile"];

@@ -441,3 +441,73 @@ fn no_device_paths_under_valgrind() {
         );
     }
 }
+
+/// A batch range on the CUDA target: the executable runs each sample through the device (its
+/// slice copied in, the kernels replayed as the context's one CUDA graph, its slice of the
+/// outputs copied back), so a batch of 3 is three graph launches of one capture, and an
+/// Identity model gives every sample back in its place.
+#[test]
+fn a_batch_range_runs_each_sample_through_the_device() {
+    use kiln_frontend::onnx::proto::{DimValue, TypeValue};
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let mut m = one_node_model("Identity", "id1");
+    let g = m.graph.as_mut().unwrap();
+    for v in g.input.iter_mut().chain(g.output.iter_mut()) {
+        let Some(TypeValue::TensorType(t)) = v.r#type.as_mut().and_then(|t| t.value.as_mut()) else {
+            unreachable!()
+        };
+        t.shape.as_mut().unwrap().dim[0].value = Some(DimValue::DimParam("batch".into()));
+    }
+    let model = write_model(d, "id.onnx", &m);
+    let exe = d.join("id");
+    let o = kiln()
+        .arg("compile")
+        .arg(&model)
+        .arg("-o")
+        .arg(&exe)
+        .args(["--quiet", "--target", "cuda", "--input-shape", "x=1..4,4"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let info = Command::new(&exe).arg("--info").output().unwrap();
+    let info: serde_json::Value = serde_json::from_slice(&info.stdout).unwrap();
+    assert_eq!(info["batch"], serde_json::json!({"min": 1, "max": 4}), "{info}");
+
+    let fake = fake_driver(d);
+    let stats = d.join("stats.txt");
+    let run = |n: usize| {
+        let x = kiln_ir::Tensor::from_vec(vec![n, 4], (0..4 * n).map(|i| i as f32 * 1.5 - 2.0).collect());
+        kiln_frontend::npy::write_npy(&d.join("x.npy"), &x).unwrap();
+        let _ = std::fs::remove_file(&stats);
+        let o = Command::new(&exe)
+            .env("KILN_CUDA_DRIVER", &fake)
+            .env("FAKE_CUDA_DEVICES", "1")
+            .env("FAKE_CUDA_HOST", "1")
+            .env("FAKE_CUDA_STATS", &stats)
+            .env_remove("KILN_CUDA_DEVICE")
+            .env_remove("KILN_CUDA_GRAPH")
+            .args(["--input", "x=x.npy", "--output-dir", "out", "--quiet"])
+            .current_dir(d)
+            .output()
+            .unwrap();
+        (x, o)
+    };
+    let (x, o) = run(3);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let y = kiln_frontend::npy::read_npy(&d.join("out/y.npy")).unwrap();
+    assert_eq!(y.shape(), &[3, 4]);
+    assert_eq!(y.to_f64_vec(), x.to_f64_vec());
+    let line = std::fs::read_to_string(&stats).unwrap();
+    let counts: Vec<u64> = line.split_whitespace().filter_map(|w| w.parse().ok()).collect();
+    assert_eq!(counts[1..3], [3, 1], "graph launches and captures: {line}");
+
+    // Outside the range: a usage error naming the input, before any device work.
+    let (_, o) = run(5);
+    assert_eq!(o.status.code(), Some(2), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("input 'x': expected f32[1..4,4], got f32[5,4]"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}

@@ -449,9 +449,6 @@ impl<'p> Session<'p> {
         let Some(range) = source.batch_range()? else {
             return Ok(None);
         };
-        if self.options.target == Target::Cuda {
-            anyhow::bail!("a batch range (--input-shape NAME={range},...) is compiled for CPU targets only; give the CUDA target a fixed batch");
-        }
         // 3, not 2: a batch that enters the shapes as n*n or n+n (not sample by sample) shows.
         const PROBE: usize = 3;
         let probe = source.load_at(PROBE)?.graph;
