@@ -9,7 +9,8 @@ size alone, onnxruntime and OpenVINO on the same dynamic-batch export, in the sa
 The models are `torch.onnx.export`s with a dynamic batch axis (scripts/torch_exports.py,
 seeded random weights), written to --dir on first use (needs torch, torchvision, transformers);
 bert is transformers' BertModel base at sequence 128 with a padding mask, encoder
-torch.nn.TransformerEncoder 12x768 (batch_first; sequence-first attention inside). Timings are the
+torch.nn.TransformerEncoder 12x768 (batch_first; sequence-first attention inside), gpt2
+transformers' GPT2LMHeadModel small at sequence 128 (logits; the dynamo exporter). Timings are the
 median over rounds of each round's median, the engines interleaved within a round; outputs of
 the range artifact are checked against onnxruntime at every batch.
 """
@@ -54,17 +55,20 @@ def inputs_for(name: str, n: int, rng) -> dict:
         return {"input_ids": ids, "attention_mask": mask}
     if name == "encoder":
         return {"x": rng.standard_normal((n, SEQ, 768)).astype(np.float32)}
+    if name == "gpt2":
+        return {"input_ids": rng.integers(0, 50000, (n, SEQ)).astype(np.int64)}
     return {"x": rng.standard_normal((n, 3, 224, 224)).astype(np.float32)}
 
 
 def shape_arg(name: str, batch: str) -> str:
-    return {"bert": f"input_ids={batch},{SEQ}", "encoder": f"x={batch},{SEQ},768"}.get(name, f"x={batch},3,224,224")
+    return {"bert": f"input_ids={batch},{SEQ}", "gpt2": f"input_ids={batch},{SEQ}",
+            "encoder": f"x={batch},{SEQ},768"}.get(name, f"x={batch},3,224,224")
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dir", required=True, help="folder of the dynamic-batch exports (written on first use)")
-    p.add_argument("--models", nargs="+", default=["resnet50", "bert"], choices=["resnet50", "mobilenet_v2", "bert", "encoder"])
+    p.add_argument("--models", nargs="+", default=["resnet50", "bert"], choices=["resnet50", "mobilenet_v2", "bert", "encoder", "gpt2"])
     p.add_argument("--batches", nargs="+", type=int, default=[1, 4, 8])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--runs", type=int, default=10)

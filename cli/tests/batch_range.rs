@@ -160,7 +160,7 @@ fn the_cuda_artifact_of_a_range_matches_the_reference_on_a_gpu() {
 #[test]
 fn one_executable_serves_every_batch_of_a_cnn_and_transformer_exports() {
     let dir = tempfile::tempdir().unwrap();
-    let cases: [(&str, &[Input], &[&str]); 3] = [
+    let cases: [(&str, &[Input], &[&str]); 4] = [
         ("dynamic_batch", &[("input", &[3, 16, 16])], &["logits", "probs"]),
         // Sequence-first attention inside: the batch moves to axis 1 and into Gemm rows.
         (
@@ -173,6 +173,8 @@ fn one_executable_serves_every_batch_of_a_cnn_and_transformer_exports() {
             &[("input_ids", &[16]), ("attention_mask", &[16])],
             &["y"],
         ),
+        // The dynamo exporter's causal mask: GatherND by (sample, token) index tuples.
+        ("hf_gpt2_dynamic_batch_export", &[("input_ids", &[16])], &["y"]),
     ];
     for (fixture, inputs, outputs) in cases {
         let exe = dir.path().join(fixture);

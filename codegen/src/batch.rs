@@ -118,10 +118,14 @@ pub fn analyze(per_sample: &Graph, probe: &Graph, probe_n: usize, lo: usize, hi:
         ));
     }
     let live = live_nodes(per_sample);
+    let shape_only = read_for_shape_only(per_sample, &live);
     let mut kinds: HashMap<ValueId, Kind> = HashMap::new();
     // Batched values holding sample positions: at sample b, the per-sample value plus
     // b·offset (see `indexed_rule`). Absent: offset 0.
     let mut offsets: HashMap<ValueId, i64> = HashMap::new();
+    // Index tuples along the last axis whose components hold sample positions: per component,
+    // the offset as in `offsets` (see `tuple_rule`).
+    let mut tuples: HashMap<ValueId, Vec<i64>> = HashMap::new();
     for (id, (node, other)) in per_sample
         .node_ids()
         .zip(per_sample.nodes().iter().zip(probe.nodes()))
@@ -146,6 +150,11 @@ pub fn analyze(per_sample: &Graph, probe: &Graph, probe_n: usize, lo: usize, hi:
         let ins: Vec<Option<Kind>> = node.inputs.iter().map(|v| v.map(|v| kinds[&v])).collect();
         let any_batched = ins.iter().flatten().any(|k| k.axis().is_some());
         let sized = ins.contains(&Some(Kind::BatchSized));
+        let tups: Vec<Option<Vec<i64>>> = node
+            .inputs
+            .iter()
+            .map(|v| v.and_then(|v| tuples.get(&v).cloned()))
+            .collect();
         let offs: Vec<i64> = node
             .inputs
             .iter()
@@ -179,7 +188,23 @@ pub fn analyze(per_sample: &Graph, probe: &Graph, probe_n: usize, lo: usize, hi:
                         ),
                     ));
                 };
-                let outer = if offs.iter().any(|&o| o != 0) {
+                let positions = offs.iter().any(|&o| o != 0) || tups.iter().any(Option::is_some);
+                let outer = if shape_only[id.index()] {
+                    // Only its shape is read (a broadcast shape computed from positions).
+                    0
+                } else if positions && matches!(node.op, Op::Concat { .. } | Op::GatherND { .. }) {
+                    let (tuple, outer) = tuple_rule(per_sample, node, &ins, &offs, &tups, axis)
+                        .map_err(|why| refuse(node, why))?;
+                    if let Some(t) = tuple {
+                        tuples.insert(out(k), t);
+                    }
+                    outer
+                } else if tups.iter().any(Option::is_some) {
+                    return Err(refuse(
+                        node,
+                        "it computes with index tuples holding positions in the batch".into(),
+                    ));
+                } else if positions {
                     let (offset, outer) =
                         indexed_rule(per_sample, node, &ins, &offs, axis).map_err(|why| refuse(node, why))?;
                     if offset != 0 {
@@ -240,7 +265,7 @@ pub fn analyze(per_sample: &Graph, probe: &Graph, probe_n: usize, lo: usize, hi:
         let refuse = |why: String| {
             CodegenError::unsupported(&o.name, "graph output", format!("output '{}' {why}", o.name))
         };
-        if offsets.contains_key(&o.value) {
+        if offsets.contains_key(&o.value) || tuples.contains_key(&o.value) {
             return Err(refuse("holds positions in the batch".into()));
         }
         match kinds[&o.value] {
@@ -280,6 +305,24 @@ fn live_nodes(g: &Graph) -> Vec<bool> {
         stack.extend(g.node(n).inputs.iter().flatten().map(|v| v.node));
     }
     live
+}
+
+/// Per node: whether every live reader of its outputs reads only their shape (`Shape`, `Size`),
+/// so that their values never matter.
+fn read_for_shape_only(g: &Graph, live: &[bool]) -> Vec<bool> {
+    let mut only = vec![true; g.len()];
+    for o in g.outputs() {
+        only[o.value.node.index()] = false;
+    }
+    for (id, node) in g.node_ids().zip(g.nodes()) {
+        if !live[id.index()] || matches!(node.op, Op::Shape { .. } | Op::Size) {
+            continue;
+        }
+        for v in node.inputs.iter().flatten() {
+            only[v.node.index()] = false;
+        }
+    }
+    only
 }
 
 /// The one axis along which `probe` is `per_sample` scaled by `n`, if there is one.
@@ -659,10 +702,15 @@ fn value_of(g: &Graph, node: &Node, i: usize) -> Option<i64> {
 }
 
 /// The offset of a node's output (batched along `k`) when an input holds sample positions
-/// (`offs[i] != 0`): data movement keeps it, Add and Sub add them, Mul by a constant scales it,
+/// (`offs[i] != 0`): data movement keeps it, Add adds them, Mul by a constant scales it,
 /// and a Gather along the data's batch axis whose indices are offset by the data's per-sample
 /// extent there reads each sample's own rows (offset 0 again). Anything else would compute
 /// with the position itself.
+///
+/// Positions are never negative: they start as `Range(0, n·a)`, and only Add of values that
+/// are not negative and Mul by a constant that is not are allowed. A negative index would
+/// wrap around the per-sample program's axis (to the sample's own last row) but around the
+/// whole batch's in the model (to the previous sample's), so Sub is refused.
 fn indexed_rule(
     g: &Graph,
     node: &Node,
@@ -696,16 +744,13 @@ fn indexed_rule(
             let outer = elementwise(g, node, ins, k)?;
             Ok((only_first()?, outer))
         }
-        Op::Binary(op @ (Binary::Add | Binary::Sub)) => {
+        Op::Binary(Binary::Add) => {
+            // Each operand holds positions (never negative) or is a fixed value that is not.
+            if (0..2).any(|i| offs[i] == 0 && !(ins[i] == Some(Kind::Fixed) && nonnegative(g, node, i))) {
+                return Err("it adds to positions in the batch something that may be negative".into());
+            }
             let outer = elementwise(g, node, ins, k)?;
-            Ok((
-                if *op == Binary::Add {
-                    offs[0] + offs[1]
-                } else {
-                    offs[0] - offs[1]
-                },
-                outer,
-            ))
+            Ok((offs[0] + offs[1], outer))
         }
         Op::Binary(Binary::Mul) => {
             let (o, c) = match (offs[0], offs[1]) {
@@ -714,8 +759,8 @@ fn indexed_rule(
                 _ => (0, None),
             };
             let outer = elementwise(g, node, ins, k)?;
-            c.map(|c| (o * c, outer)).ok_or_else(|| {
-                "it multiplies positions in the batch by something other than a constant".into()
+            c.filter(|&c| c >= 0).map(|c| (o * c, outer)).ok_or_else(|| {
+                "it multiplies positions in the batch by something other than a constant that is not negative".into()
             })
         }
         Op::Gather { axis } => {
@@ -740,6 +785,88 @@ fn indexed_rule(
         }
         _ => Err("it computes with positions in the batch (a Range over the batch size)".into()),
     }
+}
+
+/// Index tuples of sample positions, as the dynamo exporter writes GPT-2's causal-mask code:
+/// `Concat([b, s], -1)` of a sample's position (a `Range` over the batch) and a position inside
+/// it, then `GatherND`. A Concat along the last axis (not the batch's) of values holding
+/// positions makes a tuple whose components keep their offsets; a GatherND whose first
+/// component is offset by the data's per-sample extent on its axis 0 (the batch, whole, or
+/// the same values for every sample) and whose other components are not offset reads each
+/// sample's own elements. Returns the
+/// output's tuple (None for GatherND's plain output) and run count.
+fn tuple_rule(
+    g: &Graph,
+    node: &Node,
+    ins: &[Option<Kind>],
+    offs: &[i64],
+    tups: &[Option<Vec<i64>>],
+    k: usize,
+) -> std::result::Result<(Option<Vec<i64>>, usize), String> {
+    let rank = |v: Option<ValueId>| v.map_or(0, |v| g.value_type(v).rank());
+    match &node.op {
+        Op::Concat { axis } => {
+            let out_rank = node.outputs[0].ty.rank();
+            if norm(*axis, out_rank) != Some(out_rank - 1) || k + 1 == out_rank {
+                return Err(
+                    "it concatenates positions in the batch other than into index tuples on the last axis"
+                        .into(),
+                );
+            }
+            let outer = per_sample_rule(g, node, ins, k)?;
+            let mut components = vec![];
+            for (i, v) in node.inputs.iter().enumerate() {
+                let last = v.map_or(0, |v| dims(g, v).last().copied().unwrap_or(0));
+                match &tups[i] {
+                    Some(t) => components.extend_from_slice(t),
+                    None => components.extend(std::iter::repeat_n(offs[i], last)),
+                }
+            }
+            Ok((Some(components), outer))
+        }
+        Op::GatherND { batch_dims: 0 } => {
+            let (data, indices) = (node.inputs[0], node.inputs[1]);
+            let extent = data.map_or(0, |v| dims(g, v).first().copied().unwrap_or(0)) as i64;
+            let own_rows = match (&tups[1], offs[0], &tups[0]) {
+                (Some(t), 0, None) => {
+                    // Data the same for every sample (outer 0) reads alike from any sample's rows.
+                    t.first() == Some(&extent)
+                        && t[1..].iter().all(|&o| o == 0)
+                        && matches!(
+                            ins[0],
+                            Some(Kind::Batched {
+                                axis: 0,
+                                outer: 0 | 1
+                            })
+                        )
+                }
+                _ => false,
+            };
+            let idx_axis = ins[1].and_then(Kind::axis);
+            if own_rows && idx_axis == Some(k) && k + 1 < rank(indices) {
+                Ok((None, ins[1].map_or(0, Kind::outer)))
+            } else {
+                Err("it gathers elements of other samples".into())
+            }
+        }
+        _ => Err("it computes with positions in the batch".into()),
+    }
+}
+
+/// Whether `node`'s input `i` is never negative: known integers that are not, or a `Range`
+/// whose known start and step are not.
+fn nonnegative(g: &Graph, node: &Node, i: usize) -> bool {
+    if let Some(v) = known_ints(g, node, i) {
+        return v.iter().all(|&x| x >= 0);
+    }
+    let Some(v) = node.inputs.get(i).copied().flatten() else {
+        return false;
+    };
+    let range = g.node(v.node);
+    matches!(range.op, Op::Range)
+        && [0, 2]
+            .into_iter()
+            .all(|j| known_ints(g, range, j).is_some_and(|v| v.iter().all(|&x| x >= 0)))
 }
 
 /// Elementwise operators act on each sample when every batched operand's batch axis lands on
@@ -992,6 +1119,70 @@ mod tests {
             let y = add(g, "pick", Op::Gather { axis: 0 }, &[flat, idx]);
             g.add_output("y", y);
         })
+    }
+
+    /// `GatherND(x, Concat([b, s], -1))` with `b` a sample's position and `s` a column, both
+    /// broadcast to `[n, 4]` through a shape computed as `Shape(Max(b, s))`: GPT-2's causal
+    /// mask code as the dynamo exporter writes it. `swap` puts the column first.
+    fn gather_nd_by_position(swap: bool) -> Result<Batch> {
+        check(|g, x| {
+            let bsz = batch_size(g, x);
+            let (zero, one) = (
+                g.add_const("z", Tensor::scalar(0i64)),
+                g.add_const("o", Tensor::scalar(1i64)),
+            );
+            let four = g.add_const("four", Tensor::scalar(4i64));
+            let samples = add(g, "samples", Op::Range, &[zero, bsz, one]);
+            let cols = add(g, "cols", Op::Range, &[zero, four, one]);
+            let (ax1, ax0, last) = (ints(g, "ax1", &[1]), ints(g, "ax0", &[0]), ints(g, "last", &[-1]));
+            let b = add(g, "b", Op::Unsqueeze, &[samples, ax1]);
+            let s = add(g, "s", Op::Unsqueeze, &[cols, ax0]);
+            // Only its shape is read: the positions in it do not matter.
+            let both = add(g, "both", Op::Binary(Binary::Max), &[b, s]);
+            let shape = add(g, "bshape", Op::Shape { start: 0, end: None }, &[both]);
+            let b = add(g, "b_full", Op::Expand, &[b, shape]);
+            let s = add(g, "s_full", Op::Expand, &[s, shape]);
+            let b = add(g, "b_comp", Op::Unsqueeze, &[b, last]);
+            let s = add(g, "s_comp", Op::Unsqueeze, &[s, last]);
+            let parts = if swap { [s, b] } else { [b, s] };
+            let idx = add(g, "idx", Op::Concat { axis: -1 }, &parts);
+            let y = add(g, "pick", Op::GatherND { batch_dims: 0 }, &[x, idx]);
+            g.add_output("y", y);
+        })
+    }
+
+    #[test]
+    fn index_tuples_led_by_the_sample_position_read_each_samples_own_elements() {
+        assert_eq!(gather_nd_by_position(false).unwrap().outputs, [true]);
+        let err = gather_nd_by_position(true).unwrap_err().to_string();
+        assert!(err.contains("'pick'") && err.contains("other samples"), "{err}");
+    }
+
+    #[test]
+    fn positions_that_may_be_negative_are_refused() {
+        let err = check(|g, x| {
+            let flat_shape = ints(g, "flat_shape", &[-1]);
+            let flat = add(g, "flat", Op::Reshape { allow_zero: false }, &[x, flat_shape]);
+            let bsz = batch_size(g, x);
+            let (zero, one) = (
+                g.add_const("z", Tensor::scalar(0i64)),
+                g.add_const("o", Tensor::scalar(1i64)),
+            );
+            let samples = add(g, "samples", Op::Range, &[zero, bsz, one]);
+            let four = g.add_const("four", Tensor::scalar(4i64));
+            let start = add(g, "start", Op::Binary(Binary::Mul), &[samples, four]);
+            // -1 is the sample's own last element per sample, the previous sample's in the batch.
+            let back = g.add_const("back", Tensor::scalar(-1i64));
+            let idx = add(g, "shift", Op::Binary(Binary::Add), &[start, back]);
+            let y = add(g, "pick", Op::Gather { axis: 0 }, &[flat, idx]);
+            g.add_output("y", y);
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("'shift'") && err.contains("may be negative"),
+            "{err}"
+        );
     }
 
     #[test]
