@@ -141,9 +141,9 @@ fn consumers(graph: &Graph) -> (HashMap<ValueId, Vec<NodeId>>, HashMap<ValueId, 
     (by_value, uses)
 }
 
-/// `v` reaches an unclaimed Add through reshapes that keep its last dimension, each the sole
-/// reader of the one before.
-fn reshapes_to_add(
+/// `v` reaches an unclaimed Add, or an activation the epilogue applies, through reshapes that
+/// keep its last dimension, each the sole reader of the one before.
+fn reshapes_to_epilogue(
     graph: &Graph,
     mut v: ValueId,
     sole: &impl Fn(ValueId) -> Option<NodeId>,
@@ -155,7 +155,9 @@ fn reshapes_to_add(
             return false;
         };
         match graph.node(d).op {
-            Op::Binary(Binary::Add) => return true,
+            Op::Binary(Binary::Add)
+            | Op::Unary(Unary::Relu | Unary::HardSwish | Unary::Sigmoid | Unary::Gelu { .. })
+            | Op::Clip => return true,
             Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze | Op::Unsqueeze
                 if last_dim(graph, d.out(0)) == n =>
             {
@@ -573,13 +575,15 @@ pub fn find_chains(graph: &Graph, cpu: bool) -> Vec<Chain> {
                     }
                 }
                 // A reshape keeping rows of the product's N columns (exporters wrap a 2-D
-                // Gemm/MatMul in `[B, S, N] ↔ [B·S, N]` reshapes) on the way to an Add: the
-                // tile writes the same bytes, so the Add's residual or bias still fuses.
+                // Gemm/MatMul in `[B, S, N] ↔ [B·S, N]` reshapes) on the way to an Add or an
+                // activation (onnxruntime's optimizer leaves `Reshape → Gelu` after its
+                // MatMul+bias): the tile writes the same bytes, so the Add's residual or bias,
+                // or the activation, still fuses.
                 Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze | Op::Unsqueeze
                     if is_matmul
                         && chain.activation == Activation::None
                         && last_dim(graph, c.out(0)) == last_dim(graph, cur)
-                        && reshapes_to_add(graph, c.out(0), &sole, &claimed) => {}
+                        && reshapes_to_epilogue(graph, c.out(0), &sole, &claimed) => {}
                 Op::Clip if chain.activation == Activation::None => {
                     let bound = |i: usize, dflt: f32| -> Option<f32> {
                         match cn.inputs.get(i).copied().flatten() {
@@ -603,7 +607,7 @@ pub fn find_chains(graph: &Graph, cpu: bool) -> Vec<Chain> {
                 break;
             }
         }
-        // Reshapes are only worth absorbing with the Add after them.
+        // Reshapes are only worth absorbing with the Add or activation after them.
         while let Some(&last) = chain.absorbed.last() {
             if !graph.node(last).op.is_view() {
                 break;
@@ -830,6 +834,40 @@ mod tests {
         }
         g.add_output("y", v);
         g
+    }
+
+    /// `x[4, 8] · w[8, 6] + b`, reshaped to `[1, 4, 6]`, then `then` (onnxruntime's optimizer
+    /// writes `Reshape → Gelu` after its MatMul+bias).
+    fn product_reshape_then(then: Op) -> Graph {
+        let mut g = Graph::new("g");
+        let x = g.add_input("x", TensorType::fixed(DType::F32, &[4, 8]));
+        let w = g.add_const("w", kiln_ir::Tensor::from_vec(vec![8, 6], vec![0.25f32; 48]));
+        let b = g.add_const("b", kiln_ir::Tensor::from_vec(vec![6], vec![0.5f32; 6]));
+        let shape = g.add_const("shape", kiln_ir::Tensor::from_vec(vec![3], vec![1i64, 4, 6]));
+        let add = |g: &mut Graph, name: &str, op: Op, ins: &[ValueId]| {
+            g.add(name, op, ins.iter().map(|&v| Some(v)).collect(), name)
+                .unwrap()
+        };
+        let y = add(&mut g, "mm", Op::MatMul, &[x, w]);
+        let y = add(&mut g, "bias", Op::Binary(Binary::Add), &[y, b]);
+        let y = add(&mut g, "rows", Op::Reshape { allow_zero: false }, &[y, shape]);
+        let y = add(&mut g, "act", then, &[y]);
+        g.add_output("y", y);
+        g
+    }
+
+    #[test]
+    fn an_activation_after_a_row_keeping_reshape_joins_the_product() {
+        let g = product_reshape_then(Op::Unary(Unary::Gelu { tanh: false }));
+        let chains = find_chains(&g, true);
+        assert_eq!(chains.len(), 1);
+        assert_eq!(chains[0].activation, Activation::GeluErf);
+        assert_eq!(chains[0].absorbed.len(), 3, "bias, reshape and Gelu");
+        assert_eq!(chains[0].output, g.outputs()[0].value);
+        // Nothing worth fusing after the reshape: it stays a view of the product's output.
+        let g = product_reshape_then(Op::Unary(Unary::Exp));
+        let chains = find_chains(&g, true);
+        assert_eq!(chains[0].absorbed.len(), 1, "the bias only");
     }
 
     #[test]
