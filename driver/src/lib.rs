@@ -451,7 +451,7 @@ impl<'p> Session<'p> {
         };
         // 3, not 2: a batch that enters the shapes as n*n or n+n (not sample by sample) shows.
         const PROBE: usize = 3;
-        let probe = source.load_at(PROBE)?.graph;
+        let probe = source.load_at_sharing(PROBE, per_sample)?.graph;
         let batch = kiln_codegen::batch::analyze(per_sample, &probe, PROBE, range.lo, range.hi)
             .with_context(|| format!("{}: batch range {range}", source.path.display()))?;
         Ok(Some(batch))

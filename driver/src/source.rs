@@ -96,7 +96,18 @@ impl ModelSource {
 
     /// Imports the model with a batch range's axis bound to `batch`.
     pub fn load_at(&self, batch: usize) -> Result<Model> {
-        let opts = self.import_options_at(batch)?;
+        self.load_with(self.import_options_at(batch)?)
+    }
+
+    /// [`Self::load_at`] sharing the initializers of `earlier`, this model imported before
+    /// (at another batch): its weights are not decoded, nor held, a second time.
+    pub fn load_at_sharing(&self, batch: usize, earlier: &kiln_ir::Graph) -> Result<Model> {
+        let mut opts = self.import_options_at(batch)?;
+        opts.shared_initializers = kiln_frontend::onnx::import::leading_constants(earlier);
+        self.load_with(opts)
+    }
+
+    fn load_with(&self, opts: ImportOptions) -> Result<Model> {
         kiln_frontend::load_model(&self.path, &opts)
             .map_err(anyhow::Error::from)
             .with_context(|| format!("{}", self.path.display()))

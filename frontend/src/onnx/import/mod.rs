@@ -120,6 +120,25 @@ pub struct ImportOptions {
     pub batch_inputs: Vec<String>,
     /// Tensors from `--weights` files, bound by name to initializers or graph inputs.
     pub weights: Vec<(String, Tensor)>,
+    /// The initializers of an earlier import of the same model, in the file's order (the
+    /// leading constants of that graph, see [`leading_constants`]): each one of the same
+    /// dtype and shape is shared instead of decoded again. A second import of a large model
+    /// (the batch-range probe) then costs no second copy of its weights.
+    pub shared_initializers: Vec<Arc<Tensor>>,
+}
+
+/// A graph's constants in node order up to its first other node: for a graph this module
+/// imported, its initializers in the file's order (then the graph inputs bound to weights),
+/// what [`ImportOptions::shared_initializers`] takes.
+pub fn leading_constants(graph: &Graph) -> Vec<Arc<Tensor>> {
+    graph
+        .nodes()
+        .iter()
+        .map_while(|n| match n.op {
+            kiln_ir::Op::Constant(c) => Some(graph.consts()[c.0 as usize].clone()),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Something the enclosing scope of a subgraph gives for a name.
@@ -544,14 +563,19 @@ fn main_importer<'p>(
     }
     crate::shapes::bind_input_shapes(&mut inputs, &opts.input_shapes, &opts.batch_inputs)?;
 
-    for init in &g.initializer {
-        let t = match weights.get(init.name.as_str()) {
-            Some(w) => {
+    for (i, init) in g.initializer.iter().enumerate() {
+        let shared = opts
+            .shared_initializers
+            .get(i)
+            .filter(|t| tensor_from_proto_type(init).is_ok_and(|ty| ty == t.tensor_type()));
+        let t: Arc<Tensor> = match (weights.get(init.name.as_str()), shared) {
+            (Some(w), _) => {
                 let declared = tensor_from_proto_type(init)?;
                 crate::weights::check_weight(&init.name, &declared, w)?;
-                (*w).clone()
+                Arc::new((*w).clone())
             }
-            None => tensor_from_proto(init, imp.ext.as_deref_mut())?,
+            (None, Some(t)) => Arc::clone(t),
+            (None, None) => Arc::new(tensor_from_proto(init, imp.ext.as_deref_mut())?),
         };
         let v = imp.graph.add_const(init.name.clone(), t);
         imp.scope.insert(init.name.clone(), v);
