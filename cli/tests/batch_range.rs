@@ -373,6 +373,15 @@ fn ranges_kiln_cannot_serve_are_refused_with_the_reason() {
         stderr(&o)
     );
 
+    // Without --input-shape the symbolic batch is named, with both ways to fix it.
+    let o = run(&["compile", per_row.to_str().unwrap(), "-o", out]);
+    assert_eq!(o.status.code(), Some(4), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("fix them with --input-shape x=1,4, or give the batch a range to serve several: --input-shape x=1..8,4"),
+        "{}",
+        stderr(&o)
+    );
+
     let fixed = write_model(dir.path(), "fixed.onnx", &one_node_model("Relu", "relu"));
     for (args, code, msg) in [
         (

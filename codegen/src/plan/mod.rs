@@ -113,6 +113,34 @@ fn align(x: u64) -> u64 {
     x.div_ceil(ALIGN) * ALIGN
 }
 
+/// How to fix a graph input's unknown dims, with the input's own dims: `--input-shape
+/// input_ids=1,D1` (known dims as they are, a symbolic first axis as 1, others `Dk`), and the
+/// batch-range form when the first axis is symbolic.
+fn input_shape_hint(name: &str, ty: &kiln_ir::TensorType) -> String {
+    let dims = |first: &str| -> String {
+        ty.shape
+            .iter()
+            .enumerate()
+            .map(|(k, d)| match (d.fixed(), k) {
+                (Some(n), _) => n.to_string(),
+                (None, 0) => first.to_string(),
+                (None, k) => format!("D{k}"),
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let fixed = format!("fix them with --input-shape {name}={}", dims("1"));
+    match ty.shape.first().and_then(|d| d.fixed()) {
+        None if !ty.shape.is_empty() => {
+            format!(
+                "{fixed}, or give the batch a range to serve several: --input-shape {name}={}",
+                dims("1..8")
+            )
+        }
+        _ => fixed,
+    }
+}
+
 /// Which values the graph outputs depend on: nodes outside this set are dead.
 pub(crate) fn live_nodes(graph: &Graph) -> Vec<bool> {
     let mut live = vec![false; graph.len()];
@@ -180,8 +208,10 @@ pub fn build_into(
                 &out.name,
                 "graph input",
                 format!(
-                    "input '{}' has shape {} with dimensions unknown at compile time; fix them with --input-shape {}=D0,D1,...",
-                    out.name, out.ty, out.name
+                    "input '{}' has shape {} with dimensions unknown at compile time; {}",
+                    out.name,
+                    out.ty,
+                    input_shape_hint(&out.name, &out.ty)
                 ),
             ));
         }
