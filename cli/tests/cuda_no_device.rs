@@ -264,6 +264,22 @@ fn a_run_is_one_cuda_graph_launch() {
     );
 }
 
+/// Compiles `model` for the CUDA target into an executable next to it (named after its stem).
+fn compile_cuda(model: &Path, extra: &[&str]) -> PathBuf {
+    let exe = model.with_extension("");
+    let o = kiln()
+        .arg("compile")
+        .arg(model)
+        .arg("-o")
+        .arg(&exe)
+        .args(["--quiet", "--target", "cuda"])
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    exe
+}
+
 /// An output that is the input: the run copies the input to the device, into the output on the
 /// device (the plan's output copy) and back, so the values must survive the round trip.
 #[test]
@@ -271,16 +287,7 @@ fn identity_round_trips_through_device_memory() {
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
     let model = write_model(d, "id.onnx", &one_node_model("Identity", "id1"));
-    let exe = d.join("id");
-    let o = kiln()
-        .arg("compile")
-        .arg(&model)
-        .arg("-o")
-        .arg(&exe)
-        .args(["--quiet", "--target", "cuda"])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let exe = compile_cuda(&model, &[]);
     let x = kiln_ir::Tensor::from_vec(vec![1, 4], vec![1.5f32, -2.0, 3.25, 7.0]);
     kiln_frontend::npy::write_npy(&d.join("x.npy"), &x).unwrap();
     let o = Command::new(&exe)
@@ -460,16 +467,7 @@ fn a_batch_range_runs_each_sample_through_the_device() {
         t.shape.as_mut().unwrap().dim[0].value = Some(DimValue::DimParam("batch".into()));
     }
     let model = write_model(d, "id.onnx", &m);
-    let exe = d.join("id");
-    let o = kiln()
-        .arg("compile")
-        .arg(&model)
-        .arg("-o")
-        .arg(&exe)
-        .args(["--quiet", "--target", "cuda", "--input-shape", "x=1..4,4"])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let exe = compile_cuda(&model, &["--input-shape", "x=1..4,4"]);
     let info = Command::new(&exe).arg("--info").output().unwrap();
     let info: serde_json::Value = serde_json::from_slice(&info.stdout).unwrap();
     assert_eq!(info["batch"], serde_json::json!({"min": 1, "max": 4}), "{info}");

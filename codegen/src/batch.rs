@@ -935,6 +935,22 @@ mod tests {
         add(g, "bsz", Op::Gather { axis: 0 }, &[shape, zero])
     }
 
+    /// `Range(0, n)`: each sample's position, as exporters compute it from the batch size.
+    fn sample_positions(g: &mut Graph, x: ValueId) -> ValueId {
+        let bsz = batch_size(g, x);
+        let (zero, one) = (
+            g.add_const("z", Tensor::scalar(0i64)),
+            g.add_const("o", Tensor::scalar(1i64)),
+        );
+        add(g, "samples", Op::Range, &[zero, bsz, one])
+    }
+
+    /// `x` flattened to one axis.
+    fn flat(g: &mut Graph, x: ValueId) -> ValueId {
+        let flat_shape = ints(g, "flat_shape", &[-1]);
+        add(g, "flat", Op::Reshape { allow_zero: false }, &[x, flat_shape])
+    }
+
     fn reduce(kind: ReduceKind) -> Op {
         Op::Reduce {
             kind,
@@ -1101,15 +1117,13 @@ mod tests {
     /// padding mask by sample. Per sample only when the stride is a sample's rows.
     fn gather_by_position(stride: i64) -> Result<Batch> {
         check(|g, x| {
-            let flat_shape = ints(g, "flat_shape", &[-1]);
-            let flat = add(g, "flat", Op::Reshape { allow_zero: false }, &[x, flat_shape]);
-            let bsz = batch_size(g, x);
-            let (zero, one) = (
-                g.add_const("z", Tensor::scalar(0i64)),
-                g.add_const("o", Tensor::scalar(1i64)),
+            let flat = flat(g, x);
+            let samples = sample_positions(g, x);
+            let (zero, one, four) = (
+                g.add_const("z0", Tensor::scalar(0i64)),
+                g.add_const("o1", Tensor::scalar(1i64)),
+                g.add_const("four", Tensor::scalar(4i64)),
             );
-            let samples = add(g, "samples", Op::Range, &[zero, bsz, one]);
-            let four = g.add_const("four", Tensor::scalar(4i64));
             let cols = add(g, "cols", Op::Range, &[zero, four, one]);
             let axes = ints(g, "axes", &[1]);
             let samples = add(g, "column", Op::Unsqueeze, &[samples, axes]);
@@ -1126,13 +1140,12 @@ mod tests {
     /// mask code as the dynamo exporter writes it. `swap` puts the column first.
     fn gather_nd_by_position(swap: bool) -> Result<Batch> {
         check(|g, x| {
-            let bsz = batch_size(g, x);
-            let (zero, one) = (
-                g.add_const("z", Tensor::scalar(0i64)),
-                g.add_const("o", Tensor::scalar(1i64)),
+            let samples = sample_positions(g, x);
+            let (zero, one, four) = (
+                g.add_const("z0", Tensor::scalar(0i64)),
+                g.add_const("o1", Tensor::scalar(1i64)),
+                g.add_const("four", Tensor::scalar(4i64)),
             );
-            let four = g.add_const("four", Tensor::scalar(4i64));
-            let samples = add(g, "samples", Op::Range, &[zero, bsz, one]);
             let cols = add(g, "cols", Op::Range, &[zero, four, one]);
             let (ax1, ax0, last) = (ints(g, "ax1", &[1]), ints(g, "ax0", &[0]), ints(g, "last", &[-1]));
             let b = add(g, "b", Op::Unsqueeze, &[samples, ax1]);
@@ -1161,14 +1174,8 @@ mod tests {
     #[test]
     fn positions_that_may_be_negative_are_refused() {
         let err = check(|g, x| {
-            let flat_shape = ints(g, "flat_shape", &[-1]);
-            let flat = add(g, "flat", Op::Reshape { allow_zero: false }, &[x, flat_shape]);
-            let bsz = batch_size(g, x);
-            let (zero, one) = (
-                g.add_const("z", Tensor::scalar(0i64)),
-                g.add_const("o", Tensor::scalar(1i64)),
-            );
-            let samples = add(g, "samples", Op::Range, &[zero, bsz, one]);
+            let flat = flat(g, x);
+            let samples = sample_positions(g, x);
             let four = g.add_const("four", Tensor::scalar(4i64));
             let start = add(g, "start", Op::Binary(Binary::Mul), &[samples, four]);
             // -1 is the sample's own last element per sample, the previous sample's in the batch.
