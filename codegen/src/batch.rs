@@ -945,6 +945,16 @@ mod tests {
         add(g, "samples", Op::Range, &[zero, bsz, one])
     }
 
+    /// `Range(0, 4)`: the positions of a sample's 4 columns.
+    fn columns(g: &mut Graph) -> ValueId {
+        let (zero, one, four) = (
+            g.add_const("z0", Tensor::scalar(0i64)),
+            g.add_const("o1", Tensor::scalar(1i64)),
+            g.add_const("four", Tensor::scalar(4i64)),
+        );
+        add(g, "cols", Op::Range, &[zero, four, one])
+    }
+
     /// `x` flattened to one axis.
     fn flat(g: &mut Graph, x: ValueId) -> ValueId {
         let flat_shape = ints(g, "flat_shape", &[-1]);
@@ -1119,12 +1129,7 @@ mod tests {
         check(|g, x| {
             let flat = flat(g, x);
             let samples = sample_positions(g, x);
-            let (zero, one, four) = (
-                g.add_const("z0", Tensor::scalar(0i64)),
-                g.add_const("o1", Tensor::scalar(1i64)),
-                g.add_const("four", Tensor::scalar(4i64)),
-            );
-            let cols = add(g, "cols", Op::Range, &[zero, four, one]);
+            let cols = columns(g);
             let axes = ints(g, "axes", &[1]);
             let samples = add(g, "column", Op::Unsqueeze, &[samples, axes]);
             let stride = g.add_const("stride", Tensor::scalar(stride));
@@ -1141,12 +1146,7 @@ mod tests {
     fn gather_nd_by_position(swap: bool) -> Result<Batch> {
         check(|g, x| {
             let samples = sample_positions(g, x);
-            let (zero, one, four) = (
-                g.add_const("z0", Tensor::scalar(0i64)),
-                g.add_const("o1", Tensor::scalar(1i64)),
-                g.add_const("four", Tensor::scalar(4i64)),
-            );
-            let cols = add(g, "cols", Op::Range, &[zero, four, one]);
+            let cols = columns(g);
             let (ax1, ax0, last) = (ints(g, "ax1", &[1]), ints(g, "ax0", &[0]), ints(g, "last", &[-1]));
             let b = add(g, "b", Op::Unsqueeze, &[samples, ax1]);
             let s = add(g, "s", Op::Unsqueeze, &[cols, ax0]);
