@@ -11,8 +11,9 @@
 static int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* ---------------------------------------------------------------------------------------------
- * Attention, f32 fast path: no KV cache, softcap, sliding window, QK output or nonpad lengths
- * (the lowering picks kiln_uk_attention for those), f32 Q/K/V, mask none, bool or f32.
+ * Attention, f32 fast path: no KV cache, softcap, sliding window or QK output (the lowering
+ * picks kiln_uk_attention for those), f32 Q/K/V, mask none, bool or f32, nonpad lengths
+ * without the causal mask.
  *
  * iattr: 0 three_d, 1 B, 2 Hq, 3 Hkv, 4 Sq, 5 T, 6 Dk, 7 Dv, 8 is_causal, 9 mask kind
  *        (MASK_NONE, MASK_BOOL, MASK_FLOAT), 10-13 mask shape padded to 4-D, 14 query rows per task, 15 T padded
@@ -20,7 +21,9 @@ static int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
  *        targets with 512-bit registers; 0: 16 columns of 32-byte vectors; 2: the bf16 tiles,
  *        32 columns on vdpbf16ps, for avx512_bf16 targets and bf16-valued Q, K and V).
  * fattr: 0 scale.
- * in: Q, K, V ([B, H, S, D], or [B, S, H*D] when three_d), attn_mask?. out: Y.
+ * in: Q, K, V ([B, H, S, D], or [B, S, H*D] when three_d), attn_mask?, -, -,
+ *     nonpad_kv_seqlen? (i64 [B]: batch b sees its first nonpad[b] keys only; the later ones
+ *     are never read, so they may hold anything). out: Y.
  * thread scratch: Kᵀ [Dk, Tp] and the scores of a row block [rows, Tp], f32 (the bf16
  * tiles, iattr[16] = 2: see afb_task).
  *
@@ -41,6 +44,7 @@ typedef float af_v16 __attribute__((vector_size(64), aligned(4)));
 typedef struct {
   const kiln_uk_args *a;
   int64_t three_d, B, Hq, Hkv, Sq, T, Dk, Dv, causal, mask_kind, mstr[4], mlen, rows, Tp, blocks, wide;
+  const int64_t *nonpad; /* NULL: every batch sees all T keys */
   float scale;
 } af_job;
 
@@ -227,10 +231,12 @@ static int af_softmax_row(float *row, int64_t T, int64_t Tp) {
   return 1;
 }
 
-/* Where a task's operands lie: its (batch, head), query rows [i0, i0 + nrows), and the first
- * query row, key, value and output row with their row strides. */
+/* Where a task's operands lie: its (batch, head), query rows [i0, i0 + nrows), the first
+ * query row, key, value and output row with their row strides, and the keys it sees: T of
+ * them (the batch's nonpad length, else all), their score rows Tp floats apart (T rounded up
+ * to the tile width, at most the job's Tp, which sizes the scratch). */
 typedef struct {
-  int64_t b, h, i0, nrows, qs, ks, vs, ys;
+  int64_t b, h, i0, nrows, qs, ks, vs, ys, T, Tp;
   const float *q0, *k0, *v0;
   float *y0;
 } af_place;
@@ -243,6 +249,13 @@ static af_place af_locate(const af_job *j, int64_t task) {
   p.b = bh / j->Hq, p.h = bh % j->Hq;
   int64_t hk = p.h / (j->Hq / j->Hkv), T = j->T, Dk = j->Dk, Dv = j->Dv;
   p.nrows = imin(j->rows, j->Sq - p.i0);
+  p.T = T;
+  if (j->nonpad) {
+    int64_t n = j->nonpad[p.b]; /* model data: clamped to 0..T */
+    p.T = n < 0 ? 0 : imin(n, T);
+  }
+  int64_t cols = j->wide ? AF_NC_WIDE : AF_NC;
+  p.Tp = (p.T + cols - 1) / cols * cols;
   const float *Q = a->in[0].data, *K = a->in[1].data, *V = a->in[2].data;
   float *Y = a->out[0].data;
   if (j->three_d) {
@@ -266,7 +279,7 @@ static af_place af_locate(const af_job *j, int64_t task) {
 static void af_mask_softmax(const af_job *j, const af_place *p, float *sc) {
   const kiln_uk_args *a = j->a;
   const kiln_tensor *m = j->mask_kind != MASK_NONE ? &a->in[3] : NULL;
-  int64_t T = j->T, Tp = j->Tp;
+  int64_t T = p->T, Tp = p->Tp, mlen = imin(j->mlen, T);
   float ninf = -__builtin_inff();
   for (int64_t r = 0; r < p->nrows; r++) {
     int64_t i = p->i0 + r;
@@ -275,12 +288,12 @@ static void af_mask_softmax(const af_job *j, const af_place *p, float *sc) {
       int64_t mo = p->b * j->mstr[0] + p->h * j->mstr[1] + i * j->mstr[2];
       if (j->mask_kind == MASK_BOOL) {
         const uint8_t *mb = (const uint8_t *)m->data + mo;
-        for (int64_t t = 0; t < j->mlen; t++) row[t] = mb[t * j->mstr[3]] ? row[t] : ninf;
+        for (int64_t t = 0; t < mlen; t++) row[t] = mb[t * j->mstr[3]] ? row[t] : ninf;
       } else {
         const float *mf = (const float *)m->data + mo;
-        for (int64_t t = 0; t < j->mlen; t++) row[t] += mf[t * j->mstr[3]];
+        for (int64_t t = 0; t < mlen; t++) row[t] += mf[t * j->mstr[3]];
       }
-      for (int64_t t = j->mlen; t < T; t++) row[t] = ninf;
+      for (int64_t t = mlen; t < T; t++) row[t] = ninf;
     }
     if (j->causal)
       for (int64_t t = i + 1; t < T; t++) row[t] = ninf;
@@ -293,7 +306,7 @@ static void af_task(void *data, int64_t task, int64_t tid) {
   const af_job *j = data;
   const kiln_uk_args *a = j->a;
   af_place p = af_locate(j, task);
-  int64_t i0 = p.i0, nrows = p.nrows, T = j->T, Tp = j->Tp, Dk = j->Dk, Dv = j->Dv;
+  int64_t i0 = p.i0, nrows = p.nrows, T = p.T, Tp = p.Tp, Dk = j->Dk, Dv = j->Dv;
   int64_t qs = p.qs, ks = p.ks, vs = p.vs, ys = p.ys;
   const float *q0 = p.q0, *k0 = p.k0, *v0 = p.v0;
   float *y0 = p.y0;
@@ -351,7 +364,7 @@ static void af_task(void *data, int64_t task, int64_t tid) {
 static void afb_task(void *data, int64_t task, int64_t tid) {
   const af_job *j = data;
   af_place p = af_locate(j, task);
-  int64_t i0 = p.i0, nrows = p.nrows, T = j->T, Tp = j->Tp, Dk = j->Dk, Dv = j->Dv;
+  int64_t i0 = p.i0, nrows = p.nrows, T = p.T, Tp = p.Tp, Dk = j->Dk, Dv = j->Dv;
   int64_t Dk2 = (Dk + 1) / 2, Tp2 = Tp / 2, T2 = (T + 1) / 2;
   uint32_t *ktp = kiln_rt_thread_scratch(j->a->ctx, tid);
   float *sc = (float *)(ktp + Dk2 * Tp);
@@ -435,6 +448,7 @@ int32_t kiln_uk_attention_f32(const kiln_uk_args *a) {
   j.Tp = ia[15];
   j.wide = ia[16];
   j.blocks = (j.Sq + j.rows - 1) / j.rows;
+  j.nonpad = a->n_in > 6 && a->in[6].data ? (const int64_t *)a->in[6].data : NULL;
   j.scale = (float)a->fattr[0];
 #if defined(__x86_64__)
   if (j.wide == 2) {

@@ -698,7 +698,8 @@ const ATTN_ROWS_FEW_HEADS: usize = 64;
 const ATTN_MIN_HEADS: usize = 8;
 
 /// The f32 kernel (`kiln_uk_attention_f32`) for the plain operator: f32 throughout, no KV
-/// cache, softcap, sliding window, QK output or nonpad lengths; None otherwise.
+/// cache, softcap, sliding window or QK output, nonpad lengths only without the causal mask
+/// (with it they also move the diagonal); None otherwise.
 fn attention_f32(
     node: &NodeInfo,
     a: &AttentionAttrs,
@@ -706,7 +707,10 @@ fn attention_f32(
     three_d: bool,
     [b, hq, hkv, sq, t, dk, dv]: [usize; 7],
 ) -> Result<Option<UkCall>> {
-    let extra = (4..7).any(|i| node.has_input(i)) || node.n_outputs() > 1;
+    let nonpad = node.has_input(6);
+    let extra = (4..6).any(|i| node.has_input(i))
+        || node.n_outputs() > 1
+        || (nonpad && (a.is_causal || node.input_dtype(6) != Some(DType::I64)));
     let plain = a.softcap <= 0.0
         && a.left_window_size < 0
         && a.right_window_size < 0
