@@ -11,8 +11,10 @@
 //! the query row and the accumulator stay in registers (head sizes up to `MAX_HEAD`).
 //!
 //! The cases this kernel takes are those of the CPU's f32 attention kernel (`kiln_uk_attention_f32`:
-//! f32 operands, no KV cache, softcap or sliding window, mask absent, bool or f32): its
-//! parameters come from that kernel's lowering, so both backends accept the same models.
+//! f32 operands, no KV cache, softcap or sliding window, mask absent, bool or f32, nonpad
+//! lengths without the causal mask): its parameters come from that kernel's lowering, so both
+//! backends accept the same models. With nonpad lengths a block walks only its batch entry's
+//! first `nonpad[b]` keys (clamped to 0..T): the padded keys and values are never read.
 
 use crate::error::Result;
 use crate::gen::emit::Emit;
@@ -56,6 +58,8 @@ struct AttentionGpu {
     mask_strides: [usize; 4],
     mask_len: usize,
     scale: f32,
+    /// Input 6, `nonpad_kv_seqlen` (i64 [B]), bounds each batch entry's keys.
+    nonpad: bool,
 }
 
 /// The attention kernel for `node`, or None when the CPU's f32 kernel would not take it.
@@ -66,8 +70,7 @@ pub fn lower(node: &NodeInfo, _target: &TargetDesc) -> Result<Option<Box<dyn Gpu
     let Some(call) = crate::uk::lower(node)? else {
         return Ok(None);
     };
-    // Nonpad lengths (which the CPU kernel reads per batch) are not in this kernel yet.
-    if call.symbol != "attention_f32" || node.has_input(6) {
+    if call.symbol != "attention_f32" {
         return Ok(None);
     }
     let ia: Vec<usize> = call.iattr.iter().map(|&v| v as usize).collect();
@@ -103,6 +106,7 @@ pub fn lower(node: &NodeInfo, _target: &TargetDesc) -> Result<Option<Box<dyn Gpu
         mask_strides,
         mask_len: shape[3],
         scale: call.fattr[0] as f32,
+        nonpad: node.has_input(6),
     })))
 }
 
@@ -153,7 +157,7 @@ impl AttentionGpu {
     }
 
     /// Stages `TILE` rows of K or V (`width` elements each, row `t` at `base + t·stride`) from
-    /// key `t0` in shared memory at `dst`; rows past the last key are zeros.
+    /// key `t0` in shared memory at `dst`; rows from key `keys` on are zeros, never read.
     #[allow(clippy::too_many_arguments)]
     fn stage<'ctx>(
         &self,
@@ -164,6 +168,7 @@ impl AttentionGpu {
         stride: usize,
         width: usize,
         t0: IntValue<'ctx>,
+        keys: IntValue<'ctx>,
         dst: PointerValue<'ctx>,
     ) -> Result<()> {
         let total = TILE * width;
@@ -173,7 +178,7 @@ impl AttentionGpu {
                 let j = e.udivc(el, width as i64)?;
                 let d = e.uremc(el, width as i64)?;
                 let t = e.add(t0, j)?;
-                let valid = e.icmp(IntPredicate::ULT, t, e.i64c(self.t as i64))?;
+                let valid = e.icmp(IntPredicate::ULT, t, keys)?;
                 let idx = e.add(base, e.add(e.mulc(t, stride as i64)?, d)?)?;
                 let safe =
                     e.b.build_select(valid, idx, e.i64c(0), "")
@@ -197,7 +202,7 @@ impl AttentionGpu {
 impl KernelCommon for AttentionGpu {
     fn describe(&self) -> String {
         format!(
-            "gpu attention B={} H={}/{} Sq={} T={} Dk={} Dv={}{}{}",
+            "gpu attention B={} H={}/{} Sq={} T={} Dk={} Dv={}{}{}{}",
             self.b,
             self.hq,
             self.hkv,
@@ -206,6 +211,7 @@ impl KernelCommon for AttentionGpu {
             self.dk,
             self.dv,
             if self.causal { " causal" } else { "" },
+            if self.nonpad { " nonpad" } else { "" },
             match self.mask {
                 Mask::None => "",
                 Mask::Bool => " +bool mask",
@@ -294,11 +300,26 @@ impl GpuKernel for AttentionGpu {
             }
         };
 
-        e.for_range(e.i64c(0), e.i64c(t), TILE as i64, |t0| {
-            self.stage(&e, tid, k_ptr, k0, ks, dk, t0, k_sh)?;
-            self.stage(&e, tid, v_ptr, v0, vs, dv, t0, v_sh)?;
+        // The keys this batch entry sees: nonpad[b] clamped to 0..T (model data), or all. The
+        // same for the whole block, so every thread meets the same barriers.
+        let keys = if self.nonpad {
+            let i64t = k.cx.i64_type();
+            let at = unsafe { e.b.build_in_bounds_gep(i64t, k.input(6)?, &[b], "") }.map_err(llvm)?;
+            let n = e.b.build_load(i64t, at, "").map_err(llvm)?.into_int_value();
+            let negative = e.icmp(IntPredicate::SLT, n, e.i64c(0))?;
+            let n =
+                e.b.build_select(negative, e.i64c(0), n, "")
+                    .map_err(llvm)?
+                    .into_int_value();
+            e.umin(n, e.i64c(t))?
+        } else {
+            e.i64c(t)
+        };
+        e.for_range(e.i64c(0), keys, TILE as i64, |t0| {
+            self.stage(&e, tid, k_ptr, k0, ks, dk, t0, keys, k_sh)?;
+            self.stage(&e, tid, v_ptr, v0, vs, dv, t0, keys, v_sh)?;
             k.barrier()?;
-            let left = e.sub(e.i64c(t), t0)?;
+            let left = e.sub(keys, t0)?;
             let n = e.umin(left, e.i64c(TILE as i64))?;
             e.for_range(e.i64c(0), n, 1, |j| {
                 let key = e.add(t0, j)?;
@@ -412,14 +433,27 @@ mod tests {
     }
 
     /// Attention over Q [.., Sq, ..], K/V [.., T, ..] with `hq`/`hkv` heads, 4-D or 3-D.
-    #[allow(clippy::too_many_arguments)]
     fn graph(
+        three_d: bool,
+        heads: (usize, usize, usize),
+        lengths: (usize, usize),
+        dims: (usize, usize),
+        causal: bool,
+        mask: MaskIn,
+    ) -> (Graph, Vec<Tensor>) {
+        graph_nonpad(three_d, heads, lengths, dims, causal, mask, None)
+    }
+
+    /// [`graph`] with `nonpad_kv_seqlen` given these lengths.
+    #[allow(clippy::too_many_arguments)]
+    fn graph_nonpad(
         three_d: bool,
         (b, hq, hkv): (usize, usize, usize),
         (sq, t): (usize, usize),
         (dk, dv): (usize, usize),
         causal: bool,
         mask: MaskIn,
+        nonpad: Option<Vec<i64>>,
     ) -> (Graph, Vec<Tensor>) {
         let mut g = Graph::new("t");
         let shape = |h: usize, s: usize, d: usize| {
@@ -459,6 +493,11 @@ mod tests {
                 }
                 inputs.push(Tensor::from_vec(s, v));
             }
+        }
+        if let Some(lengths) = nonpad {
+            ids.resize(6, None);
+            ids.push(Some(g.add_input("nonpad", TensorType::fixed(DType::I64, &[b]))));
+            inputs.push(Tensor::from_vec(vec![b], lengths));
         }
         let attrs = AttentionAttrs {
             is_causal: causal,
@@ -524,6 +563,23 @@ mod tests {
     }
 
     #[test]
+    fn nonpad_lengths_bound_each_batch_entrys_keys() {
+        // 45 keys in tiles of 32: lengths none, inside the second tile, beyond all, negative,
+        // at the tile edge; with a mask shorter than the keys.
+        for lengths in [vec![0, 40], vec![50, -3], vec![32, 1]] {
+            check(graph_nonpad(
+                false,
+                (2, 2, 1),
+                (9, 45),
+                (8, 8),
+                false,
+                MaskIn::F32(vec![9, 38]),
+                Some(lengths),
+            ));
+        }
+    }
+
+    #[test]
     fn ptx_assembles() {
         let (g, _) = graph(
             true,
@@ -536,5 +592,15 @@ mod tests {
         for sm in [80, 90] {
             ptxas_check(&g, sm);
         }
+        let (g, _) = graph_nonpad(
+            true,
+            (2, 4, 2),
+            (7, 45),
+            (16, 16),
+            false,
+            MaskIn::None,
+            Some(vec![3, 45]),
+        );
+        ptxas_check(&g, 80);
     }
 }
