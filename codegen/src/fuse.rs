@@ -154,10 +154,9 @@ fn reshapes_to_epilogue(
         let Some(d) = sole(v).filter(|d| !claimed.contains(d)) else {
             return false;
         };
-        match graph.node(d).op {
-            Op::Binary(Binary::Add)
-            | Op::Unary(Unary::Relu | Unary::HardSwish | Unary::Sigmoid | Unary::Gelu { .. })
-            | Op::Clip => return true,
+        match &graph.node(d).op {
+            Op::Binary(Binary::Add) | Op::Clip => return true,
+            Op::Unary(u) if unary_activation(u).is_some() => return true,
             Op::Reshape { .. } | Op::Flatten { .. } | Op::Squeeze | Op::Unsqueeze
                 if last_dim(graph, d.out(0)) == n =>
             {
@@ -167,6 +166,18 @@ fn reshapes_to_epilogue(
         }
     }
     false
+}
+
+/// The epilogue activation a unary operator is, if it is one.
+fn unary_activation(u: &Unary) -> Option<Activation> {
+    match u {
+        Unary::Relu => Some(Activation::Relu),
+        Unary::HardSwish => Some(Activation::HardSwish),
+        Unary::Sigmoid => Some(Activation::Sigmoid),
+        Unary::Gelu { tanh: true } => Some(Activation::GeluTanh),
+        Unary::Gelu { tanh: false } => Some(Activation::GeluErf),
+        _ => None,
+    }
 }
 
 fn last_dim(graph: &Graph, v: ValueId) -> Option<usize> {
@@ -558,22 +569,10 @@ pub fn find_chains(graph: &Graph, cpu: bool) -> Vec<Chain> {
                         break;
                     }
                 }
-                Op::Unary(Unary::Relu) if chain.activation == Activation::None => {
-                    chain.activation = Activation::Relu
-                }
-                Op::Unary(Unary::HardSwish) if chain.activation == Activation::None => {
-                    chain.activation = Activation::HardSwish
-                }
-                Op::Unary(Unary::Sigmoid) if chain.activation == Activation::None => {
-                    chain.activation = Activation::Sigmoid
-                }
-                Op::Unary(Unary::Gelu { tanh }) if chain.activation == Activation::None => {
-                    chain.activation = if *tanh {
-                        Activation::GeluTanh
-                    } else {
-                        Activation::GeluErf
-                    }
-                }
+                Op::Unary(u) if chain.activation == Activation::None => match unary_activation(u) {
+                    Some(a) => chain.activation = a,
+                    None => break,
+                },
                 // A reshape keeping rows of the product's N columns (exporters wrap a 2-D
                 // Gemm/MatMul in `[B, S, N] ↔ [B·S, N]` reshapes) on the way to an Add or an
                 // activation (onnxruntime's optimizer leaves `Reshape → Gelu` after its

@@ -1,6 +1,6 @@
 //! `ImportOptions::shared_initializers`: a second import of a model (the batch-range probe)
 //! shares the first import's weights instead of decoding its own, and decodes any initializer
-//! the shared list does not match.
+//! the shared list does not match (another type or another name).
 
 use kiln_frontend::onnx::import::leading_constants;
 use kiln_frontend::{load_model, ImportOptions};
@@ -49,11 +49,21 @@ fn a_second_import_shares_the_first_imports_weights() {
 
     // A shared tensor of another type is not taken: that initializer is decoded from the file.
     let mut opts = at_batch(3);
-    opts.shared_initializers = shared;
-    opts.shared_initializers[0] = Arc::new(Tensor::scalar(0f32));
+    opts.shared_initializers = shared.clone();
+    opts.shared_initializers[0].1 = Arc::new(Tensor::scalar(0f32));
     let third = load_model(&model(), &opts).unwrap().graph;
     let c = initializers(&third);
     assert!(!Arc::ptr_eq(&a[0].1, &c[0].1));
     assert_eq!(*a[0].1, *c[0].1, "decoded to the same values");
     assert!(Arc::ptr_eq(&a[1].1, &c[1].1));
+
+    // Nor one under another name, even of the right type.
+    let mut opts = at_batch(3);
+    opts.shared_initializers = shared;
+    opts.shared_initializers[1].0 = "not_this_one".into();
+    let fourth = load_model(&model(), &opts).unwrap().graph;
+    let d = initializers(&fourth);
+    assert!(!Arc::ptr_eq(&a[1].1, &d[1].1));
+    assert_eq!(*a[1].1, *d[1].1, "decoded to the same values");
+    assert!(Arc::ptr_eq(&a[0].1, &d[0].1));
 }

@@ -120,22 +120,22 @@ pub struct ImportOptions {
     pub batch_inputs: Vec<String>,
     /// Tensors from `--weights` files, bound by name to initializers or graph inputs.
     pub weights: Vec<(String, Tensor)>,
-    /// The initializers of an earlier import of the same model, in the file's order (the
-    /// leading constants of that graph, see [`leading_constants`]): each one of the same
-    /// dtype and shape is shared instead of decoded again. A second import of a large model
-    /// (the batch-range probe) then costs no second copy of its weights.
-    pub shared_initializers: Vec<Arc<Tensor>>,
+    /// The initializers of an earlier import of the same model, by name, in the file's order
+    /// (the leading constants of that graph, see [`leading_constants`]): each one of the same
+    /// name, dtype and shape is shared instead of decoded again. A second import of a large
+    /// model (the batch-range probe) then costs no second copy of its weights.
+    pub shared_initializers: Vec<(String, Arc<Tensor>)>,
 }
 
-/// A graph's constants in node order up to its first other node: for a graph this module
-/// imported, its initializers in the file's order (then the graph inputs bound to weights),
-/// what [`ImportOptions::shared_initializers`] takes.
-pub fn leading_constants(graph: &Graph) -> Vec<Arc<Tensor>> {
+/// A graph's named constants in node order up to its first other node: for a graph this
+/// module imported, its initializers in the file's order (then the graph inputs bound to
+/// weights), what [`ImportOptions::shared_initializers`] takes.
+pub fn leading_constants(graph: &Graph) -> Vec<(String, Arc<Tensor>)> {
     graph
         .nodes()
         .iter()
         .map_while(|n| match n.op {
-            kiln_ir::Op::Constant(c) => Some(graph.consts()[c.0 as usize].clone()),
+            kiln_ir::Op::Constant(c) => Some((n.name.clone(), graph.consts()[c.0 as usize].clone())),
             _ => None,
         })
         .collect()
@@ -567,7 +567,10 @@ fn main_importer<'p>(
         let shared = opts
             .shared_initializers
             .get(i)
-            .filter(|t| tensor_from_proto_type(init).is_ok_and(|ty| ty == t.tensor_type()));
+            .filter(|(name, t)| {
+                *name == init.name && tensor_from_proto_type(init).is_ok_and(|ty| ty == t.tensor_type())
+            })
+            .map(|(_, t)| t);
         let t: Arc<Tensor> = match (weights.get(init.name.as_str()), shared) {
             (Some(w), _) => {
                 let declared = tensor_from_proto_type(init)?;
