@@ -1,8 +1,11 @@
 //! Pipelines: which passes run, in which order, for each target.
 //!
 //! A pipeline is a plain function of the user's options. The order follows the design:
-//! dequantize-weights or block-quantized-products → integer-products → freeze → fake-quantize → channels-last → fuse → bf16 autocast → lower-control-flow; the
+//! dequantize-weights or block-quantized-products → integer-products → lower-einsum → freeze → fake-quantize → channels-last → fuse → bf16 autocast → lower-control-flow; the
 //! manager verifies after every pass.
+//! Einsum is lowered to products, reductions and transposes before freezing, which then folds
+//! the einsums of constants, and before fusion, which then sees the products (attention scores
+//! written as `bhid,bhjd->bhij` included).
 //! The integer convolutions are found before freezing, which would fold the weights'
 //! DequantizeLinear into float weights.
 //! Fake quantization runs after freezing (which folds the weights' DequantizeLinear) and before
@@ -67,6 +70,7 @@ pub const PASS_NAMES: &[&str] = &[
     passes::dequantize_weights::NAME,
     passes::block_quantized_products::NAME,
     passes::integer_products::NAME,
+    passes::lower_einsum::NAME,
     "freeze",
     passes::fake_quantize::NAME,
     "channels-last",
@@ -80,7 +84,8 @@ pub const PASS_NAMES: &[&str] = &[
 pub const FUSE_PASS: &str = "fuse";
 
 /// The CPU pipeline: dequantize-weights (targets without block-quantized products: GPUs) or
-/// block-quantized-products (the others) → integer-products (targets with integer products) → freeze → fake-quantize → channels-last (NHWC only) → fuse → bf16 autocast
+/// block-quantized-products (the others) → integer-products (targets with integer products) →
+/// lower-einsum → freeze → fake-quantize → channels-last (NHWC only) → fuse → bf16 autocast
 /// (bf16 only) → lower-control-flow.
 pub fn cpu(opts: &PipelineOptions) -> PassManager {
     let mut pm = PassManager::new();
@@ -93,6 +98,7 @@ pub fn cpu(opts: &PipelineOptions) -> PassManager {
         pm = pm.with(passes::integer_products::IntegerProducts);
     }
     let mut pm = pm
+        .with(passes::lower_einsum::LowerEinsum)
         .with(passes::freeze::Freeze)
         .with(passes::fake_quantize::FakeQuantize);
     if opts.layout == Layout::Nhwc {

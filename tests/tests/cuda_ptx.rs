@@ -26,7 +26,6 @@ const LIBRARY_KERNELS: &[(&str, usize)] = &[
     ("bert_tiny_dynamic_int8", 22),
     ("cast", 3),
     ("dynamic_quantize_large", 1),
-    ("einsum", 7),
     ("elementwise_unary_misc", 2),
     ("ort_contrib_bert_layer", 1),
     ("ort_contrib_gqa_rotary", 4),

@@ -9,3 +9,4 @@ pub mod freeze;
 pub mod fuse;
 pub mod integer_products;
 pub mod lower_control_flow;
+pub mod lower_einsum;
