@@ -15,7 +15,7 @@ For each model of bench-models/ (made by `fixtures/make_benchmark_models.py --ou
      Each round gives a median; the table shows the median of the rounds' medians.
 
 With --variants, each model is also compiled with one pass family off or one option changed
-(VARIANTS below: `--disable-pass freeze|channels-last|fuse`, `--conv-algorithm direct`,
+(VARIANTS below: `--disable-pass freeze|channels-last|fuse|lower-einsum`, `--conv-algorithm direct`,
 `--layout nchw|nhwc`, `--precision bf16`, bf16 with `--disable-pass bf16-autocast`,
 `--mode max-autotune` in f32 and bf16); every
 variant runs in the same interleaved
@@ -60,6 +60,8 @@ VARIANTS = {
     "no-freeze": ["--disable-pass", "freeze"],
     "no-channels-last": ["--disable-pass", "channels-last"],
     "no-fuse": ["--disable-pass", "fuse"],
+    # Einsums on the kernel library's generic loop nest instead of products (hf_xlnet).
+    "no-lower-einsum": ["--disable-pass", "lower-einsum"],
     # What Winograd convolutions buy (stride-1 3x3 layers).
     "direct-conv": ["--conv-algorithm", "direct"],
     "nchw": ["--layout", "nchw"],

@@ -20,7 +20,10 @@ attention_mask); gpt2 (transformers GPT2LMHeadModel small, no KV cache, logits);
 (transformers LlamaForCausalLM at GPT-2 small's sizes — 12 layers, d=768, 12 heads, FFN 3072,
 vocabulary 32000 — on one token, no KV cache: every weight product is a
 matrix-vector product, as when decoding a token, and a bias-free nn.Linear, which weight-only
-quantizers turn into 4-bit MatMulNBits).
+quantizers turn into 4-bit MatMulNBits); xlnet (transformers XLNetModel at base sizes — 12
+layers, d=768, 12 heads, FFN 3072, vocabulary 32000 — no memory: its projections and
+relative-position attention are written with torch.einsum, which the exporter keeps as 96
+Einsum nodes).
 """
 from __future__ import annotations
 
@@ -30,8 +33,8 @@ import sys
 
 import numpy as np
 
-MODELS = ["resnet50", "mobilenet_v2", "efficientnet_b0", "encoder", "bert", "gpt2", "llama_token"]
-TRANSFORMERS = ("encoder", "bert", "gpt2")
+MODELS = ["resnet50", "mobilenet_v2", "efficientnet_b0", "encoder", "bert", "gpt2", "llama_token", "xlnet"]
+TRANSFORMERS = ("encoder", "bert", "gpt2", "xlnet")
 SEQ = 128
 # Tokens of the BERT input that are padding (attention_mask 0), as a batch padded to length
 # SEQ has: the exported graph's mask path is exercised, not only its shapes.
@@ -102,6 +105,10 @@ def make_module(name: str, tiny: bool = False):
                                        num_hidden_layers=layers, num_attention_heads=heads,
                                        num_key_value_heads=heads, use_cache=False)
         return transformers.LlamaForCausalLM(cfg).eval(), {"input_ids": ids[:, :1] % 32000}
+    if name == "xlnet":
+        cfg = transformers.XLNetConfig(vocab_size=vocab if tiny else 32000, d_model=d, n_layer=layers,
+                                       n_head=heads, d_inner=ffn, use_mems_eval=False)
+        return transformers.XLNetModel(cfg).eval(), {"input_ids": ids}
     raise ValueError(name)
 
 
@@ -171,14 +178,14 @@ def export_with_data(name: str, path: str, tiny: bool = False,
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tiny", metavar="DIR", required=True,
-                   help="export the small transformer models (encoder, bert, gpt2) to DIR")
+                   help="export the small transformer models (encoder, bert, gpt2, xlnet) to DIR")
     p.add_argument("--models", nargs="+", default=list(TRANSFORMERS), choices=TRANSFORMERS)
     p.add_argument("--dynamic-batch", action="store_true",
                    help="export axis 0 of the inputs and the output as the symbolic dimension "
                         "'batch' (files named *_dynamic_batch.onnx)")
     args = p.parse_args()
     os.makedirs(args.tiny, exist_ok=True)
-    names = {"encoder": "torch_transformer_encoder", "bert": "hf_bert", "gpt2": "hf_gpt2"}
+    names = {"encoder": "torch_transformer_encoder", "bert": "hf_bert", "gpt2": "hf_gpt2", "xlnet": "hf_xlnet"}
     suffix = "_dynamic_batch" if args.dynamic_batch else ""
     for name in args.models:
         out = export_with_data(name, os.path.join(args.tiny, names[name] + suffix + ".onnx"), tiny=True,

@@ -9,6 +9,9 @@
 //! - a Transpose that moves only dimensions of extent 1 (the others keep their order, as in
 //!   `[1, S, D] → [S, 1, D]` of a batch-1 seq-first export) becomes a Reshape: a view of its
 //!   input instead of a copy;
+//! - a Gather of constant indices that count up one by one (`index_select(x, 3,
+//!   torch.arange(n))`, XLNet's relative shift) becomes the Slice it is: a strided copy (or a
+//!   view) instead of the element-by-element index kernel;
 //! - a Gemm of constant weights (alpha and beta 1, A not transposed) becomes a MatMul with the
 //!   weights transposed as the product needs them, plus an Add of its per-column C: codegen then
 //!   fuses the bias, a residual and an activation into the product as for any MatMul;
@@ -53,6 +56,8 @@ pub struct FreezeCounts {
     pub identities: usize,
     /// Transposes of extent-1 dimensions only, now Reshapes.
     pub transposes_as_reshapes: usize,
+    /// Gathers of consecutive constant indices, now Slices.
+    pub gathers_as_slices: usize,
     /// Gemm of constant weights, now MatMul (+ Add).
     pub gemms_as_matmuls: usize,
     /// BatchNormalization folded into the producer's weights.
@@ -76,6 +81,7 @@ impl FreezeCounts {
             + self.known
             + self.identities
             + self.transposes_as_reshapes
+            + self.gathers_as_slices
             + self.gemms_as_matmuls
             + self.bn_folded
             + self.bn_affine
@@ -93,6 +99,10 @@ impl FreezeCounts {
             (
                 self.transposes_as_reshapes,
                 "{} Transpose of extent-1 dimensions as Reshape",
+            ),
+            (
+                self.gathers_as_slices,
+                "{} Gather of consecutive indices as Slice",
             ),
             (self.gemms_as_matmuls, "{} Gemm as MatMul"),
             (self.bn_folded, "folded {} BatchNormalization into weights"),
@@ -300,6 +310,7 @@ impl Builder<'_> {
         }
         let outs = match op {
             Op::Transpose { perm } => self.transpose_as_reshape(id, &inputs, perm)?,
+            Op::Gather { axis } => self.gather_as_slice(id, &inputs, *axis)?,
             Op::Gemm {
                 alpha,
                 beta,
@@ -413,6 +424,58 @@ impl Builder<'_> {
             name.clone(),
         )?;
         self.counts.transposes_as_reshapes += 1;
+        Ok(Some(vec![y]))
+    }
+
+    /// A Slice for a Gather along `axis` whose indices are a constant 1-D run `s, s+1, ...,
+    /// s+n-1` (negative ones counted from the end, as Gather does): the same elements.
+    fn gather_as_slice(
+        &mut self,
+        id: NodeId,
+        inputs: &[Option<ValueId>],
+        axis: i64,
+    ) -> Result<Option<Vec<ValueId>>, IrError> {
+        let node = self.src.node(id);
+        let (Some(x), Some(indices)) = (inputs[0], inputs[1]) else {
+            return Ok(None);
+        };
+        let Some(t) = self.dst.known_value(indices) else {
+            return Ok(None);
+        };
+        let shape = self.dst.value_type(x).fixed_shape();
+        let rank = shape.as_ref().map_or(0, Vec::len) as i64;
+        if t.shape().len() != 1 || t.shape()[0] == 0 || !(-rank..rank).contains(&axis) {
+            return Ok(None);
+        }
+        let axis = axis.rem_euclid(rank) as usize;
+        let extent = shape.expect("rank > 0")[axis] as i64;
+        let wrapped: Vec<i64> = t
+            .to_i64_vec()
+            .into_iter()
+            .map(|i| if i < 0 { i + extent } else { i })
+            .collect();
+        let start = wrapped[0];
+        let run = wrapped.iter().enumerate().all(|(k, &i)| i == start + k as i64);
+        if start < 0 || !run || start + wrapped.len() as i64 > extent {
+            return Ok(None);
+        }
+        let name = node.outputs[0].name.clone();
+        let one = |me: &mut Self, what: &str, v: i64| {
+            me.constant(
+                &format!("{name}.{what}"),
+                Arc::new(Tensor::from_vec(vec![1], vec![v])),
+            )
+        };
+        let starts = one(self, "starts", start);
+        let ends = one(self, "ends", start + wrapped.len() as i64);
+        let axes = one(self, "axes", axis as i64);
+        let y = self.dst.add(
+            node.name.clone(),
+            Op::Slice,
+            vec![Some(x), Some(starts), Some(ends), Some(axes)],
+            name,
+        )?;
+        self.counts.gathers_as_slices += 1;
         Ok(Some(vec![y]))
     }
 
@@ -1365,6 +1428,32 @@ mod tests {
             (count(&new, "Reshape"), count(&new, "Transpose")),
             (1, 1),
             "{new}"
+        );
+    }
+
+    #[test]
+    fn gathers_of_consecutive_indices_become_slices() {
+        let mut g = Graph::new("t");
+        let x = g.add_input("x", TensorType::fixed(DType::F32, &[2, 6, 3]));
+        for (name, idx, axis) in [
+            ("run", vec![1i64, 2, 3], 1),
+            ("negative", vec![-3, -2, -1], -2),
+            ("gap", vec![0, 2], 1),
+            ("descending", vec![2, 1], 1),
+        ] {
+            let i = g.add_const(format!("{name}_i"), Tensor::from_vec(vec![idx.len()], idx));
+            let y = g
+                .add(name, Op::Gather { axis }, vec![Some(x), Some(i)], name)
+                .unwrap();
+            g.add_output(name, y);
+        }
+        let (new, counts) = frozen(&g);
+        assert_eq!(counts.gathers_as_slices, 2, "{new}");
+        assert_eq!((count(&new, "Slice"), count(&new, "Gather")), (2, 2), "{new}");
+        let inputs = input_values(&g);
+        assert_eq!(
+            kiln_ir::eval::eval_graph(&new, inputs.clone()).unwrap(),
+            kiln_ir::eval::eval_graph(&g, inputs).unwrap()
         );
     }
 
