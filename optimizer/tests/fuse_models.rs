@@ -147,6 +147,12 @@ fn golden_layer_norm() {
 }
 
 #[test]
+fn golden_rms_norm() {
+    golden("rmsnorm_t5", &["RMSNormalization"], 1);
+    golden("rmsnorm_reciprocal", &["RMSNormalization"], 1);
+}
+
+#[test]
 fn golden_softmax() {
     golden("softmax_stable", &["Softmax"], 1);
     golden("softmax_reciprocal", &["Softmax"], 1);

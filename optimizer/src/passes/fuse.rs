@@ -1,8 +1,9 @@
-//! `fuse`: recognises decomposed exports of LayerNorm, Softmax and GELU and the attention
+//! `fuse`: recognises decomposed exports of LayerNorm, RMSNorm, Softmax and GELU and the attention
 //! pattern `MatMul(Q, Kᵀ) → scale → (+ mask) → Softmax → MatMul(·, V)` (the scale may instead
 //! multiply Q and Kᵀ, and the softmax may be guarded by `Where(IsNaN(p), 0, p)`, as PyTorch's
 //! exports of `scaled_dot_product_attention` write it), and replaces each by
-//! one existing IR operator (`LayerNorm`, `Softmax`, `Unary::Gelu`, `Attention`), so the
+//! one existing IR operator (`LayerNorm`, `RMSNormalization`, `Softmax`, `Unary::Gelu`,
+//! `Attention`), so the
 //! interpreter and the verifier check the rewrite and codegen picks one kernel for it.
 //!
 //! Matching reads the source graph; the rewrite copies it, emitting the fused node at the
@@ -20,7 +21,8 @@ mod views;
 
 use crate::Pass;
 use kiln_ir::{
-    AttentionAttrs, Binary, DType, Graph, IrError, Node, NodeId, Op, ReduceKind, Tensor, Unary, ValueId,
+    AttentionAttrs, Binary, DType, Graph, IrError, MiscOp, Node, NodeId, Op, ReduceKind, Tensor, Unary,
+    ValueId,
 };
 use std::collections::{HashMap, HashSet};
 
@@ -67,6 +69,13 @@ enum Fused {
         x: ValueId,
         scale: Option<ValueId>,
         bias: Option<ValueId>,
+        axis: usize,
+        epsilon: f32,
+    },
+    /// RMSNormalization: `x / sqrt(mean(x²) + eps) · scale` over the axes from `axis`.
+    RmsNorm {
+        x: ValueId,
+        scale: Option<ValueId>,
         axis: usize,
         epsilon: f32,
     },
@@ -119,6 +128,7 @@ impl Fused {
             Fused::LayerNorm { x, scale, bias, .. } => {
                 [Some(*x), *scale, *bias].into_iter().flatten().collect()
             }
+            Fused::RmsNorm { x, scale, .. } => [Some(*x), *scale].into_iter().flatten().collect(),
             Fused::Softmax { x, .. } | Fused::Gelu { x, .. } | Fused::ProjectionSlice { x, .. } => {
                 vec![*x]
             }
@@ -310,6 +320,7 @@ impl<'g> Cx<'g> {
             }
             let found = self
                 .layer_norm(v)
+                .or_else(|| self.rms_norm(v))
                 .or_else(|| self.softmax(v))
                 .or_else(|| self.gelu(v));
             if let Some((f, interior)) = found {
@@ -412,6 +423,90 @@ impl<'g> Cx<'g> {
             },
             interior,
         ))
+    }
+
+    /// `x / sqrt(mean(x²) + eps) [* scale]` over the trailing axes (RMSNorm, as T5 and Llama
+    /// write it: `x * rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)`); the division may be a
+    /// multiplication by `Reciprocal(Sqrt(..))` or by `1 / Sqrt(..)`.
+    fn rms_norm(&self, root: ValueId) -> Option<(Fused, Vec<NodeId>)> {
+        let mut interior = vec![];
+        let mut cur = root;
+        let mut scale = None;
+        if let Some((a, b)) = self.binary(cur, Binary::Mul) {
+            let (n, p) = if self.rms_div(a).is_some() { (a, b) } else { (b, a) };
+            if self.rms_div(n).is_some() {
+                scale = Some(p);
+                interior.push(cur.node);
+                cur = n;
+            }
+        }
+        let (x, s, reciprocal) = self.rms_div(cur)?;
+        interior.push(cur.node);
+        interior.extend(reciprocal);
+        let e = self.unary(s, Unary::Sqrt)?;
+        interior.push(s.node);
+        let (va, ea) = self.binary(e, Binary::Add)?;
+        let (var, eps) = match (self.scalar(va), self.scalar(ea)) {
+            (None, Some(c)) => (va, c),
+            (Some(c), None) => (ea, c),
+            _ => return None,
+        };
+        interior.push(e.node);
+        let (sq, axes) = self.reduce_axis(var, ReduceKind::Mean)?;
+        interior.push(var.node);
+        match (self.binary(sq, Binary::Pow), self.binary(sq, Binary::Mul)) {
+            (Some((b, p)), _) if b == x && self.is_const(p, 2.0) => {}
+            (_, Some((a, b))) if a == x && b == x => {}
+            _ => return None,
+        }
+        interior.push(sq.node);
+        let xs = self.g.value_type(x).clone();
+        let axis = axes[0];
+        if !self.float(x) || axes != (axis..xs.rank()).collect::<Vec<_>>() {
+            return None;
+        }
+        if self.g.value_type(root) != &xs || self.g.value_type(cur) != &xs {
+            return None;
+        }
+        if let Some(p) = scale {
+            let t = self.g.value_type(p);
+            if t.dtype != xs.dtype || !row_param(&t.shape, &xs.shape, axis) {
+                return None;
+            }
+        }
+        let epsilon = eps as f32;
+        if epsilon.is_nan() || epsilon < 0.0 {
+            return None;
+        }
+        Some((
+            Fused::RmsNorm {
+                x,
+                scale,
+                axis,
+                epsilon,
+            },
+            interior,
+        ))
+    }
+
+    /// `x / s`, `x * Reciprocal(s)` or `x * (1 / s)` (either operand order) where `s =
+    /// Sqrt(..)`: returns `(x, s, the reciprocal's node if there is one)`.
+    fn rms_div(&self, v: ValueId) -> Option<(ValueId, ValueId, Option<NodeId>)> {
+        if let Some((x, s)) = self.binary(v, Binary::Div) {
+            self.unary(s, Unary::Sqrt)?;
+            return Some((x, s, None));
+        }
+        let (a, b) = self.binary(v, Binary::Mul)?;
+        for (x, r) in [(a, b), (b, a)] {
+            let s = match self.binary(r, Binary::Div) {
+                Some((one, s)) if self.is_const(one, 1.0) => Some(s),
+                _ => self.unary(r, Unary::Reciprocal),
+            };
+            if let Some(s) = s.filter(|&s| self.unary(s, Unary::Sqrt).is_some()) {
+                return Some((x, s, Some(r.node)));
+            }
+        }
+        None
     }
 
     fn is_norm_div(&self, v: ValueId) -> bool {
@@ -706,6 +801,30 @@ fn apply(src: &Graph, fused: &HashMap<NodeId, Fused>) -> Result<Graph, IrError> 
     Ok(dst)
 }
 
+/// Ones over `x`'s axes from `axis`: the scale a normalization operator needs when the pattern
+/// had none.
+fn unit_scale(
+    dst: &mut Graph,
+    x: ValueId,
+    axis: usize,
+    name: &str,
+    out: &str,
+    op: &str,
+) -> Result<ValueId, IrError> {
+    let ty = dst.value_type(x).clone();
+    let shape: Vec<usize> = ty
+        .fixed_shape()
+        .map(|s| s[axis..].to_vec())
+        .ok_or_else(|| IrError::node(name, op, "normalised axes must be static"))?;
+    let n = shape.iter().product();
+    let ones = Tensor::new(
+        shape,
+        kiln_ir::tensor::TensorData::from_f64s(ty.dtype, vec![1.0; n]),
+    )
+    .map_err(|e| IrError::node(name, op, e.to_string()))?;
+    Ok(dst.add_const(format!("{out}.scale"), ones))
+}
+
 /// Adds the fused operator for `root` (named after it, its output keeping the root's name).
 fn emit(
     dst: &mut Graph,
@@ -727,21 +846,7 @@ fn emit(
             let x = m(x);
             let scale = match scale {
                 Some(s) => m(s),
-                None => {
-                    // LayerNorm needs a scale: ones over the normalised axes.
-                    let ty = dst.value_type(x).clone();
-                    let shape: Vec<usize> =
-                        ty.fixed_shape().map(|s| s[*axis..].to_vec()).ok_or_else(|| {
-                            IrError::node(&name, "LayerNormalization", "normalised axes must be static")
-                        })?;
-                    let n = shape.iter().product();
-                    let ones = Tensor::new(
-                        shape,
-                        kiln_ir::tensor::TensorData::from_f64s(ty.dtype, vec![1.0; n]),
-                    )
-                    .map_err(|e| IrError::node(&name, "LayerNormalization", e.to_string()))?;
-                    dst.add_const(format!("{out}.scale"), ones)
-                }
+                None => unit_scale(dst, x, *axis, &name, &out, "LayerNormalization")?,
             };
             dst.add(
                 name,
@@ -751,6 +856,28 @@ fn emit(
                     stash_type: DType::F32,
                 },
                 vec![Some(x), Some(scale), bias.as_ref().map(m)],
+                out,
+            )
+        }
+        Fused::RmsNorm {
+            x,
+            scale,
+            axis,
+            epsilon,
+        } => {
+            let x = m(x);
+            let scale = match scale {
+                Some(s) => m(s),
+                None => unit_scale(dst, x, *axis, &name, &out, "RMSNormalization")?,
+            };
+            dst.add(
+                name,
+                Op::Misc(MiscOp::RmsNorm {
+                    axis: *axis as i64,
+                    epsilon: *epsilon,
+                    stash_type: DType::F32,
+                }),
+                vec![Some(x), Some(scale)],
                 out,
             )
         }
