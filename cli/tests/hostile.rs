@@ -429,3 +429,35 @@ fn absurd_output_sizes_are_invalid_at_import() {
         assert!(!exe.exists());
     }
 }
+
+/// A model named by its bare file name, from its own folder (`kiln run m.onnx`): its folder
+/// is the current one, and its external data is read from there (the file's parent is the
+/// empty path, which is not a folder).
+#[test]
+fn external_data_of_a_model_named_from_its_own_folder_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let w: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    std::fs::write(dir.path().join("w.bin"), w).unwrap();
+    write_model(dir.path(), "m.onnx", &external_data_model("w.bin"));
+    kiln_frontend::npy::write_npy(
+        &dir.path().join("x.npy"),
+        &kiln_ir::Tensor::from_vec(vec![1, 4], vec![0.5f32; 4]),
+    )
+    .unwrap();
+    for args in [
+        &["run", "m.onnx", "--reference", "--input", "x.npy"][..],
+        &["inspect", "m.onnx"],
+    ] {
+        let out = run_bounded(kiln().current_dir(dir.path()).args(args), Duration::from_secs(60));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "kiln {}: {stderr}", args.join(" "));
+        assert!(!stderr.contains("cannot be resolved"), "{stderr}");
+        if args[0] == "run" {
+            assert!(stdout.contains("4.5"), "y = x + w: {stdout}");
+        }
+    }
+}

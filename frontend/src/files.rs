@@ -71,6 +71,15 @@ pub fn read_regular(path: &Path) -> io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
+/// The folder a model file's external data is read from: the file's parent, or the current
+/// folder for a bare file name (`model.onnx`, whose parent is the empty path).
+pub fn model_folder(model: &Path) -> PathBuf {
+    match model.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
 /// Opens `location`, a path written inside a model, relative to the model's folder `base`.
 ///
 /// Refused: absolute paths and `..` (by their text), then any path whose real location — after
@@ -86,6 +95,11 @@ pub fn open_inside(base: &Path, location: &str) -> Result<(PathBuf, File), Strin
     {
         return Err("must be a relative path inside the model's folder".into());
     }
+    let base = if base.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        base
+    };
     let base_real = base
         .canonicalize()
         .map_err(|e| format!("cannot be resolved: the model's folder {}: {e}", base.display()))?;

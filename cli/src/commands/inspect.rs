@@ -108,7 +108,7 @@ pub fn run(args: Args) -> Result<()> {
         import_error: None,
     };
     let opts = args.model.import_options()?;
-    let base = path.parent().map(|p| p.to_path_buf()).unwrap_or_default();
+    let base = kiln_frontend::files::model_folder(path);
     match kiln_frontend::onnx::import_model(&proto, base, &opts) {
         Ok(model) => {
             let graph = &model.graph;

@@ -81,11 +81,7 @@ pub fn default_opset(model: &proto::ModelProto) -> Result<i64> {
 /// Loads an ONNX model file (external data is read relative to its folder) and imports it.
 pub fn load_model(path: &Path, opts: &ImportOptions) -> Result<Model> {
     let model = read_model_proto(path)?;
-    let base = path
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("."));
-    import_model(&model, base, opts)
+    import_model(&model, crate::files::model_folder(path), opts)
 }
 
 /// Decodes and imports a model held in memory (a fuzzer's input, an embedded model); external

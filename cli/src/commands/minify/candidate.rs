@@ -43,7 +43,7 @@ pub struct Base {
 impl Base {
     pub fn load(path: &Path, opts: &ImportOptions) -> Result<Base> {
         let mut model = kiln_frontend::onnx::read_model_proto(path)?;
-        let base_dir = path.parent().map(Path::to_path_buf).unwrap_or_else(|| ".".into());
+        let base_dir = kiln_frontend::files::model_folder(path);
         // kiln's own type inference, with the user's shape bindings and weights, types the
         // values that become inputs of a reduced model; declared value infos fill gaps (values
         // downstream of a node kiln cannot import).
