@@ -17,9 +17,20 @@ const ALIGN: u64 = 64;
 const EHDR: u64 = 64;
 const SHDR: u64 = 64;
 const SYM: u64 = 24;
+/// On x86-64 the weights are a *large* section (`.lrodata`, `SHF_X86_64_LARGE`): linkers place
+/// those after every other section, so that gigabytes of weights never come between the code
+/// and its GOT or data, which the small code model reaches with 32-bit offsets (a model of more
+/// than 2 GiB of weights otherwise fails to link). The code reads the weights through a base
+/// pointer it loads at run time (`emit::run`), so their own distance does not matter.
+pub(crate) const SECTION_NAME_X86_64: &str = ".lrodata.kiln_weights";
+/// AArch64 has no large sections; its code reaches ±4 GiB.
 const SECTION_NAME: &str = ".rodata.kiln_weights";
-/// Section names, in section-header order after the null section.
-const SHSTRTAB: &[u8] = b"\0.rodata.kiln_weights\0.symtab\0.strtab\0.shstrtab\0.note.GNU-stack\0";
+/// `SHF_X86_64_LARGE`.
+const SHF_X86_64_LARGE: u64 = 0x1000_0000;
+/// Section names (the weights section's under either name), in section-header order after the
+/// null section.
+const SHSTRTAB: &[u8] =
+    b"\0.rodata.kiln_weights\0.lrodata.kiln_weights\0.symtab\0.strtab\0.shstrtab\0.note.GNU-stack\0";
 
 /// The symbol a model's separate weights object defines (unique per model, so that several
 /// models' static libraries link into one program).
@@ -79,7 +90,7 @@ pub fn write(w: &mut impl Write, arch: Arch, symbol: &str, data: &[u8]) -> std::
     let l = layout(symbol, data.len() as u64);
     w.write_all(&header(arch, &l))?;
     w.write_all(data)?;
-    w.write_all(&tail(symbol, &l))
+    w.write_all(&tail(arch, symbol, &l))
 }
 
 /// The ELF header (`DATA_OFFSET` bytes): the data follows it.
@@ -106,7 +117,7 @@ fn header(arch: Arch, l: &Layout) -> Vec<u8> {
 }
 
 /// Everything after the data: padding, the symbol and string tables, the section headers.
-fn tail(symbol: &str, l: &Layout) -> Vec<u8> {
+fn tail(arch: Arch, symbol: &str, l: &Layout) -> Vec<u8> {
     let data_end = DATA_OFFSET + l.data_len;
     let mut t = vec![0u8; (l.symtab - data_end) as usize];
 
@@ -158,12 +169,16 @@ fn tail(symbol: &str, l: &Layout) -> Vec<u8> {
         t.extend_from_slice(&ent.to_le_bytes());
     }
     t.extend_from_slice(&[0u8; SHDR as usize]);
-    // SHT_PROGBITS, SHF_ALLOC
+    // SHT_PROGBITS, SHF_ALLOC (and SHF_X86_64_LARGE)
+    let (section, flags) = match arch {
+        Arch::X86_64 => (SECTION_NAME_X86_64, 2 | SHF_X86_64_LARGE),
+        _ => (SECTION_NAME, 2),
+    };
     shdr(
         &mut t,
-        name(SECTION_NAME),
+        name(section),
         1,
-        2,
+        flags,
         DATA_OFFSET,
         l.data_len,
         0,
@@ -240,7 +255,9 @@ impl ObjectWriter {
             self.data_len = 1;
         }
         let l = layout(&self.object.symbol, self.data_len);
-        self.file.write_all(&tail(&self.object.symbol, &l)).map_err(io)?;
+        self.file
+            .write_all(&tail(self.arch, &self.object.symbol, &l))
+            .map_err(io)?;
         self.file.seek(SeekFrom::Start(0)).map_err(io)?;
         self.file.write_all(&header(self.arch, &l)).map_err(io)?;
         self.file.flush().map_err(io)?;

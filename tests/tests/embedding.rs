@@ -187,3 +187,65 @@ fn header_with_hostile_names_compiles_as_c_and_cpp() {
         );
     }
 }
+
+/// Weights of more than 2 GiB link: on x86-64 they lie in a large section (`.lrodata`, which
+/// linkers place after everything else, so that the code's 32-bit offsets to its GOT and data
+/// stay short), and the code reaches them only through a base pointer loaded at run time, so
+/// that no 32-bit PC-relative offset to a weight is ever needed. Checked on a small model's
+/// executable (the section and where the symbol lies) and static library (the kind of every
+/// relocation against the weights).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn weights_lie_in_a_large_section_read_through_a_base_pointer() {
+    let work = WorkDir::new("large");
+    let f = fixture("resnet_basic_tiny");
+    let model = f.load().unwrap();
+    let tool = |args: &[&str], file: &std::path::Path| -> String {
+        let o = Command::new(args[0])
+            .args(&args[1..])
+            .arg(file)
+            .output()
+            .unwrap_or_else(|e| panic!("{} (binutils) runs: {e}", args[0]));
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let exe = work.0.join("tiny");
+    compile_graph(&model.graph, "tiny", Emit::Exe, &exe).unwrap();
+    let sections = tool(&["readelf", "-SW"], &exe);
+    let large = sections
+        .lines()
+        .find(|l| l.contains(" .lrodata "))
+        .unwrap_or_else(|| panic!("no .lrodata section:\n{sections}"));
+    // [Nr] Name Type Address Off Size ...
+    let cols: Vec<&str> = large.split(']').nth(1).unwrap().split_whitespace().collect();
+    let start = u64::from_str_radix(cols[2], 16).unwrap();
+    let size = u64::from_str_radix(cols[4], 16).unwrap();
+    let symbols = tool(&["nm"], &exe);
+    let weights = symbols
+        .lines()
+        .find(|l| l.ends_with(" tiny_kiln_weights"))
+        .unwrap_or_else(|| panic!("no weights symbol:\n{symbols}"));
+    let at = u64::from_str_radix(weights.split_whitespace().next().unwrap(), 16).unwrap();
+    assert!(
+        (start..start + size).contains(&at),
+        "the weights ({at:#x}) lie outside .lrodata ({start:#x}, {size:#x} bytes)"
+    );
+    compile_graph(&model.graph, "tiny", Emit::StaticLib, &work.0.join("tiny")).unwrap();
+    let relocations = tool(&["readelf", "-rW"], &work.0.join("libtiny.a"));
+    let to_weights: Vec<&str> = relocations
+        .lines()
+        .filter(|l| l.contains("kiln_weights") || l.contains(".lrodata"))
+        .collect();
+    assert!(
+        !to_weights.is_empty(),
+        "no relocation against the weights:\n{relocations}"
+    );
+    let short: Vec<&&str> = to_weights
+        .iter()
+        .filter(|l| !l.contains("R_X86_64_64 "))
+        .collect();
+    assert!(
+        short.is_empty(),
+        "relocations against the weights that are not 64-bit absolute: {short:#?}"
+    );
+}

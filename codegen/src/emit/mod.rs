@@ -473,6 +473,10 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
             .const_string(if bytes.is_empty() { &[0u8] } else { bytes }, false);
         let g = self.const_global("kiln.weights", v.into(), 64);
         g.set_unnamed_addr(false);
+        if self.parts.target.arch == crate::target::Arch::X86_64 {
+            // A large section, as the weights object's (see `crate::weights_object`).
+            g.set_section(Some(crate::weights_object::SECTION_NAME_X86_64));
+        }
         g
     }
 }

@@ -44,6 +44,37 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
     /// many kernels each: one function with a block per kernel (its call, its failure exit, its
     /// profiling hooks) costs LLVM time that grows faster than the kernel count, so the run
     /// function's size stays bounded however large the graph.
+    /// The address of the weights global, read at run time from a pointer variable that
+    /// holds it (`kiln.weights_base`, filled in by the loader), so that every weight's address
+    /// is that base plus an offset in a 64-bit register. Written as the global's address, the
+    /// compiler folds each offset into a 32-bit displacement from the code, which cannot reach
+    /// past 2 GiB of weights (and cannot reach them at all once the linker has put them, as a
+    /// large section, after everything else: see `weights_object`). The load is volatile so
+    /// that it stays a load.
+    fn weights_base(&self, weights: GlobalValue<'ctx>) -> Result<PointerValue<'ctx>> {
+        let ptr = self.ptr();
+        let name = format!("{}.base", weights.get_name().to_string_lossy());
+        let base = match self.module.get_global(&name) {
+            Some(g) => g,
+            None => {
+                let g = self.module.add_global(ptr, None, &name);
+                g.set_initializer(&weights.as_pointer_value());
+                g.set_linkage(Linkage::Internal);
+                g
+            }
+        };
+        let load = self
+            .builder
+            .build_load(ptr, base.as_pointer_value(), "weights")
+            .map_err(llvm)?;
+        load.into_pointer_value()
+            .as_instruction()
+            .ok_or_else(|| CodegenError::internal("a load is an instruction"))?
+            .set_volatile(true)
+            .map_err(llvm)?;
+        Ok(load.into_pointer_value())
+    }
+
     pub(super) fn run_function(
         &self,
         kernels: &[FunctionValue<'ctx>],
@@ -87,7 +118,7 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
             false => None,
         };
         let weights = match weights {
-            Some(g) => g.as_pointer_value(),
+            Some(g) => self.weights_base(g)?,
             None => b
                 .build_call(
                     runtime_fn(self.cx, self.module, "kiln_rt_weights"),
