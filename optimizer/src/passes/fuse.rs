@@ -367,25 +367,7 @@ impl<'g> Cx<'g> {
         if sq.1 != sq.0 {
             interior.push(sq.1.node);
         }
-        let s = sq.0;
-        let e = self.unary(s, Unary::Sqrt)?;
-        interior.push(s.node);
-        let (va, ea) = self.binary(e, Binary::Add)?;
-        let (var, eps) = match (self.scalar(va), self.scalar(ea)) {
-            (None, Some(c)) => (va, c),
-            (Some(c), None) => (ea, c),
-            _ => return None,
-        };
-        interior.push(e.node);
-        let (sqd, axes) = self.reduce_axis(var, ReduceKind::Mean)?;
-        interior.push(var.node);
-        // (d)^2 as Pow(d, 2) or Mul(d, d)
-        match (self.binary(sqd, Binary::Pow), self.binary(sqd, Binary::Mul)) {
-            (Some((b, p)), _) if b == d && self.is_const(p, 2.0) => {}
-            (_, Some((a, b))) if a == d && b == d => {}
-            _ => return None,
-        }
-        interior.push(sqd.node);
+        let (axes, eps) = self.root_mean_square(sq.0, d, &mut interior)?;
         let (x, m) = self.binary(d, Binary::Sub)?;
         interior.push(d.node);
         let (mx, maxes) = self.reduce_axis(m, ReduceKind::Mean)?;
@@ -443,23 +425,7 @@ impl<'g> Cx<'g> {
         let (x, s, reciprocal) = self.rms_div(cur)?;
         interior.push(cur.node);
         interior.extend(reciprocal);
-        let e = self.unary(s, Unary::Sqrt)?;
-        interior.push(s.node);
-        let (va, ea) = self.binary(e, Binary::Add)?;
-        let (var, eps) = match (self.scalar(va), self.scalar(ea)) {
-            (None, Some(c)) => (va, c),
-            (Some(c), None) => (ea, c),
-            _ => return None,
-        };
-        interior.push(e.node);
-        let (sq, axes) = self.reduce_axis(var, ReduceKind::Mean)?;
-        interior.push(var.node);
-        match (self.binary(sq, Binary::Pow), self.binary(sq, Binary::Mul)) {
-            (Some((b, p)), _) if b == x && self.is_const(p, 2.0) => {}
-            (_, Some((a, b))) if a == x && b == x => {}
-            _ => return None,
-        }
-        interior.push(sq.node);
+        let (axes, eps) = self.root_mean_square(s, x, &mut interior)?;
         let xs = self.g.value_type(x).clone();
         let axis = axes[0];
         if !self.float(x) || axes != (axis..xs.rank()).collect::<Vec<_>>() {
@@ -487,6 +453,35 @@ impl<'g> Cx<'g> {
             },
             interior,
         ))
+    }
+
+    /// `s = Sqrt(ReduceMean(v², axes) + eps)` (the square a Pow by 2 or `v * v`), the
+    /// denominator of LayerNorm (v centred) and RMSNorm: returns the axes and eps, adding the
+    /// chain's nodes to `interior`.
+    fn root_mean_square(
+        &self,
+        s: ValueId,
+        v: ValueId,
+        interior: &mut Vec<NodeId>,
+    ) -> Option<(Vec<usize>, f64)> {
+        let e = self.unary(s, Unary::Sqrt)?;
+        interior.push(s.node);
+        let (va, ea) = self.binary(e, Binary::Add)?;
+        let (var, eps) = match (self.scalar(va), self.scalar(ea)) {
+            (None, Some(c)) => (va, c),
+            (Some(c), None) => (ea, c),
+            _ => return None,
+        };
+        interior.push(e.node);
+        let (sq, axes) = self.reduce_axis(var, ReduceKind::Mean)?;
+        interior.push(var.node);
+        match (self.binary(sq, Binary::Pow), self.binary(sq, Binary::Mul)) {
+            (Some((b, p)), _) if b == v && self.is_const(p, 2.0) => {}
+            (_, Some((a, b))) if a == v && b == v => {}
+            _ => return None,
+        }
+        interior.push(sq.node);
+        Some((axes, eps))
     }
 
     /// `x / s`, `x * Reciprocal(s)` or `x * (1 / s)` (either operand order) where `s =
