@@ -109,3 +109,79 @@ fn executable_checks_file_size_before_allocating() {
     assert!(err.contains("the file has 16"), "{err}");
     assert!(!err.contains("out of memory"), "{err}");
 }
+
+/// GatherElements by run-time indices, along the last axis (the row-by-row kernel) and along
+/// another (the general one): the executable matches the interpreter, and an index out of range
+/// — a negative one wraps — fails the run with the node and the index named, never a crash or a
+/// read outside the data.
+#[test]
+fn gather_elements_checks_its_run_time_indices() {
+    use kiln_ir::{DType, Graph, Op, TensorType};
+    let w = WorkDir::new("gather_elements");
+    for axis in [2i64, 1] {
+        let mut g = Graph::new("g");
+        let data = g.add_input("data", TensorType::fixed(DType::F32, &[2, 3, 5]));
+        let idx = g.add_input("idx", TensorType::fixed(DType::I64, &[2, 3, 4]));
+        let y = g
+            .add(
+                "pick",
+                Op::GatherElements { axis },
+                vec![Some(data), Some(idx)],
+                "y",
+            )
+            .unwrap();
+        g.add_output("y", y);
+        let exe = w.0.join(format!("ge{axis}"));
+        compile_graph(&g, "ge", Emit::Exe, &exe).unwrap();
+        let extent = if axis == 2 { 5 } else { 3 };
+        let x = Tensor::from_vec(
+            vec![2, 3, 5],
+            (0..30).map(|i| i as f32 * 0.5).collect::<Vec<f32>>(),
+        );
+        let good: Vec<i64> = (0..24).map(|i| (i * 7 % (2 * extent)) - extent).collect();
+        let bad: Vec<i64> = good
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| if i == 17 { extent } else { v })
+            .collect();
+        let (xp, gp, bp, out) = (
+            w.0.join("x.npy"),
+            w.0.join("good.npy"),
+            w.0.join("bad.npy"),
+            w.0.join("out"),
+        );
+        kiln_frontend::npy::write_npy(&xp, &x).unwrap();
+        kiln_frontend::npy::write_npy(&gp, &Tensor::from_vec(vec![2, 3, 4], good.clone())).unwrap();
+        kiln_frontend::npy::write_npy(&bp, &Tensor::from_vec(vec![2, 3, 4], bad)).unwrap();
+        let arg = |name: &str, p: &Path| format!("{name}={}", p.display());
+        let (code, err) = run(
+            &exe,
+            &[
+                "-i".into(),
+                arg("data", &xp),
+                "-i".into(),
+                arg("idx", &gp),
+                "-o".into(),
+                out.display().to_string(),
+            ],
+        );
+        assert_eq!(code, 0, "axis {axis}: {err}");
+        let want =
+            kiln_ir::eval::eval_graph(&g, vec![x.clone(), Tensor::from_vec(vec![2, 3, 4], good)]).unwrap();
+        let got = kiln_frontend::npy::read_npy(&out.join("y.npy")).unwrap();
+        assert_eq!(got, want[0], "axis {axis}");
+        let (code, err) = run(
+            &exe,
+            &["-i".into(), arg("data", &xp), "-i".into(), arg("idx", &bp)],
+        );
+        assert_ne!(code, 0, "axis {axis}: an out-of-range index must fail the run");
+        assert!(
+            err.contains("pick") && err.contains(&format!("index {extent} out of range")),
+            "axis {axis}: {err}"
+        );
+        assert!(
+            !err.contains("panicked") && err.lines().count() == 1,
+            "axis {axis}: {err}"
+        );
+    }
+}
