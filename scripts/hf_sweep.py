@@ -6,7 +6,8 @@ slowly or not at all:
     python scripts/hf_sweep.py DIR [MODEL ...]          # a Python with torch and transformers
     python3 scripts/bench.py --models-dir DIR --runs 5 --rounds 2
 
-MODEL (default: all): deberta_v3 (DeBERTa-v2 config: 1536 wide, 24 layers, 2.9 GiB), t5_encoder
+MODEL (default: all): deberta_v3 (the DeBERTa-v2 config's defaults: 1536 wide, 24 layers, 2.9
+GiB), deberta_v3_base (the same attention at 768 wide, 12 layers), t5_encoder
 (t5-small), vit (ViT-base, 224), swin (Swin-tiny), distilbert, convnext (ConvNeXt-tiny),
 wav2vec2 (base, 1 s of audio), whisper_enc (Whisper-base encoder, 30 s of mel frames),
 clip_text (77 tokens). Text models get 128 tokens, the last 28 masked. Each export is
@@ -23,7 +24,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_exports  # noqa: E402
 
-MODELS = ["deberta_v3", "t5_encoder", "vit", "swin", "distilbert", "convnext", "wav2vec2",
+MODELS = ["deberta_v3", "deberta_v3_base", "t5_encoder", "vit", "swin", "distilbert", "convnext", "wav2vec2",
           "whisper_enc", "clip_text"]
 
 
@@ -39,10 +40,12 @@ def make(name: str):
     mask[0, -28:] = 0
     text = {"input_ids": ids, "attention_mask": mask}
     image = {"pixel_values": torch.randn(1, 3, 224, 224)}
-    if name == "deberta_v3":
+    if name in ("deberta_v3", "deberta_v3_base"):
+        base = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
         cfg = T.DebertaV2Config(vocab_size=30000, relative_attention=True, pos_att_type=["p2c", "c2p"],
                                 position_buckets=256, max_relative_positions=-1,
-                                norm_rel_ebd="layer_norm", share_att_key=True)
+                                norm_rel_ebd="layer_norm", share_att_key=True,
+                                **(base if name == "deberta_v3_base" else {}))
         return T.DebertaV2Model(cfg), text
     if name == "t5_encoder":
         return T.T5EncoderModel(T.T5Config(vocab_size=32128)), text
