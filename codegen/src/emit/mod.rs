@@ -122,7 +122,10 @@ pub fn build_module<'ctx>(
         parts,
     };
     let external = parts.api.weights_file.is_some();
-    let weights = (!external).then(|| e.weights_global());
+    let weights = match external {
+        true => None,
+        false => Some(e.weights_global()?),
+    };
     let run = match parts.cuda {
         Some(_) => e.cuda_run_function()?,
         None => {
@@ -330,13 +333,13 @@ fn variant_module<'ctx>(
     };
     let weights = match shared_weights {
         Some(j) => {
-            let ty = cx.i8_type().array_type(parts.plan.weights.len().max(1) as u32);
+            let ty = cx.i8_type().array_type(declared_len(parts.plan.weights.len()));
             let g = module.add_global(ty, None, &variant_weights_name(j));
             g.set_linkage(Linkage::External);
             g
         }
         None => {
-            let g = e.weights_global();
+            let g = e.weights_global()?;
             g.set_name(&variant_weights_name(i));
             g.set_linkage(Linkage::External);
             g
@@ -452,22 +455,29 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
         self.const_global(name, arr.into(), 8).as_pointer_value()
     }
 
-    fn weights_global(&self) -> GlobalValue<'ctx> {
+    fn weights_global(&self) -> Result<GlobalValue<'ctx>> {
         let bytes = &self.parts.plan.weights;
         if let Some(symbol) = self.parts.weights_object {
             // Declared here, defined by the weights object (at least one byte, as below).
-            let ty = self.cx.i8_type().array_type(bytes.len().max(1) as u32);
+            let ty = self.cx.i8_type().array_type(declared_len(bytes.len()));
             let g = self.module.add_global(ty, None, symbol);
             g.set_linkage(Linkage::External);
             g.set_visibility(inkwell::GlobalVisibility::Hidden);
             g.set_alignment(64);
             g.set_constant(true);
-            return g;
+            return Ok(g);
         }
         // An empty array would make a zero-sized global; one byte keeps the symbol valid.
         let bytes = bytes
             .bytes()
             .expect("weights not streamed into an object are in memory");
+        if u32::try_from(bytes.len()).is_err() {
+            // LLVM's constant arrays count their elements in 32 bits.
+            return Err(CodegenError::Target(format!(
+                "{:.1} GiB of weights cannot be embedded in one LLVM module (at most 4 GiB): compile an executable or a library for one CPU (--cpu native or a named CPU), whose weights go in an object of their own, or write them to a file with --weights-out",
+                bytes.len() as f64 / (1u64 << 30) as f64
+            )));
+        }
         let v = self
             .cx
             .const_string(if bytes.is_empty() { &[0u8] } else { bytes }, false);
@@ -477,8 +487,16 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
             // A large section, as the weights object's (see `crate::weights_object`).
             g.set_section(Some(crate::weights_object::SECTION_NAME_X86_64));
         }
-        g
+        Ok(g)
     }
+}
+
+/// The element count a declaration of the weights gives them: their size, at least one byte
+/// and at most what LLVM's 32-bit array length holds. Only informational: the code reaches the
+/// weights through a base pointer loaded at run time (`emit::run`), never through the
+/// declared type.
+fn declared_len(bytes: usize) -> u32 {
+    u32::try_from(bytes.max(1)).unwrap_or(u32::MAX)
 }
 
 #[cfg(test)]
