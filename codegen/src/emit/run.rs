@@ -37,15 +37,8 @@ pub(super) fn keep_out_of_line<'ctx>(cx: &'ctx Context, kernels: &[FunctionValue
 }
 
 impl<'a, 'ctx> Emitter<'a, 'ctx> {
-    /// `i32 run(ptr ctx, ptr inputs, ptr outputs)`: every kernel in order, then output copies.
-    /// The weights are the embedded global, or (None) the context's mapped weights file.
-    ///
-    /// A model of more than `RUN_PART_KERNELS` kernels calls them from `noinline` parts of that
-    /// many kernels each: one function with a block per kernel (its call, its failure exit, its
-    /// profiling hooks) costs LLVM time that grows faster than the kernel count, so the run
-    /// function's size stays bounded however large the graph.
-    /// The address of the weights global, read at run time from a pointer variable that
-    /// holds it (`kiln.weights_base`, filled in by the loader), so that every weight's address
+    /// The address of the weights global, read at run time from a pointer variable that holds
+    /// it (`NAME_kiln_weights.base`, filled in by the loader), so that every weight's address
     /// is that base plus an offset in a 64-bit register. Written as the global's address, the
     /// compiler folds each offset into a 32-bit displacement from the code, which cannot reach
     /// past 2 GiB of weights (and cannot reach them at all once the linker has put them, as a
@@ -75,6 +68,13 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
         Ok(load.into_pointer_value())
     }
 
+    /// `i32 run(ptr ctx, ptr inputs, ptr outputs)`: every kernel in order, then output copies.
+    /// The weights are the embedded global, or (None) the context's mapped weights file.
+    ///
+    /// A model of more than `RUN_PART_KERNELS` kernels calls them from `noinline` parts of that
+    /// many kernels each: one function with a block per kernel (its call, its failure exit, its
+    /// profiling hooks) costs LLVM time that grows faster than the kernel count, so the run
+    /// function's size stays bounded however large the graph.
     pub(super) fn run_function(
         &self,
         kernels: &[FunctionValue<'ctx>],
