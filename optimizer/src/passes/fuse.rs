@@ -21,8 +21,8 @@ mod views;
 
 use crate::Pass;
 use kiln_ir::{
-    AttentionAttrs, Binary, DType, Graph, IrError, MiscOp, Node, NodeId, Op, ReduceKind, Tensor, Unary,
-    ValueId,
+    AttentionAttrs, Binary, DType, Graph, IrError, MiscOp, Node, NodeId, Op, ReduceKind, Tensor, TensorType,
+    Unary, ValueId,
 };
 use std::collections::{HashMap, HashSet};
 
@@ -385,16 +385,7 @@ impl<'g> Cx<'g> {
         if self.g.value_type(root) != &xs || self.g.value_type(d) != &xs {
             return None;
         }
-        for p in [scale, bias].into_iter().flatten() {
-            let t = self.g.value_type(p);
-            if t.dtype != xs.dtype || !row_param(&t.shape, &xs.shape, axis) {
-                return None;
-            }
-        }
-        let epsilon = eps as f32;
-        if epsilon.is_nan() || epsilon < 0.0 {
-            return None;
-        }
+        let epsilon = self.norm_epsilon(&xs, axis, &[scale, bias], eps)?;
         Some((
             Fused::LayerNorm {
                 x,
@@ -415,16 +406,18 @@ impl<'g> Cx<'g> {
         let mut cur = root;
         let mut scale = None;
         if let Some((a, b)) = self.binary(cur, Binary::Mul) {
-            let (n, p) = if self.rms_div(a).is_some() { (a, b) } else { (b, a) };
-            if self.rms_div(n).is_some() {
+            let (n, p) = if self.is_norm_div(a) { (a, b) } else { (b, a) };
+            if self.is_norm_div(n) {
                 scale = Some(p);
                 interior.push(cur.node);
                 cur = n;
             }
         }
-        let (x, s, reciprocal) = self.rms_div(cur)?;
+        let (x, (s, divisor)) = self.norm_div(cur)?;
         interior.push(cur.node);
-        interior.extend(reciprocal);
+        if divisor != s {
+            interior.push(divisor.node);
+        }
         let (axes, eps) = self.root_mean_square(s, x, &mut interior)?;
         let xs = self.g.value_type(x).clone();
         let axis = axes[0];
@@ -434,16 +427,7 @@ impl<'g> Cx<'g> {
         if self.g.value_type(root) != &xs || self.g.value_type(cur) != &xs {
             return None;
         }
-        if let Some(p) = scale {
-            let t = self.g.value_type(p);
-            if t.dtype != xs.dtype || !row_param(&t.shape, &xs.shape, axis) {
-                return None;
-            }
-        }
-        let epsilon = eps as f32;
-        if epsilon.is_nan() || epsilon < 0.0 {
-            return None;
-        }
+        let epsilon = self.norm_epsilon(&xs, axis, &[scale], eps)?;
         Some((
             Fused::RmsNorm {
                 x,
@@ -484,32 +468,12 @@ impl<'g> Cx<'g> {
         Some((axes, eps))
     }
 
-    /// `x / s`, `x * Reciprocal(s)` or `x * (1 / s)` (either operand order) where `s =
-    /// Sqrt(..)`: returns `(x, s, the reciprocal's node if there is one)`.
-    fn rms_div(&self, v: ValueId) -> Option<(ValueId, ValueId, Option<NodeId>)> {
-        if let Some((x, s)) = self.binary(v, Binary::Div) {
-            self.unary(s, Unary::Sqrt)?;
-            return Some((x, s, None));
-        }
-        let (a, b) = self.binary(v, Binary::Mul)?;
-        for (x, r) in [(a, b), (b, a)] {
-            let s = match self.binary(r, Binary::Div) {
-                Some((one, s)) if self.is_const(one, 1.0) => Some(s),
-                _ => self.unary(r, Unary::Reciprocal),
-            };
-            if let Some(s) = s.filter(|&s| self.unary(s, Unary::Sqrt).is_some()) {
-                return Some((x, s, Some(r.node)));
-            }
-        }
-        None
-    }
-
     fn is_norm_div(&self, v: ValueId) -> bool {
         self.norm_div(v).is_some()
     }
 
-    /// `d / s` or `d * Reciprocal(s)` (either operand order) where `s = Sqrt(..)`:
-    /// returns `(d, (s, the divisor value as read by the node))`.
+    /// `d / s`, `d * Reciprocal(s)` or `d * (1 / s)` (either operand order) where `s =
+    /// Sqrt(..)`: returns `(d, (s, the divisor value as read by the node))`.
     fn norm_div(&self, v: ValueId) -> Option<(ValueId, (ValueId, ValueId))> {
         if let Some((d, s)) = self.binary(v, Binary::Div) {
             self.unary(s, Unary::Sqrt)?;
@@ -517,13 +481,35 @@ impl<'g> Cx<'g> {
         }
         let (a, b) = self.binary(v, Binary::Mul)?;
         for (d, r) in [(a, b), (b, a)] {
-            if let Some(s) = self.unary(r, Unary::Reciprocal) {
-                if self.unary(s, Unary::Sqrt).is_some() {
-                    return Some((d, (s, r)));
-                }
+            let s = match self.binary(r, Binary::Div) {
+                Some((one, s)) if self.is_const(one, 1.0) => Some(s),
+                _ => self.unary(r, Unary::Reciprocal),
+            };
+            if let Some(s) = s.filter(|&s| self.unary(s, Unary::Sqrt).is_some()) {
+                return Some((d, (s, r)));
             }
         }
         None
+    }
+
+    /// The epsilon of a normalization of `xs` over the axes from `axis`, when every parameter
+    /// in `params` has its dtype and varies only along those axes and the epsilon is a
+    /// non-negative number.
+    fn norm_epsilon(
+        &self,
+        xs: &TensorType,
+        axis: usize,
+        params: &[Option<ValueId>],
+        eps: f64,
+    ) -> Option<f32> {
+        for p in params.iter().flatten() {
+            let t = self.g.value_type(*p);
+            if t.dtype != xs.dtype || !row_param(&t.shape, &xs.shape, axis) {
+                return None;
+            }
+        }
+        let epsilon = eps as f32;
+        (!epsilon.is_nan() && epsilon >= 0.0).then_some(epsilon)
     }
 
     /// `Exp(t) / ReduceSum(Exp(t))` (or `* Reciprocal(ReduceSum(..))`) over one axis, where
