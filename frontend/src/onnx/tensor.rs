@@ -83,17 +83,7 @@ fn nibble_tensor(
     };
     if t.data_location == 1 {
         let ext = ext.ok_or_else(|| err("refers to external data, which is not available here".into()))?;
-        let (map, offset, length) = ext.bytes(name, t)?;
-        let len = length.unwrap_or(want);
-        let end = offset.checked_add(len).filter(|&e| e <= map.len() && len == want);
-        let Some(end) = end else {
-            return Err(err(format!(
-                "external data [{offset}, {offset}+{len}) does not hold the {want} bytes of its shape {:?} in the {}-byte file",
-                t.dims,
-                map.len()
-            )));
-        };
-        return Ok(unpack(&map[offset..end]));
+        return ext.decode(name, t, want, unpack);
     }
     if !t.raw_data.is_empty() || t.int32_data.is_empty() {
         if t.raw_data.len() != want {
@@ -167,7 +157,40 @@ impl ExternalData {
         }
     }
 
-    fn bytes(&mut self, name: &str, t: &TensorProto) -> Result<(Arc<memmap2::Mmap>, usize, Option<usize>)> {
+    /// Decodes tensor `t`'s `want` bytes of external data with `decode`, then lets the kernel
+    /// take their mapped pages back: a model's weights are then resident once (decoded), not
+    /// twice (mapped and decoded) until the import ends, which is what bounds the peak memory of
+    /// compiling a model of several GiB. The pages stay in the page cache, and a later read of
+    /// the same bytes maps them in again.
+    fn decode<T>(
+        &mut self,
+        name: &str,
+        t: &TensorProto,
+        want: usize,
+        decode: impl FnOnce(&[u8]) -> T,
+    ) -> Result<T> {
+        let (map, offset, length) = self.locate(name, t)?;
+        let len = length.unwrap_or(want);
+        let end = offset.checked_add(len).filter(|&e| e <= map.len() && len == want);
+        let Some(end) = end else {
+            return Err(FrontendError::Tensor {
+                name: name.to_string(),
+                msg: format!(
+                    "external data [{offset}, {offset}+{len}) does not hold the {want} bytes of its shape {:?} in the {}-byte file",
+                    t.dims,
+                    map.len()
+                ),
+            });
+        };
+        let decoded = decode(&map[offset..end]);
+        #[cfg(unix)]
+        // SAFETY: the map is shared and read-only, so dropping its pages loses nothing: a later
+        // access reads them from the file again. Failure only means the pages stay resident.
+        let _ = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, len) };
+        Ok(decoded)
+    }
+
+    fn locate(&mut self, name: &str, t: &TensorProto) -> Result<(Arc<memmap2::Mmap>, usize, Option<usize>)> {
         let err = |msg: String| FrontendError::Tensor {
             name: name.to_string(),
             msg,
@@ -238,24 +261,10 @@ pub fn tensor_from_proto(t: &TensorProto, ext: Option<&mut ExternalData>) -> Res
 
     if t.data_location == 1 {
         let ext = ext.ok_or_else(|| err("refers to external data, which is not available here".into()))?;
-        let (map, offset, length) = ext.bytes(name, t)?;
         let want = n * dtype.size_bytes();
-        let len = length.unwrap_or(want);
-        if len != want {
-            return Err(err(format!(
-                "external data length {len} does not match its shape (needs {want} bytes)"
-            )));
-        }
-        let end = offset
-            .checked_add(len)
-            .filter(|&e| e <= map.len())
-            .ok_or_else(|| {
-                err(format!(
-                    "external data [{offset}, {offset}+{len}) lies outside the {}-byte file",
-                    map.len()
-                ))
-            })?;
-        return Tensor::from_le_bytes(dtype, shape, &map[offset..end]).map_err(|e| err(e.to_string()));
+        return ext
+            .decode(name, t, want, |bytes| Tensor::from_le_bytes(dtype, shape, bytes))?
+            .map_err(|e| err(e.to_string()));
     }
     if !t.raw_data.is_empty() || n == 0 {
         let want = n * dtype.size_bytes();
