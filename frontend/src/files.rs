@@ -71,6 +71,21 @@ pub fn read_regular(path: &Path) -> io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
+/// Hands the pages of `bytes`, a part of `map`, back to the kernel once they have been decoded:
+/// without it a model's weights stay resident twice until the import ends (mapped and
+/// decoded), which is what bounds the peak memory of compiling a model of several GiB. The
+/// pages stay in the page cache, and a later read of the same bytes maps them in again.
+pub fn release_mapped(map: &memmap2::Mmap, bytes: &[u8]) {
+    let offset = (bytes.as_ptr() as usize).wrapping_sub(map.as_ptr() as usize);
+    if bytes.is_empty() || offset > map.len() || map.len() - offset < bytes.len() {
+        return;
+    }
+    #[cfg(unix)]
+    // SAFETY: the map is shared and read-only, so dropping its pages loses nothing: a later
+    // access reads them from the file again. Failure only means the pages stay resident.
+    let _ = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, bytes.len()) };
+}
+
 /// The folder a model file's external data is read from: the file's parent, or the current
 /// folder for a bare file name (`model.onnx`, whose parent is the empty path).
 pub fn model_folder(model: &Path) -> PathBuf {

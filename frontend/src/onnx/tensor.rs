@@ -157,11 +157,9 @@ impl ExternalData {
         }
     }
 
-    /// Decodes tensor `t`'s `want` bytes of external data with `decode`, then lets the kernel
-    /// take their mapped pages back: a model's weights are then resident once (decoded), not
-    /// twice (mapped and decoded) until the import ends, which is what bounds the peak memory of
-    /// compiling a model of several GiB. The pages stay in the page cache, and a later read of
-    /// the same bytes maps them in again.
+    /// Decodes tensor `t`'s `want` bytes of external data with `decode`, then hands their
+    /// mapped pages back (`files::release_mapped`): the weights are resident once, not mapped
+    /// and decoded side by side.
     fn decode<T>(
         &mut self,
         name: &str,
@@ -183,10 +181,7 @@ impl ExternalData {
             });
         };
         let decoded = decode(&map[offset..end]);
-        #[cfg(unix)]
-        // SAFETY: the map is shared and read-only, so dropping its pages loses nothing: a later
-        // access reads them from the file again. Failure only means the pages stay resident.
-        let _ = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, len) };
+        crate::files::release_mapped(&map, &map[offset..end]);
         Ok(decoded)
     }
 

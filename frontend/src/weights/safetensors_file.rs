@@ -49,6 +49,7 @@ pub fn read_safetensors(path: &Path) -> Result<Vec<(String, Tensor)>> {
         })?;
         let t = Tensor::from_le_bytes(dtype, view.shape().to_vec(), view.data())
             .map_err(|e| FrontendError::Weights(format!("tensor '{name}' in {}: {e}", path.display())))?;
+        crate::files::release_mapped(&map, view.data());
         out.push((name, t));
     }
     out.sort_by(|a, b| a.0.cmp(&b.0));
