@@ -208,27 +208,44 @@ AFB_TARGET static void afb_out1(const uint32_t *pp, const uint32_t *vp, int64_t 
 }
 #endif
 
-/* Softmax of row[0..T) in place; row has Tp (a multiple of 8) floats and row[T..Tp) may hold
- * anything. The maximum and the sum run on 8 lanes (the order of the additions differs from a
- * serial sum by rounding only); exp runs in its own loop, which LLVM vectorises. Returns 0 when
- * every entry is -inf (a fully masked row), leaving the row for the caller to clear. */
-static int af_softmax_row(float *row, int64_t T, int64_t Tp) {
+/* Softmax numerators of row[0..T) in place: row[t] = exp(row[t] - max), row[T..Tp) = 0 (row
+ * has Tp floats, a multiple of 8; row[T..Tp) may hold anything before). Returns 1 / the sum
+ * of the numerators, by which the caller scales the row's output (Dv values) instead of
+ * dividing its Tp probabilities; 0 when every entry is -inf (a fully masked row), leaving the
+ * row for the caller to clear. The maximum and the sum run on four vectors of 8 lanes each:
+ * one vector would be a chain of dependent instructions, each waiting for the last (the order
+ * of the additions differs from a serial sum by rounding only); exp runs in its own loop,
+ * which LLVM vectorises. */
+static float af_softmax_row(float *row, int64_t T, int64_t Tp) {
   float ninf = -__builtin_inff();
   for (int64_t t = T; t < Tp; t++) row[t] = ninf;
-  af_v8 vmx = {ninf, ninf, ninf, ninf, ninf, ninf, ninf, ninf};
-  for (int64_t t = 0; t < Tp; t += 8) vmx = __builtin_elementwise_max(vmx, af_load(row + t));
+  af_v8 m0 = {ninf, ninf, ninf, ninf, ninf, ninf, ninf, ninf}, m1 = m0, m2 = m0, m3 = m0;
+  int64_t t32 = Tp / 32 * 32;
+  for (int64_t t = 0; t < t32; t += 32) {
+    m0 = __builtin_elementwise_max(m0, af_load(row + t));
+    m1 = __builtin_elementwise_max(m1, af_load(row + t + 8));
+    m2 = __builtin_elementwise_max(m2, af_load(row + t + 16));
+    m3 = __builtin_elementwise_max(m3, af_load(row + t + 24));
+  }
+  for (int64_t t = t32; t < Tp; t += 8) m0 = __builtin_elementwise_max(m0, af_load(row + t));
+  af_v8 vmx = __builtin_elementwise_max(__builtin_elementwise_max(m0, m1), __builtin_elementwise_max(m2, m3));
   float mx = ninf;
   for (int l = 0; l < 8; l++) mx = vmx[l] > mx ? vmx[l] : mx;
   if (mx == ninf) return 0;
   for (int64_t t = 0; t < T; t++) row[t] = kiln_expf(row[t] - mx);
   for (int64_t t = T; t < Tp; t++) row[t] = 0;
-  af_v8 vsum = {0};
-  for (int64_t t = 0; t < Tp; t += 8) vsum += af_load(row + t);
+  af_v8 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
+  for (int64_t t = 0; t < t32; t += 32) {
+    s0 += af_load(row + t);
+    s1 += af_load(row + t + 8);
+    s2 += af_load(row + t + 16);
+    s3 += af_load(row + t + 24);
+  }
+  for (int64_t t = t32; t < Tp; t += 8) s0 += af_load(row + t);
+  af_v8 vsum = (s0 + s1) + (s2 + s3);
   float sum = 0;
   for (int l = 0; l < 8; l++) sum += vsum[l];
-  float inv = 1.0f / sum;
-  for (int64_t t = 0; t < T; t++) row[t] *= inv;
-  return 1;
+  return 1.0f / sum;
 }
 
 /* Where a task's operands lie: its (batch, head), query rows [i0, i0 + nrows), the first
@@ -236,7 +253,7 @@ static int af_softmax_row(float *row, int64_t T, int64_t Tp) {
  * them (the batch's nonpad length, else all), their score rows Tp floats apart (T rounded up
  * to the tile width, at most the job's Tp, which sizes the scratch). */
 typedef struct {
-  int64_t b, h, i0, nrows, qs, ks, vs, ys, T, Tp;
+  int64_t b, h, hk, i0, nrows, qs, ks, vs, ys, T, Tp;
   const float *q0, *k0, *v0;
   float *y0;
 } af_place;
@@ -248,6 +265,7 @@ static af_place af_locate(const af_job *j, int64_t task) {
   p.i0 = (task % j->blocks) * j->rows;
   p.b = bh / j->Hq, p.h = bh % j->Hq;
   int64_t hk = p.h / (j->Hq / j->Hkv), T = j->T, Dk = j->Dk, Dv = j->Dv;
+  p.hk = hk;
   p.nrows = imin(j->rows, j->Sq - p.i0);
   p.T = T;
   if (j->nonpad) {
@@ -274,9 +292,10 @@ static af_place af_locate(const af_job *j, int64_t task) {
   return p;
 }
 
-/* Mask and softmax of the block's score rows (Tp apart in sc); a row with every key masked
- * gives zeros, as the reference. */
-static void af_mask_softmax(const af_job *j, const af_place *p, float *sc) {
+/* Mask and softmax numerators of the block's score rows (Tp apart in sc), with each row's
+ * normalising factor in inv[r] (af_softmax_row); a row with every key masked is cleared with
+ * factor 0, so that it gives zeros, as the reference. */
+static void af_mask_softmax(const af_job *j, const af_place *p, float *sc, float *inv) {
   const kiln_uk_args *a = j->a;
   const kiln_tensor *m = j->mask_kind != MASK_NONE ? &a->in[3] : NULL;
   int64_t T = p->T, Tp = p->Tp, mlen = imin(j->mlen, T);
@@ -297,9 +316,32 @@ static void af_mask_softmax(const af_job *j, const af_place *p, float *sc) {
     }
     if (j->causal)
       for (int64_t t = i + 1; t < T; t++) row[t] = ninf;
-    if (!af_softmax_row(row, T, Tp))
+    inv[r] = af_softmax_row(row, T, Tp);
+    if (inv[r] == 0)
       for (int64_t t = 0; t < Tp; t++) row[t] = 0;
   }
+}
+
+/* What a thread's scratch holds from its previous task of this call: the packed keys (and,
+ * for the bf16 tiles, values) of one (batch, kv head). The task index runs over a head's row
+ * blocks first and the threads take tasks in order, so a thread mostly finds its next task's
+ * keys packed already (Whisper's 1500 keys: 12 row blocks per head). The tags sit at the start
+ * of each thread's scratch (AF_TAG_BYTES, `attention_tiles` in codegen/src/uk/nn.rs) and are
+ * cleared before every call, since other kernels use the same scratch in between. */
+typedef struct {
+  int64_t packed, b, hk;
+} af_tag;
+#define AF_TAG_BYTES 64
+
+/* The most query rows a task takes (iattr[14]; `ATTN_ROWS` in codegen/src/uk/nn.rs keeps to it). */
+#define AF_MAX_ROWS 128
+
+/* Whether the thread's scratch holds p's packed keys; marks them as held, since the caller
+ * packs them when not. */
+static int af_keys_packed(af_tag *tag, const af_place *p) {
+  if (tag->packed && tag->b == p->b && tag->hk == p->hk) return 1;
+  tag->packed = 1, tag->b = p->b, tag->hk = p->hk;
+  return 0;
 }
 
 static void af_task(void *data, int64_t task, int64_t tid) {
@@ -310,12 +352,20 @@ static void af_task(void *data, int64_t task, int64_t tid) {
   int64_t qs = p.qs, ks = p.ks, vs = p.vs, ys = p.ys;
   const float *q0 = p.q0, *k0 = p.k0, *v0 = p.v0;
   float *y0 = p.y0;
-  float *kt = kiln_rt_thread_scratch(a->ctx, tid);
+  char *scratch = kiln_rt_thread_scratch(a->ctx, tid);
+  float *kt = (float *)(scratch + AF_TAG_BYTES);
   float *sc = kt + Dk * Tp;
-  for (int64_t t = 0; t < T; t++)
-    for (int64_t d = 0; d < Dk; d++) kt[d * Tp + t] = k0[t * ks + d];
-  for (int64_t d = 0; d < Dk; d++)
-    for (int64_t t = T; t < Tp; t++) kt[d * Tp + t] = 0;
+  float inv[AF_MAX_ROWS];
+  if (!af_keys_packed((af_tag *)scratch, &p)) {
+    /* Kᵀ in blocks of 16 keys: each block's rows stay in L1 while every d writes one line. */
+    for (int64_t t0 = 0; t0 < T; t0 += 16) {
+      int64_t t1 = imin(t0 + 16, T);
+      for (int64_t d = 0; d < Dk; d++)
+        for (int64_t t = t0; t < t1; t++) kt[d * Tp + t] = k0[t * ks + d];
+    }
+    for (int64_t d = 0; d < Dk; d++)
+      for (int64_t t = T; t < Tp; t++) kt[d * Tp + t] = 0;
+  }
   /* Scores. */
   int64_t r4 = nrows / 4 * 4;
   /* Tp is a multiple of the tile width. */
@@ -335,9 +385,9 @@ static void af_task(void *data, int64_t task, int64_t tid) {
     else
       for (int64_t jj = 0; jj < Tp; jj += AF_NC) af_scores1(q, kt, Tp, Dk, jj, sc + r * Tp, j->scale);
   }
-  af_mask_softmax(j, &p, sc);
+  af_mask_softmax(j, &p, sc, inv);
   /* Output rows: wide tiles of 32 columns (when chosen), tiles of 16, then the remaining
-   * columns one by one. */
+   * columns one by one; then each row scaled by its softmax factor. */
   int64_t dv32 = j->wide ? Dv / AF_NC_WIDE * AF_NC_WIDE : 0, dv16 = Dv / AF_NC * AF_NC;
   for (int64_t r = 0; r < r4; r += 4) {
     float *y = y0 + (i0 + r) * ys;
@@ -355,6 +405,8 @@ static void af_task(void *data, int64_t task, int64_t tid) {
       for (int64_t t = 0; t < T; t++) acc += sc[r * Tp + t] * v0[t * vs + d];
       y0[(i0 + r) * ys + d] = acc;
     }
+  for (int64_t r = 0; r < nrows; r++)
+    for (int64_t d = 0; d < Dv; d++) y0[(i0 + r) * ys + d] *= inv[r];
 }
 
 #if defined(__x86_64__)
@@ -366,22 +418,28 @@ static void afb_task(void *data, int64_t task, int64_t tid) {
   af_place p = af_locate(j, task);
   int64_t i0 = p.i0, nrows = p.nrows, T = p.T, Tp = p.Tp, Dk = j->Dk, Dv = j->Dv;
   int64_t Dk2 = (Dk + 1) / 2, Tp2 = Tp / 2, T2 = (T + 1) / 2;
-  uint32_t *ktp = kiln_rt_thread_scratch(j->a->ctx, tid);
+  char *scratch = kiln_rt_thread_scratch(j->a->ctx, tid);
+  uint32_t *ktp = (uint32_t *)(scratch + AF_TAG_BYTES);
   float *sc = (float *)(ktp + Dk2 * Tp);
   uint32_t *vp = (uint32_t *)(sc + j->rows * Tp);
   uint32_t *pp = vp + Tp2 * Dv;
   uint32_t *qp = pp + j->rows * Tp2;
-  for (int64_t t = 0; t < Tp; t++)
-    for (int64_t d = 0; d < Dk2; d++) {
-      const float *k = p.k0 + t * p.ks;
-      ktp[d * Tp + t] = t < T ? afb_pair(k[2 * d], 2 * d + 1 < Dk ? k[2 * d + 1] : 0.0f) : 0;
-    }
-  for (int64_t jp = 0; jp < Tp2; jp++)
-    for (int64_t d = 0; d < Dv; d++) {
-      float lo = 2 * jp < T ? p.v0[2 * jp * p.vs + d] : 0.0f;
-      float hi = 2 * jp + 1 < T ? p.v0[(2 * jp + 1) * p.vs + d] : 0.0f;
-      vp[jp * Dv + d] = afb_pair(lo, hi);
-    }
+  float inv[AF_MAX_ROWS];
+  if (!af_keys_packed((af_tag *)scratch, &p)) {
+    /* In blocks of 16 keys, as the f32 tiles' Kᵀ (Tp is a multiple of 32). */
+    for (int64_t t0 = 0; t0 < Tp; t0 += 16)
+      for (int64_t d = 0; d < Dk2; d++)
+        for (int64_t t = t0; t < t0 + 16; t++) {
+          const float *k = p.k0 + t * p.ks;
+          ktp[d * Tp + t] = t < T ? afb_pair(k[2 * d], 2 * d + 1 < Dk ? k[2 * d + 1] : 0.0f) : 0;
+        }
+    for (int64_t jp = 0; jp < Tp2; jp++)
+      for (int64_t d = 0; d < Dv; d++) {
+        float lo = 2 * jp < T ? p.v0[2 * jp * p.vs + d] : 0.0f;
+        float hi = 2 * jp + 1 < T ? p.v0[(2 * jp + 1) * p.vs + d] : 0.0f;
+        vp[jp * Dv + d] = afb_pair(lo, hi);
+      }
+  }
   for (int64_t r = 0; r < nrows; r++) {
     const float *q = p.q0 + (i0 + r) * p.qs;
     for (int64_t d = 0; d < Dk2; d++) qp[r * Dk2 + d] = afb_pair(q[2 * d], 2 * d + 1 < Dk ? q[2 * d + 1] : 0.0f);
@@ -394,10 +452,11 @@ static void afb_task(void *data, int64_t task, int64_t tid) {
   }
   for (int64_t r = r4; r < nrows; r++)
     for (int64_t jj = 0; jj < Tp; jj += AF_NC_WIDE) afb_scores1(qp + r * Dk2, ktp, Tp, Dk2, jj, sc + r * Tp, j->scale);
-  af_mask_softmax(j, &p, sc);
+  af_mask_softmax(j, &p, sc, inv);
+  /* The probabilities, normalised as they are rounded to pairs. */
   for (int64_t r = 0; r < nrows; r++)
     for (int64_t jp = 0; jp < Tp2; jp++)
-      pp[r * Tp2 + jp] = afb_round(sc[r * Tp + 2 * jp]) | afb_round(sc[r * Tp + 2 * jp + 1]) << 16;
+      pp[r * Tp2 + jp] = afb_round(sc[r * Tp + 2 * jp] * inv[r]) | afb_round(sc[r * Tp + 2 * jp + 1] * inv[r]) << 16;
   int64_t dv32 = Dv / AF_NC_WIDE * AF_NC_WIDE, ys = p.ys;
   for (int64_t r = 0; r < r4; r += 4) {
     float *y = p.y0 + (i0 + r) * ys;
@@ -450,6 +509,7 @@ int32_t kiln_uk_attention_f32(const kiln_uk_args *a) {
   j.blocks = (j.Sq + j.rows - 1) / j.rows;
   j.nonpad = a->n_in > 6 && a->in[6].data ? (const int64_t *)a->in[6].data : NULL;
   j.scale = (float)a->fattr[0];
+  for (int64_t t = 0; t < kiln_rt_num_threads(a->ctx); t++) ((af_tag *)kiln_rt_thread_scratch(a->ctx, t))->packed = 0;
 #if defined(__x86_64__)
   if (j.wide == 2) {
     kiln_rt_parallel_for(a->ctx, afb_task, &j, j.B * j.Hq * j.blocks);

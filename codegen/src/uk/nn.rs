@@ -696,6 +696,8 @@ fn attention(node: &NodeInfo, a: &AttentionAttrs) -> Result<UkCall> {
 const ATTN_ROWS: usize = 128;
 const ATTN_ROWS_FEW_HEADS: usize = 64;
 const ATTN_MIN_HEADS: usize = 8;
+// The kernel keeps a task's softmax factors in an array of `AF_MAX_ROWS` (128) floats.
+const _: () = assert!(ATTN_ROWS <= 128 && ATTN_ROWS_FEW_HEADS <= 128);
 
 /// The f32 kernel (`kiln_uk_attention_f32`) for the plain operator: f32 throughout, no KV
 /// cache, softcap, sliding window or QK output, nonpad lengths only without the causal mask
@@ -769,11 +771,16 @@ fn attention_f32(
 }
 
 /// The f32 attention kernel's padded key count (a multiple of its tile width `cols`) and
-/// per-thread scratch: Kᵀ [Dk, Tp] and a row block's scores [rows, Tp].
+/// per-thread scratch: the tag saying whose keys it holds (`AF_TAG_BYTES`), Kᵀ [Dk, Tp] and a
+/// row block's scores [rows, Tp].
 fn attention_tiles(t: usize, dk: usize, rows: usize, cols: usize) -> (usize, u64) {
     let tp = t.div_ceil(cols) * cols;
-    (tp, ((dk + rows) * tp * 4) as u64)
+    (tp, (ATTN_TAG_BYTES + (dk + rows) * tp * 4) as u64)
 }
+
+/// The head of the attention kernels' thread scratch naming whose packed keys it holds
+/// (`AF_TAG_BYTES` in attention_f32.c).
+const ATTN_TAG_BYTES: usize = 64;
 
 /// Switches an `attention_f32` call to its wide tiles (32 columns of 64-byte vectors, for
 /// targets with 512-bit registers): twice the columns per instruction of the 16-column tiles,
@@ -795,11 +802,11 @@ pub(super) fn bf16_attention(call: &mut UkCall) {
     let (t, dk, dv, rows) = (ia[5] as usize, ia[6] as usize, ia[7] as usize, ia[14] as usize);
     let tp = t.div_ceil(ATTN_WIDE_COLS) * ATTN_WIDE_COLS;
     let dk2 = dk.div_ceil(2);
-    // Kᵀ pairs, scores, V pairs, probability pairs, Q pairs: 4-byte words.
+    // The tag, then Kᵀ pairs, scores, V pairs, probability pairs, Q pairs: 4-byte words.
     let words = dk2 * tp + rows * tp + tp / 2 * dv + rows * tp / 2 + rows * dk2;
     ia[15] = tp as i64;
     ia[16] = 2;
-    call.thread_scratch_bytes = (words * 4) as u64;
+    call.thread_scratch_bytes = (ATTN_TAG_BYTES + words * 4) as u64;
 }
 
 /// Columns of the f32 attention kernel's tiles (`AF_NC`) and wide tiles (`AF_NC_WIDE`).

@@ -1,0 +1,145 @@
+//! The f32 attention kernel over several blocks of query rows per head, called twice in a
+//! row: a thread reuses the keys it packed for the previous block of the same head (its
+//! scratch's tag), and never the keys of an earlier call, which sit at the same place in its
+//! scratch with the same (batch, head) tag. Against the reference interpreter on one and two
+//! threads, with one head (the second call starts on the head the first ended on) and two; on
+//! a CPU with avx512_bf16 also compiled with `--precision bf16`, whose tiles keep packed keys
+//! and values the same way.
+
+use kiln_driver::{Cpu, Options, Precision, Session};
+use kiln_ir::{AttentionAttrs, DType, Graph, Op, Tensor, TensorType};
+use kiln_tests::compiled::{compile_graph, run_executable, WorkDir};
+use std::path::Path;
+
+const B: usize = 1;
+/// More query rows than one task takes (64 rows per task with fewer than 8 heads).
+const SQ: usize = 300;
+const T: usize = 70;
+const D: usize = 16;
+
+/// `y = Attention(Attention(q, k1, v1), k2, v2)` with `h` heads.
+fn graph(h: usize) -> Graph {
+    let mut g = Graph::new("attention_blocks");
+    let heads = |n| TensorType::fixed(DType::F32, &[B, h, n, D]);
+    let q = g.add_input("q", heads(SQ));
+    let kv: Vec<_> = ["k1", "v1", "k2", "v2"]
+        .into_iter()
+        .map(|n| g.add_input(n, heads(T)))
+        .collect();
+    let attention = |g: &mut Graph, name: &str, q, k, v| {
+        g.add(
+            name,
+            Op::Attention(AttentionAttrs::default()),
+            vec![Some(q), Some(k), Some(v)],
+            format!("{name}_y"),
+        )
+        .unwrap()
+    };
+    let first = attention(&mut g, "first", q, kv[0], kv[1]);
+    let second = attention(&mut g, "second", first, kv[2], kv[3]);
+    g.add_output("y", second);
+    g
+}
+
+/// Deterministic values in [-2, 2).
+fn values(shape: &[usize], seed: usize) -> Tensor {
+    let n = shape.iter().product();
+    let x = (0..n)
+        .map(|i| ((i * 7919 + seed * 104_729) % 2003) as f32 / 500.75 - 2.0)
+        .collect();
+    Tensor::from_vec(shape.to_vec(), x)
+}
+
+/// How a test model is compiled: its kernel lines, and the largest error allowed against the
+/// reference (the bf16 tiles round Q, K, V and the probabilities to bf16).
+struct Build {
+    precision: Precision,
+    /// What every attention kernel's line says.
+    kernel: &'static str,
+    /// The error allowed: `abs + rel * |want|`.
+    abs: f32,
+    rel: f32,
+}
+
+const F32: Build = Build {
+    precision: Precision::F32,
+    kernel: "kiln_uk_attention_f32",
+    abs: 1e-5,
+    rel: 1e-4,
+};
+
+const BF16: Build = Build {
+    precision: Precision::Bf16,
+    kernel: "bf16 tiles",
+    abs: 3e-2,
+    rel: 3e-2,
+};
+
+#[test]
+fn packed_keys_are_reused_within_a_call_only() {
+    for h in [1, 2] {
+        check(h, &F32);
+    }
+}
+
+#[test]
+fn bf16_tiles_reuse_packed_keys_within_a_call_only() {
+    let host = kiln_codegen::target::TargetDesc::select(None, None).unwrap();
+    if !host.has_bf16_pair_kernels() {
+        eprintln!("this CPU has no avx512_bf16: the bf16 tiles are not compiled for it");
+        return;
+    }
+    for h in [1, 2] {
+        check(h, &BF16);
+    }
+}
+
+/// Compiles `g` for the host as `kiln compile --precision P` does; returns the kernel lines.
+fn compile(g: &Graph, precision: Precision, exe: &Path) -> Vec<String> {
+    if precision == Precision::F32 {
+        return compile_graph(g, "attention_blocks", kiln_codegen::Emit::Exe, exe)
+            .unwrap()
+            .kernel_lines;
+    }
+    let mut session = Session::new(Options {
+        name: Some("attention_blocks".into()),
+        precision,
+        cpu: Cpu::Native,
+        ..Options::default()
+    });
+    let mut g = g.clone();
+    session.optimize(&mut g).unwrap();
+    session.emit(&g, exe).unwrap().kernel_lines
+}
+
+fn check(h: usize, build: &Build) {
+    let g = graph(h);
+    let work = WorkDir::new(&format!("attention_blocks_{h}"));
+    let exe = work.0.join("model");
+    let lines = compile(&g, build.precision, &exe);
+    let attention = lines.iter().filter(|l| l.contains(build.kernel)).count();
+    assert_eq!(attention, 2, "both on {}: {lines:#?}", build.kernel);
+
+    let names = ["q", "k1", "v1", "k2", "v2"];
+    let inputs: Vec<Tensor> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| values(&[B, h, if *n == "q" { SQ } else { T }, D], i + 1))
+        .collect();
+    let want = kiln_ir::eval::eval_graph(&g, inputs.clone()).unwrap();
+    let feeds: Vec<_> = names.iter().map(|n| n.to_string()).zip(inputs).collect();
+    for threads in [1, 2] {
+        let got = run_executable(&exe, &g, &feeds, &work.0, threads).unwrap();
+        let (got, want) = (
+            got[0].as_slice::<f32>().unwrap(),
+            want[0].as_slice::<f32>().unwrap(),
+        );
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            assert!(
+                (g - w).abs() <= build.abs + build.rel * w.abs(),
+                "{} heads, {threads} threads: element {i} is {g}, want {w}",
+                h
+            );
+        }
+    }
+}
