@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs one of kiln's fuzz targets (fuzz/fuzz_targets/) with libFuzzer for SECONDS (default 600).
-#   scripts/fuzz.sh onnx_import|npy_reader|npy_rust [SECONDS] [extra libFuzzer flags...]
+#   scripts/fuzz.sh onnx_import|compile_plan|npy_reader|npy_rust [SECONDS] [extra libFuzzer flags...]
 # Needs cargo-fuzz (cargo install cargo-fuzz) and clang-19. The stable toolchain is enough:
 # RUSTC_BOOTSTRAP=1 unlocks the sanitizer flags cargo fuzz passes. The corpus grows in
 # fuzz/corpus/TARGET (seeded from the fixtures and fuzz/regressions/TARGET); crashes land in
@@ -19,7 +19,7 @@ mkdir -p "$corpus" "$fuzz/artifacts/$target"
 
 if [ -z "$(ls -A "$corpus")" ]; then
   case "$target" in
-    onnx_import)
+    onnx_import|compile_plan)
       for m in "$root"/fixtures/models/*/model.onnx; do
         cp "$m" "$corpus/$(basename "$(dirname "$m")").onnx"
       done ;;
@@ -46,7 +46,7 @@ for f in sorted(glob.glob(f"{root}/fixtures/models/*/inputs/*.npy")):
     open(os.path.join(out, name), "wb").write(spec + b)
 PY
       ;;
-    *) echo "unknown target '$target' (onnx_import, npy_reader, npy_rust)" >&2; exit 2 ;;
+    *) echo "unknown target '$target' (onnx_import, compile_plan, npy_reader, npy_rust)" >&2; exit 2 ;;
   esac
 fi
 
