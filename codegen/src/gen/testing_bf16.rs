@@ -157,6 +157,63 @@ fn bf16_pairs_only_for_bf16_values() {
 }
 
 #[test]
+fn bf16_pairs_with_a_run_time_b() {
+    // Both operands activations (attention scores, per-head products): B is packed as pairs
+    // block by block (and per-head constants as pair panel sets). Odd K (the last pair's high half zero), K over several blocks, N cut.
+    for (i, &(m, k, n)) in [
+        (1, 40, 24),
+        (13, 257, 40),
+        (30, 1100, 70),
+        (7, 3, 56),
+        (12, 1, 32),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let case = CaseBuilder::new(1100 + i as u64)
+            .bf16_operand(&[m, k])
+            .bf16_operand(&[k, n])
+            .node(Op::MatMul);
+        case.check_pairs(&format!("activations {m}x{k}x{n}"), None, true);
+    }
+    // Per-head products: batched A and B.
+    let case = CaseBuilder::new(1110)
+        .bf16_operand(&[2, 3, 17, 64])
+        .bf16_operand(&[2, 3, 64, 33])
+        .node(Op::MatMul);
+    case.check_pairs("per-head matmul", None, true);
+    // Per-head constant B (XLNet's position keys): one pair panel set per head, the batch
+    // strides halved with K; and one broadcast over the outer batch axis.
+    let case = CaseBuilder::new(1113)
+        .bf16_operand(&[2, 3, 17, 65])
+        .bf16_weights(&[2, 3, 65, 33])
+        .node(Op::MatMul);
+    case.check_pairs("per-head weights", None, true);
+    let case = CaseBuilder::new(1114)
+        .bf16_operand(&[2, 3, 17, 64])
+        .bf16_weights(&[3, 64, 33])
+        .node(Op::MatMul);
+    case.check_pairs("per-head weights, broadcast", None, true);
+    // A transposed B (Q·Kᵀ): its columns are strided, gathered as they are packed.
+    let case = CaseBuilder::new(1111)
+        .bf16_operand(&[9, 67])
+        .bf16_operand(&[45, 67])
+        .node(Op::Gemm {
+            alpha: 1.0,
+            beta: 1.0,
+            trans_a: false,
+            trans_b: true,
+        });
+    case.check_pairs("gemm with Bᵀ", None, true);
+    // A run-time B that is not bf16-valued stays on the f32 kernel.
+    let case = CaseBuilder::new(1112)
+        .bf16_operand(&[9, 70])
+        .operand(&[70, 48], false)
+        .node(Op::MatMul);
+    case.check_pairs("f32 run-time B", None, false);
+}
+
+#[test]
 fn bf16_pairs_nhwc_conv_shapes() {
     // (n, c, h, w, m, k, stride, pad, dilation): the 3-channel 7x7 stem (K = 147, odd),
     // 3x3 with K blocks that split taps and pairs, pointwise (a row-major A), a batch.

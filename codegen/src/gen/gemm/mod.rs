@@ -373,17 +373,12 @@ impl Builder {
     /// Switches the product to bf16 pairs when the target has `vdpbf16ps` and both operands
     /// hold only bf16 values (the autocast pass's operands: weights rounded at compile time,
     /// activations widened from bf16), so the result is the f32 kernel's up to the order of
-    /// f32 additions. Re-packs the constant B as pairs; the run-time A must be one the pair
-    /// packing reads (row-major, or an NHWC im2col).
+    /// f32 additions. Re-packs a constant B as pairs; a run-time B (a product of two
+    /// activations: attention scores, XLNet's and DeBERTa's per-head products) is packed as
+    /// pairs block by block (`pack_b_pair_panel`). The run-time A must be one the pair packing
+    /// reads (row-major, or an NHWC im2col).
     fn try_bf16_pairs(&mut self, node: &NodeInfo, target: &TargetDesc, tile: &Tile) -> bool {
         if !target.has_bf16_pair_kernels() || tile.lanes != 16 {
-            return false;
-        }
-        let Operand::Packed { slot } = self.b else {
-            return false;
-        };
-        // One panel set for every batch entry.
-        if self.batch.iter().any(|d| d.b != 0) {
             return false;
         }
         let a_input = match self.a {
@@ -393,12 +388,28 @@ impl Builder {
         if !node.input_is_bf16_valued(a_input) {
             return false;
         }
-        match pair_panels(&self.packed[slot], self.k, tile.nr()) {
-            Some(p) => {
-                self.packed[slot] = p;
-                true
+        match self.b {
+            Operand::Strided { input, .. } => node.input_is_bf16_valued(input),
+            Operand::Packed { slot } => {
+                // Per batch entry a whole panel set (or the same one): K pairs instead of K
+                // rows make each set, and so each batch stride, k2/k as long.
+                let (k, k2) = (self.k, self.k.div_ceil(2));
+                let set = k * self.n.div_ceil(tile.nr()) * tile.nr();
+                if self.batch.iter().any(|d| d.b % set != 0) {
+                    return false;
+                }
+                match pair_panels(&self.packed[slot], k, tile.nr()) {
+                    Some(p) => {
+                        self.packed[slot] = p;
+                        for d in &mut self.batch {
+                            d.b = d.b / k * k2;
+                        }
+                        true
+                    }
+                    None => false,
+                }
             }
-            None => false,
+            _ => false,
         }
     }
 }
@@ -648,9 +659,11 @@ impl GeneratedKernel for GemmKernel {
     }
 
     fn rounds_input_to_bf16(&self, i: usize) -> bool {
-        // The pair packing converts A with vcvtneps2bf16 (`bf16_pair_row`).
+        // The pair packing converts A with vcvtneps2bf16 (`bf16_pair_row`), a run-time B the
+        // same way (`pack_b_pair_panel`).
         self.bf16_pairs
-            && matches!(self.a, Operand::Strided { input, .. } | Operand::Im2colNhwc { input, .. } if input == i)
+            && (matches!(self.a, Operand::Strided { input, .. } | Operand::Im2colNhwc { input, .. } if input == i)
+                || matches!(self.b, Operand::Strided { input, .. } if input == i))
     }
 
     fn scratch(&self) -> Scratch {

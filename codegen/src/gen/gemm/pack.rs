@@ -11,6 +11,7 @@ use crate::gen::llvm;
 use crate::kernel::geometry::ConvWindow;
 use crate::kernel::PackedConst;
 use crate::node::NodeInfo;
+use inkwell::types::VectorType;
 use inkwell::values::{IntValue, PointerValue, VectorValue};
 use inkwell::IntPredicate;
 
@@ -384,6 +385,74 @@ impl GemmKernel {
                 "packed B is not packed at run time",
             )),
         }
+    }
+
+    /// Packs columns `[col, col+NR)` × pairs `[k0, k0+kc)` of a run-time B into `dst` as the
+    /// pair panels `pair_panels` makes of a constant one: word (x, j) holds row 2x of column j
+    /// in its low half and row 2x+1 in its high half, rounded to nearest even (the rounding the
+    /// autocast's cast pair does, so the kernel may absorb it); columns past N and the row past
+    /// an odd K are zero.
+    pub(super) fn pack_b_pair_panel<'ctx>(
+        &self,
+        e: &Emit<'_, 'ctx>,
+        dst: PointerValue<'ctx>,
+        src: PointerValue<'ctx>,
+        col: IntValue<'ctx>,
+        k0: IntValue<'ctx>,
+        kc: IntValue<'ctx>,
+    ) -> Result<()> {
+        let Operand::Strided { rs, cs, .. } = self.b else {
+            return Err(crate::error::CodegenError::internal(
+                "bf16 pair packing of B needs a strided B",
+            ));
+        };
+        let nr = self.tile.nr() as u32;
+        let i32t = e.cx.i32_type();
+        let col32 = e.b.build_int_truncate(col, i32t, "").map_err(llvm)?;
+        let cols =
+            e.b.build_int_add(e.iota_i32(nr), e.splat_i32(col32, nr)?, "")
+                .map_err(llvm)?;
+        let in_n = e.splat_i32(e.i32c(self.n as i32), nr)?;
+        let valid =
+            e.b.build_int_compare(IntPredicate::SLT, cols, in_n, "")
+                .map_err(llvm)?;
+        let csv = e.splat_i32(e.i32c(cs as i32), nr)?;
+        let idx = e.b.build_int_mul(cols, csv, "").map_err(llvm)?;
+        let none = e.cx.bool_type().vec_type(nr).const_zero();
+        // Row r of the block's columns (all zero when r is past K).
+        let load_row = |r: IntValue<'ctx>| -> Result<VectorValue<'ctx>> {
+            let in_k = e.icmp(IntPredicate::ULT, r, e.i64c(self.k_elems as i64))?;
+            let mask =
+                e.b.build_select(in_k, valid, none, "")
+                    .map_err(llvm)?
+                    .into_vector_value();
+            let at = e.gep_f32(
+                src,
+                e.add(e.mulc(r, rs as i64)?, if cs == 1 { col } else { e.i64c(0) })?,
+            )?;
+            if cs == 1 {
+                e.masked_load(at, mask, nr)
+            } else {
+                e.masked_gather(at, idx, mask, nr)
+            }
+        };
+        let bf16s = e.cx.bf16_type().vec_type(nr);
+        let interleave: Vec<_> = (0..nr)
+            .flat_map(|j| [j, nr + j])
+            .map(|j| i32t.const_int(j as u64, false))
+            .collect();
+        let interleave = VectorType::const_vector(&interleave);
+        e.for_range(e.i64c(0), kc, 1, |x| {
+            let lo_row = e.mulc(e.add(k0, x)?, 2)?;
+            let lo =
+                e.b.build_float_trunc(load_row(lo_row)?, bf16s, "")
+                    .map_err(llvm)?;
+            let hi =
+                e.b.build_float_trunc(load_row(e.addc(lo_row, 1)?)?, bf16s, "")
+                    .map_err(llvm)?;
+            let pairs = e.b.build_shuffle_vector(lo, hi, interleave, "").map_err(llvm)?;
+            e.store(e.gep_f32(dst, e.mulc(x, nr as i64)?)?, pairs)
+        })
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -253,7 +253,11 @@ impl GemmKernel {
                 e.for_range(e.i64c(0), n_np, 1, |np| {
                     let col = e.add(n0, e.mulc(np, nr)?)?;
                     let dst = e.gep_f32(bpack, e.mul(e.mulc(np, nr)?, kc)?)?;
-                    self.pack_b_panel(e, dst, ptrs.b, col, k0, kc)
+                    if self.bf16_pairs {
+                        self.pack_b_pair_panel(e, dst, ptrs.b, col, k0, kc)
+                    } else {
+                        self.pack_b_panel(e, dst, ptrs.b, col, k0, kc)
+                    }
                 })?;
                 (bpack, e.mulc(kc, nr)?)
             };
