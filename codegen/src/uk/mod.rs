@@ -155,11 +155,12 @@ mod tests {
             let on = |target: &TargetDesc| for_cpu_target(call.clone(), &info, target);
             let c = on(&bf16_cpu);
             if rounded {
-                // 32-column tiles; Kᵀ pairs, scores, V pairs, probability pairs, Q pairs.
+                // 32-column tiles; the 64-byte tag naming the packed head, then Kᵀ pairs,
+                // scores, V pairs, probability pairs, Q pairs.
                 let (tp, dk2) = (64, d.div_ceil(2));
                 assert_eq!((c.iattr[15], c.iattr[16]), (tp as i64, 2));
                 let words = dk2 * tp + rows * tp + tp / 2 * d + rows * tp / 2 + rows * dk2;
-                assert_eq!(c.thread_scratch_bytes, (words * 4) as u64);
+                assert_eq!(c.thread_scratch_bytes, (64 + words * 4) as u64);
                 assert!(c.bf16_dot_products() && c.describe().contains("bf16 tiles"));
             } else {
                 assert_eq!((c.iattr[15], c.iattr[16]), (64, 1));

@@ -335,6 +335,25 @@ impl GemmKernel {
         Ok(())
     }
 
+    /// The NR column indices of the panel starting at `col` (i32 lanes), and which of them
+    /// lie inside the matrix (`< N`).
+    fn panel_columns<'ctx>(
+        &self,
+        e: &Emit<'_, 'ctx>,
+        col: IntValue<'ctx>,
+    ) -> Result<(VectorValue<'ctx>, VectorValue<'ctx>)> {
+        let nr = self.tile.nr() as u32;
+        let col32 = e.b.build_int_truncate(col, e.cx.i32_type(), "").map_err(llvm)?;
+        let cols =
+            e.b.build_int_add(e.iota_i32(nr), e.splat_i32(col32, nr)?, "")
+                .map_err(llvm)?;
+        let in_n = e.splat_i32(e.i32c(self.n as i32), nr)?;
+        let valid =
+            e.b.build_int_compare(IntPredicate::SLT, cols, in_n, "")
+                .map_err(llvm)?;
+        Ok((cols, valid))
+    }
+
     /// Packs columns `[col, col+NR)` × k `[k0, k0+kc)` of a run-time B (or the im2col matrix of
     /// the conv input) into `dst`; columns past N are zero.
     pub(super) fn pack_b_panel<'ctx>(
@@ -347,20 +366,7 @@ impl GemmKernel {
         kc: IntValue<'ctx>,
     ) -> Result<()> {
         let nr = self.tile.nr() as u32;
-        let i32t = e.cx.i32_type();
-        let iota = e.iota_i32(nr);
-        let col32 = e.b.build_int_truncate(col, i32t, "").map_err(llvm)?;
-        let cols =
-            e.b.build_int_add(iota, e.splat_i32(col32, nr)?, "")
-                .map_err(llvm)?;
-        let valid =
-            e.b.build_int_compare(
-                IntPredicate::SLT,
-                cols,
-                e.splat_i32(e.i32c(self.n as i32), nr)?,
-                "",
-            )
-            .map_err(llvm)?;
+        let (cols, valid) = self.panel_columns(e, col)?;
         match self.b {
             Operand::Strided { rs, cs, .. } => {
                 if cs == 1 {
@@ -408,14 +414,7 @@ impl GemmKernel {
         };
         let nr = self.tile.nr() as u32;
         let i32t = e.cx.i32_type();
-        let col32 = e.b.build_int_truncate(col, i32t, "").map_err(llvm)?;
-        let cols =
-            e.b.build_int_add(e.iota_i32(nr), e.splat_i32(col32, nr)?, "")
-                .map_err(llvm)?;
-        let in_n = e.splat_i32(e.i32c(self.n as i32), nr)?;
-        let valid =
-            e.b.build_int_compare(IntPredicate::SLT, cols, in_n, "")
-                .map_err(llvm)?;
+        let (cols, valid) = self.panel_columns(e, col)?;
         let csv = e.splat_i32(e.i32c(cs as i32), nr)?;
         let idx = e.b.build_int_mul(cols, csv, "").map_err(llvm)?;
         let none = e.cx.bool_type().vec_type(nr).const_zero();
