@@ -21,22 +21,28 @@ const WEIGHT_BYTES: usize = WEIGHTS * ELEMENTS * 4;
 /// One measurement at a time.
 static TURN: Mutex<()> = Mutex::new(());
 
-/// The process's peak resident set size in bytes (`VmHWM`).
-fn peak_resident_bytes() -> usize {
+/// A size field of /proc/self/status in bytes (`VmHWM`: the peak resident size, `VmRSS`: the
+/// current one).
+fn status_bytes(field: &str) -> usize {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    let line = status.lines().find(|l| l.starts_with(field)).unwrap();
     let kib: usize = line.split_whitespace().nth(1).unwrap().parse().unwrap();
     kib * 1024
 }
 
-/// How much `f` raises the process's peak resident size. The peak is reset first where the
-/// kernel allows (`clear_refs` 5), so that an earlier test's peak does not hide this one's.
+/// How much `f` raises the process's peak resident size above the resident size before it.
+/// The peak is reset first (`clear_refs` 5) and the reset checked, so that an earlier test's
+/// peak cannot hide this one's.
 fn peak_growth<T>(f: impl FnOnce() -> T) -> (T, usize) {
     let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
-    let _ = std::fs::write("/proc/self/clear_refs", "5");
-    let before = peak_resident_bytes();
+    std::fs::write("/proc/self/clear_refs", "5").expect("resetting the peak resident size");
+    let before = status_bytes("VmRSS:");
+    assert!(
+        status_bytes("VmHWM:") < before + (16 << 20),
+        "the peak resident size was not reset"
+    );
     let out = f();
-    (out, peak_resident_bytes().saturating_sub(before))
+    (out, status_bytes("VmHWM:").saturating_sub(before))
 }
 
 /// The bytes of the weights file, written a MiB at a time (after `header`) so that writing it
