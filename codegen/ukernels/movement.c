@@ -63,6 +63,39 @@ typedef struct mv_copy {
   i64 n_outer;
 } mv_copy;
 
+/* The few-channel case of mv_transpose_2d for elements of type T: nb (2 to 4) source rows
+   interleaved into a dense destination, a loop per nb so the compiler turns each into
+   shuffles. Quantized models' inputs are bytes (u8 RGB), hence 1- and 2-byte elements too. */
+#define MV_INTERLEAVE(T)                                                                           \
+  do {                                                                                             \
+    T *dd = (T *)d;                                                                                \
+    const T *s0 = (const T *)s, *s1 = (const T *)(s + ssb);                                        \
+    const T *s2 = (const T *)(s + 2 * ssb), *s3 = (const T *)(s + 3 * ssb);                        \
+    switch (nb) {                                                                                  \
+    case 2:                                                                                        \
+      for (i64 a = a_lo; a < a_hi; a++) {                                                          \
+        dd[a * 2] = s0[a];                                                                         \
+        dd[a * 2 + 1] = s1[a];                                                                     \
+      }                                                                                            \
+      break;                                                                                       \
+    case 3:                                                                                        \
+      for (i64 a = a_lo; a < a_hi; a++) {                                                          \
+        dd[a * 3] = s0[a];                                                                         \
+        dd[a * 3 + 1] = s1[a];                                                                     \
+        dd[a * 3 + 2] = s2[a];                                                                     \
+      }                                                                                            \
+      break;                                                                                       \
+    default:                                                                                       \
+      for (i64 a = a_lo; a < a_hi; a++) {                                                          \
+        dd[a * 4] = s0[a];                                                                         \
+        dd[a * 4 + 1] = s1[a];                                                                     \
+        dd[a * 4 + 2] = s2[a];                                                                     \
+        dd[a * 4 + 3] = s3[a];                                                                     \
+      }                                                                                            \
+      break;                                                                                       \
+    }                                                                                              \
+  } while (0)
+
 /* Rows [a_lo, a_hi) of the innermost pair of one outer step: dims[r-2] ("a") is contiguous in
    the source, dims[r-1] ("b") in the destination (a transpose of the last two axes, e.g. NCHW
    to NHWC with a = pixels, b = channels).
@@ -75,32 +108,11 @@ typedef struct mv_copy {
 static void mv_transpose_2d(const mv_copy *c, char *d, const char *s, i64 a_lo, i64 a_hi) {
   const i64 r = c->rank, es = c->esize;
   const i64 nb = c->dims[r - 1], dsa = c->ds[r - 2], ssb = c->ss[r - 1];
-  if (es == 4 && dsa == nb * 4 && nb >= 2 && nb <= 4) {
-    uint32_t *dd = (uint32_t *)d;
-    const uint32_t *s0 = (const uint32_t *)s, *s1 = (const uint32_t *)(s + ssb);
-    const uint32_t *s2 = (const uint32_t *)(s + 2 * ssb), *s3 = (const uint32_t *)(s + 3 * ssb);
-    switch (nb) {
-    case 2:
-      for (i64 a = a_lo; a < a_hi; a++) {
-        dd[a * 2] = s0[a];
-        dd[a * 2 + 1] = s1[a];
-      }
-      return;
-    case 3:
-      for (i64 a = a_lo; a < a_hi; a++) {
-        dd[a * 3] = s0[a];
-        dd[a * 3 + 1] = s1[a];
-        dd[a * 3 + 2] = s2[a];
-      }
-      return;
-    default:
-      for (i64 a = a_lo; a < a_hi; a++) {
-        dd[a * 4] = s0[a];
-        dd[a * 4 + 1] = s1[a];
-        dd[a * 4 + 2] = s2[a];
-        dd[a * 4 + 3] = s3[a];
-      }
-      return;
+  if ((es == 1 || es == 2 || es == 4) && dsa == nb * es && nb >= 2 && nb <= 4) {
+    switch (es) {
+    case 1: MV_INTERLEAVE(uint8_t); return;
+    case 2: MV_INTERLEAVE(uint16_t); return;
+    default: MV_INTERLEAVE(uint32_t); return;
     }
   }
   for (i64 b0 = 0; b0 < nb; b0 += MV_TILE) {
