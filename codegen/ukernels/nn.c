@@ -296,12 +296,12 @@ int32_t kiln_uk_pool(const kiln_uk_args *a) {
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Channels-last MaxPool / AveragePool (f32, 2-D)
+ * Channels-last MaxPool / AveragePool (2-D)
  *
  * iattr: kind (0 max, 1 average), count_include_pad,
  *        then for H and W: kernel, stride, dilation, pad_begin, pad_end.
- * in: X [N, H, W, C]; out: Y [N, OH, OW, C]. One task per output row; every tap is a
- * contiguous run of C channels, so the inner loops vectorize along C. Max keeps the first
+ * in: X [N, H, W, C] (f32; u8 and i8 for max); out: Y [N, OH, OW, C]. One task per output row;
+ * every tap is a contiguous run of C channels, so the inner loops vectorize along C. Max keeps the first
  * tap's value unless a later one is greater (NaN never replaces a value), like `pool`.
  * ------------------------------------------------------------------------------------------- */
 
@@ -363,6 +363,37 @@ static void pool_nhwc_task(void *data, int64_t row, int64_t tid) {
   }
 }
 
+/* MaxPool of 8-bit integers (a quantized model's pool between its integer convolutions): the
+   f32 task's loop on bytes, so a tap is one 64-lane max (vpmaxub / vpmaxsb) per 64 channels.
+   An empty window gives the dtype's lowest value, as `pool`. */
+#define POOL_NHWC_MAX_BYTES(T, LOWEST)                                                             \
+  static void pool_nhwc_max_##T(void *data, int64_t row, int64_t tid) {                           \
+    (void)tid;                                                                                     \
+    const pool_nhwc_job *j = data;                                                                 \
+    const int64_t C = j->c, H = j->in[0], W = j->in[1], OH = j->out[0], OW = j->out[1];           \
+    const int64_t n = row / OH, oh = row % OH;                                                     \
+    const T *x = (const T *)j->a->in[0].data + n * H * W * C;                                      \
+    T *y = (T *)j->a->out[0].data + row * OW * C;                                                  \
+    const int64_t h0 = oh * j->s[0] - j->pb[0];                                                    \
+    for (int64_t ow = 0; ow < OW; ow++, y += C) {                                                  \
+      const int64_t w0 = ow * j->s[1] - j->pb[1];                                                  \
+      for (int64_t c = 0; c < C; c++) y[c] = LOWEST;                                               \
+      for (int64_t kh = 0; kh < j->k[0]; kh++) {                                                   \
+        const int64_t ih = h0 + kh * j->d[0];                                                      \
+        if (ih < 0 || ih >= H) continue;                                                           \
+        for (int64_t kw = 0; kw < j->k[1]; kw++) {                                                 \
+          const int64_t iw = w0 + kw * j->d[1];                                                    \
+          if (iw < 0 || iw >= W) continue;                                                         \
+          const T *restrict xp = x + (ih * W + iw) * C;                                            \
+          T *restrict yp = y;                                                                      \
+          for (int64_t c = 0; c < C; c++) yp[c] = xp[c] > yp[c] ? xp[c] : yp[c];                   \
+        }                                                                                          \
+      }                                                                                            \
+    }                                                                                              \
+  }
+POOL_NHWC_MAX_BYTES(uint8_t, 0)
+POOL_NHWC_MAX_BYTES(int8_t, -128)
+
 int32_t kiln_uk_pool_nhwc(const kiln_uk_args *a) {
   pool_nhwc_job j;
   j.a = a;
@@ -379,7 +410,12 @@ int32_t kiln_uk_pool_nhwc(const kiln_uk_args *a) {
     j.in[i] = a->in[0].dims[1 + i];
     j.out[i] = a->out[0].dims[1 + i];
   }
-  kiln_rt_parallel_for(a->ctx, pool_nhwc_task, &j, a->out[0].dims[0] * j.out[0]);
+  void (*task)(void *, int64_t, int64_t) = pool_nhwc_task;
+  if (a->in[0].dtype == KILN_U8 && j.kind == 0)
+    task = pool_nhwc_max_uint8_t;
+  else if (a->in[0].dtype == KILN_I8 && j.kind == 0)
+    task = pool_nhwc_max_int8_t;
+  kiln_rt_parallel_for(a->ctx, task, &j, a->out[0].dims[0] * j.out[0]);
   return KILN_UK_OK;
 }
 

@@ -178,10 +178,18 @@ fn pool(node: &NodeInfo, p: &PoolAttrs) -> Result<UkCall> {
     Ok(UkCall::new("pool").iattr(iattr).fattr([lp]))
 }
 
-/// A channels-last 2-D max/average pool of f32 (`kiln_uk_pool_nhwc`).
+/// A channels-last 2-D max/average pool of f32, or max pool of 8-bit integers
+/// (`kiln_uk_pool_nhwc`).
 fn pool_nhwc(node: &NodeInfo, p: &PoolAttrs, x: &[usize], y: &[usize]) -> Result<UkCall> {
-    if x.len() != 4 || y.len() != 4 || node.input_dtype(0) != Some(DType::F32) || node.n_outputs() != 1 {
-        return Err(node.unsupported("a channels-last pool needs a 4-D f32 input and one output"));
+    let dtype_ok = match node.input_dtype(0) {
+        Some(DType::F32) => true,
+        Some(DType::U8 | DType::I8) => p.kind == PoolKind::Max,
+        _ => false,
+    };
+    if x.len() != 4 || y.len() != 4 || !dtype_ok || node.n_outputs() != 1 {
+        return Err(node.unsupported(
+            "a channels-last pool needs a 4-D input (f32, or u8/i8 for MaxPool) and one output",
+        ));
     }
     let axes = conv_axes(
         node,

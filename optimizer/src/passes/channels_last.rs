@@ -73,10 +73,10 @@ impl ChannelsLast {
     }
 }
 
-/// Whether `node` (Conv, Pool or GlobalPool) gets a channels-last form: 2-D, f32, static; a
-/// convolution with constant weights (and bias) that is dense or depthwise (the shapes the
-/// NHWC kernels implement); an integer convolution (ConvInteger) with u8 input and constant s8
-/// weights that is dense.
+/// Whether `node` (Conv, Pool or GlobalPool) gets a channels-last form: 2-D, f32 (MaxPool also
+/// u8 and i8), static; a convolution with constant weights (and bias) that is dense or
+/// depthwise (the shapes the NHWC kernels implement); an integer convolution (ConvInteger) with
+/// u8 input and constant s8 weights that is dense.
 fn anchor(graph: &Graph, node: &Node) -> bool {
     if node.op.layout_role() != LayoutRole::Anchor {
         return false;
@@ -84,8 +84,14 @@ fn anchor(graph: &Graph, node: &Node) -> bool {
     let Some(x) = node.inputs.first().copied().flatten() else {
         return false;
     };
-    let x_dtype = match node.op {
+    let x_dtype = match &node.op {
         Op::Quant(QuantOp::ConvInteger(_)) => DType::U8,
+        // A quantized model's MaxPool of bytes (the NHWC pool kernel takes u8 and i8 for max).
+        Op::Pool(p)
+            if p.kind == PoolKind::Max && matches!(graph.value_type(x).dtype, DType::U8 | DType::I8) =>
+        {
+            graph.value_type(x).dtype
+        }
         _ => DType::F32,
     };
     if !is_4d_static(graph, x, x_dtype) || node.outputs.len() != 1 || !node.outputs[0].ty.is_static() {

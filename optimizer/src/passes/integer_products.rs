@@ -22,8 +22,14 @@
 //! ```
 //!
 //! and QLinearMatMul likewise (without B); these differ from the operators' reference only by
-//! where the float rescale rounds. Between them, a MaxPool of u8 values becomes the float
-//! MaxPool between exact conversions (`float_max_pool`), which channels-last carries.
+//! where the float rescale rounds. Between them, a QDQ model's MaxPool pools the bytes
+//! (`integer_max_pool`), as a QOperator model's does: DequantizeLinear never decreases (its
+//! scale is positive), so `MaxPool(DQ(q)) = DQ(MaxPool(q))`, and the quantization that follows
+//! with the same parameters gives the bytes back (`requantized`):
+//!
+//! ```text
+//! QuantizeLinear(MaxPool(DequantizeLinear(q, s, z)), s, z) = MaxPool(q)
+//! ```
 //!
 //! Why: quantizers write every convolution and matrix product of a QDQ model this way, and the
 //! float form computes with f32 operands (and f32 weights: four times the bytes). The integer
@@ -58,9 +64,13 @@ impl Pass for IntegerProducts {
     fn run(&self, graph: &mut Graph) -> Result<usize, IrError> {
         let mut rewrites = 0;
         let rebuilt = rebuild(graph, |dst, _, node, inputs| {
-            if is_u8_max_pool(graph, node) {
+            if let Some(pooled) = integer_max_pool(dst, graph, node, inputs)? {
                 rewrites += 1;
-                return Ok(Rewrite::Replace(vec![float_max_pool(dst, node, inputs)?]));
+                return Ok(Rewrite::Replace(vec![pooled]));
+            }
+            if let Some(q) = requantized(dst, node, inputs) {
+                rewrites += 1;
+                return Ok(Rewrite::Replace(vec![q]));
             }
             let Some(p) = integer_product(graph, node) else {
                 return Ok(Rewrite::Keep);
@@ -75,61 +85,93 @@ impl Pass for IntegerProducts {
     }
 }
 
-/// A MaxPool of u8 values with one output (QOperator models pool the quantized activations
-/// between their integer convolutions).
-fn is_u8_max_pool(graph: &Graph, node: &Node) -> bool {
+/// `MaxPool(DequantizeLinear(q, s, z))` with bytes `q` and constant per-tensor parameters
+/// (`s > 0`): `DequantizeLinear(MaxPool(q), s, z)`, added to `dst`. Max commutes with a
+/// non-decreasing map, so the values are the same; the pool reads a quarter of the bytes and
+/// the DequantizeLinear usually meets the QuantizeLinear that follows (`requantized`).
+fn integer_max_pool(
+    dst: &mut Graph,
+    src: &Graph,
+    node: &Node,
+    inputs: &[Option<ValueId>],
+) -> Result<Option<ValueId>, IrError> {
     let Op::Pool(p) = &node.op else {
-        return false;
+        return Ok(None);
     };
-    p.kind == kiln_ir::PoolKind::Max
-        && node.outputs.len() == 1
-        && node.outputs[0].ty.dtype == DType::U8
-        && node.outputs[0].ty.is_static()
-        && node
-            .inputs
-            .first()
-            .copied()
-            .flatten()
-            .is_some_and(|x| graph.value_type(x).dtype == DType::U8)
+    let (Some(Some(x)), Some(Some(x_dst))) = (node.inputs.first(), inputs.first()) else {
+        return Ok(None);
+    };
+    if p.kind != kiln_ir::PoolKind::Max || node.outputs.len() != 1 || !node.outputs[0].ty.is_static() {
+        return Ok(None);
+    }
+    let Some((_, q, s, z)) = dequantized(src, *x) else {
+        return Ok(None);
+    };
+    let q_dtype = src.value_type(q).dtype;
+    if !matches!(q_dtype, DType::U8 | DType::I8) || !per_tensor_scale(src, s).is_some_and(usable) {
+        return Ok(None);
+    }
+    if z.is_some_and(|z| src.known_value(z).is_none_or(|t| t.len() != 1)) {
+        return Ok(None);
+    }
+    // The same operands in `dst`: the DequantizeLinear node `x` was copied to.
+    let dq = dst.node(x_dst.node);
+    let dq_inputs = dq.inputs.clone();
+    let dq_op = dq.op.clone();
+    let name = node.name.as_str();
+    let pooled = dst.add(
+        format!("{name}_bytes"),
+        node.op.clone(),
+        vec![dq_inputs[0]],
+        format!("{name}_bytes"),
+    )?;
+    let mut dq_inputs = dq_inputs;
+    dq_inputs[0] = Some(pooled);
+    Ok(Some(dst.add(
+        name,
+        dq_op,
+        dq_inputs,
+        node.outputs[0].name.clone(),
+    )?))
 }
 
-/// `QuantizeLinear(MaxPool(DequantizeLinear(x, 1)), 1)`: the same values (u8 to f32 and back
-/// with scale 1 is exact, and max commutes with it), but the float MaxPool has channels-last
-/// kernels and the conversions are vector loops, where a u8 MaxPool is the kernel library's
-/// element-by-element loop (3.6 ms of onnxruntime's QOperator ResNet-50's 8.9).
-fn float_max_pool(dst: &mut Graph, node: &Node, inputs: &[Option<ValueId>]) -> Result<ValueId, IrError> {
-    let name = node.name.as_str();
-    let one = dst.add_const(format!("{name}_unit_scale"), Tensor::scalar(1.0f32));
-    let x = inputs.first().copied().flatten();
-    let dequantize = Op::Quant(QuantOp::DequantizeLinear {
-        axis: 1,
+/// `QuantizeLinear(DequantizeLinear(q, s, z), s, z)` in `dst`, per tensor, with the same
+/// constant parameters and byte type: `q` itself. `(q − z)·s / s` is within a few ulps of the
+/// integer `q − z` (at most 255 in magnitude), so it rounds back to it exactly; a reduced
+/// `precision` for the quotient could not, and is left alone.
+fn requantized(dst: &Graph, node: &Node, inputs: &[Option<ValueId>]) -> Option<ValueId> {
+    let Op::Quant(QuantOp::QuantizeLinear {
         block_size: 0,
-        output_dtype: None,
-    });
-    let xf = dst.add(
-        format!("{name}_f32"),
-        dequantize,
-        vec![x, Some(one)],
-        format!("{name}_f32"),
-    )?;
-    let pooled = dst.add(
-        format!("{name}_pooled"),
-        node.op.clone(),
-        vec![Some(xf)],
-        format!("{name}_pooled"),
-    )?;
-    let quantize = Op::Quant(QuantOp::QuantizeLinear {
-        axis: 1,
-        block_size: 0,
-        output_dtype: DType::U8,
-        precision: None,
-    });
-    dst.add(
-        name,
-        quantize,
-        vec![Some(pooled), Some(one)],
-        node.outputs[0].name.clone(),
-    )
+        output_dtype,
+        precision,
+        ..
+    }) = node.op
+    else {
+        return None;
+    };
+    if precision.is_some_and(|p| p != DType::F32) {
+        return None;
+    }
+    let y = inputs.first().copied().flatten()?;
+    let (_, q, s, z) = dequantized(dst, y)?;
+    if dst.value_type(q).dtype != output_dtype {
+        return None;
+    }
+    let constant = |v: Option<ValueId>| v.map(|v| dst.known_value(v).filter(|t| t.len() == 1));
+    let same = |a: Option<Option<&Tensor>>, b: Option<Option<&Tensor>>| match (a, b) {
+        (None, None) => true,
+        (Some(Some(a)), Some(Some(b))) => a.dtype() == b.dtype() && a.to_f64_vec() == b.to_f64_vec(),
+        _ => false,
+    };
+    let (s2, z2) = (inputs.get(1).copied().flatten(), inputs.get(2).copied().flatten());
+    let scale_ok = per_tensor_scale(dst, s).is_some_and(usable) && same(constant(Some(s)), constant(s2));
+    (scale_ok && same(constant(z), constant(z2))).then_some(q)
+}
+
+/// The value of a constant one-element f32 scale.
+fn per_tensor_scale(graph: &Graph, s: ValueId) -> Option<f64> {
+    let t = graph.known_value(s)?;
+    (t.len() == 1 && t.dtype() == DType::F32).then(|| t.to_f64_vec()[0])
 }
 
 /// What a product `P(DQ(xq), DQ(wq), bias)` or `QLinearP(xq, .., wq, .., B)` computes on
