@@ -19,6 +19,9 @@ pub(crate) struct Emit<'a, 'ctx> {
     pub module: &'a Module<'ctx>,
     pub b: &'a Builder<'ctx>,
     pub f: FunctionValue<'ctx>,
+    /// The function runs on a CPU with AVX-512 (`with_target`): 16-lane vector math may use
+    /// its instructions (`vmath::exp`'s `vscalefps`). Off for GPU kernels and by default.
+    pub avx512: bool,
 }
 
 impl<'a, 'ctx> Emit<'a, 'ctx> {
@@ -28,7 +31,19 @@ impl<'a, 'ctx> Emit<'a, 'ctx> {
         b: &'a Builder<'ctx>,
         f: FunctionValue<'ctx>,
     ) -> Self {
-        Emit { cx, module, b, f }
+        Emit {
+            cx,
+            module,
+            b,
+            f,
+            avx512: false,
+        }
+    }
+
+    /// The same builder for a CPU kernel of `target`: what its instructions allow.
+    pub fn with_target(mut self, target: &crate::target::TargetDesc) -> Self {
+        self.avx512 = target.isa == crate::target::Isa::Avx512;
+        self
     }
 
     pub fn ptr_ty(&self) -> inkwell::types::PointerType<'ctx> {

@@ -96,7 +96,18 @@ pub(crate) fn exp<'ctx>(e: &Emit<'_, 'ctx>, x: VectorValue<'ctx>) -> Result<Vect
     let r2 = e.fmul(r, r)?;
     let p = e.fma(p, r2, r)?;
     let p = e.fadd(p, c(e, 1.0, n))?;
-    // 2^n in two halves, so results down to the subnormals and up to FLT_MAX need no branch.
+    if e.avx512 && n == 16 {
+        // p·2^n rounded once, subnormal results included: the two halves' value in one
+        // instruction (`vscalefps`; `nf` is n as a float).
+        let all = e.cx.i16_type().const_all_ones();
+        let current_rounding = e.cx.i32_type().const_int(4, false);
+        let args = [p.into(), nf.into(), p.into(), all.into(), current_rounding.into()];
+        return Ok(e
+            .intrinsic("llvm.x86.avx512.mask.scalef.ps.512", &[], &args)?
+            .into_vector_value());
+    }
+    // 2^n in two halves, so results down to the subnormals and up to FLT_MAX need no branch:
+    // p·2^n1 is exact, the second product rounds once.
     let n1 = b.build_right_shift(ni, ci(e, 1, n), true, "").map_err(llvm)?;
     let n2 = b.build_int_sub(ni, n1, "").map_err(llvm)?;
     let scale = |k: VectorValue<'ctx>| -> Result<VectorValue<'ctx>> {

@@ -320,7 +320,7 @@ impl GeneratedKernel for WinogradKernel {
     }
 
     fn emit(&self, k: &KernelBuilder<'_, '_>) -> Result<()> {
-        let me = Emit::new(k.cx, k.module, k.builder, k.function);
+        let me = Emit::new(k.cx, k.module, k.builder, k.function).with_target(k.target);
         let args = k.args();
         let a = self.v.alpha() as i64;
         let shared = k.shared_scratch()?;
@@ -367,7 +367,7 @@ impl WinogradKernel {
         let task = k.new_task_function(name);
         let tb = k.cx.create_builder();
         tb.position_at_end(k.cx.append_basic_block(task, "entry"));
-        let e = Emit::new(k.cx, k.module, &tb, task);
+        let e = Emit::new(k.cx, k.module, &tb, task).with_target(k.target);
         let data = task.get_nth_param(0).expect("task data").into_pointer_value();
         let t = task.get_nth_param(1).expect("task index").into_int_value();
         let args = e.load_ptr(e.gep_ptr(data, 1)?)?;

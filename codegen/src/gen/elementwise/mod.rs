@@ -412,11 +412,11 @@ impl GeneratedKernel for EwKernel {
         let tb = k.cx.create_builder();
         let entry = k.cx.append_basic_block(task, "entry");
         tb.position_at_end(entry);
-        let e = Emit::new(k.cx, k.module, &tb, task);
+        let e = Emit::new(k.cx, k.module, &tb, task).with_target(k.target);
         self.emit_task(&e, rows, rows_per_task, blocks, block)?;
         tb.build_return(None).map_err(llvm)?;
 
-        let me = Emit::new(k.cx, k.module, k.builder, k.function);
+        let me = Emit::new(k.cx, k.module, k.builder, k.function).with_target(k.target);
         let args = k
             .function
             .get_nth_param(1)

@@ -85,7 +85,7 @@ impl GemmKernel {
         let b = cx.create_builder();
         let entry = cx.append_basic_block(f, "entry");
         b.position_at_end(entry);
-        let e = Emit::new(cx, k.module, &b, f);
+        let e = Emit::new(cx, k.module, &b, f).with_target(k.target);
         let p = |i: u32| f.get_nth_param(i).expect("tile param");
         let (ap, bp, kc) = (
             p(0).into_pointer_value(),

@@ -41,11 +41,11 @@ impl GemmKernel {
         let tb = k.cx.create_builder();
         let entry = k.cx.append_basic_block(task, "entry");
         tb.position_at_end(entry);
-        let e = Emit::new(k.cx, k.module, &tb, task);
+        let e = Emit::new(k.cx, k.module, &tb, task).with_target(k.target);
         self.emit_task(&e, k, &tiles)?;
         tb.build_return(None).map_err(llvm)?;
 
-        let me = Emit::new(k.cx, k.module, k.builder, k.function);
+        let me = Emit::new(k.cx, k.module, k.builder, k.function).with_target(k.target);
         let data = me.entry_alloca(me.ptr_ty().array_type(2), "taskdata")?;
         me.store(data, k.ctx())?;
         me.store(me.gep_ptr(data, 1)?, args)?;
