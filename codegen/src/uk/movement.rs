@@ -728,6 +728,11 @@ fn resize(node: &NodeInfo, a: &ResizeAttrs) -> Result<UkCall> {
     if plan.iter().map(|p| p.out).ne(out_shape.iter().copied()) {
         return Err(node.unsupported("resize geometry disagrees with the output type"));
     }
+    if numel(&out_shape) == 0 {
+        // Nothing to write. The index maps and taps below hold an entry per position of each
+        // axis, which an empty output does not bound (sizes [1, 3, 2^42, 0]).
+        return Ok(UkCall::new("copy").iattr([elem_size(node), 0]));
+    }
     let roi_dtype = roi_t.map_or(DType::F32, |t| t.dtype());
     let dtype = node.output_type(0).dtype;
     let extrapolation = a.extrapolation_value as f64;
