@@ -575,9 +575,19 @@ fn one_hot(node: &NodeInfo, axis: i64) -> Result<UkCall> {
 // ---------------------------------------------------------------------------------------------
 // Pad and generators.
 
+/// For an empty output, the copy kernel with nothing to copy. Pad's and Resize's index maps
+/// and taps hold an entry per position of every axis, which an empty output does not bound
+/// (Resize sizes `[1, 3, 2^42, 0]`, a pad of 2^40 beside an axis of 0).
+fn nothing_to_write(node: &NodeInfo, out_shape: &[usize]) -> Option<UkCall> {
+    (numel(out_shape) == 0).then(|| UkCall::new("copy").iattr([elem_size(node), 0]))
+}
+
 fn pad(node: &NodeInfo, mode: PadMode) -> Result<UkCall> {
     let in_shape = node.input_shape(0)?;
     let out_shape = node.output_shape(0)?;
+    if let Some(call) = nothing_to_write(node, &out_shape) {
+        return Ok(call);
+    }
     let rank = in_shape.len();
     if rank > MAX_RANK {
         return Err(node.unsupported(format!("rank {rank} exceeds the kernel's {MAX_RANK}")));
@@ -728,10 +738,8 @@ fn resize(node: &NodeInfo, a: &ResizeAttrs) -> Result<UkCall> {
     if plan.iter().map(|p| p.out).ne(out_shape.iter().copied()) {
         return Err(node.unsupported("resize geometry disagrees with the output type"));
     }
-    if numel(&out_shape) == 0 {
-        // Nothing to write. The index maps and taps below hold an entry per position of each
-        // axis, which an empty output does not bound (sizes [1, 3, 2^42, 0]).
-        return Ok(UkCall::new("copy").iattr([elem_size(node), 0]));
+    if let Some(call) = nothing_to_write(node, &out_shape) {
+        return Ok(call);
     }
     let roi_dtype = roi_t.map_or(DType::F32, |t| t.dtype());
     let dtype = node.output_type(0).dtype;
