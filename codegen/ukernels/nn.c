@@ -301,8 +301,8 @@ int32_t kiln_uk_pool(const kiln_uk_args *a) {
  * iattr: kind (0 max, 1 average), count_include_pad,
  *        then for H and W: kernel, stride, dilation, pad_begin, pad_end.
  * in: X [N, H, W, C] (f32; u8 and i8 for max); out: Y [N, OH, OW, C]. One task per output row;
- * every tap is a contiguous run of C channels, so the inner loops vectorize along C. Max keeps the first
- * tap's value unless a later one is greater (NaN never replaces a value), like `pool`.
+ * every tap is a contiguous run of C channels, so the inner loops vectorize along C. Max keeps
+ * the first tap's value unless a later one is greater (NaN never replaces a value), like `pool`.
  * ------------------------------------------------------------------------------------------- */
 
 typedef struct {

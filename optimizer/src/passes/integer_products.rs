@@ -114,8 +114,12 @@ fn integer_max_pool(
     if z.is_some_and(|z| src.known_value(z).is_none_or(|t| t.len() != 1)) {
         return Ok(None);
     }
-    // The same operands in `dst`: the DequantizeLinear node `x` was copied to.
+    // The same operands in `dst`: the DequantizeLinear node `x` was copied to (this pass
+    // keeps DequantizeLinear nodes as they are).
     let dq = dst.node(x_dst.node);
+    if !matches!(dq.op, Op::Quant(QuantOp::DequantizeLinear { .. })) {
+        return Ok(None);
+    }
     let dq_inputs = dq.inputs.clone();
     let dq_op = dq.op.clone();
     let name = node.name.as_str();
