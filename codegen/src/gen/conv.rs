@@ -111,7 +111,7 @@ pub(crate) fn lower_conv(
 /// channels (B = weights, re-laid out to `[(kh,kw,c), m]` and packed), K = KH·KW·C. A 1×1
 /// stride-1 convolution is a plain matmul of the input over all images; others pack A from the
 /// input with runs of contiguous channels per tap. The bias is per column. Depthwise
-/// convolutions go to `conv_nhwc::lower_dw`; other grouped ones are not handled.
+/// convolutions go to `dwconv_nhwc::lower_dw`; other grouped ones are not handled.
 fn lower_conv_nhwc(
     node: &NodeInfo,
     target: &TargetDesc,
@@ -133,7 +133,7 @@ fn lower_conv_nhwc(
             return Ok(None);
         }
         let geo = ConvWindow { c, ..geo };
-        return crate::gen::conv_nhwc::lower_dw(node, target, epi, w, nb, geo);
+        return crate::gen::dwconv_nhwc::lower_dw(node, target, epi, w, nb, geo);
     }
     if g != 1 || cg != c || s.y_channels != m {
         return Ok(None);

@@ -11,6 +11,7 @@ pub(crate) mod activation;
 pub mod conv;
 pub mod conv_nhwc;
 pub mod dwconv;
+pub mod dwconv_nhwc;
 pub mod elementwise;
 pub(crate) mod emit;
 pub mod gemm;

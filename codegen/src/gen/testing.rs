@@ -113,8 +113,13 @@ impl Case {
     }
 
     fn run(&self, epi: Option<Epilogue>, threads: usize) -> Vec<f32> {
+        self.run_on(&TargetDesc::host().unwrap(), epi, threads)
+    }
+
+    /// Runs the kernel generated for `target`, which must run on this machine.
+    fn run_on(&self, target: &TargetDesc, epi: Option<Epilogue>, threads: usize) -> Vec<f32> {
+        let target = target.clone();
         let node = NodeInfo::new(&self.g, self.id);
-        let target = TargetDesc::host().unwrap();
         let k = match epi {
             None => super::products::lower(&node, &target),
             Some(e) => super::products::lower_fused(&node, &target, e),

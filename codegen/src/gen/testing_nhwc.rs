@@ -2,6 +2,7 @@
 //! whose case builder it uses).
 
 use super::*;
+use crate::kernel::epilogue::Residual;
 
 pub(super) fn conv_nhwc(
     kernel: [usize; 2],
@@ -60,7 +61,8 @@ fn nhwc_conv_shapes() {
 #[test]
 fn nhwc_depthwise_shapes() {
     // (n, c, h, w, k, stride, pad, dilation): channel counts around the vector width and the
-    // 4-vector block, so every path (blocks, single vectors, scalar tail) runs.
+    // 4-vector block, so every path (blocks, single vectors, scalar tail) runs; rows whose
+    // interior columns make whole blocks of pixels, blocks and leftover pixels, and none.
     let cases = [
         (1, 8, 14, 14, 3, 1, 1, 1),
         (1, 5, 15, 13, 3, 2, 1, 1),
@@ -68,15 +70,64 @@ fn nhwc_depthwise_shapes() {
         (1, 37, 17, 19, 5, 2, 2, 1),
         (1, 64, 10, 11, 3, 1, 1, 1),
         (1, 6, 11, 12, 3, 3, 0, 2),
+        (1, 48, 6, 30, 3, 1, 2, 2),
+        (2, 144, 9, 23, 3, 2, 1, 1),
+        (1, 96, 5, 20, 3, 1, 0, 1),
+        (1, 40, 4, 3, 5, 1, 2, 1),
     ];
+    // This machine's target and, on x86-64, the AVX2 one (8 lanes, two vectors per block).
+    let host = TargetDesc::host().unwrap();
+    let mut targets = vec![host.clone()];
+    if host.arch == crate::target::Arch::X86_64 {
+        targets.push(TargetDesc::select(None, Some("x86-64-v3")).unwrap());
+    }
     for (i, &(n, c, h, w, k, s, p, d)) in cases.iter().enumerate() {
         let case = CaseBuilder::new(800 + i as u64)
             .operand(&[n, h, w, c], false)
             .operand(&[c, 1, k, k], true)
             .operand(&[c], true)
             .node(conv_nhwc([k, k], [s, s], [p, p, p, p], [d, d], c));
-        case.check(&format!("nhwc depthwise case {i}"));
+        let want = case.reference();
+        for target in &targets {
+            for threads in [1, 2] {
+                let what = format!("nhwc depthwise case {i} on {:?}, {threads} threads", target.isa);
+                compare(&what, &case.run_on(target, None, threads), &want);
+            }
+        }
     }
+}
+
+#[test]
+fn nhwc_depthwise_residual_and_activation() {
+    // The residual and the activation applied per pixel of a block and of the border.
+    let (c, h, w) = (32, 6, 13);
+    let operands = |with_residual: bool| {
+        let cb = CaseBuilder::new(880)
+            .operand(&[1, h, w, c], false)
+            .operand(&[c, 1, 3, 3], true)
+            .operand(&[c], true);
+        let cb = if with_residual {
+            cb.operand(&[1, h, w, c], false)
+        } else {
+            cb
+        };
+        cb.node(conv_nhwc([3, 3], [1, 1], [1, 1, 1, 1], [1, 1], c))
+    };
+    // Same seed, same first operands: the plain case is the reference convolution.
+    let conv = operands(false).reference();
+    let case = operands(true);
+    let res = case.data[3].clone().unwrap();
+    let want: Vec<f32> = conv
+        .iter()
+        .zip(&res)
+        .map(|(y, r)| (y + r).clamp(0.0, 6.0))
+        .collect();
+    let epi = Epilogue::new(
+        Bias::PerRow(case.data[2].clone().unwrap()),
+        Some(Residual::Input(3)),
+        Activation::Clip { min: 0.0, max: 6.0 },
+    );
+    compare("nhwc depthwise residual", &case.run(Some(epi), 2), &want);
 }
 
 #[test]
