@@ -127,3 +127,63 @@ pub(crate) fn absorb(graph: &Graph, kernels: &mut Vec<Kernel>) {
     let mut keep = dropped.iter().map(|d| !d);
     kernels.retain(|_| keep.next().unwrap_or(true));
 }
+
+/// Stores as bf16 every kernel output that only bf16 readers read: a value whose every
+/// reader rounds it to bf16 as it reads it ([`GeneratedKernel::rounds_input_to_bf16`]) gives
+/// them the same operands rounded once by its producer, in half the bytes — half the memory
+/// traffic between, say, a depthwise convolution and the pointwise product after it, and a
+/// product that reads its bf16 rows in place instead of packing them. Values that are graph
+/// outputs or read through a view keep f32. Returns the values stored as bf16.
+///
+/// [`GeneratedKernel::rounds_input_to_bf16`]: crate::gen::GeneratedKernel::rounds_input_to_bf16
+pub(crate) fn store_bf16(graph: &Graph, kernels: &mut [Kernel]) -> HashSet<ValueId> {
+    let mut kept_f32: HashSet<ValueId> = graph
+        .outputs()
+        .iter()
+        .map(|o| view_root(graph, o.value))
+        .collect();
+    // Every value's readers: (kernel, input).
+    let mut readers: HashMap<ValueId, Vec<(usize, usize)>> = HashMap::new();
+    for (k, kernel) in kernels.iter().enumerate() {
+        for (i, v) in kernel.inputs.iter().enumerate() {
+            let Some(v) = *v else { continue };
+            let root = view_root(graph, v);
+            if root != v {
+                kept_f32.insert(root);
+            }
+            readers.entry(root).or_default().push((k, i));
+        }
+    }
+    let bf16_reader = |k: usize, i: usize| match &kernels[k].imp {
+        KernelImpl::Generated(g) => g.rounds_input_to_bf16(i) && g.can_read_bf16(i),
+        _ => false,
+    };
+    let mut stored = HashSet::new();
+    let mut producers = vec![];
+    for (k, kernel) in kernels.iter().enumerate() {
+        let (KernelImpl::Generated(g), [v]) = (&kernel.imp, kernel.outputs.as_slice()) else {
+            continue;
+        };
+        let Some(reads) = readers.get(v) else { continue };
+        if g.can_store_bf16()
+            && graph.value_type(*v).dtype == DType::F32
+            && !kept_f32.contains(v)
+            && reads.iter().all(|&(r, i)| bf16_reader(r, i))
+        {
+            stored.insert(*v);
+            producers.push(k);
+        }
+    }
+    for k in producers {
+        let v = kernels[k].outputs[0];
+        if let KernelImpl::Generated(g) = &mut kernels[k].imp {
+            g.store_bf16();
+        }
+        for &(r, i) in &readers[&v] {
+            if let KernelImpl::Generated(g) = &mut kernels[r].imp {
+                g.read_bf16(i);
+            }
+        }
+    }
+    stored
+}

@@ -75,7 +75,7 @@ pub struct CompileOptions {
     /// What the kernel target needs ([`TargetNeeds`], the value the driver also gave the
     /// optimizer) and which plan passes run: `fuse-kernels` groups nodes into fused kernels
     /// (epilogues, elementwise chains; off with `--disable-pass fuse-kernels`, to measure what
-    /// fusion buys or to bisect a wrong result), `absorb-bf16-rounding`.
+    /// fusion buys or to bisect a wrong result), `absorb-bf16-rounding`, `store-bf16`.
     pub plan: plan::passes::PlanOptions,
     /// Add the profiling functions to the C API (`NAME_profile_enable`, ...). Executables can
     /// always profile (`--profile FILE.json`); a library without them times nothing.
@@ -129,7 +129,7 @@ pub struct Summary {
     pub target: String,
     /// One line per kernel: node name, operator, implementation.
     pub kernel_lines: Vec<String>,
-    /// What each plan pass did (`fuse-kernels`, `absorb-bf16-rounding`).
+    /// What each plan pass did (`fuse-kernels`, `absorb-bf16-rounding`, `store-bf16`).
     pub plan_passes: Vec<plan::passes::PlanPassStats>,
     /// The planner's decisions in detail (kernels, nodes, memory, target).
     pub report: report::PlanReport,

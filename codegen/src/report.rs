@@ -146,10 +146,14 @@ pub fn target_report(t: &TargetDesc) -> TargetReport {
     }
 }
 
-fn value_info(graph: &Graph, nhwc: &HashSet<ValueId>, v: ValueId) -> ValueInfo {
+fn value_info(graph: &Graph, plan: &Plan, nhwc: &HashSet<ValueId>, v: ValueId) -> ValueInfo {
     let mut info = ValueInfo::new(graph.value_name(v), graph.value_type(v));
     if nhwc.contains(&v) {
         info.layout = "channels-last";
+    }
+    if plan.bf16_values.contains(&v) {
+        // An f32 value its kernels store as bf16 (`store-bf16`).
+        info.dtype = "f32 as bf16".to_string();
     }
     info
 }
@@ -211,7 +215,7 @@ pub fn build(graph: &Graph, plan: &Plan, target: &TargetDesc) -> PlanReport {
                 .inputs
                 .iter()
                 .flatten()
-                .map(|&v| value_info(graph, &nhwc, v))
+                .map(|&v| value_info(graph, plan, &nhwc, v))
                 .collect();
             KernelReport {
                 implementation: match &kern.imp {
@@ -230,7 +234,7 @@ pub fn build(graph: &Graph, plan: &Plan, target: &TargetDesc) -> PlanReport {
                 outputs: kern
                     .outputs
                     .iter()
-                    .map(|&v| value_info(graph, &nhwc, v))
+                    .map(|&v| value_info(graph, plan, &nhwc, v))
                     .collect(),
                 scratch_offset: kern.scratch,
             }
@@ -270,7 +274,7 @@ pub fn build(graph: &Graph, plan: &Plan, target: &TargetDesc) -> PlanReport {
                 name: node.name.clone(),
                 op: node.op.name(),
                 fate,
-                output: (n_out > 0).then(|| value_info(graph, &nhwc, id.out(0))),
+                output: (n_out > 0).then(|| value_info(graph, plan, &nhwc, id.out(0))),
             }
         })
         .collect();

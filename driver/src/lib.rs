@@ -20,7 +20,7 @@ pub mod report;
 mod source;
 
 pub use kiln_codegen::data_dependent::padded_values;
-pub use kiln_codegen::plan::passes::{ABSORB_BF16_ROUNDING, FUSE_KERNELS, PLAN_PASS_NAMES};
+pub use kiln_codegen::plan::passes::{ABSORB_BF16_ROUNDING, FUSE_KERNELS, PLAN_PASS_NAMES, STORE_BF16};
 pub use kiln_codegen::plan::Plan;
 pub use kiln_codegen::weights_file::hex as layout_hash_hex;
 pub use kiln_codegen::{Summary, TargetDesc, TargetNeeds, WeightsFile};
@@ -824,7 +824,9 @@ mod tests {
         assert!(e.downcast_ref::<UsageError>().is_some());
         // The list names the graph passes and the plan passes.
         assert!(
-            e.to_string().contains("freeze") && e.to_string().contains("fuse-kernels, absorb-bf16-rounding"),
+            e.to_string().contains("freeze")
+                && e.to_string()
+                    .contains("fuse-kernels, absorb-bf16-rounding, store-bf16"),
             "{e}"
         );
         let mut s = Session::new(Options {

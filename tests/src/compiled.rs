@@ -73,6 +73,17 @@ pub fn compile_graph_without(
     compile_for(graph, name, emit, out, disabled, None, Precision::F32, None)
 }
 
+/// [`compile_graph_without`] with `--precision bf16`, for this machine's CPU.
+pub fn compile_graph_bf16_without(
+    graph: &Graph,
+    name: &str,
+    emit: Emit,
+    out: &Path,
+    disabled: &[&str],
+) -> Result<kiln_codegen::Summary, String> {
+    compile_for(graph, name, emit, out, disabled, None, Precision::Bf16, None)
+}
+
 /// Optimizes `graph` and compiles it to `out` for an NVIDIA GPU of compute capability `sm`, as
 /// `kiln compile --target cuda --sm SM` does: `Emit::Exe` or `Emit::StaticLib` for an artifact
 /// that runs the kernels on the GPU, `Emit::Ptx` for the device code alone.

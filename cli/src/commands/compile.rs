@@ -229,7 +229,7 @@ pub struct Args {
 
     /// Skip a pass: a graph pass (freeze, channels-last, fuse, bf16-autocast,
     /// lower-control-flow) or a plan pass (fuse-kernels: kernel grouping,
-    /// absorb-bf16-rounding). May be given several times.
+    /// absorb-bf16-rounding, store-bf16). May be given several times.
     #[arg(long = "disable-pass", value_name = "PASS")]
     pub disable_pass: Vec<String>,
 

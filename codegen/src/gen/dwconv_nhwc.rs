@@ -40,6 +40,8 @@ pub struct DwNhwcKernel {
     activation: Activation,
     has_bias: bool,
     residual: Option<usize>,
+    /// The output is stored as bf16 (`GeneratedKernel::store_bf16`).
+    bf16_out: bool,
     packed: Vec<PackedConst>,
     n_inputs: usize,
 }
@@ -98,6 +100,7 @@ pub(crate) fn lower_dw(
         activation: epi.activation,
         has_bias: bias.is_some(),
         residual,
+        bf16_out: false,
         packed,
         n_inputs: node.n_inputs(),
     })))
@@ -135,6 +138,14 @@ impl KernelCommon for DwNhwcKernel {
 }
 
 impl GeneratedKernel for DwNhwcKernel {
+    fn can_store_bf16(&self) -> bool {
+        true
+    }
+
+    fn store_bf16(&mut self) {
+        self.bf16_out = true;
+    }
+
     fn scratch(&self) -> Scratch {
         Scratch::default()
     }
@@ -166,7 +177,7 @@ impl GeneratedKernel for DwNhwcKernel {
 struct Row<'ctx> {
     /// The task's image.
     x: PointerValue<'ctx>,
-    /// The task's output row and, with a residual, the residual's.
+    /// The task's output row (f32 or bf16 elements) and, with a residual, the residual's.
     y: PointerValue<'ctx>,
     r: Option<PointerValue<'ctx>>,
     wts: PointerValue<'ctx>,
@@ -203,7 +214,14 @@ impl DwNhwcKernel {
             .collect::<Result<_>>()?;
         let row = Row {
             x: e.gep_f32(slot(0)?, e.mulc(n, (g.h * g.w) as i64 * c)?)?,
-            y: e.gep_f32(slot(self.n_inputs)?, e.mulc(t, g.ow as i64 * c)?)?,
+            y: {
+                let (y, at) = (slot(self.n_inputs)?, e.mulc(t, g.ow as i64 * c)?);
+                if self.bf16_out {
+                    e.gep_bf16(y, at)?
+                } else {
+                    e.gep_f32(y, at)?
+                }
+            },
             r: match self.residual {
                 Some(i) => Some(e.gep_f32(slot(i)?, e.mulc(t, g.ow as i64 * c)?)?),
                 None => None,
@@ -367,7 +385,11 @@ impl DwNhwcKernel {
                     v = e.fadd(v, e.load_vec(e.gep_f32(r, off)?, lanes)?)?;
                 }
                 v = activation(e, self.activation, v, lanes)?;
-                e.store(e.gep_f32(row.y, off)?, v)?;
+                if self.bf16_out {
+                    e.store_as_bf16(e.gep_bf16(row.y, off)?, v.into())?;
+                } else {
+                    e.store(e.gep_f32(row.y, off)?, v)?;
+                }
             }
         }
         Ok(())

@@ -144,6 +144,38 @@ impl<'a, 'ctx> Emit<'a, 'ctx> {
         unsafe { self.b.build_in_bounds_gep(self.cx.i8_type(), p, &[i], "") }.map_err(llvm)
     }
 
+    /// `p + i` bf16 elements.
+    pub fn gep_bf16(&self, p: PointerValue<'ctx>, i: IntValue<'ctx>) -> Result<PointerValue<'ctx>> {
+        // SAFETY (of the IR): callers index inside the buffers the kernel was planned for.
+        unsafe { self.b.build_in_bounds_gep(self.cx.bf16_type(), p, &[i], "") }.map_err(llvm)
+    }
+
+    /// Stores f32 `v` (a scalar or vector) at `p` as bf16, rounded to nearest even
+    /// (`vcvtneps2bf16` with avx512_bf16). bf16 elements are only 2-byte aligned.
+    pub fn store_as_bf16(&self, p: PointerValue<'ctx>, v: BasicValueEnum<'ctx>) -> Result<()> {
+        let narrow = match v {
+            BasicValueEnum::VectorValue(x) => {
+                let ty = self.cx.bf16_type().vec_type(x.get_type().get_size());
+                self.b.build_float_trunc(x, ty, "").map_err(llvm)?.into()
+            }
+            BasicValueEnum::FloatValue(x) => {
+                let t = self
+                    .b
+                    .build_float_trunc(x, self.cx.bf16_type(), "")
+                    .map_err(llvm)?;
+                BasicValueEnum::from(t)
+            }
+            _ => {
+                return Err(crate::error::CodegenError::internal(
+                    "store_as_bf16 of a non-float",
+                ))
+            }
+        };
+        let st = self.b.build_store(p, narrow).map_err(llvm)?;
+        st.set_alignment(2).map_err(llvm)?;
+        Ok(())
+    }
+
     pub fn gep_f32c(&self, p: PointerValue<'ctx>, i: i64) -> Result<PointerValue<'ctx>> {
         if i == 0 {
             return Ok(p);

@@ -48,6 +48,31 @@ pub trait GeneratedKernel: KernelCommon {
         false
     }
 
+    /// Whether input `i`, which the kernel rounds to bf16 as it reads it
+    /// ([`Self::rounds_input_to_bf16`]), may be given as bf16 instead of f32 (`read_bf16`):
+    /// the rounding then has nothing left to do, and the input is half the bytes.
+    fn can_read_bf16(&self, i: usize) -> bool {
+        let _ = i;
+        false
+    }
+
+    /// Reads input `i` as bf16 (only where [`Self::can_read_bf16`]).
+    fn read_bf16(&mut self, i: usize) {
+        let _ = i;
+        unreachable!("read_bf16 on a kernel that reads no bf16 input")
+    }
+
+    /// Whether the kernel can store its (one) output as bf16, rounded to nearest even
+    /// (`store_bf16`), for readers that round it to bf16 anyway (`bf16_rounding::store_bf16`).
+    fn can_store_bf16(&self) -> bool {
+        false
+    }
+
+    /// Stores the output as bf16 (only where [`Self::can_store_bf16`]).
+    fn store_bf16(&mut self) {
+        unreachable!("store_bf16 on a kernel that stores no bf16 output")
+    }
+
     /// Whether the kernel computes bf16 dot products in hardware (`vdpbf16ps`), for the
     /// compile summary: bf16 operands on f32 kernels give bf16 accuracy but no speed-up.
     fn bf16_dot_products(&self) -> bool {

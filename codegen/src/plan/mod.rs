@@ -13,14 +13,14 @@ use crate::node::NodeInfo;
 use crate::target::TargetDesc;
 use crate::uk;
 use kiln_ir::{Graph, NodeId, Op, QuantOp, ValueId};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 pub mod kernel;
 pub mod passes;
 pub mod weights;
 
 use kernel::{Kernel, KernelImpl};
-use passes::{PlanOptions, PlanPassStats, ABSORB_BF16_ROUNDING, FUSE_KERNELS};
+use passes::{PlanOptions, PlanPassStats, ABSORB_BF16_ROUNDING, FUSE_KERNELS, STORE_BF16};
 use std::time::{Duration, Instant};
 use weights::Weights;
 
@@ -45,6 +45,8 @@ pub struct Plan {
     pub buffers: Vec<ArenaBuffer>,
     /// What each plan pass that ran did (`passes`).
     pub passes: Vec<PlanPassStats>,
+    /// f32 values the kernels store as bf16 (`store-bf16`): half their graph type's bytes.
+    pub bf16_values: HashSet<ValueId>,
 }
 
 /// What an arena buffer holds.
@@ -460,6 +462,34 @@ pub fn build_into(
         )?;
     }
 
+    // Values that only bf16 readers read are stored as bf16.
+    let mut bf16_values = HashSet::new();
+    if opts.needs.products_round_operands {
+        let start = Instant::now();
+        if !opts.is_disabled(STORE_BF16) {
+            bf16_values = crate::bf16_rounding::store_bf16(graph, &mut kernels);
+        }
+        let n = kernels.len();
+        after_plan_pass(
+            opts,
+            graph,
+            &kernels,
+            &mut pass_stats,
+            PlanPassStats {
+                pass: STORE_BF16,
+                kernels_before: n,
+                kernels_after: n,
+                rewrites: bf16_values.len(),
+                summary: if bf16_values.is_empty() {
+                    "unchanged".to_string()
+                } else {
+                    format!("{} values stored as bf16", bf16_values.len())
+                },
+                time: start.elapsed(),
+            },
+        )?;
+    }
+
     // Constants read by kernels (weights, and known inputs of kernels) go into the blob.
     for k in &kernels {
         for v in k.inputs.iter().flatten() {
@@ -488,8 +518,14 @@ pub fn build_into(
         }
     }
 
-    let (arena_bytes, thread_scratch_bytes, buffers) =
-        plan_arena(graph, &mut kernels, &mut storage, &kernel_outputs, &copy_later)?;
+    let (arena_bytes, thread_scratch_bytes, buffers) = plan_arena(
+        graph,
+        &mut kernels,
+        &mut storage,
+        &kernel_outputs,
+        &copy_later,
+        &bf16_values,
+    )?;
     for &(_, v) in &copy_later {
         let v = known_root(graph, v);
         if let (std::collections::hash_map::Entry::Vacant(e), Some(t)) =
@@ -518,6 +554,7 @@ pub fn build_into(
         thread_scratch_bytes,
         buffers,
         passes: pass_stats,
+        bf16_values,
     })
 }
 
@@ -649,6 +686,7 @@ fn plan_arena(
     storage: &mut HashMap<ValueId, Storage>,
     kernel_outputs: &HashMap<ValueId, usize>,
     copy_later: &[(usize, ValueId)],
+    bf16_values: &HashSet<ValueId>,
 ) -> Result<(u64, u64, Vec<ArenaBuffer>)> {
     // Views alias their source: resolve every value to the kernel output that owns its bytes.
     let mut root: HashMap<ValueId, ValueId> = HashMap::new();
@@ -680,8 +718,12 @@ fn plan_arena(
                 continue; // a graph output buffer
             }
             index.insert(v, bufs.len());
+            let bytes = match value_bytes(graph, v)? {
+                b if bf16_values.contains(&v) => b / 2,
+                b => b,
+            };
             bufs.push(Buf {
-                size: align(value_bytes(graph, v)?.max(1)),
+                size: align(bytes.max(1)),
                 first: k,
                 last: k,
                 owner: Owner::Value(v),

@@ -10,6 +10,10 @@
 //!   source of the autocast's `Cast<f32>(Cast<bf16>(x))` pair and drops the casts
 //!   (`bf16_rounding`). It runs only for targets whose products round their operands
 //!   ([`TargetNeeds::products_round_operands`]).
+//! - `store-bf16` stores as bf16 every kernel output whose readers all round it to bf16 as
+//!   they read it and can read bf16 (a depthwise convolution feeding a pointwise bf16
+//!   product): the producer rounds once, the bytes between them halve, and a product reads
+//!   its bf16 rows in place (`bf16_rounding::store_bf16`). Same targets as the pass above.
 //!
 //! After each pass the kernel list is checked ([`verify`]): every value is produced by one
 //! kernel, and every kernel reads only values an earlier kernel produced, graph inputs and
@@ -29,8 +33,10 @@ use std::time::Duration;
 pub const FUSE_KERNELS: &str = "fuse-kernels";
 /// The autocast's rounding pairs absorbed by the kernels that read them.
 pub const ABSORB_BF16_ROUNDING: &str = "absorb-bf16-rounding";
+/// f32 values that only bf16 readers read, stored as bf16.
+pub const STORE_BF16: &str = "store-bf16";
 /// Every plan pass, in the order the planner runs them.
-pub const PLAN_PASS_NAMES: &[&str] = &[FUSE_KERNELS, ABSORB_BF16_ROUNDING];
+pub const PLAN_PASS_NAMES: &[&str] = &[FUSE_KERNELS, ABSORB_BF16_ROUNDING, STORE_BF16];
 /// `--print-after` name of every pass.
 const ALL: &str = "all";
 

@@ -366,6 +366,7 @@ fn assemble(
         bf16_pairs: false,
         k_elems: k,
         a_scale: None,
+        a_bf16: false,
         int8: Some(Int8 {
             dot,
             a_zero,

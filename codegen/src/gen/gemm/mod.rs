@@ -150,6 +150,9 @@ pub struct GemmKernel {
     /// An integer product on `vpdpbusd` (`int8`): K, KC and the packed B count quads of k, A
     /// (u8) is read in place, the accumulators and C are i32.
     int8: Option<Int8>,
+    /// A row-major A held as bf16 (`GeneratedKernel::read_bf16`): its rows are rows of pairs
+    /// already, and the tile reads them in place, unpacked.
+    a_bf16: bool,
 }
 
 /// What an integer product needs beyond the f32 kernel's fields: A's zero point, and which
@@ -346,6 +349,7 @@ impl Builder {
             k_elems,
             a_scale,
             int8: None,
+            a_bf16: false,
         };
         let tuned = match &target.tuning {
             Some(t) => kernel.tune(&t.0, node, target, batch_total, runtime_b),
@@ -479,6 +483,7 @@ pub(crate) fn batched_product(
         k_elems: k,
         a_scale: None,
         int8: None,
+        a_bf16: false,
     };
     (kernel, packed)
 }
@@ -658,6 +663,21 @@ impl GeneratedKernel for GemmKernel {
         self.int8.is_some()
     }
 
+    fn can_read_bf16(&self, i: usize) -> bool {
+        // Pair rows in place: whole pairs (even K), a row stride of whole pairs, no scale to
+        // apply while packing.
+        self.bf16_pairs
+            && self.a_scale.is_none()
+            && self.k_elems.is_multiple_of(2)
+            && matches!(self.a, Operand::Strided { input, rs, cs: 1 } if input == i && rs.is_multiple_of(2))
+            && !matches!(self.b, Operand::Strided { input, .. } if input == i)
+    }
+
+    fn read_bf16(&mut self, i: usize) {
+        debug_assert!(self.can_read_bf16(i));
+        self.a_bf16 = true;
+    }
+
     fn rounds_input_to_bf16(&self, i: usize) -> bool {
         // The pair packing converts A with vcvtneps2bf16 (`bf16_pair_row`), a run-time B the
         // same way (`pack_b_pair_panel`).
@@ -672,7 +692,9 @@ impl GeneratedKernel for GemmKernel {
             floats += self.kc * self.nb.div_ceil(self.tile.nr()) * self.tile.nr();
         }
         let a_panels = self.mb.div_ceil(self.tile.mr) * self.tile.mr;
-        if self.bf16_pairs {
+        if self.a_bf16 {
+            // Read in place.
+        } else if self.bf16_pairs {
             floats += self.pair_row_stride() as usize * a_panels;
         } else if self.int8.is_none() && !matches!(self.a, Operand::Packed { .. }) {
             floats += self.kc * a_panels;
@@ -703,6 +725,10 @@ impl GemmKernel {
     /// MatMuls 5-14% (whole encoder 5-7%). A padded row stride (one kernel's KC plus a
     /// cache line, against L1 set aliasing) measured no better.
     fn a_row_stride(&self) -> Option<i64> {
+        if let (true, Operand::Strided { rs, .. }) = (self.a_bf16, &self.a) {
+            // Pairs of A's own rows.
+            return Some(*rs as i64 / 2);
+        }
         if self.bf16_pairs {
             return Some(self.pair_row_stride());
         }

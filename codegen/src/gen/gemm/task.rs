@@ -108,6 +108,8 @@ impl GemmKernel {
             // An integer product's A is u8: its batch stride counts bytes.
             a: if self.int8.is_some() {
                 e.gep_u8(slot(self.slot_of(&self.a))?, a_off)?
+            } else if self.a_bf16 {
+                e.gep_bf16(slot(self.slot_of(&self.a))?, a_off)?
             } else {
                 e.gep_f32(slot(self.slot_of(&self.a))?, a_off)?
             },
@@ -184,6 +186,10 @@ impl GemmKernel {
                 // u8 rows in place, K/4 words each; the tile reads word (i, kk) of the block.
                 let off = e.add(e.mulc(m0, kk)?, k0)?;
                 (e.gep_f32(ptrs.a, off)?, e.i64c(mr * kk))
+            } else if let (true, Some(rs)) = (self.a_bf16, self.a_row_stride()) {
+                // bf16 rows in place, rs pairs each; the tile reads pair (i, kk) of the block.
+                let off = e.add(e.mulc(m0, rs)?, k0)?;
+                (e.gep_f32(ptrs.a, off)?, e.i64c(mr * rs))
             } else if self.bf16_pairs {
                 let rs = self.pair_row_stride();
                 let scales = match self.a_scale {
