@@ -1,11 +1,11 @@
 //! bf16 activations between kernels (`store-bf16`): with `--precision bf16` on a CPU with
-//! avx512_bf16, a depthwise convolution whose only reader is a pointwise bf16 product stores
-//! its output as bf16, and the product reads those rows in place. The readers round their
+//! avx512_bf16, a depthwise convolution or a product whose only reader is a pointwise bf16
+//! product stores its output as bf16, and the product reads those rows in place. The readers round their
 //! operands to bf16 anyway, so the outputs must be bit-identical to the same compile with
 //! the pass off; the arena must shrink; and both must match the f32 reference to bf16
 //! accuracy. Compiled end to end (the channels-last pass makes the convolutions NHWC), as
 //! MobileNetV2's inverted residual blocks: expand 1×1 → depthwise 3×3 → project 1×1, the
-//! second block at stride 2 and with a residual.
+//! first with a residual, the second at stride 2.
 
 use kiln_ir::{Binary, ConvAttrs, DType, Graph, Op, Tensor, TensorType, ValueId};
 use kiln_tests::compiled::{compile_graph_bf16_without, run_executable, WorkDir};
@@ -119,7 +119,8 @@ fn model() -> Graph {
     let x = g.add_input("x", TensorType::fixed(DType::F32, &[N, C, H, W]));
     let b1 = block(&mut g, &mut rng, "b1", x, C, C, 1);
     let b2 = block(&mut g, &mut rng, "b2", b1, C, 24, 2);
-    g.add_output("y", b2);
+    let b3 = block(&mut g, &mut rng, "b3", b2, 24, 32, 1);
+    g.add_output("y", b3);
     g
 }
 
@@ -147,9 +148,12 @@ fn depthwise_outputs_stored_as_bf16_change_no_bit() {
             .find(|p| p.pass == "store-bf16")
             .map_or(0, |p| p.rewrites);
         let expected = if disabled.is_empty() && host_has_bf16_products() {
-            // The two depthwise outputs; nothing else has only bf16 readers (the expand
-            // outputs feed f32 depthwise kernels, the first block's output a residual).
-            2
+            // The three depthwise outputs, the first block's (its projection with the
+            // residual add) and the second's (24 channels: a column panel cut inside a
+            // vector, stored through the tile's local copy), which only the next block's
+            // expansion reads; the expansions' outputs feed f32 depthwise kernels, the last
+            // block's is the graph output.
+            5
         } else {
             0
         };

@@ -11,8 +11,8 @@
 //!   (`bf16_rounding`). It runs only for targets whose products round their operands
 //!   ([`TargetNeeds::products_round_operands`]).
 //! - `store-bf16` stores as bf16 every kernel output whose readers all round it to bf16 as
-//!   they read it and can read bf16 (a depthwise convolution feeding a pointwise bf16
-//!   product): the producer rounds once, the bytes between them halve, and a product reads
+//!   they read it and can read bf16 (a depthwise convolution or a product feeding a
+//!   pointwise bf16 product): the producer rounds once, the bytes between them halve, and a product reads
 //!   its bf16 rows in place (`bf16_rounding::store_bf16`). Same targets as the pass above.
 //!
 //! After each pass the kernel list is checked ([`verify`]): every value is produced by one

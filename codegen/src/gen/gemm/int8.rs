@@ -367,6 +367,7 @@ fn assemble(
         k_elems: k,
         a_scale: None,
         a_bf16: false,
+        c_bf16: false,
         int8: Some(Int8 {
             dot,
             a_zero,

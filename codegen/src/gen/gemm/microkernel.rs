@@ -110,8 +110,9 @@ impl GemmKernel {
             let off = e.addc(e.mulc(ld, i as i64)?, (v as u32 * lanes) as i64)?;
             e.gep_f32(base, off)
         };
-        // C holds partial sums between K blocks, except bytes (one block then: always first).
-        let first = if self.stores_u8() {
+        // C holds partial sums between K blocks, except bytes and bf16 (one block then:
+        // always first).
+        let first = if self.stores_u8() || self.c_bf16 {
             cx.bool_type().const_int(1, false)
         } else {
             first
@@ -291,6 +292,10 @@ impl GemmKernel {
             for v in 0..nv {
                 let x = b.build_load(vt, acc[i * nv + v], "").map_err(llvm)?;
                 match quantize {
+                    None if self.c_bf16 => {
+                        let off = e.addc(e.mulc(ldc, i as i64)?, (v as u32 * lanes) as i64)?;
+                        e.store_as_bf16(e.gep_bf16(cp, off)?, x)?;
+                    }
                     None => e.store(row_ptr(cp, ldc, i, v)?, x)?,
                     Some(q) => {
                         // One K block (`int8`), so this is the result: its bytes.

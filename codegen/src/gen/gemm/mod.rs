@@ -153,6 +153,9 @@ pub struct GemmKernel {
     /// A row-major A held as bf16 (`GeneratedKernel::read_bf16`): its rows are rows of pairs
     /// already, and the tile reads them in place, unpacked.
     a_bf16: bool,
+    /// C is stored as bf16 (`GeneratedKernel::store_bf16`): one K block, so C never holds
+    /// partial sums.
+    c_bf16: bool,
 }
 
 /// What an integer product needs beyond the f32 kernel's fields: A's zero point, and which
@@ -350,6 +353,7 @@ impl Builder {
             a_scale,
             int8: None,
             a_bf16: false,
+            c_bf16: false,
         };
         let tuned = match &target.tuning {
             Some(t) => kernel.tune(&t.0, node, target, batch_total, runtime_b),
@@ -484,6 +488,7 @@ pub(crate) fn batched_product(
         a_scale: None,
         int8: None,
         a_bf16: false,
+        c_bf16: false,
     };
     (kernel, packed)
 }
@@ -676,6 +681,16 @@ impl GeneratedKernel for GemmKernel {
     fn read_bf16(&mut self, i: usize) {
         debug_assert!(self.can_read_bf16(i));
         self.a_bf16 = true;
+    }
+
+    fn can_store_bf16(&self) -> bool {
+        // Partial sums between K blocks need f32; bytes are an integer product's own.
+        self.int8.is_none() && self.kc >= self.k
+    }
+
+    fn store_bf16(&mut self) {
+        debug_assert!(self.can_store_bf16());
+        self.c_bf16 = true;
     }
 
     fn rounds_input_to_bf16(&self, i: usize) -> bool {

@@ -9,7 +9,7 @@ use crate::gen::cdiv;
 use crate::gen::conv_nhwc::PackTo;
 use crate::gen::emit::Emit;
 use crate::gen::{llvm, KernelBuilder};
-use inkwell::values::{FunctionValue, IntValue, PointerValue};
+use inkwell::values::{BasicValue, FunctionValue, IntValue, PointerValue};
 use inkwell::IntPredicate;
 
 impl GemmKernel {
@@ -116,6 +116,8 @@ impl GemmKernel {
             b: e.gep_f32(slot(self.slot_of(&self.b))?, b_off)?,
             c: if self.stores_u8() {
                 e.gep_u8(slot(self.n_inputs + self.out)?, c_off)?
+            } else if self.c_bf16 {
+                e.gep_bf16(slot(self.n_inputs + self.out)?, c_off)?
             } else {
                 e.gep_f32(slot(self.n_inputs + self.out)?, c_off)?
             },
@@ -287,6 +289,8 @@ impl GemmKernel {
                     let coff = e.add(e.mulc(row, n)?, col)?;
                     let cptr = if self.stores_u8() {
                         e.gep_u8(ptrs.c, coff)?
+                    } else if self.c_bf16 {
+                        e.gep_bf16(ptrs.c, coff)?
                     } else {
                         e.gep_f32(ptrs.c, coff)?
                     };
@@ -363,24 +367,41 @@ impl GemmKernel {
                     e.if_else(full, call_exact, || {
                         // A column cut with no exact tile: run a tile with all columns on a
                         // local copy of the valid part.
-                        let copy =
-                            |to_tmp: bool, tmp: PointerValue<'ctx>, mem: PointerValue<'ctx>| -> Result<()> {
-                                e.for_range(e.i64c(0), nrows, 1, |i| {
-                                    e.for_range(e.i64c(0), ncols, 1, |j| {
-                                        let pt = e.gep_f32(tmp, e.add(e.mulc(i, nr)?, j)?)?;
-                                        let pm = e.gep_f32(mem, e.add(e.mulc(i, n)?, j)?)?;
+                        // f32 elements, or bf16 ones (a C stored as bf16, which the tile
+                        // then writes as bf16 into the local copy too).
+                        let copy = |to_tmp: bool,
+                                    tmp: PointerValue<'ctx>,
+                                    mem: PointerValue<'ctx>,
+                                    bf16: bool|
+                         -> Result<()> {
+                            e.for_range(e.i64c(0), nrows, 1, |i| {
+                                e.for_range(e.i64c(0), ncols, 1, |j| {
+                                    let (at_t, at_m) = (e.add(e.mulc(i, nr)?, j)?, e.add(e.mulc(i, n)?, j)?);
+                                    if bf16 {
+                                        let (pt, pm) = (e.gep_bf16(tmp, at_t)?, e.gep_bf16(mem, at_m)?);
                                         let (from, to) = if to_tmp { (pm, pt) } else { (pt, pm) };
-                                        let v = e.load_f32(from)?;
-                                        e.store(to, v)
-                                    })
+                                        let v = e.b.build_load(e.cx.i16_type(), from, "").map_err(llvm)?;
+                                        v.as_instruction_value()
+                                            .expect("load is an instruction")
+                                            .set_alignment(2)
+                                            .map_err(llvm)?;
+                                        let st = e.b.build_store(to, v).map_err(llvm)?;
+                                        st.set_alignment(2).map_err(llvm)?;
+                                        return Ok(());
+                                    }
+                                    let (pt, pm) = (e.gep_f32(tmp, at_t)?, e.gep_f32(mem, at_m)?);
+                                    let (from, to) = if to_tmp { (pm, pt) } else { (pt, pm) };
+                                    let v = e.load_f32(from)?;
+                                    e.store(to, v)
                                 })
-                            };
+                            })
+                        };
                         let not_first = e.b.build_not(first, "").map_err(llvm)?;
-                        e.if_then(not_first, || copy(true, tmp_c, cptr))?;
+                        e.if_then(not_first, || copy(true, tmp_c, cptr, self.c_bf16))?;
                         // A byte residual comes with byte C, whose columns always have an
                         // exact tile (`int8::stores_u8`): never here.
                         if ptrs.res.is_some() && !self.residual_u8() {
-                            e.if_then(last, || copy(true, tmp_r, rptr))?;
+                            e.if_then(last, || copy(true, tmp_r, rptr, false))?;
                         }
                         // The exact rows where the row panel is cut: a full tile would read
                         // A's rows past M, which an in-place A (int8) does not have.
@@ -392,7 +413,7 @@ impl GemmKernel {
                         } else {
                             run(false)?;
                         }
-                        copy(false, tmp_c, cptr)
+                        copy(false, tmp_c, cptr, self.c_bf16)
                     })
                 })
             })
