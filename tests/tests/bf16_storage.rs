@@ -5,9 +5,10 @@
 //! the pass off; the arena must shrink; and both must match the f32 reference to bf16
 //! accuracy. Compiled end to end (the channels-last pass makes the convolutions NHWC), as
 //! MobileNetV2's inverted residual blocks: expand 1×1 → depthwise 3×3 → project 1×1, the
-//! first with a residual, the second at stride 2.
+//! first with a residual, the second at stride 2; then a ResNet bottleneck, whose 3×3
+//! convolution packs its bf16 input through the im2col packing.
 
-use kiln_ir::{Binary, ConvAttrs, DType, Graph, Op, Tensor, TensorType, ValueId};
+use kiln_ir::{Binary, ConvAttrs, DType, Graph, Op, Tensor, TensorType, Unary, ValueId};
 use kiln_tests::compiled::{compile_graph_bf16_without, run_executable, WorkDir};
 
 /// Deterministic values in [-1, 1) (xorshift64*).
@@ -120,7 +121,17 @@ fn model() -> Graph {
     let b1 = block(&mut g, &mut rng, "b1", x, C, C, 1);
     let b2 = block(&mut g, &mut rng, "b2", b1, C, 24, 2);
     let b3 = block(&mut g, &mut rng, "b3", b2, 24, 32, 1);
-    g.add_output("y", b3);
+    // A ResNet bottleneck without its skip: 1×1 → ReLU → 3×3 (read through the im2col
+    // packing) → ReLU → 1×1.
+    let relu = |g: &mut Graph, name: &str, x: ValueId| {
+        g.add(name, Op::Unary(Unary::Relu), vec![Some(x)], name).unwrap()
+    };
+    let r1 = conv(&mut g, &mut rng, "r_conv1", b3, 32, 24, 1, 1, 1);
+    let r1 = relu(&mut g, "r_relu1", r1);
+    let r2 = conv(&mut g, &mut rng, "r_conv2", r1, 24, 24, 3, 1, 1);
+    let r2 = relu(&mut g, "r_relu2", r2);
+    let y = conv(&mut g, &mut rng, "r_conv3", r2, 24, 40, 1, 1, 1);
+    g.add_output("y", y);
     g
 }
 
@@ -148,12 +159,13 @@ fn depthwise_outputs_stored_as_bf16_change_no_bit() {
             .find(|p| p.pass == "store-bf16")
             .map_or(0, |p| p.rewrites);
         let expected = if disabled.is_empty() && host_has_bf16_products() {
-            // The three depthwise outputs, the first block's (its projection with the
-            // residual add) and the second's (24 channels: a column panel cut inside a
-            // vector, stored through the tile's local copy), which only the next block's
-            // expansion reads; the expansions' outputs feed f32 depthwise kernels, the last
-            // block's is the graph output.
-            5
+            // The three depthwise outputs; each block's output (the first's with its
+            // residual add; the second's 24 channels, a column panel cut inside a vector,
+            // stored through the tile's local copy), which only the next product reads;
+            // the bottleneck's first two convolutions' (the second reads the first's
+            // through its im2col packing). The expansions' outputs feed f32 depthwise
+            // kernels; the last convolution's is the graph output.
+            8
         } else {
             0
         };

@@ -20,6 +20,8 @@ pub(crate) enum PackTo<'ctx> {
     /// bf16, rounded to nearest even: a row of bf16 elements is a row of the bf16 pairs the
     /// `vdpbf16ps` kernels read.
     Bf16,
+    /// bf16 from a bf16 input (`store-bf16`): runs are copied as they are.
+    Bf16FromBf16,
     /// u8 from a u8 input: a row of bytes is a row of the quads the `vpdpbusd` kernels read.
     /// Taps outside the image are `pad` (the input's zero point: an integer zero).
     U8 {
@@ -37,8 +39,7 @@ impl<'ctx> PackTo<'ctx> {
     ) -> Result<PointerValue<'ctx>> {
         match self {
             PackTo::F32 => e.gep_f32(p, i),
-            // SAFETY (of the IR): callers index inside the panel they were given.
-            PackTo::Bf16 => unsafe { e.b.build_in_bounds_gep(e.cx.bf16_type(), p, &[i], "") }.map_err(llvm),
+            PackTo::Bf16 | PackTo::Bf16FromBf16 => e.gep_bf16(p, i),
             PackTo::U8 { .. } => e.gep_u8(p, i),
         }
     }
@@ -52,6 +53,7 @@ impl<'ctx> PackTo<'ctx> {
     ) -> Result<PointerValue<'ctx>> {
         match self {
             PackTo::F32 | PackTo::Bf16 => e.gep_f32(p, i),
+            PackTo::Bf16FromBf16 => e.gep_bf16(p, i),
             PackTo::U8 { .. } => e.gep_u8(p, i),
         }
     }
@@ -70,7 +72,9 @@ impl<'ctx> PackTo<'ctx> {
                 let ty = e.cx.bf16_type().vec_type(v.get_type().get_size());
                 e.masked_store(p, e.b.build_float_trunc(v, ty, "").map_err(llvm)?, mask, 2)
             }
-            PackTo::U8 { .. } => unreachable!("u8 runs are copied bytewise (copy_run)"),
+            PackTo::U8 { .. } | PackTo::Bf16FromBf16 => {
+                unreachable!("u8 and bf16 runs are copied bytewise (copy_run)")
+            }
         }
     }
 }
@@ -90,9 +94,16 @@ fn copy_run<'ctx>(
     n: IntValue<'ctx>,
     lanes: u32,
 ) -> Result<()> {
-    if let PackTo::U8 { .. } = to {
-        e.b.build_memcpy(d, 1, s, 1, n).map_err(llvm)?;
-        return Ok(());
+    match to {
+        PackTo::U8 { .. } => {
+            e.b.build_memcpy(d, 1, s, 1, n).map_err(llvm)?;
+            return Ok(());
+        }
+        PackTo::Bf16FromBf16 => {
+            e.b.build_memcpy(d, 2, s, 2, e.mulc(n, 2)?).map_err(llvm)?;
+            return Ok(());
+        }
+        _ => {}
     }
     if lanes >= 16 {
         return e.for_masked(n, lanes, |x0, mask| {
@@ -115,7 +126,7 @@ fn copy_run<'ctx>(
         match to {
             PackTo::F32 => e.store(at, v),
             PackTo::Bf16 => e.store(at, e.b.build_float_trunc(v, e.cx.bf16_type(), "").map_err(llvm)?),
-            PackTo::U8 { .. } => unreachable!("copied above"),
+            PackTo::U8 { .. } | PackTo::Bf16FromBf16 => unreachable!("copied above"),
         }
     })
 }
@@ -129,9 +140,17 @@ fn zero_run<'ctx>(
     n: IntValue<'ctx>,
     lanes: u32,
 ) -> Result<()> {
-    if let PackTo::U8 { pad } = to {
-        e.b.build_memset(d, 1, pad, n).map_err(llvm)?;
-        return Ok(());
+    match to {
+        PackTo::U8 { pad } => {
+            e.b.build_memset(d, 1, pad, n).map_err(llvm)?;
+            return Ok(());
+        }
+        PackTo::Bf16FromBf16 => {
+            let zero = e.cx.i8_type().const_zero();
+            e.b.build_memset(d, 2, zero, e.mulc(n, 2)?).map_err(llvm)?;
+            return Ok(());
+        }
+        _ => {}
     }
     if lanes >= 16 {
         return e.for_masked(n, lanes, |x0, mask| {
@@ -143,7 +162,7 @@ fn zero_run<'ctx>(
         match to {
             PackTo::F32 => e.store(at, e.f32c(0.0)),
             PackTo::Bf16 => e.store(at, e.cx.bf16_type().const_zero()),
-            PackTo::U8 { .. } => unreachable!("set above"),
+            PackTo::U8 { .. } | PackTo::Bf16FromBf16 => unreachable!("set above"),
         }
     })
 }

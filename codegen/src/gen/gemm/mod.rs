@@ -150,8 +150,9 @@ pub struct GemmKernel {
     /// An integer product on `vpdpbusd` (`int8`): K, KC and the packed B count quads of k, A
     /// (u8) is read in place, the accumulators and C are i32.
     int8: Option<Int8>,
-    /// A row-major A held as bf16 (`GeneratedKernel::read_bf16`): its rows are rows of pairs
-    /// already, and the tile reads them in place, unpacked.
+    /// A held as bf16 (`GeneratedKernel::read_bf16`): a row-major A's rows are rows of pairs
+    /// already, which the tile reads in place, unpacked; an NHWC im2col A's runs are copied
+    /// into the pair rows as they are.
     a_bf16: bool,
     /// C is stored as bf16 (`GeneratedKernel::store_bf16`): one K block, so C never holds
     /// partial sums.
@@ -669,12 +670,17 @@ impl GeneratedKernel for GemmKernel {
     }
 
     fn can_read_bf16(&self, i: usize) -> bool {
-        // Pair rows in place: whole pairs (even K), a row stride of whole pairs, no scale to
-        // apply while packing.
+        // A row-major A's pair rows in place: whole pairs (even K), a row stride of whole
+        // pairs, no scale to apply while packing. An NHWC im2col A's runs copied as they are.
         self.bf16_pairs
             && self.a_scale.is_none()
-            && self.k_elems.is_multiple_of(2)
-            && matches!(self.a, Operand::Strided { input, rs, cs: 1 } if input == i && rs.is_multiple_of(2))
+            && match self.a {
+                Operand::Strided { input, rs, cs: 1 } => {
+                    input == i && self.k_elems.is_multiple_of(2) && rs.is_multiple_of(2)
+                }
+                Operand::Im2colNhwc { input, .. } => input == i,
+                _ => false,
+            }
             && !matches!(self.b, Operand::Strided { input, .. } if input == i)
     }
 
@@ -707,7 +713,7 @@ impl GeneratedKernel for GemmKernel {
             floats += self.kc * self.nb.div_ceil(self.tile.nr()) * self.tile.nr();
         }
         let a_panels = self.mb.div_ceil(self.tile.mr) * self.tile.mr;
-        if self.a_bf16 {
+        if self.a_in_place_bf16().is_some() {
             // Read in place.
         } else if self.bf16_pairs {
             floats += self.pair_row_stride() as usize * a_panels;
@@ -740,9 +746,8 @@ impl GemmKernel {
     /// MatMuls 5-14% (whole encoder 5-7%). A padded row stride (one kernel's KC plus a
     /// cache line, against L1 set aliasing) measured no better.
     fn a_row_stride(&self) -> Option<i64> {
-        if let (true, Operand::Strided { rs, .. }) = (self.a_bf16, &self.a) {
-            // Pairs of A's own rows.
-            return Some(*rs as i64 / 2);
+        if let Some(rs) = self.a_in_place_bf16() {
+            return Some(rs);
         }
         if self.bf16_pairs {
             return Some(self.pair_row_stride());
@@ -759,6 +764,14 @@ impl GemmKernel {
             Operand::Im2colNhwc { .. } | Operand::Strided { cs: 1, .. }
         )
         .then_some(self.kc as i64)
+    }
+
+    /// The row stride in pairs of a row-major bf16 A the tile reads in place (`a_bf16`).
+    fn a_in_place_bf16(&self) -> Option<i64> {
+        match (self.a_bf16, &self.a) {
+            (true, Operand::Strided { rs, .. }) => Some(*rs as i64 / 2),
+            _ => None,
+        }
     }
 
     /// Whether C holds u8 (an integer product's quantized result).

@@ -245,7 +245,11 @@ impl GemmKernel {
                     m,
                     &g,
                     2 * rs,
-                    PackTo::Bf16,
+                    if self.a_bf16 {
+                        PackTo::Bf16FromBf16
+                    } else {
+                        PackTo::Bf16
+                    },
                     self.tile.lanes,
                 )?;
                 let odd = e.b.build_int_truncate(kce, e.cx.bool_type(), "").map_err(llvm)?;

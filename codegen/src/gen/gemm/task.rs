@@ -188,7 +188,7 @@ impl GemmKernel {
                 // u8 rows in place, K/4 words each; the tile reads word (i, kk) of the block.
                 let off = e.add(e.mulc(m0, kk)?, k0)?;
                 (e.gep_f32(ptrs.a, off)?, e.i64c(mr * kk))
-            } else if let (true, Some(rs)) = (self.a_bf16, self.a_row_stride()) {
+            } else if let Some(rs) = self.a_in_place_bf16() {
                 // bf16 rows in place, rs pairs each; the tile reads pair (i, kk) of the block.
                 let off = e.add(e.mulc(m0, rs)?, k0)?;
                 (e.gep_f32(ptrs.a, off)?, e.i64c(mr * rs))
