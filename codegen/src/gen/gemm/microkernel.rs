@@ -112,7 +112,7 @@ impl GemmKernel {
         };
         // C holds partial sums between K blocks, except bytes and bf16 (one block then:
         // always first).
-        let first = if self.stores_u8() || self.c_bf16 {
+        let first = if self.stores_u8() || self.tiles_store_bf16() {
             cx.bool_type().const_int(1, false)
         } else {
             first
@@ -292,7 +292,7 @@ impl GemmKernel {
             for v in 0..nv {
                 let x = b.build_load(vt, acc[i * nv + v], "").map_err(llvm)?;
                 match quantize {
-                    None if self.c_bf16 => {
+                    None if self.tiles_store_bf16() => {
                         let off = e.addc(e.mulc(ldc, i as i64)?, (v as u32 * lanes) as i64)?;
                         e.store_as_bf16(e.gep_bf16(cp, off)?, x)?;
                     }

@@ -154,8 +154,9 @@ pub struct GemmKernel {
     /// already, which the tile reads in place, unpacked; an NHWC im2col A's runs are copied
     /// into the pair rows as they are.
     a_bf16: bool,
-    /// C is stored as bf16 (`GeneratedKernel::store_bf16`): one K block, so C never holds
-    /// partial sums.
+    /// C is stored as bf16 (`GeneratedKernel::store_bf16`). With one K block the tiles store
+    /// bf16 themselves; with several, a task keeps its block's partial sums in f32 scratch
+    /// and converts the block once its last K block is done (`c_partials_in_scratch`).
     c_bf16: bool,
 }
 
@@ -690,8 +691,8 @@ impl GeneratedKernel for GemmKernel {
     }
 
     fn can_store_bf16(&self) -> bool {
-        // Partial sums between K blocks need f32; bytes are an integer product's own.
-        self.int8.is_none() && self.kc >= self.k
+        // Bytes are an integer product's own.
+        self.int8.is_none()
     }
 
     fn store_bf16(&mut self) {
@@ -708,7 +709,7 @@ impl GeneratedKernel for GemmKernel {
     }
 
     fn scratch(&self) -> Scratch {
-        let mut floats = 0;
+        let mut floats = self.c_partials_floats();
         if !matches!(self.b, Operand::Packed { .. }) {
             floats += self.kc * self.nb.div_ceil(self.tile.nr()) * self.tile.nr();
         }
@@ -764,6 +765,31 @@ impl GemmKernel {
             Operand::Im2colNhwc { .. } | Operand::Strided { cs: 1, .. }
         )
         .then_some(self.kc as i64)
+    }
+
+    /// Whether the tiles store bf16 into C themselves: a bf16 C computed in one K block.
+    fn tiles_store_bf16(&self) -> bool {
+        self.c_bf16 && self.kc >= self.k
+    }
+
+    /// A bf16 C computed over several K blocks keeps the task's partial sums in f32 scratch
+    /// (MB × NB, whole tiles), converted once the last block is done.
+    fn c_partials_in_scratch(&self) -> bool {
+        self.c_bf16 && self.kc < self.k
+    }
+
+    /// Per-thread scratch floats of those partial sums (0 without).
+    fn c_partials_floats(&self) -> usize {
+        if self.c_partials_in_scratch() {
+            self.mb.next_multiple_of(self.tile.mr) * self.c_partials_stride()
+        } else {
+            0
+        }
+    }
+
+    /// The row stride of the partial sums: NB rounded up to whole tiles.
+    fn c_partials_stride(&self) -> usize {
+        self.nb.next_multiple_of(self.tile.nr())
     }
 
     /// The row stride in pairs of a row-major bf16 A the tile reads in place (`a_bf16`).

@@ -141,12 +141,16 @@ impl GemmKernel {
         };
         let a_packed = matches!(self.a, Operand::Packed { .. });
         let b_packed = matches!(self.b, Operand::Packed { .. });
-        let scratch = if a_packed && b_packed {
+        let partials = self.c_partials_in_scratch();
+        let scratch = if a_packed && b_packed && !partials {
             null
         } else {
             k.thread_scratch(e.b, ctx, tid)?
         };
-        let bpack = scratch;
+        // [C partial sums] [B panels] [A panels], as `scratch()` sizes them.
+        let cpart = scratch;
+        let bpack = e.gep_f32c(scratch, self.c_partials_floats() as i64)?;
+        let scratch = bpack;
         let apack = if b_packed {
             scratch
         } else {
@@ -287,9 +291,18 @@ impl GemmKernel {
                     let row = e.add(m0, e.mulc(mp, mr)?)?;
                     let nrows = e.umin(e.i64c(mr), e.sub(e.i64c(m), row)?)?;
                     let coff = e.add(e.mulc(row, n)?, col)?;
-                    let cptr = if self.stores_u8() {
+                    // C's row stride where the tiles read and write it.
+                    let ldc = if partials {
+                        self.c_partials_stride() as i64
+                    } else {
+                        n
+                    };
+                    let cptr = if partials {
+                        let at = e.add(e.mulc(e.sub(row, m0)?, ldc)?, e.sub(col, n0)?)?;
+                        e.gep_f32(cpart, at)?
+                    } else if self.stores_u8() {
                         e.gep_u8(ptrs.c, coff)?
-                    } else if self.c_bf16 {
+                    } else if self.tiles_store_bf16() {
                         e.gep_bf16(ptrs.c, coff)?
                     } else {
                         e.gep_f32(ptrs.c, coff)?
@@ -350,7 +363,7 @@ impl GemmKernel {
                     let call_exact = || -> Result<()> {
                         let by_cols = |rows_cut: bool| -> Result<()> {
                             let call = |cols_cut: bool| {
-                                call_tile(tiles.get(rows_cut, cols_cut), cptr, e.i64c(n), rptr, e.i64c(n))
+                                call_tile(tiles.get(rows_cut, cols_cut), cptr, e.i64c(ldc), rptr, e.i64c(n))
                             };
                             if tiles.cut_cols() {
                                 e.if_else(cols_full, || call(false), || call(true))
@@ -372,11 +385,13 @@ impl GemmKernel {
                         let copy = |to_tmp: bool,
                                     tmp: PointerValue<'ctx>,
                                     mem: PointerValue<'ctx>,
-                                    bf16: bool|
+                                    bf16: bool,
+                                    residual: bool|
                          -> Result<()> {
                             e.for_range(e.i64c(0), nrows, 1, |i| {
                                 e.for_range(e.i64c(0), ncols, 1, |j| {
-                                    let (at_t, at_m) = (e.add(e.mulc(i, nr)?, j)?, e.add(e.mulc(i, n)?, j)?);
+                                    let at_t = e.add(e.mulc(i, nr)?, j)?;
+                                    let at_m = e.add(e.mulc(i, if residual { n } else { ldc })?, j)?;
                                     if bf16 {
                                         let (pt, pm) = (e.gep_bf16(tmp, at_t)?, e.gep_bf16(mem, at_m)?);
                                         let (from, to) = if to_tmp { (pm, pt) } else { (pt, pm) };
@@ -397,11 +412,13 @@ impl GemmKernel {
                             })
                         };
                         let not_first = e.b.build_not(first, "").map_err(llvm)?;
-                        e.if_then(not_first, || copy(true, tmp_c, cptr, self.c_bf16))?;
+                        e.if_then(not_first, || {
+                            copy(true, tmp_c, cptr, self.tiles_store_bf16(), false)
+                        })?;
                         // A byte residual comes with byte C, whose columns always have an
                         // exact tile (`int8::stores_u8`): never here.
                         if ptrs.res.is_some() && !self.residual_u8() {
-                            e.if_then(last, || copy(true, tmp_r, rptr, false))?;
+                            e.if_then(last, || copy(true, tmp_r, rptr, false, true))?;
                         }
                         // The exact rows where the row panel is cut: a full tile would read
                         // A's rows past M, which an in-place A (int8) does not have.
@@ -413,11 +430,26 @@ impl GemmKernel {
                         } else {
                             run(false)?;
                         }
-                        copy(false, tmp_c, cptr, self.c_bf16)
+                        copy(false, tmp_c, cptr, self.tiles_store_bf16(), false)
                     })
                 })
             })
         })?;
+        if partials {
+            // The block's results, rounded to bf16 into C.
+            let stride = self.c_partials_stride() as i64;
+            let lanes = self.tile.lanes;
+            e.for_range(e.i64c(0), mcnt, 1, |i| {
+                let from = e.gep_f32(cpart, e.mulc(i, stride)?)?;
+                let to = e.gep_bf16(ptrs.c, e.add(e.mulc(e.add(m0, i)?, n)?, n0)?)?;
+                e.for_masked(ncnt, lanes, |x0, mask| {
+                    let v = e.masked_load(e.gep_f32(from, x0)?, mask, lanes)?;
+                    let narrow = e.cx.bf16_type().vec_type(lanes);
+                    let v = e.b.build_float_trunc(v, narrow, "").map_err(llvm)?;
+                    e.masked_store(e.gep_bf16(to, x0)?, v, mask, 2)
+                })
+            })?;
+        }
         Ok(())
     }
 
