@@ -7,6 +7,7 @@ pub mod compiled;
 pub mod conformance;
 pub mod cuda;
 pub mod fixtures;
+pub mod rng;
 pub mod staticlib;
 
 use std::path::PathBuf;

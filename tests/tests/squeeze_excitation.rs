@@ -7,27 +7,7 @@
 
 use kiln_ir::{Binary, ConvAttrs, DType, Graph, Op, PoolKind, Tensor, TensorType, Unary, ValueId};
 use kiln_tests::compiled::{compile_graph, run_executable, WorkDir};
-
-/// Deterministic values in [-1, 1) (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n)
-            .map(|_| {
-                self.0 ^= self.0 >> 12;
-                self.0 ^= self.0 << 25;
-                self.0 ^= self.0 >> 27;
-                let r = self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40;
-                r as f32 / (1u64 << 23) as f32 - 1.0
-            })
-            .collect()
-    }
-}
+use kiln_tests::rng::Rng;
 
 const N: usize = 3;
 const C: usize = 40;
