@@ -189,7 +189,6 @@ struct kiln_pool {
 
   kiln_task_fn fn;
   void *data;
-  int64_t n;
   /* Each hot atomic on its own cache line: each thread claims from its own range while the
      others poll `state`. */
   kiln_range *ranges;           /* one per thread (the caller's is 0), nworkers + 1 */
@@ -811,7 +810,6 @@ void kiln_rt_parallel_for(kiln_ctx *ctx, kiln_task_fn fn, void *data, int64_t n)
   }
   p->fn = fn;
   p->data = data;
-  p->n = n;
   int64_t threads = (int64_t)p->nworkers + 1;
   for (int64_t t = 0; t < threads; t++) {
     p->ranges[t].end = (t + 1) * n / threads;
