@@ -157,7 +157,11 @@ pub fn to_table(r: &Report) -> String {
                 k.index.to_string(),
                 k.implementation.clone(),
                 layout_short(k.layout).to_string(),
-                k.dtype.clone().unwrap_or_else(|| "-".into()),
+                match (&k.dtype, k.outputs.first().and_then(|v| v.stored_as.as_ref())) {
+                    // An f32 output the kernel stores as bf16 (`store-bf16`).
+                    (Some(d), Some(s)) => format!("{d}→{s}"),
+                    (d, _) => d.clone().unwrap_or_else(|| "-".into()),
+                },
                 nodes.join(" + "),
             ]
         })

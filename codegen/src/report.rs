@@ -18,6 +18,9 @@ pub struct ValueInfo {
     pub shape: Vec<String>,
     /// `row-major` or `channels-last`.
     pub layout: &'static str,
+    /// The element type the artifact stores the value in where it is not `dtype`: `bf16` for
+    /// an f32 value that only bf16 readers read (`store-bf16`).
+    pub stored_as: Option<String>,
 }
 
 impl ValueInfo {
@@ -27,6 +30,7 @@ impl ValueInfo {
             dtype: ty.dtype.to_string(),
             shape: ty.shape.iter().map(|d| d.to_string()).collect(),
             layout: layout_name(ty.layout),
+            stored_as: None,
         }
     }
 }
@@ -152,8 +156,7 @@ fn value_info(graph: &Graph, plan: &Plan, nhwc: &HashSet<ValueId>, v: ValueId) -
         info.layout = "channels-last";
     }
     if plan.bf16_values.contains(&v) {
-        // An f32 value its kernels store as bf16 (`store-bf16`).
-        info.dtype = "f32 as bf16".to_string();
+        info.stored_as = Some("bf16".to_string());
     }
     info
 }

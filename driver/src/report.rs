@@ -124,6 +124,7 @@ pub struct Value {
     pub dtype: String,
     pub shape: Vec<serde_json::Value>,
     pub layout: &'static str,
+    pub stored_as: Option<String>,
 }
 
 impl From<&ValueInfo> for Value {
@@ -140,6 +141,7 @@ impl From<&ValueInfo> for Value {
                 })
                 .collect(),
             layout: v.layout,
+            stored_as: v.stored_as.clone(),
         }
     }
 }

@@ -156,6 +156,15 @@ fn depthwise_outputs_stored_as_bf16_change_no_bit() {
             "values stored as bf16: {:#?}",
             summary.kernel_lines
         );
+        // The report says which outputs are stored as bf16.
+        let reported = summary
+            .report
+            .kernels
+            .iter()
+            .flat_map(|k| &k.outputs)
+            .filter(|v| v.stored_as.as_deref() == Some("bf16"))
+            .count();
+        assert_eq!(reported, stored, "outputs the report shows stored as bf16");
         arenas.push(summary.arena_bytes);
         for threads in [1, 2] {
             let got = run_executable(&exe, &g, &feeds, &work.0, threads).unwrap();
