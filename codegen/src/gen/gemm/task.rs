@@ -149,12 +149,11 @@ impl GemmKernel {
         };
         // [C partial sums] [B panels] [A panels], as `scratch()` sizes them.
         let cpart = scratch;
-        let bpack = e.gep_f32c(scratch, self.c_partials_floats() as i64)?;
-        let scratch = bpack;
+        let bpack = e.gep_f32c(cpart, self.c_partials_floats() as i64)?;
         let apack = if b_packed {
-            scratch
+            bpack
         } else {
-            e.gep_f32c(scratch, kc_max * cdiv(nb, nr) * nr)?
+            e.gep_f32c(bpack, kc_max * cdiv(nb, nr) * nr)?
         };
         let tmp_c = e.entry_alloca(e.cx.f32_type().array_type((mr * nr) as u32), "tmpc")?;
         let tmp_r = e.entry_alloca(e.cx.f32_type().array_type((mr * nr) as u32), "tmpr")?;
@@ -380,18 +379,19 @@ impl GemmKernel {
                     e.if_else(full, call_exact, || {
                         // A column cut with no exact tile: run a tile with all columns on a
                         // local copy of the valid part.
-                        // f32 elements, or bf16 ones (a C stored as bf16, which the tile
-                        // then writes as bf16 into the local copy too).
+                        // Between the local copy (row stride NR) and memory (row stride `ld`),
+                        // f32 elements or bf16 ones (a C the tiles store as bf16, into the
+                        // local copy too).
                         let copy = |to_tmp: bool,
                                     tmp: PointerValue<'ctx>,
                                     mem: PointerValue<'ctx>,
-                                    bf16: bool,
-                                    residual: bool|
+                                    ld: i64,
+                                    bf16: bool|
                          -> Result<()> {
                             e.for_range(e.i64c(0), nrows, 1, |i| {
                                 e.for_range(e.i64c(0), ncols, 1, |j| {
                                     let at_t = e.add(e.mulc(i, nr)?, j)?;
-                                    let at_m = e.add(e.mulc(i, if residual { n } else { ldc })?, j)?;
+                                    let at_m = e.add(e.mulc(i, ld)?, j)?;
                                     if bf16 {
                                         let (pt, pm) = (e.gep_bf16(tmp, at_t)?, e.gep_bf16(mem, at_m)?);
                                         let (from, to) = if to_tmp { (pm, pt) } else { (pt, pm) };
@@ -413,12 +413,12 @@ impl GemmKernel {
                         };
                         let not_first = e.b.build_not(first, "").map_err(llvm)?;
                         e.if_then(not_first, || {
-                            copy(true, tmp_c, cptr, self.tiles_store_bf16(), false)
+                            copy(true, tmp_c, cptr, ldc, self.tiles_store_bf16())
                         })?;
                         // A byte residual comes with byte C, whose columns always have an
                         // exact tile (`int8::stores_u8`): never here.
                         if ptrs.res.is_some() && !self.residual_u8() {
-                            e.if_then(last, || copy(true, tmp_r, rptr, false, true))?;
+                            e.if_then(last, || copy(true, tmp_r, rptr, n, false))?;
                         }
                         // The exact rows where the row panel is cut: a full tile would read
                         // A's rows past M, which an in-place A (int8) does not have.
@@ -430,7 +430,7 @@ impl GemmKernel {
                         } else {
                             run(false)?;
                         }
-                        copy(false, tmp_c, cptr, self.tiles_store_bf16(), false)
+                        copy(false, tmp_c, cptr, ldc, self.tiles_store_bf16())
                     })
                 })
             })
