@@ -16,7 +16,6 @@ use kiln_ir::ConvAttrs;
 pub(crate) fn lower_conv(
     node: &NodeInfo,
     target: &TargetDesc,
-    tile: Tile,
     epi: Epilogue,
     attrs: &ConvAttrs,
 ) -> Result<Option<Box<dyn GeneratedKernel>>> {
@@ -27,7 +26,7 @@ pub(crate) fn lower_conv(
         return Ok(None);
     };
     if attrs.channels_last {
-        return lower_conv_nhwc(node, target, tile, epi, attrs, &s, w);
+        return lower_conv_nhwc(node, target, epi, attrs, &s, w);
     }
     let (nb, c, h, wd) = (s.batch, s.c, s.h, s.w);
     let (m, cg, kh, kw) = (s.m, s.cg, s.kh, s.kw);
@@ -52,6 +51,7 @@ pub(crate) fn lower_conv(
     let mg = m / g;
     let k = cg * kh * kw;
     let n = oh * ow;
+    let tile = Tile::for_product(target, mg, n);
     let per = mg.div_ceil(tile.mr) * tile.mr * k;
     let mut packed_w = Vec::with_capacity(per * g);
     for gi in 0..g {
@@ -115,7 +115,6 @@ pub(crate) fn lower_conv(
 fn lower_conv_nhwc(
     node: &NodeInfo,
     target: &TargetDesc,
-    tile: Tile,
     mut epi: Epilogue,
     attrs: &ConvAttrs,
     s: &ConvShape,
@@ -171,20 +170,23 @@ fn lower_conv_nhwc(
             }
         }
     }
-    let packed = pack_b(&wt, k, m, m, 1, tile.nr(), 1.0);
     let pointwise =
         kh == 1 && kw == 1 && geo.sh == 1 && geo.sw == 1 && geo.ph == 0 && geo.pw == 0 && oh == h && ow == wd;
+    // A pointwise convolution is one product over all images; others one per image.
+    let rows = if pointwise { nb * oh * ow } else { oh * ow };
+    let tile = Tile::for_product(target, rows, m);
+    let packed = pack_b(&wt, k, m, m, 1, tile.nr(), 1.0);
     let mut unread = vec![1];
     if node.has_input(2) {
         unread.push(2);
     }
-    let (rows, a, batch) = if pointwise {
+    let (a, batch) = if pointwise {
         let a = Operand::Strided {
             input: 0,
             rs: c,
             cs: 1,
         };
-        (nb * oh * ow, a, vec![])
+        (a, vec![])
     } else {
         let a = Operand::Im2colNhwc { input: 0, g: geo };
         let batch = vec![BatchDim {
@@ -194,7 +196,7 @@ fn lower_conv_nhwc(
             c: oh * ow * m,
             bias_row: 0,
         }];
-        (oh * ow, a, batch)
+        (a, batch)
     };
     let b = Builder {
         m: rows,

@@ -86,16 +86,15 @@ pub fn lower_fused(
         // Gemm's C takes the residual slot; a fused Gemm should be a MatMul.
         return Ok(None);
     }
-    let tile = Tile::for_target(target);
     match node.op() {
-        Op::MatMul => lower_matmul(node, target, tile, epi),
+        Op::MatMul => lower_matmul(node, target, epi),
         Op::Gemm {
             alpha,
             beta,
             trans_a,
             trans_b,
-        } => lower_gemm(node, target, tile, epi, *alpha, *beta, *trans_a, *trans_b),
-        Op::Conv(a) => lower_conv(node, target, tile, epi, a),
+        } => lower_gemm(node, target, epi, *alpha, *beta, *trans_a, *trans_b),
+        Op::Conv(a) => lower_conv(node, target, epi, a),
         _ => Ok(None),
     }
 }

@@ -302,6 +302,62 @@ fn gemm_cut_panels() {
     }
 }
 
+/// The register tile follows the product's shape on AVX-512 and is fixed elsewhere.
+#[test]
+fn register_tile_by_shape() {
+    use super::gemm::Tile;
+    let v4 = TargetDesc::select(None, Some("x86-64-v4")).unwrap();
+    let tile = |m, n| {
+        let t = Tile::for_product(&v4, m, n);
+        (t.mr, t.nr())
+    };
+    // Transformer rows (128 = 16 × 8), a 7×7 stage (49 rows: 54 in 6-row tiles, 60 in
+    // 12-row ones), a 56×56 stage with 24 channels (12×2 wastes the least).
+    assert_eq!(tile(128, 768), (8, 48));
+    assert_eq!(tile(49, 512), (6, 64));
+    assert_eq!(tile(3136, 24), (12, 32));
+    let v3 = TargetDesc::select(None, Some("x86-64-v3")).unwrap();
+    for (m, n) in [(128, 768), (49, 512), (3136, 24)] {
+        assert_eq!(Tile::for_product(&v3, m, n), Tile::for_target(&v3));
+    }
+}
+
+/// Products whose shapes pick each AVX-512 register tile (`Tile::for_product`: 12×2, 8×3,
+/// 6×4 vectors), each with a cut row panel and a cut column panel (in whole vectors, or in
+/// part of one through the local copy), K in one block and in several, B constant and at
+/// run time.
+#[test]
+fn each_register_tile_with_cut_panels() {
+    let host = TargetDesc::host().unwrap();
+    // (m, k, n, the tile's rows × columns on AVX-512)
+    let shapes = [
+        (23, 300, 30, "12x32"),
+        (21, 700, 40, "8x48"),
+        (13, 300, 80, "8x48"),
+        (5, 700, 120, "6x64"),
+        (11, 300, 112, "6x64"),
+    ];
+    for (i, &(m, k, n, tile)) in shapes.iter().enumerate() {
+        for bconst in [true, false] {
+            let case = CaseBuilder::new(400 + i as u64)
+                .operand(&[m, k], false)
+                .operand(&[k, n], bconst)
+                .node(Op::MatMul);
+            let what = format!("matmul {m}x{k}x{n} B const {bconst}");
+            if host.isa == crate::target::Isa::Avx512 {
+                let node = NodeInfo::new(&case.g, case.id);
+                let kernel = super::products::lower(&node, &host).unwrap().unwrap();
+                assert!(
+                    kernel.describe().contains(&format!(" {tile} ")),
+                    "{what}: {}",
+                    kernel.describe()
+                );
+            }
+            case.check(&what);
+        }
+    }
+}
+
 #[test]
 fn conv_shapes() {
     // (n, c, h, w, m, k, stride, pad, dilation, group)

@@ -106,6 +106,9 @@ fn bf16_pairs_matmul_shapes() {
         (30, 768, 96),
         (12, 1, 32),
         (25, 511, 19),
+        // The 8×3 and 6×4 tiles (`Tile::for_product`), rows and columns cut.
+        (21, 900, 40),
+        (5, 300, 120),
     ];
     for (i, &(m, k, n)) in shapes.iter().enumerate() {
         let case = CaseBuilder::new(1000 + i as u64)

@@ -164,6 +164,9 @@ fn matmul_integer_is_exact() {
         // the rows of A that exist), and a classifier head (M = 1, N = 1000).
         (&[13, 32], 20, Some((7, false)), false),
         (&[1, 2048], 1000, Some((3, false)), false),
+        // The 8×3 and 6×4 tiles (`Tile::for_product`): rows cut, columns in whole vectors.
+        (&[21, 96], 80, Some((5, false)), false),
+        (&[11, 64], 112, None, false),
     ];
     for (i, &(a, n, za, bz)) in cases.iter().enumerate() {
         assert!(check(a, n, za, bz, i as u64 + 1), "case {i} was not lowered");

@@ -45,9 +45,9 @@ pub(crate) fn lower_matmul_integer(
     target: &TargetDesc,
     epi: Epilogue,
 ) -> Result<Option<Box<dyn GeneratedKernel>>> {
-    let Some(tile) = integer_tile(node, target, &epi)? else {
+    if !integer_kernel_applies(node, target, &epi)? {
         return Ok(None);
-    };
+    }
     let row_major_static = |i: usize, dtype: DType| {
         node.input_type(i)
             .is_some_and(|t| t.dtype == dtype && t.layout == Layout::RowMajor && t.is_static())
@@ -89,7 +89,7 @@ pub(crate) fn lower_matmul_integer(
         batch: vec![],
         what: "matmul-integer".into(),
     };
-    assemble(node, target, tile, epi, product)
+    assemble(node, target, epi, product)
 }
 
 /// The GEMM kernel for a channels-last ConvInteger (inputs x `[N, H, W, C]` u8, w `[M, C, KH,
@@ -107,9 +107,9 @@ pub(crate) fn lower_conv_integer(
     if !attrs.channels_last {
         return Ok(None);
     }
-    let Some(tile) = integer_tile(node, target, &epi)? else {
+    if !integer_kernel_applies(node, target, &epi)? {
         return Ok(None);
-    };
+    }
     let x_ok = node
         .input_type(0)
         .is_some_and(|t| t.dtype == DType::U8 && t.layout == Layout::RowMajor && t.is_static());
@@ -184,14 +184,15 @@ pub(crate) fn lower_conv_integer(
         batch,
         what: format!("conv-integer{kh}x{kw}/{} nhwc", geo.sh),
     };
-    assemble(node, target, tile, epi, product)
+    assemble(node, target, epi, product)
 }
 
-/// The tile of an integer product on `target` when it has `vpdpbusd`, the node's zero points
-/// are ones the kernel applies (a per-tensor A zero point; the weights', if any, all zeros)
-/// and `epi` is one it computes: the dequantizing epilogue and what follows it (a bias per
-/// column, a residual, an activation, bf16 rounding or u8 quantization), or none.
-fn integer_tile(node: &NodeInfo, target: &TargetDesc, epi: &Epilogue) -> Result<Option<Tile>> {
+/// Whether an integer product kernel computes the node on `target`: it has `vpdpbusd` (or
+/// `sdot`), the node's zero points are ones the kernel applies (a per-tensor A zero point; the
+/// weights', if any, all zeros) and `epi` is one it computes: the dequantizing epilogue and
+/// what follows it (a bias per column, a residual, an activation, bf16 rounding or u8
+/// quantization), or none.
+fn integer_kernel_applies(node: &NodeInfo, target: &TargetDesc, epi: &Epilogue) -> Result<bool> {
     let tile = Tile::for_target(target);
     // 512-bit `vpdpbusd` or 128-bit `sdot` tiles.
     let lanes = match target.arch {
@@ -199,14 +200,14 @@ fn integer_tile(node: &NodeInfo, target: &TargetDesc, epi: &Epilogue) -> Result<
         _ => 16,
     };
     if !target.has_int8_dot_kernels() || tile.lanes != lanes {
-        return Ok(None);
+        return Ok(false);
     }
     if epi.pool_mean
         || epi.input_scale.is_some()
         || epi.scale != 1.0
         || epi.round_bf16 && epi.quantize.is_some()
     {
-        return Ok(None);
+        return Ok(false);
     }
     // Without dequantizing, the epilogue has nothing to apply to integer sums.
     let bare = epi.bias == Bias::None
@@ -215,22 +216,22 @@ fn integer_tile(node: &NodeInfo, target: &TargetDesc, epi: &Epilogue) -> Result<
         && !epi.round_bf16
         && epi.quantize.is_none();
     if epi.dequantize.is_none() && !bare {
-        return Ok(None);
+        return Ok(false);
     }
     let out = node.output_type(0);
     if out.layout != Layout::RowMajor || !out.is_static() || (bare && out.dtype != DType::I32) {
-        return Ok(None);
+        return Ok(false);
     }
     if node.has_input(2) && node.input_shape(2)?.iter().product::<usize>() != 1 {
-        return Ok(None);
+        return Ok(false);
     }
     if node.has_input(3) {
         match node.known(3) {
             Some(z) if z.to_i64_vec().iter().all(|&v| v == 0) => {}
-            _ => return Ok(None),
+            _ => return Ok(false),
         }
     }
-    Ok(Some(tile))
+    Ok(true)
 }
 
 /// An integer product as the two lowerings describe it.
@@ -246,16 +247,16 @@ struct Product<'w> {
     what: String,
 }
 
-/// The GEMM kernel for `p` with epilogue `epi` (checked by `integer_tile`): B packed as quad
+/// The GEMM kernel for `p` with epilogue `epi` (checked by `integer_kernel_applies`): B packed as quad
 /// panels, the column constants (see the module docs), the blocking.
 fn assemble(
     node: &NodeInfo,
     target: &TargetDesc,
-    tile: Tile,
     epi: Epilogue,
     p: Product<'_>,
 ) -> Result<Option<Box<dyn GeneratedKernel>>> {
     let (m, n, k) = (p.m, p.n, p.k);
+    let tile = Tile::for_product(target, m, n);
     let quads = k.div_ceil(4);
     let nr = tile.nr();
     if epi.quantize.is_some() && !stores_u8(n) {
