@@ -4,7 +4,9 @@
 //! scratch with the same (batch, head) tag. Against the reference interpreter on one and two
 //! threads, with one head (the second call starts on the head the first ended on) and two; on
 //! a CPU with avx512_bf16 also compiled with `--precision bf16`, whose tiles keep packed keys
-//! and values the same way.
+//! and values the same way. And a boolean mask that hides every key from some query rows and
+//! part of them from others, rows of both kinds in every block: the softmax runs phase by
+//! phase over a block's rows.
 
 use kiln_driver::{Cpu, Options, Precision, Session};
 use kiln_ir::{AttentionAttrs, DType, Graph, Op, Tensor, TensorType};
@@ -140,6 +142,72 @@ fn check(h: usize, build: &Build) {
                 "{} heads, {threads} threads: element {i} is {g}, want {w}",
                 h
             );
+        }
+    }
+}
+
+/// `y = Attention(q, k, v, mask)`, `mask` a bool `[1, 1, SQ, T]` shared by the heads.
+fn masked_graph(h: usize) -> Graph {
+    let mut g = Graph::new("attention_masked_rows");
+    let heads = |n| TensorType::fixed(DType::F32, &[B, h, n, D]);
+    let q = g.add_input("q", heads(SQ));
+    let k = g.add_input("k", heads(T));
+    let v = g.add_input("v", heads(T));
+    let mask = g.add_input("mask", TensorType::fixed(DType::Bool, &[1, 1, SQ, T]));
+    let y = g
+        .add(
+            "attention",
+            Op::Attention(AttentionAttrs::default()),
+            vec![Some(q), Some(k), Some(v), Some(mask)],
+            "y",
+        )
+        .unwrap();
+    g.add_output("y", y);
+    g
+}
+
+#[test]
+fn rows_with_every_key_masked_give_zeros_beside_partly_masked_ones() {
+    let host = kiln_codegen::target::TargetDesc::select(None, None).unwrap();
+    let mut builds = vec![F32];
+    if host.has_bf16_pair_kernels() {
+        builds.push(BF16);
+    }
+    let h = 2;
+    let g = masked_graph(h);
+    // Every fifth query row sees no key; the others two keys of three.
+    let mask: Vec<bool> = (0..SQ * T)
+        .map(|x| !(x / T).is_multiple_of(5) && !(x % T + x / T).is_multiple_of(3))
+        .collect();
+    let inputs = vec![
+        values(&[B, h, SQ, D], 1),
+        values(&[B, h, T, D], 2),
+        values(&[B, h, T, D], 3),
+        Tensor::from_vec(vec![1, 1, SQ, T], mask),
+    ];
+    let want = kiln_ir::eval::eval_graph(&g, inputs.clone()).unwrap();
+    let want = want[0].as_slice::<f32>().unwrap();
+    assert!(want.chunks(D).step_by(5).all(|row| row.iter().all(|&x| x == 0.0)));
+    let feeds: Vec<_> = ["q", "k", "v", "mask"]
+        .iter()
+        .map(|n| n.to_string())
+        .zip(inputs)
+        .collect();
+    for build in &builds {
+        let work = WorkDir::new(&format!("attention_masked_rows_{:?}", build.precision));
+        let exe = work.0.join("model");
+        let lines = compile(&g, build.precision, &exe);
+        assert!(lines.iter().any(|l| l.contains(build.kernel)), "{lines:#?}");
+        for threads in [1, 2] {
+            let got = run_executable(&exe, &g, &feeds, &work.0, threads).unwrap();
+            let got = got[0].as_slice::<f32>().unwrap();
+            for (i, (g, w)) in got.iter().zip(want).enumerate() {
+                assert!(
+                    (g - w).abs() <= build.abs + build.rel * w.abs(),
+                    "{:?}, {threads} threads: element {i} is {g}, want {w}",
+                    build.precision
+                );
+            }
         }
     }
 }
