@@ -46,10 +46,6 @@ pub struct TargetDesc {
     /// `--mode max-autotune`: product kernels take the cache blocking timed fastest on this
     /// machine (`tune`); None: the cost model's.
     pub tuning: Option<crate::tune::TuningHandle>,
-    /// The register tile (rows, vectors per row) of every CPU product, where the ISA has it:
-    /// set while `--mode max-autotune` times each tile (`gen::gemm::tuning::choose_tile`);
-    /// None: chosen by the product's shape (`Tile::for_product`).
-    pub product_tile: Option<(usize, u32)>,
 }
 
 /// How stride-1 3×3 convolutions may be computed (`gen::winograd`).
@@ -228,7 +224,6 @@ impl TargetDesc {
             is_host: false,
             conv_algorithm: ConvAlgorithm::Auto,
             tuning: None,
-            product_tile: None,
         })
     }
 
@@ -249,7 +244,6 @@ impl TargetDesc {
             is_host: false,
             conv_algorithm: ConvAlgorithm::Direct,
             tuning: None,
-            product_tile: None,
         })
     }
 

@@ -335,7 +335,7 @@ pub fn build(args: Args, mode: Mode) -> Result<()> {
         if let Some(t) = &compiled.tuning {
             let s = &t.stats;
             eprintln!(
-                "  max-autotune: {} product configurations (shape and register tile) timed, {} read from {}; {} run faster with another blocking than the cost model's",
+                "  max-autotune: {} product shapes timed, {} read from {}; {} run faster with another blocking than the cost model's",
                 s.timed,
                 s.cached,
                 t.cache

@@ -85,17 +85,6 @@ pub trait GeneratedKernel: KernelCommon {
         false
     }
 
-    /// `--mode max-autotune`: a product kernel's register tile and the time it was measured
-    /// at with its tuned blocking; None for kernels tuning did not time.
-    fn tuned_product(&self) -> Option<TunedProduct> {
-        None
-    }
-
-    /// Adds what tuning chose beyond the kernel's own configuration to its description.
-    fn add_tuning_note(&mut self, note: &str) {
-        let _ = note;
-    }
-
     fn scratch(&self) -> Scratch {
         Scratch::default()
     }
@@ -103,15 +92,6 @@ pub trait GeneratedKernel: KernelCommon {
     /// Emits the kernel's body. The builder is positioned in the entry block of `k.function`;
     /// the body must end every path with `ret i32`.
     fn emit(&self, k: &KernelBuilder<'_, '_>) -> Result<()>;
-}
-
-/// A tuned product kernel's register tile (rows, vectors per row; NR columns) and seconds
-/// per call (`GeneratedKernel::tuned_product`).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct TunedProduct {
-    pub tile: (usize, u32),
-    pub nr: usize,
-    pub secs: f64,
 }
 
 /// Ceiling division of positive i64 values.

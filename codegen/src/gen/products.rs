@@ -4,7 +4,6 @@
 //! convolution dispatcher (`conv`).
 
 use super::conv::lower_conv;
-use super::gemm::tuning::choose_tile;
 use super::gemm::{lower_gemm, lower_matmul, Tile};
 use crate::error::Result;
 use crate::gen::GeneratedKernel;
@@ -87,15 +86,15 @@ pub fn lower_fused(
         // Gemm's C takes the residual slot; a fused Gemm should be a MatMul.
         return Ok(None);
     }
-    choose_tile(target, |target| match node.op() {
-        Op::MatMul => lower_matmul(node, target, epi.clone()),
+    match node.op() {
+        Op::MatMul => lower_matmul(node, target, epi),
         Op::Gemm {
             alpha,
             beta,
             trans_a,
             trans_b,
-        } => lower_gemm(node, target, epi.clone(), *alpha, *beta, *trans_a, *trans_b),
-        Op::Conv(a) => lower_conv(node, target, epi.clone(), a),
+        } => lower_gemm(node, target, epi, *alpha, *beta, *trans_a, *trans_b),
+        Op::Conv(a) => lower_conv(node, target, epi, a),
         _ => Ok(None),
-    })
+    }
 }

@@ -316,52 +316,10 @@ fn register_tile_by_shape() {
     assert_eq!(tile(128, 768), (8, 48));
     assert_eq!(tile(49, 512), (6, 64));
     assert_eq!(tile(3136, 24), (12, 32));
-    // A forced tile (what max-autotune times) wins over the shape's.
-    let forced = TargetDesc {
-        product_tile: Some((12, 2)),
-        ..v4.clone()
-    };
-    assert_eq!(Tile::for_product(&forced, 49, 512).mr, 12);
     let v3 = TargetDesc::select(None, Some("x86-64-v3")).unwrap();
     for (m, n) in [(128, 768), (49, 512), (3136, 24)] {
         assert_eq!(Tile::for_product(&v3, m, n), Tile::for_target(&v3));
     }
-}
-
-/// `--mode max-autotune` times the product with each register tile (each tile's blocking
-/// decision is a cache entry of its own), computes the same values whichever tile wins, and
-/// a later compilation picks the same tile from the cache file without timing.
-#[test]
-fn tuning_times_every_register_tile() {
-    use crate::tune::{Tuner, TuningHandle};
-    let dir = tempfile::tempdir().unwrap();
-    let cache = dir.path().join("autotune.json");
-    let tuned_host = |tuner: &std::sync::Arc<Tuner>| TargetDesc {
-        tuning: Some(TuningHandle(tuner.clone())),
-        ..TargetDesc::host().unwrap()
-    };
-    let case = CaseBuilder::new(450)
-        .operand(&[49, 200], false)
-        .operand(&[200, 96], true)
-        .node(Op::MatMul);
-    let node = NodeInfo::new(&case.g, case.id);
-    let tuner = std::sync::Arc::new(Tuner::new("test cpu", 2, Some(cache.clone())).unwrap());
-    let host = tuned_host(&tuner);
-    let first = super::products::lower(&node, &host).unwrap().unwrap();
-    let tiles = super::gemm::Tile::choices(&host).len();
-    assert_eq!(tuner.stats().timed, tiles, "{}", first.describe());
-    tuner.save().unwrap();
-    let want = case.reference();
-    for threads in [1, 2] {
-        let got = run_kernel(first.as_ref(), &node, &host, &case.data, want.len(), threads, 0).0;
-        compare("tuned matmul 49x200x96", &got, &want);
-    }
-    let warm = std::sync::Arc::new(Tuner::new("test cpu", 2, Some(cache)).unwrap());
-    let again = super::products::lower(&node, &tuned_host(&warm))
-        .unwrap()
-        .unwrap();
-    assert_eq!((warm.stats().timed, warm.stats().cached), (0, tiles));
-    assert_eq!(again.describe(), first.describe());
 }
 
 /// Products whose shapes pick each AVX-512 register tile (`Tile::for_product`: 12×2, 8×3,

@@ -1,8 +1,6 @@
 //! `--mode max-autotune`: each product kernel (MatMul, Gemm, a convolution run as a GEMM) is
 //! timed on this machine at compile time with several cache blockings (KC, MB, NB: the
-//! cost model's choice, its next-best ones, other K blocks), and the fastest is kept; where
-//! the ISA has several register tiles, each tile's kernel is tuned so and the fastest tile
-//! kept (`gen::gemm::tuning::choose_tile`). The
+//! cost model's choice, its next-best ones, other K blocks), and the fastest is kept. The
 //! choices are remembered in a cache file keyed by the CPU, kiln's version and the product's
 //! shape, so compiling the same model again (or another one with the same shapes) reads them
 //! instead of timing again.
@@ -18,7 +16,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 /// A candidate must be this much faster than the cost model's blocking (both timings).
-pub(crate) const MIN_GAIN: f64 = 0.03;
+const MIN_GAIN: f64 = 0.03;
 /// Each candidate is called until this much time has passed (at least `MIN_CALLS` times).
 pub(crate) const TIMING_SECS: f64 = 0.03;
 pub(crate) const MIN_CALLS: usize = 3;
@@ -70,9 +68,9 @@ impl Decision {
 /// Counts for the compile summary.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TuningStats {
-    /// Product configurations (a shape with one register tile) timed in this compilation.
+    /// Product shapes timed in this compilation.
     pub timed: usize,
-    /// Product configurations whose choice came from the cache.
+    /// Product shapes whose choice came from the cache.
     pub cached: usize,
     /// Of both, how many got a blocking other than the cost model's.
     pub changed: usize,

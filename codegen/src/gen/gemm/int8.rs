@@ -369,7 +369,6 @@ fn assemble(
         a_scale: None,
         a_bf16: false,
         c_bf16: false,
-        tuned_secs: None,
         int8: Some(Int8 {
             dot,
             a_zero,

@@ -33,10 +33,10 @@ mod nibble_gemv;
 mod nibbles;
 pub(crate) mod pack;
 mod task;
-pub(crate) mod tuning;
+mod tuning;
 
 use crate::error::Result;
-use crate::gen::{GeneratedKernel, KernelBuilder, TunedProduct};
+use crate::gen::{GeneratedKernel, KernelBuilder};
 use crate::kernel::epilogue::{Activation, Bias, Epilogue, Quantize, Residual};
 use crate::kernel::geometry::{ConvWindow, Product};
 use crate::kernel::{KernelCommon, PackedConst, Scratch};
@@ -90,38 +90,26 @@ impl Tile {
     /// f32). Choosing by shape gains most where 12 rows cut badly: the 7×7 stages of a CNN
     /// (M = 49: 60 rows of work in 12-row tiles, 54 in 6-row ones) and transformers' 128
     /// rows (8×3). Other targets have one tile.
-    /// A target's forced tile (`TargetDesc::product_tile`) wins when it is one of the ISA's.
     pub fn for_product(t: &TargetDesc, m: usize, n: usize) -> Tile {
         let default = Tile::for_target(t);
-        let choices = Tile::choices(t);
-        let with = |&(mr, nv, _): &(usize, u32, f64)| Tile {
-            lanes: default.lanes,
-            nv,
-            mr,
-        };
-        if let Some(forced) = choices.iter().find(|c| Some((c.0, c.1)) == t.product_tile) {
-            return with(forced);
+        if t.isa != Isa::Avx512 {
+            return default;
         }
+        const CANDIDATES: [(usize, u32, f64); 3] = [(12, 2, 1.0), (8, 3, 0.97), (6, 4, 0.96)];
         let work = |&(mr, nv, cost): &(usize, u32, f64)| {
             let nr = default.lanes as usize * nv as usize;
             (m.div_ceil(mr) * mr * n.div_ceil(nr) * nr) as f64 * cost
         };
-        let mut best = &choices[0];
-        for c in &choices[1..] {
-            if work(c) < work(best) {
-                best = c;
+        let mut best = CANDIDATES[0];
+        for c in &CANDIDATES[1..] {
+            if work(c) < work(&best) {
+                best = *c;
             }
         }
-        with(best)
-    }
-
-    /// The register tiles products on `t` may use: (rows, vectors per row, relative cost per
-    /// FMA), the target's default first.
-    pub fn choices(t: &TargetDesc) -> &'static [(usize, u32, f64)] {
-        match t.isa {
-            Isa::Avx512 => &[(12, 2, 1.0), (8, 3, 0.97), (6, 4, 0.96)],
-            Isa::Avx2 => &[(6, 2, 1.0)],
-            Isa::Portable => &[(4, 2, 1.0)],
+        Tile {
+            lanes: default.lanes,
+            nv: best.1,
+            mr: best.0,
         }
     }
 
@@ -195,8 +183,6 @@ pub struct GemmKernel {
     /// An integer product on `vpdpbusd` (`int8`): K, KC and the packed B count quads of k, A
     /// (u8) is read in place, the accumulators and C are i32.
     int8: Option<Int8>,
-    /// `--mode max-autotune`: the seconds per call timed for the chosen blocking.
-    tuned_secs: Option<f64>,
     /// A held as bf16 (`GeneratedKernel::read_bf16`): a row-major A's rows are rows of pairs
     /// already, which the tile reads in place, unpacked; an NHWC im2col A's runs are copied
     /// into the pair rows as they are.
@@ -401,7 +387,6 @@ impl Builder {
             k_elems,
             a_scale,
             int8: None,
-            tuned_secs: None,
             a_bf16: false,
             c_bf16: false,
         };
@@ -409,7 +394,6 @@ impl Builder {
             Some(t) => kernel.tune(&t.0, node, target, batch_total, runtime_b),
             None => None,
         };
-        kernel.tuned_secs = tuned.map(|d| d.best_secs);
         // With one K block the panel-major layout already is the K-block-major one.
         if let Operand::Packed { slot } = kernel.b {
             if kernel.kc < kernel.k {
@@ -538,7 +522,6 @@ pub(crate) fn batched_product(
         k_elems: k,
         a_scale: None,
         int8: None,
-        tuned_secs: None,
         a_bf16: false,
         c_bf16: false,
     };
@@ -714,18 +697,6 @@ impl KernelCommon for GemmKernel {
 impl GeneratedKernel for GemmKernel {
     fn bf16_dot_products(&self) -> bool {
         self.bf16_pairs
-    }
-
-    fn tuned_product(&self) -> Option<TunedProduct> {
-        Some(TunedProduct {
-            tile: (self.tile.mr, self.tile.nv),
-            nr: self.tile.nr(),
-            secs: self.tuned_secs?,
-        })
-    }
-
-    fn add_tuning_note(&mut self, note: &str) {
-        self.what = format!("{} ({note})", self.what);
     }
 
     fn int8_dot_products(&self) -> bool {

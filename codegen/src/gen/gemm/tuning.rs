@@ -1,16 +1,14 @@
 //! `--mode max-autotune` for the GEMM kernel: time the candidate blockings of a lowered
 //! kernel on this machine (`tune::jit`) and adopt the fastest (`tune::Tuner` decides and
-//! caches); where the ISA has several register tiles, lower the product with each and keep
-//! the fastest (`choose_tile`).
+//! caches).
 
 use super::blocking::candidates;
-use super::{GemmKernel, Operand, Tile};
-use crate::error::Result;
-use crate::gen::{jit, GeneratedKernel};
+use super::{GemmKernel, Operand};
+use crate::gen::jit;
 use crate::kernel::KernelCommon;
 use crate::node::NodeInfo;
 use crate::target::TargetDesc;
-use crate::tune::{Blocking, Decision, Tuner, MIN_CALLS, MIN_GAIN, TIMING_SECS};
+use crate::tune::{Blocking, Decision, Tuner, MIN_CALLS, TIMING_SECS};
 
 /// Written between timed calls to evict the weights from the caches (twice a 32 MiB L3): in
 /// a transformer or a large CNN every product's weights come from memory, and a kernel timed
@@ -90,52 +88,5 @@ impl GemmKernel {
         });
         self.set_blocking(decision.map_or(cands[0], |d| d.blocking));
         decision
-    }
-}
-
-/// A product lowered by `lower` (for a target), with the register tile `--mode max-autotune`
-/// measures fastest: the shape's tile (`Tile::for_product`) unless another of the ISA's tiles,
-/// each with its own tuned blocking, is `MIN_GAIN` faster. The times are those of the
-/// blocking decisions, which the tuning cache keeps per tile, so a compile with a warm cache
-/// picks the same tile without timing. Without tuning, or for a kernel tuning does not time,
-/// the shape's tile.
-pub(crate) fn choose_tile(
-    target: &TargetDesc,
-    lower: impl Fn(&TargetDesc) -> Result<Option<Box<dyn GeneratedKernel>>>,
-) -> Result<Option<Box<dyn GeneratedKernel>>> {
-    let first = lower(target)?;
-    let choices = Tile::choices(target);
-    if target.tuning.is_none() || target.product_tile.is_some() || choices.len() < 2 {
-        return Ok(first);
-    }
-    let Some(shape_tile) = first.as_ref().and_then(|k| k.tuned_product()) else {
-        return Ok(first);
-    };
-    let mut fastest: Option<(Box<dyn GeneratedKernel>, f64)> = None;
-    for &(mr, nv, _) in choices {
-        if (mr, nv) == shape_tile.tile {
-            continue;
-        }
-        let forced = TargetDesc {
-            product_tile: Some((mr, nv)),
-            ..target.clone()
-        };
-        let Some(kernel) = lower(&forced)? else { continue };
-        let Some(t) = kernel.tuned_product() else { continue };
-        if t.secs < fastest.as_ref().map_or(shape_tile.secs, |f| f.1) {
-            fastest = Some((kernel, t.secs));
-        }
-    }
-    match fastest {
-        Some((mut kernel, secs)) if secs < shape_tile.secs * (1.0 - MIN_GAIN) => {
-            kernel.add_tuning_note(&format!(
-                "tile tuned: {:.2}x faster than the shape's {}x{}",
-                shape_tile.secs / secs,
-                shape_tile.tile.0,
-                shape_tile.nr
-            ));
-            Ok(Some(kernel))
-        }
-        _ => Ok(first),
     }
 }
