@@ -6,7 +6,8 @@
 //! a CPU with avx512_bf16 also compiled with `--precision bf16`, whose tiles keep packed keys
 //! and values the same way. And a boolean mask that hides every key from some query rows and
 //! part of them from others, rows of both kinds in every block: the softmax runs phase by
-//! phase over a block's rows.
+//! phase over a block's rows. And padding masks (`[B, 1, 1, T]`, boolean and float), whose
+//! masked keys past the last one let through the kernel skips.
 
 use kiln_driver::{Cpu, Options, Precision, Session};
 use kiln_ir::{AttentionAttrs, DType, Graph, Op, Tensor, TensorType};
@@ -207,6 +208,106 @@ fn rows_with_every_key_masked_give_zeros_beside_partly_masked_ones() {
                     "{:?}, {threads} threads: element {i} is {g}, want {w}",
                     build.precision
                 );
+            }
+        }
+    }
+}
+
+/// `y = Attention(q, k, v, mask)` over two batch entries, `mask` of `dtype` and `shape`
+/// (`[2, 1, 1, T]` or `[2, 1, SQ, T]`).
+fn padding_graph(h: usize, dtype: DType, shape: &[usize]) -> Graph {
+    let mut g = Graph::new("attention_padding");
+    let heads = |n| TensorType::fixed(DType::F32, &[2, h, n, D]);
+    let q = g.add_input("q", heads(SQ));
+    let k = g.add_input("k", heads(T));
+    let v = g.add_input("v", heads(T));
+    let mask = g.add_input("mask", TensorType::fixed(dtype, shape));
+    let y = g
+        .add(
+            "attention",
+            Op::Attention(AttentionAttrs::default()),
+            vec![Some(q), Some(k), Some(v), Some(mask)],
+            "y",
+        )
+        .unwrap();
+    g.add_output("y", y);
+    g
+}
+
+/// Padding masks as exporters write them, boolean and float (`finfo(float32).min`, as Hugging
+/// Face adds), one row per batch entry or one per query: batch entry 0 lets keys through up
+/// to an isolated one, at 41 in its longest row (the keys after it are skipped); entry 1 none
+/// at all — a boolean mask then gives zeros, a float one averages over every key, as the
+/// reference does, so neither may be cut short; nor may entry 0 where a float mask blanks
+/// some of its rows.
+#[test]
+fn padding_masks_skip_the_keys_after_the_last_one_let_through() {
+    let host = kiln_codegen::target::TargetDesc::select(None, None).unwrap();
+    let mut builds = vec![F32];
+    if host.has_bf16_pair_kernels() {
+        builds.push(BF16);
+    }
+    let h = 2;
+    let cases = [
+        (DType::Bool, vec![2, 1, 1, T]),
+        (DType::F32, vec![2, 1, 1, T]),
+        (DType::F32, vec![2, 1, SQ, T]),
+    ];
+    for (dtype, shape) in cases {
+        let rows = shape[2];
+        // Row i of entry 0 lets keys 0..30 through, and key 30 + i % 12 (41 at most);
+        // with a row per query, every thirteenth row of it none (averaged over all T keys).
+        let through: Vec<bool> = (0..2 * rows * T)
+            .map(|x| {
+                let (b, i, t) = (x / (rows * T), x / T % rows, x % T);
+                let blank = rows > 1 && i % 13 == 5;
+                b == 0 && !blank && (t < 30 || t == 30 + i % 12 || (rows == 1 && t == 41))
+            })
+            .collect();
+        let mask = match dtype {
+            DType::Bool => Tensor::from_vec(shape.clone(), through),
+            _ => Tensor::from_vec(
+                shape.clone(),
+                through
+                    .iter()
+                    .map(|&t| if t { 0.0f32 } else { f32::MIN })
+                    .collect::<Vec<_>>(),
+            ),
+        };
+        let g = padding_graph(h, dtype, &shape);
+        let inputs = vec![
+            values(&[2, h, SQ, D], 4),
+            values(&[2, h, T, D], 5),
+            values(&[2, h, T, D], 6),
+            mask,
+        ];
+        let want = kiln_ir::eval::eval_graph(&g, inputs.clone()).unwrap();
+        let want = want[0].as_slice::<f32>().unwrap();
+        let second = &want[want.len() / 2..];
+        assert_eq!(second.iter().all(|&x| x == 0.0), dtype == DType::Bool);
+        let feeds: Vec<_> = ["q", "k", "v", "mask"]
+            .iter()
+            .map(|n| n.to_string())
+            .zip(inputs)
+            .collect();
+        for build in &builds {
+            let work = WorkDir::new(&format!(
+                "attention_padding_{dtype:?}_{rows}_{:?}",
+                build.precision
+            ));
+            let exe = work.0.join("model");
+            let lines = compile(&g, build.precision, &exe);
+            assert!(lines.iter().any(|l| l.contains(build.kernel)), "{lines:#?}");
+            for threads in [1, 2] {
+                let got = run_executable(&exe, &g, &feeds, &work.0, threads).unwrap();
+                let got = got[0].as_slice::<f32>().unwrap();
+                for (i, (g, w)) in got.iter().zip(want).enumerate() {
+                    assert!(
+                        (g - w).abs() <= build.abs + build.rel * w.abs(),
+                        "{dtype:?} mask {shape:?}, {:?}, {threads} threads: element {i} is {g}, want {w}",
+                        build.precision
+                    );
+                }
             }
         }
     }
