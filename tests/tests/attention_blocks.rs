@@ -147,14 +147,15 @@ fn check(h: usize, build: &Build) {
     }
 }
 
-/// `y = Attention(q, k, v, mask)`, `mask` a bool `[1, 1, SQ, T]` shared by the heads.
-fn masked_graph(h: usize) -> Graph {
-    let mut g = Graph::new("attention_masked_rows");
-    let heads = |n| TensorType::fixed(DType::F32, &[B, h, n, D]);
+/// `y = Attention(q, k, v, mask)` over `batch` entries of `h` heads, `mask` of `dtype` and
+/// `mask_shape`.
+fn masked_graph(batch: usize, h: usize, dtype: DType, mask_shape: &[usize]) -> Graph {
+    let mut g = Graph::new("attention_masked");
+    let heads = |n| TensorType::fixed(DType::F32, &[batch, h, n, D]);
     let q = g.add_input("q", heads(SQ));
     let k = g.add_input("k", heads(T));
     let v = g.add_input("v", heads(T));
-    let mask = g.add_input("mask", TensorType::fixed(DType::Bool, &[1, 1, SQ, T]));
+    let mask = g.add_input("mask", TensorType::fixed(dtype, mask_shape));
     let y = g
         .add(
             "attention",
@@ -167,15 +168,47 @@ fn masked_graph(h: usize) -> Graph {
     g
 }
 
-#[test]
-fn rows_with_every_key_masked_give_zeros_beside_partly_masked_ones() {
+/// The builds this CPU runs: f32, and bf16 where it has avx512_bf16.
+fn host_builds() -> Vec<Build> {
     let host = kiln_codegen::target::TargetDesc::select(None, None).unwrap();
     let mut builds = vec![F32];
     if host.has_bf16_pair_kernels() {
         builds.push(BF16);
     }
+    builds
+}
+
+/// Compiles a `masked_graph` for each of `builds` and compares its runs on one and two
+/// threads with `want` (the reference's output for `inputs`: q, k, v, mask).
+fn check_masked(g: &Graph, inputs: Vec<Tensor>, want: &[f32], builds: &[Build], what: &str) {
+    let feeds: Vec<_> = ["q", "k", "v", "mask"]
+        .iter()
+        .map(|n| n.to_string())
+        .zip(inputs)
+        .collect();
+    for build in builds {
+        let work = WorkDir::new(&format!("attention_{what}_{:?}", build.precision));
+        let exe = work.0.join("model");
+        let lines = compile(g, build.precision, &exe);
+        assert!(lines.iter().any(|l| l.contains(build.kernel)), "{lines:#?}");
+        for threads in [1, 2] {
+            let got = run_executable(&exe, g, &feeds, &work.0, threads).unwrap();
+            let got = got[0].as_slice::<f32>().unwrap();
+            for (i, (g, w)) in got.iter().zip(want).enumerate() {
+                assert!(
+                    (g - w).abs() <= build.abs + build.rel * w.abs(),
+                    "{what}, {:?}, {threads} threads: element {i} is {g}, want {w}",
+                    build.precision
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn rows_with_every_key_masked_give_zeros_beside_partly_masked_ones() {
     let h = 2;
-    let g = masked_graph(h);
+    let g = masked_graph(B, h, DType::Bool, &[1, 1, SQ, T]);
     // Every fifth query row sees no key; the others two keys of three.
     let mask: Vec<bool> = (0..SQ * T)
         .map(|x| !(x / T).is_multiple_of(5) && !(x % T + x / T).is_multiple_of(3))
@@ -189,49 +222,7 @@ fn rows_with_every_key_masked_give_zeros_beside_partly_masked_ones() {
     let want = kiln_ir::eval::eval_graph(&g, inputs.clone()).unwrap();
     let want = want[0].as_slice::<f32>().unwrap();
     assert!(want.chunks(D).step_by(5).all(|row| row.iter().all(|&x| x == 0.0)));
-    let feeds: Vec<_> = ["q", "k", "v", "mask"]
-        .iter()
-        .map(|n| n.to_string())
-        .zip(inputs)
-        .collect();
-    for build in &builds {
-        let work = WorkDir::new(&format!("attention_masked_rows_{:?}", build.precision));
-        let exe = work.0.join("model");
-        let lines = compile(&g, build.precision, &exe);
-        assert!(lines.iter().any(|l| l.contains(build.kernel)), "{lines:#?}");
-        for threads in [1, 2] {
-            let got = run_executable(&exe, &g, &feeds, &work.0, threads).unwrap();
-            let got = got[0].as_slice::<f32>().unwrap();
-            for (i, (g, w)) in got.iter().zip(want).enumerate() {
-                assert!(
-                    (g - w).abs() <= build.abs + build.rel * w.abs(),
-                    "{:?}, {threads} threads: element {i} is {g}, want {w}",
-                    build.precision
-                );
-            }
-        }
-    }
-}
-
-/// `y = Attention(q, k, v, mask)` over two batch entries, `mask` of `dtype` and `shape`
-/// (`[2, 1, 1, T]` or `[2, 1, SQ, T]`).
-fn padding_graph(h: usize, dtype: DType, shape: &[usize]) -> Graph {
-    let mut g = Graph::new("attention_padding");
-    let heads = |n| TensorType::fixed(DType::F32, &[2, h, n, D]);
-    let q = g.add_input("q", heads(SQ));
-    let k = g.add_input("k", heads(T));
-    let v = g.add_input("v", heads(T));
-    let mask = g.add_input("mask", TensorType::fixed(dtype, shape));
-    let y = g
-        .add(
-            "attention",
-            Op::Attention(AttentionAttrs::default()),
-            vec![Some(q), Some(k), Some(v), Some(mask)],
-            "y",
-        )
-        .unwrap();
-    g.add_output("y", y);
-    g
+    check_masked(&g, inputs, want, &host_builds(), "masked_rows");
 }
 
 /// Padding masks as exporters write them, boolean and float (`finfo(float32).min`, as Hugging
@@ -242,11 +233,6 @@ fn padding_graph(h: usize, dtype: DType, shape: &[usize]) -> Graph {
 /// some of its rows.
 #[test]
 fn padding_masks_skip_the_keys_after_the_last_one_let_through() {
-    let host = kiln_codegen::target::TargetDesc::select(None, None).unwrap();
-    let mut builds = vec![F32];
-    if host.has_bf16_pair_kernels() {
-        builds.push(BF16);
-    }
     let h = 2;
     let cases = [
         (DType::Bool, vec![2, 1, 1, T]),
@@ -274,7 +260,7 @@ fn padding_masks_skip_the_keys_after_the_last_one_let_through() {
                     .collect::<Vec<_>>(),
             ),
         };
-        let g = padding_graph(h, dtype, &shape);
+        let g = masked_graph(2, h, dtype, &shape);
         let inputs = vec![
             values(&[2, h, SQ, D], 4),
             values(&[2, h, T, D], 5),
@@ -285,30 +271,12 @@ fn padding_masks_skip_the_keys_after_the_last_one_let_through() {
         let want = want[0].as_slice::<f32>().unwrap();
         let second = &want[want.len() / 2..];
         assert_eq!(second.iter().all(|&x| x == 0.0), dtype == DType::Bool);
-        let feeds: Vec<_> = ["q", "k", "v", "mask"]
-            .iter()
-            .map(|n| n.to_string())
-            .zip(inputs)
-            .collect();
-        for build in &builds {
-            let work = WorkDir::new(&format!(
-                "attention_padding_{dtype:?}_{rows}_{:?}",
-                build.precision
-            ));
-            let exe = work.0.join("model");
-            let lines = compile(&g, build.precision, &exe);
-            assert!(lines.iter().any(|l| l.contains(build.kernel)), "{lines:#?}");
-            for threads in [1, 2] {
-                let got = run_executable(&exe, &g, &feeds, &work.0, threads).unwrap();
-                let got = got[0].as_slice::<f32>().unwrap();
-                for (i, (g, w)) in got.iter().zip(want).enumerate() {
-                    assert!(
-                        (g - w).abs() <= build.abs + build.rel * w.abs(),
-                        "{dtype:?} mask {shape:?}, {:?}, {threads} threads: element {i} is {g}, want {w}",
-                        build.precision
-                    );
-                }
-            }
-        }
+        check_masked(
+            &g,
+            inputs,
+            want,
+            &host_builds(),
+            &format!("padding_{dtype:?}_{rows}"),
+        );
     }
 }
