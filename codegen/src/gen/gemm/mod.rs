@@ -86,8 +86,9 @@ impl Tile {
     /// panel runs a smaller, less efficient tile or a full one on a local copy, so the tile
     /// with the least padded work (M and N rounded up to whole tiles) wins, weighted by its
     /// cost per FMA: the wider tiles load fewer operands per FMA (11 and 10 loads per 24
-    /// FMAs against 14), measured 3-4% faster on products no tile cuts (Zen 5, bf16 and
-    /// f32). Choosing by shape gains most where 12 rows cut badly: the 7×7 stages of a CNN
+    /// FMAs against 14), and fitted to the product kernels of three CNNs in bf16 and f32
+    /// (Zen 5) they take 3-4% less time per FMA of padded work. Choosing by shape gains most
+    /// where 12 rows cut badly: the 7×7 stages of a CNN
     /// (M = 49: 60 rows of work in 12-row tiles, 54 in 6-row ones) and transformers' 128
     /// rows (8×3). Other targets have one tile.
     pub fn for_product(t: &TargetDesc, m: usize, n: usize) -> Tile {
