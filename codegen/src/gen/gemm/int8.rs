@@ -247,8 +247,9 @@ struct Product<'w> {
     what: String,
 }
 
-/// The GEMM kernel for `p` with epilogue `epi` (checked by `integer_kernel_applies`): B packed as quad
-/// panels, the column constants (see the module docs), the blocking.
+/// The GEMM kernel for `p` with epilogue `epi` (checked by `integer_kernel_applies`): the
+/// register tile for its shape, B packed as quad panels, the column constants (see the
+/// module docs), the blocking.
 fn assemble(
     node: &NodeInfo,
     target: &TargetDesc,
