@@ -19,6 +19,10 @@ use kiln_ir::{MiscOp, Op, OpFamily, QuantOp};
 pub enum GpuGenerator {
     /// Tiled products and convolutions (`gemm`).
     Gemm,
+    /// Integer products and convolutions, a thread per output element (`integer`).
+    Integer,
+    /// DynamicQuantizeLinear, one block (`dynamic_quantize`).
+    DynamicQuantize,
     /// Fused attention (`attention`).
     Attention,
     /// Strided copies (`copy`).
@@ -70,9 +74,10 @@ pub fn generators(op: &Op) -> Generators {
     let (gpu, cpu): (&'static [GpuGenerator], &'static [CpuGenerator]) = match op {
         Op::MatMul | Op::Gemm { .. } => (&[G::Gemm], &[C::Products]),
         Op::Conv(_) => (&[G::Gemm, G::WindowConv], &[C::Products]),
-        Op::Quant(
-            QuantOp::MatMulInteger | QuantOp::ConvInteger(_) | QuantOp::BlockQuantizedMatMul { .. },
-        ) => (&[], &[C::Products]),
+        Op::Quant(QuantOp::MatMulInteger | QuantOp::ConvInteger(_)) => (&[G::Integer], &[C::Products]),
+        Op::Quant(QuantOp::QLinearMatMul | QuantOp::QLinearConv(_)) => (&[G::Integer], &[]),
+        Op::Quant(QuantOp::BlockQuantizedMatMul { .. }) => (&[], &[C::Products]),
+        Op::Quant(QuantOp::DynamicQuantizeLinear) => (&[G::DynamicQuantize], &[]),
         Op::Quant(QuantOp::QuantizeLinear { .. } | QuantOp::DequantizeLinear { .. }) => {
             (&[G::Elementwise], &[C::ElementwiseLoop])
         }
@@ -107,6 +112,8 @@ impl GpuGenerator {
     pub fn lower(self, node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GpuKernel>>> {
         match self {
             GpuGenerator::Gemm => kernels::gemm::lower(node, target),
+            GpuGenerator::Integer => kernels::integer::lower(node, target),
+            GpuGenerator::DynamicQuantize => kernels::dynamic_quantize::lower(node, target),
             GpuGenerator::Attention => kernels::attention::lower(node, target),
             GpuGenerator::Copy => kernels::copy::lower(node, target),
             GpuGenerator::WindowConv => kernels::window_conv::lower(node, target),
