@@ -166,8 +166,9 @@ fn find_ptxas() -> Option<std::path::PathBuf> {
     None
 }
 
-/// Runs every kernel of `plan` (all of them generated GPU kernels) on `inputs`.
-pub(crate) fn run_plan(
+/// Runs every kernel of `plan` (generated GPU kernels and library kernels on a block) on
+/// `inputs`, in graph input order; returns the outputs in graph output order.
+pub fn run_plan(
     graph: &Graph,
     plan: &Plan,
     target: &TargetDesc,

@@ -8,8 +8,8 @@
 //! launch but the frame's contents changes between runs.
 
 mod device;
-#[cfg(test)]
-pub(crate) mod emulate;
+#[cfg(any(test, feature = "cuda-emulation"))]
+pub mod emulate;
 pub mod kernel;
 pub(crate) mod kernels;
 mod libdevice;
