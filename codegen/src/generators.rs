@@ -23,6 +23,8 @@ pub enum GpuGenerator {
     Integer,
     /// DynamicQuantizeLinear, one block (`dynamic_quantize`).
     DynamicQuantize,
+    /// RotaryEmbedding, a thread per element (`rotary`).
+    Rotary,
     /// Fused attention (`attention`).
     Attention,
     /// Strided copies (`copy`).
@@ -78,6 +80,7 @@ pub fn generators(op: &Op) -> Generators {
         Op::Quant(QuantOp::QLinearMatMul | QuantOp::QLinearConv(_)) => (&[G::Integer], &[]),
         Op::Quant(QuantOp::BlockQuantizedMatMul { .. }) => (&[], &[C::Products]),
         Op::Quant(QuantOp::DynamicQuantizeLinear) => (&[G::DynamicQuantize], &[]),
+        Op::Misc(MiscOp::RotaryEmbedding { .. }) => (&[G::Rotary], &[]),
         Op::Quant(QuantOp::QuantizeLinear { .. } | QuantOp::DequantizeLinear { .. }) => {
             (&[G::Elementwise], &[C::ElementwiseLoop])
         }
@@ -114,6 +117,7 @@ impl GpuGenerator {
             GpuGenerator::Gemm => kernels::gemm::lower(node, target),
             GpuGenerator::Integer => kernels::integer::lower(node, target),
             GpuGenerator::DynamicQuantize => kernels::dynamic_quantize::lower(node, target),
+            GpuGenerator::Rotary => kernels::rotary::lower(node, target),
             GpuGenerator::Attention => kernels::attention::lower(node, target),
             GpuGenerator::Copy => kernels::copy::lower(node, target),
             GpuGenerator::WindowConv => kernels::window_conv::lower(node, target),

@@ -312,6 +312,44 @@ pub fn node_case_backend_cuda(
     move |path, model, inputs| node_case_on(path, model, inputs, Some(sm))
 }
 
+/// The node-case backend on the CUDA target without a GPU: [`run_cuda_emulated`].
+pub fn node_case_backend_cuda_emulated(
+    model_path: &Path,
+    model: &Model,
+    inputs: Vec<Tensor>,
+) -> Result<Vec<Tensor>, String> {
+    let names: Vec<String> = model.graph.input_types().map(|(n, _)| n.to_string()).collect();
+    let named: Vec<(String, Tensor)> = names.into_iter().zip(inputs).collect();
+    let (bound, runtime) = bind_shape_inputs(model_path, &ImportOptions::default(), model, named)?;
+    let graph = &bound.as_ref().unwrap_or(model).graph;
+    run_cuda_emulated(graph, "model", runtime.into_iter().map(|(_, t)| t).collect())
+}
+
+/// The compute capability the emulated CUDA suites plan for.
+pub const EMULATED_SM: u32 = 80;
+
+/// Optimizes and plans `graph` as `kiln compile --target cuda --sm 80` does and runs the plan on
+/// this CPU under codegen's emulator (`kiln_codegen::nvptx::emulate`: each block's threads on
+/// OS threads meeting at its barriers, library kernels on a block as on the device); `inputs`
+/// in graph input order. Returns the outputs in graph order.
+pub fn run_cuda_emulated(graph: &Graph, name: &str, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, String> {
+    let mut session = Session::new(Options {
+        name: Some(name.to_string()),
+        target: Target::Cuda,
+        sm: Some(EMULATED_SM),
+        cpu: Cpu::Native,
+        ..Options::default()
+    });
+    let mut optimized = graph.clone();
+    session
+        .optimize(&mut optimized)
+        .map_err(|e| format!("optimize: {e}"))?;
+    let plan = session.plan(&optimized).map_err(|e| format!("compile: {e}"))?;
+    let target = session.kernel_target().map_err(|e| format!("{e}"))?;
+    kiln_codegen::nvptx::emulate::run_plan(&optimized, &plan, &target, &inputs)
+        .map_err(|e| format!("emulation: {e}"))
+}
+
 fn node_case_on(
     model_path: &Path,
     model: &Model,

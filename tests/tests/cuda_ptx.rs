@@ -26,7 +26,6 @@ const LIBRARY_KERNELS: &[(&str, usize)] = &[
     ("cast", 3),
     ("elementwise_unary_misc", 2),
     ("ort_contrib_bert_layer", 1),
-    ("ort_contrib_gqa_rotary", 4),
     ("ort_contrib_quant_ops", 1),
     ("reduce_opset18", 1),
     ("scatter", 5),

@@ -704,56 +704,72 @@ fn run_grid(entry: unsafe extern "C" fn(*mut u8), frame: usize, d: super::Launch
     let [gx, gy, gz] = d.grid.map(|x| x as i32);
     let [bx, by, bz] = d.block.map(|x| x as i32);
     let threads = (bx * by * bz) as usize;
-    for cz in 0..gz {
-        for cy in 0..gy {
-            for cx in 0..gx {
-                let mut shared = vec![0u128; (d.shared_bytes as usize).div_ceil(16).max(1)];
-                let shared = shared.as_mut_ptr() as usize;
-                let sreg = |t: usize| {
-                    let t = t as i32;
-                    let (tx, ty, tz) = (t % bx, (t / bx) % by, t / (bx * by));
-                    [tx, ty, tz, cx, cy, cz, bx, by, bz, gx, gy, gz]
-                };
-                if !barrier {
-                    for t in 0..threads {
-                        STATE.with(|s| {
-                            s.set(ThreadState {
-                                sreg: sreg(t),
-                                shared,
-                                barrier: 0,
-                                warps: 0,
-                            })
-                        });
-                        // SAFETY: the frame and shared buffer outlive the call.
-                        unsafe { entry(frame as *mut u8) };
-                    }
-                    continue;
-                }
-                let bar = BlockBarrier::new(threads);
-                let bar_addr = &bar as *const BlockBarrier as usize;
-                let warps = WarpExchange::new(threads);
-                let warps_addr = &warps as *const WarpExchange as usize;
-                std::thread::scope(|scope| {
-                    for t in 0..threads {
-                        let st = ThreadState {
-                            sreg: sreg(t),
-                            shared,
-                            barrier: bar_addr,
-                            warps: warps_addr,
-                        };
-                        std::thread::Builder::new()
-                            .stack_size(1 << 20)
-                            .spawn_scoped(scope, move || {
-                                STATE.with(|s| s.set(st));
-                                // SAFETY: the frame, shared buffer and barrier outlive the scope.
-                                unsafe { entry(frame as *mut u8) };
-                            })
-                            .expect("spawning an emulated GPU thread");
-                    }
+    let mut shared = vec![0u128; (d.shared_bytes as usize).div_ceil(16).max(1)];
+    let shared_len = shared.len();
+    let shared = shared.as_mut_ptr() as usize;
+    let sreg = move |t: usize, (cx, cy, cz): (i32, i32, i32)| {
+        let t = t as i32;
+        let (tx, ty, tz) = (t % bx, (t / bx) % by, t / (bx * by));
+        [tx, ty, tz, cx, cy, cz, bx, by, bz, gx, gy, gz]
+    };
+    // Blocks one after another, in grid order, each starting with zeroed shared memory.
+    let blocks =
+        move || (0..gz).flat_map(move |cz| (0..gy).flat_map(move |cy| (0..gx).map(move |cx| (cx, cy, cz))));
+    // SAFETY: `shared` holds `shared_len` u128s and outlives every use below.
+    let clear_shared = move || unsafe { std::ptr::write_bytes(shared as *mut u128, 0, shared_len) };
+    if !barrier {
+        for block in blocks() {
+            clear_shared();
+            for t in 0..threads {
+                STATE.with(|s| {
+                    s.set(ThreadState {
+                        sreg: sreg(t, block),
+                        shared,
+                        barrier: 0,
+                        warps: 0,
+                    })
                 });
+                // SAFETY: the frame and shared buffer outlive the call.
+                unsafe { entry(frame as *mut u8) };
             }
         }
+        return;
     }
+    // The block's threads run concurrently, on OS threads started once per launch (starting
+    // them per block dominated the suites' time): between blocks they meet at `between`, where
+    // thread 0 clears the shared memory for the next block.
+    let bar = BlockBarrier::new(threads);
+    let bar_addr = &bar as *const BlockBarrier as usize;
+    let warps = WarpExchange::new(threads);
+    let warps_addr = &warps as *const WarpExchange as usize;
+    let between = BlockBarrier::new(threads);
+    std::thread::scope(|scope| {
+        for t in 0..threads {
+            let between = &between;
+            std::thread::Builder::new()
+                .stack_size(1 << 20)
+                .spawn_scoped(scope, move || {
+                    for block in blocks() {
+                        STATE.with(|s| {
+                            s.set(ThreadState {
+                                sreg: sreg(t, block),
+                                shared,
+                                barrier: bar_addr,
+                                warps: warps_addr,
+                            })
+                        });
+                        // SAFETY: the frame, shared buffer and barriers outlive the scope.
+                        unsafe { entry(frame as *mut u8) };
+                        between.wait();
+                        if t == 0 {
+                            clear_shared();
+                        }
+                        between.wait();
+                    }
+                })
+                .expect("spawning an emulated GPU thread");
+        }
+    });
 }
 
 #[cfg(test)]

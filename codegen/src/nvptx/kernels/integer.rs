@@ -6,7 +6,7 @@
 //! reference's int32 result does (the sum is exact, so its order does not matter), then, for
 //! the QLinear operators, requantizes as the kernel library does: `acc·mult + y_zero_point` in
 //! f64, rounded half to even and saturated, with `mult = f32(f32(a_scale·b_scale) / y_scale)`
-//! computed at compile time per output column (MatMul) or channel (Conv). The geometry is the
+//! (B's scale per tensor, per output column or per channel). The geometry is the
 //! kernel library's (`uk::lower`: batch offsets, convolution windows and pads), so both read
 //! the same elements; a padded tap contributes nothing, as padding reads the zero point.
 //!
@@ -14,9 +14,10 @@
 //! (consecutive addresses across the warp); a convolution thread, like `window_conv`, loops
 //! over its group's input channels with the kernel taps unrolled.
 //!
-//! Zero points are read at run time (dynamic quantization computes A's): per tensor, per row
-//! of A, per column of B or per output channel of W. Scales and the output zero point must be
-//! constants. Anything else stays with the library kernel.
+//! Zero points and scales are read at run time (dynamic quantization computes A's; constants
+//! are read from the weights): zero points per tensor, per row of A, per column of B or per
+//! output channel of W; f32 scales, B's per tensor or per column/channel, A's and Y's per
+//! tensor. Anything else (f16 scales, per-row scales) stays with the library kernel.
 
 use crate::error::Result;
 use crate::gen::emit::Emit;
@@ -56,13 +57,13 @@ struct ZeroPoint {
     index: ZeroIndex,
 }
 
-/// The QLinear operators' requantization.
+/// The QLinear operators' requantization, its parameters read at run time: the f32 scales of
+/// A (input 1) and Y (input 6), one each, B's (input 4), one or one per output column or
+/// channel, and Y's zero point (input 7), one or none.
 #[derive(Clone, Copy, Debug)]
 struct Requant {
-    /// Packed f64 multipliers, one, or one per column (MatMul) or channel (Conv).
-    mults: usize,
-    per_index: bool,
-    zero: f64,
+    b_scale_per_index: bool,
+    y_zero: Option<Operand>,
     lo: f64,
     hi: f64,
 }
@@ -201,7 +202,7 @@ pub fn lower(node: &NodeInfo, _target: &TargetDesc) -> Result<Option<Box<dyn Gpu
         return Ok(None);
     };
     let (requant, bias) = if qlinear {
-        let Some(r) = requant(node, own_b, out.dtype, &mut packed)? else {
+        let Some(r) = requant(node, &b_own, out.dtype)? else {
             return Ok(None);
         };
         let bias = (conv.is_some() && node.has_input(8)).then_some(8);
@@ -261,30 +262,33 @@ fn zero_point(node: &NodeInfo, i: usize, own: &[Vec<usize>]) -> Result<Option<Op
     Ok(Some(Some(ZeroPoint { operand, index })))
 }
 
-/// The requantization of a QLinear node: constant f32 scales (A's and Y's single values, B's
-/// one or one per `own` index) and a constant single output zero point.
-fn requant(
-    node: &NodeInfo,
-    own: usize,
-    out: DType,
-    packed: &mut Vec<PackedConst>,
-) -> Result<Option<Requant>> {
-    let f32s = |i: usize| -> Option<Vec<f32>> {
-        let t = node.known(i)?;
-        (t.dtype() == DType::F32)
-            .then(|| t.as_slice::<f32>().map(|s| s.to_vec()))
-            .flatten()
+/// The requantization of a QLinear node (see [`Requant`]), or None for other parameters (f16
+/// scales, per-row scales of A or Y).
+fn requant(node: &NodeInfo, own: &[Vec<usize>], out: DType) -> Result<Option<Requant>> {
+    let f32_of = |i: usize, shapes: &[Vec<usize>]| -> Result<Option<bool>> {
+        let Some(t) = node.input_type(i) else {
+            return Ok(None);
+        };
+        if t.dtype != DType::F32 || t.layout != Layout::RowMajor || !t.is_static() {
+            return Ok(None);
+        }
+        let shape = node.input_shape(i)?;
+        Ok(if shape.iter().product::<usize>() == 1 {
+            Some(false)
+        } else {
+            shapes.contains(&shape).then_some(true)
+        })
     };
-    let (Some(sa), Some(sb), Some(sy)) = (f32s(1), f32s(4), f32s(6)) else {
+    let (Some(false), Some(false)) = (f32_of(1, &[])?, f32_of(6, &[])?) else {
         return Ok(None);
     };
-    if sa.len() != 1 || sy.len() != 1 || !(sb.len() == 1 || sb.len() == own) {
+    let Some(b_scale_per_index) = f32_of(4, own)? else {
         return Ok(None);
-    }
-    let zero = match node.has_input(7) {
-        false => 0.0,
-        true => match node.known(7) {
-            Some(z) if z.len() == 1 => z.to_f64_vec()[0],
+    };
+    let y_zero = match node.has_input(7) {
+        false => None,
+        true => match operand(node, 7) {
+            Some(z) if node.input_shape(7)?.iter().product::<usize>() == 1 => Some(z),
             _ => return Ok(None),
         },
     };
@@ -292,18 +296,9 @@ fn requant(
         DType::U8 => (0.0, 255.0),
         _ => (-128.0, 127.0),
     };
-    // As the kernel library's `requant_mult`: each step rounded to the scales' f32.
-    let mults: Vec<f64> = sb
-        .iter()
-        .map(|&b| (((sa[0] as f64 * b as f64) as f32 as f64) / sy[0] as f64) as f32 as f64)
-        .collect();
-    packed.push(PackedConst {
-        bytes: mults.iter().flat_map(|v| v.to_le_bytes()).collect(),
-    });
     Ok(Some(Requant {
-        mults: packed.len() - 1,
-        per_index: sb.len() > 1,
-        zero,
+        b_scale_per_index,
+        y_zero,
         lo,
         hi,
     }))
@@ -547,17 +542,32 @@ fn requantize<'ctx>(
     r: Requant,
     own: IntValue<'ctx>,
 ) -> Result<FloatValue<'ctx>> {
-    let f64t = k.cx.f64_type();
-    let idx = if r.per_index { own } else { e.i64c(0) };
-    let table = k.packed(r.mults)?;
-    // SAFETY (of the IR): one multiplier, or one per index.
-    let at = unsafe { e.b.build_in_bounds_gep(f64t, table, &[idx], "") }.map_err(llvm)?;
-    let mult = e.b.build_load(f64t, at, "").map_err(llvm)?.into_float_value();
+    let (f32t, f64t) = (k.cx.f32_type(), k.cx.f64_type());
+    let b = e.b;
+    let scale = |input: usize, idx: IntValue<'ctx>| -> Result<FloatValue<'ctx>> {
+        let v = e.load_f32(e.gep_f32(k.input(input)?, idx)?)?;
+        b.build_float_ext(v, f64t, "").map_err(llvm)
+    };
+    let first = e.i64c(0);
+    let (sa, sy) = (scale(1, first)?, scale(6, first)?);
+    let sb = scale(4, if r.b_scale_per_index { own } else { first })?;
+    // The kernel library's `requant_mult`: each step rounded to the scales' f32.
+    let to_f32 = |v: FloatValue<'ctx>| -> Result<FloatValue<'ctx>> {
+        let v = b.build_float_trunc(v, f32t, "").map_err(llvm)?;
+        b.build_float_ext(v, f64t, "").map_err(llvm)
+    };
+    let ab = to_f32(b.build_float_mul(sa, sb, "").map_err(llvm)?)?;
+    let mult = to_f32(b.build_float_div(ab, sy, "").map_err(llvm)?)?;
+    let zero = match r.y_zero {
+        Some(z) => {
+            let zv = load_int8(e, k.input(z.input)?, first, z.signed)?;
+            b.build_signed_int_to_float(zv, f64t, "").map_err(llvm)?
+        }
+        None => f64t.const_zero(),
+    };
     let v = e.b.build_signed_int_to_float(sum, f64t, "").map_err(llvm)?;
     let v = e.b.build_float_mul(v, mult, "").map_err(llvm)?;
-    let v =
-        e.b.build_float_add(v, f64t.const_float(r.zero), "")
-            .map_err(llvm)?;
+    let v = e.b.build_float_add(v, zero, "").map_err(llvm)?;
     let v = e
         .intrinsic("llvm.roundeven", &[f64t.into()], &[v.into()])?
         .into_float_value();
@@ -617,6 +627,12 @@ mod tests {
             let t = bytes(&mut self.rng, dtype, shape);
             self.inputs.push(t);
             self.g.add_input(name, TensorType::fixed(dtype, shape))
+        }
+        /// A run-time input of the given values.
+        fn input_values(&mut self, name: &str, t: Tensor) -> ValueId {
+            let ty = TensorType::fixed(t.dtype(), t.shape());
+            self.inputs.push(t);
+            self.g.add_input(name, ty)
         }
         /// A constant of random 8-bit values.
         fn weights(&mut self, name: &str, dtype: DType, shape: &[usize]) -> ValueId {
@@ -814,6 +830,22 @@ mod tests {
                 Some(zy),
             ],
             "gpu qlinear_matmul M=3 N=10 K=24",
+        );
+        // Every parameter given at run time (as ONNX's node tests do), batched i8, i8 out.
+        let mut g = G::new(8);
+        let a = g.input("a", DType::I8, &[2, 3, 20]);
+        let sa = g.input_values("sa", Tensor::scalar(0.011f32));
+        let za = g.input_values("za", Tensor::scalar(-3i8));
+        let b = g.input("b", DType::I8, &[2, 20, 7]);
+        let sb = g.input_values("sb", Tensor::scalar(0.0093f32));
+        let zb = g.input_values("zb", Tensor::scalar(5i8));
+        let sy = g.input_values("sy", Tensor::scalar(0.034f32));
+        let zy = g.input_values("zy", Tensor::scalar(-9i8));
+        let params = [a, sa, za, b, sb, zb, sy, zy].map(Some).to_vec();
+        g.check(
+            Op::Quant(QuantOp::QLinearMatMul),
+            params,
+            "gpu qlinear_matmul M=3 N=7 K=20 batch=2",
         );
     }
 }

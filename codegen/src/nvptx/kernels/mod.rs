@@ -14,6 +14,7 @@ pub mod integer;
 pub mod pool;
 pub mod recurrent;
 pub mod resize;
+pub mod rotary;
 pub mod rows;
 pub mod topk;
 pub mod window_conv;
