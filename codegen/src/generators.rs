@@ -81,6 +81,7 @@ pub fn generators(op: &Op) -> Generators {
         Op::Quant(QuantOp::BlockQuantizedMatMul { .. }) => (&[], &[C::Products]),
         Op::Quant(QuantOp::DynamicQuantizeLinear) => (&[G::DynamicQuantize], &[]),
         Op::Misc(MiscOp::RotaryEmbedding { .. }) => (&[G::Rotary], &[]),
+        Op::Misc(MiscOp::TensorScatter { .. }) => (&[G::Gather], &[]),
         Op::Quant(QuantOp::QuantizeLinear { .. } | QuantOp::DequantizeLinear { .. }) => {
             (&[G::Elementwise], &[C::ElementwiseLoop])
         }

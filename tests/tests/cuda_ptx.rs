@@ -26,9 +26,8 @@ const LIBRARY_KERNELS: &[(&str, usize)] = &[
     ("cast", 3),
     ("elementwise_unary_misc", 2),
     ("ort_contrib_bert_layer", 1),
-    ("ort_contrib_quant_ops", 1),
     ("reduce_opset18", 1),
-    ("scatter", 5),
+    ("scatter", 3),
 ];
 
 /// One fixture for one SM, f32 or bf16: compile, then assemble. Returns the time of each step

@@ -72,13 +72,16 @@ fn is_8bit(d: DType) -> bool {
 }
 
 /// A QuantizeLinear from f32 to u8/i8 or a DequantizeLinear from u8/i8 to f32 with per-tensor
-/// constant parameters (`quant`), in the CPU loop and the GPU kernel.
+/// parameters (`quant`), in the CPU loop and the GPU kernel: constants, or single values
+/// computed at run time (DynamicQuantizeLinear's scale and zero point), read as broadcast
+/// operands.
 fn supports_quant(graph: &Graph, id: NodeId) -> bool {
     let node = graph.node(id);
-    let params_scalar = node.inputs[1..]
-        .iter()
-        .flatten()
-        .all(|v| graph.known_value(*v).is_some_and(|t| t.len() == 1));
+    let params_scalar = node.inputs[1..].iter().flatten().all(|v| {
+        let t = graph.value_type(*v);
+        t.layout == kiln_ir::Layout::RowMajor
+            && t.fixed_shape().is_some_and(|s| s.iter().product::<usize>() == 1)
+    });
     let (Some(Some(x)), Some(Some(_))) = (node.inputs.first(), node.inputs.get(1)) else {
         return false;
     };

@@ -41,6 +41,13 @@ impl G {
         self.g.add_input(format!("in{}", self.data.len()), ty)
     }
 
+    /// A run-time input holding `t`.
+    fn input_values(&mut self, t: Tensor) -> ValueId {
+        let ty = TensorType::fixed(t.dtype(), t.shape());
+        self.data.push(t);
+        self.g.add_input(format!("in{}", self.data.len()), ty)
+    }
+
     fn op(&mut self, op: Op, ins: &[ValueId]) -> ValueId {
         let n = self.g.len();
         self.g
@@ -259,6 +266,31 @@ fn quantize_and_dequantize_per_tensor() {
     let s = g.konst(Tensor::scalar(0.05f32));
     let q = g.op(quantize(DType::I8), &[x, s]);
     let d = g.op(dequantize, &[q, s]);
+    g.check(d, 2);
+}
+
+/// Parameters computed at run time, as DynamicQuantizeLinear's scale and zero point are: read
+/// as broadcast operands, with the same results as constants.
+#[test]
+fn quantize_and_dequantize_with_run_time_parameters() {
+    use kiln_ir::QuantOp;
+    let mut g = G::new();
+    let x = g.input(DType::F32, &[3, 37]);
+    let s = g.input_values(Tensor::scalar(0.02f32));
+    let z = g.input_values(Tensor::scalar(100u8));
+    let quantize = Op::Quant(QuantOp::QuantizeLinear {
+        axis: 1,
+        block_size: 0,
+        output_dtype: DType::U8,
+        precision: None,
+    });
+    let q = g.op(quantize, &[x, s, z]);
+    let dequantize = Op::Quant(QuantOp::DequantizeLinear {
+        axis: 1,
+        block_size: 0,
+        output_dtype: None,
+    });
+    let d = g.op(dequantize, &[q, s, z]);
     g.check(d, 2);
 }
 

@@ -2,9 +2,11 @@
 //! with indices read at run time: embedding lookups, the Q/K/V split of a packed projection),
 //! `kiln_uk_gather_elements` (GatherElements), `kiln_uk_gather_nd` (GatherND) and
 //! `kiln_uk_gather_axes` (a source position per output position on every axis, decided at
-//! compile time: Pad in every mode, Resize in nearest mode), and `kiln_uk_trilu` (Trilu: an
-//! element kept or zeroed by its row and column, the diagonal offset read at run time). All
-//! read the same descriptors as the library kernels, so the backends move the same bytes.
+//! compile time: Pad in every mode, Resize in nearest mode), `kiln_uk_trilu` (Trilu: an
+//! element kept or zeroed by its row and column, the diagonal offset read at run time) and
+//! `kiln_uk_tensor_scatter` (TensorScatter, a KV cache's update, as the gather of each cache
+//! slot's new value). All read the same descriptors as the library kernels, so the backends
+//! move the same bytes.
 //!
 //! One thread per output element (grid-stride, 256-thread blocks), the innermost axis on
 //! consecutive threads so the stores coalesce. A run-time index outside `[-dim, dim)` stores nothing and reports
@@ -30,8 +32,9 @@ const MAX_RANK: usize = 8;
 
 /// The kernel for `node`, or None when the CPU does not lower it to one of the two gathers.
 pub fn lower(node: &NodeInfo, _target: &TargetDesc) -> Result<Option<Box<dyn GpuKernel>>> {
-    use kiln_ir::OpFamily;
-    if !matches!(node.node.op.family(), OpFamily::DataMovement | OpFamily::Resize) {
+    use kiln_ir::{MiscOp, Op, OpFamily};
+    let cache_update = matches!(node.node.op, Op::Misc(MiscOp::TensorScatter { .. }));
+    if !matches!(node.node.op.family(), OpFamily::DataMovement | OpFamily::Resize) && !cache_update {
         return Ok(None);
     }
     let Some(call) = crate::uk::lower(node)? else {
@@ -119,8 +122,253 @@ pub fn lower(node: &NodeInfo, _target: &TargetDesc) -> Result<Option<Box<dyn Gpu
                 diagonal,
             }))
         }
+        // Without a reduction (with one, duplicate indices would race: the library keeps them).
+        "scatter_nd" | "scatter_elements"
+            if matches!(
+                node.node.op,
+                Op::ScatterND {
+                    reduction: kiln_ir::ScatterReduction::None
+                } | Op::ScatterElements {
+                    reduction: kiln_ir::ScatterReduction::None,
+                    ..
+                }
+            ) =>
+        {
+            let Some(index_bytes) = index_bytes(node, 1) else {
+                return Ok(None);
+            };
+            let esize = element_size(node);
+            if ![1, 2, 4, 8].contains(&esize) {
+                return Ok(None);
+            }
+            // The descriptor after the reduction code: the gather's, over the updates.
+            let at = &at[1..];
+            let target = if call.symbol == "scatter_elements" {
+                let (axis, rank) = (at[0] as usize, at[1] as usize);
+                IndexSource::Elements {
+                    axis,
+                    index_dims: at[2..2 + rank].iter().map(|&d| d as u64).collect(),
+                    data_strides: at[2 + rank..2 + 2 * rank].iter().map(|&d| d as u64).collect(),
+                    axis_dim: at[2 + 2 * rank] as u64,
+                }
+            } else {
+                let k = at[2] as usize;
+                IndexSource::Tuples {
+                    slice: at[1] as u64,
+                    per_batch: at[3] as u64,
+                    batch_stride: at[4] as u64,
+                    dims: at[5..5 + k].iter().map(|&d| d as u64).collect(),
+                    strides: at[5 + k..5 + 2 * k].iter().map(|&d| d as u64).collect(),
+                }
+            };
+            Some(Box::new(ScatterGpu {
+                target,
+                total: node.output_shape(0)?.iter().product::<usize>() as u64,
+                updates: node.input_shape(2)?.iter().product::<usize>() as u64,
+                esize,
+                index_bytes,
+                what,
+            }))
+        }
+        "tensor_scatter" => {
+            let esize = element_size(node);
+            let inner_bytes = at[4] as u64;
+            let write = node.has_input(2);
+            if ![1, 2, 4, 8].contains(&esize)
+                || !inner_bytes.is_multiple_of(esize)
+                || (write && node.input_dtype(2) != Some(DType::I64))
+            {
+                return Ok(None);
+            }
+            Some(Box::new(CacheScatter {
+                batch: at[0] as u64,
+                outer: at[1] as u64,
+                update_len: at[2] as u64,
+                cache_len: at[3] as u64,
+                inner: inner_bytes / esize,
+                esize,
+                circular: at[5] != 0,
+                write,
+            }))
+        }
         _ => None,
     })
+}
+
+/// ScatterND and ScatterElements without a reduction, in one block of `THREADS` threads: the
+/// data copied into the output, a barrier, then each update written where its indices (the
+/// gathers' descriptors over the updates) point. One block, because the copy must finish
+/// before any update lands and only a block has a barrier; the block runs on one SM (a cache
+/// or detection-sized scatter takes microseconds). Duplicate indices, which ONNX leaves
+/// undefined without a reduction, race (the library keeps the last); an index out of range
+/// reports `KILN_CUDA_EINDEX`.
+#[derive(Debug)]
+struct ScatterGpu {
+    target: IndexSource,
+    total: u64,
+    updates: u64,
+    esize: u64,
+    index_bytes: u64,
+    what: &'static str,
+}
+
+impl KernelCommon for ScatterGpu {
+    fn describe(&self) -> String {
+        format!(
+            "gpu scatter {} {} updates into {} elements ({} B) by {}-byte indices",
+            self.what, self.updates, self.total, self.esize, self.index_bytes
+        )
+    }
+}
+
+impl GpuKernel for ScatterGpu {
+    fn launch(&self) -> LaunchDims {
+        LaunchDims {
+            grid: [1, 1, 1],
+            block: [THREADS as u32, 1, 1],
+            shared_bytes: 0,
+        }
+    }
+
+    fn emit(&self, k: &GpuBuilder<'_, '_>) -> Result<()> {
+        let e = Emit::new(k.cx, k.module, k.builder, k.function);
+        let (data, idx, updates, out) = (k.input(0)?, k.input(1)?, k.input(2)?, k.output(0)?);
+        let tid = k.sreg64(crate::nvptx::Sreg::TidX)?;
+        let es = self.esize as i64;
+        e.for_range(tid, e.i64c(self.total as i64), THREADS as i64, |i| {
+            let at = e.mulc(i, es)?;
+            move_unit(k, &e, self.esize, (data, at), (out, at))
+        })?;
+        k.barrier()?;
+        e.for_range(tid, e.i64c(self.updates as i64), THREADS as i64, |i| {
+            let (to, inside) = self.target.offset(k, &e, idx, self.index_bytes, i)?;
+            e.if_else(
+                inside,
+                || {
+                    move_unit(
+                        k,
+                        &e,
+                        self.esize,
+                        (updates, e.mulc(i, es)?),
+                        (out, e.mulc(to, es)?),
+                    )
+                },
+                || k.report_error(EINDEX),
+            )
+        })?;
+        k.ret()
+    }
+}
+
+/// TensorScatter (`kiln_uk_tensor_scatter`'s `[batch, outer, update_len, cache_len, inner
+/// bytes, circular]`; inputs cache `[batch, outer, cache_len, inner]`, update with
+/// `update_len` positions, write_indices? i64 `[batch]`) as a gather: slot `s` of batch entry
+/// `b` takes update position `u = s − write[b]` (modulo `cache_len` when circular) when that
+/// lies in `0..update_len`, else keeps the cache's value. The written slots are distinct
+/// (`update_len <= cache_len`), so no two updates meet and this is the library's result. A
+/// non-circular run of writes that leaves the cache reports `KILN_CUDA_EINDEX`, as the library
+/// fails; circular indices wrap exactly (the reference's saturating add, which only differs
+/// for indices within `update_len` of `i64::MAX`, is not copied).
+#[derive(Debug)]
+struct CacheScatter {
+    batch: u64,
+    outer: u64,
+    update_len: u64,
+    cache_len: u64,
+    /// Elements after the scattered axis.
+    inner: u64,
+    esize: u64,
+    circular: bool,
+    /// Whether write_indices (input 2) is given (else every batch entry writes at 0).
+    write: bool,
+}
+
+impl CacheScatter {
+    fn total(&self) -> u64 {
+        self.batch * self.outer * self.cache_len * self.inner
+    }
+}
+
+impl KernelCommon for CacheScatter {
+    fn describe(&self) -> String {
+        format!(
+            "gpu cache scatter{} {} of {} slots, {} elements ({} B)",
+            if self.circular { " circular" } else { "" },
+            self.update_len,
+            self.cache_len,
+            self.total(),
+            self.esize
+        )
+    }
+}
+
+impl GpuKernel for CacheScatter {
+    fn launch(&self) -> LaunchDims {
+        launch(self.total())
+    }
+
+    fn emit<'ctx>(&self, k: &GpuBuilder<'_, 'ctx>) -> Result<()> {
+        let e = Emit::new(k.cx, k.module, k.builder, k.function);
+        let (cache, update, out) = (k.input(0)?, k.input(1)?, k.output(0)?);
+        let (len, n) = (self.cache_len as i64, self.update_len as i64);
+        let i64t = k.cx.i64_type();
+        k.grid_stride_loop(self.total(), THREADS, |i| {
+            let r = e.uremc(i, self.inner as i64)?;
+            let t = e.udivc(i, self.inner as i64)?;
+            let slot = e.uremc(t, len)?;
+            let row = e.udivc(t, len)?; // b·outer + o
+            let b = e.udivc(row, self.outer as i64)?;
+            let w = match self.write {
+                true => {
+                    let ids = k.input(2)?;
+                    // SAFETY (of the IR): one write index per batch entry.
+                    let at = unsafe { e.b.build_in_bounds_gep(i64t, ids, &[b], "") }.map_err(llvm)?;
+                    e.b.build_load(i64t, at, "").map_err(llvm)?.into_int_value()
+                }
+                false => e.i64c(0),
+            };
+            let sge = |a, c| e.icmp(IntPredicate::SGE, a, c);
+            let slt = |a, c| e.icmp(IntPredicate::SLT, a, c);
+            let and = |a, c| e.b.build_and(a, c, "").map_err(llvm);
+            // The update position this slot would take, and whether the writes are valid.
+            let (u, valid) = if self.circular {
+                // Both remainders made non-negative (w may be any i64).
+                let wrap = |x: IntValue<'ctx>| -> Result<IntValue<'ctx>> {
+                    let m =
+                        e.b.build_int_signed_rem(x, e.i64c(len.max(1)), "")
+                            .map_err(llvm)?;
+                    let neg = slt(m, e.i64c(0))?;
+                    Ok(e.b
+                        .build_select(neg, e.addc(m, len)?, m, "")
+                        .map_err(llvm)?
+                        .into_int_value())
+                };
+                let u = wrap(e.b.build_int_sub(slot, wrap(w)?, "").map_err(llvm)?)?;
+                (u, k.cx.bool_type().const_all_ones())
+            } else {
+                let valid = and(sge(w, e.i64c(0))?, e.icmp(IntPredicate::SLE, w, e.i64c(len - n))?)?;
+                (e.b.build_int_sub(slot, w, "").map_err(llvm)?, valid)
+            };
+            let take = and(sge(u, e.i64c(0))?, slt(u, e.i64c(n))?)?;
+            let to = e.mulc(i, self.esize as i64)?;
+            e.if_else(
+                valid,
+                || {
+                    e.if_else(
+                        take,
+                        || {
+                            let from = e.add(e.mulc(e.add(e.mulc(row, n)?, u)?, self.inner as i64)?, r)?;
+                            let from = e.mulc(from, self.esize as i64)?;
+                            move_unit(k, &e, self.esize, (update, from), (out, to))
+                        },
+                        || move_unit(k, &e, self.esize, (cache, to), (out, to)),
+                    )
+                },
+                || k.report_error(EINDEX),
+            )
+        })?;
+        k.ret()
+    }
 }
 
 /// Index `pos` of the index tensor (i32 or i64) checked against `dim` and made non-negative:
@@ -275,6 +523,66 @@ enum IndexSource {
     },
 }
 
+impl IndexSource {
+    /// For element `i` of the index tensor's iteration (a GatherElements output or
+    /// ScatterElements update; a GatherND output or ScatterND update, slice by slice): the
+    /// data element it addresses and whether every index read for it was in range.
+    fn offset<'ctx>(
+        &self,
+        k: &GpuBuilder<'_, 'ctx>,
+        e: &Emit<'_, 'ctx>,
+        idx: PointerValue<'ctx>,
+        index_bytes: u64,
+        i: IntValue<'ctx>,
+    ) -> Result<(IntValue<'ctx>, IntValue<'ctx>)> {
+        let bool_t = k.cx.bool_type();
+        Ok(match self {
+            IndexSource::Elements {
+                axis,
+                index_dims,
+                data_strides,
+                axis_dim,
+            } => {
+                let (w, inside) = load_index(k, e, idx, index_bytes, i, *axis_dim)?;
+                let mut off = e.i64c(0);
+                let mut rest = i;
+                for d in (0..index_dims.len()).rev() {
+                    let p = if d == 0 {
+                        rest
+                    } else {
+                        e.uremc(rest, index_dims[d] as i64)?
+                    };
+                    if d > 0 {
+                        rest = e.udivc(rest, index_dims[d] as i64)?;
+                    }
+                    let coord = if d == *axis { w } else { p };
+                    off = e.add(off, e.mulc(coord, data_strides[d] as i64)?)?;
+                }
+                (off, inside)
+            }
+            IndexSource::Tuples {
+                slice,
+                per_batch,
+                batch_stride,
+                dims,
+                strides,
+            } => {
+                let t = e.udivc(i, *slice as i64)?;
+                let r = e.uremc(i, *slice as i64)?;
+                let mut off = e.add(e.mulc(e.udivc(t, *per_batch as i64)?, *batch_stride as i64)?, r)?;
+                let mut inside = bool_t.const_all_ones();
+                for (j, (&dim, &stride)) in dims.iter().zip(strides).enumerate() {
+                    let pos = e.addc(e.mulc(t, dims.len() as i64)?, j as i64)?;
+                    let (w, ok) = load_index(k, e, idx, index_bytes, pos, dim)?;
+                    inside = e.b.build_and(inside, ok, "").map_err(llvm)?;
+                    off = e.add(off, e.mulc(w, stride as i64)?)?;
+                }
+                (off, inside)
+            }
+        })
+    }
+}
+
 /// GatherElements and GatherND: one thread per output element, each reading its own indices.
 #[derive(Debug)]
 struct ElementGather {
@@ -302,53 +610,9 @@ impl GpuKernel for ElementGather {
     fn emit(&self, k: &GpuBuilder<'_, '_>) -> Result<()> {
         let e = Emit::new(k.cx, k.module, k.builder, k.function);
         let (data, idx, out) = (k.input(0)?, k.input(1)?, k.output(0)?);
-        let bool_t = k.cx.bool_type();
         k.grid_stride_loop(self.total, THREADS, |i| {
             // The source element and whether every index read for it was in range.
-            let (from, inside) = match &self.source {
-                IndexSource::Elements {
-                    axis,
-                    index_dims,
-                    data_strides,
-                    axis_dim,
-                } => {
-                    let (w, inside) = load_index(k, &e, idx, self.index_bytes, i, *axis_dim)?;
-                    let mut off = e.i64c(0);
-                    let mut rest = i;
-                    for d in (0..index_dims.len()).rev() {
-                        let p = if d == 0 {
-                            rest
-                        } else {
-                            e.uremc(rest, index_dims[d] as i64)?
-                        };
-                        if d > 0 {
-                            rest = e.udivc(rest, index_dims[d] as i64)?;
-                        }
-                        let coord = if d == *axis { w } else { p };
-                        off = e.add(off, e.mulc(coord, data_strides[d] as i64)?)?;
-                    }
-                    (off, inside)
-                }
-                IndexSource::Tuples {
-                    slice,
-                    per_batch,
-                    batch_stride,
-                    dims,
-                    strides,
-                } => {
-                    let t = e.udivc(i, *slice as i64)?;
-                    let r = e.uremc(i, *slice as i64)?;
-                    let mut off = e.add(e.mulc(e.udivc(t, *per_batch as i64)?, *batch_stride as i64)?, r)?;
-                    let mut inside = bool_t.const_all_ones();
-                    for (j, (&dim, &stride)) in dims.iter().zip(strides).enumerate() {
-                        let pos = e.addc(e.mulc(t, dims.len() as i64)?, j as i64)?;
-                        let (w, ok) = load_index(k, &e, idx, self.index_bytes, pos, dim)?;
-                        inside = e.b.build_and(inside, ok, "").map_err(llvm)?;
-                        off = e.add(off, e.mulc(w, stride as i64)?)?;
-                    }
-                    (off, inside)
-                }
-            };
+            let (from, inside) = self.source.offset(k, &e, idx, self.index_bytes, i)?;
             e.if_else(
                 inside,
                 || {
@@ -801,5 +1065,88 @@ mod tests {
             Some(value),
         );
         ptxas_check(&g, 90);
+    }
+
+    /// TensorScatter: a KV cache `[batch, heads, slots, dim]` updated at each batch entry's
+    /// write index, wrapping in circular mode, at 0 without write indices; a run of writes
+    /// past the cache is an index error.
+    #[test]
+    fn tensor_scatter_updates_the_cache() {
+        use kiln_ir::MiscOp;
+        let graph = |circular: bool, write: bool, upd: usize| {
+            let mut g = Graph::new("t");
+            let (cache, ct) = f32_input(&mut g, "cache", &[3, 2, 6, 4]);
+            let (update, ut) = f32_input(&mut g, "update", &[3, 2, upd, 4]);
+            let mut args = vec![Some(cache), Some(update)];
+            if write {
+                args.push(Some(g.add_input("w", TensorType::fixed(DType::I64, &[3]))));
+            }
+            let op = Op::Misc(MiscOp::TensorScatter { circular, axis: 2 });
+            let y = g.add("s", op, args, "y").unwrap();
+            g.add_output("y", y);
+            (g, vec![ct, ut])
+        };
+        for (circular, w) in [(false, vec![0i64, 3, 4]), (true, vec![5i64, -1, 13])] {
+            let (g, mut inputs) = graph(circular, true, 2);
+            inputs.push(Tensor::from_vec(vec![3], w));
+            let k = check_graph(&g, &inputs);
+            assert!(k[0].starts_with("gpu cache scatter"), "{k:?}");
+            for sm in [80, 90] {
+                ptxas_check(&g, sm);
+            }
+        }
+        let (g, inputs) = graph(false, false, 3);
+        check_graph(&g, &inputs);
+        let (g, mut inputs) = graph(false, true, 2);
+        inputs.push(Tensor::from_vec(vec![3], vec![0i64, 5, 1]));
+        let err = run_graph(&g, &inputs).unwrap_err();
+        assert!(err.contains("failed with code 1"), "{err}");
+    }
+
+    /// ScatterND (slices of a [4, 3, 5] tensor by 1-element tuples, elements by full tuples)
+    /// and ScatterElements along a middle axis with negative indices; an out-of-range index
+    /// is an index error.
+    #[test]
+    fn scatters_without_reduction() {
+        use kiln_ir::ScatterReduction;
+        let scatter = |op: Op, idx_shape: &[usize], ids: Vec<i64>, upd_shape: &[usize]| {
+            let mut g = Graph::new("t");
+            let (data, dt) = f32_input(&mut g, "data", &[4, 3, 5]);
+            let idx = g.add_input("idx", TensorType::fixed(DType::I64, idx_shape));
+            let (upd, ut) = f32_input(&mut g, "upd", upd_shape);
+            let y = g
+                .add("s", op, vec![Some(data), Some(idx), Some(upd)], "y")
+                .unwrap();
+            g.add_output("y", y);
+            (g, vec![dt, Tensor::from_vec(idx_shape.to_vec(), ids), ut])
+        };
+        let nd = Op::ScatterND {
+            reduction: ScatterReduction::None,
+        };
+        let elements = Op::ScatterElements {
+            axis: 1,
+            reduction: ScatterReduction::None,
+        };
+        let cases = [
+            scatter(nd.clone(), &[2, 1], vec![3, -4], &[2, 3, 5]),
+            scatter(nd.clone(), &[3, 3], vec![0, 1, 2, 3, -1, 4, 2, 0, 0], &[3]),
+            // Distinct destinations along the axis: j = 0 writes row 1, j = 1 row -1 (2).
+            scatter(
+                elements.clone(),
+                &[4, 2, 5],
+                (0..40).map(|i| if (i / 5) % 2 == 0 { 1 } else { -1 }).collect(),
+                &[4, 2, 5],
+            ),
+        ];
+        for (g, inputs) in &cases {
+            let k = check_graph(g, inputs);
+            assert!(k[0].starts_with("gpu scatter"), "{k:?}");
+        }
+        for sm in [80, 90] {
+            ptxas_check(&cases[0].0, sm);
+        }
+        let (g, inputs) = scatter(nd, &[2, 1], vec![1, 4], &[2, 3, 5]);
+        let err = run_graph(&g, &inputs).unwrap_err();
+        assert!(err.contains("failed with code 1"), "{err}");
     }
 }

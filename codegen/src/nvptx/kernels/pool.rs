@@ -1,4 +1,5 @@
-//! MaxPool and AveragePool on the GPU (NCHW, 1 to 3 spatial axes, f32): one thread per output
+//! MaxPool and AveragePool on the GPU (NCHW, 1 to 3 spatial axes, f32; MaxPool also of u8 and
+//! i8, the QOperator models' pools, compared as exact f32 values): one thread per output
 //! element, consecutive threads on consecutive output positions of a plane, so the window
 //! reads of a warp are close together. The window is one loop over its taps; a tap outside the
 //! input is skipped (AveragePool counts it when `count_include_pad` and it lies in the explicit
@@ -38,6 +39,8 @@ pub struct PoolGpu {
     what: String,
     /// Average: Some(count_include_pad); Max: None.
     average: Option<bool>,
+    /// The tensors' element type: f32, or (MaxPool) u8 or i8.
+    elem: DType,
     planes: usize,
     axes: Vec<Axis>,
 }
@@ -55,8 +58,13 @@ pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GpuK
         PoolKind::Average { count_include_pad } => Some(count_include_pad),
         PoolKind::Lp { .. } => return Ok(None),
     };
-    let ok = |t: &kiln_ir::TensorType| t.dtype == DType::F32 && t.layout == Layout::RowMajor && t.is_static();
-    if !node.input_type(0).is_some_and(ok) || !ok(node.output_type(0)) {
+    let elem = node.output_type(0).dtype;
+    let elem_ok = match average {
+        None => matches!(elem, DType::F32 | DType::U8 | DType::I8),
+        Some(_) => elem == DType::F32,
+    };
+    let ok = |t: &kiln_ir::TensorType| t.dtype == elem && t.layout == Layout::RowMajor && t.is_static();
+    if !elem_ok || !node.input_type(0).is_some_and(ok) || !ok(node.output_type(0)) {
         return Ok(None);
     }
     let x = node.input_shape(0)?;
@@ -85,8 +93,13 @@ pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GpuK
             .join("x")
     };
     let what = format!(
-        "gpu {} k={} s={} out={:?}",
+        "gpu {}{} k={} s={} out={:?}",
         if average.is_some() { "avgpool" } else { "maxpool" },
+        if elem == DType::F32 {
+            String::new()
+        } else {
+            format!(" {elem}")
+        },
         list(|a| a.kernel),
         list(|a| a.stride),
         y
@@ -94,6 +107,7 @@ pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GpuK
     Ok(Some(Box::new(PoolGpu {
         what,
         average,
+        elem,
         planes: x[0] * x[1],
         axes,
     })))
@@ -144,7 +158,7 @@ impl GpuKernel for PoolGpu {
             }
             starts.reverse();
             let plane_len: usize = self.axes.iter().map(|a| a.input).product();
-            let xp = e.gep_f32(x, e.mulc(rest, plane_len as i64)?)?;
+            let plane = e.mulc(rest, plane_len as i64)?;
             // A window with no tap in the input (not a valid geometry) gives -inf, as in the
             // reference.
             let init = if self.average.is_some() {
@@ -182,7 +196,7 @@ impl GpuKernel for PoolGpu {
                     e.store(padded, e.add(n, inc)?)?;
                 }
                 e.if_then(in_input, || {
-                    let v = e.load_f32(e.gep_f32(xp, off)?)?;
+                    let v = self.load(k, &e, x, e.add(plane, off)?)?;
                     let a = e.load_f32(acc)?;
                     let n = load_i64(&e, taken)?;
                     let next = if self.average.is_some() {
@@ -207,9 +221,56 @@ impl GpuKernel for PoolGpu {
                 let nf = e.b.build_unsigned_int_to_float(n, f32t, "").map_err(llvm)?;
                 v = fdiv(&e, v, nf)?;
             }
-            e.store(e.gep_f32(y, idx)?, v)
+            self.store(k, &e, y, idx, v)
         })?;
         k.ret()
+    }
+}
+
+impl PoolGpu {
+    /// Element `i` of `p` as f32 (exact for 8-bit integers).
+    fn load<'ctx>(
+        &self,
+        k: &GpuBuilder<'_, 'ctx>,
+        e: &Emit<'_, 'ctx>,
+        p: inkwell::values::PointerValue<'ctx>,
+        i: inkwell::values::IntValue<'ctx>,
+    ) -> Result<inkwell::values::FloatValue<'ctx>> {
+        let f32t = k.cx.f32_type();
+        match self.elem {
+            DType::F32 => e.load_f32(e.gep_f32(p, i)?),
+            DType::U8 => {
+                let v = e.load_u8_as_i32(e.gep_u8(p, i)?)?;
+                e.b.build_unsigned_int_to_float(v, f32t, "").map_err(llvm)
+            }
+            _ => {
+                let v =
+                    e.b.build_load(k.cx.i8_type(), e.gep_u8(p, i)?, "")
+                        .map_err(llvm)?;
+                e.b.build_signed_int_to_float(v.into_int_value(), f32t, "")
+                    .map_err(llvm)
+            }
+        }
+    }
+
+    /// Stores `v` as element `i` of `p`: an integer converted as the reference's saturating
+    /// cast (a window without a tap in the input holds -inf: 0 for u8, -128 for i8).
+    fn store<'ctx>(
+        &self,
+        k: &GpuBuilder<'_, 'ctx>,
+        e: &Emit<'_, 'ctx>,
+        p: inkwell::values::PointerValue<'ctx>,
+        i: inkwell::values::IntValue<'ctx>,
+        v: inkwell::values::FloatValue<'ctx>,
+    ) -> Result<()> {
+        let conv = match self.elem {
+            DType::F32 => return e.store(e.gep_f32(p, i)?, v),
+            DType::U8 => "llvm.fptoui.sat",
+            _ => "llvm.fptosi.sat",
+        };
+        let i8t = k.cx.i8_type();
+        let b = e.intrinsic(conv, &[i8t.into(), k.cx.f32_type().into()], &[v.into()])?;
+        e.store(e.gep_u8(p, i)?, b.into_int_value())
     }
 }
 
@@ -319,6 +380,38 @@ mod tests {
         v[14] = f32::NAN;
         inputs[0] = Tensor::from_vec(vec![1, 1, 6, 6], v);
         check_graph(&g, &inputs);
+    }
+
+    /// MaxPool of 8-bit integers (QOperator models' pools), padded and strided, with a
+    /// dilated window; `graph`'s f32 values scaled into each type's range.
+    #[test]
+    fn max_pool_of_8_bit_integers() {
+        for dtype in [DType::U8, DType::I8] {
+            for (k, s, p, d) in [
+                ([3, 3], [2, 2], [1, 1, 1, 1], [1, 1]),
+                ([2, 3], [1, 2], [1, 0, 0, 2], [2, 1]),
+            ] {
+                let op = pool(PoolKind::Max, &k, &s, &p, &d, true);
+                let (_, inputs) = graph(&[2, 3, 7, 9], op.clone(), 5);
+                let mut g = Graph::new("t");
+                let x = g.add_input("x", TensorType::fixed(dtype, &[2, 3, 7, 9]));
+                let y = g.add("p", op, vec![Some(x)], "y").unwrap();
+                g.add_output("y", y);
+                let v = inputs[0].to_f64_vec();
+                let x = match dtype {
+                    DType::U8 => Tensor::from_vec(
+                        vec![2, 3, 7, 9],
+                        v.iter().map(|x| (x * 31.0 + 128.0) as u8).collect(),
+                    ),
+                    _ => Tensor::from_vec(vec![2, 3, 7, 9], v.iter().map(|x| (x * 31.0) as i8).collect()),
+                };
+                let desc = check_graph(&g, &[x]);
+                assert!(desc[0].starts_with(&format!("gpu maxpool {dtype}")), "{desc:?}");
+                for sm in [80, 90] {
+                    ptxas_check(&g, sm);
+                }
+            }
+        }
     }
 
     #[test]

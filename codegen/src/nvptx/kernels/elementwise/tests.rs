@@ -500,8 +500,16 @@ fn quantize_and_dequantize_per_tensor() {
     let r = g.un(Unary::Relu, d);
     let (s3, z3) = (g.konst(Tensor::scalar(0.05f32)), g.konst(Tensor::scalar(-3i8)));
     let qi = g.op(quantize(DType::I8), &[r, s3, z3]);
-    let di = g.op(dequantize, &[qi, s3]);
+    let di = g.op(dequantize.clone(), &[qi, s3]);
     g.check(&[q, di]);
+    // Parameters computed at run time (DynamicQuantizeLinear's scale and zero point).
+    let mut g = G::new(601);
+    let x = g.input(DType::F32, &[5, 19]);
+    let s = g.input_tensor(Tensor::scalar(0.037f32));
+    let z = g.input_tensor(Tensor::scalar(121u8));
+    let q = g.op(quantize(DType::U8), &[x, s, z]);
+    let d = g.op(dequantize, &[q, s, z]);
+    g.check(&[d]);
 }
 
 /// Integer Div/Mod/FMod (zero and -1 divisors, the most negative dividend) and float Mod/FMod
