@@ -27,7 +27,6 @@ const LIBRARY_KERNELS: &[(&str, usize)] = &[
     ("elementwise_unary_misc", 2),
     ("ort_contrib_bert_layer", 1),
     ("reduce_opset18", 1),
-    ("scatter", 3),
 ];
 
 /// One fixture for one SM, f32 or bf16: compile, then assemble. Returns the time of each step

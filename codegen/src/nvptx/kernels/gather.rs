@@ -122,18 +122,23 @@ pub fn lower(node: &NodeInfo, _target: &TargetDesc) -> Result<Option<Box<dyn Gpu
                 diagonal,
             }))
         }
-        // Without a reduction (with one, duplicate indices would race: the library keeps them).
-        "scatter_nd" | "scatter_elements"
-            if matches!(
-                node.node.op,
-                Op::ScatterND {
-                    reduction: kiln_ir::ScatterReduction::None
-                } | Op::ScatterElements {
-                    reduction: kiln_ir::ScatterReduction::None,
-                    ..
+        "scatter_nd" | "scatter_elements" => {
+            use kiln_ir::ScatterReduction as R;
+            let (reduction, nan_first) = match node.node.op {
+                Op::ScatterND { reduction } => (reduction, true),
+                Op::ScatterElements { reduction, .. } => (reduction, false),
+                _ => return Ok(None),
+            };
+            // A reduction folds each update into its element by compare-and-swap: elements of
+            // a type the loop handles.
+            let dtype = node.output_type(0).dtype;
+            let reduce = match reduction {
+                R::None => None,
+                op if matches!(dtype, DType::F32 | DType::F64 | DType::I32 | DType::I64) => {
+                    Some(Reduce { op, dtype, nan_first })
                 }
-            ) =>
-        {
+                _ => return Ok(None),
+            };
             let Some(index_bytes) = index_bytes(node, 1) else {
                 return Ok(None);
             };
@@ -162,6 +167,7 @@ pub fn lower(node: &NodeInfo, _target: &TargetDesc) -> Result<Option<Box<dyn Gpu
                 }
             };
             Some(Box::new(ScatterGpu {
+                reduce,
                 target,
                 total: node.output_shape(0)?.iter().product::<usize>() as u64,
                 updates: node.input_shape(2)?.iter().product::<usize>() as u64,
@@ -195,15 +201,19 @@ pub fn lower(node: &NodeInfo, _target: &TargetDesc) -> Result<Option<Box<dyn Gpu
     })
 }
 
-/// ScatterND and ScatterElements without a reduction, in one block of `THREADS` threads: the
-/// data copied into the output, a barrier, then each update written where its indices (the
-/// gathers' descriptors over the updates) point. One block, because the copy must finish
-/// before any update lands and only a block has a barrier; the block runs on one SM (a cache
-/// or detection-sized scatter takes microseconds). Duplicate indices, which ONNX leaves
-/// undefined without a reduction, race (the library keeps the last); an index out of range
-/// reports `KILN_CUDA_EINDEX`.
+/// ScatterND and ScatterElements in one block of `THREADS` threads: the data copied into the
+/// output, a barrier, then each update written where its indices (the gathers' descriptors
+/// over the updates) point. One block, because the copy must finish before any update lands
+/// and only a block has a barrier; the block runs on one SM (a cache or detection-sized
+/// scatter takes microseconds). Without a reduction, duplicate indices (which ONNX leaves
+/// undefined) race, where the library keeps the last. With one, each update is folded into
+/// its element by a compare-and-swap loop with the library's rules (`mv_reduce`: wrapping
+/// integer add and multiply; float max/min that keep a NaN met first for ScatterND): integer
+/// results are the library's exactly; float sums and products of duplicate indices are summed
+/// in the order the threads arrive. An index out of range reports `KILN_CUDA_EINDEX`.
 #[derive(Debug)]
 struct ScatterGpu {
+    reduce: Option<Reduce>,
     target: IndexSource,
     total: u64,
     updates: u64,
@@ -242,21 +252,132 @@ impl GpuKernel for ScatterGpu {
         k.barrier()?;
         e.for_range(tid, e.i64c(self.updates as i64), THREADS as i64, |i| {
             let (to, inside) = self.target.offset(k, &e, idx, self.index_bytes, i)?;
+            let (from, to) = (e.mulc(i, es)?, e.mulc(to, es)?);
             e.if_else(
                 inside,
-                || {
-                    move_unit(
-                        k,
-                        &e,
-                        self.esize,
-                        (updates, e.mulc(i, es)?),
-                        (out, e.mulc(to, es)?),
-                    )
+                || match self.reduce {
+                    None => move_unit(k, &e, self.esize, (updates, from), (out, to)),
+                    Some(r) => r.fold(k, &e, (updates, from), (out, to)),
                 },
                 || k.report_error(EINDEX),
             )
         })?;
         k.ret()
+    }
+}
+
+/// A scatter's reduction on elements of `dtype` (f32, f64, i32 or i64).
+#[derive(Clone, Copy, Debug)]
+struct Reduce {
+    op: kiln_ir::ScatterReduction,
+    dtype: DType,
+    /// Max and min keep a NaN of either side (ScatterND; the library's `nan_prop`).
+    nan_first: bool,
+}
+
+impl Reduce {
+    /// `out[to] = op(out[to], update[from])` (byte offsets), atomically: a compare-and-swap
+    /// loop on the element's bits.
+    fn fold<'ctx>(
+        self,
+        k: &GpuBuilder<'_, 'ctx>,
+        e: &Emit<'_, 'ctx>,
+        (src, from): (PointerValue<'ctx>, IntValue<'ctx>),
+        (dst, to): (PointerValue<'ctx>, IntValue<'ctx>),
+    ) -> Result<()> {
+        let b = e.b;
+        let bits = int_type(k, self.dtype.size_bytes() as u64);
+        let at = e.gep_u8(dst, to)?;
+        let update = b
+            .build_load(bits, e.gep_u8(src, from)?, "")
+            .map_err(llvm)?
+            .into_int_value();
+        let first = b.build_load(bits, at, "").map_err(llvm)?.into_int_value();
+        let pre = b.get_insert_block().expect("positioned");
+        let retry = k.cx.append_basic_block(k.function, "cas");
+        let done = k.cx.append_basic_block(k.function, "cas_done");
+        b.build_unconditional_branch(retry).map_err(llvm)?;
+        b.position_at_end(retry);
+        let old = b.build_phi(bits, "old").map_err(llvm)?;
+        old.add_incoming(&[(&first, pre)]);
+        let old_bits = old.as_basic_value().into_int_value();
+        let new_bits = self.combine(k, e, old_bits, update)?;
+        let swap = b
+            .build_cmpxchg(
+                at,
+                old_bits,
+                new_bits,
+                inkwell::AtomicOrdering::Monotonic,
+                inkwell::AtomicOrdering::Monotonic,
+            )
+            .map_err(llvm)?;
+        let seen = b
+            .build_extract_value(swap, 0, "seen")
+            .map_err(llvm)?
+            .into_int_value();
+        let won = b
+            .build_extract_value(swap, 1, "won")
+            .map_err(llvm)?
+            .into_int_value();
+        old.add_incoming(&[(&seen, b.get_insert_block().expect("positioned"))]);
+        b.build_conditional_branch(won, done, retry).map_err(llvm)?;
+        b.position_at_end(done);
+        Ok(())
+    }
+
+    /// The reduction of element bits `x` (the output's) and `y` (the update's), as bits.
+    fn combine<'ctx>(
+        self,
+        k: &GpuBuilder<'_, 'ctx>,
+        e: &Emit<'_, 'ctx>,
+        x: IntValue<'ctx>,
+        y: IntValue<'ctx>,
+    ) -> Result<IntValue<'ctx>> {
+        use inkwell::FloatPredicate as F;
+        use kiln_ir::ScatterReduction as R;
+        let b = e.b;
+        let sel =
+            |c: IntValue<'ctx>,
+             p: inkwell::values::BasicValueEnum<'ctx>,
+             q: inkwell::values::BasicValueEnum<'ctx>| b.build_select(c, p, q, "").map_err(llvm);
+        if matches!(self.dtype, DType::I32 | DType::I64) {
+            let z = match self.op {
+                R::Add => b.build_int_add(x, y, "").map_err(llvm)?,
+                R::Mul => b.build_int_mul(x, y, "").map_err(llvm)?,
+                R::Max => sel(e.icmp(IntPredicate::SGT, y, x)?, y.into(), x.into())?.into_int_value(),
+                R::Min => sel(e.icmp(IntPredicate::SLT, y, x)?, y.into(), x.into())?.into_int_value(),
+                R::None => y,
+            };
+            return Ok(z);
+        }
+        let ft = match self.dtype {
+            DType::F64 => k.cx.f64_type(),
+            _ => k.cx.f32_type(),
+        };
+        let xf = b.build_bit_cast(x, ft, "").map_err(llvm)?.into_float_value();
+        let yf = b.build_bit_cast(y, ft, "").map_err(llvm)?.into_float_value();
+        let cmp = |p, l, r| b.build_float_compare(p, l, r, "").map_err(llvm);
+        let pick = |better: IntValue<'ctx>| -> Result<inkwell::values::FloatValue<'ctx>> {
+            let z = sel(better, yf.into(), xf.into())?.into_float_value();
+            if !self.nan_first {
+                return Ok(z);
+            }
+            // A NaN on either side wins, the output's first (`x != x ? x : y`).
+            let x_nan = cmp(F::UNO, xf, xf)?;
+            let any_nan = cmp(F::UNO, xf, yf)?;
+            let nan = sel(x_nan, xf.into(), yf.into())?.into_float_value();
+            Ok(sel(any_nan, nan.into(), z.into())?.into_float_value())
+        };
+        let z = match self.op {
+            R::Add => b.build_float_add(xf, yf, "").map_err(llvm)?,
+            R::Mul => b.build_float_mul(xf, yf, "").map_err(llvm)?,
+            R::Max => pick(cmp(F::OGT, yf, xf)?)?,
+            R::Min => pick(cmp(F::OLT, yf, xf)?)?,
+            R::None => yf,
+        };
+        Ok(b.build_bit_cast(z, x.get_type(), "")
+            .map_err(llvm)?
+            .into_int_value())
     }
 }
 
@@ -1148,5 +1269,82 @@ mod tests {
         let (g, inputs) = scatter(nd, &[2, 1], vec![1, 4], &[2, 3, 5]);
         let err = run_graph(&g, &inputs).unwrap_err();
         assert!(err.contains("failed with code 1"), "{err}");
+    }
+
+    /// Scatters with a reduction, duplicate indices included: ScatterND adding and taking
+    /// the maximum of f32 slices (a NaN in the data and one in the updates, which ScatterND's
+    /// max keeps), ScatterElements multiplying and taking the minimum of i64 elements (exact,
+    /// wrapping) and the maximum of f32 ones.
+    #[test]
+    fn scatters_with_reduction() {
+        use kiln_ir::ScatterReduction as R;
+        let graph = |op: Op, dtype: DType, data: Tensor, idx_shape: &[usize], ids: Vec<i64>, upd: Tensor| {
+            let mut g = Graph::new("t");
+            let d = g.add_input("data", TensorType::fixed(dtype, data.shape()));
+            let i = g.add_input("idx", TensorType::fixed(DType::I64, idx_shape));
+            let u = g.add_input("upd", TensorType::fixed(dtype, upd.shape()));
+            let y = g.add("s", op, vec![Some(d), Some(i), Some(u)], "y").unwrap();
+            g.add_output("y", y);
+            (g, vec![data, Tensor::from_vec(idx_shape.to_vec(), ids), upd])
+        };
+        let f32s = |shape: &[usize], f: fn(usize) -> f32| {
+            let n: usize = shape.iter().product();
+            Tensor::from_vec(shape.to_vec(), (0..n).map(f).collect::<Vec<f32>>())
+        };
+        let i64s = |shape: &[usize], f: fn(usize) -> i64| {
+            let n: usize = shape.iter().product();
+            Tensor::from_vec(shape.to_vec(), (0..n).map(f).collect::<Vec<i64>>())
+        };
+        let mut cases = vec![];
+        for op in [R::Add, R::Max] {
+            let mut data = f32s(&[4, 3], |i| i as f32 * 0.5 - 2.0);
+            let mut upd = f32s(&[5, 3], |i| (i * 7 % 11) as f32 * 0.25 - 1.0);
+            if op == R::Max {
+                data = f32s(&[4, 3], |i| if i == 4 { f32::NAN } else { i as f32 * 0.5 - 2.0 });
+                upd = f32s(&[5, 3], |i| {
+                    if i == 8 {
+                        f32::NAN
+                    } else {
+                        (i * 7 % 11) as f32 * 0.25 - 1.0
+                    }
+                });
+            }
+            let nd = Op::ScatterND { reduction: op };
+            cases.push(graph(nd, DType::F32, data, &[5, 1], vec![1, 3, 1, -3, 2], upd));
+        }
+        for op in [R::Mul, R::Min] {
+            let data = i64s(&[3, 4], |i| i as i64 * 3 - 7);
+            let upd = i64s(&[3, 4], |i| {
+                (i as i64 * 5) % 9 - 4 + if i == 5 { 1 << 40 } else { 0 }
+            });
+            let ids: Vec<i64> = (0..12).map(|i| [0, 2, 0, -1][i % 4]).collect();
+            let el = Op::ScatterElements {
+                axis: 1,
+                reduction: op,
+            };
+            cases.push(graph(el, DType::I64, data, &[3, 4], ids, upd));
+        }
+        let data = f32s(&[2, 5], |i| i as f32 - 4.0);
+        let upd = f32s(&[3, 5], |i| (i * 3 % 7) as f32 - 3.0);
+        let el = Op::ScatterElements {
+            axis: 0,
+            reduction: R::Max,
+        };
+        cases.push(graph(
+            el,
+            DType::F32,
+            data,
+            &[3, 5],
+            (0..15).map(|i| (i % 2) as i64).collect(),
+            upd,
+        ));
+        for (g, inputs) in &cases {
+            let k = check_graph(g, inputs);
+            assert!(k[0].starts_with("gpu scatter"), "{k:?}");
+        }
+        for sm in [80, 90] {
+            ptxas_check(&cases[0].0, sm);
+            ptxas_check(&cases[2].0, sm);
+        }
     }
 }
