@@ -1,6 +1,6 @@
 //! Convolutions computed a thread per output element on the GPU, for what the implicit-GEMM
-//! kernel (`gemm`) does not take: ConvTranspose (1 to 3 spatial axes) and Conv with three
-//! spatial axes (video and volumetric models). NCHW f32, groups, strides, dilations, and the
+//! kernel (`gemm`) does not take: ConvTranspose (1 to 3 spatial axes), Conv with three
+//! spatial axes (video and volumetric models) and Conv whose weights are computed at run time. NCHW f32, groups, strides, dilations, and the
 //! pads `uk::nn` resolves for `kiln_uk_conv` / `kiln_uk_conv_transpose` (`output_padding`,
 //! `output_shape`, `auto_pad`).
 //!
@@ -56,7 +56,16 @@ struct WindowConv {
 pub fn lower(node: &NodeInfo, _target: &TargetDesc) -> Result<Option<Box<dyn GpuKernel>>> {
     let transposed = match node.op() {
         Op::ConvTranspose(_) => true,
-        Op::Conv(a) if !a.channels_last && node.input_type(0).is_some_and(|t| t.rank() == 5) => false,
+        // 3-D, and any Conv whose weights arrive at run time (the implicit GEMM packs constant
+        // weights only): models that compute their filters, ONNX's node tests.
+        Op::Conv(a)
+            if !a.channels_last
+                && node
+                    .input_type(0)
+                    .is_some_and(|t| t.rank() == 5 || (t.rank() >= 3 && node.known(1).is_none())) =>
+        {
+            false
+        }
         _ => return Ok(None),
     };
     if node.n_outputs() != 1 {
@@ -357,6 +366,41 @@ mod tests {
         }
         for sm in [80, 90] {
             ptxas_check(&cases[0].direct().0, sm);
+        }
+    }
+
+    /// Conv whose weights (and bias) are graph inputs: the implicit GEMM packs constant
+    /// weights only, so 1-D and 2-D convolutions with run-time filters come here.
+    #[test]
+    fn convolutions_with_run_time_weights() {
+        #[rustfmt::skip]
+        let cases = [
+            Case { x: &[1, 3, 7, 6], m: 4, k: &[3, 3], s: &[1, 1], p: &[1, 1, 1, 1], d: &[1, 1], op: &[], group: 1, bias: true },
+            Case { x: &[2, 4, 9, 8], m: 6, k: &[3, 2], s: &[2, 1], p: &[0, 1, 1, 0], d: &[1, 2], op: &[], group: 2, bias: false },
+            Case { x: &[1, 2, 11], m: 3, k: &[4], s: &[2], p: &[3, 0], d: &[1], op: &[], group: 1, bias: true },
+        ];
+        for c in &cases {
+            let (g, mut inputs) = c.direct();
+            // The same graph with W and B as inputs holding the constants' values.
+            let mut h = Graph::new("t");
+            let mut args = vec![Some(h.add_input("x", g.value_type(g.inputs()[0].out(0)).clone()))];
+            let conv = g
+                .node_ids()
+                .find(|&id| matches!(g.node(id).op, Op::Conv(_)))
+                .unwrap();
+            for (i, name) in [(1, "w"), (2, "b")] {
+                let Some(v) = g.node(conv).inputs.get(i).copied().flatten() else {
+                    continue;
+                };
+                args.push(Some(h.add_input(name, g.value_type(v).clone())));
+                inputs.push(g.known_value(v).unwrap().clone());
+            }
+            let y = h.add("conv", g.node(conv).op.clone(), args, "y").unwrap();
+            h.add_output("y", y);
+            check(&h, &inputs, "gpu direct conv");
+            for sm in [80, 90] {
+                ptxas_check(&h, sm);
+            }
         }
     }
 }
