@@ -175,6 +175,47 @@ pub fn run_parallel<T: Sync, R: Send>(items: &[T], threads: usize, f: impl Fn(&T
     r.into_iter().map(|(_, r)| r).collect()
 }
 
+/// Runs the node cases the compiled CPU path passes (`tests/conformance/compiled_manifest.txt`,
+/// those whose names start with an `excluded` prefix left out) on `backend`, a CUDA backend
+/// (a device or the emulator): each must pass, or be refused with [`CUDA_REFUSAL`] when its
+/// output sizes depend on the data, which CPU targets compile and the CUDA target does not
+/// yet. Prints `<suite>: N passed, M refused (...), K failed ...`.
+pub fn check_cuda_node_cases(suite: &str, backend: &crate::conformance::Backend, excluded: &[&str]) {
+    use crate::conformance::{cache_dir, filtered_cases, list_cases, read_manifest, run_all, CaseResult};
+    let dir = cache_dir();
+    let manifest = read_manifest(&crate::repo_root().join("tests/conformance/compiled_manifest.txt"));
+    let cases: Vec<_> = list_cases(&dir)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| {
+            let name = c.file_name().unwrap().to_string_lossy();
+            manifest.contains(&*name) && !excluded.iter().any(|p| name.starts_with(p))
+        })
+        .collect();
+    assert!(
+        !cases.is_empty(),
+        "no compiled-path ONNX node test cases in {}: generate them with `python3 scripts/gen_node_tests.py`",
+        dir.display()
+    );
+    let (cases, _) = filtered_cases(cases);
+    let results = run_all(&cases, backend, crate::fixtures::suite_threads());
+    let refused = |r: &&CaseResult| r.outcome.as_ref().is_err_and(|e| e.contains(CUDA_REFUSAL));
+    let failed: Vec<_> = results
+        .iter()
+        .filter(|r| r.outcome.is_err() && !refused(r))
+        .collect();
+    for r in &failed {
+        println!("FAIL {}: {}", r.name, r.outcome.as_ref().unwrap_err());
+    }
+    println!(
+        "{suite}: {} passed, {} refused (data-dependent output sizes), {} failed of the compiled-path cases",
+        results.iter().filter(|r| r.outcome.is_ok()).count(),
+        results.iter().filter(refused).count(),
+        failed.len()
+    );
+    assert!(failed.is_empty(), "{} node cases fail ({suite})", failed.len());
+}
+
 #[cfg(test)]
 mod tests {
     use super::no_device_reason;

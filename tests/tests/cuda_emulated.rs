@@ -8,8 +8,7 @@
 //! `KILN_CONFORMANCE_FILTER` run subsets.
 
 use kiln_tests::compiled::{node_case_backend_cuda_emulated, run_cuda_emulated, EMULATED_SM};
-use kiln_tests::conformance::{cache_dir, filtered_cases, list_cases, read_manifest, run_all};
-use kiln_tests::cuda::{expect_cuda_refusal, CUDA_REFUSAL, CUDA_REFUSED};
+use kiln_tests::cuda::{check_cuda_node_cases, expect_cuda_refusal, CUDA_REFUSED};
 use kiln_tests::fixtures::{check_fixtures, load_manifest, suite_threads};
 
 #[test]
@@ -39,38 +38,6 @@ const TOO_SLOW_TO_EMULATE: &[&str] = &["test_sce_NCd1d2d3d4d5_"];
 /// target refuses with its message.
 #[test]
 fn onnx_node_tests_in_cuda_emulation() {
-    let dir = cache_dir();
-    let manifest = read_manifest(&kiln_tests::repo_root().join("tests/conformance/compiled_manifest.txt"));
-    let cases: Vec<_> = list_cases(&dir)
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|c| {
-            let name = c.file_name().unwrap().to_string_lossy();
-            manifest.contains(&*name) && !TOO_SLOW_TO_EMULATE.iter().any(|p| name.starts_with(p))
-        })
-        .collect();
-    assert!(
-        !cases.is_empty(),
-        "no compiled-path ONNX node test cases in {}: generate them with `python3 scripts/gen_node_tests.py`",
-        dir.display()
-    );
-    let (cases, _) = filtered_cases(cases);
-    let results = run_all(&cases, &node_case_backend_cuda_emulated, suite_threads());
-    let refused = |r: &&kiln_tests::conformance::CaseResult| {
-        r.outcome.as_ref().is_err_and(|e| e.contains(CUDA_REFUSAL))
-    };
-    let failed: Vec<_> = results
-        .iter()
-        .filter(|r| r.outcome.is_err() && !refused(r))
-        .collect();
-    for r in &failed {
-        println!("FAIL {}: {}", r.name, r.outcome.as_ref().unwrap_err());
-    }
-    println!(
-        "cuda conformance in emulation (sm_{EMULATED_SM}): {} passed, {} refused (data-dependent output sizes), {} failed of the compiled-path cases",
-        results.iter().filter(|r| r.outcome.is_ok()).count(),
-        results.iter().filter(refused).count(),
-        failed.len()
-    );
-    assert!(failed.is_empty(), "{} node cases fail in emulation", failed.len());
+    let suite = format!("cuda conformance in emulation (sm_{EMULATED_SM})");
+    check_cuda_node_cases(&suite, &node_case_backend_cuda_emulated, TOO_SLOW_TO_EMULATE);
 }

@@ -10,7 +10,6 @@ use kiln_tests::bf16::check_bf16_outputs;
 use kiln_tests::compiled::{
     compile_graph_cuda, compile_graph_cuda_bf16, node_case_backend_cuda, run_executable, WorkDir,
 };
-use kiln_tests::conformance::{cache_dir, filtered_cases, list_cases, read_manifest, run_all};
 use kiln_tests::cuda::{export_libdevice, gpu_required, no_device_reason};
 use kiln_tests::fixtures::{check_fixtures, load_manifest, suite_threads, Fixture};
 
@@ -138,41 +137,6 @@ fn onnx_node_tests_on_gpu() {
     if fixtures_if_device().is_none() {
         return;
     }
-    let dir = cache_dir();
-    let manifest = read_manifest(&kiln_tests::repo_root().join("tests/conformance/compiled_manifest.txt"));
-    let cases: Vec<_> = list_cases(&dir)
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|c| manifest.contains(&*c.file_name().unwrap().to_string_lossy()))
-        .collect();
-    assert!(
-        !cases.is_empty(),
-        "no compiled-path ONNX node test cases in {}: generate them with `python3 scripts/gen_node_tests.py`",
-        dir.display()
-    );
-    let (cases, _) = filtered_cases(cases);
     let backend = node_case_backend_cuda(sm());
-    let results = run_all(&cases, &backend, suite_threads());
-    // Outputs whose size depends on the data (NonZero, NonMaxSuppression) compile for CPU
-    // targets only so far: the CUDA target must refuse them with its message, nothing else.
-    let refused = |r: &&kiln_tests::conformance::CaseResult| {
-        r.outcome
-            .as_ref()
-            .is_err_and(|e| e.contains(kiln_tests::cuda::CUDA_REFUSAL))
-    };
-    let failed: Vec<_> = results
-        .iter()
-        .filter(|r| r.outcome.is_err() && !refused(r))
-        .collect();
-    for r in &failed {
-        println!("FAIL {}: {}", r.name, r.outcome.as_ref().unwrap_err());
-    }
-    println!(
-        "cuda conformance (sm_{}): {} passed, {} refused (data-dependent output sizes), {} failed of the compiled-path cases",
-        sm(),
-        results.iter().filter(|r| r.outcome.is_ok()).count(),
-        results.iter().filter(refused).count(),
-        failed.len()
-    );
-    assert!(failed.is_empty(), "{} node cases fail on the GPU", failed.len());
+    kiln_tests::cuda::check_cuda_node_cases(&format!("cuda conformance (sm_{})", sm()), &backend, &[]);
 }

@@ -73,24 +73,7 @@ pub fn lower(node: &NodeInfo, _target: &TargetDesc) -> Result<Option<Box<dyn Gpu
                 return Ok(None);
             }
             let total = node.output_shape(0)?.iter().product::<usize>() as u64;
-            let source = if call.symbol == "gather_elements" {
-                let (axis, rank) = (at[0] as usize, at[1] as usize);
-                IndexSource::Elements {
-                    axis,
-                    index_dims: at[2..2 + rank].iter().map(|&d| d as u64).collect(),
-                    data_strides: at[2 + rank..2 + 2 * rank].iter().map(|&d| d as u64).collect(),
-                    axis_dim: at[2 + 2 * rank] as u64,
-                }
-            } else {
-                let k = at[2] as usize;
-                IndexSource::Tuples {
-                    slice: at[1] as u64,
-                    per_batch: at[3] as u64,
-                    batch_stride: at[4] as u64,
-                    dims: at[5..5 + k].iter().map(|&d| d as u64).collect(),
-                    strides: at[5 + k..5 + 2 * k].iter().map(|&d| d as u64).collect(),
-                }
-            };
+            let source = IndexSource::from_attrs(call.symbol == "gather_elements", at);
             Some(Box::new(ElementGather {
                 source,
                 total,
@@ -147,25 +130,7 @@ pub fn lower(node: &NodeInfo, _target: &TargetDesc) -> Result<Option<Box<dyn Gpu
                 return Ok(None);
             }
             // The descriptor after the reduction code: the gather's, over the updates.
-            let at = &at[1..];
-            let target = if call.symbol == "scatter_elements" {
-                let (axis, rank) = (at[0] as usize, at[1] as usize);
-                IndexSource::Elements {
-                    axis,
-                    index_dims: at[2..2 + rank].iter().map(|&d| d as u64).collect(),
-                    data_strides: at[2 + rank..2 + 2 * rank].iter().map(|&d| d as u64).collect(),
-                    axis_dim: at[2 + 2 * rank] as u64,
-                }
-            } else {
-                let k = at[2] as usize;
-                IndexSource::Tuples {
-                    slice: at[1] as u64,
-                    per_batch: at[3] as u64,
-                    batch_stride: at[4] as u64,
-                    dims: at[5..5 + k].iter().map(|&d| d as u64).collect(),
-                    strides: at[5 + k..5 + 2 * k].iter().map(|&d| d as u64).collect(),
-                }
-            };
+            let target = IndexSource::from_attrs(call.symbol == "scatter_elements", &at[1..]);
             Some(Box::new(ScatterGpu {
                 reduce,
                 target,
@@ -645,6 +610,30 @@ enum IndexSource {
 }
 
 impl IndexSource {
+    /// The library's descriptor: `kiln_uk_gather_elements`'s (`elements`) or
+    /// `kiln_uk_gather_nd`'s attributes (the scatters' after their reduction code).
+    fn from_attrs(elements: bool, at: &[i64]) -> IndexSource {
+        let u = |v: &[i64]| v.iter().map(|&d| d as u64).collect::<Vec<u64>>();
+        if elements {
+            let (axis, rank) = (at[0] as usize, at[1] as usize);
+            IndexSource::Elements {
+                axis,
+                index_dims: u(&at[2..2 + rank]),
+                data_strides: u(&at[2 + rank..2 + 2 * rank]),
+                axis_dim: at[2 + 2 * rank] as u64,
+            }
+        } else {
+            let k = at[2] as usize;
+            IndexSource::Tuples {
+                slice: at[1] as u64,
+                per_batch: at[3] as u64,
+                batch_stride: at[4] as u64,
+                dims: u(&at[5..5 + k]),
+                strides: u(&at[5 + k..5 + 2 * k]),
+            }
+        }
+    }
+
     /// For element `i` of the index tensor's iteration (a GatherElements output or
     /// ScatterElements update; a GatherND output or ScatterND update, slice by slice): the
     /// data element it addresses and whether every index read for it was in range.
