@@ -392,18 +392,14 @@ mod tests {
         }
     }
 
-    /// Einsum's micro-kernel is listed as block-parallel, ScatterElements' is not: one launch of a
+    /// Einsum's micro-kernel is listed as block-parallel, ReverseSequence's is not: one launch of a
     /// block of LIBRARY_THREADS, one of a single thread, each entry starting the block state.
     #[test]
     fn library_kernels_launch_block_parallel_only_when_listed() {
         let mut g = Graph::new("t");
         let a = g.add_input("a", TensorType::fixed(DType::F32, &[8, 16]));
         let b = g.add_input("b", TensorType::fixed(DType::F32, &[16, 4]));
-        let idx = g.add_const(
-            "idx",
-            Tensor::from_vec(vec![2, 4], vec![2i64, 0, 7, 1, 3, 3, 5, 6]),
-        );
-        let upd = g.add_const("upd", Tensor::from_vec(vec![2, 4], vec![1.0f32; 8]));
+        let lens = g.add_const("lens", Tensor::from_vec(vec![4], vec![8i64, 3, 0, 5]));
         let e = g
             .add(
                 "mm",
@@ -416,12 +412,12 @@ mod tests {
             .unwrap();
         let y = g
             .add(
-                "scatter",
-                Op::ScatterElements {
-                    axis: 0,
-                    reduction: kiln_ir::ScatterReduction::Add,
-                },
-                vec![Some(e), Some(idx), Some(upd)],
+                "reverse",
+                Op::Misc(kiln_ir::MiscOp::ReverseSequence {
+                    batch_axis: 1,
+                    time_axis: 0,
+                }),
+                vec![Some(e), Some(lens)],
                 "y",
             )
             .unwrap();
@@ -439,7 +435,7 @@ mod tests {
             blocks,
             vec![
                 ("Einsum".to_string(), [LIBRARY_THREADS, 1, 1]),
-                ("ScatterElements".to_string(), [1, 1, 1])
+                ("ReverseSequence".to_string(), [1, 1, 1])
             ]
         );
         assert!(

@@ -867,7 +867,7 @@ mod tests {
 
     /// Library kernels listed as block-parallel, on 128 concurrent threads, match the
     /// reference: an int64 batched MatMul, an Einsum, and attention with a softcap (the general
-    /// kernel: two dependent parallel phases); Gather stays on one thread.
+    /// kernel: two dependent parallel phases); ReverseSequence stays on one thread.
     #[test]
     fn library_kernels_run_block_parallel() {
         let mut g = Graph::new("t");
@@ -887,19 +887,15 @@ mod tests {
                 "e",
             )
             .unwrap();
-        let idx = g.add_const(
-            "idx",
-            Tensor::from_vec(vec![2, 5], vec![5i64, 0, 3, 3, 1, 2, 4, 0, 5, 5]),
-        );
-        let upd = g.add_const("upd", Tensor::from_vec(vec![2, 5], vec![0.5f32; 10]));
+        let lens = g.add_const("lens", Tensor::from_vec(vec![5], vec![6i64, 2, 0, 5, 1]));
         let ge = g
             .add(
-                "sc",
-                Op::ScatterElements {
-                    axis: 0,
-                    reduction: kiln_ir::ScatterReduction::Mul,
-                },
-                vec![Some(e), Some(idx), Some(upd)],
+                "rev",
+                Op::Misc(kiln_ir::MiscOp::ReverseSequence {
+                    batch_axis: 1,
+                    time_axis: 0,
+                }),
+                vec![Some(e), Some(lens)],
                 "ge",
             )
             .unwrap();
@@ -938,14 +934,14 @@ mod tests {
             filled(&[2, 3, 10, 8], 6),
         ];
         let kernels = check_graph(&g, &inputs);
-        for symbol in ["matmul", "einsum", "attention", "scatter_elements"] {
+        for symbol in ["matmul", "einsum", "attention", "reverse_sequence"] {
             assert!(
                 kernels.iter().any(|k| *k == format!("kiln_uk_{symbol}")),
                 "kiln_uk_{symbol} not among {kernels:?}"
             );
         }
         assert_eq!(device::library_threads("attention"), 128);
-        assert_eq!(device::library_threads("scatter_elements"), 1);
+        assert_eq!(device::library_threads("reverse_sequence"), 1);
     }
 
     /// f64 operators the GPU generators leave to the library, sized for the parallel paths:
