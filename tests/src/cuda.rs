@@ -179,8 +179,13 @@ pub fn run_parallel<T: Sync, R: Send>(items: &[T], threads: usize, f: impl Fn(&T
 /// those whose names start with an `excluded` prefix left out) on `backend`, a CUDA backend
 /// (a device or the emulator): each must pass, or be refused with [`CUDA_REFUSAL`] when its
 /// output sizes depend on the data, which CPU targets compile and the CUDA target does not
-/// yet. Prints `<suite>: N passed, M refused (...), K failed ...`.
-pub fn check_cuda_node_cases(suite: &str, backend: &crate::conformance::Backend, excluded: &[&str]) {
+/// yet. Runs on `threads` threads; prints `<suite>: N passed, M refused (...), K failed ...`.
+pub fn check_cuda_node_cases(
+    suite: &str,
+    backend: &crate::conformance::Backend,
+    excluded: &[&str],
+    threads: usize,
+) {
     use crate::conformance::{cache_dir, filtered_cases, list_cases, read_manifest, run_all, CaseResult};
     let dir = cache_dir();
     let manifest = read_manifest(&crate::repo_root().join("tests/conformance/compiled_manifest.txt"));
@@ -198,7 +203,7 @@ pub fn check_cuda_node_cases(suite: &str, backend: &crate::conformance::Backend,
         dir.display()
     );
     let (cases, _) = filtered_cases(cases);
-    let results = run_all(&cases, backend, crate::fixtures::suite_threads());
+    let results = run_all(&cases, backend, threads);
     let refused = |r: &&CaseResult| r.outcome.as_ref().is_err_and(|e| e.contains(CUDA_REFUSAL));
     let failed: Vec<_> = results
         .iter()

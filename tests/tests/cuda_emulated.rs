@@ -39,5 +39,10 @@ const TOO_SLOW_TO_EMULATE: &[&str] = &["test_sce_NCd1d2d3d4d5_"];
 #[test]
 fn onnx_node_tests_in_cuda_emulation() {
     let suite = format!("cuda conformance in emulation (sm_{EMULATED_SM})");
-    check_cuda_node_cases(&suite, &node_case_backend_cuda_emulated, TOO_SLOW_TO_EMULATE);
+    check_cuda_node_cases(
+        &suite,
+        &node_case_backend_cuda_emulated,
+        TOO_SLOW_TO_EMULATE,
+        suite_threads(),
+    );
 }

@@ -138,5 +138,6 @@ fn onnx_node_tests_on_gpu() {
         return;
     }
     let backend = node_case_backend_cuda(sm());
-    kiln_tests::cuda::check_cuda_node_cases(&format!("cuda conformance (sm_{})", sm()), &backend, &[]);
+    let suite = format!("cuda conformance (sm_{})", sm());
+    kiln_tests::cuda::check_cuda_node_cases(&suite, &backend, &[], suite_threads());
 }
