@@ -126,6 +126,43 @@ impl<'a, 'ctx> Emit<'a, 'ctx> {
         self.b.build_int_compare(p, a, b, "").map_err(llvm)
     }
 
+    /// `c ? a : b` for integers.
+    pub fn select_int(
+        &self,
+        c: IntValue<'ctx>,
+        a: IntValue<'ctx>,
+        b: IntValue<'ctx>,
+    ) -> Result<IntValue<'ctx>> {
+        Ok(self.b.build_select(c, a, b, "").map_err(llvm)?.into_int_value())
+    }
+
+    /// `v` clamped to `[lo, hi]` by ordered compares, so NaN passes through (f32 or f64).
+    pub fn clamp_float(
+        &self,
+        v: FloatValue<'ctx>,
+        lo: FloatValue<'ctx>,
+        hi: FloatValue<'ctx>,
+    ) -> Result<FloatValue<'ctx>> {
+        let below = self
+            .b
+            .build_float_compare(FloatPredicate::OLT, v, lo, "")
+            .map_err(llvm)?;
+        let v = self
+            .b
+            .build_select(below, lo, v, "")
+            .map_err(llvm)?
+            .into_float_value();
+        let above = self
+            .b
+            .build_float_compare(FloatPredicate::OGT, v, hi, "")
+            .map_err(llvm)?;
+        Ok(self
+            .b
+            .build_select(above, hi, v, "")
+            .map_err(llvm)?
+            .into_float_value())
+    }
+
     /// Unsigned minimum of two i64 values.
     pub fn umin(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> Result<IntValue<'ctx>> {
         let lt = self.icmp(IntPredicate::ULT, a, b)?;
@@ -194,6 +231,14 @@ impl<'a, 'ctx> Emit<'a, 'ctx> {
             .build_load(self.ptr_ty(), p, "")
             .map_err(llvm)?
             .into_pointer_value())
+    }
+
+    /// Element `i` of an i64 tensor at `p`.
+    pub fn load_i64(&self, p: PointerValue<'ctx>, i: IntValue<'ctx>) -> Result<IntValue<'ctx>> {
+        let i64t = self.cx.i64_type();
+        // SAFETY (of the IR): the callers' indices lie inside the tensor.
+        let at = unsafe { self.b.build_in_bounds_gep(i64t, p, &[i], "") }.map_err(llvm)?;
+        Ok(self.b.build_load(i64t, at, "").map_err(llvm)?.into_int_value())
     }
 
     pub fn load_f32(&self, p: PointerValue<'ctx>) -> Result<FloatValue<'ctx>> {

@@ -148,16 +148,7 @@ fn params<'ctx>(
 
 /// `v` clamped to `[0, 255]` by ordered compares (NaN passes).
 fn clamp<'ctx>(e: &Emit<'_, 'ctx>, v: FloatValue<'ctx>) -> Result<FloatValue<'ctx>> {
-    let b = e.b;
-    let (lo, hi) = (e.f32c(0.0), e.f32c(255.0));
-    let below = b
-        .build_float_compare(FloatPredicate::OLT, v, lo, "")
-        .map_err(llvm)?;
-    let v = b.build_select(below, lo, v, "").map_err(llvm)?.into_float_value();
-    let above = b
-        .build_float_compare(FloatPredicate::OGT, v, hi, "")
-        .map_err(llvm)?;
-    Ok(b.build_select(above, hi, v, "").map_err(llvm)?.into_float_value())
+    e.clamp_float(v, e.f32c(0.0), e.f32c(255.0))
 }
 
 /// `v` saturated to `[0, 255]`, NaN to 0 (the quantized value's saturation).

@@ -397,7 +397,6 @@ impl GpuKernel for CacheScatter {
         let e = Emit::new(k.cx, k.module, k.builder, k.function);
         let (cache, update, out) = (k.input(0)?, k.input(1)?, k.output(0)?);
         let (len, n) = (self.cache_len as i64, self.update_len as i64);
-        let i64t = k.cx.i64_type();
         k.grid_stride_loop(self.total(), THREADS, |i| {
             let r = e.uremc(i, self.inner as i64)?;
             let t = e.udivc(i, self.inner as i64)?;
@@ -405,12 +404,7 @@ impl GpuKernel for CacheScatter {
             let row = e.udivc(t, len)?; // b·outer + o
             let b = e.udivc(row, self.outer as i64)?;
             let w = match self.write {
-                true => {
-                    let ids = k.input(2)?;
-                    // SAFETY (of the IR): one write index per batch entry.
-                    let at = unsafe { e.b.build_in_bounds_gep(i64t, ids, &[b], "") }.map_err(llvm)?;
-                    e.b.build_load(i64t, at, "").map_err(llvm)?.into_int_value()
-                }
+                true => e.load_i64(k.input(2)?, b)?,
                 false => e.i64c(0),
             };
             let sge = |a, c| e.icmp(IntPredicate::SGE, a, c);

@@ -27,7 +27,7 @@ use crate::node::NodeInfo;
 use crate::nvptx::{GpuBuilder, GpuKernel, LaunchDims};
 use crate::target::TargetDesc;
 use inkwell::values::{FloatValue, IntValue, PointerValue};
-use inkwell::{FloatPredicate, IntPredicate};
+use inkwell::IntPredicate;
 use kiln_ir::{DType, Layout, Op, QuantOp};
 
 const THREADS: u64 = 256;
@@ -292,9 +292,8 @@ fn requant(node: &NodeInfo, own: &[Vec<usize>], out: DType) -> Result<Option<Req
             _ => return Ok(None),
         },
     };
-    let (lo, hi) = match out {
-        DType::U8 => (0.0, 255.0),
-        _ => (-128.0, 127.0),
+    let Some((lo, hi)) = kiln_ir::ops::quant_range(out) else {
+        return Ok(None);
     };
     Ok(Some(Requant {
         b_scale_per_index,
@@ -407,7 +406,7 @@ impl GpuKernel for IntegerProduct {
                         Some(slot) => {
                             let table = k.packed(*slot)?;
                             let w = e.mulc(batch, 2)?;
-                            (load_i64(&e, table, w)?, load_i64(&e, table, e.addc(w, 1)?)?)
+                            (e.load_i64(table, w)?, e.load_i64(table, e.addc(w, 1)?)?)
                         }
                         None => (e.i64c(0), e.i64c(0)),
                     };
@@ -509,18 +508,6 @@ impl GpuKernel for IntegerProduct {
     }
 }
 
-/// Element `idx` of an i64 table.
-fn load_i64<'ctx>(
-    e: &Emit<'_, 'ctx>,
-    table: PointerValue<'ctx>,
-    idx: IntValue<'ctx>,
-) -> Result<IntValue<'ctx>> {
-    let i64t = e.cx.i64_type();
-    // SAFETY (of the IR): the callers' indices lie inside the table.
-    let at = unsafe { e.b.build_in_bounds_gep(i64t, table, &[idx], "") }.map_err(llvm)?;
-    Ok(e.b.build_load(i64t, at, "").map_err(llvm)?.into_int_value())
-}
-
 /// `acc += x·w`, wrapping in i32.
 fn accumulate<'ctx>(
     e: &Emit<'_, 'ctx>,
@@ -571,21 +558,7 @@ fn requantize<'ctx>(
     let v = e
         .intrinsic("llvm.roundeven", &[f64t.into()], &[v.into()])?
         .into_float_value();
-    let (lo, hi) = (f64t.const_float(r.lo), f64t.const_float(r.hi));
-    let below =
-        e.b.build_float_compare(FloatPredicate::OLT, v, lo, "")
-            .map_err(llvm)?;
-    let v =
-        e.b.build_select(below, lo, v, "")
-            .map_err(llvm)?
-            .into_float_value();
-    let above =
-        e.b.build_float_compare(FloatPredicate::OGT, v, hi, "")
-            .map_err(llvm)?;
-    Ok(e.b
-        .build_select(above, hi, v, "")
-        .map_err(llvm)?
-        .into_float_value())
+    e.clamp_float(v, f64t.const_float(r.lo), f64t.const_float(r.hi))
 }
 
 #[cfg(test)]

@@ -129,14 +129,7 @@ impl GpuKernel for Rotary {
                 || {
                     let token = e.add(e.mulc(b, self.seq as i64)?, s)?;
                     let row = match self.positions {
-                        Some(_) => {
-                            let ids = k.input(3)?;
-                            let i64t = k.cx.i64_type();
-                            // SAFETY (of the IR): one id per (batch, position).
-                            let at =
-                                unsafe { e.b.build_in_bounds_gep(i64t, ids, &[token], "") }.map_err(llvm)?;
-                            e.b.build_load(i64t, at, "").map_err(llvm)?.into_int_value()
-                        }
+                        Some(_) => e.load_i64(k.input(3)?, token)?,
                         None => token,
                     };
                     let rows = self.positions.unwrap_or(self.batch * self.seq);
@@ -183,8 +176,8 @@ impl Rotary {
             (j, first, partner)
         } else {
             let first = e.icmp(IntPredicate::ULT, dd, e.i64c(half))?;
-            let j = select_i(e, first, dd, e.addc(dd, -half)?)?;
-            let partner = select_i(e, first, e.addc(i, half)?, e.addc(i, -half)?)?;
+            let j = e.select_int(first, dd, e.addc(dd, -half)?)?;
+            let partner = e.select_int(first, e.addc(i, half)?, e.addc(i, -half)?)?;
             (j, first, partner)
         };
         let f64t = k.cx.f64_type();
@@ -205,15 +198,6 @@ impl Rotary {
         let v = b.build_float_trunc(v, k.cx.f32_type(), "").map_err(llvm)?;
         e.store(e.gep_f32(y, i)?, v)
     }
-}
-
-fn select_i<'ctx>(
-    e: &Emit<'_, 'ctx>,
-    c: IntValue<'ctx>,
-    a: IntValue<'ctx>,
-    b: IntValue<'ctx>,
-) -> Result<IntValue<'ctx>> {
-    Ok(e.b.build_select(c, a, b, "").map_err(llvm)?.into_int_value())
 }
 
 #[cfg(test)]

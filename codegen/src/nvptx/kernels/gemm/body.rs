@@ -19,15 +19,6 @@ pub(super) fn resolve<'ctx>(k: &GpuBuilder<'_, 'ctx>, s: Slot) -> Result<Pointer
     }
 }
 
-pub(super) fn select_i<'ctx>(
-    e: &Emit<'_, 'ctx>,
-    c: IntValue<'ctx>,
-    a: IntValue<'ctx>,
-    b: IntValue<'ctx>,
-) -> Result<IntValue<'ctx>> {
-    Ok(e.b.build_select(c, a, b, "").map_err(llvm)?.into_int_value())
-}
-
 pub(super) fn and<'ctx>(e: &Emit<'_, 'ctx>, a: IntValue<'ctx>, b: IntValue<'ctx>) -> Result<IntValue<'ctx>> {
     e.b.build_and(a, b, "").map_err(llvm)
 }
@@ -89,7 +80,7 @@ pub(super) fn guarded_load<'ctx>(
     idx: IntValue<'ctx>,
     valid: IntValue<'ctx>,
 ) -> Result<FloatValue<'ctx>> {
-    let safe = select_i(e, valid, idx, e.i64c(0))?;
+    let safe = e.select_int(valid, idx, e.i64c(0))?;
     let v = load_elem(k, e, elem, p, safe)?;
     Ok(e.b
         .build_select(valid, v, e.f32c(0.0), "")
