@@ -87,8 +87,8 @@ fn emit_ptx_writes_name_dot_ptx() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Sin and Cos run as library kernels whose sin/cos come from libdevice (the generated GPU
-/// kernels need none), so the compile must find libdevice.
+/// Sin and Cos run in a generated elementwise kernel that calls libdevice's double-precision
+/// sin and cos, so the compile must find libdevice.
 #[test]
 fn missing_libdevice_is_named() {
     let dir = scratch("libdevice");

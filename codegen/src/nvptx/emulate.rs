@@ -113,6 +113,7 @@ pub(crate) fn ptxas_check(graph: &Graph, sm: u32) -> bool {
         eprintln!("ptxas not found ($KILN_PTXAS or .venv's nvidia-cuda-nvcc): skipping the PTX check");
         return false;
     };
+    libdevice_beside(&ptxas);
     let target = TargetDesc::cuda(sm).unwrap();
     let plan = plan::build(graph, &target, true).unwrap();
     for k in &plan.kernels {
@@ -146,6 +147,25 @@ pub(crate) fn ptxas_check(graph: &Graph, sm: u32) -> bool {
         String::from_utf8_lossy(&out.stderr)
     );
     true
+}
+
+/// Points `KILN_LIBDEVICE` (once, when unset) at the libdevice of the CUDA package `ptxas`
+/// comes from (`nvidia/cuda_nvcc/{bin/ptxas, nvvm/libdevice/libdevice.10.bc}`), for the kernels
+/// that call the math library.
+fn libdevice_beside(ptxas: &std::path::Path) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if std::env::var_os("KILN_LIBDEVICE").is_some() {
+            return;
+        }
+        let Some(root) = ptxas.parent().and_then(|bin| bin.parent()) else {
+            return;
+        };
+        let bc = root.join("nvvm/libdevice/libdevice.10.bc");
+        if bc.is_file() {
+            std::env::set_var("KILN_LIBDEVICE", bc);
+        }
+    });
 }
 
 static PTX_SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -957,8 +977,9 @@ mod tests {
         let b = g.add_input("b", TensorType::fixed(DType::F64, &[256]));
         let s = g
             .add(
-                "add",
-                Op::Binary(kiln_ir::Binary::Add),
+                "prelu",
+                // Generated for f32 only: f64 runs the library kernel.
+                Op::Binary(kiln_ir::Binary::PRelu),
                 vec![Some(a), Some(b)],
                 "s",
             )

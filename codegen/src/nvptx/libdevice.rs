@@ -6,8 +6,10 @@
 //!
 //! libdevice ships with the CUDA toolkit (`nvvm/libdevice/libdevice.10.bc`) and with the
 //! `nvidia-cuda-nvcc-cu12` Python package; `KILN_LIBDEVICE` names the file explicitly. It is
-//! only needed when a library kernel uses one of these functions; the kernels kiln generates for
-//! the GPU use their own polynomials.
+//! only needed when a kernel uses one of these functions: a library kernel, or a generated
+//! elementwise kernel with a function the vector math has no polynomial for (the trigonometric
+//! and hyperbolic functions, computed in f64 as the reference does); the other generated
+//! kernels use their own polynomials.
 
 use crate::error::{CodegenError, Result};
 use inkwell::context::Context;
@@ -57,7 +59,7 @@ pub fn lower_math<'ctx>(cx: &'ctx Context, module: &Module<'ctx>) -> Result<bool
     // elsewhere or to fail later with LLVM's read error.
     if let Some(p) = std::env::var_os("KILN_LIBDEVICE").filter(|p| !Path::new(p).is_file()) {
         return Err(CodegenError::Target(format!(
-            "KILN_LIBDEVICE={}: no such file; it must name CUDA's libdevice (nvvm/libdevice/libdevice.10.bc), which the model's library kernels need",
+            "KILN_LIBDEVICE={}: no such file; it must name CUDA's libdevice (nvvm/libdevice/libdevice.10.bc), which the model's kernels need",
             Path::new(&p).display()
         )));
     }
@@ -65,7 +67,7 @@ pub fn lower_math<'ctx>(cx: &'ctx Context, module: &Module<'ctx>) -> Result<bool
         renamed.sort();
         renamed.dedup();
         CodegenError::Target(format!(
-            "the model's library kernels need CUDA's libdevice for {} and it was not found: set KILN_LIBDEVICE=/path/to/libdevice.10.bc (from a CUDA toolkit's nvvm/libdevice, or `pip install nvidia-cuda-nvcc-cu12`)",
+            "the model's kernels need CUDA's libdevice for {} and it was not found: set KILN_LIBDEVICE=/path/to/libdevice.10.bc (from a CUDA toolkit's nvvm/libdevice, or `pip install nvidia-cuda-nvcc-cu12`)",
             renamed.join(", ")
         ))
     })?;

@@ -27,8 +27,9 @@ enum Src {
     Input(usize),
     /// The result of an earlier step.
     Step(usize),
-    /// A scalar constant known at compile time (the operand's dtype).
-    Const(f64),
+    /// A scalar constant known at compile time: its value as f64, for the float dtypes, and its
+    /// bits as i64 (exact for 64-bit integers, which f64 would round), for the others.
+    Const { f: f64, i: i64 },
 }
 
 #[derive(Clone, Debug)]
@@ -123,18 +124,12 @@ pub(crate) fn supports_on(graph: &Graph, id: NodeId, gpu: bool) -> bool {
         .iter()
         .map(|v| v.map(|v| graph.value_type(v).dtype))
         .collect();
-    // bf16 only as a conversion from or to f32 (the autocast pass's pairs): in registers it
-    // is an f32 whose low 16 bits are zero.
-    let bf16_cast = gpu
-        && matches!(node.op, Op::Cast { .. })
-        && matches!(
-            (ins.first().copied().flatten(), out),
-            (Some(DType::F32), DType::BF16) | (Some(DType::BF16), DType::F32)
-        );
-    // f16 on the GPU: stored as half, computed in f32 registers and rounded to f16 after every
-    // operator, as the reference computes it.
-    let dtype_ok = |d: DType| supported_dtype(d) || (gpu && d == DType::F16);
-    if !bf16_cast && (!dtype_ok(out) || ins.iter().flatten().any(|d| !dtype_ok(*d))) {
+    // On the CPU bf16 is only converted, from or to f32 (the autocast pass's pairs), and
+    // that in the GPU kernel alone: in registers it is an f32 whose low 16 bits are zero. The
+    // GPU kernel also computes in bf16 and f16 (f32 registers, rounded after every operator,
+    // as the reference rounds), f64, and integers of every width (`ints`).
+    let dtype_ok = |d: DType| supported_dtype(d) || gpu;
+    if !dtype_ok(out) || ins.iter().flatten().any(|d| !dtype_ok(*d)) {
         return false;
     }
     if node
@@ -146,25 +141,30 @@ pub(crate) fn supports_on(graph: &Graph, id: NodeId, gpu: bool) -> bool {
         return false;
     }
     let x = ins.first().copied().flatten();
-    let float = matches!(x, Some(DType::F32 | DType::F16));
-    let int = matches!(x, Some(DType::I32 | DType::I64));
+    let float = x.is_some_and(|d| d.is_float());
+    let int = x.is_some_and(|d| d.is_int());
+    // The f32 polynomials (`vmath`) and the f32 constants of the activations: not for f64.
+    let float32 = float && x != Some(DType::F64);
+    if let (Op::Unary(u), Some(x)) = (&node.op, x) {
+        if gpu && libm_function(u, x).is_some() {
+            return true;
+        }
+    }
     match &node.op {
         Op::Unary(u) => match u {
             Unary::Abs | Unary::Neg | Unary::Relu => float || int,
             Unary::Not => x == Some(DType::Bool),
+            Unary::BitwiseNot => int && gpu,
             Unary::IsNaN | Unary::IsInf { .. } => float,
+            Unary::Sqrt | Unary::Reciprocal | Unary::Floor | Unary::Ceil | Unary::Round => float,
             Unary::Sigmoid
             | Unary::Exp
             | Unary::Tanh
-            | Unary::Sqrt
-            | Unary::Reciprocal
-            | Unary::Floor
-            | Unary::Ceil
-            | Unary::Round
             | Unary::HardSwish
             | Unary::LeakyRelu { .. }
             | Unary::HardSigmoid { .. }
-            | Unary::Swish { .. } => float,
+            | Unary::Swish { .. } => float32,
+            Unary::Sign => float && gpu,
             Unary::Log
             | Unary::Erf
             | Unary::Gelu { .. }
@@ -174,12 +174,23 @@ pub(crate) fn supports_on(graph: &Graph, id: NodeId, gpu: bool) -> bool {
             | Unary::Softsign
             | Unary::Softplus
             | Unary::Mish
-            | Unary::Sign
-            | Unary::ThresholdedRelu { .. } => float && gpu,
+            | Unary::ThresholdedRelu { .. }
+            | Unary::Shrink { .. } => float32 && gpu,
             _ => false,
         },
         Op::Binary(b) => {
-            if ins.len() != 2 || ins[0] != ins[1] {
+            if ins.len() != 2 {
+                return false;
+            }
+            if *b == Binary::Pow {
+                // A float base takes any exponent but f64 (converted to the base's type); an
+                // integer base an exponent of its own type.
+                let y = ins[1];
+                return gpu
+                    && ((float32 && y.is_some_and(|d| d != DType::F64 && d != DType::Bool))
+                        || (int && (ins[0] == ins[1] || y.is_some_and(|d| d.is_float()))));
+            }
+            if ins[0] != ins[1] {
                 return false;
             }
             match b {
@@ -188,7 +199,12 @@ pub(crate) fn supports_on(graph: &Graph, id: NodeId, gpu: bool) -> bool {
                 Binary::Less | Binary::LessOrEqual | Binary::Greater | Binary::GreaterOrEqual => float || int,
                 Binary::Equal => true,
                 Binary::And | Binary::Or | Binary::Xor => x == Some(DType::Bool),
-                Binary::Pow | Binary::PRelu => float && gpu,
+                Binary::BitwiseAnd
+                | Binary::BitwiseOr
+                | Binary::BitwiseXor
+                | Binary::BitShiftLeft
+                | Binary::BitShiftRight => int && gpu,
+                Binary::PRelu => float32 && gpu,
                 _ => false,
             }
         }
@@ -204,11 +220,49 @@ pub(crate) fn supports_on(graph: &Graph, id: NodeId, gpu: bool) -> bool {
                 })
         }
         // A float to integer conversion is left to the CPU's kernel library (out-of-range
-        // values); the GPU kernel converts with `llvm.fptosi.sat`, the reference's semantics
-        // (truncation, saturation, NaN to 0).
-        Op::Cast { to } => gpu || !(float && matches!(to, DType::I32 | DType::I64)),
+        // values); the GPU kernel converts with `llvm.fptosi.sat`/`fptoui.sat`, the reference's
+        // semantics (truncation, saturation, NaN to 0). bf16 is reached through f32, so only
+        // from values f32 holds exactly (one rounding, as the reference's from f64).
+        Op::Cast { to } => match x {
+            Some(from) if gpu => *to != DType::BF16 || f32_exact(from),
+            _ => !(float && matches!(to, DType::I32 | DType::I64)),
+        },
         _ => false,
     }
+}
+
+/// Whether every value of `d` is an f32 exactly.
+fn f32_exact(d: DType) -> bool {
+    matches!(d, DType::F32 | DType::F16 | DType::BF16 | DType::Bool) || ints::narrow(d).is_some()
+}
+
+/// The C library function (double precision) that computes a unary operator on `d` where the
+/// vector math has no polynomial for it (the trigonometric and hyperbolic functions) or its f32
+/// polynomial is not enough (f64): the GPU kernel calls it (libdevice's on the device, the
+/// host's in emulation) and rounds once, as the reference computes in f64. Not for bf16, which
+/// would round twice through f32.
+fn libm_function(u: &Unary, d: DType) -> Option<&'static str> {
+    if !matches!(d, DType::F32 | DType::F16 | DType::F64) {
+        return None;
+    }
+    Some(match u {
+        Unary::Exp if d == DType::F64 => "exp",
+        Unary::Log if d == DType::F64 => "log",
+        Unary::Tanh if d == DType::F64 => "tanh",
+        Unary::Erf if d == DType::F64 => "erf",
+        Unary::Sin => "sin",
+        Unary::Cos => "cos",
+        Unary::Tan => "tan",
+        Unary::Asin => "asin",
+        Unary::Acos => "acos",
+        Unary::Atan => "atan",
+        Unary::Sinh => "sinh",
+        Unary::Cosh => "cosh",
+        Unary::Asinh => "asinh",
+        Unary::Acosh => "acosh",
+        Unary::Atanh => "atanh",
+        _ => return None,
+    })
 }
 
 /// Lowers a group (nodes in graph order; the last one's output is the kernel's output).
@@ -260,7 +314,10 @@ pub(crate) fn analyze(graph: &Graph, nodes: &[NodeId]) -> Option<(EwGroup, Vec<V
             let src = if let Some(&s) = step_of.get(&v) {
                 Src::Step(s)
             } else if let Some(t) = graph.known_value(v).filter(|t| t.len() == 1) {
-                Src::Const(*t.to_f64_vec().first()?)
+                Src::Const {
+                    f: *t.to_f64_vec().first()?,
+                    i: *t.to_i64_vec().first()?,
+                }
             } else {
                 let i = ext.iter().position(|e| *e == v).unwrap_or_else(|| {
                     ext.push(v);
@@ -372,7 +429,8 @@ impl EwGroup {
                 };
                 let v = match *a {
                     Src::Step(s) => vals[s],
-                    Src::Const(c) => const_vec(e, *ty, c, n),
+                    Src::Const { f, .. } if ty.is_float() => const_vec(e, *ty, f, n),
+                    Src::Const { i, .. } => int_const_vec(e, *ty, i, n),
                     Src::Input(i) => match loaded.get(&i) {
                         Some(v) => *v,
                         None => {
@@ -385,9 +443,13 @@ impl EwGroup {
                 ops.push(Some(v));
             }
             let v = emit_op(e, step, &ops, n)?;
+            // Every operator's result in its dtype, as the reference rounds or wraps it (a
+            // Cast to bf16 rounds itself; QuantizeLinear saturates).
             vals.push(match step.dtype {
                 DType::F16 => round_f16(e, v)?,
-                _ => v,
+                DType::BF16 if !matches!(step.op, Op::Cast { .. }) => round_bf16(e, v, n)?,
+                _ if matches!(step.op, Op::Quant(_)) => v,
+                d => ints::normalize(e, v, d)?,
             });
         }
         Ok(*vals.last().expect("a group has a node"))
@@ -530,13 +592,15 @@ impl EwKernel {
     }
 }
 
-/// The in-register element type: i1 for bool, f32 for bf16 and f16, i32 for u8 and i8.
+/// The in-register element type: i1 for bool, f32 for bf16 and f16, i32 for the 8- and 16-bit
+/// integers (their exact values: `ints`), the full width for the others.
 fn reg_type<'ctx>(e: &Emit<'_, 'ctx>, d: DType) -> BasicTypeEnum<'ctx> {
     match d {
         DType::F32 | DType::BF16 | DType::F16 => e.cx.f32_type().into(),
-        DType::I32 | DType::U8 | DType::I8 => e.cx.i32_type().into(),
-        DType::I64 => e.cx.i64_type().into(),
-        _ => e.cx.bool_type().into(),
+        DType::F64 => e.cx.f64_type().into(),
+        DType::I32 | DType::U32 | DType::U8 | DType::I8 | DType::U16 | DType::I16 => e.cx.i32_type().into(),
+        DType::I64 | DType::U64 => e.cx.i64_type().into(),
+        DType::Bool => e.cx.bool_type().into(),
     }
 }
 
@@ -544,7 +608,7 @@ fn reg_type<'ctx>(e: &Emit<'_, 'ctx>, d: DType) -> BasicTypeEnum<'ctx> {
 fn mem_type<'ctx>(e: &Emit<'_, 'ctx>, d: DType) -> BasicTypeEnum<'ctx> {
     match d {
         DType::Bool | DType::U8 | DType::I8 => e.cx.i8_type().into(),
-        DType::BF16 => e.cx.i16_type().into(),
+        DType::BF16 | DType::U16 | DType::I16 => e.cx.i16_type().into(),
         DType::F16 => e.cx.f16_type().into(),
         _ => reg_type(e, d),
     }
@@ -561,11 +625,33 @@ fn vec_of<'ctx>(t: BasicTypeEnum<'ctx>, n: u32) -> VectorType<'ctx> {
 fn const_vec<'ctx>(e: &Emit<'_, 'ctx>, d: DType, c: f64, n: u32) -> VectorValue<'ctx> {
     let s: BasicValueEnum = match d {
         DType::F32 | DType::BF16 | DType::F16 => e.cx.f32_type().const_float(f64::from(c as f32)).into(),
-        DType::I32 | DType::U8 | DType::I8 => e.cx.i32_type().const_int(c as i64 as u64, true).into(),
-        DType::I64 => e.cx.i64_type().const_int(c as i64 as u64, true).into(),
-        _ => e.cx.bool_type().const_int(u64::from(c != 0.0), false).into(),
+        DType::F64 => e.cx.f64_type().const_float(c).into(),
+        DType::Bool => e.cx.bool_type().const_int(u64::from(c != 0.0), false).into(),
+        _ => return int_const_vec(e, d, c as i64, n),
     };
     VectorType::const_vector(&vec![s; n as usize])
+}
+
+/// An integer (or bool) constant from its bits as i64 (`Src::Const`), in `d`'s register form.
+fn int_const_vec<'ctx>(e: &Emit<'_, 'ctx>, d: DType, bits: i64, n: u32) -> VectorValue<'ctx> {
+    let s = match reg_type(e, d) {
+        BasicTypeEnum::IntType(t) if d == DType::Bool => t.const_int(u64::from(bits != 0), false),
+        // The i64 of a narrow value is already its canonical (sign- or zero-extended) form.
+        BasicTypeEnum::IntType(t) => t.const_int(bits as u64, true),
+        other => panic!("no integer constant of {other:?}"),
+    };
+    VectorType::const_vector(&vec![s; n as usize])
+}
+
+/// A float constant of `like`'s element type (f32 or f64 lanes).
+fn fconst_like<'ctx>(e: &Emit<'_, 'ctx>, like: VectorValue<'ctx>, x: f64) -> VectorValue<'ctx> {
+    let t = like.get_type().get_element_type().into_float_type();
+    let x = if t == e.cx.f64_type() {
+        x
+    } else {
+        f64::from(x as f32)
+    };
+    VectorType::const_vector(&vec![t.const_float(x); like.get_type().get_size() as usize])
 }
 
 fn elem_ptr<'ctx>(
@@ -579,12 +665,7 @@ fn elem_ptr<'ctx>(
 }
 
 fn elem_align(d: DType) -> u32 {
-    match d {
-        DType::Bool | DType::U8 | DType::I8 => 1,
-        DType::BF16 | DType::F16 => 2,
-        DType::I64 => 8,
-        _ => 4,
-    }
+    d.size_bytes() as u32
 }
 
 /// Loads `n` elements as an `n`-lane register vector.
@@ -606,17 +687,13 @@ pub(crate) fn load<'ctx>(
         let zero = vec_of(e.cx.i8_type().into(), n).const_zero();
         return e.b.build_int_compare(IntPredicate::NE, v, zero, "").map_err(llvm);
     }
-    if d == DType::U8 {
-        return e
-            .b
-            .build_int_z_extend(v, e.cx.i32_type().vec_type(n), "")
-            .map_err(llvm);
-    }
-    if d == DType::I8 {
-        return e
-            .b
-            .build_int_s_extend(v, e.cx.i32_type().vec_type(n), "")
-            .map_err(llvm);
+    if let Some((_, signed)) = ints::narrow(d) {
+        let wide = e.cx.i32_type().vec_type(n);
+        return if signed {
+            e.b.build_int_s_extend(v, wide, "").map_err(llvm)
+        } else {
+            e.b.build_int_z_extend(v, wide, "").map_err(llvm)
+        };
     }
     if d == DType::F16 {
         return e.b.build_float_ext(v, e.vty(n), "").map_err(llvm);
@@ -647,9 +724,9 @@ pub(crate) fn store<'ctx>(
     let v = if d == DType::Bool {
         e.b.build_int_z_extend(v, e.cx.i8_type().vec_type(n), "")
             .map_err(llvm)?
-    } else if is_8bit(d) {
-        // In range already: QuantizeLinear saturates.
-        e.b.build_int_truncate(v, e.cx.i8_type().vec_type(n), "")
+    } else if ints::narrow(d).is_some() {
+        // In range already: every step's result is canonical (`ints`), QuantizeLinear saturates.
+        e.b.build_int_truncate(v, vec_of(mem_type(e, d), n), "")
             .map_err(llvm)?
     } else if d == DType::F16 {
         // Exact: the value was rounded to f16 when computed.
@@ -722,58 +799,8 @@ fn fclamp<'ctx>(
     Ok(x)
 }
 
-/// Integer Div, FMod (C's `%`) and Mod (Python's `%`: the divisor's sign) as the reference
-/// computes them: a zero divisor gives 0, and a divisor of -1 gives the wrapped negation (Div)
-/// or 0 (the remainders) instead of `MIN / -1`'s overflow. LLVM's `sdiv`/`srem` are undefined
-/// for those divisors in any lane, so they divide by 1 there and the result is replaced.
-fn int_division<'ctx>(
-    e: &Emit<'_, 'ctx>,
-    op: Binary,
-    x: VectorValue<'ctx>,
-    y: VectorValue<'ctx>,
-    n: u32,
-) -> Result<VectorValue<'ctx>> {
-    let b = e.b;
-    let elem = x.get_type().get_element_type().into_int_type();
-    let splat_int = |v: u64| VectorType::const_vector(&vec![elem.const_int(v, true); n as usize]);
-    let zero = x.get_type().const_zero();
-    let is_zero = b.build_int_compare(IntPredicate::EQ, y, zero, "").map_err(llvm)?;
-    let is_minus_one = b
-        .build_int_compare(IntPredicate::EQ, y, splat_int(u64::MAX), "")
-        .map_err(llvm)?;
-    let special = b.build_or(is_zero, is_minus_one, "").map_err(llvm)?;
-    let safe = select(e, special, splat_int(1), y)?;
-    match op {
-        Binary::Div => {
-            let q = b.build_int_signed_div(x, safe, "").map_err(llvm)?;
-            let negated = b.build_int_neg(x, "").map_err(llvm)?;
-            let q = select(e, is_minus_one, negated, q)?;
-            select(e, is_zero, zero, q)
-        }
-        _ => {
-            let r = b.build_int_signed_rem(x, safe, "").map_err(llvm)?;
-            let r = select(e, special, zero, r)?;
-            if op == Binary::FMod {
-                return Ok(r);
-            }
-            // A non-zero remainder whose sign differs from the divisor's moves by one divisor.
-            let r_negative = b
-                .build_int_compare(IntPredicate::SLT, r, zero, "")
-                .map_err(llvm)?;
-            let y_negative = b
-                .build_int_compare(IntPredicate::SLT, y, zero, "")
-                .map_err(llvm)?;
-            let signs_differ = b.build_xor(r_negative, y_negative, "").map_err(llvm)?;
-            let nonzero = b.build_int_compare(IntPredicate::NE, r, zero, "").map_err(llvm)?;
-            let fix = b.build_and(nonzero, signs_differ, "").map_err(llvm)?;
-            let moved = b.build_int_add(r, y, "").map_err(llvm)?;
-            select(e, fix, moved, r)
-        }
-    }
-}
-
 /// Float FMod (`fmod`) and Mod (the divisor's sign; a zero result takes the divisor's sign) in
-/// f64, rounded once to f32, as the reference computes them.
+/// f64, rounded once to the operands' type, as the reference computes them.
 fn float_remainder<'ctx>(
     e: &Emit<'_, 'ctx>,
     op: Binary,
@@ -783,8 +810,15 @@ fn float_remainder<'ctx>(
 ) -> Result<VectorValue<'ctx>> {
     let b = e.b;
     let wide = e.cx.f64_type().vec_type(n);
-    let xd = b.build_float_ext(x, wide, "").map_err(llvm)?;
-    let yd = b.build_float_ext(y, wide, "").map_err(llvm)?;
+    let narrow = x.get_type() != wide;
+    let (xd, yd) = if narrow {
+        (
+            b.build_float_ext(x, wide, "").map_err(llvm)?,
+            b.build_float_ext(y, wide, "").map_err(llvm)?,
+        )
+    } else {
+        (x, y)
+    };
     let mut r = b.build_float_rem(xd, yd, "").map_err(llvm)?;
     if op == Binary::Mod {
         let zero = wide.const_zero();
@@ -794,6 +828,9 @@ fn float_remainder<'ctx>(
         let signs_differ = b.build_xor(r_negative, y_negative, "").map_err(llvm)?;
         let moved = select(e, signs_differ, b.build_float_add(r, yd, "").map_err(llvm)?, r)?;
         r = select(e, e.fcmp(FloatPredicate::OEQ, r, zero)?, signed_zero, moved)?;
+    }
+    if !narrow {
+        return Ok(r);
     }
     b.build_float_trunc(r, e.vty(n), "").map_err(llvm)
 }
@@ -812,17 +849,24 @@ fn emit_op<'ctx>(
         ))
     })?;
     let xt = step.arg_types[0].unwrap_or(DType::F32);
-    let float = matches!(xt, DType::F32 | DType::F16);
+    let float = xt.is_float();
     let operand = |i: usize| -> Result<VectorValue<'ctx>> {
         ops.get(i).copied().flatten().ok_or_else(|| {
             CodegenError::internal(format!("elementwise {} without operand {i}", step.op.name()))
         })
     };
-    let fzero = fconst(e, 0.0, n);
+    // Float constants in x's lanes (f32, or f64); only asked for float operands.
+    let fc = |v: f32| fconst_like(e, x, f64::from(v));
     let izero = x.get_type().const_zero();
     match &step.op {
+        Op::Unary(u) if libm_function(u, xt).is_some() => {
+            let name = libm_function(u, xt).expect("checked");
+            let r = call_libm(e, name, &[cast(e, x, xt, DType::F64, n)?])?;
+            cast(e, r, DType::F64, xt, n)
+        }
         Op::Unary(u) => match (u, float) {
             (Unary::Abs, true) => vmath::fabs(e, x),
+            (Unary::Abs, false) if !xt.is_signed_int() => Ok(x),
             (Unary::Abs, false) => {
                 let neg = b.build_int_neg(x, "").map_err(llvm)?;
                 let lt = b
@@ -832,14 +876,14 @@ fn emit_op<'ctx>(
             }
             (Unary::Neg, true) => b.build_float_neg(x, "").map_err(llvm),
             (Unary::Neg, false) => b.build_int_neg(x, "").map_err(llvm),
-            (Unary::Relu, true) => select(e, e.fcmp(FloatPredicate::OLT, x, fzero)?, fzero, x),
+            (Unary::Relu, true) => select(e, e.fcmp(FloatPredicate::OLT, x, fc(0.0))?, fc(0.0), x),
             (Unary::Relu, false) => {
                 let lt = b
                     .build_int_compare(IntPredicate::SLT, x, izero, "")
                     .map_err(llvm)?;
                 select(e, lt, izero, x)
             }
-            (Unary::Not, _) => b.build_not(x, "").map_err(llvm),
+            (Unary::Not | Unary::BitwiseNot, _) => b.build_not(x, "").map_err(llvm),
             // Unordered with itself: only NaN.
             (Unary::IsNaN, _) => e.fcmp(FloatPredicate::UNO, x, x),
             (
@@ -849,7 +893,7 @@ fn emit_op<'ctx>(
                 },
                 _,
             ) => {
-                let inf = fconst(e, f32::INFINITY, n);
+                let inf = fc(f32::INFINITY);
                 let pos = e.fcmp(FloatPredicate::OEQ, x, inf)?;
                 let neg = e.fcmp(FloatPredicate::OEQ, x, b.build_float_neg(inf, "").map_err(llvm)?)?;
                 match (detect_positive, detect_negative) {
@@ -863,25 +907,25 @@ fn emit_op<'ctx>(
             (Unary::Exp, _) => vmath::exp(e, x),
             (Unary::Tanh, _) => vmath::tanh(e, x),
             (Unary::Sqrt, _) => fintr(e, "llvm.sqrt", &[x]),
-            (Unary::Reciprocal, _) => b.build_float_div(fconst(e, 1.0, n), x, "").map_err(llvm),
+            (Unary::Reciprocal, _) => b.build_float_div(fc(1.0), x, "").map_err(llvm),
             (Unary::Floor, _) => fintr(e, "llvm.floor", &[x]),
             (Unary::Ceil, _) => fintr(e, "llvm.ceil", &[x]),
             (Unary::Round, _) => fintr(e, "llvm.roundeven", &[x]),
             (Unary::HardSwish, _) => {
-                let t = e.fma(x, fconst(e, 1.0 / 6.0, n), fconst(e, 0.5, n))?;
-                let t = fclamp(e, t, Some(fzero), Some(fconst(e, 1.0, n)))?;
+                let t = e.fma(x, fc(1.0 / 6.0), fc(0.5))?;
+                let t = fclamp(e, t, Some(fc(0.0)), Some(fc(1.0)))?;
                 e.fmul(x, t)
             }
             (Unary::LeakyRelu { alpha }, _) => {
-                let ax = e.fmul(x, fconst(e, *alpha, n))?;
-                select(e, e.fcmp(FloatPredicate::OLT, x, fzero)?, ax, x)
+                let ax = e.fmul(x, fc(*alpha))?;
+                select(e, e.fcmp(FloatPredicate::OLT, x, fc(0.0))?, ax, x)
             }
             (Unary::HardSigmoid { alpha, beta }, _) => {
-                let t = e.fma(x, fconst(e, *alpha, n), fconst(e, *beta, n))?;
-                fclamp(e, t, Some(fzero), Some(fconst(e, 1.0, n)))
+                let t = e.fma(x, fc(*alpha), fc(*beta))?;
+                fclamp(e, t, Some(fc(0.0)), Some(fc(1.0)))
             }
             (Unary::Swish { alpha }, _) => {
-                let s = vmath::sigmoid(e, e.fmul(x, fconst(e, *alpha, n))?)?;
+                let s = vmath::sigmoid(e, e.fmul(x, fc(*alpha))?)?;
                 e.fmul(x, s)
             }
             (Unary::Log, _) => vmath::log(e, x),
@@ -889,40 +933,47 @@ fn emit_op<'ctx>(
             (Unary::Gelu { tanh: false }, _) => vmath::gelu_erf(e, x),
             (Unary::Gelu { tanh: true }, _) => {
                 let x3 = e.fmul(e.fmul(x, x)?, x)?;
-                let inner = e.fma(x3, fconst(e, 0.044715, n), x)?;
-                let t = vmath::tanh(e, e.fmul(inner, fconst(e, 0.797_884_6, n))?)?;
-                let h = e.fmul(x, fconst(e, 0.5, n))?;
+                let inner = e.fma(x3, fc(0.044715), x)?;
+                let t = vmath::tanh(e, e.fmul(inner, fc(0.797_884_6))?)?;
+                let h = e.fmul(x, fc(0.5))?;
                 e.fma(h, t, h)
             }
             (Unary::Elu { alpha }, _) => {
-                let em1 = fsub(e, vmath::exp(e, x)?, fconst(e, 1.0, n))?;
-                let neg = e.fmul(em1, fconst(e, *alpha, n))?;
-                select(e, e.fcmp(FloatPredicate::OLT, x, fzero)?, neg, x)
+                let em1 = fsub(e, vmath::exp(e, x)?, fc(1.0))?;
+                let neg = e.fmul(em1, fc(*alpha))?;
+                select(e, e.fcmp(FloatPredicate::OLT, x, fc(0.0))?, neg, x)
             }
             (Unary::Selu { alpha, gamma }, _) => {
-                let em1 = fsub(e, vmath::exp(e, x)?, fconst(e, 1.0, n))?;
-                let neg = e.fmul(em1, fconst(e, *alpha, n))?;
-                let y = select(e, e.fcmp(FloatPredicate::OGT, x, fzero)?, x, neg)?;
-                e.fmul(y, fconst(e, *gamma, n))
+                let em1 = fsub(e, vmath::exp(e, x)?, fc(1.0))?;
+                let neg = e.fmul(em1, fc(*alpha))?;
+                let y = select(e, e.fcmp(FloatPredicate::OGT, x, fc(0.0))?, x, neg)?;
+                e.fmul(y, fc(*gamma))
             }
             (Unary::Celu { alpha }, _) => {
-                let ex = vmath::exp(e, e.fmul(x, fconst(e, 1.0 / *alpha, n))?)?;
-                let neg = e.fmul(fsub(e, ex, fconst(e, 1.0, n))?, fconst(e, *alpha, n))?;
-                select(e, e.fcmp(FloatPredicate::OGT, x, fzero)?, x, neg)
+                let ex = vmath::exp(e, e.fmul(x, fc(1.0 / *alpha))?)?;
+                let neg = e.fmul(fsub(e, ex, fc(1.0))?, fc(*alpha))?;
+                select(e, e.fcmp(FloatPredicate::OGT, x, fc(0.0))?, x, neg)
             }
             (Unary::Softsign, _) => {
-                let d = e.fadd(vmath::fabs(e, x)?, fconst(e, 1.0, n))?;
+                let d = e.fadd(vmath::fabs(e, x)?, fc(1.0))?;
                 b.build_float_div(x, d, "").map_err(llvm)
             }
             (Unary::Softplus, _) => softplus(e, x, n),
             (Unary::Mish, _) => e.fmul(x, vmath::tanh(e, softplus(e, x, n)?)?),
             (Unary::Sign, _) => {
-                let pos = select(e, e.fcmp(FloatPredicate::OGT, x, fzero)?, fconst(e, 1.0, n), x)?;
-                select(e, e.fcmp(FloatPredicate::OLT, x, fzero)?, fconst(e, -1.0, n), pos)
+                let pos = select(e, e.fcmp(FloatPredicate::OGT, x, fc(0.0))?, fc(1.0), x)?;
+                select(e, e.fcmp(FloatPredicate::OLT, x, fc(0.0))?, fc(-1.0), pos)
             }
             (Unary::ThresholdedRelu { alpha }, _) => {
-                select(e, e.fcmp(FloatPredicate::OGT, x, fconst(e, *alpha, n))?, x, fzero)
+                select(e, e.fcmp(FloatPredicate::OGT, x, fc(*alpha))?, x, fc(0.0))
             }
+            (Unary::Shrink { bias, lambd }, _) => {
+                let above = e.fcmp(FloatPredicate::OGT, x, fc(*lambd))?;
+                let below = e.fcmp(FloatPredicate::OLT, x, fc(-*lambd))?;
+                let y = select(e, above, fsub(e, x, fc(*bias))?, fc(0.0))?;
+                select(e, below, e.fadd(x, fc(*bias))?, y)
+            }
+
             _ => Err(CodegenError::internal(format!(
                 "elementwise generator: no {}",
                 u.name()
@@ -931,7 +982,10 @@ fn emit_op<'ctx>(
         Op::Binary(bop) => {
             let y = operand(1)?;
             let boolean = xt == DType::Bool;
-            let ip = |p| b.build_int_compare(p, x, y, "").map_err(llvm);
+            let ip = |p| {
+                b.build_int_compare(ints::predicate(p, xt), x, y, "")
+                    .map_err(llvm)
+            };
             match (bop, float) {
                 (Binary::Add, true) => e.fadd(x, y),
                 (Binary::Sub, true) => b.build_float_sub(x, y, "").map_err(llvm),
@@ -944,14 +998,28 @@ fn emit_op<'ctx>(
                 (Binary::LessOrEqual, true) => e.fcmp(FloatPredicate::OLE, x, y),
                 (Binary::Greater, true) => e.fcmp(FloatPredicate::OGT, x, y),
                 (Binary::GreaterOrEqual, true) => e.fcmp(FloatPredicate::OGE, x, y),
-                (Binary::Pow, true) => pow(e, x, y, n),
+                (Binary::Pow, true) => {
+                    let yt = step.arg_types[1].unwrap_or(xt);
+                    let y = cast(e, y, yt, DType::F32, n)?;
+                    pow(e, x, y, n)
+                }
+                (Binary::Pow, false) => {
+                    let yt = step.arg_types[1].unwrap_or(xt);
+                    if !yt.is_float() {
+                        return ints::pow(e, x, xt, y, yt);
+                    }
+                    // An integer to a float power: the f64 power, converted back with
+                    // saturation (the reference's).
+                    let args = [cast(e, x, xt, DType::F64, n)?, cast(e, y, yt, DType::F64, n)?];
+                    cast(e, call_libm(e, "pow", &args)?, DType::F64, xt, n)
+                }
                 (Binary::PRelu, true) => {
                     let neg = e.fmul(x, y)?;
-                    select(e, e.fcmp(FloatPredicate::OLT, x, fconst(e, 0.0, n))?, neg, x)
+                    select(e, e.fcmp(FloatPredicate::OLT, x, fc(0.0))?, neg, x)
                 }
                 (Binary::Mod | Binary::FMod, true) => float_remainder(e, *bop, x, y, n),
                 (Binary::Div | Binary::Mod | Binary::FMod, false) if !boolean => {
-                    int_division(e, *bop, x, y, n)
+                    ints::division(e, *bop, x, y, xt)
                 }
                 (Binary::Add, false) => b.build_int_add(x, y, "").map_err(llvm),
                 (Binary::Sub, false) => b.build_int_sub(x, y, "").map_err(llvm),
@@ -963,9 +1031,11 @@ fn emit_op<'ctx>(
                 (Binary::LessOrEqual, false) if !boolean => ip(IntPredicate::SLE),
                 (Binary::Greater, false) if !boolean => ip(IntPredicate::SGT),
                 (Binary::GreaterOrEqual, false) if !boolean => ip(IntPredicate::SGE),
-                (Binary::And, false) => b.build_and(x, y, "").map_err(llvm),
-                (Binary::Or, false) => b.build_or(x, y, "").map_err(llvm),
-                (Binary::Xor, false) => b.build_xor(x, y, "").map_err(llvm),
+                (Binary::And | Binary::BitwiseAnd, false) => b.build_and(x, y, "").map_err(llvm),
+                (Binary::Or | Binary::BitwiseOr, false) => b.build_or(x, y, "").map_err(llvm),
+                (Binary::Xor | Binary::BitwiseXor, false) => b.build_xor(x, y, "").map_err(llvm),
+                (Binary::BitShiftLeft, false) => ints::shift(e, true, x, y, xt),
+                (Binary::BitShiftRight, false) => ints::shift(e, false, x, y, xt),
                 _ => Err(CodegenError::internal(format!(
                     "elementwise generator: no {} on {}",
                     bop.name(),
@@ -982,11 +1052,15 @@ fn emit_op<'ctx>(
             } else {
                 let mut x = x;
                 if let Some(lo) = lo {
-                    let m = b.build_int_compare(IntPredicate::SLT, x, lo, "").map_err(llvm)?;
+                    let m = b
+                        .build_int_compare(ints::predicate(IntPredicate::SLT, xt), x, lo, "")
+                        .map_err(llvm)?;
                     x = select(e, m, lo, x)?;
                 }
                 if let Some(hi) = hi {
-                    let m = b.build_int_compare(IntPredicate::SGT, x, hi, "").map_err(llvm)?;
+                    let m = b
+                        .build_int_compare(ints::predicate(IntPredicate::SGT, xt), x, hi, "")
+                        .map_err(llvm)?;
                     x = select(e, m, hi, x)?;
                 }
                 Ok(x)
@@ -1084,6 +1158,10 @@ fn round_f16<'ctx>(e: &Emit<'_, 'ctx>, x: VectorValue<'ctx>) -> Result<VectorVal
     e.b.build_float_ext(h, e.vty(n), "").map_err(llvm)
 }
 
+/// ONNX Cast as the reference does it (`kiln_ir::Element::cast_from`): floats round once to
+/// the target (bf16 only from values f32 holds exactly, `supports_on`), floats to integers
+/// truncate and saturate with NaN to 0, integers to integers keep the low bits of the value
+/// extended by the source's sign.
 fn cast<'ctx>(
     e: &Emit<'_, 'ctx>,
     x: VectorValue<'ctx>,
@@ -1095,37 +1173,103 @@ fn cast<'ctx>(
     if from == to {
         return Ok(x);
     }
-    // An f16 is its exact f32 in registers: convert as from f32, or to f32 and round.
-    if from == DType::F16 {
+    // f16 and bf16 are their exact f32 in registers: convert as from f32.
+    if matches!(from, DType::F16 | DType::BF16) {
         return cast(e, x, DType::F32, to, n);
     }
     if to == DType::F16 {
+        if from == DType::F64 {
+            // One rounding, not two through f32.
+            let h = b
+                .build_float_trunc(x, e.cx.f16_type().vec_type(n), "")
+                .map_err(llvm)?;
+            return b.build_float_ext(h, e.vty(n), "").map_err(llvm);
+        }
         return round_f16(e, cast(e, x, from, DType::F32, n)?);
     }
+    if to == DType::BF16 {
+        return round_bf16(e, cast(e, x, from, DType::F32, n)?, n);
+    }
     let dst = vec_of(reg_type(e, to), n);
+    let float_from = matches!(from, DType::F32 | DType::F64);
     match (from, to) {
-        (DType::BF16, DType::F32) => Ok(x),
-        (DType::F32, DType::BF16) => round_bf16(e, x, n),
-        (DType::F32, DType::I32 | DType::I64) => Ok(e
-            .intrinsic("llvm.fptosi.sat", &[dst.into(), x.get_type().into()], &[x.into()])?
-            .into_vector_value()),
-        (DType::F32, DType::Bool) => e.fcmp(FloatPredicate::UNE, x, fconst(e, 0.0, n)),
+        (DType::F32, DType::F64) => b.build_float_ext(x, dst, "").map_err(llvm),
+        (DType::F64, DType::F32) => b.build_float_trunc(x, e.vty(n), "").map_err(llvm),
+        (_, DType::Bool) if float_from => e.fcmp(FloatPredicate::UNE, x, fconst_like(e, x, 0.0)),
+        (_, _) if float_from => {
+            let (bits, signed) = (to.size_bytes() as u32 * 8, to.is_signed_int());
+            let exact = ints::int_type(e, bits).vec_type(n);
+            let name = if signed {
+                "llvm.fptosi.sat"
+            } else {
+                "llvm.fptoui.sat"
+            };
+            let v = e
+                .intrinsic(name, &[exact.into(), x.get_type().into()], &[x.into()])?
+                .into_vector_value();
+            resize_int(e, v, signed, dst)
+        }
         (_, DType::Bool) => b
             .build_int_compare(IntPredicate::NE, x, x.get_type().const_zero(), "")
             .map_err(llvm),
-        (DType::Bool, DType::F32) => b.build_unsigned_int_to_float(x, dst, "").map_err(llvm),
+        (DType::Bool, DType::F32 | DType::F64) => b.build_unsigned_int_to_float(x, dst, "").map_err(llvm),
         (DType::Bool, _) => b.build_int_z_extend(x, dst, "").map_err(llvm),
-        (_, DType::F32) => b.build_signed_int_to_float(x, dst, "").map_err(llvm),
-        (DType::I32, DType::I64) => b.build_int_s_extend(x, dst, "").map_err(llvm),
-        (DType::I64, DType::I32) => b.build_int_truncate(x, dst, "").map_err(llvm),
-        _ => Err(CodegenError::internal(format!(
-            "elementwise generator: no Cast from {} to {}",
-            from.name(),
-            to.name()
-        ))),
+        (_, DType::F32 | DType::F64) if ints::is_unsigned_full(from) => {
+            b.build_unsigned_int_to_float(x, dst, "").map_err(llvm)
+        }
+        (_, DType::F32 | DType::F64) => b.build_signed_int_to_float(x, dst, "").map_err(llvm),
+        // Integer to integer: the value (canonical in its register) extended by the source's
+        // sign or truncated; `compute` then wraps it to the target's width.
+        _ => resize_int(e, x, from.is_signed_int(), dst),
     }
 }
 
+/// `x` in `to`'s lanes: sign- or zero-extended, or truncated.
+fn resize_int<'ctx>(
+    e: &Emit<'_, 'ctx>,
+    x: VectorValue<'ctx>,
+    signed: bool,
+    to: VectorType<'ctx>,
+) -> Result<VectorValue<'ctx>> {
+    let from_bits = x.get_type().get_element_type().into_int_type().get_bit_width();
+    let to_bits = to.get_element_type().into_int_type().get_bit_width();
+    let b = e.b;
+    match from_bits.cmp(&to_bits) {
+        std::cmp::Ordering::Less if signed => b.build_int_s_extend(x, to, "").map_err(llvm),
+        std::cmp::Ordering::Less => b.build_int_z_extend(x, to, "").map_err(llvm),
+        std::cmp::Ordering::Greater => b.build_int_truncate(x, to, "").map_err(llvm),
+        std::cmp::Ordering::Equal => Ok(x),
+    }
+}
+
+/// Calls the C library's double-precision `name` lane by lane on f64 vectors.
+fn call_libm<'ctx>(e: &Emit<'_, 'ctx>, name: &str, args: &[VectorValue<'ctx>]) -> Result<VectorValue<'ctx>> {
+    let f64t = e.cx.f64_type();
+    let params: Vec<_> = args.iter().map(|_| f64t.into()).collect();
+    let f = e
+        .module
+        .get_function(name)
+        .unwrap_or_else(|| e.module.add_function(name, f64t.fn_type(&params, false), None));
+    let ty = args[0].get_type();
+    let mut out = ty.get_undef();
+    for lane in 0..ty.get_size() {
+        let i = e.cx.i32_type().const_int(u64::from(lane), false);
+        let lanes = args
+            .iter()
+            .map(|a| Ok(e.b.build_extract_element(*a, i, "").map_err(llvm)?.into()))
+            .collect::<Result<Vec<_>>>()?;
+        let r =
+            e.b.build_call(f, &lanes, "")
+                .map_err(llvm)?
+                .try_as_basic_value()
+                .basic()
+                .expect("a double");
+        out = e.b.build_insert_element(out, r, i, "").map_err(llvm)?;
+    }
+    Ok(out)
+}
+
+mod ints;
 mod quant;
 
 pub(crate) use quant::quantize;

@@ -549,3 +549,236 @@ fn divisions_and_remainders() {
     }
     g.check(&outs);
 }
+
+impl G {
+    /// Integers of `dtype` (wrapped from i64): a quarter small (-4..4, so that divisions meet 0
+    /// and -1 and shifts stay in range), the rest random bits.
+    fn int_tensor(&mut self, dtype: DType, shape: &[usize]) -> Tensor {
+        let n: usize = shape.iter().product();
+        let v: Vec<i64> = (0..n)
+            .map(|i| {
+                let (a, b) = (self.rng.next(), self.rng.next());
+                if i % 4 == 0 {
+                    (a * 4.0).floor() as i64
+                } else {
+                    ((a.to_bits() as i64) << 32) ^ i64::from(b.to_bits())
+                }
+            })
+            .collect();
+        Tensor::from_vec(shape.to_vec(), v).cast(dtype)
+    }
+
+    /// Integers of `dtype` in `lo..hi`.
+    fn int_range(&mut self, dtype: DType, shape: &[usize], lo: i64, hi: i64) -> ValueId {
+        let n: usize = shape.iter().product();
+        let v: Vec<i64> = (0..n)
+            .map(|_| lo + ((self.rng.next() + 1.0) / 2.0 * (hi - lo) as f32) as i64)
+            .collect();
+        self.input_tensor(Tensor::from_vec(shape.to_vec(), v).cast(dtype))
+    }
+}
+
+/// Every operator on 8-, 16- and unsigned 32- and 64-bit integers against the reference,
+/// exactly: the wrap of fixed-width arithmetic, division and remainders by 0 and -1, unsigned
+/// compares, ONNX's shifts (outside the width, negative amounts), integer powers (negative
+/// exponents included), clips, conversions between widths and to and from floats; all in one
+/// fused kernel per output, and the PTX assembles.
+#[test]
+fn integers_of_every_width() {
+    for (seed, dtype) in [
+        DType::I8,
+        DType::U8,
+        DType::I16,
+        DType::U16,
+        DType::U32,
+        DType::U64,
+        DType::I32,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut g = G::new(900 + seed as u64);
+        let at = g.int_tensor(dtype, &[3, 1, 70]);
+        let a = g.input_tensor(at);
+        let bt = g.int_tensor(dtype, &[4, 1]);
+        let b = g.input_tensor(bt);
+        let bits = dtype.size_bytes() as i64 * 8;
+        let lo = if dtype.is_signed_int() { -3 } else { 0 };
+        let amount = g.int_range(dtype, &[70], lo, bits + 3);
+        let mut outs = vec![];
+        for op in [
+            Binary::Add,
+            Binary::Sub,
+            Binary::Mul,
+            Binary::Div,
+            Binary::Mod,
+            Binary::FMod,
+            Binary::Min,
+            Binary::Max,
+            Binary::BitwiseAnd,
+            Binary::BitwiseOr,
+            Binary::BitwiseXor,
+        ] {
+            outs.push(g.bin(op, a, b));
+        }
+        for op in [Binary::BitShiftLeft, Binary::BitShiftRight] {
+            outs.push(g.bin(op, a, amount));
+        }
+        let lt = g.bin(Binary::Less, a, b);
+        let ge = g.bin(Binary::GreaterOrEqual, a, b);
+        let eq = g.bin(Binary::Equal, a, b);
+        let either = g.bin(Binary::Or, lt, eq);
+        outs.extend([ge, either]);
+        let w = g.op(Op::Where, &[lt, a, b]);
+        outs.push(g.un(Unary::BitwiseNot, w));
+        outs.push(g.un(Unary::Abs, a));
+        if dtype.is_signed_int() {
+            outs.push(g.un(Unary::Neg, a));
+            outs.push(g.un(Unary::Relu, a));
+        }
+        let base = g.int_range(dtype, &[70], lo, 5);
+        let exponent = g.int_range(dtype, &[4, 1], lo, 12);
+        outs.push(g.bin(Binary::Pow, base, exponent));
+        let (cl, ch) = (g.int_tensor(dtype, &[]), g.int_tensor(dtype, &[]));
+        let (cl, ch) = (g.konst(cl), g.konst(ch));
+        outs.push(g.op(Op::Clip, &[a, cl, ch]));
+        for to in [
+            DType::I64,
+            DType::U8,
+            DType::I16,
+            DType::U32,
+            DType::F32,
+            DType::F64,
+            DType::Bool,
+        ] {
+            if to != dtype {
+                outs.push(g.op(Op::Cast { to }, &[a]));
+            }
+        }
+        let f = g.input(DType::F32, &[70]);
+        let big = g.konst(Tensor::scalar(1e10f32));
+        let f = g.bin(Binary::Mul, f, big);
+        outs.push(g.op(Op::Cast { to: dtype }, &[f]));
+        let graph = g.g.clone();
+        g.check(&outs);
+        let mut graph = graph;
+        for (i, o) in outs.iter().enumerate() {
+            graph.add_output(format!("y{i}"), *o);
+        }
+        if !ptxas_check(&graph, SM) {
+            return;
+        }
+    }
+}
+
+/// f64 arithmetic, remainders, compares and conversions (f16 in one rounding), the
+/// trigonometric and hyperbolic functions through the C library in f64 on f32, f64 and f16,
+/// f64 exp, log, tanh and erf the same way, Shrink, floats to integer powers and integers to
+/// float powers.
+#[test]
+fn f64_trigonometry_and_mixed_powers() {
+    let mut g = G::new(950);
+    let x32 = g.input(DType::F32, &[3, 1, 90]);
+    let y32 = g.input(DType::F32, &[4, 1]);
+    let x = g.op(Op::Cast { to: DType::F64 }, &[x32]);
+    let y = g.op(Op::Cast { to: DType::F64 }, &[y32]);
+    let mut outs = vec![];
+    for op in [
+        Binary::Add,
+        Binary::Sub,
+        Binary::Mul,
+        Binary::Div,
+        Binary::Min,
+        Binary::Max,
+        Binary::Mod,
+        Binary::FMod,
+        Binary::Less,
+        Binary::Equal,
+    ] {
+        outs.push(g.bin(op, x, y));
+    }
+    for u in [
+        Unary::Abs,
+        Unary::Neg,
+        Unary::Sqrt,
+        Unary::Floor,
+        Unary::Round,
+        Unary::Reciprocal,
+        Unary::Sign,
+    ] {
+        outs.push(g.un(u, x));
+    }
+    for to in [DType::F32, DType::F16, DType::I32, DType::U8, DType::Bool] {
+        outs.push(g.op(Op::Cast { to }, &[x]));
+    }
+    let h = g.input(DType::F16, &[90]);
+    for u in [
+        Unary::Sin,
+        Unary::Cos,
+        Unary::Tan,
+        Unary::Asin,
+        Unary::Acos,
+        Unary::Atan,
+        Unary::Sinh,
+        Unary::Cosh,
+        Unary::Asinh,
+        Unary::Acosh,
+        Unary::Atanh,
+    ] {
+        outs.push(g.un(u.clone(), x32));
+        outs.push(g.un(u.clone(), x));
+        outs.push(g.un(u, h));
+    }
+    for u in [Unary::Exp, Unary::Log, Unary::Tanh, Unary::Erf] {
+        outs.push(g.un(u, x));
+    }
+    outs.push(g.un(
+        Unary::Shrink {
+            bias: 0.5,
+            lambd: 1.5,
+        },
+        x32,
+    ));
+    for dtype in [DType::I32, DType::I64, DType::U32] {
+        let e = g.int_range(dtype, &[4, 1], 0, 6);
+        outs.push(g.bin(Binary::Pow, x32, e));
+        // An integer to a float power, converted back with saturation.
+        let base = g.int_range(dtype, &[90], 0, 40);
+        outs.push(g.bin(Binary::Pow, base, y32));
+    }
+    let graph = g.g.clone();
+    g.check(&outs);
+    let mut graph = graph;
+    for (i, o) in outs.iter().enumerate() {
+        graph.add_output(format!("y{i}"), *o);
+    }
+    ptxas_check(&graph, SM);
+}
+
+/// bf16 computed in f32 registers and rounded after every operator, as the reference rounds:
+/// arithmetic, a comparison, Where, activations and the casts between bf16 and other types.
+#[test]
+fn bf16_groups_round_after_every_operator() {
+    let mut g = G::new(970);
+    let xf = g.input(DType::F32, &[3, 1, 90]);
+    let yf = g.input(DType::F32, &[4, 1]);
+    let x = g.op(Op::Cast { to: DType::BF16 }, &[xf]);
+    let y = g.op(Op::Cast { to: DType::BF16 }, &[yf]);
+    let s = g.bin(Binary::Add, x, y);
+    let m = g.bin(Binary::Mul, s, x);
+    let d = g.bin(Binary::Div, m, y);
+    let c = g.un(Unary::Celu { alpha: 1.0 }, d);
+    let e = g.un(Unary::Exp, y);
+    let eq = g.bin(Binary::Equal, x, y);
+    let w = g.op(Op::Where, &[eq, c, e]);
+    let i = g.int_range(DType::I8, &[90], -100, 100);
+    let ib = g.op(Op::Cast { to: DType::BF16 }, &[i]);
+    let z = g.bin(Binary::Sub, w, ib);
+    let back = g.op(Op::Cast { to: DType::I32 }, &[z]);
+    let graph = g.g.clone();
+    g.check(&[z, back]);
+    let mut graph = graph;
+    graph.add_output("z", z);
+    graph.add_output("back", back);
+    ptxas_check(&graph, SM);
+}
