@@ -322,7 +322,30 @@ pub fn node_case_backend_cuda_emulated(
     let named: Vec<(String, Tensor)> = names.into_iter().zip(inputs).collect();
     let (bound, runtime) = bind_shape_inputs(model_path, &ImportOptions::default(), model, named)?;
     let graph = &bound.as_ref().unwrap_or(model).graph;
-    run_cuda_emulated(graph, "model", runtime.into_iter().map(|(_, t)| t).collect())
+    let case = model_path
+        .parent()
+        .and_then(Path::file_name)
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    let inputs = runtime.into_iter().map(|(_, t)| t).collect();
+    run_cuda_emulated_with(graph, "model", inputs, |library| {
+        CUDA_LIBRARY_KERNELS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(case.clone(), library);
+    })
+}
+
+/// The C library kernels in the CUDA plan of every node case [`node_case_backend_cuda_emulated`]
+/// planned, by case name (0 for a plan of generated kernels only).
+static CUDA_LIBRARY_KERNELS: std::sync::Mutex<std::collections::BTreeMap<String, usize>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+/// What [`node_case_backend_cuda_emulated`] has recorded so far: case name → library kernels.
+pub fn cuda_library_kernels_planned() -> std::collections::BTreeMap<String, usize> {
+    CUDA_LIBRARY_KERNELS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
 }
 
 /// The compute capability the emulated CUDA suites plan for.
@@ -333,6 +356,17 @@ pub const EMULATED_SM: u32 = 80;
 /// OS threads meeting at its barriers, library kernels on a block as on the device); `inputs`
 /// in graph input order. Returns the outputs in graph order.
 pub fn run_cuda_emulated(graph: &Graph, name: &str, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, String> {
+    run_cuda_emulated_with(graph, name, inputs, |_| {})
+}
+
+/// [`run_cuda_emulated`], telling `planned` how many C library kernels the plan has before
+/// running it.
+fn run_cuda_emulated_with(
+    graph: &Graph,
+    name: &str,
+    inputs: Vec<Tensor>,
+    planned: impl FnOnce(usize),
+) -> Result<Vec<Tensor>, String> {
     let mut session = Session::new(Options {
         name: Some(name.to_string()),
         target: Target::Cuda,
@@ -345,6 +379,12 @@ pub fn run_cuda_emulated(graph: &Graph, name: &str, inputs: Vec<Tensor>) -> Resu
         .optimize(&mut optimized)
         .map_err(|e| format!("optimize: {e}"))?;
     let plan = session.plan(&optimized).map_err(|e| format!("compile: {e}"))?;
+    planned(
+        plan.kernels
+            .iter()
+            .filter(|k| matches!(k.imp, kiln_codegen::plan::kernel::KernelImpl::Ukernel(_)))
+            .count(),
+    );
     let target = session.kernel_target().map_err(|e| format!("{e}"))?;
     kiln_codegen::nvptx::emulate::run_plan(&optimized, &plan, &target, &inputs)
         .map_err(|e| format!("emulation: {e}"))

@@ -221,6 +221,73 @@ pub fn check_cuda_node_cases(
     assert!(failed.is_empty(), "{} node cases fail ({suite})", failed.len());
 }
 
+/// The manifest of the compiled-path node cases whose CUDA plans still run C library kernels.
+pub const CUDA_LIBRARY_MANIFEST: &str = "tests/conformance/cuda_library_manifest.txt";
+
+/// Checks the C library kernels counted in the CUDA plans of the node cases (`planned`: case
+/// name → count) against [`CUDA_LIBRARY_MANIFEST`]: an unlisted case must have none and a
+/// listed one exactly its count, so a new library kernel fails and a new GPU kernel must lower
+/// the list. A listed case that was not planned fails too, unless `filtered` (a subset ran).
+/// `KILN_BLESS=1` (on a full run) rewrites the manifest first. Prints the total.
+pub fn check_cuda_library_manifest(planned: &std::collections::BTreeMap<String, usize>, filtered: bool) {
+    use std::collections::BTreeMap;
+    let path = crate::repo_root().join(CUDA_LIBRARY_MANIFEST);
+    if std::env::var_os("KILN_BLESS").is_some() && !filtered {
+        let mut text = String::from(
+            "# Compiled-path ONNX node cases whose CUDA plan (sm_80) still runs C library kernels on one\n\
+             # GPU block, and how many; every other case compiles to generated GPU kernels only.\n\
+             # Checked by `cargo test -p kiln-tests --test cuda_emulated`; regenerate with KILN_BLESS=1.\n",
+        );
+        for (case, n) in planned.iter().filter(|(_, n)| **n > 0) {
+            text.push_str(&format!("{case} {n}\n"));
+        }
+        std::fs::write(&path, text).expect("write the CUDA library manifest");
+        println!("blessed {}", path.display());
+    }
+    let listed: BTreeMap<String, usize> = std::fs::read_to_string(&path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| l.split('#').next().unwrap_or("").trim())
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            let (case, n) = l
+                .split_once(' ')
+                .unwrap_or_else(|| panic!("{CUDA_LIBRARY_MANIFEST}: bad line '{l}'"));
+            (
+                case.to_string(),
+                n.trim()
+                    .parse()
+                    .unwrap_or_else(|_| panic!("{CUDA_LIBRARY_MANIFEST}: bad count in '{l}'")),
+            )
+        })
+        .collect();
+    let mut wrong = vec![];
+    for (case, n) in planned {
+        let want = listed.get(case).copied().unwrap_or(0);
+        if *n != want {
+            wrong.push(format!("{case}: {n} library kernels, listed {want}"));
+        }
+    }
+    if !filtered {
+        wrong.extend(
+            listed
+                .keys()
+                .filter(|c| !planned.contains_key(*c))
+                .map(|c| format!("{c}: listed but not planned")),
+        );
+    }
+    println!(
+        "CUDA library kernels in the node cases' plans: {} in {} cases",
+        planned.values().sum::<usize>(),
+        planned.values().filter(|n| **n > 0).count()
+    );
+    assert!(
+        wrong.is_empty(),
+        "library kernels differ from {CUDA_LIBRARY_MANIFEST} (a GPU kernel that removes some lowers the list: KILN_BLESS=1; a new library kernel needs a GPU kernel): {}",
+        wrong.join("; ")
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::no_device_reason;

@@ -7,8 +7,12 @@
 //! checks the same kernels everywhere else. `KILN_FIXTURE_FILTER` and
 //! `KILN_CONFORMANCE_FILTER` run subsets.
 
-use kiln_tests::compiled::{node_case_backend_cuda_emulated, run_cuda_emulated, EMULATED_SM};
-use kiln_tests::cuda::{check_cuda_node_cases, expect_cuda_refusal, CUDA_REFUSED};
+use kiln_tests::compiled::{
+    cuda_library_kernels_planned, node_case_backend_cuda_emulated, run_cuda_emulated, EMULATED_SM,
+};
+use kiln_tests::cuda::{
+    check_cuda_library_manifest, check_cuda_node_cases, expect_cuda_refusal, CUDA_REFUSED,
+};
 use kiln_tests::fixtures::{check_fixtures, load_manifest, suite_threads};
 
 #[test]
@@ -35,7 +39,8 @@ const TOO_SLOW_TO_EMULATE: &[&str] = &["test_sce_NCd1d2d3d4d5_"];
 
 /// The node cases the compiled CPU path passes (`tests/conformance/compiled_manifest.txt`)
 /// pass in emulation too, but for those whose output sizes depend on the data, which the CUDA
-/// target refuses with its message.
+/// target refuses with its message; and their plans run C library kernels only where
+/// `tests/conformance/cuda_library_manifest.txt` lists them.
 #[test]
 fn onnx_node_tests_in_cuda_emulation() {
     let suite = format!("cuda conformance in emulation (sm_{EMULATED_SM})");
@@ -45,4 +50,6 @@ fn onnx_node_tests_in_cuda_emulation() {
         TOO_SLOW_TO_EMULATE,
         suite_threads(),
     );
+    let filtered = std::env::var_os("KILN_CONFORMANCE_FILTER").is_some();
+    check_cuda_library_manifest(&cuda_library_kernels_planned(), filtered);
 }
