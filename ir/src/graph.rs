@@ -162,7 +162,11 @@ impl Graph {
             return Err(format!("{ty} cannot bound {old}"));
         }
         check_value_size(&ty)?;
-        self.nodes[v.node.index()].outputs[v.output as usize].ty = ty;
+        let out = &mut self.nodes[v.node.index()].outputs[v.output as usize];
+        if out.known.is_none() {
+            out.known = empty_value(&ty);
+        }
+        out.ty = ty;
         Ok(())
     }
 
@@ -195,8 +199,8 @@ impl Graph {
             inputs: vec![],
             outputs: vec![NodeOutput {
                 name,
+                known: empty_value(&ty),
                 ty,
-                known: None,
             }],
         });
         self.inputs.push(id);
@@ -393,6 +397,14 @@ impl Graph {
         };
         ops::eval(op, &cx).map(Some)
     }
+}
+
+/// The value of a tensor of type `ty` when the type alone decides it: a fixed shape with no
+/// elements (an input such as an empty `axes` list has one possible value, known at compile
+/// time).
+fn empty_value(ty: &TensorType) -> Option<Arc<Tensor>> {
+    let shape = ty.fixed_shape()?;
+    (shape.iter().product::<usize>() == 0).then(|| Arc::new(Tensor::zeros(ty.dtype, shape)))
 }
 
 /// Shape/Size of a static tensor, computed from its type alone.

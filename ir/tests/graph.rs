@@ -83,6 +83,30 @@ fn shape_arithmetic_is_known_at_compile_time() {
 }
 
 #[test]
+fn an_input_without_elements_is_known() {
+    // An empty `axes` input has one possible value, so the reduction's axes are known at compile
+    // time (all of them); an input with elements, or with a symbolic dim, is not known.
+    let mut g = Graph::new("empty");
+    let x = g.add_input("x", TensorType::fixed(DType::F32, &[3, 2]));
+    let axes = g.add_input("axes", TensorType::fixed(DType::I64, &[0]));
+    let later = g.add_input("later", TensorType::new(DType::I64, vec![sym("n")]));
+    assert_eq!(g.known_value(axes).unwrap().shape(), &[0]);
+    assert!(g.known_value(x).is_none());
+    assert!(g.known_value(later).is_none());
+    let reduce = Op::Reduce {
+        kind: ReduceKind::Sum,
+        keepdims: true,
+        noop_with_empty_axes: false,
+    };
+    let r = g.add("sum", reduce, vec![Some(x), Some(axes)], "r").unwrap();
+    assert_eq!(g.value_type(r).to_string(), "f32[1,1]");
+    // Bound to an empty shape later, it becomes known too.
+    g.bound_value_type(later, TensorType::fixed(DType::I64, &[0]))
+        .unwrap();
+    assert_eq!(g.known_value(later).unwrap().len(), 0);
+}
+
+#[test]
 fn printer_shows_names_ops_and_types() {
     let (g, _) = tiny_graph();
     let text = g.to_string();
