@@ -49,6 +49,8 @@ pub enum GpuGenerator {
     Arg,
     /// CumSum and CumProd (`cumulative`).
     Cumulative,
+    /// NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss, one block (`loss`).
+    Loss,
 }
 
 /// A CPU kernel generator (`gen/`).
@@ -81,6 +83,7 @@ pub fn generators(op: &Op) -> Generators {
         Op::Quant(QuantOp::BlockQuantizedMatMul { .. }) => (&[], &[C::Products]),
         Op::Quant(QuantOp::DynamicQuantizeLinear) => (&[G::DynamicQuantize], &[]),
         Op::Misc(MiscOp::RotaryEmbedding { .. }) => (&[G::Rotary], &[]),
+        Op::Misc(MiscOp::Loss { .. }) => (&[G::Loss], &[]),
         Op::Misc(MiscOp::TensorScatter { .. }) => (&[G::Gather], &[]),
         Op::Quant(QuantOp::QuantizeLinear { .. } | QuantOp::DequantizeLinear { .. }) => {
             (&[G::Elementwise], &[C::ElementwiseLoop])
@@ -131,6 +134,7 @@ impl GpuGenerator {
             GpuGenerator::Elementwise => kernels::elementwise::lower(node, target),
             GpuGenerator::Arg => kernels::arg::lower(node, target),
             GpuGenerator::Cumulative => kernels::cumulative::lower(node, target),
+            GpuGenerator::Loss => kernels::loss::lower(node, target),
         }
     }
 }

@@ -11,6 +11,7 @@ pub mod elementwise;
 pub mod gather;
 pub mod gemm;
 pub mod integer;
+pub mod loss;
 pub mod pool;
 pub mod recurrent;
 pub mod resize;

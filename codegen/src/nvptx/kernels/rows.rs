@@ -752,8 +752,9 @@ fn offset<'ctx>(e: &Emit<'_, 'ctx>, axes: &[(usize, usize)], i: IntValue<'ctx>) 
     Ok(off)
 }
 
-/// Reduces the `t` values `v` of a row's threads (`tx` = 0..t) through `smem[0..t]`; every
-/// thread gets the result. All threads of the block must call it (it has barriers).
+/// Reduces the `t` values `v` of a row's threads (`tx` = 0..t) through `smem[0..t]` (slots of
+/// `v`'s type, f32 or f64); every thread gets the result. All threads of the block must call it
+/// (it has barriers).
 pub(super) fn block_reduce<'ctx>(
     k: &GpuBuilder<'_, 'ctx>,
     e: &Emit<'_, 'ctx>,
@@ -763,20 +764,26 @@ pub(super) fn block_reduce<'ctx>(
     fold: Fold,
     v: FloatValue<'ctx>,
 ) -> Result<FloatValue<'ctx>> {
-    e.store(e.gep_f32(smem, tx)?, v)?;
+    let ty = v.get_type();
+    // SAFETY (of the IR): the callers size the shared memory for t values of v's type.
+    let slot = |i: IntValue<'ctx>| unsafe { e.b.build_in_bounds_gep(ty, smem, &[i], "") }.map_err(llvm);
+    let load = |p: PointerValue<'ctx>| -> Result<FloatValue<'ctx>> {
+        Ok(e.b.build_load(ty, p, "").map_err(llvm)?.into_float_value())
+    };
+    e.store(slot(tx)?, v)?;
     k.barrier()?;
     let mut s = t / 2;
     while s >= 1 {
         let active = e.icmp(IntPredicate::ULT, tx, e.i64c(s as i64))?;
         e.if_then(active, || {
-            let a = e.load_f32(e.gep_f32(smem, tx)?)?;
-            let b = e.load_f32(e.gep_f32(smem, e.addc(tx, s as i64)?)?)?;
-            e.store(e.gep_f32(smem, tx)?, fold.combine(e, a, b)?)
+            let a = load(slot(tx)?)?;
+            let b = load(slot(e.addc(tx, s as i64)?)?)?;
+            e.store(slot(tx)?, fold.combine(e, a, b)?)
         })?;
         k.barrier()?;
         s /= 2;
     }
-    let r = e.load_f32(smem)?;
+    let r = load(smem)?;
     // The next reduction overwrites the slots.
     k.barrier()?;
     Ok(r)
