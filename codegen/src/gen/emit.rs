@@ -361,6 +361,27 @@ impl<'a, 'ctx> Emit<'a, 'ctx> {
             .ok_or_else(|| crate::error::CodegenError::internal(format!("{name} returns nothing")))
     }
 
+    /// Calls the C math library's double-precision `name` (`exp`, `log`, `pow`, `sin`, ...) on
+    /// f64 `args`. On the GPU the call becomes libdevice's (`nvptx::libdevice`); the host's
+    /// libm answers it on the CPU and in emulation.
+    pub fn call_libm(&self, name: &str, args: &[FloatValue<'ctx>]) -> Result<FloatValue<'ctx>> {
+        let f64t = self.cx.f64_type();
+        let params: Vec<_> = args.iter().map(|_| f64t.into()).collect();
+        let f = self
+            .module
+            .get_function(name)
+            .unwrap_or_else(|| self.module.add_function(name, f64t.fn_type(&params, false), None));
+        let args: Vec<_> = args.iter().map(|a| (*a).into()).collect();
+        Ok(self
+            .b
+            .build_call(f, &args, "")
+            .map_err(llvm)?
+            .try_as_basic_value()
+            .basic()
+            .expect("a double")
+            .into_float_value())
+    }
+
     /// Calls an overloaded intrinsic that returns nothing.
     pub fn intrinsic_void(
         &self,

@@ -1244,26 +1244,20 @@ fn resize_int<'ctx>(
 
 /// Calls the C library's double-precision `name` lane by lane on f64 vectors.
 fn call_libm<'ctx>(e: &Emit<'_, 'ctx>, name: &str, args: &[VectorValue<'ctx>]) -> Result<VectorValue<'ctx>> {
-    let f64t = e.cx.f64_type();
-    let params: Vec<_> = args.iter().map(|_| f64t.into()).collect();
-    let f = e
-        .module
-        .get_function(name)
-        .unwrap_or_else(|| e.module.add_function(name, f64t.fn_type(&params, false), None));
     let ty = args[0].get_type();
     let mut out = ty.get_undef();
     for lane in 0..ty.get_size() {
         let i = e.cx.i32_type().const_int(u64::from(lane), false);
         let lanes = args
             .iter()
-            .map(|a| Ok(e.b.build_extract_element(*a, i, "").map_err(llvm)?.into()))
+            .map(|a| {
+                Ok(e.b
+                    .build_extract_element(*a, i, "")
+                    .map_err(llvm)?
+                    .into_float_value())
+            })
             .collect::<Result<Vec<_>>>()?;
-        let r =
-            e.b.build_call(f, &lanes, "")
-                .map_err(llvm)?
-                .try_as_basic_value()
-                .basic()
-                .expect("a double");
+        let r = e.call_libm(name, &lanes)?;
         out = e.b.build_insert_element(out, r, i, "").map_err(llvm)?;
     }
     Ok(out)

@@ -231,11 +231,11 @@ impl Loss {
             let v = load_real(e, x, self.dtype, e.add(base, e.mulc(class, d)?)?)?;
             let z = e.b.build_float_sub(v, max, "").map_err(llvm)?;
             let s =
-                e.b.build_float_add(load_f64(e, acc)?, libm(e, "exp", z)?, "")
+                e.b.build_float_add(load_f64(e, acc)?, e.call_libm("exp", &[z])?, "")
                     .map_err(llvm)?;
             e.store(acc, s)
         })?;
-        let log = libm(e, "log", load_f64(e, acc)?)?;
+        let log = e.call_libm("log", &[load_f64(e, acc)?])?;
         e.b.build_float_add(max, log, "").map_err(llvm)
     }
 }
@@ -244,22 +244,6 @@ fn load_f64<'ctx>(e: &Emit<'_, 'ctx>, p: PointerValue<'ctx>) -> Result<FloatValu
     Ok(e.b
         .build_load(e.cx.f64_type(), p, "")
         .map_err(llvm)?
-        .into_float_value())
-}
-
-/// The C library's double-precision `name` (renamed to libdevice's on the device).
-fn libm<'ctx>(e: &Emit<'_, 'ctx>, name: &str, x: FloatValue<'ctx>) -> Result<FloatValue<'ctx>> {
-    let f64t = e.cx.f64_type();
-    let f = e.module.get_function(name).unwrap_or_else(|| {
-        e.module
-            .add_function(name, f64t.fn_type(&[f64t.into()], false), None)
-    });
-    Ok(e.b
-        .build_call(f, &[x.into()], "")
-        .map_err(llvm)?
-        .try_as_basic_value()
-        .basic()
-        .expect("a double")
         .into_float_value())
 }
 

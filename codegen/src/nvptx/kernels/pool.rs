@@ -1,5 +1,7 @@
-//! MaxPool and AveragePool on the GPU (NCHW, 1 to 3 spatial axes, f32; MaxPool also of u8 and
-//! i8, the QOperator models' pools, compared as exact f32 values): one thread per output
+//! MaxPool, AveragePool and LpPool on the GPU (NCHW, 1 to 3 spatial axes, f32; MaxPool also
+//! of u8 and i8, the QOperator models' pools, compared as exact f32 values; LpPool sums
+//! `|x|^p` in f64 and takes the `1/p` power, as the reference, with the math library's `pow`,
+//! libdevice's on the device): one thread per output
 //! element, consecutive threads on consecutive output positions of a plane, so the window
 //! reads of a warp are close together. The window is one loop over its taps; a tap outside the
 //! input is skipped (AveragePool counts it when `count_include_pad` and it lies in the explicit
@@ -37,15 +39,17 @@ fn axis(p: &PoolAttrs, i: usize, n: usize, input: usize) -> Option<Axis> {
 
 pub struct PoolGpu {
     what: String,
-    /// Average: Some(count_include_pad); Max: None.
+    /// Average: Some(count_include_pad); Max and Lp: None.
     average: Option<bool>,
+    /// LpPool's p.
+    lp: Option<f32>,
     /// The tensors' element type: f32, or (MaxPool) u8 or i8.
     elem: DType,
     planes: usize,
     axes: Vec<Axis>,
 }
 
-/// The generator: MaxPool (without its Indices output) and AveragePool.
+/// The generator: MaxPool (without its Indices output), AveragePool and LpPool.
 pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GpuKernel>>> {
     let Op::Pool(p) = node.op() else {
         return Ok(None);
@@ -53,15 +57,15 @@ pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GpuK
     if !target.is_gpu() || p.channels_last || node.n_outputs() != 1 || node.extra.is_some() {
         return Ok(None);
     }
-    let average = match p.kind {
-        PoolKind::Max => None,
-        PoolKind::Average { count_include_pad } => Some(count_include_pad),
-        PoolKind::Lp { .. } => return Ok(None),
+    let (average, lp) = match p.kind {
+        PoolKind::Max => (None, None),
+        PoolKind::Average { count_include_pad } => (Some(count_include_pad), None),
+        PoolKind::Lp { p } => (None, Some(p)),
     };
     let elem = node.output_type(0).dtype;
-    let elem_ok = match average {
-        None => matches!(elem, DType::F32 | DType::U8 | DType::I8),
-        Some(_) => elem == DType::F32,
+    let elem_ok = match (average, lp) {
+        (None, None) => matches!(elem, DType::F32 | DType::U8 | DType::I8),
+        _ => elem == DType::F32,
     };
     let ok = |t: &kiln_ir::TensorType| t.dtype == elem && t.layout == Layout::RowMajor && t.is_static();
     if !elem_ok || !node.input_type(0).is_some_and(ok) || !ok(node.output_type(0)) {
@@ -94,7 +98,11 @@ pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GpuK
     };
     let what = format!(
         "gpu {}{} k={} s={} out={:?}",
-        if average.is_some() { "avgpool" } else { "maxpool" },
+        match (average, lp) {
+            (Some(_), _) => "avgpool".to_string(),
+            (_, Some(p)) => format!("lppool p={p}"),
+            _ => "maxpool".to_string(),
+        },
         if elem == DType::F32 {
             String::new()
         } else {
@@ -107,6 +115,7 @@ pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GpuK
     Ok(Some(Box::new(PoolGpu {
         what,
         average,
+        lp,
         elem,
         planes: x[0] * x[1],
         axes,
@@ -145,6 +154,8 @@ impl GpuKernel for PoolGpu {
         let inside = e.icmp(IntPredicate::ULT, idx, e.i64c(self.total() as i64))?;
         let (x, y) = (k.input(0)?, k.output(0)?);
         let acc = e.entry_alloca(f32t, "acc")?;
+        let f64t = k.cx.f64_type();
+        let lp_sum = e.entry_alloca(f64t, "lp_sum")?;
         let taken = e.entry_alloca(i64t, "taken")?;
         let padded = e.entry_alloca(i64t, "padded")?;
         e.if_then(inside, || {
@@ -167,6 +178,7 @@ impl GpuKernel for PoolGpu {
                 f32::NEG_INFINITY
             };
             e.store(acc, e.f32c(init))?;
+            e.store(lp_sum, f64t.const_zero())?;
             e.store(taken, e.i64c(0))?;
             e.store(padded, e.i64c(0))?;
             let taps: usize = self.axes.iter().map(|a| a.kernel).product();
@@ -197,6 +209,15 @@ impl GpuKernel for PoolGpu {
                 }
                 e.if_then(in_input, || {
                     let v = self.load(k, &e, x, e.add(plane, off)?)?;
+                    if let Some(p) = self.lp {
+                        let v = e.b.build_float_ext(v, f64t, "").map_err(llvm)?;
+                        let v = e
+                            .intrinsic("llvm.fabs", &[f64t.into()], &[v.into()])?
+                            .into_float_value();
+                        let term = e.call_libm("pow", &[v, f64t.const_float(f64::from(p))])?;
+                        let sum = e.b.build_load(f64t, lp_sum, "").map_err(llvm)?.into_float_value();
+                        return e.store(lp_sum, e.b.build_float_add(sum, term, "").map_err(llvm)?);
+                    }
                     let a = e.load_f32(acc)?;
                     let n = load_i64(&e, taken)?;
                     let next = if self.average.is_some() {
@@ -216,6 +237,11 @@ impl GpuKernel for PoolGpu {
                 })
             })?;
             let mut v = e.load_f32(acc)?;
+            if let Some(p) = self.lp {
+                let sum = e.b.build_load(f64t, lp_sum, "").map_err(llvm)?.into_float_value();
+                let r = e.call_libm("pow", &[sum, f64t.const_float(1.0 / f64::from(p))])?;
+                v = e.b.build_float_trunc(r, f32t, "").map_err(llvm)?;
+            }
             if let Some(include_pad) = self.average {
                 let n = load_i64(&e, if include_pad { padded } else { taken })?;
                 let nf = e.b.build_unsigned_int_to_float(n, f32t, "").map_err(llvm)?;
@@ -313,7 +339,7 @@ mod tests {
         (g, vec![Tensor::from_vec(shape.to_vec(), v)])
     }
 
-    const KINDS: [PoolKind; 3] = [
+    const KINDS: [PoolKind; 5] = [
         PoolKind::Max,
         PoolKind::Average {
             count_include_pad: false,
@@ -321,6 +347,8 @@ mod tests {
         PoolKind::Average {
             count_include_pad: true,
         },
+        PoolKind::Lp { p: 2.0 },
+        PoolKind::Lp { p: 3.0 },
     ];
 
     #[test]
