@@ -51,6 +51,8 @@ pub enum GpuGenerator {
     Cumulative,
     /// NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss, one block (`loss`).
     Loss,
+    /// Inference BatchNormalization, a thread per element (`batch_norm`).
+    BatchNorm,
 }
 
 /// A CPU kernel generator (`gen/`).
@@ -84,6 +86,7 @@ pub fn generators(op: &Op) -> Generators {
         Op::Quant(QuantOp::DynamicQuantizeLinear) => (&[G::DynamicQuantize], &[]),
         Op::Misc(MiscOp::RotaryEmbedding { .. }) => (&[G::Rotary], &[]),
         Op::Misc(MiscOp::Loss { .. }) => (&[G::Loss], &[]),
+        Op::BatchNorm { .. } => (&[G::BatchNorm], &[]),
         Op::Misc(MiscOp::TensorScatter { .. }) => (&[G::Gather], &[]),
         Op::Quant(QuantOp::QuantizeLinear { .. } | QuantOp::DequantizeLinear { .. }) => {
             (&[G::Elementwise], &[C::ElementwiseLoop])
@@ -99,6 +102,8 @@ pub fn generators(op: &Op) -> Generators {
         Op::Resize(_) => (&[G::Copy, G::Gather, G::Resize], &[]),
         Op::Softmax { .. }
         | Op::LogSoftmax { .. }
+        | Op::Hardmax { .. }
+        | Op::LpNorm { .. }
         | Op::LayerNorm { .. }
         | Op::InstanceNorm { .. }
         | Op::GroupNorm { .. }
@@ -135,6 +140,7 @@ impl GpuGenerator {
             GpuGenerator::Arg => kernels::arg::lower(node, target),
             GpuGenerator::Cumulative => kernels::cumulative::lower(node, target),
             GpuGenerator::Loss => kernels::loss::lower(node, target),
+            GpuGenerator::BatchNorm => kernels::batch_norm::lower(node, target),
         }
     }
 }

@@ -293,7 +293,11 @@ mod tests {
         for axis_dtype in [DType::I64, DType::I32] {
             let mut g = Graph::new("t");
             // f64 values with the i32 axis.
-            let xdt = if axis_dtype == DType::I64 { DType::F32 } else { DType::F64 };
+            let xdt = if axis_dtype == DType::I64 {
+                DType::F32
+            } else {
+                DType::F64
+            };
             let x = g.add_input("x", TensorType::fixed(xdt, &[3, 5, 4]));
             let a = g.add_input("axis", TensorType::fixed(axis_dtype, &[]));
             for (i, (exclusive, reverse)) in [(false, false), (true, true)].into_iter().enumerate() {

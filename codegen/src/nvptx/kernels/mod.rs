@@ -4,6 +4,7 @@
 
 pub mod arg;
 pub mod attention;
+pub mod batch_norm;
 pub mod copy;
 pub mod cumulative;
 pub mod dynamic_quantize;

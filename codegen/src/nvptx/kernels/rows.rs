@@ -59,6 +59,12 @@ enum RowOp {
     Softmax {
         log: bool,
     },
+    /// 1 at the row's first maximum (its first NaN, if any), 0 elsewhere.
+    Hardmax,
+    /// `x / ‖row‖_p` (p 1 or 2); a zero row stays zero.
+    LpNorm {
+        p: u8,
+    },
     LayerNorm {
         epsilon: f32,
         scale: Param,
@@ -197,7 +203,9 @@ pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GpuK
         }))
     };
     match node.op() {
-        Op::Softmax { axis, coerce_2d } | Op::LogSoftmax { axis, coerce_2d } => {
+        Op::Softmax { axis, coerce_2d }
+        | Op::LogSoftmax { axis, coerce_2d }
+        | Op::Hardmax { axis, coerce_2d } => {
             let log = matches!(node.op(), Op::LogSoftmax { .. });
             if !all_f32(node, &[0]) || node.n_outputs() != 1 {
                 return Ok(None);
@@ -212,8 +220,27 @@ pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GpuK
             } else {
                 (p(&x[..a]), x[a], p(&x[a + 1..]))
             };
+            if matches!(node.op(), Op::Hardmax { .. }) {
+                // Element indices are compared as f32: exact below 2^24.
+                if len >= 1 << 24 {
+                    return Ok(None);
+                }
+                return boxed(RowGpu::new("hardmax", RowOp::Hardmax, outer, len, inner));
+            }
             let name = if log { "logsoftmax" } else { "softmax" };
             boxed(RowGpu::new(name, RowOp::Softmax { log }, outer, len, inner))
+        }
+        Op::LpNorm { axis, p } => {
+            if !all_f32(node, &[0]) || node.n_outputs() != 1 || !matches!(p, 1 | 2) {
+                return Ok(None);
+            }
+            let x = node.input_shape(0)?;
+            let Some(a) = norm_axis(*axis, x.len()) else {
+                return Ok(None);
+            };
+            let p3 = |s: &[usize]| s.iter().product::<usize>();
+            let op = RowOp::LpNorm { p: *p };
+            boxed(RowGpu::new("lpnorm", op, p3(&x[..a]), x[a], p3(&x[a + 1..])))
         }
         Op::LayerNorm {
             axis,
@@ -880,6 +907,35 @@ impl GpuKernel for RowGpu {
                     self.map(k, &e, &row, |_, v| fdiv(&e, exp(&e, fsub(&e, v, m)?)?, s))?;
                 }
             }
+            RowOp::Hardmax => {
+                // The maximum (NaN if any element is), then the first index holding it.
+                let m = self.reduce(k, &e, &row, Fold::Max, id)?;
+                let nan_max = fcmp(&e, FloatPredicate::UNO, m, m)?;
+                let first = self.reduce(k, &e, &row, Fold::Min, |kk, v| {
+                    let nan = fcmp(&e, FloatPredicate::UNO, v, v)?;
+                    let equal = fcmp(&e, FloatPredicate::OEQ, v, m)?;
+                    let hit =
+                        e.b.build_select(nan_max, nan, equal, "")
+                            .map_err(llvm)?
+                            .into_int_value();
+                    select(&e, hit, index_f32(&e, kk)?, e.f32c(f32::INFINITY))
+                })?;
+                self.map(k, &e, &row, |kk, _| {
+                    let at_first = fcmp(&e, FloatPredicate::OEQ, index_f32(&e, kk)?, first)?;
+                    select(&e, at_first, e.f32c(1.0), e.f32c(0.0))
+                })?;
+            }
+            RowOp::LpNorm { p } => {
+                let s = self.reduce(k, &e, &row, Fold::Sum, |_, v| match p {
+                    1 => unary(&e, "llvm.fabs", v),
+                    _ => fmul(&e, v, v),
+                })?;
+                let norm = if *p == 1 { s } else { unary(&e, "llvm.sqrt", s)? };
+                let zero = fcmp(&e, FloatPredicate::OEQ, norm, e.f32c(0.0))?;
+                self.map(k, &e, &row, |_, v| {
+                    select(&e, zero, e.f32c(0.0), fdiv(&e, v, norm)?)
+                })?;
+            }
             RowOp::LayerNorm {
                 epsilon,
                 scale,
@@ -977,6 +1033,12 @@ impl GpuKernel for RowGpu {
         }
         k.ret()
     }
+}
+
+/// An element index as f32 (exact below 2^24).
+fn index_f32<'ctx>(e: &Emit<'_, 'ctx>, kk: IntValue<'ctx>) -> Result<FloatValue<'ctx>> {
+    e.b.build_unsigned_int_to_float(kk, e.cx.f32_type(), "")
+        .map_err(llvm)
 }
 
 fn id<'ctx>(_: IntValue<'ctx>, v: FloatValue<'ctx>) -> Result<FloatValue<'ctx>> {
@@ -1119,6 +1181,72 @@ mod tests {
                 let y = g.node(op, vec![Some(x)]);
                 g.check(y, "gpu");
             }
+        }
+    }
+
+    /// Hardmax and LpNormalization (p 1 and 2) on innermost and strided rows; Hardmax on ties
+    /// (the first maximum wins) and NaN (the first NaN wins), LpNormalization on a zero row.
+    #[test]
+    fn hardmax_and_lp_normalization() {
+        let cases: [(&[usize], i64, bool); 6] = [
+            (&[3, 33], -1, false),
+            (&[2, 1000], 1, false),
+            (&[3, 40, 5], 1, false),
+            (&[300, 2], 0, false),
+            (&[2, 7, 300], 1, false),
+            (&[3, 4, 5], 1, true),
+        ];
+        for (i, (shape, axis, coerce_2d)) in cases.into_iter().enumerate() {
+            let mut g = G::new(40 + i as u64);
+            let x = g.input(shape);
+            let y = g.node(Op::Hardmax { axis, coerce_2d }, vec![Some(x)]);
+            g.check(y, "gpu hardmax");
+            for p in [1, 2] {
+                if coerce_2d {
+                    continue;
+                }
+                let mut g = G::new(50 + i as u64);
+                let x = g.input(shape);
+                let y = g.node(Op::LpNorm { axis, p }, vec![Some(x)]);
+                g.check(y, "gpu lpnorm");
+            }
+        }
+        // Ties, a NaN, and (LpNormalization) an all-zero row.
+        let row = |v: &[f32]| Tensor::from_vec(vec![3, 6], v.to_vec());
+        let values = row(&[
+            1.0,
+            5.0,
+            2.0,
+            5.0,
+            0.0,
+            5.0, // ties: the first 5
+            1.0,
+            f32::NAN,
+            9.0,
+            f32::NAN,
+            0.0,
+            2.0, // the first NaN
+            0.0,
+            0.0,
+            0.0,
+            0.0,
+            0.0,
+            0.0, // all equal: the first
+        ]);
+        for op in [
+            Op::Hardmax {
+                axis: 1,
+                coerce_2d: false,
+            },
+            Op::LpNorm { axis: 1, p: 2 },
+        ] {
+            let mut g = G::new(3);
+            let x = g.input(&[3, 6]);
+            let y = g.node(op, vec![Some(x)]);
+            let (gr, mut inputs) = g.graph(y);
+            inputs[0] = values.clone();
+            check_graph(&gr, &inputs);
+            ptxas_check(&gr, 90);
         }
     }
 
