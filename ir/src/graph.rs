@@ -367,9 +367,15 @@ impl Graph {
         in_values: &[Option<&Tensor>],
         types: &[TensorType],
     ) -> Result<Option<Vec<Tensor>>, OpError> {
-        let small = |n: Option<usize>| n.is_some_and(|n| n <= KNOWN_VALUE_MAX_ELEMENTS);
+        // Small in every dim, not only in the product: an empty tensor may have huge other dims,
+        // and evaluating an operator can cost per dim (Pad's and Resize's index maps).
+        let small_dims = |dims: &[usize]| {
+            dims.iter().all(|&d| d <= KNOWN_VALUE_MAX_ELEMENTS)
+                && crate::tensor::checked_numel(dims).is_some_and(|n| n <= KNOWN_VALUE_MAX_ELEMENTS)
+        };
+        let small = |t: &TensorType| t.fixed_shape().is_some_and(|s| small_dims(&s));
         let shape_only = matches!(op, Op::Shape { .. } | Op::Size);
-        if matches!(op, Op::If { .. } | Op::Loop { .. }) || !types.iter().all(|t| small(t.num_elements())) {
+        if matches!(op, Op::If { .. } | Op::Loop { .. }) || !types.iter().all(small) {
             return Ok(None);
         }
         let computable = if shape_only {
@@ -377,7 +383,7 @@ impl Graph {
         } else {
             inputs.iter().zip(in_values).all(|(v, val)| match (v, val) {
                 (None, _) => true,
-                (Some(_), Some(t)) => t.len() <= KNOWN_VALUE_MAX_ELEMENTS,
+                (Some(_), Some(t)) => small_dims(t.shape()),
                 (Some(_), None) => false,
             })
         };
