@@ -5,7 +5,7 @@
 //! element, consecutive threads on consecutive output positions of a plane, so the window
 //! reads of a warp are close together. The window is one loop over its taps; a tap outside the
 //! input is skipped (AveragePool counts it when `count_include_pad` and it lies in the explicit
-//! padding, as the reference does). The global pools are row reductions (`rows.rs`).
+//! padding, as the reference does). The global pools are row reductions (`rows`).
 
 use super::rows::{fadd, fdiv};
 use crate::error::Result;
