@@ -429,7 +429,7 @@ impl EwGroup {
                 };
                 let v = match *a {
                     Src::Step(s) => vals[s],
-                    Src::Const { f, .. } if ty.is_float() => const_vec(e, *ty, f, n),
+                    Src::Const { f, .. } if ty.is_float() => float_const_vec(e, *ty, f, n),
                     Src::Const { i, .. } => int_const_vec(e, *ty, i, n),
                     Src::Input(i) => match loaded.get(&i) {
                         Some(v) => *v,
@@ -622,12 +622,13 @@ fn vec_of<'ctx>(t: BasicTypeEnum<'ctx>, n: u32) -> VectorType<'ctx> {
     }
 }
 
-fn const_vec<'ctx>(e: &Emit<'_, 'ctx>, d: DType, c: f64, n: u32) -> VectorValue<'ctx> {
-    let s: BasicValueEnum = match d {
-        DType::F32 | DType::BF16 | DType::F16 => e.cx.f32_type().const_float(f64::from(c as f32)).into(),
-        DType::F64 => e.cx.f64_type().const_float(c).into(),
-        DType::Bool => e.cx.bool_type().const_int(u64::from(c != 0.0), false).into(),
-        _ => return int_const_vec(e, d, c as i64, n),
+/// A constant of float dtype `d` in its register lanes: f64 for f64, else f32 (the value
+/// rounded to it).
+fn float_const_vec<'ctx>(e: &Emit<'_, 'ctx>, d: DType, c: f64, n: u32) -> VectorValue<'ctx> {
+    let s = if d == DType::F64 {
+        e.cx.f64_type().const_float(c)
+    } else {
+        e.cx.f32_type().const_float(f64::from(c as f32))
     };
     VectorType::const_vector(&vec![s; n as usize])
 }
@@ -645,13 +646,13 @@ fn int_const_vec<'ctx>(e: &Emit<'_, 'ctx>, d: DType, bits: i64, n: u32) -> Vecto
 
 /// A float constant of `like`'s element type (f32 or f64 lanes).
 fn fconst_like<'ctx>(e: &Emit<'_, 'ctx>, like: VectorValue<'ctx>, x: f64) -> VectorValue<'ctx> {
-    let t = like.get_type().get_element_type().into_float_type();
-    let x = if t == e.cx.f64_type() {
-        x
+    let lanes = like.get_type();
+    let d = if lanes.get_element_type() == e.cx.f64_type().into() {
+        DType::F64
     } else {
-        f64::from(x as f32)
+        DType::F32
     };
-    VectorType::const_vector(&vec![t.const_float(x); like.get_type().get_size() as usize])
+    float_const_vec(e, d, x, lanes.get_size())
 }
 
 fn elem_ptr<'ctx>(
@@ -712,6 +713,30 @@ pub(crate) fn load<'ctx>(
     Ok(v)
 }
 
+/// Element `idx` as its register value (the one lane of [`load`]).
+pub(crate) fn load_one<'ctx>(
+    e: &Emit<'_, 'ctx>,
+    base: PointerValue<'ctx>,
+    d: DType,
+    idx: IntValue<'ctx>,
+) -> Result<BasicValueEnum<'ctx>> {
+    let v = load(e, base, d, idx, 1)?;
+    e.b.build_extract_element(v, e.i32c(0), "").map_err(llvm)
+}
+
+/// Stores the register value `v` as element `idx` ([`store`] of one lane).
+pub(crate) fn store_one<'ctx>(
+    e: &Emit<'_, 'ctx>,
+    base: PointerValue<'ctx>,
+    d: DType,
+    idx: IntValue<'ctx>,
+    v: BasicValueEnum<'ctx>,
+) -> Result<()> {
+    let lane = vec_of(v.get_type(), 1).get_undef();
+    let lane = e.b.build_insert_element(lane, v, e.i32c(0), "").map_err(llvm)?;
+    store(e, base, d, idx, lane)
+}
+
 /// Stores an `n`-lane register vector as `n` elements (a bf16 value is already rounded).
 pub(crate) fn store<'ctx>(
     e: &Emit<'_, 'ctx>,
@@ -764,7 +789,7 @@ fn splat_u32<'ctx>(e: &Emit<'_, 'ctx>, x: u32, n: u32) -> VectorValue<'ctx> {
 }
 
 fn fconst<'ctx>(e: &Emit<'_, 'ctx>, x: f32, n: u32) -> VectorValue<'ctx> {
-    const_vec(e, DType::F32, f64::from(x), n)
+    float_const_vec(e, DType::F32, f64::from(x), n)
 }
 
 fn select<'ctx>(

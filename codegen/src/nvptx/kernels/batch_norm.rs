@@ -13,7 +13,7 @@ use crate::kernel::KernelCommon;
 use crate::node::NodeInfo;
 use crate::nvptx::{GpuBuilder, GpuKernel, LaunchDims};
 use crate::target::TargetDesc;
-use inkwell::values::{FloatValue, IntValue, PointerValue};
+use inkwell::values::{FloatValue, IntValue};
 use kiln_ir::{DType, Layout, Op};
 
 const THREADS: u64 = 256;
@@ -97,19 +97,10 @@ impl GpuKernel for BatchNorm {
             let r =
                 e.b.build_float_add(e.b.build_float_mul(centered, a, "").map_err(llvm)?, b, "")
                     .map_err(llvm)?;
-            store(&e, y, i, r)
+            e.store(e.gep_f32(y, i)?, r)
         })?;
         k.ret()
     }
-}
-
-fn store<'ctx>(
-    e: &Emit<'_, 'ctx>,
-    y: PointerValue<'ctx>,
-    i: IntValue<'ctx>,
-    v: FloatValue<'ctx>,
-) -> Result<()> {
-    e.store(e.gep_f32(y, i)?, v)
 }
 
 #[cfg(test)]

@@ -20,7 +20,6 @@ use crate::kernel::KernelCommon;
 use crate::node::NodeInfo;
 use crate::nvptx::{GpuBuilder, GpuKernel, LaunchDims, Sreg};
 use crate::target::TargetDesc;
-use inkwell::types::VectorType;
 use inkwell::values::{FloatValue, IntValue, PointerValue};
 use inkwell::IntPredicate;
 use kiln_ir::{DType, Layout, LossReduction, MiscOp, Op};
@@ -254,11 +253,7 @@ fn load_real<'ctx>(
     dtype: DType,
     i: IntValue<'ctx>,
 ) -> Result<FloatValue<'ctx>> {
-    let v = ew::load(e, base, dtype, i, 1)?;
-    let v =
-        e.b.build_extract_element(v, e.cx.i32_type().const_zero(), "")
-            .map_err(llvm)?
-            .into_float_value();
+    let v = ew::load_one(e, base, dtype, i)?.into_float_value();
     if dtype == DType::F64 {
         return Ok(v);
     }
@@ -281,11 +276,7 @@ fn store_real<'ctx>(
         }
         _ => e.b.build_float_trunc(v, e.cx.f32_type(), "").map_err(llvm)?,
     };
-    let lane = VectorType::const_vector(&[r.get_type().get_undef()]);
-    let lane =
-        e.b.build_insert_element(lane, r, e.cx.i32_type().const_zero(), "")
-            .map_err(llvm)?;
-    ew::store(e, base, dtype, i, lane)
+    ew::store_one(e, base, dtype, i, r.into())
 }
 
 /// Element `i` of an i32 or i64 tensor, as i64.
@@ -295,11 +286,7 @@ fn load_index<'ctx>(
     dtype: DType,
     i: IntValue<'ctx>,
 ) -> Result<IntValue<'ctx>> {
-    let v = ew::load(e, base, dtype, i, 1)?;
-    let v =
-        e.b.build_extract_element(v, e.cx.i32_type().const_zero(), "")
-            .map_err(llvm)?
-            .into_int_value();
+    let v = ew::load_one(e, base, dtype, i)?.into_int_value();
     if dtype == DType::I64 {
         return Ok(v);
     }
