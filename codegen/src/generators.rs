@@ -25,8 +25,11 @@ pub enum GpuGenerator {
     DynamicQuantize,
     /// RotaryEmbedding, a thread per element (`rotary`).
     Rotary,
-    /// Fused attention (`attention`).
+    /// Fused attention, f32 (`attention`).
     Attention,
+    /// Attention in the forms the f32 kernel declines: KV cache, softcap, windows, QK output,
+    /// 16-bit and f64 operands; a thread per query row, in f64 (`attention_general`).
+    AttentionGeneral,
     /// Strided copies (`copy`).
     Copy,
     /// ConvTranspose and 3-D Conv, a thread per output element (`window_conv`).
@@ -91,7 +94,7 @@ pub fn generators(op: &Op) -> Generators {
         Op::Quant(QuantOp::QuantizeLinear { .. } | QuantOp::DequantizeLinear { .. }) => {
             (&[G::Elementwise], &[C::ElementwiseLoop])
         }
-        Op::Attention(_) => (&[G::Attention], &[]),
+        Op::Attention(_) => (&[G::Attention, G::AttentionGeneral], &[]),
         Op::ConvTranspose(_) => (&[G::WindowConv], &[]),
         Op::Rnn(_) => (&[G::Recurrent], &[]),
         Op::TopK { .. } => (&[G::TopK], &[]),
@@ -128,6 +131,7 @@ impl GpuGenerator {
             GpuGenerator::DynamicQuantize => kernels::dynamic_quantize::lower(node, target),
             GpuGenerator::Rotary => kernels::rotary::lower(node, target),
             GpuGenerator::Attention => kernels::attention::lower(node, target),
+            GpuGenerator::AttentionGeneral => kernels::attention_general::lower(node, target),
             GpuGenerator::Copy => kernels::copy::lower(node, target),
             GpuGenerator::WindowConv => kernels::window_conv::lower(node, target),
             GpuGenerator::Gather => kernels::gather::lower(node, target),

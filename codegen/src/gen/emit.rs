@@ -136,6 +136,26 @@ impl<'a, 'ctx> Emit<'a, 'ctx> {
         Ok(self.b.build_select(c, a, b, "").map_err(llvm)?.into_int_value())
     }
 
+    /// `c ? a : b` for floats.
+    pub fn select_float(
+        &self,
+        c: IntValue<'ctx>,
+        a: FloatValue<'ctx>,
+        b: FloatValue<'ctx>,
+    ) -> Result<FloatValue<'ctx>> {
+        Ok(self.b.build_select(c, a, b, "").map_err(llvm)?.into_float_value())
+    }
+
+    /// A compare of two floats (`fcmp` compares vectors).
+    pub fn fcmp_scalar(
+        &self,
+        p: FloatPredicate,
+        a: FloatValue<'ctx>,
+        b: FloatValue<'ctx>,
+    ) -> Result<IntValue<'ctx>> {
+        self.b.build_float_compare(p, a, b, "").map_err(llvm)
+    }
+
     /// `v` clamped to `[lo, hi]` by ordered compares, so NaN passes through (f32 or f64).
     pub fn clamp_float(
         &self,

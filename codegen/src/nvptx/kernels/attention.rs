@@ -132,15 +132,6 @@ fn exp<'ctx>(e: &Emit<'_, 'ctx>, x: FloatValue<'ctx>) -> Result<FloatValue<'ctx>
         .into_float_value())
 }
 
-fn select_f<'ctx>(
-    e: &Emit<'_, 'ctx>,
-    c: IntValue<'ctx>,
-    a: FloatValue<'ctx>,
-    b: FloatValue<'ctx>,
-) -> Result<FloatValue<'ctx>> {
-    Ok(e.b.build_select(c, a, b, "").map_err(llvm)?.into_float_value())
-}
-
 impl AttentionGpu {
     /// Element strides of a row of Q, K, V and Y.
     fn row_strides(&self) -> (usize, usize, usize, usize) {
@@ -185,7 +176,7 @@ impl AttentionGpu {
                         .map_err(llvm)?
                         .into_int_value();
                 let v = e.load_f32(e.gep_f32(src, safe)?)?;
-                let v = select_f(e, valid, v, e.f32c(0.0))?;
+                let v = e.select_float(valid, v, e.f32c(0.0))?;
                 e.store(e.gep_f32(dst, el)?, v)
             };
             if (l + 1) * ROWS <= total {
@@ -358,7 +349,7 @@ impl GpuKernel for AttentionGpu {
                                 .map_err(llvm)?;
                     } else {
                         let mv = e.load_f32(e.gep_f32(mptr, mi)?)?;
-                        let mv = select_f(&e, covered, mv, e.f32c(0.0))?;
+                        let mv = e.select_float(covered, mv, e.f32c(0.0))?;
                         s = e.b.build_float_add(s, mv, "").map_err(llvm)?;
                         keep = e.b.build_and(keep, covered, "").map_err(llvm)?;
                     }
@@ -378,7 +369,7 @@ impl GpuKernel for AttentionGpu {
                     let grows =
                         e.b.build_float_compare(FloatPredicate::OGT, s, m_old, "")
                             .map_err(llvm)?;
-                    let m_new = select_f(&e, grows, s, m_old)?;
+                    let m_new = e.select_float(grows, s, m_old)?;
                     let corr = exp(&e, e.b.build_float_sub(m_old, m_new, "").map_err(llvm)?)?;
                     let p = exp(&e, e.b.build_float_sub(s, m_new, "").map_err(llvm)?)?;
                     let l_old = e.load_f32(l)?;
@@ -404,7 +395,7 @@ impl GpuKernel for AttentionGpu {
                 e.b.build_float_compare(FloatPredicate::OEQ, lv, f32t.const_zero(), "")
                     .map_err(llvm)?;
             let inv = e.b.build_float_div(e.f32c(1.0), lv, "").map_err(llvm)?;
-            let inv = select_f(&e, empty, f32t.const_zero(), inv)?;
+            let inv = e.select_float(empty, f32t.const_zero(), inv)?;
             let y_row = e.add(y0, e.mulc(i, ys as i64)?)?;
             for d in 0..dv {
                 let a = e.load_f32(e.gep_f32c(acc, d as i64)?)?;

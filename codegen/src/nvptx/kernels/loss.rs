@@ -12,8 +12,8 @@
 //! outside the classes is reported as `KILN_CUDA_EINDEX`, the library kernel's error.
 
 use super::rows::{block_reduce, Fold};
+use super::scalar::{load_index, load_local, load_real, store_real};
 use crate::error::Result;
-use crate::gen::elementwise as ew;
 use crate::gen::emit::Emit;
 use crate::gen::llvm;
 use crate::kernel::KernelCommon;
@@ -140,7 +140,7 @@ impl GpuKernel for Loss {
                     e.for_range(e.i64c(0), e.i64c(c), 1, |class| {
                         let at = e.add(base, e.mulc(class, d)?)?;
                         let v = load_real(&e, x, self.dtype, at)?;
-                        let lp = e.b.build_float_sub(v, load_f64(&e, lse)?, "").map_err(llvm)?;
+                        let lp = e.b.build_float_sub(v, load_local(&e, lse)?, "").map_err(llvm)?;
                         store_real(&e, lp_out, self.dtype, at, lp)
                     })?;
                 }
@@ -163,28 +163,28 @@ impl GpuKernel for Loss {
                         let at = e.add(base, e.mulc(t, d)?)?;
                         let mut lp = load_real(&e, x, self.dtype, at)?;
                         if self.log_softmax {
-                            lp = e.b.build_float_sub(lp, load_f64(&e, lse)?, "").map_err(llvm)?;
+                            lp = e.b.build_float_sub(lp, load_local(&e, lse)?, "").map_err(llvm)?;
                         }
                         let l = e.b.build_float_mul(lp, w, "").map_err(llvm)?;
                         e.store(term, e.b.build_float_neg(l, "").map_err(llvm)?)?;
-                        let ws = e.b.build_float_add(load_f64(&e, wsum)?, w, "").map_err(llvm)?;
+                        let ws = e.b.build_float_add(load_local(&e, wsum)?, w, "").map_err(llvm)?;
                         e.store(wsum, ws)
                     },
                     || k.report_error(EINDEX),
                 )
             })?;
-            let l = load_f64(&e, term)?;
+            let l = load_local(&e, term)?;
             if self.reduction == LossReduction::None {
                 store_real(&e, out, self.dtype, p, l)
             } else {
-                let s = e.b.build_float_add(load_f64(&e, total)?, l, "").map_err(llvm)?;
+                let s = e.b.build_float_add(load_local(&e, total)?, l, "").map_err(llvm)?;
                 e.store(total, s)
             }
         })?;
         if self.reduction != LossReduction::None {
             let smem = k.shared()?;
-            let sum = block_reduce(k, &e, smem, tx, BLOCK, Fold::Sum, load_f64(&e, total)?)?;
-            let weights = block_reduce(k, &e, smem, tx, BLOCK, Fold::Sum, load_f64(&e, wsum)?)?;
+            let sum = block_reduce(k, &e, smem, tx, BLOCK, Fold::Sum, load_local(&e, total)?)?;
+            let weights = block_reduce(k, &e, smem, tx, BLOCK, Fold::Sum, load_local(&e, wsum)?)?;
             let first = e.icmp(IntPredicate::EQ, tx, e.i64c(0))?;
             e.if_then(first, || {
                 let r = if self.reduction == LossReduction::Mean {
@@ -219,78 +219,24 @@ impl Loss {
                 .intrinsic(
                     "llvm.maxnum",
                     &[f64t.into()],
-                    &[load_f64(e, acc)?.into(), v.into()],
+                    &[load_local(e, acc)?.into(), v.into()],
                 )?
                 .into_float_value();
             e.store(acc, m)
         })?;
-        let max = load_f64(e, acc)?;
+        let max = load_local(e, acc)?;
         e.store(acc, f64t.const_zero())?;
         e.for_range(e.i64c(0), classes, 1, |class| {
             let v = load_real(e, x, self.dtype, e.add(base, e.mulc(class, d)?)?)?;
             let z = e.b.build_float_sub(v, max, "").map_err(llvm)?;
             let s =
-                e.b.build_float_add(load_f64(e, acc)?, e.call_libm("exp", &[z])?, "")
+                e.b.build_float_add(load_local(e, acc)?, e.call_libm("exp", &[z])?, "")
                     .map_err(llvm)?;
             e.store(acc, s)
         })?;
-        let log = e.call_libm("log", &[load_f64(e, acc)?])?;
+        let log = e.call_libm("log", &[load_local(e, acc)?])?;
         e.b.build_float_add(max, log, "").map_err(llvm)
     }
-}
-
-fn load_f64<'ctx>(e: &Emit<'_, 'ctx>, p: PointerValue<'ctx>) -> Result<FloatValue<'ctx>> {
-    Ok(e.b
-        .build_load(e.cx.f64_type(), p, "")
-        .map_err(llvm)?
-        .into_float_value())
-}
-
-/// Element `i` of a float tensor of `dtype` (f32, f64 or f16), as f64.
-fn load_real<'ctx>(
-    e: &Emit<'_, 'ctx>,
-    base: PointerValue<'ctx>,
-    dtype: DType,
-    i: IntValue<'ctx>,
-) -> Result<FloatValue<'ctx>> {
-    let v = ew::load_one(e, base, dtype, i)?.into_float_value();
-    if dtype == DType::F64 {
-        return Ok(v);
-    }
-    e.b.build_float_ext(v, e.cx.f64_type(), "").map_err(llvm)
-}
-
-/// Stores the f64 `v` as element `i` of a float tensor of `dtype`, rounded once.
-fn store_real<'ctx>(
-    e: &Emit<'_, 'ctx>,
-    base: PointerValue<'ctx>,
-    dtype: DType,
-    i: IntValue<'ctx>,
-    v: FloatValue<'ctx>,
-) -> Result<()> {
-    let r = match dtype {
-        DType::F64 => v,
-        DType::F16 => {
-            let h = e.b.build_float_trunc(v, e.cx.f16_type(), "").map_err(llvm)?;
-            e.b.build_float_ext(h, e.cx.f32_type(), "").map_err(llvm)?
-        }
-        _ => e.b.build_float_trunc(v, e.cx.f32_type(), "").map_err(llvm)?,
-    };
-    ew::store_one(e, base, dtype, i, r.into())
-}
-
-/// Element `i` of an i32 or i64 tensor, as i64.
-fn load_index<'ctx>(
-    e: &Emit<'_, 'ctx>,
-    base: PointerValue<'ctx>,
-    dtype: DType,
-    i: IntValue<'ctx>,
-) -> Result<IntValue<'ctx>> {
-    let v = ew::load_one(e, base, dtype, i)?.into_int_value();
-    if dtype == DType::I64 {
-        return Ok(v);
-    }
-    e.b.build_int_s_extend(v, e.cx.i64_type(), "").map_err(llvm)
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 
 pub mod arg;
 pub mod attention;
+pub mod attention_general;
 pub mod batch_norm;
 pub mod copy;
 pub mod cumulative;
@@ -18,5 +19,6 @@ pub mod recurrent;
 pub mod resize;
 pub mod rotary;
 pub mod rows;
+pub mod scalar;
 pub mod topk;
 pub mod window_conv;

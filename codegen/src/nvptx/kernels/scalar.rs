@@ -1,0 +1,88 @@
+//! Scalar reads and writes for the GPU kernels that compute in f64 as the library kernels and
+//! the reference do (losses, the general attention): any float element as f64, an f64 rounded
+//! to a float dtype, index elements as i64.
+
+use crate::error::Result;
+use crate::gen::elementwise as ew;
+use crate::gen::emit::Emit;
+use crate::gen::llvm;
+use inkwell::values::{FloatValue, IntValue, PointerValue};
+use kiln_ir::DType;
+
+/// The f64 at `p` (a local of the kernel).
+pub fn load_local<'ctx>(e: &Emit<'_, 'ctx>, p: PointerValue<'ctx>) -> Result<FloatValue<'ctx>> {
+    Ok(e.b
+        .build_load(e.cx.f64_type(), p, "")
+        .map_err(llvm)?
+        .into_float_value())
+}
+
+/// Element `i` of a float tensor of `dtype` (f16, bf16, f32 or f64), as f64.
+pub fn load_real<'ctx>(
+    e: &Emit<'_, 'ctx>,
+    base: PointerValue<'ctx>,
+    dtype: DType,
+    i: IntValue<'ctx>,
+) -> Result<FloatValue<'ctx>> {
+    let v = ew::load_one(e, base, dtype, i)?.into_float_value();
+    if dtype == DType::F64 {
+        return Ok(v);
+    }
+    e.b.build_float_ext(v, e.cx.f64_type(), "").map_err(llvm)
+}
+
+/// `v` rounded to `dtype`'s precision (once; bf16 from the f32 nearest `v`), in the register
+/// type the elementwise loads and stores use for it: f64 for f64, f32 otherwise.
+fn narrow<'ctx>(e: &Emit<'_, 'ctx>, dtype: DType, v: FloatValue<'ctx>) -> Result<FloatValue<'ctx>> {
+    let f32t = e.cx.f32_type();
+    Ok(match dtype {
+        DType::F64 => v,
+        DType::F16 => {
+            let h = e.b.build_float_trunc(v, e.cx.f16_type(), "").map_err(llvm)?;
+            e.b.build_float_ext(h, f32t, "").map_err(llvm)?
+        }
+        DType::BF16 => {
+            let s = e.b.build_float_trunc(v, f32t, "").map_err(llvm)?;
+            let r = ew::round_bf16(e, e.splat(s, 1)?, 1)?;
+            e.b.build_extract_element(r, e.i32c(0), "")
+                .map_err(llvm)?
+                .into_float_value()
+        }
+        _ => e.b.build_float_trunc(v, f32t, "").map_err(llvm)?,
+    })
+}
+
+/// `v` rounded to `dtype`'s precision, as f64 again: where the reference rounds a stage's
+/// result to the operator's (or its softmax's) dtype.
+pub fn round_to<'ctx>(e: &Emit<'_, 'ctx>, dtype: DType, v: FloatValue<'ctx>) -> Result<FloatValue<'ctx>> {
+    if dtype == DType::F64 {
+        return Ok(v);
+    }
+    e.b.build_float_ext(narrow(e, dtype, v)?, e.cx.f64_type(), "")
+        .map_err(llvm)
+}
+
+/// Stores the f64 `v` as element `i` of a float tensor of `dtype`, rounded once.
+pub fn store_real<'ctx>(
+    e: &Emit<'_, 'ctx>,
+    base: PointerValue<'ctx>,
+    dtype: DType,
+    i: IntValue<'ctx>,
+    v: FloatValue<'ctx>,
+) -> Result<()> {
+    ew::store_one(e, base, dtype, i, narrow(e, dtype, v)?.into())
+}
+
+/// Element `i` of an i32 or i64 tensor, as i64.
+pub fn load_index<'ctx>(
+    e: &Emit<'_, 'ctx>,
+    base: PointerValue<'ctx>,
+    dtype: DType,
+    i: IntValue<'ctx>,
+) -> Result<IntValue<'ctx>> {
+    let v = ew::load_one(e, base, dtype, i)?.into_int_value();
+    if dtype == DType::I64 {
+        return Ok(v);
+    }
+    e.b.build_int_s_extend(v, e.cx.i64_type(), "").map_err(llvm)
+}
