@@ -84,13 +84,15 @@ pub(crate) fn check_graph_for(graph: &Graph, inputs: &[Tensor], sm: u32) -> Vec<
     describes
 }
 
-/// Asserts `got` matches `want`: same dtype and shape; floats within rtol 1e-4 / atol 1e-5
-/// (looser for 16-bit floats), NaN where the reference is NaN; everything else exact.
+/// Asserts `got` matches `want`: same dtype and shape; f32 within rtol 1e-4 / atol 1e-5
+/// (looser for 16-bit floats; f64 within 1e-10 / 1e-12, which a kernel computing in f32
+/// misses), NaN where the reference is NaN; everything else exact.
 pub(crate) fn compare(what: &str, got: &Tensor, want: &Tensor) {
     assert_eq!(got.dtype(), want.dtype(), "{what}: dtype");
     assert_eq!(got.shape(), want.shape(), "{what}: shape");
     let (rtol, atol) = match got.dtype() {
-        DType::F32 | DType::F64 => (1e-4, 1e-5),
+        DType::F32 => (1e-4, 1e-5),
+        DType::F64 => (1e-10, 1e-12),
         DType::F16 => (1e-3, 1e-4),
         DType::BF16 => (1e-2, 1e-3),
         _ => (0.0, 0.0),
@@ -920,23 +922,6 @@ mod tests {
             )
             .unwrap();
         g.add_output("ge", ge);
-        let attrs = kiln_ir::AttentionAttrs {
-            is_causal: true,
-            q_num_heads: 0,
-            kv_num_heads: 0,
-            qk_matmul_output_mode: 0,
-            scale: None,
-            softcap: 3.0,
-            softmax_precision: None,
-            left_window_size: -1,
-            right_window_size: -1,
-        };
-        let qkv: Vec<_> = ["aq", "ak", "av"]
-            .iter()
-            .map(|n| Some(g.add_input(*n, TensorType::fixed(DType::F32, &[2, 3, 10, 8]))))
-            .collect();
-        let y = g.add("attn", Op::Attention(attrs), qkv, "y").unwrap();
-        g.add_output("y", y);
         let ints = |shape: &[usize], seed: i64| {
             let n: usize = shape.iter().product();
             Tensor::from_vec(
@@ -949,23 +934,19 @@ mod tests {
             ints(&[7, 4], 7),
             filled(&[6, 9], 2),
             filled(&[9, 5], 3),
-            filled(&[2, 3, 10, 8], 4),
-            filled(&[2, 3, 10, 8], 5),
-            filled(&[2, 3, 10, 8], 6),
         ];
         let kernels = check_graph(&g, &inputs);
-        for symbol in ["matmul", "einsum", "attention", "reverse_sequence"] {
+        for symbol in ["matmul", "einsum", "reverse_sequence"] {
             assert!(
                 kernels.iter().any(|k| *k == format!("kiln_uk_{symbol}")),
                 "kiln_uk_{symbol} not among {kernels:?}"
             );
         }
-        assert_eq!(device::library_threads("attention"), 128);
         assert_eq!(device::library_threads("reverse_sequence"), 1);
     }
 
     /// f64 operators the GPU generators leave to the library, sized for the parallel paths:
-    /// elementwise (>= 65536 elements), softmax, global pooling and convolution.
+    /// elementwise (>= 65536 elements), layer normalization and convolution.
     #[test]
     fn library_kernels_run_block_parallel_f64() {
         let f64s = |shape: &[usize], seed: u64| {
@@ -986,14 +967,17 @@ mod tests {
             .unwrap();
         g.add_output("s", s);
         let x = g.add_input("x", TensorType::fixed(DType::F64, &[64, 33]));
+        let ln_scale = g.add_const("ln_scale", f64s(&[33], 5));
+        let ln_bias = g.add_const("ln_bias", f64s(&[33], 6));
         let sm = g
             .add(
-                "sm",
-                Op::Softmax {
+                "ln",
+                Op::LayerNorm {
                     axis: -1,
-                    coerce_2d: false,
+                    epsilon: 1e-5,
+                    stash_type: DType::F32,
                 },
-                vec![Some(x)],
+                vec![Some(x), Some(ln_scale), Some(ln_bias)],
                 "sm",
             )
             .unwrap();
@@ -1028,7 +1012,7 @@ mod tests {
             f64s(&[2, 6, 9, 9], 4),
         ];
         let kernels = check_graph(&g, &inputs);
-        for symbol in ["ew_binary", "softmax", "conv", "global_pool"] {
+        for symbol in ["ew_binary", "layernorm", "conv"] {
             assert!(
                 kernels.iter().any(|k| *k == format!("kiln_uk_{symbol}")),
                 "kiln_uk_{symbol} not among {kernels:?}"

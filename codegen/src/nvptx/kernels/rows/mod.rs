@@ -91,8 +91,8 @@ pub struct RowGpu {
     /// Threads per row (power of two) and rows per block.
     t: usize,
     r: usize,
-    /// The tensors' element type: f32, or f16 (read into f32, computed in f32, rounded once
-    /// when stored).
+    /// The tensors' element type: f32, f16 (read into f32, computed in f32, rounded once
+    /// when stored) or f64 (computed in f64: softmax and reductions only).
     elem: DType,
 }
 
@@ -167,6 +167,14 @@ impl RowGpu {
     fn rows(&self) -> usize {
         self.rows
     }
+
+    /// Bytes of a value in the compute type (a shared-memory slot of the reductions).
+    fn elem_bytes(&self) -> usize {
+        match self.elem {
+            DType::F64 => 8,
+            _ => 4,
+        }
+    }
 }
 
 /// Whether every input present and every output are static row-major tensors of `elem`.
@@ -187,16 +195,20 @@ pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GpuK
     if !target.is_gpu() || node.extra.is_some() || node.n_outputs() == 0 {
         return Ok(None);
     }
-    // f32 or f16 throughout (scale and bias included).
+    // f32 or f16 throughout (scale and bias included); f64 for softmax and reductions.
     let elem = node.output_type(0).dtype;
-    if !matches!(elem, DType::F32 | DType::F16) {
+    let f64_ok = matches!(
+        node.op(),
+        Op::Softmax { .. } | Op::LogSoftmax { .. } | Op::Reduce { .. } | Op::GlobalPool(_)
+    );
+    if !(matches!(elem, DType::F32 | DType::F16) || (elem == DType::F64 && f64_ok)) {
         return Ok(None);
     }
     let all_f32 = |node: &NodeInfo, inputs: &[usize]| all_of(node, inputs, elem);
     let boxed = |k: Option<RowGpu>| -> Result<Option<Box<dyn GpuKernel>>> {
         Ok(k.map(|mut k| {
-            if elem == DType::F16 {
-                k.what.push_str(" f16");
+            if elem != DType::F32 {
+                k.what.push_str(&format!(" {}", elem.name()));
             }
             k.elem = elem;
             Box::new(k) as Box<dyn GpuKernel>
@@ -488,7 +500,7 @@ fn fma<'ctx>(
 }
 
 fn unary<'ctx>(e: &Emit<'_, 'ctx>, name: &str, x: FloatValue<'ctx>) -> Result<FloatValue<'ctx>> {
-    let t = e.cx.f32_type().into();
+    let t = x.get_type().into();
     Ok(e.intrinsic(name, &[t], &[x.into()])?.into_float_value())
 }
 
@@ -542,8 +554,12 @@ impl Fold {
     }
 }
 
-/// e^x: the polynomial of `kiln_expf` (gen::vmath), scalar.
+/// e^x: the polynomial of `kiln_expf` (gen::vmath), scalar; an f64 `x` through the math
+/// library (libdevice on the device).
 pub(super) fn exp<'ctx>(e: &Emit<'_, 'ctx>, x: FloatValue<'ctx>) -> Result<FloatValue<'ctx>> {
+    if x.get_type() == e.cx.f64_type() {
+        return e.call_libm("exp", &[x]);
+    }
     let b = e.b;
     let i32t = e.cx.i32_type();
     let c = |v: f32| e.f32c(v);
@@ -591,7 +607,11 @@ pub(super) fn exp<'ctx>(e: &Emit<'_, 'ctx>, x: FloatValue<'ctx>) -> Result<Float
 
 /// ln x (the Cephes `logf` polynomial on the mantissa in [√½, √2)): ln 0 = -inf, ln of a
 /// negative number or NaN = NaN, ln inf = inf; subnormals are scaled into the normal range.
+/// An f64 `x` goes through the math library.
 pub(super) fn log<'ctx>(e: &Emit<'_, 'ctx>, x0: FloatValue<'ctx>) -> Result<FloatValue<'ctx>> {
+    if x0.get_type() == e.cx.f64_type() {
+        return e.call_libm("log", &[x0]);
+    }
     let b = e.b;
     let i32t = e.cx.i32_type();
     let c = |v: f32| e.f32c(v);
@@ -681,7 +701,20 @@ impl RowGpu {
         e.add(row.base, offset(e, &self.red, k)?)
     }
 
-    /// Element `i` of a tensor of the kernel's element type, as f32.
+    /// The type values are computed in: f64 for f64 tensors, else f32.
+    fn compute_type<'ctx>(&self, e: &Emit<'_, 'ctx>) -> inkwell::types::FloatType<'ctx> {
+        match self.elem {
+            DType::F64 => e.cx.f64_type(),
+            _ => e.cx.f32_type(),
+        }
+    }
+
+    /// A constant of the compute type.
+    fn constant<'ctx>(&self, e: &Emit<'_, 'ctx>, v: f64) -> FloatValue<'ctx> {
+        self.compute_type(e).const_float(v)
+    }
+
+    /// Element `i` of a tensor of the kernel's element type, in the compute type.
     fn load<'ctx>(
         &self,
         e: &Emit<'_, 'ctx>,
@@ -706,6 +739,11 @@ impl RowGpu {
                 let p = unsafe { e.b.build_in_bounds_gep(e.cx.f16_type(), base, &[i], "") }.map_err(llvm)?;
                 e.store(p, h)
             }
+            DType::F64 => {
+                // SAFETY (of the IR): i indexes the tensor the plan gave the kernel.
+                let p = unsafe { e.b.build_in_bounds_gep(e.cx.f64_type(), base, &[i], "") }.map_err(llvm)?;
+                e.store(p, v)
+            }
             _ => e.store(e.gep_f32(base, i)?, v),
         }
     }
@@ -720,17 +758,19 @@ impl RowGpu {
         fold: Fold,
         f: impl Fn(IntValue<'ctx>, FloatValue<'ctx>) -> Result<FloatValue<'ctx>>,
     ) -> Result<FloatValue<'ctx>> {
-        let f32t = e.cx.f32_type();
+        let ct = self.compute_type(e);
         let x = k.input(0)?;
-        let acc = e.entry_alloca(f32t, "acc")?;
-        e.store(acc, e.f32c(fold.init()))?;
+        let acc = e.entry_alloca(ct, "acc")?;
+        e.store(acc, ct.const_float(f64::from(fold.init())))?;
+        let load_acc = || -> Result<FloatValue<'ctx>> {
+            Ok(e.b.build_load(ct, acc, "").map_err(llvm)?.into_float_value())
+        };
         e.for_range(row.tx, row.len, self.t as i64, |kk| {
             let v = self.load(e, x, self.at(e, row, kk)?)?;
             let v = f(kk, v)?;
-            let a = e.load_f32(acc)?;
-            e.store(acc, fold.combine(e, a, v)?)
+            e.store(acc, fold.combine(e, load_acc()?, v)?)
         })?;
-        let mine = e.load_f32(acc)?;
+        let mine = load_acc()?;
         block_reduce(k, e, row.smem, row.tx, self.t, fold, mine)
     }
 
@@ -816,7 +856,7 @@ pub(super) fn block_reduce<'ctx>(
     Ok(r)
 }
 
-/// Element `i` of an f32 or f16 tensor, as f32.
+/// Element `i` of an f32 or f16 tensor, as f32; of an f64 tensor, as f64.
 fn load_elem<'ctx>(
     e: &Emit<'_, 'ctx>,
     elem: DType,
@@ -833,6 +873,7 @@ fn load_elem<'ctx>(
                     .into_float_value();
             e.b.build_float_ext(h, e.cx.f32_type(), "").map_err(llvm)
         }
+        DType::F64 => super::scalar::load_real(e, base, DType::F64, i),
         _ => e.load_f32(e.gep_f32(base, i)?),
     }
 }
@@ -877,7 +918,7 @@ impl GpuKernel for RowGpu {
         LaunchDims {
             grid: [self.rows().div_ceil(self.r) as u32, 1, 1],
             block: [self.t as u32, self.r as u32, 1],
-            shared_bytes: (self.t * self.r * 4) as u32,
+            shared_bytes: (self.t * self.r * self.elem_bytes()) as u32,
         }
     }
 
@@ -893,9 +934,9 @@ impl GpuKernel for RowGpu {
                 .map_err(llvm)?
                 .into_int_value();
         let base = offset(&e, &self.kept, r)?;
-        let smem = e.gep_f32(k.shared()?, e.mulc(ty, self.t as i64)?)?;
+        let smem = e.gep_u8(k.shared()?, e.mulc(ty, (self.t * self.elem_bytes()) as i64)?)?;
         let row = Row { base, len, tx, smem };
-        let n = e.f32c(self.len as f32);
+        let n = self.constant(&e, self.len as f64);
         match &self.op {
             RowOp::Softmax { log: is_log } => {
                 let m = self.reduce(k, &e, &row, Fold::Max, id)?;
@@ -999,7 +1040,7 @@ impl GpuKernel for RowGpu {
                     &e,
                     FloatPredicate::OLT,
                     unary(&e, "llvm.fabs", m)?,
-                    e.f32c(f32::INFINITY),
+                    self.constant(&e, f64::INFINITY),
                 )?;
                 let y = select(&e, finite, fadd(&e, m, log(&e, s)?)?, m)?;
                 let first =

@@ -38,6 +38,15 @@ impl G {
         self.g.add_input(format!("in{}", self.inputs.len()), ty)
     }
 
+    /// An f64 input.
+    fn input_f64(&mut self, shape: &[usize]) -> ValueId {
+        let v = self.rng.vec_scaled(shape.iter().product(), 4.0);
+        let d: Vec<f64> = v.iter().map(|&x| f64::from(x) * (1.0 + 1e-9)).collect();
+        self.inputs.push(Tensor::from_vec(shape.to_vec(), d));
+        let ty = TensorType::new(DType::F64, shape.iter().map(|&d| Dim::Fixed(d)).collect());
+        self.g.add_input(format!("in{}", self.inputs.len()), ty)
+    }
+
     fn weights_f16(&mut self, shape: &[usize]) -> ValueId {
         let v = self.rng.vec_scaled(shape.iter().product(), 1.0);
         let h: Vec<half::f16> = v.iter().map(|&x| half::f16::from_f32(x)).collect();
@@ -332,6 +341,83 @@ fn f16_rows_compute_in_f32_and_round_once() {
         vec![Some(x), Some(s), Some(b)],
     );
     g.check(y, "gpu instancenorm");
+}
+
+#[test]
+fn f64_softmax_and_reductions_compute_in_f64() {
+    for (i, (shape, axis)) in [(vec![3usize, 300], -1i64), (vec![4, 70, 5], 1)]
+        .into_iter()
+        .enumerate()
+    {
+        for log in [false, true] {
+            let mut g = G::new(70 + i as u64);
+            let x = g.input_f64(&shape);
+            let op = match log {
+                true => Op::LogSoftmax {
+                    axis,
+                    coerce_2d: false,
+                },
+                false => Op::Softmax {
+                    axis,
+                    coerce_2d: false,
+                },
+            };
+            let y = g.node(op, vec![Some(x)]);
+            g.check(y, if log { "gpu logsoftmax" } else { "gpu softmax" });
+        }
+    }
+    let kinds = [
+        ReduceKind::Sum,
+        ReduceKind::Mean,
+        ReduceKind::Max,
+        ReduceKind::L2,
+        ReduceKind::LogSumExp,
+    ];
+    for (ki, kind) in kinds.into_iter().enumerate() {
+        for (shape, axes) in [(vec![3usize, 40, 5], vec![1i64]), (vec![2, 3, 300], vec![0, 2])] {
+            let mut g = G::new(80 + ki as u64);
+            let x = g.input_f64(&shape);
+            let a = g.constant(Tensor::from_vec(vec![axes.len()], axes));
+            let y = g.node(
+                Op::Reduce {
+                    kind,
+                    keepdims: false,
+                    noop_with_empty_axes: false,
+                },
+                vec![Some(x), Some(a)],
+            );
+            g.check(y, "gpu");
+        }
+    }
+    let mut g = G::new(90);
+    let x = g.input_f64(&[2, 3, 5, 5]);
+    let y = g.node(
+        Op::GlobalPool(PoolKind::Average {
+            count_include_pad: false,
+        }),
+        vec![Some(x)],
+    );
+    g.check(y, "gpu global avgpool rows=6 len=25 f64");
+    // The math library's f64 exp and log assemble for the device.
+    let mut g = G::new(91);
+    let x = g.input_f64(&[4, 300]);
+    let sm = g.node(
+        Op::LogSoftmax {
+            axis: -1,
+            coerce_2d: false,
+        },
+        vec![Some(x)],
+    );
+    let y = g.node(
+        Op::Reduce {
+            kind: ReduceKind::LogSumExp,
+            keepdims: false,
+            noop_with_empty_axes: false,
+        },
+        vec![Some(sm), None],
+    );
+    let (gr, _) = g.graph(y);
+    ptxas_check(&gr, 80);
 }
 
 #[test]
