@@ -3,6 +3,7 @@
 
 use super::{BSrc, Epi, GemmGpu, Slot, Tile, BK, THREADS, TX, TY};
 use crate::error::Result;
+use crate::gen::elementwise as ew;
 use crate::gen::emit::Emit;
 use crate::gen::llvm;
 use crate::kernel::epilogue::Activation;
@@ -27,7 +28,7 @@ pub(super) fn ult<'ctx>(e: &Emit<'_, 'ctx>, a: IntValue<'ctx>, n: usize) -> Resu
     e.icmp(IntPredicate::ULT, a, e.i64c(n as i64))
 }
 
-/// Element `idx` of `p`, a tensor of `elem` (f32 or f16) values, as f32.
+/// Element `idx` of `p`, a tensor of `elem` (f32, f16 or bf16) values, as f32.
 pub(super) fn load_elem<'ctx>(
     k: &GpuBuilder<'_, 'ctx>,
     e: &Emit<'_, 'ctx>,
@@ -35,8 +36,10 @@ pub(super) fn load_elem<'ctx>(
     p: PointerValue<'ctx>,
     idx: IntValue<'ctx>,
 ) -> Result<FloatValue<'ctx>> {
-    if elem != DType::F16 {
-        return e.load_f32(e.gep_f32(p, idx)?);
+    match elem {
+        DType::F16 => {}
+        DType::BF16 => return Ok(ew::load_one(e, p, elem, idx)?.into_float_value()),
+        _ => return e.load_f32(e.gep_f32(p, idx)?),
     }
     let i16t = k.cx.i16_type();
     // SAFETY: the callers' indices lie inside the tensor.
@@ -45,7 +48,8 @@ pub(super) fn load_elem<'ctx>(
     k.f16_to_f32(bits)
 }
 
-/// Stores `v` as element `idx` of `p`, a tensor of `elem` values (rounded to f16 for f16).
+/// Stores `v` as element `idx` of `p`, a tensor of `elem` values (rounded to nearest even for
+/// f16 and bf16).
 pub(super) fn store_elem<'ctx>(
     k: &GpuBuilder<'_, 'ctx>,
     e: &Emit<'_, 'ctx>,
@@ -54,8 +58,14 @@ pub(super) fn store_elem<'ctx>(
     idx: IntValue<'ctx>,
     v: FloatValue<'ctx>,
 ) -> Result<()> {
-    if elem != DType::F16 {
-        return e.store(e.gep_f32(p, idx)?, v);
+    match elem {
+        DType::F16 => {}
+        DType::BF16 => {
+            let r = ew::round_bf16(e, e.splat(v, 1)?, 1)?;
+            let r = e.b.build_extract_element(r, e.i32c(0), "").map_err(llvm)?;
+            return ew::store_one(e, p, elem, idx, r);
+        }
+        _ => return e.store(e.gep_f32(p, idx)?, v),
     }
     let i16t = k.cx.i16_type();
     // SAFETY: as for load_elem.

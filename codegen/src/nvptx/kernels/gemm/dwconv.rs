@@ -15,7 +15,7 @@ use kiln_ir::DType;
 /// element, consecutive threads along a row of the output.
 pub struct DwConvGpu {
     what: String,
-    /// The element type of the input, output and run-time bias/residual (f32 or f16).
+    /// The element type of the input, output and run-time bias/residual (f32, f16 or bf16).
     elem: DType,
     batch: usize,
     g: ConvWindow,

@@ -1,6 +1,7 @@
 //! MatMul, Gemm and Conv on the GPU: one shared-memory tiled GEMM kernel accumulating in f32,
-//! with a fused epilogue `y = act(alpha·acc + bias + residual)`, for f32 and f16 tensors (f16
-//! elements are widened as they are staged and the result rounded once as it is stored).
+//! with a fused epilogue `y = act(alpha·acc + bias + residual)`, for f32, f16 and bf16 tensors
+//! (16-bit elements are widened as they are staged and the result rounded once as it is
+//! stored; from sm_80 on, their products run on the tensor cores).
 //!
 //! A block computes a `bm×bn` tile (16, 32 or 64 a side, after M and N) of one batch entry
 //! (grid.z) with 256 threads, each holding a `bm/16×bn/16` micro-tile in registers. Per K-step
@@ -186,7 +187,7 @@ impl SplitK {
 
 pub struct GemmGpu {
     what: String,
-    /// The element type of the node's tensors (f32 or f16); packed constants are f32.
+    /// The element type of the node's tensors (f32, f16 or bf16); packed constants are f32.
     elem: DType,
     tile: Tile,
     m: usize,
@@ -207,7 +208,7 @@ pub struct GemmGpu {
 pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GpuKernel>>> {
     let epi = match node.op() {
         Op::Conv(_) => match node.known(2) {
-            Some(b) if matches!(b.dtype(), DType::F32 | DType::F16) => Epilogue::new(
+            Some(b) if matches!(b.dtype(), DType::F32 | DType::F16 | DType::BF16) => Epilogue::new(
                 Bias::PerRow(b.to_f64_vec().iter().map(|&v| v as f32).collect()),
                 None,
                 Activation::None,
@@ -234,7 +235,7 @@ pub fn lower_fused(
     let ot = node.output_type(0);
     let elem = ot.dtype;
     if node.n_outputs() != 1
-        || !matches!(elem, DType::F32 | DType::F16)
+        || !matches!(elem, DType::F32 | DType::F16 | DType::BF16)
         || ot.layout != Layout::RowMajor
         || !ot.is_static()
     {
@@ -255,6 +256,7 @@ pub fn lower_fused(
     // kernel's up to summation order.
     let mma = match target.cuda_sm() {
         Some(sm) if sm >= 80 && elem == DType::F16 => Some(MmaKind::F16),
+        Some(sm) if sm >= 80 && elem == DType::BF16 => Some(MmaKind::Bf16),
         Some(sm) if sm >= 80 && node.input_is_bf16_valued(0) && node.input_is_bf16_valued(1) => {
             Some(MmaKind::Bf16)
         }
@@ -274,7 +276,7 @@ pub fn lower_fused(
     }
 }
 
-/// How a kernel reads and multiplies: the element type of the node's tensors (f32 or f16;
+/// How a kernel reads and multiplies: the element type of the node's tensors (f32, f16 or bf16;
 /// packed constants are always f32) and the tensor-core instruction, if any.
 #[derive(Clone, Copy, Debug)]
 struct Operands {
@@ -287,7 +289,7 @@ fn f32s(node: &NodeInfo, i: usize) -> Option<Vec<f32>> {
     let t = node.known(i)?;
     match t.dtype() {
         DType::F32 => t.as_slice::<f32>().map(|s| s.to_vec()),
-        DType::F16 => Some(t.to_f64_vec().iter().map(|&v| v as f32).collect()),
+        DType::F16 | DType::BF16 => Some(t.to_f64_vec().iter().map(|&v| v as f32).collect()),
         _ => None,
     }
 }
@@ -427,6 +429,7 @@ impl Parts {
             match (tile.mma, self.ty.elem) {
                 (Some(kind), _) => format!(" mma.{}", kind.name()),
                 (None, DType::F16) => " f16".into(),
+                (None, DType::BF16) => " bf16".into(),
                 (None, _) => String::new(),
             },
             self.k,

@@ -24,6 +24,8 @@ enum Values {
     Bf16,
     /// f16 tensors throughout.
     F16,
+    /// bf16 tensors throughout (what a bf16 export holds).
+    Bf16Tensors,
 }
 
 impl G {
@@ -51,6 +53,13 @@ impl G {
         }
     }
 
+    fn bf16_tensors(seed: u64) -> G {
+        G {
+            values: Values::Bf16Tensors,
+            ..G::new(seed)
+        }
+    }
+
     /// Random values as a tensor holding `values`.
     fn tensor(&mut self, values: Values, shape: &[usize]) -> Tensor {
         let v = self.rng.vec(shape.iter().product());
@@ -64,6 +73,7 @@ impl G {
                     .collect(),
             ),
             Values::F16 => Tensor::from_vec(s, v.iter().map(|&x| half::f16::from_f32(x)).collect()),
+            Values::Bf16Tensors => Tensor::from_vec(s, v.iter().map(|&x| half::bf16::from_f32(x)).collect()),
         }
     }
 
@@ -650,6 +660,32 @@ fn f16_convolutions() {
 }
 
 #[test]
+fn bf16_tensors_on_tensor_cores() {
+    matmuls_on_tensor_cores(G::bf16_tensors, 900, MmaKind::Bf16);
+    // A bf16 convolution with a run-time bias, and the same product before sm_80 (widened
+    // values multiplied in f32, rounded once when stored).
+    let mut g = G::bf16_tensors(920);
+    let x = g.input(&[1, 6, 9, 9]);
+    let w = g.constant(&[10, 6, 3, 3]);
+    let b = g.input(&[10]);
+    let y = g.node(
+        conv([3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
+        vec![Some(x), Some(w), Some(b)],
+    );
+    assert_mma(&g.check(y), "gpu conv");
+    let mut g = G::bf16_tensors(930);
+    let a = g.input(&[21, 40]);
+    let b = g.input(&[40, 33]);
+    let y = g.node(Op::MatMul, vec![Some(a), Some(b)]);
+    let d = g.check_for(y, 75);
+    assert!(
+        d.iter()
+            .all(|s| s.starts_with("gpu matmul") && s.contains(" bf16 ")),
+        "{d:?}"
+    );
+}
+
+#[test]
 fn f16_before_sm_80_runs_simt() {
     // sm_75 has no m16n8k16 f16 mma: the same kernel multiplies the widened values.
     let mut g = G::f16(850);
@@ -686,6 +722,13 @@ fn ptx_assembles() {
         vec![Some(y), Some(dw), None],
     );
     let y = activate(&mut g, y, 3);
+    g.g.add_output("y", y);
+    graphs.push(g.g);
+    // bf16 tensors: a MatMul of two run-time operands.
+    let mut g = G::bf16_tensors(602);
+    let a = g.input(&[19, 40]);
+    let b = g.input(&[40, 24]);
+    let y = g.node(Op::MatMul, vec![Some(a), Some(b)]);
     g.g.add_output("y", y);
     graphs.push(g.g);
     // Batched MatMul + GELU (tanh), Gemm with transposed B and a run-time C.

@@ -15,6 +15,7 @@
 #![allow(clippy::excessive_precision)]
 
 use crate::error::Result;
+use crate::gen::elementwise as ew;
 use crate::gen::emit::Emit;
 use crate::gen::llvm;
 use crate::kernel::KernelCommon;
@@ -91,8 +92,8 @@ pub struct RowGpu {
     /// Threads per row (power of two) and rows per block.
     t: usize,
     r: usize,
-    /// The tensors' element type: f32, f16 (read into f32, computed in f32, rounded once
-    /// when stored) or f64 (computed in f64: softmax and reductions only).
+    /// The tensors' element type: f32, f16 or bf16 (read into f32, computed in f32, rounded
+    /// once when stored) or f64 (computed in f64: softmax and reductions only).
     elem: DType,
 }
 
@@ -195,13 +196,13 @@ pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GpuK
     if !target.is_gpu() || node.extra.is_some() || node.n_outputs() == 0 {
         return Ok(None);
     }
-    // f32 or f16 throughout (scale and bias included); f64 for softmax and reductions.
+    // f32, f16 or bf16 throughout (scale and bias included); f64 for softmax and reductions.
     let elem = node.output_type(0).dtype;
     let f64_ok = matches!(
         node.op(),
         Op::Softmax { .. } | Op::LogSoftmax { .. } | Op::Reduce { .. } | Op::GlobalPool(_)
     );
-    if !(matches!(elem, DType::F32 | DType::F16) || (elem == DType::F64 && f64_ok)) {
+    if !(matches!(elem, DType::F32 | DType::F16 | DType::BF16) || (elem == DType::F64 && f64_ok)) {
         return Ok(None);
     }
     let all_f32 = |node: &NodeInfo, inputs: &[usize]| all_of(node, inputs, elem);
@@ -724,7 +725,7 @@ impl RowGpu {
         load_elem(e, self.elem, base, i)
     }
 
-    /// Stores `v` as element `i` (rounded to f16 for an f16 tensor).
+    /// Stores `v` as element `i` (rounded to nearest even for a 16-bit float tensor).
     fn store<'ctx>(
         &self,
         e: &Emit<'_, 'ctx>,
@@ -738,6 +739,11 @@ impl RowGpu {
                 // SAFETY (of the IR): i indexes the tensor the plan gave the kernel.
                 let p = unsafe { e.b.build_in_bounds_gep(e.cx.f16_type(), base, &[i], "") }.map_err(llvm)?;
                 e.store(p, h)
+            }
+            DType::BF16 => {
+                let r = ew::round_bf16(e, e.splat(v, 1)?, 1)?;
+                let r = e.b.build_extract_element(r, e.i32c(0), "").map_err(llvm)?;
+                ew::store_one(e, base, DType::BF16, i, r)
             }
             DType::F64 => {
                 // SAFETY (of the IR): i indexes the tensor the plan gave the kernel.
@@ -856,7 +862,7 @@ pub(super) fn block_reduce<'ctx>(
     Ok(r)
 }
 
-/// Element `i` of an f32 or f16 tensor, as f32; of an f64 tensor, as f64.
+/// Element `i` of an f32, f16 or bf16 tensor, as f32; of an f64 tensor, as f64.
 fn load_elem<'ctx>(
     e: &Emit<'_, 'ctx>,
     elem: DType,
@@ -874,6 +880,7 @@ fn load_elem<'ctx>(
             e.b.build_float_ext(h, e.cx.f32_type(), "").map_err(llvm)
         }
         DType::F64 => super::scalar::load_real(e, base, DType::F64, i),
+        DType::BF16 => Ok(ew::load_one(e, base, elem, i)?.into_float_value()),
         _ => e.load_f32(e.gep_f32(base, i)?),
     }
 }

@@ -38,6 +38,15 @@ impl G {
         self.g.add_input(format!("in{}", self.inputs.len()), ty)
     }
 
+    /// A bf16 input (the values rounded to bf16).
+    fn input_bf16(&mut self, shape: &[usize]) -> ValueId {
+        let v = self.rng.vec_scaled(shape.iter().product(), 4.0);
+        let h: Vec<half::bf16> = v.iter().map(|&x| half::bf16::from_f32(x)).collect();
+        self.inputs.push(Tensor::from_vec(shape.to_vec(), h));
+        let ty = TensorType::new(DType::BF16, shape.iter().map(|&d| Dim::Fixed(d)).collect());
+        self.g.add_input(format!("in{}", self.inputs.len()), ty)
+    }
+
     /// An f64 input.
     fn input_f64(&mut self, shape: &[usize]) -> ValueId {
         let v = self.rng.vec_scaled(shape.iter().product(), 4.0);
@@ -341,6 +350,44 @@ fn f16_rows_compute_in_f32_and_round_once() {
         vec![Some(x), Some(s), Some(b)],
     );
     g.check(y, "gpu instancenorm");
+}
+
+#[test]
+fn bf16_rows_compute_in_f32_and_round_once() {
+    let mut g = G::new(64);
+    let x = g.input_bf16(&[3, 300]);
+    let y = g.node(
+        Op::Softmax {
+            axis: -1,
+            coerce_2d: false,
+        },
+        vec![Some(x)],
+    );
+    g.check(y, "gpu softmax rows=3 len=300 bf16");
+    let mut g = G::new(65);
+    let x = g.input_bf16(&[4, 7, 96]);
+    let s = g.input_bf16(&[96]);
+    let y = g.node(
+        Op::LayerNorm {
+            axis: -1,
+            epsilon: 1e-5,
+            stash_type: DType::F32,
+        },
+        vec![Some(x), Some(s), None],
+    );
+    g.check(y, "gpu layernorm");
+    let mut g = G::new(66);
+    let x = g.input_bf16(&[5, 40, 3]);
+    let a = g.constant(Tensor::from_vec(vec![1], vec![1i64]));
+    let y = g.node(
+        Op::Reduce {
+            kind: ReduceKind::Mean,
+            keepdims: true,
+            noop_with_empty_axes: false,
+        },
+        vec![Some(x), Some(a)],
+    );
+    g.check(y, "gpu mean reduce");
 }
 
 #[test]
