@@ -12,7 +12,7 @@ use crate::gen::{self, GeneratedKernel};
 use crate::node::NodeInfo;
 use crate::nvptx::{kernels, GpuKernel};
 use crate::target::TargetDesc;
-use kiln_ir::{MiscOp, Op, OpFamily, QuantOp};
+use kiln_ir::{MiscOp, Op, OpFamily, QuantOp, VisionOp};
 
 /// A GPU kernel generator (`nvptx/kernels/`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,6 +56,8 @@ pub enum GpuGenerator {
     Loss,
     /// Inference BatchNormalization, a thread per element (`batch_norm`).
     BatchNorm,
+    /// GridSample and AffineGrid, a thread per output element (`sample`).
+    Sample,
 }
 
 /// A CPU kernel generator (`gen/`).
@@ -90,6 +92,7 @@ pub fn generators(op: &Op) -> Generators {
         Op::Misc(MiscOp::RotaryEmbedding { .. }) => (&[G::Rotary], &[]),
         Op::Misc(MiscOp::Loss { .. }) => (&[G::Loss], &[]),
         Op::BatchNorm { .. } => (&[G::BatchNorm], &[]),
+        Op::Vision(VisionOp::GridSample { .. } | VisionOp::AffineGrid { .. }) => (&[G::Sample], &[]),
         Op::Misc(MiscOp::TensorScatter { .. }) => (&[G::Gather], &[]),
         Op::Quant(QuantOp::QuantizeLinear { .. } | QuantOp::DequantizeLinear { .. }) => {
             (&[G::Elementwise], &[C::ElementwiseLoop])
@@ -145,6 +148,7 @@ impl GpuGenerator {
             GpuGenerator::Cumulative => kernels::cumulative::lower(node, target),
             GpuGenerator::Loss => kernels::loss::lower(node, target),
             GpuGenerator::BatchNorm => kernels::batch_norm::lower(node, target),
+            GpuGenerator::Sample => kernels::sample::lower(node, target),
         }
     }
 }

@@ -19,6 +19,7 @@ pub mod recurrent;
 pub mod resize;
 pub mod rotary;
 pub mod rows;
+pub mod sample;
 pub mod scalar;
 pub mod topk;
 pub mod window_conv;
