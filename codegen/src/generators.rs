@@ -12,7 +12,7 @@ use crate::gen::{self, GeneratedKernel};
 use crate::node::NodeInfo;
 use crate::nvptx::{kernels, GpuKernel};
 use crate::target::TargetDesc;
-use kiln_ir::{MiscOp, Op, OpFamily, QuantOp, VisionOp};
+use kiln_ir::{MiscOp, Op, OpFamily, QuantOp, SignalOp, VisionOp};
 
 /// A GPU kernel generator (`nvptx/kernels/`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,6 +58,10 @@ pub enum GpuGenerator {
     BatchNorm,
     /// GridSample and AffineGrid, a thread per output element (`sample`).
     Sample,
+    /// DFT and STFT, a thread per output frequency (`spectral`).
+    Spectral,
+    /// EyeLike, OneHot and ReverseSequence, a thread per output element (`index_map`).
+    IndexMap,
 }
 
 /// A CPU kernel generator (`gen/`).
@@ -93,6 +97,10 @@ pub fn generators(op: &Op) -> Generators {
         Op::Misc(MiscOp::Loss { .. }) => (&[G::Loss], &[]),
         Op::BatchNorm { .. } => (&[G::BatchNorm], &[]),
         Op::Vision(VisionOp::GridSample { .. } | VisionOp::AffineGrid { .. }) => (&[G::Sample], &[]),
+        Op::Signal(SignalOp::Dft { .. } | SignalOp::Stft { .. }) => (&[G::Spectral], &[]),
+        Op::EyeLike { .. } | Op::OneHot { .. } | Op::Misc(MiscOp::ReverseSequence { .. }) => {
+            (&[G::IndexMap], &[])
+        }
         Op::Misc(MiscOp::TensorScatter { .. }) => (&[G::Gather], &[]),
         Op::Quant(QuantOp::QuantizeLinear { .. } | QuantOp::DequantizeLinear { .. }) => {
             (&[G::Elementwise], &[C::ElementwiseLoop])
@@ -149,6 +157,8 @@ impl GpuGenerator {
             GpuGenerator::Loss => kernels::loss::lower(node, target),
             GpuGenerator::BatchNorm => kernels::batch_norm::lower(node, target),
             GpuGenerator::Sample => kernels::sample::lower(node, target),
+            GpuGenerator::Spectral => kernels::spectral::lower(node, target),
+            GpuGenerator::IndexMap => kernels::index_map::lower(node, target),
         }
     }
 }

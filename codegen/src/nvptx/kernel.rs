@@ -25,6 +25,12 @@ use inkwell::values::{
 };
 use inkwell::AddressSpace;
 
+/// kiln_cuda.h's `KILN_CUDA_EINDEX`: an index read from an input is out of range
+/// ([`GpuBuilder::report_error`]).
+pub const EINDEX: u32 = 1;
+/// kiln_cuda.h's `KILN_CUDA_EVALUE`: a value read from an input is invalid for the operator.
+pub const EVALUE: u32 = 2;
+
 /// Grid, block and dynamic shared memory of a kernel's launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LaunchDims {

@@ -15,7 +15,7 @@ pub(crate) mod kernels;
 mod libdevice;
 
 pub(crate) use kernel::frame;
-pub use kernel::{GpuBuilder, GpuKernel, LaunchDims, MmaKind, Mode, Sreg};
+pub use kernel::{GpuBuilder, GpuKernel, LaunchDims, MmaKind, Mode, Sreg, EINDEX, EVALUE};
 
 use crate::error::{CodegenError, Result};
 use crate::kernel::Storage;

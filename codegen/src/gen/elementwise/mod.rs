@@ -644,6 +644,15 @@ fn int_const_vec<'ctx>(e: &Emit<'_, 'ctx>, d: DType, bits: i64, n: u32) -> Vecto
     VectorType::const_vector(&vec![s; n as usize])
 }
 
+/// The small integer `v` as a register value of dtype `d` (a float, an integer or a bool).
+pub(crate) fn small_const<'ctx>(e: &Emit<'_, 'ctx>, d: DType, v: i64) -> Result<BasicValueEnum<'ctx>> {
+    let lanes = match d.is_float() {
+        true => float_const_vec(e, d, v as f64, 1),
+        false => int_const_vec(e, d, v, 1),
+    };
+    e.b.build_extract_element(lanes, e.i32c(0), "").map_err(llvm)
+}
+
 /// A float constant of `like`'s element type (f32 or f64 lanes).
 fn fconst_like<'ctx>(e: &Emit<'_, 'ctx>, like: VectorValue<'ctx>, x: f64) -> VectorValue<'ctx> {
     let lanes = like.get_type();

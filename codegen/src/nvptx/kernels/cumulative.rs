@@ -11,15 +11,13 @@ use crate::gen::emit::Emit;
 use crate::gen::llvm;
 use crate::kernel::KernelCommon;
 use crate::node::NodeInfo;
-use crate::nvptx::{GpuBuilder, GpuKernel, LaunchDims};
+use crate::nvptx::{GpuBuilder, GpuKernel, LaunchDims, EVALUE};
 use crate::target::TargetDesc;
 use inkwell::types::BasicTypeEnum;
 use inkwell::values::{BasicValueEnum, IntValue};
 use kiln_ir::DType;
 
 const THREADS: u64 = 256;
-/// kiln_cuda.h's KILN_CUDA_EVALUE.
-const EVALUE: u32 = 2;
 
 #[derive(Debug)]
 struct CumulativeGpu {

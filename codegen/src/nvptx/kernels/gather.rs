@@ -17,7 +17,7 @@ use crate::gen::emit::Emit;
 use crate::gen::llvm;
 use crate::kernel::{KernelCommon, PackedConst};
 use crate::node::NodeInfo;
-use crate::nvptx::{GpuBuilder, GpuKernel, LaunchDims};
+use crate::nvptx::{GpuBuilder, GpuKernel, LaunchDims, EINDEX};
 use crate::target::TargetDesc;
 use inkwell::types::IntType;
 use inkwell::values::{BasicValue, IntValue, PointerValue};
@@ -25,8 +25,6 @@ use inkwell::IntPredicate;
 use kiln_ir::DType;
 
 const THREADS: u64 = 256;
-/// kiln_cuda.h's KILN_CUDA_EINDEX.
-const EINDEX: u32 = 1;
 /// Ranks `kiln_uk_gather_axes` takes (the library's MV_MAX_RANK).
 const MAX_RANK: usize = 8;
 

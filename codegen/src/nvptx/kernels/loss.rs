@@ -18,7 +18,7 @@ use crate::gen::emit::Emit;
 use crate::gen::llvm;
 use crate::kernel::KernelCommon;
 use crate::node::NodeInfo;
-use crate::nvptx::{GpuBuilder, GpuKernel, LaunchDims, Sreg};
+use crate::nvptx::{GpuBuilder, GpuKernel, LaunchDims, Sreg, EINDEX};
 use crate::target::TargetDesc;
 use inkwell::values::{FloatValue, IntValue, PointerValue};
 use inkwell::IntPredicate;
@@ -26,8 +26,6 @@ use kiln_ir::{DType, Layout, LossReduction, MiscOp, Op};
 
 /// Threads of the block (a power of two, as the tree reduction needs).
 const BLOCK: usize = 256;
-/// kiln_cuda.h's KILN_CUDA_EINDEX.
-const EINDEX: u32 = 1;
 
 #[derive(Debug)]
 struct Loss {

@@ -15,14 +15,12 @@ use crate::gen::emit::Emit;
 use crate::gen::llvm;
 use crate::kernel::KernelCommon;
 use crate::node::NodeInfo;
-use crate::nvptx::{GpuBuilder, GpuKernel, LaunchDims, Sreg};
+use crate::nvptx::{GpuBuilder, GpuKernel, LaunchDims, Sreg, EVALUE};
 use crate::target::TargetDesc;
 use inkwell::values::{FloatValue, IntValue, PointerValue};
 use inkwell::IntPredicate;
 use kiln_ir::{Activation, DType, Op, RnnDirection, RnnKind};
 
-/// kiln_cuda.h's KILN_CUDA_EVALUE: a sequence_lens value outside `[0, seq]`.
-const EVALUE: u32 = 2;
 /// Shared memory a block may use (the 48 KiB every GPU since sm_50 gives without opting in).
 const MAX_SHARED: usize = 48 * 1024;
 

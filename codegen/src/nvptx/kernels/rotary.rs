@@ -15,15 +15,13 @@ use crate::gen::emit::Emit;
 use crate::gen::llvm;
 use crate::kernel::KernelCommon;
 use crate::node::NodeInfo;
-use crate::nvptx::{GpuBuilder, GpuKernel, LaunchDims};
+use crate::nvptx::{GpuBuilder, GpuKernel, LaunchDims, EINDEX};
 use crate::target::TargetDesc;
 use inkwell::values::{FloatValue, IntValue};
 use inkwell::IntPredicate;
 use kiln_ir::{DType, Layout, MiscOp, Op};
 
 const THREADS: u64 = 256;
-/// kiln_cuda.h's KILN_CUDA_EINDEX.
-const EINDEX: u32 = 1;
 
 #[derive(Debug)]
 struct Rotary {

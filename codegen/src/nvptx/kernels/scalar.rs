@@ -73,6 +73,27 @@ pub fn store_real<'ctx>(
     ew::store_one(e, base, dtype, i, narrow(e, dtype, v)?.into())
 }
 
+/// Element `i` of a tensor of any numeric dtype, as f64 (what the library kernels'
+/// `kiln_load_f64` reads: integers converted exactly below 2^53).
+pub fn load_any_f64<'ctx>(
+    e: &Emit<'_, 'ctx>,
+    base: PointerValue<'ctx>,
+    dtype: DType,
+    i: IntValue<'ctx>,
+) -> Result<FloatValue<'ctx>> {
+    if dtype.is_float() {
+        return load_real(e, base, dtype, i);
+    }
+    let v = ew::load_one(e, base, dtype, i)?.into_int_value();
+    let f64t = e.cx.f64_type();
+    // Narrow integers are held exactly (sign- or zero-extended) in i32; bool is one bit.
+    match dtype {
+        DType::U32 | DType::U64 | DType::Bool => e.b.build_unsigned_int_to_float(v, f64t, ""),
+        _ => e.b.build_signed_int_to_float(v, f64t, ""),
+    }
+    .map_err(llvm)
+}
+
 /// Element `i` of an i32 or i64 tensor, as i64.
 pub fn load_index<'ctx>(
     e: &Emit<'_, 'ctx>,
