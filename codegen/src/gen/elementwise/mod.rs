@@ -75,30 +75,59 @@ fn is_8bit(d: DType) -> bool {
 /// A QuantizeLinear from f32 to u8/i8 or a DequantizeLinear from u8/i8 to f32 with per-tensor
 /// parameters (`quant`), in the CPU loop and the GPU kernel: constants, or single values
 /// computed at run time (DynamicQuantizeLinear's scale and zero point), read as broadcast
-/// operands.
-fn supports_quant(graph: &Graph, id: NodeId) -> bool {
+/// operands. The GPU kernel also takes 16-bit integers and per-axis parameters (read along
+/// their axis, [`per_axis_param`]).
+fn supports_quant(graph: &Graph, id: NodeId, gpu: bool) -> bool {
     let node = graph.node(id);
-    let params_scalar = node.inputs[1..].iter().flatten().all(|v| {
-        let t = graph.value_type(*v);
-        t.layout == kiln_ir::Layout::RowMajor
-            && t.fixed_shape().is_some_and(|s| s.iter().product::<usize>() == 1)
-    });
     let (Some(Some(x)), Some(Some(_))) = (node.inputs.first(), node.inputs.get(1)) else {
         return false;
     };
+    let params_ok = node.inputs[1..].iter().flatten().all(|v| {
+        let t = graph.value_type(*v);
+        t.layout == kiln_ir::Layout::RowMajor
+            && t.fixed_shape().is_some_and(|s| s.iter().product::<usize>() == 1)
+            || (gpu && per_axis_param(graph, id, *v).is_some())
+    });
     let (xt, out) = (graph.value_type(*x).dtype, graph.value_type(id.out(0)).dtype);
+    let int_ok = |d: DType| is_8bit(d) || (gpu && matches!(d, DType::U16 | DType::I16));
     let scale_f32 = graph.value_type(node.inputs[1].expect("checked")).dtype == DType::F32;
-    params_scalar
+    params_ok
         && scale_f32
         && match node.op {
             Op::Quant(QuantOp::QuantizeLinear {
                 block_size: 0,
                 precision: None,
                 ..
-            }) => xt == DType::F32 && is_8bit(out),
-            Op::Quant(QuantOp::DequantizeLinear { block_size: 0, .. }) => is_8bit(xt) && out == DType::F32,
+            }) => xt == DType::F32 && int_ok(out),
+            Op::Quant(QuantOp::DequantizeLinear { block_size: 0, .. }) => int_ok(xt) && out == DType::F32,
             _ => false,
         }
+}
+
+/// The axis of node `id`'s input along which `param`, a per-axis scale or zero point of a
+/// QuantizeLinear/DequantizeLinear (1-D, as long as that axis of x, x of rank 2 or more), is
+/// read; None for any other operand.
+fn per_axis_param(graph: &Graph, id: NodeId, param: ValueId) -> Option<usize> {
+    let node = graph.node(id);
+    let axis = match node.op {
+        Op::Quant(QuantOp::QuantizeLinear {
+            axis, block_size: 0, ..
+        })
+        | Op::Quant(QuantOp::DequantizeLinear {
+            axis, block_size: 0, ..
+        }) => axis,
+        _ => return None,
+    };
+    if !node.inputs[1..].contains(&Some(param)) {
+        return None;
+    }
+    let x = graph
+        .value_type(node.inputs.first().copied().flatten()?)
+        .fixed_shape()?;
+    let p = graph.value_type(param);
+    let a = usize::try_from(if axis < 0 { axis + x.len() as i64 } else { axis }).ok()?;
+    (p.layout == kiln_ir::Layout::RowMajor && x.len() >= 2 && a < x.len() && p.fixed_shape()? == [x[a]])
+        .then_some(a)
 }
 
 /// Whether the generator computes `node` (its operator on its operand and result dtypes).
@@ -117,7 +146,7 @@ pub(crate) fn supports_on(graph: &Graph, id: NodeId, gpu: bool) -> bool {
     }
     let out = graph.value_type(id.out(0)).dtype;
     if matches!(node.op, Op::Quant(_)) {
-        return supports_quant(graph, id);
+        return supports_quant(graph, id, gpu);
     }
     let ins: Vec<Option<DType>> = node
         .inputs
@@ -334,10 +363,37 @@ pub(crate) fn analyze(graph: &Graph, nodes: &[NodeId]) -> Option<(EwGroup, Vec<V
             dtype: graph.value_type(n.out(0)).dtype,
         });
     }
-    // Full strides of every input on the output's axes.
+    // Full strides of every input on the output's axes. A per-axis quantization parameter
+    // is read along its axis: the group's output must have the node's shape, and no other
+    // reader may broadcast it the numpy way.
     let rank = out_shape.len();
+    let mut along_axis: HashMap<ValueId, usize> = HashMap::new();
+    for &n in nodes {
+        for v in graph.node(n).inputs.iter().flatten() {
+            if let Some(a) = per_axis_param(graph, n, *v) {
+                let x = graph.value_type(graph.node(n).inputs[0]?).fixed_shape()?;
+                if x != out_shape || along_axis.insert(*v, a).is_some_and(|b| b != a) {
+                    return None;
+                }
+            }
+        }
+    }
+    let numpy_reader = |v: ValueId| {
+        nodes.iter().any(|&n| {
+            graph.node(n).inputs.iter().flatten().any(|u| *u == v) && per_axis_param(graph, n, v).is_none()
+        })
+    };
+    if along_axis.keys().any(|&v| numpy_reader(v)) {
+        return None;
+    }
     let mut full: Vec<Vec<usize>> = vec![];
     for &v in &ext {
+        if let Some(&a) = along_axis.get(&v) {
+            let mut st = vec![0usize; rank];
+            st[a] = 1;
+            full.push(st);
+            continue;
+        }
         let s = graph.value_type(v).fixed_shape()?;
         if s.len() > rank {
             return None;

@@ -512,6 +512,45 @@ fn quantize_and_dequantize_per_tensor() {
     g.check(&[d]);
 }
 
+/// Per-axis parameters (run-time and constant, the axis in the middle and last) and 16-bit
+/// integers, in one group.
+#[test]
+fn quantize_and_dequantize_per_axis_and_16_bit() {
+    use kiln_ir::QuantOp;
+    let quantize = |axis, to| {
+        Op::Quant(QuantOp::QuantizeLinear {
+            axis,
+            block_size: 0,
+            output_dtype: to,
+            precision: None,
+        })
+    };
+    let dequantize = |axis| {
+        Op::Quant(QuantOp::DequantizeLinear {
+            axis,
+            block_size: 0,
+            output_dtype: None,
+        })
+    };
+    let mut g = G::new(610);
+    let x = g.input(DType::F32, &[2, 3, 4, 5]);
+    let s = g.input_tensor(Tensor::from_vec(vec![3], vec![0.01f32, 0.02, 0.05]));
+    let z = g.konst(Tensor::from_vec(vec![3], vec![100u8, 0, 255]));
+    let q = g.op(quantize(1, DType::U8), &[x, s, z]);
+    let d = g.op(dequantize(1), &[q, s, z]);
+    let s16 = g.konst(Tensor::from_vec(vec![5], vec![1e-4f32, 2e-4, 3e-4, 5e-5, 1e-3]));
+    let z16 = g.konst(Tensor::from_vec(vec![5], vec![-300i16, 0, 7, 32000, -32768]));
+    let q16 = g.op(quantize(-1, DType::I16), &[d, s16, z16]);
+    let d16 = g.op(dequantize(3), &[q16, s16, z16]);
+    let (su, zu) = (
+        g.konst(Tensor::scalar(3e-5f32)),
+        g.konst(Tensor::scalar(40000u16)),
+    );
+    let qu = g.op(quantize(0, DType::U16), &[d16, su, zu]);
+    let du = g.op(dequantize(0), &[qu, su, zu]);
+    g.check(&[q, q16, du]);
+}
+
 /// Integer Div/Mod/FMod (zero and -1 divisors, the most negative dividend) and float Mod/FMod
 /// (zero and infinite divisors, an infinite dividend) in GPU kernels, as the reference.
 #[test]
