@@ -62,6 +62,8 @@ pub enum GpuGenerator {
     Spectral,
     /// EyeLike, OneHot and ReverseSequence, a thread per output element (`index_map`).
     IndexMap,
+    /// MatMul of f64 tensors, a thread per output element (`matmul_f64`).
+    MatMulF64,
 }
 
 /// A CPU kernel generator (`gen/`).
@@ -87,7 +89,8 @@ pub fn generators(op: &Op) -> Generators {
     use CpuGenerator as C;
     use GpuGenerator as G;
     let (gpu, cpu): (&'static [GpuGenerator], &'static [CpuGenerator]) = match op {
-        Op::MatMul | Op::Gemm { .. } => (&[G::Gemm], &[C::Products]),
+        Op::MatMul => (&[G::Gemm, G::MatMulF64], &[C::Products]),
+        Op::Gemm { .. } => (&[G::Gemm], &[C::Products]),
         Op::Conv(_) => (&[G::Gemm, G::WindowConv], &[C::Products]),
         Op::Quant(QuantOp::MatMulInteger | QuantOp::ConvInteger(_)) => (&[G::Integer], &[C::Products]),
         Op::Quant(QuantOp::QLinearMatMul | QuantOp::QLinearConv(_)) => (&[G::Integer], &[]),
@@ -159,6 +162,7 @@ impl GpuGenerator {
             GpuGenerator::Sample => kernels::sample::lower(node, target),
             GpuGenerator::Spectral => kernels::spectral::lower(node, target),
             GpuGenerator::IndexMap => kernels::index_map::lower(node, target),
+            GpuGenerator::MatMulF64 => kernels::matmul_f64::lower(node, target),
         }
     }
 }
@@ -213,7 +217,10 @@ mod tests {
         let g = generators(&Op::MatMul);
         assert_eq!(
             (g.gpu, g.cpu),
-            (&[GpuGenerator::Gemm][..], &[CpuGenerator::Products][..])
+            (
+                &[GpuGenerator::Gemm, GpuGenerator::MatMulF64][..],
+                &[CpuGenerator::Products][..]
+            )
         );
         let g = generators(&Op::Input);
         assert!(g.gpu.is_empty() && g.cpu.is_empty());

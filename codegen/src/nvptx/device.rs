@@ -392,14 +392,13 @@ mod tests {
         }
     }
 
-    /// Einsum's micro-kernel is listed as block-parallel, ReverseSequence's is not: one launch of a
+    /// Einsum's micro-kernel is listed as block-parallel, MaxUnpool's is not: one launch of a
     /// block of LIBRARY_THREADS, one of a single thread, each entry starting the block state.
     #[test]
     fn library_kernels_launch_block_parallel_only_when_listed() {
         let mut g = Graph::new("t");
         let a = g.add_input("a", TensorType::fixed(DType::F32, &[8, 16]));
         let b = g.add_input("b", TensorType::fixed(DType::F32, &[16, 4]));
-        let lens = g.add_const("lens", Tensor::from_vec(vec![4], vec![8i64, 3, 0, 5]));
         let e = g
             .add(
                 "mm",
@@ -410,16 +409,16 @@ mod tests {
                 "e",
             )
             .unwrap();
+        g.add_output("e", e);
+        let x = g.add_input("x", TensorType::fixed(DType::F32, &[1, 1, 2, 2]));
+        let idx = g.add_const("idx", Tensor::from_vec(vec![1, 1, 2, 2], vec![0i64, 3, 9, 14]));
+        let unpool = kiln_ir::VisionOp::MaxUnpool {
+            kernel_shape: vec![2, 2],
+            strides: vec![2, 2],
+            pads: vec![],
+        };
         let y = g
-            .add(
-                "reverse",
-                Op::Misc(kiln_ir::MiscOp::ReverseSequence {
-                    batch_axis: 1,
-                    time_axis: 0,
-                }),
-                vec![Some(e), Some(lens)],
-                "y",
-            )
+            .add("unpool", Op::Vision(unpool), vec![Some(x), Some(idx)], "y")
             .unwrap();
         g.add_output("y", y);
         let target = TargetDesc::cuda(80).unwrap();
@@ -435,7 +434,7 @@ mod tests {
             blocks,
             vec![
                 ("Einsum".to_string(), [LIBRARY_THREADS, 1, 1]),
-                ("ReverseSequence".to_string(), [1, 1, 1])
+                ("MaxUnpool".to_string(), [1, 1, 1])
             ]
         );
         assert!(

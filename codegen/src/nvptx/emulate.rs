@@ -888,8 +888,7 @@ mod tests {
     }
 
     /// Library kernels listed as block-parallel, on 128 concurrent threads, match the
-    /// reference: an int64 batched MatMul, an Einsum, and attention with a softcap (the general
-    /// kernel: two dependent parallel phases); ReverseSequence stays on one thread.
+    /// reference: an int64 batched MatMul and an Einsum; LRN stays on one thread.
     #[test]
     fn library_kernels_run_block_parallel() {
         let mut g = Graph::new("t");
@@ -909,18 +908,15 @@ mod tests {
                 "e",
             )
             .unwrap();
-        let lens = g.add_const("lens", Tensor::from_vec(vec![5], vec![6i64, 2, 0, 5, 1]));
-        let ge = g
-            .add(
-                "rev",
-                Op::Misc(kiln_ir::MiscOp::ReverseSequence {
-                    batch_axis: 1,
-                    time_axis: 0,
-                }),
-                vec![Some(e), Some(lens)],
-                "ge",
-            )
-            .unwrap();
+        g.add_output("e", e);
+        let x = g.add_input("x", TensorType::fixed(DType::F32, &[1, 5, 3, 3]));
+        let lrn = kiln_ir::VisionOp::Lrn {
+            size: 3,
+            alpha: 1e-3,
+            beta: 0.75,
+            bias: 1.0,
+        };
+        let ge = g.add("lrn", Op::Vision(lrn), vec![Some(x)], "ge").unwrap();
         g.add_output("ge", ge);
         let ints = |shape: &[usize], seed: i64| {
             let n: usize = shape.iter().product();
@@ -934,15 +930,16 @@ mod tests {
             ints(&[7, 4], 7),
             filled(&[6, 9], 2),
             filled(&[9, 5], 3),
+            filled(&[1, 5, 3, 3], 4),
         ];
         let kernels = check_graph(&g, &inputs);
-        for symbol in ["matmul", "einsum", "reverse_sequence"] {
+        for symbol in ["matmul", "einsum", "lrn"] {
             assert!(
                 kernels.iter().any(|k| *k == format!("kiln_uk_{symbol}")),
                 "kiln_uk_{symbol} not among {kernels:?}"
             );
         }
-        assert_eq!(device::library_threads("reverse_sequence"), 1);
+        assert_eq!(device::library_threads("lrn"), 1);
     }
 
     /// f64 operators the GPU generators leave to the library, sized for the parallel paths:
