@@ -64,6 +64,8 @@ pub enum GpuGenerator {
     IndexMap,
     /// MatMul of f64 tensors, a thread per output element (`matmul_f64`).
     MatMulF64,
+    /// LRN, a thread per element (`lrn`).
+    Lrn,
 }
 
 /// A CPU kernel generator (`gen/`).
@@ -101,6 +103,7 @@ pub fn generators(op: &Op) -> Generators {
         Op::BatchNorm { .. } => (&[G::BatchNorm], &[]),
         Op::Vision(VisionOp::GridSample { .. } | VisionOp::AffineGrid { .. }) => (&[G::Sample], &[]),
         Op::Signal(SignalOp::Dft { .. } | SignalOp::Stft { .. }) => (&[G::Spectral], &[]),
+        Op::Vision(VisionOp::Lrn { .. }) => (&[G::Lrn], &[]),
         Op::EyeLike { .. } | Op::OneHot { .. } | Op::Misc(MiscOp::ReverseSequence { .. }) => {
             (&[G::IndexMap], &[])
         }
@@ -125,6 +128,7 @@ pub fn generators(op: &Op) -> Generators {
         | Op::InstanceNorm { .. }
         | Op::GroupNorm { .. }
         | Op::Misc(MiscOp::RmsNorm { .. })
+        | Op::MeanVarianceNorm { .. }
         | Op::Reduce { .. }
         | Op::GlobalPool(_) => (&[G::Rows], &[]),
         _ => match op.family() {
@@ -163,6 +167,7 @@ impl GpuGenerator {
             GpuGenerator::Spectral => kernels::spectral::lower(node, target),
             GpuGenerator::IndexMap => kernels::index_map::lower(node, target),
             GpuGenerator::MatMulF64 => kernels::matmul_f64::lower(node, target),
+            GpuGenerator::Lrn => kernels::lrn::lower(node, target),
         }
     }
 }

@@ -888,7 +888,7 @@ mod tests {
     }
 
     /// Library kernels listed as block-parallel, on 128 concurrent threads, match the
-    /// reference: an int64 batched MatMul and an Einsum; LRN stays on one thread.
+    /// reference: an int64 batched MatMul and an Einsum; MaxUnpool stays on one thread.
     #[test]
     fn library_kernels_run_block_parallel() {
         let mut g = Graph::new("t");
@@ -909,14 +909,16 @@ mod tests {
             )
             .unwrap();
         g.add_output("e", e);
-        let x = g.add_input("x", TensorType::fixed(DType::F32, &[1, 5, 3, 3]));
-        let lrn = kiln_ir::VisionOp::Lrn {
-            size: 3,
-            alpha: 1e-3,
-            beta: 0.75,
-            bias: 1.0,
+        let x = g.add_input("x", TensorType::fixed(DType::F32, &[1, 1, 2, 2]));
+        let idx = g.add_const("idx", Tensor::from_vec(vec![1, 1, 2, 2], vec![0i64, 3, 9, 14]));
+        let unpool = kiln_ir::VisionOp::MaxUnpool {
+            kernel_shape: vec![2, 2],
+            strides: vec![2, 2],
+            pads: vec![],
         };
-        let ge = g.add("lrn", Op::Vision(lrn), vec![Some(x)], "ge").unwrap();
+        let ge = g
+            .add("unpool", Op::Vision(unpool), vec![Some(x), Some(idx)], "ge")
+            .unwrap();
         g.add_output("ge", ge);
         let ints = |shape: &[usize], seed: i64| {
             let n: usize = shape.iter().product();
@@ -930,16 +932,16 @@ mod tests {
             ints(&[7, 4], 7),
             filled(&[6, 9], 2),
             filled(&[9, 5], 3),
-            filled(&[1, 5, 3, 3], 4),
+            filled(&[1, 1, 2, 2], 4),
         ];
         let kernels = check_graph(&g, &inputs);
-        for symbol in ["matmul", "einsum", "lrn"] {
+        for symbol in ["matmul", "einsum", "max_unpool"] {
             assert!(
                 kernels.iter().any(|k| *k == format!("kiln_uk_{symbol}")),
                 "kiln_uk_{symbol} not among {kernels:?}"
             );
         }
-        assert_eq!(device::library_threads("lrn"), 1);
+        assert_eq!(device::library_threads("max_unpool"), 1);
     }
 
     /// f64 operators the GPU generators leave to the library, sized for the parallel paths:

@@ -15,6 +15,7 @@ pub mod gemm;
 pub mod index_map;
 pub mod integer;
 pub mod loss;
+pub mod lrn;
 pub mod matmul_f64;
 pub mod pool;
 pub mod recurrent;

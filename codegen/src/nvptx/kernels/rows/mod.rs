@@ -77,6 +77,8 @@ enum RowOp {
         epsilon: f32,
         scale: Param,
     },
+    /// `(x - mean) / (std + 1e-9)`: MeanVarianceNormalization, over any axes.
+    MeanVariance,
     Reduce(ReduceKind),
 }
 
@@ -365,6 +367,20 @@ pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GpuK
             };
             let (outer, len) = (x[..a].iter().product(), x[a..].iter().product());
             boxed(RowGpu::new("rmsnorm", op, outer, len, 1))
+        }
+        Op::MeanVarianceNorm { axes } => {
+            if !all_f32(node, &[0]) || node.n_outputs() != 1 {
+                return Ok(None);
+            }
+            let x = node.input_shape(0)?;
+            let mut mask = vec![false; x.len()];
+            for &a in axes {
+                match norm_axis(a, x.len()) {
+                    Some(a) if !mask[a] => mask[a] = true,
+                    _ => return Ok(None),
+                }
+            }
+            boxed(RowGpu::over("mvn", RowOp::MeanVariance, &x, &mask))
         }
         Op::Reduce {
             kind,
@@ -1038,6 +1054,16 @@ impl GpuKernel for RowGpu {
                         load_param(&e, self.elem, sp, *scale, r, kk)?,
                     )
                 })?;
+            }
+            RowOp::MeanVariance => {
+                let mean = fdiv(&e, self.reduce(k, &e, &row, Fold::Sum, id)?, n)?;
+                let ss = self.reduce(k, &e, &row, Fold::Sum, |_, v| {
+                    let d = fsub(&e, v, mean)?;
+                    fmul(&e, d, d)
+                })?;
+                let std = unary(&e, "llvm.sqrt", fdiv(&e, ss, n)?)?;
+                let den = fadd(&e, std, self.constant(&e, 1e-9))?;
+                self.map(k, &e, &row, |_, v| fdiv(&e, fsub(&e, v, mean)?, den))?;
             }
             RowOp::Reduce(ReduceKind::LogSumExp) => {
                 // max + ln Σ exp(x - max); an infinite or NaN max is the result itself.

@@ -468,6 +468,19 @@ fn f64_softmax_and_reductions_compute_in_f64() {
 }
 
 #[test]
+fn mean_variance_normalization_over_any_axes() {
+    for (i, axes) in [vec![0i64, 2, 3], vec![1], vec![-1, -2], vec![0, 1, 2, 3]]
+        .into_iter()
+        .enumerate()
+    {
+        let mut g = G::new(100 + i as u64);
+        let x = g.input(&[2, 3, 4, 5]);
+        let y = g.node(Op::MeanVarianceNorm { axes }, vec![Some(x)]);
+        g.check(y, "gpu mvn");
+    }
+}
+
+#[test]
 fn instance_and_group_norms() {
     // (shape, groups: None for InstanceNormalization, per-channel affine): rows shorter
     // and longer than a block, 1-D and 3-D spatial extents, a channel per group.
