@@ -66,6 +66,8 @@ pub enum GpuGenerator {
     MatMulF64,
     /// LRN, a thread per element (`lrn`).
     Lrn,
+    /// RoiAlign, a thread per output bin (`roi_align`).
+    RoiAlign,
 }
 
 /// A CPU kernel generator (`gen/`).
@@ -104,6 +106,7 @@ pub fn generators(op: &Op) -> Generators {
         Op::Vision(VisionOp::GridSample { .. } | VisionOp::AffineGrid { .. }) => (&[G::Sample], &[]),
         Op::Signal(SignalOp::Dft { .. } | SignalOp::Stft { .. }) => (&[G::Spectral], &[]),
         Op::Vision(VisionOp::Lrn { .. }) => (&[G::Lrn], &[]),
+        Op::Vision(VisionOp::RoiAlign { .. }) => (&[G::RoiAlign], &[]),
         Op::EyeLike { .. } | Op::OneHot { .. } | Op::Misc(MiscOp::ReverseSequence { .. }) => {
             (&[G::IndexMap], &[])
         }
@@ -129,8 +132,9 @@ pub fn generators(op: &Op) -> Generators {
         | Op::GroupNorm { .. }
         | Op::Misc(MiscOp::RmsNorm { .. })
         | Op::MeanVarianceNorm { .. }
-        | Op::Reduce { .. }
         | Op::GlobalPool(_) => (&[G::Rows], &[]),
+        // With noop_with_empty_axes and no axes, a reduction is a copy.
+        Op::Reduce { .. } => (&[G::Rows, G::Copy], &[]),
         _ => match op.family() {
             OpFamily::DataMovement | OpFamily::Resize => (&[G::Copy, G::Gather], &[]),
             OpFamily::Elementwise => (&[G::Elementwise], &[C::ElementwiseLoop]),
@@ -168,6 +172,7 @@ impl GpuGenerator {
             GpuGenerator::IndexMap => kernels::index_map::lower(node, target),
             GpuGenerator::MatMulF64 => kernels::matmul_f64::lower(node, target),
             GpuGenerator::Lrn => kernels::lrn::lower(node, target),
+            GpuGenerator::RoiAlign => kernels::roi_align::lower(node, target),
         }
     }
 }

@@ -17,6 +17,7 @@ use crate::nvptx::{GpuBuilder, GpuKernel, LaunchDims};
 use crate::target::TargetDesc;
 use inkwell::values::{BasicValue, IntValue};
 use inkwell::IntPredicate;
+use kiln_ir::{Layout, Op};
 
 const THREADS: u64 = 256;
 /// Copies a node may have before the per-thread search through them gets long.
@@ -50,6 +51,9 @@ struct CopyGpu {
 /// The copy kernel for `node`, or None when the CPU does not lower it to `kiln_uk_copy`.
 pub fn lower(node: &NodeInfo, _target: &TargetDesc) -> Result<Option<Box<dyn GpuKernel>>> {
     use kiln_ir::OpFamily;
+    if let Some(k) = identity_reduce(node)? {
+        return Ok(Some(k));
+    }
     if !matches!(node.node.op.family(), OpFamily::DataMovement | OpFamily::Resize) {
         return Ok(None);
     }
@@ -100,6 +104,43 @@ pub fn lower(node: &NodeInfo, _target: &TargetDesc) -> Result<Option<Box<dyn Gpu
         esize: esize as u64,
         copies,
         what: node.node.op.name(),
+    })))
+}
+
+/// A Reduce with `noop_with_empty_axes` and no axes is the identity: one copy of the whole
+/// tensor.
+fn identity_reduce(node: &NodeInfo) -> Result<Option<Box<dyn GpuKernel>>> {
+    let Op::Reduce {
+        noop_with_empty_axes: true,
+        ..
+    } = node.op()
+    else {
+        return Ok(None);
+    };
+    let no_axes = match node.input(1) {
+        None => true,
+        Some(_) => node.known(1).is_some_and(|t| t.len() == 0),
+    };
+    let (x, y) = (node.input_type(0), node.output_type(0));
+    let same = x.is_some_and(|x| x.dtype == y.dtype && x.layout == Layout::RowMajor && x.is_static());
+    if !no_axes || !same || y.layout != Layout::RowMajor || node.input_shape(0)? != node.output_shape(0)? {
+        return Ok(None);
+    }
+    let esize = y.dtype.size_bytes() as i64;
+    let n = node.output_shape(0)?.iter().product::<usize>() as u64;
+    let copies = vec![Copy {
+        src_input: 0,
+        dst_output: 0,
+        src_off: 0,
+        dst_off: 0,
+        dims: vec![n],
+        src_strides: vec![esize],
+        dst_strides: vec![esize],
+    }];
+    Ok(Some(Box::new(CopyGpu {
+        esize: esize as u64,
+        copies: copies.into_iter().filter(|c| c.elements() > 0).collect(),
+        what: "Identity",
     })))
 }
 
@@ -252,6 +293,29 @@ mod tests {
         g.add_output("s0", outs[0]);
         g.add_output("s1", outs[1]);
         assert_copies(&check_graph(&g, &[xt, at, bt, st]));
+    }
+
+    #[test]
+    fn reduce_without_axes_and_noop_is_a_copy() {
+        let mut g = Graph::new("t");
+        let (x, xt) = input(&mut g, "x", &[3, 4, 5], DType::F32);
+        let op = Op::Reduce {
+            kind: kiln_ir::ReduceKind::Sum,
+            keepdims: true,
+            noop_with_empty_axes: true,
+        };
+        let empty = i64s(&mut g, "axes", &[]);
+        let y = g.add("r", op, vec![Some(x), Some(empty)], "y").unwrap();
+        g.add_output("y", y);
+        let (b, bt) = input(&mut g, "b", &[7, 2], DType::Bool);
+        let any = Op::Reduce {
+            kind: kiln_ir::ReduceKind::Max,
+            keepdims: true,
+            noop_with_empty_axes: true,
+        };
+        let z = g.add("rb", any, vec![Some(b), None], "z").unwrap();
+        g.add_output("z", z);
+        assert_copies(&check_graph(&g, &[xt, bt]));
     }
 
     #[test]

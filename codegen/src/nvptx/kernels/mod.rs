@@ -20,6 +20,7 @@ pub mod matmul_f64;
 pub mod pool;
 pub mod recurrent;
 pub mod resize;
+pub mod roi_align;
 pub mod rotary;
 pub mod rows;
 pub mod sample;

@@ -204,7 +204,18 @@ pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GpuK
         node.op(),
         Op::Softmax { .. } | Op::LogSoftmax { .. } | Op::Reduce { .. } | Op::GlobalPool(_)
     );
-    if !(matches!(elem, DType::F32 | DType::F16 | DType::BF16) || (elem == DType::F64 && f64_ok)) {
+    // Bool ReduceMax/ReduceMin (any/all) on 0 and 1 in f32.
+    let bool_ok = matches!(
+        node.op(),
+        Op::Reduce {
+            kind: ReduceKind::Max | ReduceKind::Min,
+            ..
+        }
+    );
+    if !(matches!(elem, DType::F32 | DType::F16 | DType::BF16)
+        || (elem == DType::F64 && f64_ok)
+        || (elem == DType::Bool && bool_ok))
+    {
         return Ok(None);
     }
     let all_f32 = |node: &NodeInfo, inputs: &[usize]| all_of(node, inputs, elem);
@@ -756,6 +767,10 @@ impl RowGpu {
                 let p = unsafe { e.b.build_in_bounds_gep(e.cx.f16_type(), base, &[i], "") }.map_err(llvm)?;
                 e.store(p, h)
             }
+            DType::Bool => {
+                let set = fcmp(e, FloatPredicate::ONE, v, e.f32c(0.0))?;
+                ew::store_one(e, base, DType::Bool, i, set.into())
+            }
             DType::BF16 => {
                 let r = ew::round_bf16(e, e.splat(v, 1)?, 1)?;
                 let r = e.b.build_extract_element(r, e.i32c(0), "").map_err(llvm)?;
@@ -897,6 +912,11 @@ fn load_elem<'ctx>(
         }
         DType::F64 => super::scalar::load_real(e, base, DType::F64, i),
         DType::BF16 => Ok(ew::load_one(e, base, elem, i)?.into_float_value()),
+        DType::Bool => {
+            let set = ew::load_one(e, base, elem, i)?.into_int_value();
+            e.b.build_unsigned_int_to_float(set, e.cx.f32_type(), "")
+                .map_err(llvm)
+        }
         _ => e.load_f32(e.gep_f32(base, i)?),
     }
 }

@@ -391,6 +391,31 @@ fn bf16_rows_compute_in_f32_and_round_once() {
 }
 
 #[test]
+fn bool_max_and_min_are_any_and_all() {
+    for kind in [ReduceKind::Max, ReduceKind::Min] {
+        for (shape, axes) in [(vec![4usize, 9], vec![1i64]), (vec![3, 5, 2], vec![0, 2])] {
+            let mut g = G::new(95);
+            let n: usize = shape.iter().product();
+            // Rows all true, all false and mixed.
+            let v: Vec<bool> = (0..n).map(|i| i % 7 != 0 && i < n / 2 || i % 9 == 0).collect();
+            g.inputs.push(Tensor::from_vec(shape.clone(), v));
+            let ty = TensorType::new(DType::Bool, shape.iter().map(|&d| Dim::Fixed(d)).collect());
+            let x = g.g.add_input("b", ty);
+            let a = g.constant(Tensor::from_vec(vec![axes.len()], axes));
+            let y = g.node(
+                Op::Reduce {
+                    kind,
+                    keepdims: false,
+                    noop_with_empty_axes: false,
+                },
+                vec![Some(x), Some(a)],
+            );
+            g.check(y, "gpu");
+        }
+    }
+}
+
+#[test]
 fn f64_softmax_and_reductions_compute_in_f64() {
     for (i, (shape, axis)) in [(vec![3usize, 300], -1i64), (vec![4, 70, 5], 1)]
         .into_iter()
