@@ -119,7 +119,7 @@ fn identity_reduce(node: &NodeInfo) -> Result<Option<Box<dyn GpuKernel>>> {
     };
     let no_axes = match node.input(1) {
         None => true,
-        Some(_) => node.known(1).is_some_and(|t| t.len() == 0),
+        Some(_) => node.known(1).is_some_and(|t| t.is_empty()),
     };
     let (x, y) = (node.input_type(0), node.output_type(0));
     let same = x.is_some_and(|x| x.dtype == y.dtype && x.layout == Layout::RowMajor && x.is_static());
