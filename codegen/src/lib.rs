@@ -89,6 +89,10 @@ pub struct CompileOptions {
     /// A batch range (`--input-shape x=1..8,...`): the graph is the per-sample program and the
     /// run calls it once per sample ([`batch`]).
     pub batch: Option<batch::Batch>,
+    /// Let an operator without a GPU kernel run its C library kernel on one GPU block
+    /// (`--gpu-library-kernels`, a development fallback: correct, but orders of magnitude
+    /// slower). Without it, a CUDA model with such a node is refused, naming the node.
+    pub gpu_library_kernels: bool,
 }
 
 impl CompileOptions {
@@ -194,6 +198,28 @@ pub fn artifact_files(emit: Emit, out: &Path) -> Vec<PathBuf> {
 
 /// Compiles `graph` and writes the artifact at `out` (for a library, `out` is the
 /// folder-and-stem: see [`artifact_files`]).
+/// Refuses a GPU plan in which a node runs as a C library kernel (on one block of the GPU):
+/// the first such node is named, with the flag that accepts it.
+fn refuse_gpu_library_kernels(graph: &Graph, plan: &plan::Plan) -> Result<()> {
+    let library = |k: &&plan::kernel::Kernel| matches!(k.imp, plan::kernel::KernelImpl::Ukernel(_));
+    let Some(k) = plan.kernels.iter().find(library) else {
+        return Ok(());
+    };
+    let others = plan.kernels.iter().filter(library).count() - 1;
+    let dtype = graph.value_type(k.node.out(0)).dtype;
+    Err(node::NodeInfo::new(graph, k.node).unsupported(format!(
+        "no GPU kernel for this node ({} {}){}: it would run as a C library kernel on one GPU \
+         block, orders of magnitude slower; `kiln explain --target cuda` lists them, and \
+         --gpu-library-kernels accepts them",
+        dtype.name(),
+        k.op_name,
+        match others {
+            0 => String::new(),
+            n => format!(" nor for {n} other node{}", if n == 1 { "" } else { "s" }),
+        }
+    )))
+}
+
 pub fn compile(
     graph: &Graph,
     opts: &CompileOptions,
@@ -230,6 +256,9 @@ pub fn compile(
         false => plan::weights::Weights::in_memory(),
     };
     let mut plan = plan::build_into(graph, &kernel_target, &opts.plan, weights)?;
+    if opts.cuda_sm.is_some() && !opts.gpu_library_kernels {
+        refuse_gpu_library_kernels(graph, &plan)?;
+    }
     let weights_obj = plan.weights.finish_object()?;
     let device_code = match opts.cuda_sm {
         Some(_) => {

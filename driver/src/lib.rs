@@ -436,6 +436,7 @@ impl<'p> Session<'p> {
             weights_out: o.weights_out.clone(),
             cuda_sm,
             batch: None,
+            gpu_library_kernels: o.gpu_library_kernels,
         })
     }
 

@@ -94,6 +94,9 @@ pub struct Options {
     /// finds for the target (`kiln_codegen::linker::linker_for`: `$CC` or `cc` for this
     /// machine's architecture, the cross toolchain for another).
     pub cc: Option<String>,
+    /// With [`Target::Cuda`], accept operators without a GPU kernel as C library kernels on
+    /// one GPU block (`--gpu-library-kernels`); without it such a model is refused.
+    pub gpu_library_kernels: bool,
 }
 
 impl Default for Options {
@@ -117,6 +120,7 @@ impl Default for Options {
             weights_out: None,
             report: false,
             cc: None,
+            gpu_library_kernels: false,
         }
     }
 }

@@ -614,6 +614,7 @@ mod tests {
             weights_out: None,
             cuda_sm: None,
             batch: None,
+            gpu_library_kernels: false,
         };
         let summary = kiln_codegen::plan_only(&g1, &opts).unwrap();
         let r = build_report(&Inputs {

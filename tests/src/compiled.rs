@@ -176,6 +176,8 @@ fn compile_for(
         layout,
         precision,
         disabled_passes: disabled.iter().map(|p| p.to_string()).collect(),
+        // The suites track which plans still hold library kernels (the CUDA manifests).
+        gpu_library_kernels: true,
         ..Options::default()
     });
     let mut graph = graph.clone();

@@ -22,7 +22,7 @@ const BF16_SM: u32 = 80;
 /// The fixtures whose f32 GPU plan still runs some operators as C library kernels on one GPU
 /// block, and how many: every other fixture must compile to generated GPU kernels only, and a
 /// listed one to exactly this many (when a new GPU kernel lowers the count, lower it here).
-const LIBRARY_KERNELS: &[(&str, usize)] = &[("ort_contrib_bert_layer", 1)];
+const LIBRARY_KERNELS: &[(&str, usize)] = &[];
 
 /// One fixture for one SM, f32 or bf16: compile, then assemble. Returns the time of each step
 /// and the number of library kernels in the plan.

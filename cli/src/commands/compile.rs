@@ -150,6 +150,7 @@ impl Args {
             weights_out: self.weights_out.clone(),
             report: report || self.report.is_some(),
             cc: None,
+            gpu_library_kernels: self.gpu_library_kernels,
         }
     }
 }
@@ -183,6 +184,13 @@ pub struct Args {
     /// The GPU's compute capability for --target cuda: 70, 75, 80 (A100), 86, 89, 90 (H100).
     #[arg(long, value_name = "SM", requires = "target")]
     pub sm: Option<u32>,
+
+    /// With --target cuda, let an operator that has no GPU kernel run its C library kernel on
+    /// one GPU block: correct, but orders of magnitude slower (a development fallback).
+    /// Without it such a model is refused, naming the node; `kiln explain --target cuda` lists
+    /// every kernel and where it comes from.
+    #[arg(long = "gpu-library-kernels", requires = "target")]
+    pub gpu_library_kernels: bool,
 
     /// Target CPU (e.g. x86-64-v3, znver4, skylake-avx512, neoverse-v1), `native` for this
     /// machine's, or `portable`: x86-64-v3 (AVX2) and x86-64-v4 (AVX-512, plus avx512_bf16

@@ -95,7 +95,8 @@ pub struct RowGpu {
     t: usize,
     r: usize,
     /// The tensors' element type: f32, f16 or bf16 (read into f32, computed in f32, rounded
-    /// once when stored) or f64 (computed in f64: softmax and reductions only).
+    /// once when stored), f64 (computed in f64: softmax and reductions only), bool (max and
+    /// min on 0 and 1 in f32) or i32 (sum, max and min, exact in f64).
     elem: DType,
 }
 
@@ -174,7 +175,7 @@ impl RowGpu {
     /// Bytes of a value in the compute type (a shared-memory slot of the reductions).
     fn elem_bytes(&self) -> usize {
         match self.elem {
-            DType::F64 => 8,
+            DType::F64 | DType::I32 => 8,
             _ => 4,
         }
     }
@@ -212,9 +213,19 @@ pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GpuK
             ..
         }
     );
+    // i32 ReduceSum/Max/Min in f64: exact for rows shorter than 2^22 (sums below 2^53),
+    // wrapped to 32 bits when stored, as the reference's int32 sum wraps.
+    let i32_ok = match node.op() {
+        Op::Reduce {
+            kind: ReduceKind::Sum | ReduceKind::Max | ReduceKind::Min,
+            ..
+        } => node.input_shape(0)?.iter().all(|&d| d > 0 && d < 1 << 22),
+        _ => false,
+    };
     if !(matches!(elem, DType::F32 | DType::F16 | DType::BF16)
         || (elem == DType::F64 && f64_ok)
-        || (elem == DType::Bool && bool_ok))
+        || (elem == DType::Bool && bool_ok)
+        || (elem == DType::I32 && i32_ok))
     {
         return Ok(None);
     }
@@ -732,7 +743,7 @@ impl RowGpu {
     /// The type values are computed in: f64 for f64 tensors, else f32.
     fn compute_type<'ctx>(&self, e: &Emit<'_, 'ctx>) -> inkwell::types::FloatType<'ctx> {
         match self.elem {
-            DType::F64 => e.cx.f64_type(),
+            DType::F64 | DType::I32 => e.cx.f64_type(),
             _ => e.cx.f32_type(),
         }
     }
@@ -766,6 +777,13 @@ impl RowGpu {
                 // SAFETY (of the IR): i indexes the tensor the plan gave the kernel.
                 let p = unsafe { e.b.build_in_bounds_gep(e.cx.f16_type(), base, &[i], "") }.map_err(llvm)?;
                 e.store(p, h)
+            }
+            DType::I32 => {
+                let wide =
+                    e.b.build_float_to_signed_int(v, e.cx.i64_type(), "")
+                        .map_err(llvm)?;
+                let low = e.b.build_int_truncate(wide, e.cx.i32_type(), "").map_err(llvm)?;
+                ew::store_one(e, base, DType::I32, i, low.into())
             }
             DType::Bool => {
                 let set = fcmp(e, FloatPredicate::ONE, v, e.f32c(0.0))?;
@@ -912,6 +930,11 @@ fn load_elem<'ctx>(
         }
         DType::F64 => super::scalar::load_real(e, base, DType::F64, i),
         DType::BF16 => Ok(ew::load_one(e, base, elem, i)?.into_float_value()),
+        DType::I32 => {
+            let v = ew::load_one(e, base, elem, i)?.into_int_value();
+            e.b.build_signed_int_to_float(v, e.cx.f64_type(), "")
+                .map_err(llvm)
+        }
         DType::Bool => {
             let set = ew::load_one(e, base, elem, i)?.into_int_value();
             e.b.build_unsigned_int_to_float(set, e.cx.f32_type(), "")

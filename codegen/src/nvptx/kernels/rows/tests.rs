@@ -416,6 +416,30 @@ fn bool_max_and_min_are_any_and_all() {
 }
 
 #[test]
+fn i32_sums_wrap_and_extremes_are_exact() {
+    for kind in [ReduceKind::Sum, ReduceKind::Max, ReduceKind::Min] {
+        let mut g = G::new(97);
+        // Large values: the sums pass 2^31 and wrap, as the reference's int32 sum does.
+        let v: Vec<i32> = (0..60)
+            .map(|i: i32| (i * 1_234_567_891i32.wrapping_mul(i + 1)) | 1)
+            .collect();
+        g.inputs.push(Tensor::from_vec(vec![4, 15], v));
+        let ty = TensorType::new(DType::I32, vec![Dim::Fixed(4), Dim::Fixed(15)]);
+        let x = g.g.add_input("i", ty);
+        let a = g.constant(Tensor::from_vec(vec![1], vec![1i64]));
+        let y = g.node(
+            Op::Reduce {
+                kind,
+                keepdims: true,
+                noop_with_empty_axes: false,
+            },
+            vec![Some(x), Some(a)],
+        );
+        g.check(y, "gpu");
+    }
+}
+
+#[test]
 fn f64_softmax_and_reductions_compute_in_f64() {
     for (i, (shape, axis)) in [(vec![3usize, 300], -1i64), (vec![4, 70, 5], 1)]
         .into_iter()
@@ -638,7 +662,8 @@ fn global_pools() {
 
 #[test]
 fn declines_what_it_does_not_handle() {
-    // Empty axes with noop_with_empty_axes (the identity) run as a library kernel.
+    // Empty axes with noop_with_empty_axes (the identity): the row generator declines it and
+    // the copy generator takes it.
     let mut g = G::new(1);
     let x = g.input(&[4, 5, 6]);
     let a = g.constant(Tensor::from_vec(vec![0], Vec::<i64>::new()));
@@ -651,11 +676,15 @@ fn declines_what_it_does_not_handle() {
         vec![Some(x), Some(a)],
     );
     let (gr, _) = g.graph(y);
-    let plan = crate::plan::build(&gr, &crate::target::TargetDesc::cuda(80).unwrap(), true).unwrap();
-    assert!(!matches!(
-        plan.kernels[0].imp,
-        crate::plan::kernel::KernelImpl::Gpu(_)
-    ));
+    let target = crate::target::TargetDesc::cuda(80).unwrap();
+    let node = crate::node::NodeInfo::new(&gr, y.node);
+    assert!(super::lower(&node, &target).unwrap().is_none());
+    let plan = crate::plan::build(&gr, &target, true).unwrap();
+    assert!(
+        plan.kernels[0].describe().starts_with("gpu copy"),
+        "{}",
+        plan.kernels[0].describe()
+    );
 }
 
 #[test]
