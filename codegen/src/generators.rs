@@ -68,6 +68,8 @@ pub enum GpuGenerator {
     Lrn,
     /// RoiAlign, a thread per output bin (`roi_align`).
     RoiAlign,
+    /// Det, a thread per matrix (`det`).
+    Det,
 }
 
 /// A CPU kernel generator (`gen/`).
@@ -107,6 +109,7 @@ pub fn generators(op: &Op) -> Generators {
         Op::Signal(SignalOp::Dft { .. } | SignalOp::Stft { .. }) => (&[G::Spectral], &[]),
         Op::Vision(VisionOp::Lrn { .. }) => (&[G::Lrn], &[]),
         Op::Vision(VisionOp::RoiAlign { .. }) => (&[G::RoiAlign], &[]),
+        Op::Misc(MiscOp::Det) => (&[G::Det], &[]),
         Op::EyeLike { .. } | Op::OneHot { .. } | Op::Misc(MiscOp::ReverseSequence { .. }) => {
             (&[G::IndexMap], &[])
         }
@@ -173,6 +176,7 @@ impl GpuGenerator {
             GpuGenerator::MatMulF64 => kernels::matmul_f64::lower(node, target),
             GpuGenerator::Lrn => kernels::lrn::lower(node, target),
             GpuGenerator::RoiAlign => kernels::roi_align::lower(node, target),
+            GpuGenerator::Det => kernels::det::lower(node, target),
         }
     }
 }

@@ -8,6 +8,7 @@ pub mod attention_general;
 pub mod batch_norm;
 pub mod copy;
 pub mod cumulative;
+pub mod det;
 pub mod dynamic_quantize;
 pub mod elementwise;
 pub mod gather;
