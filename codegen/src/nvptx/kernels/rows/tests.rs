@@ -421,7 +421,7 @@ fn i32_sums_wrap_and_extremes_are_exact() {
         let mut g = G::new(97);
         // Large values: the sums pass 2^31 and wrap, as the reference's int32 sum does.
         let v: Vec<i32> = (0..60)
-            .map(|i: i32| (i * 1_234_567_891i32.wrapping_mul(i + 1)) | 1)
+            .map(|i: i32| i.wrapping_mul(1_234_567_891i32.wrapping_mul(i + 1)) | 1)
             .collect();
         g.inputs.push(Tensor::from_vec(vec![4, 15], v));
         let ty = TensorType::new(DType::I32, vec![Dim::Fixed(4), Dim::Fixed(15)]);
