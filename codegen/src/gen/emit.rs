@@ -156,6 +156,12 @@ impl<'a, 'ctx> Emit<'a, 'ctx> {
         self.b.build_float_compare(p, a, b, "").map_err(llvm)
     }
 
+    /// `v` (signed) clamped to `[lo, hi]`.
+    pub fn clamp_int(&self, v: IntValue<'ctx>, lo: i64, hi: i64) -> Result<IntValue<'ctx>> {
+        let v = self.select_int(self.icmp(IntPredicate::SLT, v, self.i64c(lo))?, self.i64c(lo), v)?;
+        self.select_int(self.icmp(IntPredicate::SGT, v, self.i64c(hi))?, self.i64c(hi), v)
+    }
+
     /// `v` clamped to `[lo, hi]` by ordered compares, so NaN passes through (f32 or f64).
     pub fn clamp_float(
         &self,

@@ -15,7 +15,7 @@ use crate::error::{CodegenError, Result};
 use crate::kernel::KernelCommon;
 use crate::target::TargetDesc;
 use inkwell::types::{BasicTypeEnum, VectorType};
-use inkwell::values::{BasicValue, BasicValueEnum, IntValue, PointerValue, VectorValue};
+use inkwell::values::{BasicValue, BasicValueEnum, FloatValue, IntValue, PointerValue, VectorValue};
 use inkwell::{FloatPredicate, IntPredicate};
 use kiln_ir::{Binary, DType, Graph, NodeId, Op, QuantOp, Unary, ValueId};
 use std::collections::HashMap;
@@ -1237,6 +1237,15 @@ pub(crate) fn round_bf16<'ctx>(
     Ok(b.build_bit_cast(r, e.vty(n), "")
         .map_err(llvm)?
         .into_vector_value())
+}
+
+/// [`round_bf16`] of one f32 value.
+pub(crate) fn round_bf16_one<'ctx>(e: &Emit<'_, 'ctx>, x: FloatValue<'ctx>) -> Result<FloatValue<'ctx>> {
+    let r = round_bf16(e, e.splat(x, 1)?, 1)?;
+    Ok(e.b
+        .build_extract_element(r, e.i32c(0), "")
+        .map_err(llvm)?
+        .into_float_value())
 }
 
 /// `x` rounded to the nearest f16 (even on ties), kept in f32: what an f16 result holds.

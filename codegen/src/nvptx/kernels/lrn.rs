@@ -3,7 +3,7 @@
 //! `[c - ⌊(size-1)/2⌋, c + ⌈(size-1)/2⌉]` clipped to the channels, in f64 with the math
 //! library's `pow`, as the library kernel (`kiln_uk_lrn`) and the reference compute it.
 
-use super::scalar::{load_real, store_real};
+use super::scalar::{load_local, load_real, store_real};
 use crate::error::Result;
 use crate::gen::emit::Emit;
 use crate::gen::llvm;
@@ -11,8 +11,6 @@ use crate::kernel::KernelCommon;
 use crate::node::NodeInfo;
 use crate::nvptx::{GpuBuilder, GpuKernel, LaunchDims};
 use crate::target::TargetDesc;
-use inkwell::values::IntValue;
-use inkwell::IntPredicate;
 use kiln_ir::{DType, Layout, Op, VisionOp};
 
 const THREADS: u64 = 256;
@@ -88,8 +86,8 @@ impl GpuKernel for LrnGpu {
             let ch = e.uremc(e.udivc(idx, inner)?, c)?;
             let b = e.udivc(idx, c * inner)?;
             // The window [max(ch - before, 0), min(ch + after, c - 1)], as a half-open range.
-            let lo = clamp(&e, e.sub(ch, e.i64c(before))?, 0, c - 1)?;
-            let hi = clamp(&e, e.addc(ch, after + 1)?, 0, c)?;
+            let lo = e.clamp_int(e.sub(ch, e.i64c(before))?, 0, c - 1)?;
+            let hi = e.clamp_int(e.addc(ch, after + 1)?, 0, c)?;
             e.store(acc, f64t.const_zero())?;
             e.for_range(lo, hi, 1, |kk| {
                 let v = load_real(
@@ -98,11 +96,13 @@ impl GpuKernel for LrnGpu {
                     self.dtype,
                     e.add(e.mulc(e.add(e.mulc(b, c)?, kk)?, inner)?, i)?,
                 )?;
-                let s = e.b.build_load(f64t, acc, "").map_err(llvm)?.into_float_value();
                 let sq = e.b.build_float_mul(v, v, "").map_err(llvm)?;
-                e.store(acc, e.b.build_float_add(s, sq, "").map_err(llvm)?)
+                e.store(
+                    acc,
+                    e.b.build_float_add(load_local(&e, acc)?, sq, "").map_err(llvm)?,
+                )
             })?;
-            let sq = e.b.build_load(f64t, acc, "").map_err(llvm)?.into_float_value();
+            let sq = load_local(&e, acc)?;
             let scaled =
                 e.b.build_float_mul(f64t.const_float(self.alpha / self.size as f64), sq, "");
             let base =
@@ -119,12 +119,6 @@ impl GpuKernel for LrnGpu {
         })?;
         k.ret()
     }
-}
-
-/// `v` (signed) clamped to `[lo, hi]`.
-fn clamp<'ctx>(e: &Emit<'_, 'ctx>, v: IntValue<'ctx>, lo: i64, hi: i64) -> Result<IntValue<'ctx>> {
-    let v = e.select_int(e.icmp(IntPredicate::SLT, v, e.i64c(lo))?, e.i64c(lo), v)?;
-    e.select_int(e.icmp(IntPredicate::SGT, v, e.i64c(hi))?, e.i64c(hi), v)
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@
 //! Each thread walks its A row and B column directly — a simple kernel for the f64 products
 //! of einsum and attention tests and scientific models, not a fast one.
 
-use super::scalar::{load_real, store_real};
+use super::scalar::{load_local, load_real, store_real};
 use crate::error::Result;
 use crate::gen::emit::Emit;
 use crate::gen::llvm;
@@ -119,12 +119,14 @@ impl GpuKernel for MatMulF64 {
             e.for_range(e.i64c(0), e.i64c(kk), 1, |p| {
                 let x = load_real(&e, a, DType::F64, e.add(a_row, p)?)?;
                 let w = load_real(&e, b, DType::F64, e.add(b_col, e.mulc(p, n)?)?)?;
-                let s = e.b.build_load(f64t, acc, "").map_err(llvm)?.into_float_value();
                 let prod = e.b.build_float_mul(x, w, "").map_err(llvm)?;
-                e.store(acc, e.b.build_float_add(s, prod, "").map_err(llvm)?)
+                e.store(
+                    acc,
+                    e.b.build_float_add(load_local(&e, acc)?, prod, "")
+                        .map_err(llvm)?,
+                )
             })?;
-            let s = e.b.build_load(f64t, acc, "").map_err(llvm)?.into_float_value();
-            store_real(&e, y, DType::F64, idx, s)
+            store_real(&e, y, DType::F64, idx, load_local(&e, acc)?)
         })?;
         k.ret()
     }

@@ -8,7 +8,7 @@
 //! largest weighted corner. A batch index outside the images is `KILN_CUDA_EINDEX` (the
 //! library kernel's error), the bin then read from image 0.
 
-use super::scalar::{load_index, load_real, store_real};
+use super::scalar::{load_index, load_local, load_real, store_real};
 use crate::error::Result;
 use crate::gen::emit::Emit;
 use crate::gen::llvm;
@@ -242,9 +242,6 @@ impl RoiAlignGpu {
         let (ph, pw) = (self.ph as i64, self.pw as i64);
         let acc = e.entry_alloca(f64t, "acc")?;
         let any = e.entry_alloca(e.cx.bool_type(), "any")?;
-        let load = |p| -> Result<FloatValue<'ctx>> {
-            Ok(e.b.build_load(f64t, p, "").map_err(llvm)?.into_float_value())
-        };
         let to_f = |i: IntValue<'ctx>| e.b.build_signed_int_to_float(i, f64t, "").map_err(llvm);
         let fadd = |a: FloatValue<'ctx>, b: FloatValue<'ctx>| e.b.build_float_add(a, b, "").map_err(llvm);
         let fmul = |a: FloatValue<'ctx>, b: FloatValue<'ctx>| e.b.build_float_mul(a, b, "").map_err(llvm);
@@ -295,7 +292,7 @@ impl RoiAlignGpu {
                             );
                             m = e.select_float(take.map_err(llvm)?, v, m)?;
                         }
-                        let a = load(acc)?;
+                        let a = load_local(&e, acc)?;
                         let seen =
                             e.b.build_load(e.cx.bool_type(), any, "")
                                 .map_err(llvm)?
@@ -313,7 +310,7 @@ impl RoiAlignGpu {
                         e.store(acc, e.select_float(take.map_err(llvm)?, m, a)?)?;
                         e.store(any, e.cx.bool_type().const_all_ones())
                     } else {
-                        let mut a = load(acc)?;
+                        let mut a = load_local(&e, acc)?;
                         for t in taps {
                             a = fadd(a, weighted(t)?)?;
                         }
@@ -321,7 +318,7 @@ impl RoiAlignGpu {
                     }
                 })
             })?;
-            let a = load(acc)?;
+            let a = load_local(&e, acc)?;
             let v = if self.max_mode {
                 let seen =
                     e.b.build_load(e.cx.bool_type(), any, "")

@@ -288,16 +288,12 @@ impl GridSampleGpu {
                 e.icmp(IntPredicate::SLE, t, e.i64c(last))?,
                 "",
             );
-            let clamp = |t: IntValue<'ctx>| -> Result<IntValue<'ctx>> {
-                let t = e.select_int(e.icmp(IntPredicate::SLT, t, e.i64c(0))?, e.i64c(0), t)?;
-                e.select_int(e.icmp(IntPredicate::SGT, t, e.i64c(last))?, e.i64c(last), t)
-            };
             let t = match self.padding {
                 GridPadding::Zeros => e.select_int(inside.map_err(llvm)?, t, e.i64c(-1))?,
-                GridPadding::Border => clamp(t)?,
+                GridPadding::Border => e.clamp_int(t, 0, last)?,
                 GridPadding::Reflection => {
                     let tf = e.b.build_signed_int_to_float(t, f64t, "").map_err(llvm)?;
-                    clamp(to_index(e, reflect(e, tf, lo, hi)?)?)?
+                    e.clamp_int(to_index(e, reflect(e, tf, lo, hi)?)?, 0, last)?
                 }
             };
             out.push((t, w));

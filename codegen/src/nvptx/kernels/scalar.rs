@@ -41,13 +41,7 @@ fn narrow<'ctx>(e: &Emit<'_, 'ctx>, dtype: DType, v: FloatValue<'ctx>) -> Result
             let h = e.b.build_float_trunc(v, e.cx.f16_type(), "").map_err(llvm)?;
             e.b.build_float_ext(h, f32t, "").map_err(llvm)?
         }
-        DType::BF16 => {
-            let s = e.b.build_float_trunc(v, f32t, "").map_err(llvm)?;
-            let r = ew::round_bf16(e, e.splat(s, 1)?, 1)?;
-            e.b.build_extract_element(r, e.i32c(0), "")
-                .map_err(llvm)?
-                .into_float_value()
-        }
+        DType::BF16 => ew::round_bf16_one(e, e.b.build_float_trunc(v, f32t, "").map_err(llvm)?)?,
         _ => e.b.build_float_trunc(v, f32t, "").map_err(llvm)?,
     })
 }

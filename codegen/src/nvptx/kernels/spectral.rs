@@ -10,7 +10,7 @@
 //! along the axis (zeros past them), and for a one-sided inverse (irfft) the missing half
 //! rebuilt by conjugate symmetry; the inverse is scaled by `1/n`.
 
-use super::scalar::{load_real, store_real};
+use super::scalar::{load_local, load_real, store_real};
 use crate::error::Result;
 use crate::gen::emit::Emit;
 use crate::gen::llvm;
@@ -18,7 +18,7 @@ use crate::kernel::{KernelCommon, PackedConst};
 use crate::node::NodeInfo;
 use crate::nvptx::{GpuBuilder, GpuKernel, LaunchDims};
 use crate::target::TargetDesc;
-use inkwell::values::{FloatValue, IntValue, PointerValue};
+use inkwell::values::{FloatValue, IntValue};
 use inkwell::IntPredicate;
 use kiln_ir::{DType, Layout, Op, SignalOp};
 
@@ -170,9 +170,6 @@ impl SpectralGpu {
         e.store(im, f64t.const_zero())?;
         e.store(power, e.i64c(0))?;
         let step = e.uremc(freq, n)?;
-        let load = |p: PointerValue<'ctx>| -> Result<FloatValue<'ctx>> {
-            Ok(e.b.build_load(f64t, p, "").map_err(llvm)?.into_float_value())
-        };
         let fmul = |a, b| e.b.build_float_mul(a, b, "").map_err(llvm);
         e.for_range(e.i64c(0), e.i64c(n), 1, |j| {
             let (br, bi) = x(j)?;
@@ -184,14 +181,14 @@ impl SpectralGpu {
             let di =
                 e.b.build_float_add(fmul(br, wi)?, fmul(bi, wr)?, "")
                     .map_err(llvm)?;
-            e.store(re, e.b.build_float_add(load(re)?, dr, "").map_err(llvm)?)?;
-            e.store(im, e.b.build_float_add(load(im)?, di, "").map_err(llvm)?)?;
+            e.store(re, e.b.build_float_add(load_local(e, re)?, dr, "").map_err(llvm)?)?;
+            e.store(im, e.b.build_float_add(load_local(e, im)?, di, "").map_err(llvm)?)?;
             // power = (power + k) mod n, both below n.
             let next = e.add(pw, step)?;
             let wrapped = e.icmp(IntPredicate::UGE, next, e.i64c(n))?;
             e.store(power, e.select_int(wrapped, e.sub(next, e.i64c(n))?, next)?)
         })?;
-        Ok((load(re)?, load(im)?))
+        Ok((load_local(e, re)?, load_local(e, im)?))
     }
 }
 

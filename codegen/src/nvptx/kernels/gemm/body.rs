@@ -60,11 +60,7 @@ pub(super) fn store_elem<'ctx>(
 ) -> Result<()> {
     match elem {
         DType::F16 => {}
-        DType::BF16 => {
-            let r = ew::round_bf16(e, e.splat(v, 1)?, 1)?;
-            let r = e.b.build_extract_element(r, e.i32c(0), "").map_err(llvm)?;
-            return ew::store_one(e, p, elem, idx, r);
-        }
+        DType::BF16 => return ew::store_one(e, p, elem, idx, ew::round_bf16_one(e, v)?.into()),
         _ => return e.store(e.gep_f32(p, idx)?, v),
     }
     let i16t = k.cx.i16_type();

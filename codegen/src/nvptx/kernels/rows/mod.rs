@@ -492,7 +492,7 @@ fn param(node: &NodeInfo, i: usize, x: &[usize], axis: usize) -> Result<Option<P
 }
 
 // ---------------------------------------------------------------------------------------------
-// Scalar f32 arithmetic in portable IR
+// Scalar float arithmetic in portable IR
 // ---------------------------------------------------------------------------------------------
 
 pub(super) fn fadd<'ctx>(
@@ -771,36 +771,22 @@ impl RowGpu {
         i: IntValue<'ctx>,
         v: FloatValue<'ctx>,
     ) -> Result<()> {
-        match self.elem {
-            DType::F16 => {
-                let h = e.b.build_float_trunc(v, e.cx.f16_type(), "").map_err(llvm)?;
-                // SAFETY (of the IR): i indexes the tensor the plan gave the kernel.
-                let p = unsafe { e.b.build_in_bounds_gep(e.cx.f16_type(), base, &[i], "") }.map_err(llvm)?;
-                e.store(p, h)
-            }
+        let v = match self.elem {
             DType::I32 => {
+                // Exact in f64; the low 32 bits are the reference's wrapped int32 result.
                 let wide =
                     e.b.build_float_to_signed_int(v, e.cx.i64_type(), "")
                         .map_err(llvm)?;
-                let low = e.b.build_int_truncate(wide, e.cx.i32_type(), "").map_err(llvm)?;
-                ew::store_one(e, base, DType::I32, i, low.into())
+                e.b.build_int_truncate(wide, e.cx.i32_type(), "")
+                    .map_err(llvm)?
+                    .into()
             }
-            DType::Bool => {
-                let set = fcmp(e, FloatPredicate::ONE, v, e.f32c(0.0))?;
-                ew::store_one(e, base, DType::Bool, i, set.into())
-            }
-            DType::BF16 => {
-                let r = ew::round_bf16(e, e.splat(v, 1)?, 1)?;
-                let r = e.b.build_extract_element(r, e.i32c(0), "").map_err(llvm)?;
-                ew::store_one(e, base, DType::BF16, i, r)
-            }
-            DType::F64 => {
-                // SAFETY (of the IR): i indexes the tensor the plan gave the kernel.
-                let p = unsafe { e.b.build_in_bounds_gep(e.cx.f64_type(), base, &[i], "") }.map_err(llvm)?;
-                e.store(p, v)
-            }
-            _ => e.store(e.gep_f32(base, i)?, v),
-        }
+            DType::Bool => fcmp(e, FloatPredicate::ONE, v, e.f32c(0.0))?.into(),
+            DType::BF16 => ew::round_bf16_one(e, v)?.into(),
+            // f16 rounds as it is stored; f32 and f64 are stored as they are.
+            _ => v.into(),
+        };
+        ew::store_one(e, base, self.elem, i, v)
     }
 
     /// Folds `f(k, x[k])` over this thread's elements of the row, then over the row: every
@@ -918,30 +904,17 @@ fn load_elem<'ctx>(
     base: PointerValue<'ctx>,
     i: IntValue<'ctx>,
 ) -> Result<FloatValue<'ctx>> {
+    let v = ew::load_one(e, base, elem, i)?;
     match elem {
-        DType::F16 => {
-            // SAFETY (of the IR): i indexes the tensor the plan gave the kernel.
-            let p = unsafe { e.b.build_in_bounds_gep(e.cx.f16_type(), base, &[i], "") }.map_err(llvm)?;
-            let h =
-                e.b.build_load(e.cx.f16_type(), p, "")
-                    .map_err(llvm)?
-                    .into_float_value();
-            e.b.build_float_ext(h, e.cx.f32_type(), "").map_err(llvm)
-        }
-        DType::F64 => super::scalar::load_real(e, base, DType::F64, i),
-        DType::BF16 => Ok(ew::load_one(e, base, elem, i)?.into_float_value()),
         DType::I32 => {
-            let v = ew::load_one(e, base, elem, i)?.into_int_value();
-            e.b.build_signed_int_to_float(v, e.cx.f64_type(), "")
-                .map_err(llvm)
+            e.b.build_signed_int_to_float(v.into_int_value(), e.cx.f64_type(), "")
         }
         DType::Bool => {
-            let set = ew::load_one(e, base, elem, i)?.into_int_value();
-            e.b.build_unsigned_int_to_float(set, e.cx.f32_type(), "")
-                .map_err(llvm)
+            e.b.build_unsigned_int_to_float(v.into_int_value(), e.cx.f32_type(), "")
         }
-        _ => e.load_f32(e.gep_f32(base, i)?),
+        _ => return Ok(v.into_float_value()),
     }
+    .map_err(llvm)
 }
 
 /// Parameter `p` (of `elem`) for position `kk` of row `r` (see [`Param`]).
