@@ -70,6 +70,8 @@ pub enum GpuGenerator {
     RoiAlign,
     /// Det, a thread per matrix (`det`).
     Det,
+    /// Einsum, a thread per output element (`einsum`).
+    Einsum,
 }
 
 /// A CPU kernel generator (`gen/`).
@@ -110,6 +112,7 @@ pub fn generators(op: &Op) -> Generators {
         Op::Vision(VisionOp::Lrn { .. }) => (&[G::Lrn], &[]),
         Op::Vision(VisionOp::RoiAlign { .. }) => (&[G::RoiAlign], &[]),
         Op::Misc(MiscOp::Det) => (&[G::Det], &[]),
+        Op::Einsum { .. } => (&[G::Einsum], &[]),
         Op::EyeLike { .. } | Op::OneHot { .. } | Op::Misc(MiscOp::ReverseSequence { .. }) => {
             (&[G::IndexMap], &[])
         }
@@ -177,6 +180,7 @@ impl GpuGenerator {
             GpuGenerator::Lrn => kernels::lrn::lower(node, target),
             GpuGenerator::RoiAlign => kernels::roi_align::lower(node, target),
             GpuGenerator::Det => kernels::det::lower(node, target),
+            GpuGenerator::Einsum => kernels::einsum::lower(node, target),
         }
     }
 }

@@ -10,6 +10,7 @@ pub mod copy;
 pub mod cumulative;
 pub mod det;
 pub mod dynamic_quantize;
+pub mod einsum;
 pub mod elementwise;
 pub mod gather;
 pub mod gemm;

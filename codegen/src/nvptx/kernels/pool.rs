@@ -47,16 +47,25 @@ pub struct PoolGpu {
     elem: DType,
     planes: usize,
     axes: Vec<Axis>,
+    /// MaxPool's Indices output, if asked: Some(column-major) for `storage_order` 1.
+    indices: Option<bool>,
 }
 
-/// The generator: MaxPool (without its Indices output), AveragePool and LpPool.
+/// The generator: MaxPool (with or without its Indices output), AveragePool and LpPool.
 pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GpuKernel>>> {
     let Op::Pool(p) = node.op() else {
         return Ok(None);
     };
-    if !target.is_gpu() || p.channels_last || node.n_outputs() != 1 || node.extra.is_some() {
+    if !target.is_gpu() || p.channels_last || node.extra.is_some() {
         return Ok(None);
     }
+    let indices = match node.n_outputs() {
+        1 => None,
+        2 if matches!(p.kind, PoolKind::Max) && node.output_type(1).dtype == DType::I64 => {
+            Some(p.storage_order == 1)
+        }
+        _ => return Ok(None),
+    };
     let (average, lp) = match p.kind {
         PoolKind::Max => (None, None),
         PoolKind::Average { count_include_pad } => (Some(count_include_pad), None),
@@ -97,7 +106,7 @@ pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GpuK
             .join("x")
     };
     let what = format!(
-        "gpu {}{} k={} s={} out={:?}",
+        "gpu {}{}{} k={} s={} out={:?}",
         match (average, lp) {
             (Some(_), _) => "avgpool".to_string(),
             (_, Some(p)) => format!("lppool p={p}"),
@@ -107,6 +116,11 @@ pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GpuK
             String::new()
         } else {
             format!(" {elem}")
+        },
+        match indices {
+            Some(true) => " +indices (column-major)",
+            Some(false) => " +indices",
+            None => "",
         },
         list(|a| a.kernel),
         list(|a| a.stride),
@@ -119,6 +133,7 @@ pub fn lower(node: &NodeInfo, target: &TargetDesc) -> Result<Option<Box<dyn GpuK
         elem,
         planes: x[0] * x[1],
         axes,
+        indices,
     })))
 }
 
@@ -158,6 +173,7 @@ impl GpuKernel for PoolGpu {
         let lp_sum = e.entry_alloca(f64t, "lp_sum")?;
         let taken = e.entry_alloca(i64t, "taken")?;
         let padded = e.entry_alloca(i64t, "padded")?;
+        let arg = e.entry_alloca(i64t, "arg")?;
         e.if_then(inside, || {
             // Output position, last axis fastest; the first tap of the window on each axis.
             let mut rest = idx;
@@ -181,6 +197,7 @@ impl GpuKernel for PoolGpu {
             e.store(lp_sum, f64t.const_zero())?;
             e.store(taken, e.i64c(0))?;
             e.store(padded, e.i64c(0))?;
+            e.store(arg, e.i64c(-1))?;
             let taps: usize = self.axes.iter().map(|a| a.kernel).product();
             e.for_n(taps as i64, |t| {
                 let mut rest = t;
@@ -188,6 +205,9 @@ impl GpuKernel for PoolGpu {
                 let mut in_padding = in_input;
                 let mut off = e.i64c(0);
                 let mut stride = 1i64;
+                // The column-major offset, for MaxPool's indices with `storage_order` 1.
+                let mut col_off = e.i64c(0);
+                let mut col_stride: i64 = self.axes.iter().map(|a| a.input as i64).product();
                 for (d, a) in self.axes.iter().enumerate().rev() {
                     let kd = e.uremc(rest, a.kernel as i64)?;
                     rest = e.udivc(rest, a.kernel as i64)?;
@@ -201,6 +221,8 @@ impl GpuKernel for PoolGpu {
                     in_padding = e.b.build_and(in_padding, p, "").map_err(llvm)?;
                     off = e.add(off, e.mulc(s, stride)?)?;
                     stride *= a.input as i64;
+                    col_stride /= a.input as i64;
+                    col_off = e.add(col_off, e.mulc(s, col_stride)?)?;
                 }
                 if self.average == Some(true) {
                     let n = load_i64(&e, padded)?;
@@ -230,6 +252,10 @@ impl GpuKernel for PoolGpu {
                             e.b.build_float_compare(FloatPredicate::OGT, v, a, "")
                                 .map_err(llvm)?;
                         let take = e.b.build_or(first, greater, "").map_err(llvm)?;
+                        if let Some(column_major) = self.indices {
+                            let at = e.add(plane, if column_major { col_off } else { off })?;
+                            e.store(arg, e.select_int(take, at, load_i64(&e, arg)?)?)?;
+                        }
                         e.b.build_select(take, v, a, "").map_err(llvm)?.into_float_value()
                     };
                     e.store(acc, next)?;
@@ -246,6 +272,12 @@ impl GpuKernel for PoolGpu {
                 let n = load_i64(&e, if include_pad { padded } else { taken })?;
                 let nf = e.b.build_unsigned_int_to_float(n, f32t, "").map_err(llvm)?;
                 v = fdiv(&e, v, nf)?;
+            }
+            if self.indices.is_some() {
+                let out = k.output(1)?;
+                // SAFETY (of the IR): idx < total, the Indices output's length.
+                let p = unsafe { e.b.build_in_bounds_gep(i64t, out, &[idx], "") }.map_err(llvm)?;
+                e.store(p, load_i64(&e, arg)?)?;
             }
             self.store(k, &e, y, idx, v)
         })?;
@@ -408,6 +440,39 @@ mod tests {
         v[14] = f32::NAN;
         inputs[0] = Tensor::from_vec(vec![1, 1, 6, 6], v);
         check_graph(&g, &inputs);
+    }
+
+    /// MaxPool's Indices output, row- and column-major (`storage_order`), over several planes
+    /// (the index counts from the tensor's start), with padding, ties (the first tap wins) and
+    /// a 3-D window.
+    #[test]
+    fn max_pool_indices_in_both_storage_orders() {
+        #[allow(clippy::type_complexity)]
+        let cases: &[(&[usize], &[usize], &[usize], &[usize])] = &[
+            (&[2, 3, 7, 6], &[3, 2], &[2, 1], &[1, 0, 1, 1]),
+            (&[1, 2, 4, 5, 6], &[2, 3, 2], &[1, 2, 2], &[0, 1, 1, 1, 0, 0]),
+        ];
+        for &(shape, k, s, p) in cases {
+            for storage_order in [0, 1] {
+                let mut op = pool(PoolKind::Max, k, s, p, &[], false);
+                if let Op::Pool(a) = &mut op {
+                    a.storage_order = storage_order;
+                }
+                let mut g = Graph::new("t");
+                let x = g.add_input("x", TensorType::fixed(DType::F32, shape));
+                let outs = g
+                    .add_node("p", op, vec![Some(x)], vec!["y".into(), "i".into()])
+                    .unwrap();
+                g.add_output("y", outs[0]);
+                g.add_output("i", outs[1]);
+                // Few distinct values, so windows hold ties.
+                let n: usize = shape.iter().product();
+                let v: Vec<f32> = (0..n).map(|i| ((i * 7) % 5) as f32).collect();
+                let desc = check_graph(&g, &[Tensor::from_vec(shape.to_vec(), v)]);
+                assert!(desc[0].contains("+indices"), "{desc:?}");
+                ptxas_check(&g, 90);
+            }
+        }
     }
 
     /// MaxPool of 8-bit integers (QOperator models' pools), padded and strided, with a
