@@ -75,8 +75,8 @@ fn is_8bit(d: DType) -> bool {
 /// A QuantizeLinear from f32 to u8/i8 or a DequantizeLinear from u8/i8 to f32 with per-tensor
 /// parameters (`quant`), in the CPU loop and the GPU kernel: constants, or single values
 /// computed at run time (DynamicQuantizeLinear's scale and zero point), read as broadcast
-/// operands. The GPU kernel also takes 16-bit integers and per-axis parameters (read along
-/// their axis, [`per_axis_param`]).
+/// operands. The GPU kernel also takes 16-bit integers and per-axis and blocked parameters
+/// (read along their axis, [`per_axis_param`]).
 fn supports_quant(graph: &Graph, id: NodeId, gpu: bool) -> bool {
     let node = graph.node(id);
     let (Some(Some(x)), Some(Some(_))) = (node.inputs.first(), node.inputs.get(1)) else {
@@ -95,27 +95,35 @@ fn supports_quant(graph: &Graph, id: NodeId, gpu: bool) -> bool {
         && scale_f32
         && match node.op {
             Op::Quant(QuantOp::QuantizeLinear {
-                block_size: 0,
+                block_size,
                 precision: None,
                 ..
-            }) => xt == DType::F32 && int_ok(out),
-            Op::Quant(QuantOp::DequantizeLinear { block_size: 0, .. }) => int_ok(xt) && out == DType::F32,
+            }) => xt == DType::F32 && int_ok(out) && (gpu || block_size == 0),
+            Op::Quant(QuantOp::DequantizeLinear { block_size, .. }) => {
+                int_ok(xt) && out == DType::F32 && (gpu || block_size == 0)
+            }
             _ => false,
         }
 }
 
-/// The axis of node `id`'s input along which `param`, a per-axis scale or zero point of a
-/// QuantizeLinear/DequantizeLinear (1-D, as long as that axis of x, x of rank 2 or more), is
-/// read; None for any other operand.
-fn per_axis_param(graph: &Graph, id: NodeId, param: ValueId) -> Option<usize> {
+/// How a QuantizeLinear/DequantizeLinear reads a scale or zero point that is not one value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ParamAxis {
+    /// 1-D, as long as axis `.0` of x (of rank 2 or more): element `i` along that axis.
+    PerAxis(usize),
+    /// x's shape with axis `axis` divided by `block`, which divides it: element `i / block`
+    /// along that axis, the same position along the others.
+    Blocked { axis: usize, block: usize },
+}
+
+/// How node `id` reads `param`, a per-axis or blocked scale or zero point of a
+/// QuantizeLinear/DequantizeLinear; None for any other operand. (A block that does not divide
+/// its axis is left to the library kernel.)
+fn per_axis_param(graph: &Graph, id: NodeId, param: ValueId) -> Option<ParamAxis> {
     let node = graph.node(id);
-    let axis = match node.op {
-        Op::Quant(QuantOp::QuantizeLinear {
-            axis, block_size: 0, ..
-        })
-        | Op::Quant(QuantOp::DequantizeLinear {
-            axis, block_size: 0, ..
-        }) => axis,
+    let (axis, block) = match node.op {
+        Op::Quant(QuantOp::QuantizeLinear { axis, block_size, .. })
+        | Op::Quant(QuantOp::DequantizeLinear { axis, block_size, .. }) => (axis, block_size),
         _ => return None,
     };
     if !node.inputs[1..].contains(&Some(param)) {
@@ -126,8 +134,16 @@ fn per_axis_param(graph: &Graph, id: NodeId, param: ValueId) -> Option<usize> {
         .fixed_shape()?;
     let p = graph.value_type(param);
     let a = usize::try_from(if axis < 0 { axis + x.len() as i64 } else { axis }).ok()?;
-    (p.layout == kiln_ir::Layout::RowMajor && x.len() >= 2 && a < x.len() && p.fixed_shape()? == [x[a]])
-        .then_some(a)
+    if p.layout != kiln_ir::Layout::RowMajor || a >= x.len() {
+        return None;
+    }
+    let ps = p.fixed_shape()?;
+    if block == 0 {
+        return (x.len() >= 2 && ps == [x[a]]).then_some(ParamAxis::PerAxis(a));
+    }
+    let mut blocked = x.clone();
+    blocked[a] = x[a] / block;
+    (x[a] % block == 0 && ps == blocked).then_some(ParamAxis::Blocked { axis: a, block })
 }
 
 /// Whether the generator computes `node` (its operator on its operand and result dtypes).
@@ -363,11 +379,11 @@ pub(crate) fn analyze(graph: &Graph, nodes: &[NodeId]) -> Option<(EwGroup, Vec<V
             dtype: graph.value_type(n.out(0)).dtype,
         });
     }
-    // Full strides of every input on the output's axes. A per-axis quantization parameter
-    // is read along its axis: the group's output must have the node's shape, and no other
-    // reader may broadcast it the numpy way.
+    // Full strides of every input on the output's axes. A per-axis or blocked quantization
+    // parameter is read along its axis: the group's output must have the node's shape, and no
+    // other reader may broadcast it the numpy way.
     let rank = out_shape.len();
-    let mut along_axis: HashMap<ValueId, usize> = HashMap::new();
+    let mut along_axis: HashMap<ValueId, ParamAxis> = HashMap::new();
     for &n in nodes {
         for v in graph.node(n).inputs.iter().flatten() {
             if let Some(a) = per_axis_param(graph, n, *v) {
@@ -378,6 +394,37 @@ pub(crate) fn analyze(graph: &Graph, nodes: &[NodeId]) -> Option<(EwGroup, Vec<V
             }
         }
     }
+    // Blocked parameters split their axis in two, (blocks, block), so that each is read by
+    // strides: the blocks axis steps through the parameter, the block axis repeats it. One
+    // split per group.
+    let mut splits = along_axis.values().filter_map(|p| match *p {
+        ParamAxis::Blocked { axis, block } => Some((axis, block)),
+        ParamAxis::PerAxis(_) => None,
+    });
+    let split = splits.next();
+    if splits.any(|s| Some(s) != split) {
+        return None;
+    }
+    // An output-rank stride vector on the split axes.
+    let split_strides = |st: Vec<usize>| match split {
+        None => st,
+        Some((a, b)) => {
+            let mut out = st[..a].to_vec();
+            out.extend([st[a] * b, st[a]]);
+            out.extend(&st[a + 1..]);
+            out
+        }
+    };
+    // The iteration space: the output's shape, (x[a] / b, b) in place of x[a] when split.
+    let iter_shape = match split {
+        None => out_shape.clone(),
+        Some((a, b)) => {
+            let mut shape = out_shape[..a].to_vec();
+            shape.extend([out_shape[a] / b, b]);
+            shape.extend(&out_shape[a + 1..]);
+            shape
+        }
+    };
     let numpy_reader = |v: ValueId| {
         nodes.iter().any(|&n| {
             graph.node(n).inputs.iter().flatten().any(|u| *u == v) && per_axis_param(graph, n, v).is_none()
@@ -388,11 +435,25 @@ pub(crate) fn analyze(graph: &Graph, nodes: &[NodeId]) -> Option<(EwGroup, Vec<V
     }
     let mut full: Vec<Vec<usize>> = vec![];
     for &v in &ext {
-        if let Some(&a) = along_axis.get(&v) {
-            let mut st = vec![0usize; rank];
-            st[a] = 1;
-            full.push(st);
-            continue;
+        match along_axis.get(&v) {
+            Some(&ParamAxis::PerAxis(a)) => {
+                let mut st = vec![0usize; rank];
+                st[a] = 1;
+                full.push(split_strides(st));
+                continue;
+            }
+            Some(&ParamAxis::Blocked { axis, .. }) => {
+                // Row-major over the parameter's own shape; its blocks axis takes the
+                // parameter's stride, the block axis none.
+                let ps = graph.value_type(v).fixed_shape()?;
+                let row_major: Vec<usize> = (0..rank).map(|i| ps[i + 1..].iter().product()).collect();
+                let mut st = split_strides(row_major);
+                st[axis] = st[axis + 1];
+                st[axis + 1] = 0;
+                full.push(st);
+                continue;
+            }
+            None => {}
         }
         let s = graph.value_type(v).fixed_shape()?;
         if s.len() > rank {
@@ -409,13 +470,12 @@ pub(crate) fn analyze(graph: &Graph, nodes: &[NodeId]) -> Option<(EwGroup, Vec<V
             }
             acc *= d;
         }
-        full.push(st);
+        full.push(split_strides(st));
     }
     // Drop unit axes, then merge neighbours read alike by every input.
     let mut dims: Vec<usize> = vec![];
     let mut strides: Vec<Vec<usize>> = vec![vec![]; ext.len()];
-    for axis in 0..rank {
-        let d = out_shape[axis];
+    for (axis, &d) in iter_shape.iter().enumerate() {
         if d == 1 {
             continue;
         }

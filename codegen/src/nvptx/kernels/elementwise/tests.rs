@@ -551,6 +551,63 @@ fn quantize_and_dequantize_per_axis_and_16_bit() {
     g.check(&[q, q16, du]);
 }
 
+/// Blocked parameters (opset 21's `block_size`): a block of the axis shares one scale and zero
+/// point, on a middle axis (beside a per-axis parameter in the same group) and on the last,
+/// and a block that does not divide its axis, which the generator declines.
+#[test]
+fn quantize_and_dequantize_blocked() {
+    use kiln_ir::QuantOp;
+    let quantize = |axis, block_size, to| {
+        Op::Quant(QuantOp::QuantizeLinear {
+            axis,
+            block_size,
+            output_dtype: to,
+            precision: None,
+        })
+    };
+    let dequantize = |axis, block_size| {
+        Op::Quant(QuantOp::DequantizeLinear {
+            axis,
+            block_size,
+            output_dtype: None,
+        })
+    };
+    let mut g = G::new(620);
+    let x = g.input(DType::F32, &[2, 6, 4]);
+    // Axis 1 in blocks of 3: parameters [2, 2, 4], distinct along every axis.
+    let s: Vec<f32> = (0..16).map(|i| 0.01 + 0.004 * i as f32).collect();
+    let s = g.input_tensor(Tensor::from_vec(vec![2, 2, 4], s));
+    let z: Vec<u8> = (0..16).map(|i| (i * 16 + 3) as u8).collect();
+    let z = g.konst(Tensor::from_vec(vec![2, 2, 4], z));
+    let q = g.op(quantize(1, 3, DType::U8), &[x, s, z]);
+    let d = g.op(dequantize(1, 3), &[q, s, z]);
+    // The last axis in blocks of 2, symmetric int8, then per-axis on axis 1 in the same group.
+    let s2: Vec<f32> = (0..24).map(|i| 0.02 + 0.003 * i as f32).collect();
+    let s2 = g.konst(Tensor::from_vec(vec![2, 6, 2], s2));
+    let q2 = g.op(quantize(-1, 2, DType::I8), &[d, s2]);
+    let d2 = g.op(dequantize(2, 2), &[q2, s2]);
+    let sa = g.konst(Tensor::from_vec(
+        vec![6],
+        vec![0.05f32, 0.1, 0.02, 0.03, 0.07, 0.01],
+    ));
+    let qa = g.op(quantize(1, 0, DType::I8), &[d2, sa]);
+    g.check(&[q, qa]);
+
+    let mut g = G::new(621);
+    let x = g.input(DType::F32, &[3, 5]);
+    let s = g.konst(Tensor::from_vec(
+        vec![3, 2],
+        vec![0.01f32, 0.02, 0.03, 0.04, 0.05, 0.06],
+    ));
+    let q = g.op(quantize(1, 3, DType::I8), &[x, s]);
+    g.g.add_output("y", q);
+    let d = check_graph(&g.g, &g.inputs);
+    assert!(
+        d[0].starts_with("kiln_uk"),
+        "a block of 3 does not divide 5: {d:?}"
+    );
+}
+
 /// Integer Div/Mod/FMod (zero and -1 divisors, the most negative dividend) and float Mod/FMod
 /// (zero and infinite divisors, an infinite dividend) in GPU kernels, as the reference.
 #[test]
