@@ -72,6 +72,8 @@ pub enum GpuGenerator {
     Det,
     /// Einsum, a thread per output element (`einsum`).
     Einsum,
+    /// MaxUnpool, one block (`unpool`).
+    Unpool,
 }
 
 /// A CPU kernel generator (`gen/`).
@@ -113,6 +115,7 @@ pub fn generators(op: &Op) -> Generators {
         Op::Vision(VisionOp::RoiAlign { .. }) => (&[G::RoiAlign], &[]),
         Op::Misc(MiscOp::Det) => (&[G::Det], &[]),
         Op::Einsum { .. } => (&[G::Einsum], &[]),
+        Op::Vision(VisionOp::MaxUnpool { .. }) => (&[G::Unpool], &[]),
         Op::EyeLike { .. } | Op::OneHot { .. } | Op::Misc(MiscOp::ReverseSequence { .. }) => {
             (&[G::IndexMap], &[])
         }
@@ -181,6 +184,7 @@ impl GpuGenerator {
             GpuGenerator::RoiAlign => kernels::roi_align::lower(node, target),
             GpuGenerator::Det => kernels::det::lower(node, target),
             GpuGenerator::Einsum => kernels::einsum::lower(node, target),
+            GpuGenerator::Unpool => kernels::unpool::lower(node, target),
         }
     }
 }

@@ -489,7 +489,7 @@ fn element_size(node: &NodeInfo) -> u64 {
     node.output_type(0).dtype.size_bytes() as u64
 }
 
-fn int_type<'ctx>(k: &GpuBuilder<'_, 'ctx>, bytes: u64) -> IntType<'ctx> {
+pub(super) fn int_type<'ctx>(k: &GpuBuilder<'_, 'ctx>, bytes: u64) -> IntType<'ctx> {
     match bytes {
         1 => k.cx.i8_type(),
         2 => k.cx.i16_type(),
@@ -499,7 +499,7 @@ fn int_type<'ctx>(k: &GpuBuilder<'_, 'ctx>, bytes: u64) -> IntType<'ctx> {
 }
 
 /// Moves one `bytes`-wide unit from byte offset `from` of `src` to byte offset `to` of `dst`.
-fn move_unit<'ctx>(
+pub(super) fn move_unit<'ctx>(
     k: &GpuBuilder<'_, 'ctx>,
     e: &Emit<'_, 'ctx>,
     bytes: u64,

@@ -29,4 +29,5 @@ pub mod sample;
 pub mod scalar;
 pub mod spectral;
 pub mod topk;
+pub mod unpool;
 pub mod window_conv;

@@ -10,9 +10,11 @@
 //! `x[o·stride − pad + k·dilation]` where that lies inside the input. A transposed one
 //! scatters each input element over a window of the output; as a gather it reads
 //! `x[(o + pad − k·dilation) / stride]` wherever that division is exact and inside the input.
-//! The taps are unrolled (at most `MAX_TAPS`), the channels a loop. f32, like the library
-//! kernels, in another summation order.
+//! The taps are unrolled (at most `MAX_TAPS`), the channels a loop. f32 sums in f32, like the
+//! library kernels, in another summation order; f16, bf16 and f64 (exports of causal and
+//! depthwise 1-D convolutions in half precision) sum in f64 and round once.
 
+use super::scalar::{load_real, store_real};
 use crate::error::Result;
 use crate::gen::emit::Emit;
 use crate::gen::llvm;
@@ -49,10 +51,11 @@ struct WindowConv {
     groups: usize,
     axes: Vec<Axis>,
     bias: bool,
+    dtype: DType,
 }
 
-/// The kernel for an f32 ConvTranspose or a 3-D f32 Conv, or None (other dtypes, layouts,
-/// ranks, windows too large).
+/// The kernel for a float ConvTranspose, 3-D Conv or Conv of run-time weights, or None (other
+/// dtypes, layouts, ranks, windows too large).
 pub fn lower(node: &NodeInfo, _target: &TargetDesc) -> Result<Option<Box<dyn GpuKernel>>> {
     let transposed = match node.op() {
         Op::ConvTranspose(_) => true,
@@ -71,14 +74,16 @@ pub fn lower(node: &NodeInfo, _target: &TargetDesc) -> Result<Option<Box<dyn Gpu
     if node.n_outputs() != 1 {
         return Ok(None);
     }
-    let f32_row_major = |t: Option<&kiln_ir::TensorType>| {
-        t.is_some_and(|t| t.dtype == DType::F32 && t.layout == Layout::RowMajor && t.is_static())
+    let dtype = node.output_type(0).dtype;
+    let row_major = |t: Option<&kiln_ir::TensorType>| {
+        t.is_some_and(|t| t.dtype == dtype && t.layout == Layout::RowMajor && t.is_static())
     };
     let bias = node.has_input(2);
-    if !f32_row_major(node.input_type(0))
-        || !f32_row_major(node.input_type(1))
-        || (bias && !f32_row_major(node.input_type(2)))
-        || !f32_row_major(Some(node.output_type(0)))
+    if !dtype.is_float()
+        || !row_major(node.input_type(0))
+        || !row_major(node.input_type(1))
+        || (bias && !row_major(node.input_type(2)))
+        || !row_major(Some(node.output_type(0)))
     {
         return Ok(None);
     }
@@ -130,6 +135,7 @@ pub fn lower(node: &NodeInfo, _target: &TargetDesc) -> Result<Option<Box<dyn Gpu
         groups,
         axes,
         bias,
+        dtype,
     })))
 }
 
@@ -144,7 +150,7 @@ impl KernelCommon for WindowConv {
         let k: Vec<String> = self.axes.iter().map(|a| a.kernel.to_string()).collect();
         let s: Vec<String> = self.axes.iter().map(|a| a.stride.to_string()).collect();
         format!(
-            "gpu {}{}/{} C={} M={} groups={}",
+            "gpu {}{}/{} C={} M={} groups={}{}",
             if self.transposed {
                 "conv_transpose"
             } else {
@@ -154,7 +160,11 @@ impl KernelCommon for WindowConv {
             s.join("x"),
             self.c,
             self.m,
-            self.groups
+            self.groups,
+            match self.dtype {
+                DType::F32 => String::new(),
+                d => format!(" {d}"),
+            }
         )
     }
 }
@@ -171,7 +181,20 @@ impl GpuKernel for WindowConv {
         let (cg, mg) = (self.c / self.groups, self.m / self.groups);
         let in_plane: usize = self.axes.iter().map(|a| a.input).product();
         let taps: usize = self.axes.iter().map(|a| a.kernel).product();
-        let acc = e.entry_alloca(k.cx.f32_type(), "acc")?;
+        // f32 sums in f32; the other floats in f64, loaded widened and rounded once.
+        let wide = self.dtype != DType::F32;
+        let load = |p, i| match wide {
+            true => load_real(&e, p, self.dtype, i),
+            false => e.load_f32(e.gep_f32(p, i)?),
+        };
+        let acc_type = if wide { k.cx.f64_type() } else { k.cx.f32_type() };
+        let acc = e.entry_alloca(acc_type, "acc")?;
+        let load_acc = || -> Result<_> {
+            Ok(e.b
+                .build_load(acc_type, acc, "")
+                .map_err(llvm)?
+                .into_float_value())
+        };
         k.grid_stride_loop(self.total(), THREADS, |i| {
             // (n, m, o[spatial]) of the output element.
             let mut dims = vec![self.batch, self.m];
@@ -180,8 +203,8 @@ impl GpuKernel for WindowConv {
             let (n, m, o) = (coord[0], coord[1], &coord[2..]);
             let g = e.udivc(m, mg as i64)?;
             let init = match bias {
-                Some(b) => e.load_f32(e.gep_f32(b, m)?)?,
-                None => e.f32c(0.0),
+                Some(b) => load(b, m)?,
+                None => acc_type.const_zero(),
             };
             e.store(acc, init)?;
             e.for_range(e.i64c(0), e.i64c(cg as i64), 1, |cc| {
@@ -227,16 +250,19 @@ impl GpuKernel for WindowConv {
                         off = e.add(e.mulc(off, a.input as i64)?, pos)?;
                     }
                     e.if_then(valid, || {
-                        let xv = e.load_f32(e.gep_f32(x, e.add(x_base, off)?)?)?;
-                        let wv = e.load_f32(e.gep_f32(w, e.addc(w_base, tap as i64)?)?)?;
+                        let xv = load(x, e.add(x_base, off)?)?;
+                        let wv = load(w, e.addc(w_base, tap as i64)?)?;
                         let prod = e.b.build_float_mul(xv, wv, "").map_err(llvm)?;
-                        let sum = e.b.build_float_add(e.load_f32(acc)?, prod, "").map_err(llvm)?;
+                        let sum = e.b.build_float_add(load_acc()?, prod, "").map_err(llvm)?;
                         e.store(acc, sum)
                     })?;
                 }
                 Ok(())
             })?;
-            e.store(e.gep_f32(y, i)?, e.load_f32(acc)?)
+            match wide {
+                true => store_real(&e, y, self.dtype, i, load_acc()?),
+                false => e.store(e.gep_f32(y, i)?, load_acc()?),
+            }
         })?;
         k.ret()
     }
@@ -366,6 +392,49 @@ mod tests {
         }
         for sm in [80, 90] {
             ptxas_check(&cases[0].direct().0, sm);
+        }
+    }
+
+    /// f16, bf16 and f64 tensors, summed in f64 and rounded once: the depthwise causal 1-D
+    /// convolution of half-precision exports (weights at run time) and a transposed one.
+    #[test]
+    fn half_and_double_precision() {
+        let values = |n: usize, seed: usize| -> Vec<f64> {
+            (0..n)
+                .map(|i| ((i * 29 + seed) % 17) as f64 * 0.125 - 1.0)
+                .collect()
+        };
+        for dtype in [DType::F16, DType::BF16, DType::F64] {
+            let tensor = |shape: &[usize], seed| {
+                let n = shape.iter().product();
+                Tensor::from_vec(shape.to_vec(), values(n, seed)).cast(dtype)
+            };
+            let mut g = Graph::new("t");
+            let (xs, ws) = ([2, 4, 11], [4, 1, 4]);
+            let x = g.add_input("x", TensorType::fixed(dtype, &xs));
+            let w = g.add_input("w", TensorType::fixed(dtype, &ws));
+            let b = g.add_const("b", tensor(&[4], 3));
+            let op = Op::Conv(attrs(&[4], &[1], &[3, 0], &[1], 4));
+            let y = g.add("conv", op, vec![Some(x), Some(w), Some(b)], "y").unwrap();
+            g.add_output("y", y);
+            let d = check_graph(&g, &[tensor(&xs, 1), tensor(&ws, 2)]);
+            assert!(
+                d[0].starts_with("gpu direct conv4/1") && d[0].contains(dtype.name()),
+                "{d:?}"
+            );
+
+            let mut g = Graph::new("t");
+            let x = g.add_input("x", TensorType::fixed(dtype, &[1, 3, 4, 5]));
+            let w = g.add_const("w", tensor(&[3, 2, 3, 3], 4));
+            let op = Op::ConvTranspose(ConvTransposeAttrs {
+                conv: attrs(&[3, 3], &[2, 2], &[1, 1, 1, 1], &[1, 1], 1),
+                output_padding: vec![1, 1],
+                output_shape: vec![],
+            });
+            let y = g.add("conv", op, vec![Some(x), Some(w)], "y").unwrap();
+            g.add_output("y", y);
+            check(&g, &[tensor(&[1, 3, 4, 5], 5)], "gpu conv_transpose");
+            ptxas_check(&g, 80);
         }
     }
 
