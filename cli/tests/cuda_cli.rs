@@ -114,23 +114,25 @@ fn missing_libdevice_is_named() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A node without a GPU kernel (a diagonal Einsum) is refused for the GPU, named, with the flag
+/// A node without a GPU kernel (an int64 MatMul) is refused for the GPU, named, with the flag
 /// that accepts it as a C library kernel on one GPU block; with the flag the model compiles.
 #[test]
 fn a_node_without_a_gpu_kernel_needs_gpu_library_kernels() {
-    use kiln_frontend::onnx::proto::{attribute_type, AttributeProto};
-    let dir = scratch("diag");
-    let mut m = one_node_model("Einsum", "diag_node");
+    use kiln_frontend::onnx::proto::{data_type, TypeValue};
+    let dir = scratch("int-matmul");
+    let mut m = one_node_model("MatMul", "int_matmul_node");
     let g = m.graph.as_mut().unwrap();
-    g.node[0].attribute.push(AttributeProto {
-        name: "equation".into(),
-        r#type: attribute_type::STRING,
-        s: b"bii->bi".to_vec().into(),
-        ..Default::default()
-    });
-    g.input = vec![value_info("x", &[2, 3, 3])];
-    g.output = vec![value_info("y", &[2, 3])];
-    let model = write_model(&dir, "diag.onnx", &m);
+    g.node[0].input = vec!["x".into(), "w".into()];
+    let int64 = |name: &str, dims: &[i64]| {
+        let mut v = value_info(name, dims);
+        if let Some(TypeValue::TensorType(t)) = v.r#type.as_mut().and_then(|t| t.value.as_mut()) {
+            t.elem_type = data_type::INT64;
+        }
+        v
+    };
+    g.input = vec![int64("x", &[2, 3]), int64("w", &[3, 4])];
+    g.output = vec![int64("y", &[2, 4])];
+    let model = write_model(&dir, "int_matmul.onnx", &m);
     let compile = |extra: &[&str]| {
         kiln()
             .args(["compile", "--target", "cuda", "--emit", "ptx", "-q"])
@@ -144,13 +146,15 @@ fn a_node_without_a_gpu_kernel_needs_gpu_library_kernels() {
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(4), "{err}");
     assert!(
-        err.contains("diag_node") && err.contains("no GPU kernel") && err.contains("--gpu-library-kernels"),
+        err.contains("int_matmul_node")
+            && err.contains("no GPU kernel")
+            && err.contains("--gpu-library-kernels"),
         "{err}"
     );
     assert_eq!(err.trim().lines().count(), 1, "not a one-line error: {err}");
-    assert!(!dir.join("diag.ptx").exists(), "a refused model left its PTX");
+    assert!(!dir.join("int_matmul.ptx").exists(), "a refused model left its PTX");
     let out = compile(&["--gpu-library-kernels"]);
     assert!(out.status.success(), "{}", stderr(&out));
-    assert!(dir.join("diag.ptx").exists());
+    assert!(dir.join("int_matmul.ptx").exists());
     let _ = std::fs::remove_dir_all(&dir);
 }

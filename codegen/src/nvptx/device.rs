@@ -361,7 +361,7 @@ fn inline_library_calls<'ctx>(cx: &'ctx Context, module: &Module<'ctx>) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::plan;
     use kiln_ir::{DType, Op, Tensor, TensorType};
@@ -392,9 +392,33 @@ mod tests {
         }
     }
 
-    /// MatMul's micro-kernel is listed as block-parallel, MaxUnpool's is not: one launch of a
-    /// block of LIBRARY_THREADS, one of a single thread, each entry starting the block state.
-    /// (Integer MatMul and MaxUnpool have no GPU generator.)
+    /// Adds a node that runs as a library kernel on one GPU thread: a QLinearMatMul with a
+    /// scale per row of A (`[M, 1]`), which the integer GPU kernel does not take and whose
+    /// micro-kernel (`matmul_integer`) is not block-parallel. Its run-time input is "qa", u8
+    /// `[4, 6]`. Returns its output.
+    pub(crate) fn one_thread_library_node(g: &mut Graph) -> kiln_ir::ValueId {
+        let qa = g.add_input("qa", TensorType::fixed(DType::U8, &[4, 6]));
+        let sa = g.add_const(
+            "sa",
+            Tensor::from_vec(vec![4, 1], vec![0.02f32, 0.03, 0.05, 0.07]),
+        );
+        let za = g.add_const("za", Tensor::scalar(120u8));
+        let qb = g.add_const(
+            "qb",
+            Tensor::from_vec(vec![6, 3], (0..18).map(|i| (i * 13 % 256) as u8).collect()),
+        );
+        let sb = g.add_const("sb", Tensor::scalar(0.011f32));
+        let zb = g.add_const("zb", Tensor::scalar(100u8));
+        let sy = g.add_const("sy", Tensor::scalar(0.4f32));
+        let zy = g.add_const("zy", Tensor::scalar(128u8));
+        let params = [qa, sa, za, qb, sb, zb, sy, zy].map(Some).to_vec();
+        g.add("qmm", Op::Quant(kiln_ir::QuantOp::QLinearMatMul), params, "qy")
+            .unwrap()
+    }
+
+    /// MatMul's micro-kernel is listed as block-parallel, matmul_integer's is not: one launch
+    /// of a block of LIBRARY_THREADS, one of a single thread, each entry starting the block
+    /// state. (Neither integer product has a GPU generator.)
     #[test]
     fn library_kernels_launch_block_parallel_only_when_listed() {
         let mut g = Graph::new("t");
@@ -402,16 +426,7 @@ mod tests {
         let b = g.add_input("b", TensorType::fixed(DType::I64, &[16, 4]));
         let e = g.add("mm", Op::MatMul, vec![Some(a), Some(b)], "e").unwrap();
         g.add_output("e", e);
-        let x = g.add_input("x", TensorType::fixed(DType::F32, &[1, 1, 2, 2]));
-        let idx = g.add_const("idx", Tensor::from_vec(vec![1, 1, 2, 2], vec![0i64, 3, 9, 14]));
-        let unpool = kiln_ir::VisionOp::MaxUnpool {
-            kernel_shape: vec![2, 2],
-            strides: vec![2, 2],
-            pads: vec![],
-        };
-        let y = g
-            .add("unpool", Op::Vision(unpool), vec![Some(x), Some(idx)], "y")
-            .unwrap();
+        let y = one_thread_library_node(&mut g);
         g.add_output("y", y);
         let target = TargetDesc::cuda(80).unwrap();
         let plan = plan::build(&g, &target, false).unwrap();
@@ -426,7 +441,7 @@ mod tests {
             blocks,
             vec![
                 ("MatMul".to_string(), [LIBRARY_THREADS, 1, 1]),
-                ("MaxUnpool".to_string(), [1, 1, 1])
+                ("QLinearMatMul".to_string(), [1, 1, 1])
             ]
         );
         assert!(

@@ -888,7 +888,7 @@ mod tests {
     }
 
     /// Library kernels listed as block-parallel, on 128 concurrent threads, match the
-    /// reference: an int64 batched MatMul; MaxUnpool stays on one thread.
+    /// reference: an int64 batched MatMul; a QLinearMatMul stays on one thread.
     #[test]
     fn library_kernels_run_block_parallel() {
         let mut g = Graph::new("t");
@@ -896,17 +896,8 @@ mod tests {
         let b = g.add_input("b", TensorType::fixed(DType::I64, &[7, 4]));
         let ab = g.add("mm", Op::MatMul, vec![Some(a), Some(b)], "ab").unwrap();
         g.add_output("ab", ab);
-        let x = g.add_input("x", TensorType::fixed(DType::F32, &[1, 1, 2, 2]));
-        let idx = g.add_const("idx", Tensor::from_vec(vec![1, 1, 2, 2], vec![0i64, 3, 9, 14]));
-        let unpool = kiln_ir::VisionOp::MaxUnpool {
-            kernel_shape: vec![2, 2],
-            strides: vec![2, 2],
-            pads: vec![],
-        };
-        let ge = g
-            .add("unpool", Op::Vision(unpool), vec![Some(x), Some(idx)], "ge")
-            .unwrap();
-        g.add_output("ge", ge);
+        let qy = device::tests::one_thread_library_node(&mut g);
+        g.add_output("qy", qy);
         let ints = |shape: &[usize], seed: i64| {
             let n: usize = shape.iter().product();
             Tensor::from_vec(
@@ -914,15 +905,16 @@ mod tests {
                 (0..n as i64).map(|i| (i * seed) % 11 - 5).collect::<Vec<i64>>(),
             )
         };
-        let inputs = vec![ints(&[3, 5, 7], 3), ints(&[7, 4], 7), filled(&[1, 1, 2, 2], 4)];
+        let qa = Tensor::from_vec(vec![4, 6], (0..24).map(|i| (i * 37 % 256) as u8).collect());
+        let inputs = vec![ints(&[3, 5, 7], 3), ints(&[7, 4], 7), qa];
         let kernels = check_graph(&g, &inputs);
-        for symbol in ["matmul", "max_unpool"] {
+        for symbol in ["matmul", "matmul_integer"] {
             assert!(
                 kernels.iter().any(|k| *k == format!("kiln_uk_{symbol}")),
                 "kiln_uk_{symbol} not among {kernels:?}"
             );
         }
-        assert_eq!(device::library_threads("max_unpool"), 1);
+        assert_eq!(device::library_threads("matmul_integer"), 1);
     }
 
     /// f64 operators the GPU generators leave to the library, sized for the parallel paths:

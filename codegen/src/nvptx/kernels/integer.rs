@@ -16,9 +16,11 @@
 //!
 //! Zero points and scales are read at run time (dynamic quantization computes A's; constants
 //! are read from the weights): zero points per tensor, per row of A, per column of B or per
-//! output channel of W; f32 scales, B's per tensor or per column/channel, A's and Y's per
-//! tensor. Anything else (f16 scales, per-row scales) stays with the library kernel.
+//! output channel of W; f32, f16 or bf16 scales (the multiplier rounded to their dtype, as the
+//! library's `requant_mult`), B's per tensor or per column/channel, A's and Y's per tensor.
+//! Anything else (per-row scales, mixed scale dtypes) stays with the library kernel.
 
+use super::scalar::{load_real, round_to};
 use crate::error::Result;
 use crate::gen::emit::Emit;
 use crate::gen::llvm;
@@ -57,11 +59,13 @@ struct ZeroPoint {
     index: ZeroIndex,
 }
 
-/// The QLinear operators' requantization, its parameters read at run time: the f32 scales of
-/// A (input 1) and Y (input 6), one each, B's (input 4), one or one per output column or
-/// channel, and Y's zero point (input 7), one or none.
+/// The QLinear operators' requantization, its parameters read at run time: the scales of A
+/// (input 1) and Y (input 6), one each, B's (input 4), one or one per output column or
+/// channel, all of one float dtype, and Y's zero point (input 7), one or none.
 #[derive(Clone, Copy, Debug)]
 struct Requant {
+    /// The scales' dtype (f32, f16 or bf16), to which the multiplier is rounded.
+    scale_dtype: DType,
     b_scale_per_index: bool,
     y_zero: Option<Operand>,
     lo: f64,
@@ -262,14 +266,21 @@ fn zero_point(node: &NodeInfo, i: usize, own: &[Vec<usize>]) -> Result<Option<Op
     Ok(Some(Some(ZeroPoint { operand, index })))
 }
 
-/// The requantization of a QLinear node (see [`Requant`]), or None for other parameters (f16
-/// scales, per-row scales of A or Y).
+/// The requantization of a QLinear node (see [`Requant`]), or None for other parameters
+/// (scales of different or f64 dtypes, per-row scales of A or Y).
 fn requant(node: &NodeInfo, own: &[Vec<usize>], out: DType) -> Result<Option<Requant>> {
+    let Some(scale_dtype) = node
+        .input_type(1)
+        .map(|t| t.dtype)
+        .filter(|d| matches!(d, DType::F32 | DType::F16 | DType::BF16))
+    else {
+        return Ok(None);
+    };
     let f32_of = |i: usize, shapes: &[Vec<usize>]| -> Result<Option<bool>> {
         let Some(t) = node.input_type(i) else {
             return Ok(None);
         };
-        if t.dtype != DType::F32 || t.layout != Layout::RowMajor || !t.is_static() {
+        if t.dtype != scale_dtype || t.layout != Layout::RowMajor || !t.is_static() {
             return Ok(None);
         }
         let shape = node.input_shape(i)?;
@@ -296,6 +307,7 @@ fn requant(node: &NodeInfo, own: &[Vec<usize>], out: DType) -> Result<Option<Req
         return Ok(None);
     };
     Ok(Some(Requant {
+        scale_dtype,
         b_scale_per_index,
         y_zero,
         lo,
@@ -529,22 +541,16 @@ fn requantize<'ctx>(
     r: Requant,
     own: IntValue<'ctx>,
 ) -> Result<FloatValue<'ctx>> {
-    let (f32t, f64t) = (k.cx.f32_type(), k.cx.f64_type());
+    let f64t = k.cx.f64_type();
     let b = e.b;
-    let scale = |input: usize, idx: IntValue<'ctx>| -> Result<FloatValue<'ctx>> {
-        let v = e.load_f32(e.gep_f32(k.input(input)?, idx)?)?;
-        b.build_float_ext(v, f64t, "").map_err(llvm)
-    };
+    let sdt = r.scale_dtype;
+    let scale = |input: usize, idx: IntValue<'ctx>| load_real(e, k.input(input)?, sdt, idx);
     let first = e.i64c(0);
     let (sa, sy) = (scale(1, first)?, scale(6, first)?);
     let sb = scale(4, if r.b_scale_per_index { own } else { first })?;
-    // The kernel library's `requant_mult`: each step rounded to the scales' f32.
-    let to_f32 = |v: FloatValue<'ctx>| -> Result<FloatValue<'ctx>> {
-        let v = b.build_float_trunc(v, f32t, "").map_err(llvm)?;
-        b.build_float_ext(v, f64t, "").map_err(llvm)
-    };
-    let ab = to_f32(b.build_float_mul(sa, sb, "").map_err(llvm)?)?;
-    let mult = to_f32(b.build_float_div(ab, sy, "").map_err(llvm)?)?;
+    // The kernel library's `requant_mult`: each step rounded to the scales' dtype.
+    let ab = round_to(e, sdt, b.build_float_mul(sa, sb, "").map_err(llvm)?)?;
+    let mult = round_to(e, sdt, b.build_float_div(ab, sy, "").map_err(llvm)?)?;
     let zero = match r.y_zero {
         Some(z) => {
             let zv = load_int8(e, k.input(z.input)?, first, z.signed)?;
@@ -819,6 +825,24 @@ mod tests {
             Op::Quant(QuantOp::QLinearMatMul),
             params,
             "gpu qlinear_matmul M=3 N=7 K=20 batch=2",
+        );
+        // f16 scales (opset 21): the multiplier rounded to f16 at each step (which moves some of
+        // the 256 outputs by one against f32 rounding), u8 out.
+        let mut g = G::new(9);
+        let a = g.input("a", DType::U8, &[16, 64]);
+        let f16 = |v: f32| Tensor::scalar(half::f16::from_f32(v));
+        let sa = g.input_values("sa", f16(0.0101));
+        let za = g.input_values("za", Tensor::scalar(131u8));
+        let b = g.input("b", DType::U8, &[64, 16]);
+        let sb = g.input_values("sb", f16(0.00871));
+        let zb = g.input_values("zb", Tensor::scalar(97u8));
+        let sy = g.input_values("sy", f16(0.3));
+        let zy = g.input_values("zy", Tensor::scalar(125u8));
+        let params = [a, sa, za, b, sb, zb, sy, zy].map(Some).to_vec();
+        g.check(
+            Op::Quant(QuantOp::QLinearMatMul),
+            params,
+            "gpu qlinear_matmul M=16 N=16 K=64",
         );
     }
 }
