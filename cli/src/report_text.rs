@@ -121,6 +121,12 @@ pub fn to_table(r: &Report) -> String {
         s.library_kernels,
         s.fusion_groups
     ));
+    if r.target.isa == "ptx" && s.library_kernels > 0 {
+        out.push_str(&format!(
+            "  {} node(s) have no GPU kernel: `kiln compile --target cuda` refuses them unless --gpu-library-kernels runs them as library kernels on one GPU block (a slow development fallback)\n",
+            s.library_kernels
+        ));
+    }
     if let Some(b) = &r.batch {
         out.push_str(&format!("  {}\n", batch_line(b)));
     }

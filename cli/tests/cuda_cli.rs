@@ -115,7 +115,8 @@ fn missing_libdevice_is_named() {
 }
 
 /// A node without a GPU kernel (an int64 MatMul) is refused for the GPU, named, with the flag
-/// that accepts it as a C library kernel on one GPU block; with the flag the model compiles.
+/// that accepts it as a C library kernel on one GPU block; with the flag the model compiles;
+/// `explain` points at the flag.
 #[test]
 fn a_node_without_a_gpu_kernel_needs_gpu_library_kernels() {
     use kiln_frontend::onnx::proto::{data_type, TypeValue};
@@ -152,9 +153,24 @@ fn a_node_without_a_gpu_kernel_needs_gpu_library_kernels() {
         "{err}"
     );
     assert_eq!(err.trim().lines().count(), 1, "not a one-line error: {err}");
-    assert!(!dir.join("int_matmul.ptx").exists(), "a refused model left its PTX");
+    assert!(
+        !dir.join("int_matmul.ptx").exists(),
+        "a refused model left its PTX"
+    );
     let out = compile(&["--gpu-library-kernels"]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(dir.join("int_matmul.ptx").exists());
+    // `explain` shows the plan and says what compile will ask for.
+    let out = kiln()
+        .args(["explain", "--target", "cuda"])
+        .arg(&model)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        text.contains("1 node(s) have no GPU kernel") && text.contains("--gpu-library-kernels"),
+        "{text}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
