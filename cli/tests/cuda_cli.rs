@@ -87,6 +87,51 @@ fn emit_ptx_writes_name_dot_ptx() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `--precision tf32` puts f32 products on TF32 tensor cores (`mma.m16n8k8 ... tf32`); without
+/// it they stay f32 SIMT. It is a usage error on a CPU target and below sm_80.
+#[test]
+fn precision_tf32_uses_tf32_tensor_cores() {
+    let dir = scratch("tf32");
+    let model = fixture("gemm_opset11").join("model.onnx");
+    let compile = |extra: &[&str]| {
+        kiln()
+            .args(["compile", "-q"])
+            .args(extra)
+            .arg(&model)
+            .current_dir(&dir)
+            .output()
+            .unwrap()
+    };
+    let tf32_mma = "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32";
+    for (extra, tf32) in [
+        (
+            &["--target", "cuda", "--emit", "ptx", "--precision", "tf32"][..],
+            true,
+        ),
+        (&["--target", "cuda", "--emit", "ptx"][..], false),
+    ] {
+        let out = compile(extra);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let ptx = std::fs::read_to_string(dir.join("gemm_opset11.ptx")).unwrap();
+        assert_eq!(ptx.contains(tf32_mma), tf32, "{extra:?}");
+    }
+    for (extra, message) in [
+        (
+            &["--precision", "tf32"][..],
+            "--precision tf32 runs products on a GPU's TF32 tensor cores",
+        ),
+        (
+            &["--target", "cuda", "--sm", "75", "--precision", "tf32"][..],
+            "sm_80 or later",
+        ),
+    ] {
+        let out = compile(extra);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(message), "{}", stderr(&out));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Sin and Cos run in a generated elementwise kernel that calls libdevice's double-precision
 /// sin and cos, so the compile must find libdevice.
 #[test]

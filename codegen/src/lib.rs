@@ -93,13 +93,19 @@ pub struct CompileOptions {
     /// (`--gpu-library-kernels`, a development fallback: correct, but orders of magnitude
     /// slower). Without it, a CUDA model with such a node is refused, naming the node.
     pub gpu_library_kernels: bool,
+    /// Run the f32 products of a CUDA model on TF32 tensor cores (`--precision tf32`).
+    pub gpu_tf32: bool,
 }
 
 impl CompileOptions {
     /// The target the kernels are planned for: the GPU of a CUDA model, else the CPU.
     pub fn kernel_target(&self) -> Result<TargetDesc> {
         match self.cuda_sm {
-            Some(sm) => TargetDesc::cuda(nvptx::check_sm(sm)?),
+            Some(sm) => {
+                let mut t = TargetDesc::cuda(nvptx::check_sm(sm)?)?;
+                t.tf32 = self.gpu_tf32;
+                Ok(t)
+            }
             None => Ok(self.target.clone()),
         }
     }

@@ -46,6 +46,9 @@ pub struct TargetDesc {
     /// `--mode max-autotune`: product kernels take the cache blocking timed fastest on this
     /// machine (`tune`); None: the cost model's.
     pub tuning: Option<crate::tune::TuningHandle>,
+    /// A CUDA target's f32 products run on TF32 tensor cores (`--precision tf32`, sm_80 and
+    /// later): operands rounded to TF32, f32 accumulation. Never set for a CPU.
+    pub tf32: bool,
 }
 
 /// How stride-1 3×3 convolutions may be computed (`gen::winograd`).
@@ -224,6 +227,7 @@ impl TargetDesc {
             is_host: false,
             conv_algorithm: ConvAlgorithm::Auto,
             tuning: None,
+            tf32: false,
         })
     }
 
@@ -244,6 +248,7 @@ impl TargetDesc {
             is_host: false,
             conv_algorithm: ConvAlgorithm::Direct,
             tuning: None,
+            tf32: false,
         })
     }
 

@@ -404,6 +404,19 @@ impl<'p> Session<'p> {
         if o.emit == Emit::Ptx && o.target != Target::Cuda {
             return Err(usage("--emit ptx needs --target cuda"));
         }
+        if o.precision == Precision::Tf32 {
+            if o.target != Target::Cuda {
+                return Err(usage(
+                    "--precision tf32 runs products on a GPU's TF32 tensor cores: it needs --target cuda (CPUs have bf16: --precision bf16)",
+                ));
+            }
+            let sm = o.sm.unwrap_or(kiln_codegen::nvptx::DEFAULT_SM);
+            if sm < 80 {
+                return Err(usage(format!(
+                    "--precision tf32 needs TF32 tensor cores, sm_80 or later (got --sm {sm})"
+                )));
+            }
+        }
         Ok(())
     }
 
@@ -437,6 +450,7 @@ impl<'p> Session<'p> {
             cuda_sm,
             batch: None,
             gpu_library_kernels: o.gpu_library_kernels,
+            gpu_tf32: o.precision == Precision::Tf32,
         })
     }
 

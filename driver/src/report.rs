@@ -615,6 +615,7 @@ mod tests {
             cuda_sm: None,
             batch: None,
             gpu_library_kernels: false,
+            gpu_tf32: false,
         };
         let summary = kiln_codegen::plan_only(&g1, &opts).unwrap();
         let r = build_report(&Inputs {

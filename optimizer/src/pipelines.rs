@@ -38,6 +38,9 @@ pub enum Precision {
     F32,
     /// BF16 inputs with f32 accumulation for MatMul/Conv/Gemm/attention (per-op policy).
     Bf16,
+    /// f32 graphs whose products run on a GPU's TF32 tensor cores (operands rounded to TF32,
+    /// f32 accumulation): a codegen choice, so the passes are f32's.
+    Tf32,
 }
 
 /// What the user asked the optimizer for, and what the target's kernels can do.

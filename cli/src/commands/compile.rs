@@ -82,6 +82,8 @@ pub enum ModeArg {
 pub enum PrecisionArg {
     F32,
     Bf16,
+    /// f32 products on TF32 tensor cores (--target cuda, sm_80 or later)
+    Tf32,
 }
 
 impl From<LayoutArg> for Layout {
@@ -98,6 +100,7 @@ impl From<PrecisionArg> for Precision {
         match p {
             PrecisionArg::F32 => Precision::F32,
             PrecisionArg::Bf16 => Precision::Bf16,
+            PrecisionArg::Tf32 => Precision::Tf32,
         }
     }
 }

@@ -110,14 +110,19 @@ pub(crate) fn compare(what: &str, got: &Tensor, want: &Tensor) {
 /// Emits the device PTX of `graph`'s plan for `sm` and assembles it with ptxas. Returns false
 /// (after printing why) when ptxas is absent and `CI` is not set.
 pub(crate) fn ptxas_check(graph: &Graph, sm: u32) -> bool {
+    ptxas_check_target(graph, &TargetDesc::cuda(sm).unwrap())
+}
+
+/// [`ptxas_check`] for a CUDA `target` with its options (`tf32`).
+pub(crate) fn ptxas_check_target(graph: &Graph, target: &TargetDesc) -> bool {
+    let sm = target.cuda_sm().expect("a CUDA target");
     let Some(ptxas) = find_ptxas() else {
         assert!(std::env::var_os("CI").is_none(), "ptxas not found and CI is set");
         eprintln!("ptxas not found ($KILN_PTXAS or .venv's nvidia-cuda-nvcc): skipping the PTX check");
         return false;
     };
     libdevice_beside(&ptxas);
-    let target = TargetDesc::cuda(sm).unwrap();
-    let plan = plan::build(graph, &target, true).unwrap();
+    let plan = plan::build(graph, target, true).unwrap();
     for k in &plan.kernels {
         assert!(
             matches!(k.imp, KernelImpl::Gpu(_)),
@@ -126,7 +131,7 @@ pub(crate) fn ptxas_check(graph: &Graph, sm: u32) -> bool {
             k.describe()
         );
     }
-    let code = device::build(graph, &plan, &target, "t").unwrap();
+    let code = device::build(graph, &plan, target, "t").unwrap();
     let dir = std::env::temp_dir().join(format!(
         "kiln-ptxas-{}-{}",
         std::process::id(),
@@ -304,6 +309,7 @@ pub fn run_plan(
         ("kiln_gpu_shared", emu_shared as *const () as usize),
         ("kiln_gpu_mma_bf16", emu_mma_bf16 as *const () as usize),
         ("kiln_gpu_mma_f16", emu_mma_f16 as *const () as usize),
+        ("kiln_gpu_mma_tf32", emu_mma_tf32 as *const () as usize),
         ("kiln_gpu_f16_to_f32", emu_f16_to_f32 as *const () as usize),
         ("kiln_gpu_f32_to_f16", emu_f32_to_f16 as *const () as usize),
         ("kiln_rt_block_begin", emu_block_begin as *const () as usize),
@@ -429,7 +435,7 @@ fn calls_barrier(f: FunctionValue<'_>) -> bool {
                     .map(|v| v.into_pointer_value());
                 if let Some(p) = callee {
                     let name = p.get_name().to_bytes();
-                    let mma = [MmaKind::Bf16, MmaKind::F16].map(|k| k.emulator().as_bytes());
+                    let mma = [MmaKind::Bf16, MmaKind::F16, MmaKind::Tf32].map(|k| k.emulator().as_bytes());
                     if name == b"kiln_gpu_barrier" || mma.contains(&name) {
                         return true;
                     }
@@ -540,6 +546,21 @@ fn mma_c_element(lane: usize, i: usize) -> (usize, usize) {
     (group + if i >= 2 { 8 } else { 0 }, in_group * 2 + (i & 1))
 }
 
+/// Where register `i` (0..4) of a lane's A fragment of `mma.m16n8k8` (tf32, row-major A)
+/// sits: `(row, col)` of the 16×8 A — a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4)
+/// for group g = lane / 4 and t = lane % 4.
+fn mma_tf32_a_element(lane: usize, i: usize) -> (usize, usize) {
+    let (group, in_group) = (lane >> 2, lane & 3);
+    (group + 8 * (i & 1), in_group + 4 * (i >> 1))
+}
+
+/// `(k, n)` of register `i` (0..2) of a lane's tf32 B fragment (8×8, column-major B): b0 (t, g),
+/// b1 (t + 4, g).
+fn mma_tf32_b_element(lane: usize, i: usize) -> (usize, usize) {
+    let (group, in_group) = (lane >> 2, lane & 3);
+    (in_group + 4 * i, group)
+}
+
 /// `mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32` for the calling lane (see [`emu_mma`]).
 extern "C" fn emu_mma_bf16(regs: *mut u32) {
     emu_mma(MmaKind::Bf16, regs)
@@ -550,10 +571,16 @@ extern "C" fn emu_mma_f16(regs: *mut u32) {
     emu_mma(MmaKind::F16, regs)
 }
 
+/// `mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32` for the calling lane (see [`emu_mma`]).
+extern "C" fn emu_mma_tf32(regs: *mut u32) {
+    emu_mma(MmaKind::Tf32, regs)
+}
+
 /// An `mma` of `kind` for the calling lane: `regs` holds its a0..a3, b0, b1 and c0..c3 (f32
 /// bits); d replaces c. The lanes of the warp publish their registers, wait for each other, and
-/// each computes its own part of `d = a·b + c` (products of 16-bit floats are exact in f64; the
-/// sum is taken in f64 and rounded once).
+/// each computes its own part of `d = a·b + c` (products of 16-bit floats and of TF32 values
+/// are exact in f64; the sum is taken in f64 and rounded once). A TF32 operand is its register's
+/// f32 with the 13 low bits ignored, as the tensor cores read it.
 fn emu_mma(kind: MmaKind, regs: *mut u32) {
     let st = STATE.with(|s| s.get());
     assert!(st.warps != 0, "mma in a kernel run without concurrent threads");
@@ -585,10 +612,23 @@ fn emu_mma(kind: MmaKind, regs: *mut u32) {
         match kind {
             MmaKind::Bf16 => f64::from(half::bf16::from_bits(bits)),
             MmaKind::F16 => f64::from(half::f16::from_bits(bits)),
+            MmaKind::Tf32 => unreachable!("a tf32 register holds one value"),
         }
     };
+    let tf32 = |reg: u32| f64::from(f32::from_bits(reg & 0xffff_e000));
     let (mut a, mut b) = ([[0f64; 16]; 16], [[0f64; 8]; 16]);
     for (l, r) in lanes.iter().enumerate() {
+        if kind == MmaKind::Tf32 {
+            for i in 0..4 {
+                let (row, col) = mma_tf32_a_element(l, i);
+                a[row][col] = tf32(r[i]);
+            }
+            for i in 0..2 {
+                let (k, n) = mma_tf32_b_element(l, i);
+                b[k][n] = tf32(r[4 + i]);
+            }
+            continue;
+        }
         for i in 0..8 {
             let (row, col) = mma_a_element(l, i);
             a[row][col] = half(r[i / 2], i);
@@ -601,7 +641,7 @@ fn emu_mma(kind: MmaKind, regs: *mut u32) {
     let mut d = [0u32; 4];
     for (i, out) in d.iter_mut().enumerate() {
         let (row, col) = mma_c_element(lane, i);
-        let sum: f64 = (0..16).map(|k| a[row][k] * b[k][col]).sum();
+        let sum: f64 = (0..kind.k()).map(|k| a[row][k] * b[k][col]).sum();
         *out = ((sum + f64::from(f32::from_bits(mine[6 + i]))) as f32).to_bits();
     }
     // SAFETY: as above.

@@ -84,6 +84,9 @@ pub enum Mode {
 pub enum MmaKind {
     Bf16,
     F16,
+    /// f32 operands read as TF32 (`--precision tf32`), `mma` m16n8k8: one value per 32-bit
+    /// register, rounded to TF32 by the kernel ([`tf32_round`]).
+    Tf32,
 }
 
 impl MmaKind {
@@ -92,6 +95,15 @@ impl MmaKind {
         match self {
             MmaKind::Bf16 => "bf16",
             MmaKind::F16 => "f16",
+            MmaKind::Tf32 => "tf32",
+        }
+    }
+
+    /// The instruction's K: 16 for the 16-bit kinds, 8 for TF32.
+    pub fn k(self) -> usize {
+        match self {
+            MmaKind::Tf32 => 8,
+            _ => 16,
         }
     }
 
@@ -100,6 +112,7 @@ impl MmaKind {
             MmaKind::Bf16 => "llvm.nvvm.mma.m16n8k16.row.col.bf16",
             // f16 multiplicands, f32 D and C.
             MmaKind::F16 => "llvm.nvvm.mma.m16n8k16.row.col.f32.f32",
+            MmaKind::Tf32 => "llvm.nvvm.mma.m16n8k8.row.col.tf32",
         }
     }
 
@@ -108,6 +121,7 @@ impl MmaKind {
         match self {
             MmaKind::Bf16 => "kiln_gpu_mma_bf16",
             MmaKind::F16 => "kiln_gpu_mma_f16",
+            MmaKind::Tf32 => "kiln_gpu_mma_tf32",
         }
     }
 }
@@ -290,8 +304,10 @@ impl<'a, 'ctx> GpuBuilder<'a, 'ctx> {
     /// and later): `d = a·b + c` for a 16×16 A, a 16×8 B (both of `kind`, two elements per
     /// 32-bit register, the lower-indexed one in the low half) and a 16×8 f32 C spread over the
     /// warp's 32 lanes in PTX's fragment layout (the PTX ISA's "Matrix Fragments for
-    /// mma.m16n8k16"; `emulate.rs` spells it out). Every lane of the warp must call it together.
-    /// In emulation it is a call to `kiln_gpu_mma_bf16` / `kiln_gpu_mma_f16`, which meets the
+    /// mma.m16n8k16"; `emulate.rs` spells it out). For [`MmaKind::Tf32`] it is
+    /// `mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32`: a 16×8 A and an 8×8 B, one TF32
+    /// value per register. Every lane of the warp must call it together.
+    /// In emulation it is a call to `kiln_gpu_mma_{bf16,f16,tf32}`, which meets the
     /// warp's other lanes and computes the product from their fragments.
     pub fn mma(
         &self,
@@ -306,9 +322,9 @@ impl<'a, 'ctx> GpuBuilder<'a, 'ctx> {
                 let ret = self
                     .cx
                     .struct_type(&[f32t.into(), f32t.into(), f32t.into(), f32t.into()], false);
-                // bf16 fragments travel as i32 registers, f16 ones as <2 x half>.
+                // bf16 and tf32 fragments travel as i32 registers, f16 ones as <2 x half>.
                 let pair_ty: inkwell::types::BasicTypeEnum<'ctx> = match kind {
-                    MmaKind::Bf16 => i32t.into(),
+                    MmaKind::Bf16 | MmaKind::Tf32 => i32t.into(),
                     MmaKind::F16 => self.cx.f16_type().vec_type(2).into(),
                 };
                 let params: Vec<BasicMetadataTypeEnum> =
@@ -545,6 +561,27 @@ pub(crate) mod frame {
 }
 
 /// Loads the pointer at byte `offset` of the frame.
+/// `v` rounded to TF32 (10 stored significand bits), to nearest with ties away from zero as
+/// `cvt.rna.tf32.f32`, as f32 bits with the 13 low bits clear: what `mma` of
+/// [`MmaKind::Tf32`] reads. A carry into the exponent rounds up a binade (or to infinity);
+/// infinities keep their bits and every NaN becomes one NaN (its payload could otherwise lie
+/// in the dropped bits).
+pub(crate) fn tf32_round<'ctx>(
+    e: &crate::gen::emit::Emit<'_, 'ctx>,
+    v: inkwell::values::FloatValue<'ctx>,
+) -> Result<IntValue<'ctx>> {
+    let i32t = e.cx.i32_type();
+    let c = |x: u32| i32t.const_int(u64::from(x), false);
+    let bits = e.b.build_bit_cast(v, i32t, "").map_err(llvm)?.into_int_value();
+    let magnitude = e.b.build_and(bits, c(0x7fff_ffff), "").map_err(llvm)?;
+    let finite = e.icmp(inkwell::IntPredicate::ULT, magnitude, c(0x7f80_0000))?;
+    let nan = e.icmp(inkwell::IntPredicate::UGT, magnitude, c(0x7f80_0000))?;
+    let up = e.b.build_int_add(bits, c(0x1000), "").map_err(llvm)?;
+    let rounded = e.b.build_and(up, c(0xffff_e000), "").map_err(llvm)?;
+    let special = e.select_int(nan, c(0x7fff_e000), bits)?;
+    e.select_int(finite, rounded, special)
+}
+
 pub(crate) fn load_ptr<'ctx>(
     cx: &'ctx Context,
     b: &Builder<'ctx>,

@@ -224,6 +224,9 @@ pub fn run(args: Args) -> Result<()> {
         let d = match args.precision {
             PrecisionArg::F32 => Tolerance::F32,
             PrecisionArg::Bf16 => Tolerance::BF16,
+            PrecisionArg::Tf32 => {
+                bail!("verify runs the model on this CPU; --precision tf32 is a GPU precision (kiln compile --target cuda)")
+            }
         };
         Tolerance {
             min_cosine: args.min_cosine.unwrap_or(d.min_cosine),

@@ -8,6 +8,7 @@ use crate::gen::emit::Emit;
 use crate::gen::llvm;
 use crate::kernel::epilogue::Activation;
 use crate::kernel::{KernelCommon, PackedConst};
+use crate::nvptx::kernel::tf32_round;
 use crate::nvptx::{GpuBuilder, GpuKernel, LaunchDims, MmaKind, Sreg};
 use inkwell::values::{BasicValue, FloatValue, IntValue, PointerValue};
 use inkwell::IntPredicate;
@@ -229,7 +230,22 @@ impl<'ctx> WarpTiles<'ctx> {
                 let hi = e.b.build_left_shift(bits(hi)?, sixteen, "").map_err(llvm)?;
                 e.b.build_or(bits(lo)?, hi, "").map_err(llvm)
             }
+            MmaKind::Tf32 => unreachable!("a tf32 register holds one value (`single`)"),
         }
+    }
+
+    /// Element `(k, x)` of a k-major f32 shared slice with row stride `stride`, rounded to
+    /// TF32 as one register.
+    fn single(
+        &self,
+        e: &Emit<'_, 'ctx>,
+        sh: PointerValue<'ctx>,
+        stride: usize,
+        k: IntValue<'ctx>,
+        x: IntValue<'ctx>,
+    ) -> Result<IntValue<'ctx>> {
+        let at = e.add(e.mulc(k, stride as i64)?, x)?;
+        tf32_round(e, e.load_f32(e.gep_f32(sh, at)?)?)
     }
 
     /// Reads two consecutive-k elements `(k, x)` and `(k + 1, x)` of a k-major shared slice
@@ -249,8 +265,9 @@ impl<'ctx> WarpTiles<'ctx> {
         self.pack(kb, e, lo, hi)
     }
 
-    /// One K step (BK = 16 = the `mma` k) of this warp's units: A and B fragments from the
-    /// shared slices (both k-major), then an `mma` per unit into the accumulators.
+    /// One K step (BK = 16: one `mma` k16, or two tf32 k8) of this warp's units: A and B
+    /// fragments from the shared slices (both k-major), then an `mma` per unit into the
+    /// accumulators.
     pub(super) fn multiply(
         &self,
         k: &GpuBuilder<'_, 'ctx>,
@@ -259,6 +276,9 @@ impl<'ctx> WarpTiles<'ctx> {
         b_sh: PointerValue<'ctx>,
         acc: PointerValue<'ctx>,
     ) -> Result<()> {
+        if self.kind == MmaKind::Tf32 {
+            return self.multiply_tf32(k, e, a_sh, b_sh, acc);
+        }
         let (sa, sb) = (self.tile.sa(), self.tile.sb());
         let k_lo = e.mulc(self.in_group, 2)?;
         let k_hi = e.addc(k_lo, 8)?;
@@ -278,17 +298,66 @@ impl<'ctx> WarpTiles<'ctx> {
                 self.pair(k, e, b_sh, sb, k_lo, col)?,
                 self.pair(k, e, b_sh, sb, k_hi, col)?,
             ];
-            let slot = |q: usize| e.gep_f32c(acc, (u * 4 + q) as i64);
-            let c = [
-                e.load_f32(slot(0)?)?,
-                e.load_f32(slot(1)?)?,
-                e.load_f32(slot(2)?)?,
-                e.load_f32(slot(3)?)?,
+            self.accumulate(k, e, acc, u, a, b)?;
+        }
+        Ok(())
+    }
+
+    /// [`Self::multiply`] on TF32: the K step as two `mma.m16n8k8`, each with the fragments
+    /// a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4) of the unit row's 16×8 A and
+    /// b0 (t, g), b1 (t + 4, g) of the unit's 8×8 B, every value rounded to TF32.
+    fn multiply_tf32(
+        &self,
+        k: &GpuBuilder<'_, 'ctx>,
+        e: &Emit<'_, 'ctx>,
+        a_sh: PointerValue<'ctx>,
+        b_sh: PointerValue<'ctx>,
+        acc: PointerValue<'ctx>,
+    ) -> Result<()> {
+        let (sa, sb) = (self.tile.sa(), self.tile.sb());
+        let row = e.add(e.mulc(self.unit_row, 16)?, self.group)?;
+        let row8 = e.addc(row, 8)?;
+        for half in [0, 8] {
+            let k_lo = e.addc(self.in_group, half)?;
+            let k_hi = e.addc(k_lo, 4)?;
+            let a = [
+                self.single(e, a_sh, sa, k_lo, row)?,
+                self.single(e, a_sh, sa, k_lo, row8)?,
+                self.single(e, a_sh, sa, k_hi, row)?,
+                self.single(e, a_sh, sa, k_hi, row8)?,
             ];
-            let d = k.mma(self.kind, a, b, c)?;
-            for (q, v) in d.iter().enumerate() {
-                e.store(slot(q)?, *v)?;
+            for u in 0..self.per_warp {
+                let col = e.add(e.mulc(e.addc(self.unit_col, u as i64)?, 8)?, self.group)?;
+                let b = [
+                    self.single(e, b_sh, sb, k_lo, col)?,
+                    self.single(e, b_sh, sb, k_hi, col)?,
+                ];
+                self.accumulate(k, e, acc, u, a, b)?;
             }
+        }
+        Ok(())
+    }
+
+    /// `acc[u] += a·b` by one `mma` of this warp's kind for unit `u`.
+    fn accumulate(
+        &self,
+        k: &GpuBuilder<'_, 'ctx>,
+        e: &Emit<'_, 'ctx>,
+        acc: PointerValue<'ctx>,
+        u: usize,
+        a: [IntValue<'ctx>; 4],
+        b: [IntValue<'ctx>; 2],
+    ) -> Result<()> {
+        let slot = |q: usize| e.gep_f32c(acc, (u * 4 + q) as i64);
+        let c = [
+            e.load_f32(slot(0)?)?,
+            e.load_f32(slot(1)?)?,
+            e.load_f32(slot(2)?)?,
+            e.load_f32(slot(3)?)?,
+        ];
+        let d = k.mma(self.kind, a, b, c)?;
+        for (q, v) in d.iter().enumerate() {
+            e.store(slot(q)?, *v)?;
         }
         Ok(())
     }

@@ -253,13 +253,16 @@ pub fn lower_fused(
     }
     // Tensor cores from sm_80 on: for f16 tensors, and for f32 tensors whose two multiplicands
     // hold bf16 values (bf16 autocast) — the same products as in f32, so the result is the f32
-    // kernel's up to summation order.
+    // kernel's up to summation order; with `--precision tf32`, for every other f32 product,
+    // whose operands are then rounded to TF32 (PyTorch's `allow_tf32`).
     let mma = match target.cuda_sm() {
         Some(sm) if sm >= 80 && elem == DType::F16 => Some(MmaKind::F16),
         Some(sm) if sm >= 80 && elem == DType::BF16 => Some(MmaKind::Bf16),
         Some(sm) if sm >= 80 && node.input_is_bf16_valued(0) && node.input_is_bf16_valued(1) => {
             Some(MmaKind::Bf16)
         }
+        // `--precision tf32`: the other f32 products read their operands as TF32.
+        Some(sm) if sm >= 80 && elem == DType::F32 && target.tf32 => Some(MmaKind::Tf32),
         _ => None,
     };
     let ty = Operands { elem, mma };

@@ -870,3 +870,79 @@ fn split_k_for_few_tiles() {
     let d = g.check(y);
     assert!(!d[0].contains("split-k"), "{d:?}");
 }
+
+/// `x` rounded to TF32 on the host as `cvt.rna.tf32.f32` does (nearest, ties away from zero).
+fn tf32(x: f32) -> f32 {
+    f32::from_bits(x.to_bits().wrapping_add(0x1000) & 0xffff_e000)
+}
+
+/// `--precision tf32`: f32 products (a MatMul with odd edges, a padded convolution as implicit
+/// GEMM, split-K included) on `mma.m16n8k8.tf32`, equal to the reference on the operands
+/// rounded to TF32 — and not to the f32 result, so the rounding does happen.
+#[test]
+fn tf32_products_round_their_operands() {
+    use crate::nvptx::emulate::{compare, run_plan};
+    use crate::plan;
+    use crate::target::TargetDesc;
+    let mut rng = Rng::new(790);
+    let mut data = |shape: &[usize]| Tensor::from_vec(shape.to_vec(), rng.vec(shape.iter().product()));
+    let cases: Vec<(Op, Vec<usize>, Vec<usize>)> = vec![
+        (Op::MatMul, vec![37, 72], vec![72, 45]),
+        (
+            conv([3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
+            vec![1, 8, 9, 9],
+            vec![16, 8, 3, 3],
+        ),
+        // Few output tiles and a long K: split-K.
+        (Op::MatMul, vec![4, 1024], vec![1024, 16]),
+    ];
+    for (op, xs, ws) in cases {
+        let (x, w) = (data(&xs), data(&ws));
+        let graph = |x_const: Option<&Tensor>, w: &Tensor| {
+            let mut g = Graph::new("t");
+            let xv = match x_const {
+                Some(t) => g.add_const("x", t.clone()),
+                None => g.add_input("x", TensorType::fixed(DType::F32, &xs)),
+            };
+            let wv = g.add_const("w", w.clone());
+            let y = g.add("p", op.clone(), vec![Some(xv), Some(wv)], "y").unwrap();
+            g.add_output("y", y);
+            g
+        };
+        let g = graph(None, &w);
+        let mut target = TargetDesc::cuda(80).unwrap();
+        target.tf32 = true;
+        let plan = plan::build(&g, &target, true).unwrap();
+        let what: Vec<String> = plan.kernels.iter().map(|k| k.describe()).collect();
+        assert!(what[0].contains("mma.tf32"), "{what:?}");
+        let got = run_plan(&g, &plan, &target, std::slice::from_ref(&x)).unwrap();
+        let round = |t: &Tensor| {
+            let v: Vec<f32> = t.to_f64_vec().iter().map(|&v| tf32(v as f32)).collect();
+            Tensor::from_vec(t.shape().to_vec(), v)
+        };
+        let rounded = graph(Some(&round(&x)), &round(&w));
+        let want = kiln_ir::eval::eval_graph(&rounded, vec![]).unwrap();
+        compare(&what.join("; "), &got[0], &want[0]);
+        let exact = kiln_ir::eval::eval_graph(&g, vec![x]).unwrap();
+        let moved = got[0]
+            .to_f64_vec()
+            .iter()
+            .zip(exact[0].to_f64_vec())
+            .any(|(a, b)| (a - b).abs() > 1e-4 * b.abs().max(1.0));
+        assert!(moved, "{what:?}: the TF32 result equals the f32 one");
+        for sm in [80, 90] {
+            let target = TargetDesc {
+                tf32: true,
+                ..TargetDesc::cuda(sm).unwrap()
+            };
+            if crate::nvptx::emulate::ptxas_check_target(&g, &target) {
+                let plan = plan::build(&g, &target, true).unwrap();
+                let ptx = crate::nvptx::device::build(&g, &plan, &target, "t").unwrap().ptx;
+                assert!(
+                    ptx.contains("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"),
+                    "sm_{sm}"
+                );
+            }
+        }
+    }
+}
