@@ -1,9 +1,11 @@
 //! The autocast's rounding casts, absorbed by the kernels that read them.
 //!
-//! `--precision bf16` writes a bf16 operand as `Cast<f32>(Cast<bf16>(x))`: two library kernels
-//! that read and write the whole activation. A bf16 pair kernel (`gen::gemm`, on CPUs with
+//! `--precision bf16` writes a bf16 operand as `Cast<f32>(Cast<bf16>(x))`: two kernels that
+//! read and write the whole activation. A bf16 pair kernel (`gen::gemm`, on CPUs with
 //! avx512_bf16) converts its run-time operand to bf16 anyway, rounding to nearest even as the
-//! `Cast<bf16>` does, so it can read `x` itself. Once no kernel reads a pair's result, its
+//! `Cast<bf16>` does, so it can read `x` itself; so does the GPU product on bf16 tensor cores
+//! (`nvptx::kernels::gemm`, sm_80 and later), which rounds its run-time operands as it stages
+//! them in shared memory. Once no kernel reads a pair's result, its
 //! casts are dropped and reported as part of the kernel that absorbed them.
 //!
 //! A pair whose result is a product's only use is rounded by that product's epilogue instead
@@ -80,14 +82,16 @@ pub(crate) fn absorb(graph: &Graph, kernels: &mut Vec<Kernel>) {
     // The first kernel that reads each pair's source instead of its result.
     let mut absorbed_by: HashMap<NodeId, usize> = HashMap::new();
     for (k, kernel) in kernels.iter_mut().enumerate() {
-        let KernelImpl::Generated(g) = &kernel.imp else {
-            continue;
+        let rounds: &dyn Fn(usize) -> bool = match &kernel.imp {
+            KernelImpl::Generated(g) => &|i| g.rounds_input_to_bf16(i),
+            KernelImpl::Gpu(g) => &|i| g.rounds_input_to_bf16(i),
+            _ => continue,
         };
         for (i, input) in kernel.inputs.iter_mut().enumerate() {
             let Some(rounding) = input.and_then(|v| pairs.get(&v)) else {
                 continue;
             };
-            if g.rounds_input_to_bf16(i) && stored.contains(&view_root(graph, rounding.source)) {
+            if rounds(i) && stored.contains(&view_root(graph, rounding.source)) {
                 *input = Some(rounding.source);
                 for cast in rounding.casts {
                     absorbed_by.entry(cast).or_insert(k);
@@ -105,10 +109,17 @@ pub(crate) fn absorb(graph: &Graph, kernels: &mut Vec<Kernel>) {
         .iter()
         .map(|o| view_root(graph, o.value))
         .collect();
+    // A cast kernel is one cast, or (on the GPU, where elementwise groups form first) the
+    // pair in one group: every node it computes must be an absorbed cast.
+    let only_casts = |kernel: &Kernel| {
+        std::iter::once(&kernel.node)
+            .chain(&kernel.fused)
+            .all(|n| absorbed_by.contains_key(n))
+    };
     let mut dropped = vec![false; kernels.len()];
     for (k, kernel) in kernels.iter().enumerate().rev() {
         let unread = kernel.outputs.iter().all(|v| !read.contains(v));
-        if unread && absorbed_by.contains_key(&kernel.node) && kernel.fused.is_empty() {
+        if unread && only_casts(kernel) {
             dropped[k] = true;
             continue;
         }
@@ -118,7 +129,8 @@ pub(crate) fn absorb(graph: &Graph, kernels: &mut Vec<Kernel>) {
         .iter()
         .zip(&dropped)
         .filter(|(_, &d)| d)
-        .map(|(kernel, _)| (absorbed_by[&kernel.node], kernel.node))
+        .flat_map(|(kernel, _)| kernel.fused.iter().chain(std::iter::once(&kernel.node)))
+        .map(|&n| (absorbed_by[&n], n))
         .collect();
     absorbed.sort();
     for (k, cast) in absorbed {

@@ -286,7 +286,11 @@ impl TargetDesc {
     /// (`plan::passes::PlanOptions`).
     pub fn needs(&self) -> TargetNeeds {
         TargetNeeds {
-            products_round_operands: !self.is_gpu() && self.has_bf16_pair_kernels(),
+            // CPUs with bf16 pair kernels, and GPUs with bf16 tensor cores (sm_80 on).
+            products_round_operands: match self.cuda_sm() {
+                Some(sm) => sm >= 80,
+                None => self.has_bf16_pair_kernels(),
+            },
             integer_products: !self.is_gpu() && self.has_int8_dot_kernels(),
             dequantize_weights: self.is_gpu(),
         }

@@ -187,10 +187,17 @@ impl<'p> Session<'p> {
     pub fn target_needs(&self, t: &TargetDesc) -> TargetNeeds {
         match self.options.target {
             Target::Cpu => t.needs(),
-            Target::Cuda => TargetNeeds {
-                dequantize_weights: true,
-                ..TargetNeeds::default()
-            },
+            // `t` is the host CPU that runs the launches; the kernels' needs are the GPU's.
+            Target::Cuda => {
+                let sm = self.options.sm.unwrap_or(kiln_codegen::nvptx::DEFAULT_SM);
+                match TargetDesc::cuda(sm) {
+                    Ok(gpu) => gpu.needs(),
+                    Err(_) => TargetNeeds {
+                        dequantize_weights: true,
+                        ..TargetNeeds::default()
+                    },
+                }
+            }
         }
     }
 
@@ -807,8 +814,15 @@ mod tests {
         assert!(no_fuse.fusion() && !no_grouping.fusion() && Options::default().fusion());
         assert!(Session::new(no_grouping).check_passes().is_ok());
         let host = TargetDesc::host().unwrap();
-        // GPU kernels never round their operands; CPU ones do with avx512_bf16 pairs.
-        assert!(!Session::new(cuda).target_needs(&host).products_round_operands);
+        // GPU products round their operands on bf16 tensor cores (sm_80 on); CPU ones do with
+        // avx512_bf16 pairs.
+        assert!(
+            Session::new(cuda.clone())
+                .target_needs(&host)
+                .products_round_operands
+        );
+        let sm75 = Options { sm: Some(75), ..cuda };
+        assert!(!Session::new(sm75).target_needs(&host).products_round_operands);
         let cpu = Session::new(Options::default());
         assert_eq!(
             cpu.target_needs(&host).products_round_operands,

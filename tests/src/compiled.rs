@@ -329,7 +329,7 @@ pub fn node_case_backend_cuda_emulated(
         .and_then(Path::file_name)
         .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
     let inputs = runtime.into_iter().map(|(_, t)| t).collect();
-    run_cuda_emulated_with(graph, "model", inputs, |library| {
+    run_cuda_emulated_with(graph, "model", inputs, Precision::F32, |_, library| {
         CUDA_LIBRARY_KERNELS
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -358,22 +358,38 @@ pub const EMULATED_SM: u32 = 80;
 /// OS threads meeting at its barriers, library kernels on a block as on the device); `inputs`
 /// in graph input order. Returns the outputs in graph order.
 pub fn run_cuda_emulated(graph: &Graph, name: &str, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, String> {
-    run_cuda_emulated_with(graph, name, inputs, |_| {})
+    run_cuda_emulated_with(graph, name, inputs, Precision::F32, |_, _| {})
 }
 
-/// [`run_cuda_emulated`], telling `planned` how many C library kernels the plan has before
-/// running it.
+/// [`run_cuda_emulated`] as `kiln compile --target cuda --precision bf16` compiles it; also
+/// returns how many operators the autocast put in bf16.
+pub fn run_cuda_emulated_bf16(
+    graph: &Graph,
+    name: &str,
+    inputs: Vec<Tensor>,
+) -> Result<(Vec<Tensor>, usize), String> {
+    let mut bf16_ops = 0;
+    let outputs = run_cuda_emulated_with(graph, name, inputs, Precision::Bf16, |optimized, _| {
+        bf16_ops = kiln_optimizer::passes::bf16_autocast::summary(optimized).bf16_ops;
+    })?;
+    Ok((outputs, bf16_ops))
+}
+
+/// [`run_cuda_emulated`] in `precision`, telling `planned` the optimized graph and how many C
+/// library kernels the plan has before running it.
 fn run_cuda_emulated_with(
     graph: &Graph,
     name: &str,
     inputs: Vec<Tensor>,
-    planned: impl FnOnce(usize),
+    precision: Precision,
+    planned: impl FnOnce(&Graph, usize),
 ) -> Result<Vec<Tensor>, String> {
     let mut session = Session::new(Options {
         name: Some(name.to_string()),
         target: Target::Cuda,
         sm: Some(EMULATED_SM),
         cpu: Cpu::Native,
+        precision,
         ..Options::default()
     });
     let mut optimized = graph.clone();
@@ -382,6 +398,7 @@ fn run_cuda_emulated_with(
         .map_err(|e| format!("optimize: {e}"))?;
     let plan = session.plan(&optimized).map_err(|e| format!("compile: {e}"))?;
     planned(
+        &optimized,
         plan.kernels
             .iter()
             .filter(|k| matches!(k.imp, kiln_codegen::plan::kernel::KernelImpl::Ukernel(_)))

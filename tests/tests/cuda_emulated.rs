@@ -7,8 +7,10 @@
 //! checks the same kernels everywhere else. `KILN_FIXTURE_FILTER` and
 //! `KILN_CONFORMANCE_FILTER` run subsets.
 
+use kiln_tests::bf16::check_bf16_outputs;
 use kiln_tests::compiled::{
-    cuda_library_kernels_planned, node_case_backend_cuda_emulated, run_cuda_emulated, EMULATED_SM,
+    cuda_library_kernels_planned, node_case_backend_cuda_emulated, run_cuda_emulated, run_cuda_emulated_bf16,
+    EMULATED_SM,
 };
 use kiln_tests::cuda::{
     check_cuda_library_manifest, check_cuda_node_cases, expect_cuda_refusal, CUDA_REFUSED,
@@ -29,6 +31,27 @@ fn fixtures_in_cuda_emulation_match_onnxruntime() {
         let outputs = run_cuda_emulated(&graph, &f.name, values)?;
         f.check_outputs(&graph, &outputs).map_err(|e| format!("{e:#}"))?;
         Ok(String::new())
+    });
+}
+
+/// `--precision bf16` on the GPU: the autocast's operands on bf16 tensor cores, its rounding
+/// absorbed by the products and the attention kernel that read them, judged against the f32
+/// reference by the CPU bf16 suite's criteria (`tests/src/bf16.rs`).
+#[test]
+fn fixtures_in_bf16_cuda_emulation_match_the_f32_reference() {
+    let fixtures = load_manifest().expect("fixtures/manifest.json");
+    let what = format!("cuda bf16 fixtures in emulation (sm_{EMULATED_SM})");
+    check_fixtures(&fixtures, &what, suite_threads(), |f| {
+        if CUDA_REFUSED.contains(&f.name.as_str()) {
+            return Ok("refused in f32 too".into());
+        }
+        let (graph, inputs) = f.prepared().map_err(|e| format!("{e:#}"))?;
+        let values: Vec<_> = inputs.into_iter().map(|(_, t)| t).collect();
+        let (outputs, bf16_ops) = run_cuda_emulated_bf16(&graph, &f.name, values)?;
+        let (cos, rel) = check_bf16_outputs(f, &graph, &outputs, bf16_ops).map_err(|e| format!("{e:#}"))?;
+        Ok(format!(
+            "{bf16_ops} ops in bf16, cosine {cos:.6}, max error {rel:.4} of the range"
+        ))
     });
 }
 

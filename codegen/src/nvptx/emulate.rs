@@ -619,13 +619,13 @@ fn emu_mma(kind: MmaKind, regs: *mut u32) {
     let (mut a, mut b) = ([[0f64; 16]; 16], [[0f64; 8]; 16]);
     for (l, r) in lanes.iter().enumerate() {
         if kind == MmaKind::Tf32 {
-            for i in 0..4 {
+            for (i, reg) in r[..4].iter().enumerate() {
                 let (row, col) = mma_tf32_a_element(l, i);
-                a[row][col] = tf32(r[i]);
+                a[row][col] = tf32(*reg);
             }
-            for i in 0..2 {
+            for (i, reg) in r[4..6].iter().enumerate() {
                 let (k, n) = mma_tf32_b_element(l, i);
-                b[k][n] = tf32(r[4 + i]);
+                b[k][n] = tf32(*reg);
             }
             continue;
         }

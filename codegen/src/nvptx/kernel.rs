@@ -68,6 +68,14 @@ pub trait GpuKernel: KernelCommon {
     /// Emits the body. The builder is positioned in the entry block; every path must end
     /// with `ret void`.
     fn emit(&self, k: &GpuBuilder<'_, '_>) -> Result<()>;
+
+    /// Whether the kernel rounds input `i` to bf16 (to nearest even, as `Cast<bf16>`) as it
+    /// reads it, so it may read the f32 value behind the autocast's `Cast<f32>(Cast<bf16>(x))`
+    /// instead of the pair's result (`bf16_rounding`).
+    fn rounds_input_to_bf16(&self, i: usize) -> bool {
+        let _ = i;
+        false
+    }
 }
 
 /// Where the body will run.

@@ -17,6 +17,7 @@
 //! first `nonpad[b]` keys (clamped to 0..T): the padded keys and values are never read.
 
 use crate::error::Result;
+use crate::gen::elementwise as ew;
 use crate::gen::emit::Emit;
 use crate::gen::llvm;
 use crate::kernel::KernelCommon;
@@ -60,6 +61,10 @@ struct AttentionGpu {
     scale: f32,
     /// Input 6, `nonpad_kv_seqlen` (i64 [B]), bounds each batch entry's keys.
     nonpad: bool,
+    /// Q, K and V hold bf16 values (bf16 autocast): the kernel rounds them to bf16 as it reads
+    /// them, which keeps bf16 values as they are and lets it read the f32 value behind the
+    /// autocast's `Cast<f32>(Cast<bf16>(x))` itself (`rounds_input_to_bf16`).
+    round_bf16: [bool; 3],
 }
 
 /// The attention kernel for `node`, or None when the CPU's f32 kernel would not take it.
@@ -107,6 +112,7 @@ pub fn lower(node: &NodeInfo, _target: &TargetDesc) -> Result<Option<Box<dyn Gpu
         mask_len: shape[3],
         scale: call.fattr[0] as f32,
         nonpad: node.has_input(6),
+        round_bf16: [0, 1, 2].map(|i| node.input_is_bf16_valued(i)),
     })))
 }
 
@@ -161,6 +167,7 @@ impl AttentionGpu {
         t0: IntValue<'ctx>,
         keys: IntValue<'ctx>,
         dst: PointerValue<'ctx>,
+        round: bool,
     ) -> Result<()> {
         let total = TILE * width;
         for l in 0..total.div_ceil(ROWS) {
@@ -175,7 +182,10 @@ impl AttentionGpu {
                     e.b.build_select(valid, idx, e.i64c(0), "")
                         .map_err(llvm)?
                         .into_int_value();
-                let v = e.load_f32(e.gep_f32(src, safe)?)?;
+                let mut v = e.load_f32(e.gep_f32(src, safe)?)?;
+                if round {
+                    v = ew::round_bf16_one(e, v)?;
+                }
                 let v = e.select_float(valid, v, e.f32c(0.0))?;
                 e.store(e.gep_f32(dst, el)?, v)
             };
@@ -193,7 +203,7 @@ impl AttentionGpu {
 impl KernelCommon for AttentionGpu {
     fn describe(&self) -> String {
         format!(
-            "gpu attention B={} H={}/{} Sq={} T={} Dk={} Dv={}{}{}{}",
+            "gpu attention B={} H={}/{} Sq={} T={} Dk={} Dv={}{}{}{}{}",
             self.b,
             self.hq,
             self.hkv,
@@ -207,12 +217,21 @@ impl KernelCommon for AttentionGpu {
                 Mask::None => "",
                 Mask::Bool => " +bool mask",
                 Mask::F32 => " +mask",
+            },
+            if self.round_bf16.contains(&true) {
+                " bf16-rounded operands"
+            } else {
+                ""
             }
         )
     }
 }
 
 impl GpuKernel for AttentionGpu {
+    fn rounds_input_to_bf16(&self, i: usize) -> bool {
+        self.round_bf16.get(i).copied().unwrap_or(false)
+    }
+
     fn launch(&self) -> LaunchDims {
         LaunchDims {
             grid: [self.sq.div_ceil(ROWS).max(1) as u32, (self.b * self.hq) as u32, 1],
@@ -270,7 +289,10 @@ impl GpuKernel for AttentionGpu {
         let q_row = e.add(q0, e.mulc(ic, qs as i64)?)?;
         let scale = e.f32c(self.scale);
         for d in 0..dk {
-            let v = e.load_f32(e.gep_f32(q_ptr, e.addc(q_row, d as i64)?)?)?;
+            let mut v = e.load_f32(e.gep_f32(q_ptr, e.addc(q_row, d as i64)?)?)?;
+            if self.round_bf16[0] {
+                v = ew::round_bf16_one(&e, v)?;
+            }
             let v = e.b.build_float_mul(v, scale, "").map_err(llvm)?;
             e.store(e.gep_f32c(q, d as i64)?, v)?;
         }
@@ -307,8 +329,8 @@ impl GpuKernel for AttentionGpu {
             e.i64c(t)
         };
         e.for_range(e.i64c(0), keys, TILE as i64, |t0| {
-            self.stage(&e, tid, k_ptr, k0, ks, dk, t0, keys, k_sh)?;
-            self.stage(&e, tid, v_ptr, v0, vs, dv, t0, keys, v_sh)?;
+            self.stage(&e, tid, k_ptr, k0, ks, dk, t0, keys, k_sh, self.round_bf16[1])?;
+            self.stage(&e, tid, v_ptr, v0, vs, dv, t0, keys, v_sh, self.round_bf16[2])?;
             k.barrier()?;
             let left = e.sub(keys, t0)?;
             let n = e.umin(left, e.i64c(TILE as i64))?;
@@ -568,6 +590,45 @@ mod tests {
                 Some(lengths),
             ));
         }
+    }
+
+    /// bf16 autocast's `Cast<f32>(Cast<bf16>(x))` on Q, K and V is absorbed: the kernel rounds
+    /// them as it reads them (Q's row, the staged K and V tiles), the casts run in no kernel of
+    /// their own, and the result is the casts' one.
+    #[test]
+    fn bf16_rounding_pairs_absorbed() {
+        let (g, inputs) = graph(false, (1, 2, 2), (40, 37), (16, 8), true, MaskIn::None);
+        let mut h = Graph::new("t");
+        let mut ids = vec![];
+        for (n, x) in inputs.iter().enumerate() {
+            let v = h.add_input(format!("x{n}"), TensorType::fixed(DType::F32, x.shape()));
+            let v = h
+                .add(
+                    format!("n{n}"),
+                    Op::Cast { to: DType::BF16 },
+                    vec![Some(v)],
+                    format!("b{n}"),
+                )
+                .unwrap();
+            let v = h
+                .add(
+                    format!("w{n}"),
+                    Op::Cast { to: DType::F32 },
+                    vec![Some(v)],
+                    format!("f{n}"),
+                )
+                .unwrap();
+            ids.push(Some(v));
+        }
+        let attn = g
+            .node_ids()
+            .find(|&id| matches!(g.node(id).op, Op::Attention(_)))
+            .unwrap();
+        let y = h.add("attn", g.node(attn).op.clone(), ids, "y").unwrap();
+        h.add_output("y", y);
+        let kernels = check_graph(&h, &inputs);
+        assert_eq!(kernels.len(), 1, "{kernels:?}");
+        assert!(kernels[0].contains("bf16-rounded operands"), "{kernels:?}");
     }
 
     #[test]

@@ -190,7 +190,7 @@ mod tests {
         let ins = xs
             .iter()
             .enumerate()
-            .map(|(i, x)| Some(g.add_input(&format!("x{i}"), TensorType::fixed(x.dtype(), x.shape()))))
+            .map(|(i, x)| Some(g.add_input(format!("x{i}"), TensorType::fixed(x.dtype(), x.shape()))))
             .collect();
         let y = g
             .add_node(

@@ -403,6 +403,24 @@ impl KernelCommon for GemmGpu {
     }
 }
 
+impl GemmGpu {
+    /// Whether the kernel runs bf16 tensor cores on f32 tensors (bf16 autocast): it then
+    /// rounds every operand to bf16 as it stages it, which leaves bf16 values (the autocast's
+    /// pairs, the rounded weights) as they are and lets it read the f32 value behind a
+    /// `Cast<f32>(Cast<bf16>(x))` itself (`rounds_input_to_bf16`).
+    fn rounds_bf16(&self) -> bool {
+        self.tile.mma == Some(MmaKind::Bf16) && self.elem == DType::F32
+    }
+
+    /// `v` as staged in shared memory: rounded to bf16 when [`Self::rounds_bf16`].
+    fn staged<'ctx>(&self, e: &Emit<'_, 'ctx>, v: FloatValue<'ctx>) -> Result<FloatValue<'ctx>> {
+        match self.rounds_bf16() {
+            true => ew::round_bf16_one(e, v),
+            false => Ok(v),
+        }
+    }
+}
+
 impl GpuKernel for GemmGpu {
     fn launch(&self) -> LaunchDims {
         let split = self.split_k.map_or(1, |s| s.split);
@@ -416,6 +434,14 @@ impl GpuKernel for GemmGpu {
             // Split-K's "last block" flag after the slices.
             shared_bytes: (self.tile.shared_bytes() + if split > 1 { 16 } else { 0 }) as u32,
         }
+    }
+
+    fn rounds_input_to_bf16(&self, i: usize) -> bool {
+        let operand = match self.b {
+            BSrc::Mat(b) => b.slot == Slot::Input(i),
+            BSrc::Im2col(ic) => ic.input == i,
+        };
+        self.rounds_bf16() && (self.a.slot == Slot::Input(i) || operand)
     }
 
     fn scratch_bytes(&self) -> u64 {
@@ -492,6 +518,7 @@ impl GpuKernel for GemmGpu {
                     e.add(e.mulc(gi, self.a.rs as i64)?, e.mulc(gk, self.a.cs as i64)?)?,
                 )?;
                 let v = guarded_load(k, &e, slot_elem(self.a.slot, self.elem), a_ptr, idx, valid)?;
+                let v = self.staged(&e, v)?;
                 e.store(e.gep_f32(a_sh, e.add(e.mulc(kq, sa as i64)?, ii)?)?, v)?;
             }
             // B slice: BK×bn.
@@ -541,7 +568,7 @@ impl GpuKernel for GemmGpu {
                         (k.input(ic.input)?, self.elem, e.add(b_off, idx)?)
                     }
                 };
-                let v = guarded_load(k, &e, elem, ptr, idx, valid)?;
+                let v = self.staged(&e, guarded_load(k, &e, elem, ptr, idx, valid)?)?;
                 e.store(e.gep_f32(b_sh, e.add(e.mulc(kq, sb as i64)?, jj)?)?, v)?;
             }
             k.barrier()?;

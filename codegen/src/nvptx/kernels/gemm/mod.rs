@@ -92,7 +92,7 @@ impl Tile {
 }
 
 /// Where a tensor's elements come from.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Slot {
     Input(usize),
     Packed(usize),

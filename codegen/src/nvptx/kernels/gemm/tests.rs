@@ -946,3 +946,60 @@ fn tf32_products_round_their_operands() {
         }
     }
 }
+
+/// The autocast's `Cast<f32>(Cast<bf16>(x))` before a product on bf16 tensor cores is
+/// absorbed: the product reads `x` and rounds it as it stages it (a MatMul's A; a 3×3 and a
+/// 1×1 convolution's input, gathered and read directly), so the plan is the product alone, and
+/// the results are those of the unabsorbed casts.
+#[test]
+fn bf16_rounding_pairs_absorbed_by_tensor_core_products() {
+    use crate::plan;
+    use crate::target::TargetDesc;
+    let cases: Vec<(Op, Vec<usize>, Vec<usize>)> = vec![
+        (Op::MatMul, vec![24, 40], vec![40, 16]),
+        (
+            conv([3, 3], [1, 1], [1, 1, 1, 1], [1, 1], 1),
+            vec![1, 8, 7, 7],
+            vec![16, 8, 3, 3],
+        ),
+        (
+            conv([1, 1], [1, 1], [0, 0, 0, 0], [1, 1], 1),
+            vec![1, 8, 7, 7],
+            vec![16, 8, 1, 1],
+        ),
+    ];
+    for (seed, (op, xs, ws)) in cases.into_iter().enumerate() {
+        let mut g = G::bf16(800 + seed as u64);
+        // A graph input, rounded for the product.
+        let x = g.input_f32(&xs);
+        let x = g.node(Op::Cast { to: DType::BF16 }, vec![Some(x)]);
+        let x = g.node(Op::Cast { to: DType::F32 }, vec![Some(x)]);
+        let w = g.constant(&ws);
+        let y = g.node(op, vec![Some(x), Some(w)]);
+        g.g.add_output("y", y);
+        let plan = plan::build(&g.g, &TargetDesc::cuda(80).unwrap(), true).unwrap();
+        let what: Vec<String> = plan.kernels.iter().map(|k| k.describe()).collect();
+        assert_eq!(what.len(), 1, "{what:?}");
+        assert!(what[0].contains("mma.bf16"), "{what:?}");
+        assert_eq!(plan.kernels[0].fused.len(), 2, "the two casts: {what:?}");
+        check_graph_for(&g.g, &g.inputs, 80);
+    }
+    // A product's (fused) result rounded for the next product, as in a bf16 CNN: two kernels.
+    let mut g = G::bf16(810);
+    let x = g.input(&[16, 32]);
+    let w = g.constant(&[32, 24]);
+    let h = g.node(Op::MatMul, vec![Some(x), Some(w)]);
+    let h = g.node(Op::Unary(Unary::Relu), vec![Some(h)]);
+    let h = g.node(Op::Cast { to: DType::BF16 }, vec![Some(h)]);
+    let h = g.node(Op::Cast { to: DType::F32 }, vec![Some(h)]);
+    let w2 = g.constant(&[24, 8]);
+    let y = g.node(Op::MatMul, vec![Some(h), Some(w2)]);
+    g.g.add_output("y", y);
+    let plan = plan::build(&g.g, &TargetDesc::cuda(80).unwrap(), true).unwrap();
+    let what: Vec<String> = plan.kernels.iter().map(|k| k.describe()).collect();
+    assert!(
+        what.len() == 2 && what.iter().all(|d| d.contains("mma.bf16")),
+        "{what:?}"
+    );
+    check_graph_for(&g.g, &g.inputs, 80);
+}
