@@ -466,15 +466,7 @@ impl GpuKernel for GemmGpu {
         } else {
             (zs, e.i64c(0))
         };
-        // Operand offsets of this batch entry (last dimension fastest).
-        let (mut a_off, mut b_off) = (e.i64c(0), e.i64c(0));
-        let mut rest = z;
-        for d in self.batch.iter().rev() {
-            let idx = e.uremc(rest, d.extent as i64)?;
-            rest = e.udivc(rest, d.extent as i64)?;
-            a_off = e.add(a_off, e.mulc(idx, d.a as i64)?)?;
-            b_off = e.add(b_off, e.mulc(idx, d.b as i64)?)?;
-        }
+        let (a_off, b_off) = self.batch_offsets(&e, z)?;
         let smem = k.shared()?;
         let a_sh = smem;
         let b_sh = e.gep_f32c(smem, (BK * sa) as i64)?;
@@ -513,12 +505,7 @@ impl GpuKernel for GemmGpu {
                 let gi = e.add(row0, ii)?;
                 let gk = e.add(k0, kq)?;
                 let valid = and(&e, ult(&e, gi, m)?, ult(&e, gk, kk)?)?;
-                let idx = e.add(
-                    a_off,
-                    e.add(e.mulc(gi, self.a.rs as i64)?, e.mulc(gk, self.a.cs as i64)?)?,
-                )?;
-                let v = guarded_load(k, &e, slot_elem(self.a.slot, self.elem), a_ptr, idx, valid)?;
-                let v = self.staged(&e, v)?;
+                let v = self.a_element(k, &e, a_ptr, a_off, (gi, gk), valid)?;
                 e.store(e.gep_f32(a_sh, e.add(e.mulc(kq, sa as i64)?, ii)?)?, v)?;
             }
             // B slice: BK×bn.
@@ -532,43 +519,8 @@ impl GpuKernel for GemmGpu {
                 };
                 let gk = e.add(k0, kq)?;
                 let gj = e.add(col0, jj)?;
-                let mut valid = and(&e, ult(&e, gk, kk)?, ult(&e, gj, n)?)?;
-                let (ptr, elem, idx) = match self.b {
-                    BSrc::Mat(bm) => (
-                        resolve(k, bm.slot)?,
-                        slot_elem(bm.slot, self.elem),
-                        e.add(
-                            b_off,
-                            e.add(e.mulc(gk, bm.rs as i64)?, e.mulc(gj, bm.cs as i64)?)?,
-                        )?,
-                    ),
-                    BSrc::Im2col(ic) => {
-                        let g = ic.g;
-                        let taps = (g.kh * g.kw) as i64;
-                        let ch = e.udivc(gk, taps)?;
-                        let t = e.uremc(gk, taps)?;
-                        let khi = e.udivc(t, g.kw as i64)?;
-                        let kwi = e.uremc(t, g.kw as i64)?;
-                        let oh = e.udivc(gj, g.ow as i64)?;
-                        let ow = e.uremc(gj, g.ow as i64)?;
-                        // Negative coordinates wrap to large unsigned values: one compare each.
-                        let ih = e.addc(
-                            e.add(e.mulc(oh, g.sh as i64)?, e.mulc(khi, g.dh as i64)?)?,
-                            -(g.ph as i64),
-                        )?;
-                        let iw = e.addc(
-                            e.add(e.mulc(ow, g.sw as i64)?, e.mulc(kwi, g.dw as i64)?)?,
-                            -(g.pw as i64),
-                        )?;
-                        valid = and(&e, valid, and(&e, ult(&e, ih, g.h)?, ult(&e, iw, g.w)?)?)?;
-                        let idx = e.add(
-                            e.mulc(ch, (g.h * g.w) as i64)?,
-                            e.add(e.mulc(ih, g.w as i64)?, iw)?,
-                        )?;
-                        (k.input(ic.input)?, self.elem, e.add(b_off, idx)?)
-                    }
-                };
-                let v = self.staged(&e, guarded_load(k, &e, elem, ptr, idx, valid)?)?;
+                let valid = and(&e, ult(&e, gk, kk)?, ult(&e, gj, n)?)?;
+                let v = self.b_element(k, &e, b_off, (gk, gj), valid)?;
                 e.store(e.gep_f32(b_sh, e.add(e.mulc(kq, sb as i64)?, jj)?)?, v)?;
             }
             k.barrier()?;
@@ -602,21 +554,8 @@ impl GpuKernel for GemmGpu {
             // The next slice overwrites what slower threads may still read.
             k.barrier()
         })?;
-        let g_idx = e.uremc(z, self.groups as i64)?;
-        // The epilogue on output element (i, j)'s finished sum, and its store.
-        let finish = |sum: FloatValue<'ctx>, i: IntValue<'ctx>, j: IntValue<'ctx>| -> Result<()> {
-            let bias_row = e.add(e.mulc(g_idx, m as i64)?, i)?;
-            let v = self
-                .epi
-                .apply(k, &e, self.elem, sum, (bias_row, j), |zs, rs, cs| {
-                    e.add(
-                        e.mulc(z, zs as i64)?,
-                        e.add(e.mulc(i, rs as i64)?, e.mulc(j, cs as i64)?)?,
-                    )
-                })?;
-            let o = e.add(e.mulc(z, (m * n) as i64)?, e.add(e.mulc(i, n as i64)?, j)?)?;
-            store_elem(k, &e, self.elem, k.output(0)?, o, v)
-        };
+        let finish =
+            |sum: FloatValue<'ctx>, i: IntValue<'ctx>, j: IntValue<'ctx>| self.finish(k, &e, z, (i, j), sum);
         // Whether element (i, j) is inside the output (and `also`, when given).
         let inside = |i, j, also: Option<IntValue<'ctx>>| -> Result<IntValue<'ctx>> {
             let inside = and(&e, ult(&e, i, m)?, ult(&e, j, n)?)?;
@@ -734,7 +673,118 @@ impl GpuKernel for GemmGpu {
 
 impl GemmGpu {
     /// Batch entries (grid.z without split-K).
-    fn entries(&self) -> usize {
+    pub(super) fn entries(&self) -> usize {
         self.batch.iter().map(|d| d.extent).product()
+    }
+
+    /// The A and B element offsets of batch entry `z` (last dimension fastest).
+    pub(super) fn batch_offsets<'ctx>(
+        &self,
+        e: &Emit<'_, 'ctx>,
+        z: IntValue<'ctx>,
+    ) -> Result<(IntValue<'ctx>, IntValue<'ctx>)> {
+        let (mut a_off, mut b_off) = (e.i64c(0), e.i64c(0));
+        let mut rest = z;
+        for d in self.batch.iter().rev() {
+            let idx = e.uremc(rest, d.extent as i64)?;
+            rest = e.udivc(rest, d.extent as i64)?;
+            a_off = e.add(a_off, e.mulc(idx, d.a as i64)?)?;
+            b_off = e.add(b_off, e.mulc(idx, d.b as i64)?)?;
+        }
+        Ok((a_off, b_off))
+    }
+
+    /// Element `(i, k)` of A (at `a_ptr`, batch offset `a_off`) as the products read it: 0
+    /// where `valid` is false, rounded to bf16 when [`Self::rounds_bf16`].
+    pub(super) fn a_element<'ctx>(
+        &self,
+        k: &GpuBuilder<'_, 'ctx>,
+        e: &Emit<'_, 'ctx>,
+        a_ptr: PointerValue<'ctx>,
+        a_off: IntValue<'ctx>,
+        (i, kk): (IntValue<'ctx>, IntValue<'ctx>),
+        valid: IntValue<'ctx>,
+    ) -> Result<FloatValue<'ctx>> {
+        let idx = e.add(
+            a_off,
+            e.add(e.mulc(i, self.a.rs as i64)?, e.mulc(kk, self.a.cs as i64)?)?,
+        )?;
+        let v = guarded_load(k, e, slot_elem(self.a.slot, self.elem), a_ptr, idx, valid)?;
+        self.staged(e, v)
+    }
+
+    /// Element `(k, j)` of B (a matrix, or a convolution's implicit im2col matrix read from
+    /// its input, the padding zero) at batch offset `b_off`, as [`Self::a_element`].
+    pub(super) fn b_element<'ctx>(
+        &self,
+        k: &GpuBuilder<'_, 'ctx>,
+        e: &Emit<'_, 'ctx>,
+        b_off: IntValue<'ctx>,
+        (gk, gj): (IntValue<'ctx>, IntValue<'ctx>),
+        valid: IntValue<'ctx>,
+    ) -> Result<FloatValue<'ctx>> {
+        let mut valid = valid;
+        let (ptr, elem, idx) = match self.b {
+            BSrc::Mat(bm) => (
+                resolve(k, bm.slot)?,
+                slot_elem(bm.slot, self.elem),
+                e.add(
+                    b_off,
+                    e.add(e.mulc(gk, bm.rs as i64)?, e.mulc(gj, bm.cs as i64)?)?,
+                )?,
+            ),
+            BSrc::Im2col(ic) => {
+                let g = ic.g;
+                let taps = (g.kh * g.kw) as i64;
+                let ch = e.udivc(gk, taps)?;
+                let t = e.uremc(gk, taps)?;
+                let khi = e.udivc(t, g.kw as i64)?;
+                let kwi = e.uremc(t, g.kw as i64)?;
+                let oh = e.udivc(gj, g.ow as i64)?;
+                let ow = e.uremc(gj, g.ow as i64)?;
+                // Negative coordinates wrap to large unsigned values: one compare each.
+                let ih = e.addc(
+                    e.add(e.mulc(oh, g.sh as i64)?, e.mulc(khi, g.dh as i64)?)?,
+                    -(g.ph as i64),
+                )?;
+                let iw = e.addc(
+                    e.add(e.mulc(ow, g.sw as i64)?, e.mulc(kwi, g.dw as i64)?)?,
+                    -(g.pw as i64),
+                )?;
+                valid = and(e, valid, and(e, ult(e, ih, g.h)?, ult(e, iw, g.w)?)?)?;
+                let idx = e.add(
+                    e.mulc(ch, (g.h * g.w) as i64)?,
+                    e.add(e.mulc(ih, g.w as i64)?, iw)?,
+                )?;
+                (k.input(ic.input)?, self.elem, e.add(b_off, idx)?)
+            }
+        };
+        let v = guarded_load(k, e, elem, ptr, idx, valid)?;
+        self.staged(e, v)
+    }
+
+    /// The epilogue on output element `(i, j)` of batch entry `z`'s finished `sum`, and its
+    /// store.
+    pub(super) fn finish<'ctx>(
+        &self,
+        k: &GpuBuilder<'_, 'ctx>,
+        e: &Emit<'_, 'ctx>,
+        z: IntValue<'ctx>,
+        (i, j): (IntValue<'ctx>, IntValue<'ctx>),
+        sum: FloatValue<'ctx>,
+    ) -> Result<()> {
+        let (m, n) = (self.m, self.n);
+        let g_idx = e.uremc(z, self.groups as i64)?;
+        let bias_row = e.add(e.mulc(g_idx, m as i64)?, i)?;
+        let v = self
+            .epi
+            .apply(k, e, self.elem, sum, (bias_row, j), |zs, rs, cs| {
+                e.add(
+                    e.mulc(z, zs as i64)?,
+                    e.add(e.mulc(i, rs as i64)?, e.mulc(j, cs as i64)?)?,
+                )
+            })?;
+        let o = e.add(e.mulc(z, (m * n) as i64)?, e.add(e.mulc(i, n as i64)?, j)?)?;
+        store_elem(k, e, self.elem, k.output(0)?, o, v)
     }
 }

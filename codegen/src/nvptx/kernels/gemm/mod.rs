@@ -63,6 +63,35 @@ impl Tile {
             mma,
         }
     }
+
+    /// The tile and K split of a product of `entries` `[m, k]·[k, n]` matrices: the shape's
+    /// tile, split along K ([`SplitK::choose`]) and, while the launch still has fewer than
+    /// [`FILL_BLOCKS`] blocks, halved (its longer side first, down to 16×16) — a 1×1
+    /// convolution with K = 64 cannot split, and layer4 of ResNet-50 at batch 1 has 8 tiles of
+    /// 64×64, too few for 16 slices to fill 132 SMs. Smaller tiles reuse each staged operand
+    /// less; at batch 1 the products are latency-bound, and idle SMs cost more.
+    fn for_launch(
+        m: usize,
+        n: usize,
+        k: usize,
+        entries: usize,
+        mma: Option<MmaKind>,
+    ) -> (Tile, Option<(usize, usize)>) {
+        let mut tile = Tile::for_shape(m, n, mma);
+        loop {
+            let tiles = n.div_ceil(tile.bn) * m.div_ceil(tile.bm) * entries;
+            let split = SplitK::choose(tiles, k);
+            let blocks = tiles * split.map_or(1, |(s, _)| s);
+            if blocks >= FILL_BLOCKS || (tile.bm == 16 && tile.bn == 16) {
+                return (tile, split);
+            }
+            if tile.bn >= tile.bm && tile.bn > 16 {
+                tile.bn /= 2;
+            } else {
+                tile.bm /= 2;
+            }
+        }
+    }
     fn tm(self) -> usize {
         self.bm / TY
     }
@@ -145,7 +174,7 @@ struct Epi {
 const FILL_BLOCKS: usize = 264;
 /// The fewest BK steps a K slice gets: below that the slices' partial sums cost more memory
 /// traffic than the extra blocks win.
-const MIN_SLICE_STEPS: usize = 4;
+const MIN_SLICE_STEPS: usize = 2;
 /// The most K slices of one tile.
 const MAX_SPLIT: usize = 16;
 
@@ -170,7 +199,7 @@ impl SplitK {
     /// entries) `k` deep. None when the tiles fill the GPU or K is too short to share.
     fn choose(tiles: usize, k: usize) -> Option<(usize, usize)> {
         let steps = k.div_ceil(BK);
-        if tiles * 2 > FILL_BLOCKS {
+        if tiles >= FILL_BLOCKS {
             return None;
         }
         let want = FILL_BLOCKS
@@ -180,7 +209,9 @@ impl SplitK {
         if want < 2 {
             return None;
         }
-        let slice = steps.div_ceil(want) * BK;
+        // The longest slice that still gives `want` slices, within MAX_SPLIT.
+        let slice_steps = (steps / want).max(steps.div_ceil(MAX_SPLIT)).max(MIN_SLICE_STEPS);
+        let slice = slice_steps * BK;
         Some((k.div_ceil(slice), slice))
     }
 }
@@ -403,9 +434,9 @@ impl Parts {
             }
             (Some(Residual::Skip { .. }), None) => return Ok(None),
         };
-        let tile = Tile::for_shape(m, n, self.ty.mma);
+        let (tile, split) = Tile::for_launch(m, n, self.k, z, self.ty.mma);
         let tiles = n.div_ceil(tile.bn) * m.div_ceil(tile.bm) * z;
-        let split_k = match SplitK::choose(tiles, self.k) {
+        let split_k = match split {
             Some((split, slice)) if z * split <= 65535 => {
                 let counters = self.packed.len();
                 self.packed.push(PackedConst {
