@@ -26,6 +26,16 @@ pub struct DwConvGpu {
 
 pub(super) const DW_BLOCK: usize = 256;
 
+/// Threads per block for `total` output elements: 256, or fewer (down to 64) where that gives
+/// the launch the blocks to fill the GPU (`FILL_BLOCKS`: late layers at batch 1 have tens of
+/// thousands of outputs).
+fn block_threads(total: usize) -> usize {
+    [DW_BLOCK, 128, 64]
+        .into_iter()
+        .find(|&t| total.div_ceil(t) >= super::FILL_BLOCKS)
+        .unwrap_or(64)
+}
+
 pub(super) fn lower(
     node: &NodeInfo,
     epi: Epilogue,
@@ -35,7 +45,7 @@ pub(super) fn lower(
     elem: DType,
 ) -> Result<Option<Box<dyn GpuKernel>>> {
     let total = batch * g.c * g.oh * g.ow;
-    if total.div_ceil(DW_BLOCK) >= 1 << 31 {
+    if total.div_ceil(block_threads(total)) >= 1 << 31 {
         return Ok(None);
     }
     let mut packed = vec![PackedConst::from_f32s(w)];
@@ -69,7 +79,7 @@ pub(super) fn lower(
     };
     Ok(Some(Box::new(DwConvGpu {
         what: format!(
-            "gpu dwconv{}x{}/{}{} C={} {}x{}{}{}",
+            "gpu dwconv{}x{}/{}{} C={} {}x{}{}{} grid={}x1x1 block={}",
             g.kh,
             g.kw,
             g.sh,
@@ -81,7 +91,9 @@ pub(super) fn lower(
             match epi.activation {
                 Activation::None => String::new(),
                 a => format!(" +{a:?}"),
-            }
+            },
+            total.div_ceil(block_threads(total)),
+            block_threads(total),
         ),
         elem,
         batch,
@@ -118,9 +130,10 @@ impl KernelCommon for DwConvGpu {
 impl GpuKernel for DwConvGpu {
     fn launch(&self) -> LaunchDims {
         let total = self.batch * self.g.c * self.g.oh * self.g.ow;
+        let threads = block_threads(total);
         LaunchDims {
-            grid: [total.div_ceil(DW_BLOCK) as u32, 1, 1],
-            block: [DW_BLOCK as u32, 1, 1],
+            grid: [total.div_ceil(threads) as u32, 1, 1],
+            block: [threads as u32, 1, 1],
             shared_bytes: 0,
         }
     }
@@ -132,7 +145,7 @@ impl GpuKernel for DwConvGpu {
         let total = self.batch * g.c * g.oh * g.ow;
         let tid = k.sreg64(Sreg::TidX)?;
         let bx = k.sreg64(Sreg::CtaidX)?;
-        let idx = e.add(e.mulc(bx, DW_BLOCK as i64)?, tid)?;
+        let idx = e.add(e.mulc(bx, block_threads(total) as i64)?, tid)?;
         let x = k.input(0)?;
         let w = k.packed(0)?;
         let acc = e.entry_alloca(f32t, "acc")?;

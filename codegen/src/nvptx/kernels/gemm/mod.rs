@@ -21,6 +21,7 @@
 
 mod body;
 mod dwconv;
+mod gemv;
 #[cfg(test)]
 mod tests;
 
@@ -233,6 +234,8 @@ pub struct GemmGpu {
     packed: Vec<PackedConst>,
     unread: Vec<usize>,
     split_k: Option<SplitK>,
+    /// A matrix-vector shaped product (`gemv`), on this many blocks.
+    gemv: Option<usize>,
 }
 
 /// The generator: MatMul, Gemm and Conv with their own bias.
@@ -436,6 +439,10 @@ impl Parts {
         };
         let (tile, split) = Tile::for_launch(m, n, self.k, z, self.ty.mma);
         let tiles = n.div_ceil(tile.bn) * m.div_ceil(tile.bm) * z;
+        // A side of at most 8 that the tiles cannot fill the GPU with: a warp per output.
+        let gemv = (m.min(n) <= gemv::GEMV_MAX_SIDE && tiles * split.map_or(1, |(s, _)| s) < FILL_BLOCKS)
+            .then(|| gemv::launch(z * m * n).0);
+        let split = split.filter(|_| gemv.is_none());
         let split_k = match split {
             Some((split, slice)) if z * split <= 65535 => {
                 let counters = self.packed.len();
@@ -450,21 +457,26 @@ impl Parts {
             }
             _ => None,
         };
-        let grid = [
-            n.div_ceil(tile.bn),
-            m.div_ceil(tile.bm),
-            z * split_k.map_or(1, |s| s.split),
-        ];
+        let grid = match gemv {
+            Some(blocks) => [blocks, 1, 1],
+            None => [
+                n.div_ceil(tile.bn),
+                m.div_ceil(tile.bm),
+                z * split_k.map_or(1, |s| s.split),
+            ],
+        };
         let what = format!(
-            "gpu {} {}x{}x{BK}{} M={m} N={n} K={} batch={z}{}{}{} grid={}x{}x{}",
+            "gpu {} {}{} M={m} N={n} K={} batch={z}{}{}{} grid={}x{}x{}",
             self.what,
-            tile.bm,
-            tile.bn,
+            match gemv {
+                Some(_) => "gemv".to_string(),
+                None => format!("{}x{}x{BK}", tile.bm, tile.bn),
+            },
             match (tile.mma, self.ty.elem) {
-                (Some(kind), _) => format!(" mma.{}", kind.name()),
-                (None, DType::F16) => " f16".into(),
-                (None, DType::BF16) => " bf16".into(),
-                (None, _) => String::new(),
+                (Some(kind), _) if gemv.is_none() => format!(" mma.{}", kind.name()),
+                (_, DType::F16) => " f16".into(),
+                (_, DType::BF16) => " bf16".into(),
+                (_, _) => String::new(),
             },
             self.k,
             if epi.residual.is_some() { " +residual" } else { "" },
@@ -500,6 +512,7 @@ impl Parts {
             packed: self.packed,
             unread: self.unread,
             split_k,
+            gemv,
         })))
     }
 }

@@ -402,12 +402,16 @@ fn fused_epilogues() {
 }
 
 /// Asserts every GEMM-family kernel in `d` (not the bf16 autocast's Cast kernels) is
-/// `what` on `kind` tensor cores.
+/// `what` on `kind` tensor cores — or, for a product with a side of at most 8 that cannot fill
+/// the GPU, the matrix-vector kernel.
 fn assert_mma_of(d: &[String], what: &str, kind: MmaKind) {
     let products: Vec<&String> = d.iter().filter(|s| !s.starts_with("gpu elementwise")).collect();
     let mark = format!("mma.{}", kind.name());
     assert!(
-        !products.is_empty() && products.iter().all(|s| s.starts_with(what) && s.contains(&mark)),
+        !products.is_empty()
+            && products
+                .iter()
+                .all(|s| s.starts_with(what) && (s.contains(&mark) || s.contains(" gemv "))),
         "kernels {d:?}, expected {what} on {} tensor cores",
         kind.name()
     );
@@ -435,6 +439,16 @@ fn matmuls_on_tensor_cores(new: fn(u64) -> G, seed: u64, kind: MmaKind) {
         (70, 33, 130),
         (1, 40, 65),
     ];
+    // Five rows, but enough columns to fill the GPU: tiles with a ragged M edge.
+    let mut g = new(seed + 30);
+    let a = g.operand(&[5, 20], false);
+    let b = g.operand(&[20, 4300], true);
+    let y = g.node(Op::MatMul, vec![Some(a), Some(b)]);
+    let d = g.check(y);
+    assert!(
+        d.iter().any(|s| s.contains(&format!("mma.{}", kind.name()))),
+        "{d:?}"
+    );
     for (i, &(m, k, n)) in shapes.iter().enumerate() {
         for (ca, cb) in [(false, true), (false, false), (true, false)] {
             let mut g = new(seed + i as u64);
@@ -535,7 +549,7 @@ fn tensor_cores_only_for_bf16_values_from_sm_80() {
     let mma = |d: &[String]| d.iter().any(|s| s.contains("mma.bf16"));
     // bf16 operands: tensor cores on sm_80 and sm_90, not on sm_75 (no bf16 mma).
     let mut g = G::bf16(780);
-    let a = g.input(&[8, 32]);
+    let a = g.input(&[24, 32]);
     let b = g.constant(&[32, 16]);
     let y = g.node(Op::MatMul, vec![Some(a), Some(b)]);
     g.g.add_output("y", y);
@@ -894,7 +908,7 @@ fn tf32_products_round_their_operands() {
             vec![16, 8, 3, 3],
         ),
         // Few output tiles and a long K: split-K.
-        (Op::MatMul, vec![4, 1024], vec![1024, 16]),
+        (Op::MatMul, vec![16, 1024], vec![1024, 16]),
     ];
     for (op, xs, ws) in cases {
         let (x, w) = (data(&xs), data(&ws));
@@ -992,7 +1006,7 @@ fn bf16_rounding_pairs_absorbed_by_tensor_core_products() {
     let h = g.node(Op::Unary(Unary::Relu), vec![Some(h)]);
     let h = g.node(Op::Cast { to: DType::BF16 }, vec![Some(h)]);
     let h = g.node(Op::Cast { to: DType::F32 }, vec![Some(h)]);
-    let w2 = g.constant(&[24, 8]);
+    let w2 = g.constant(&[24, 16]);
     let y = g.node(Op::MatMul, vec![Some(h), Some(w2)]);
     g.g.add_output("y", y);
     let plan = plan::build(&g.g, &TargetDesc::cuda(80).unwrap(), true).unwrap();
@@ -1002,4 +1016,62 @@ fn bf16_rounding_pairs_absorbed_by_tensor_core_products() {
         "{what:?}"
     );
     check_graph_for(&g.g, &g.inputs, 80);
+}
+
+/// Products with a side of at most 8 that tiles cannot fill the GPU with run a warp per
+/// output element: a classifier Gemm at batch 1 (bias, B transposed), a squeeze-and-excitation
+/// 1×1 convolution of a pooled vector with bias and Sigmoid, a batched MatMul with three rows,
+/// in f32, f16 and with bf16 autocast operands.
+#[test]
+fn gemv_shaped_products() {
+    for (seed, new) in [(900, G::new as fn(u64) -> G), (910, G::f16), (920, G::bf16)] {
+        let mut g = new(seed);
+        let x = g.input(&[1, 300]);
+        let w = g.constant(&[70, 300]);
+        let c = g.constant(&[70]);
+        let op = Op::Gemm {
+            alpha: 1.0,
+            beta: 1.0,
+            trans_a: false,
+            trans_b: true,
+        };
+        let y = g.node(op, vec![Some(x), Some(w), Some(c)]);
+        let d = g.check(y);
+        assert!(
+            d.iter()
+                .any(|s| s.starts_with("gpu gemm gemv") && s.contains("M=1 N=70 K=300")),
+            "{d:?}"
+        );
+
+        let mut g = new(seed + 1);
+        let x = g.input(&[1, 40, 1, 1]);
+        let w = g.constant(&[96, 40, 1, 1]);
+        let b = g.constant(&[96]);
+        let y = g.node(
+            conv([1, 1], [1, 1], [0, 0, 0, 0], [1, 1], 1),
+            vec![Some(x), Some(w), Some(b)],
+        );
+        let y = activate(&mut g, y, 2);
+        let d = g.check(y);
+        assert!(
+            d.iter()
+                .any(|s| s.contains("gemv") && s.contains("M=96 N=1 K=40")),
+            "{d:?}"
+        );
+
+        let mut g = new(seed + 2);
+        let a = g.input(&[4, 3, 77]);
+        let b = g.input(&[4, 77, 50]);
+        let y = g.node(Op::MatMul, vec![Some(a), Some(b)]);
+        let d = g.check(y);
+        assert!(d.iter().any(|s| s.contains("gemv")), "{d:?}");
+    }
+    let mut g = G::new(930);
+    let x = g.input(&[1, 300]);
+    let w = g.constant(&[300, 70]);
+    let y = g.node(Op::MatMul, vec![Some(x), Some(w)]);
+    g.g.add_output("y", y);
+    for sm in [80, 90] {
+        ptxas_check(&g.g, sm);
+    }
 }
