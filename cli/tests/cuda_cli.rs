@@ -92,7 +92,7 @@ fn emit_ptx_writes_name_dot_ptx() {
 #[test]
 fn precision_tf32_uses_tf32_tensor_cores() {
     let dir = scratch("tf32");
-    let model = fixture("gemm_opset11").join("model.onnx");
+    let model = fixture("bert_tiny").join("model.onnx");
     let compile = |extra: &[&str]| {
         kiln()
             .args(["compile", "-q"])
@@ -112,7 +112,7 @@ fn precision_tf32_uses_tf32_tensor_cores() {
     ] {
         let out = compile(extra);
         assert!(out.status.success(), "{}", stderr(&out));
-        let ptx = std::fs::read_to_string(dir.join("gemm_opset11.ptx")).unwrap();
+        let ptx = std::fs::read_to_string(dir.join("bert_tiny.ptx")).unwrap();
         assert_eq!(ptx.contains(tf32_mma), tf32, "{extra:?}");
     }
     for (extra, message) in [

@@ -423,13 +423,8 @@ impl GemmGpu {
 
 impl GpuKernel for GemmGpu {
     fn launch(&self) -> LaunchDims {
-        if let Some(blocks) = self.gemv {
-            return LaunchDims {
-                grid: [blocks as u32, 1, 1],
-                block: [THREADS as u32, 1, 1],
-                // The lanes' partial sums.
-                shared_bytes: (THREADS * 4) as u32,
-            };
+        if self.gemv.is_some() {
+            return super::gemv::launch(self.entries() * self.m * self.n);
         }
         let split = self.split_k.map_or(1, |s| s.split);
         LaunchDims {
@@ -459,8 +454,8 @@ impl GpuKernel for GemmGpu {
     }
 
     fn emit<'ctx>(&self, k: &GpuBuilder<'_, 'ctx>) -> Result<()> {
-        if let Some(blocks) = self.gemv {
-            return self.emit_gemv(k, blocks);
+        if self.gemv.is_some() {
+            return self.emit_gemv(k);
         }
         let e = Emit::new(k.cx, k.module, k.builder, k.function);
         let f32t = k.cx.f32_type();

@@ -70,7 +70,8 @@ impl Tile {
     /// [`FILL_BLOCKS`] blocks, halved (its longer side first, down to 16×16) — a 1×1
     /// convolution with K = 64 cannot split, and layer4 of ResNet-50 at batch 1 has 8 tiles of
     /// 64×64, too few for 16 slices to fill 132 SMs. Smaller tiles reuse each staged operand
-    /// less; at batch 1 the products are latency-bound, and idle SMs cost more.
+    /// less; at batch 1 the products are latency-bound, and idle SMs cost more. Products under
+    /// [`MIN_SHRINK_MACS`] keep their tile: they take microseconds on any number of SMs.
     fn for_launch(
         m: usize,
         n: usize,
@@ -79,11 +80,12 @@ impl Tile {
         mma: Option<MmaKind>,
     ) -> (Tile, Option<(usize, usize)>) {
         let mut tile = Tile::for_shape(m, n, mma);
+        let shrink = m * n * k * entries >= MIN_SHRINK_MACS;
         loop {
             let tiles = n.div_ceil(tile.bn) * m.div_ceil(tile.bm) * entries;
             let split = SplitK::choose(tiles, k);
             let blocks = tiles * split.map_or(1, |(s, _)| s);
-            if blocks >= FILL_BLOCKS || (tile.bm == 16 && tile.bn == 16) {
+            if blocks >= FILL_BLOCKS || !shrink || (tile.bm == 16 && tile.bn == 16) {
                 return (tile, split);
             }
             if tile.bn >= tile.bm && tile.bn > 16 {
@@ -178,6 +180,9 @@ const FILL_BLOCKS: usize = 264;
 const MIN_SLICE_STEPS: usize = 2;
 /// The most K slices of one tile.
 const MAX_SPLIT: usize = 16;
+/// The multiply-adds from which a product's tile shrinks to fill the GPU (4 Mi: ResNet-50's
+/// smallest convolution has 12.8 M at batch 1); below, the launch overhead dominates.
+const MIN_SHRINK_MACS: usize = 1 << 22;
 
 /// K split among `split` blocks per output tile (split-K): block `s` of a tile sums K range
 /// `[s·slice, (s+1)·slice)` and writes its partial tile to the kernel's scratch; the last of
@@ -441,7 +446,7 @@ impl Parts {
         let tiles = n.div_ceil(tile.bn) * m.div_ceil(tile.bm) * z;
         // A side of at most 8 that the tiles cannot fill the GPU with: a warp per output.
         let gemv = (m.min(n) <= gemv::GEMV_MAX_SIDE && tiles * split.map_or(1, |(s, _)| s) < FILL_BLOCKS)
-            .then(|| gemv::launch(z * m * n).0);
+            .then(|| gemv::launch(z * m * n).grid[0] as usize);
         let split = split.filter(|_| gemv.is_none());
         let split_k = match split {
             Some((split, slice)) if z * split <= 65535 => {
