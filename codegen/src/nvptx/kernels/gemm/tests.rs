@@ -439,10 +439,11 @@ fn matmuls_on_tensor_cores(new: fn(u64) -> G, seed: u64, kind: MmaKind) {
         (70, 33, 130),
         (1, 40, 65),
     ];
-    // Five rows, but enough columns to fill the GPU: tiles with a ragged M edge.
+    // Five rows, but enough work and columns to fill the GPU with 16×16 tiles: tiles with a
+    // ragged M edge.
     let mut g = new(seed + 30);
-    let a = g.operand(&[5, 20], false);
-    let b = g.operand(&[20, 4300], true);
+    let a = g.operand(&[5, 200], false);
+    let b = g.operand(&[200, 4300], true);
     let y = g.node(Op::MatMul, vec![Some(a), Some(b)]);
     let d = g.check(y);
     assert!(
