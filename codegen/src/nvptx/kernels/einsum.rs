@@ -5,7 +5,7 @@
 //! the label extents, output labels first, and each operand's stride per label). Floats
 //! accumulate in f64 and are rounded once; integers wrap in 64 bits as the C kernel's do.
 
-use super::scalar::{load_any_f64, load_local, store_real};
+use super::scalar::{load_any_f64, load_int, load_local, store_real};
 use crate::error::Result;
 use crate::gen::elementwise as ew;
 use crate::gen::emit::Emit;
@@ -159,24 +159,6 @@ impl GpuKernel for EinsumGpu {
             }
         })?;
         k.ret()
-    }
-}
-
-/// Element `i` of an integer tensor, sign- or zero-extended to i64.
-fn load_int<'ctx>(
-    e: &Emit<'_, 'ctx>,
-    x: inkwell::values::PointerValue<'ctx>,
-    dtype: DType,
-    i: IntValue<'ctx>,
-) -> Result<IntValue<'ctx>> {
-    let v = ew::load_one(e, x, dtype, i)?.into_int_value();
-    if v.get_type().get_bit_width() == 64 {
-        return Ok(v);
-    }
-    if dtype.is_signed_int() {
-        e.b.build_int_s_extend(v, e.cx.i64_type(), "").map_err(llvm)
-    } else {
-        e.b.build_int_z_extend(v, e.cx.i64_type(), "").map_err(llvm)
     }
 }
 

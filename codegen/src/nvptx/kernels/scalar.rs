@@ -95,9 +95,24 @@ pub fn load_index<'ctx>(
     dtype: DType,
     i: IntValue<'ctx>,
 ) -> Result<IntValue<'ctx>> {
+    load_int(e, base, dtype, i)
+}
+
+/// Element `i` of an integer tensor of any width, sign- or zero-extended to i64 as its dtype
+/// is signed or not.
+pub fn load_int<'ctx>(
+    e: &Emit<'_, 'ctx>,
+    base: PointerValue<'ctx>,
+    dtype: DType,
+    i: IntValue<'ctx>,
+) -> Result<IntValue<'ctx>> {
     let v = ew::load_one(e, base, dtype, i)?.into_int_value();
-    if dtype == DType::I64 {
+    if v.get_type().get_bit_width() == 64 {
         return Ok(v);
     }
-    e.b.build_int_s_extend(v, e.cx.i64_type(), "").map_err(llvm)
+    if dtype.is_signed_int() {
+        e.b.build_int_s_extend(v, e.cx.i64_type(), "").map_err(llvm)
+    } else {
+        e.b.build_int_z_extend(v, e.cx.i64_type(), "").map_err(llvm)
+    }
 }

@@ -115,16 +115,8 @@ fn order_key<'ctx>(
         let nan = e.fcmp_scalar(FloatPredicate::UNO, v, v)?;
         return e.select_int(nan, e.i64c(-1), key);
     }
-    let v = ew::load_one(e, x, dtype, i)?.into_int_value();
-    let signed = dtype.is_signed_int();
-    let wide = if v.get_type().get_bit_width() == 64 {
-        v
-    } else if signed {
-        e.b.build_int_s_extend(v, i64t, "").map_err(llvm)?
-    } else {
-        e.b.build_int_z_extend(v, i64t, "").map_err(llvm)?
-    };
-    if signed {
+    let wide = super::scalar::load_int(e, x, dtype, i)?;
+    if dtype.is_signed_int() {
         xor(wide, sign)
     } else {
         Ok(wide)

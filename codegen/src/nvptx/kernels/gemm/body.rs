@@ -424,7 +424,7 @@ impl GemmGpu {
 impl GpuKernel for GemmGpu {
     fn launch(&self) -> LaunchDims {
         if self.gemv.is_some() {
-            return super::gemv::launch(self.entries() * self.m * self.n);
+            return self.gemv_launch();
         }
         let split = self.split_k.map_or(1, |s| s.split);
         LaunchDims {

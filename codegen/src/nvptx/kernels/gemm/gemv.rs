@@ -26,6 +26,11 @@ pub(super) fn launch(outputs: usize) -> LaunchDims {
 }
 
 impl GemmGpu {
+    /// The launch of this product as a GEMV.
+    pub(super) fn gemv_launch(&self) -> LaunchDims {
+        launch(self.entries() * self.m * self.n)
+    }
+
     pub(super) fn emit_gemv<'ctx>(&self, k: &GpuBuilder<'_, 'ctx>) -> Result<()> {
         let e = Emit::new(k.cx, k.module, k.builder, k.function);
         let (m, n, kk) = (self.m, self.n, self.k);
