@@ -423,7 +423,7 @@ impl GemmGpu {
 
 impl GpuKernel for GemmGpu {
     fn launch(&self) -> LaunchDims {
-        if self.gemv.is_some() {
+        if self.gemv {
             return self.gemv_launch();
         }
         let split = self.split_k.map_or(1, |s| s.split);
@@ -454,7 +454,7 @@ impl GpuKernel for GemmGpu {
     }
 
     fn emit<'ctx>(&self, k: &GpuBuilder<'_, 'ctx>) -> Result<()> {
-        if self.gemv.is_some() {
+        if self.gemv {
             return self.emit_gemv(k);
         }
         let e = Emit::new(k.cx, k.module, k.builder, k.function);

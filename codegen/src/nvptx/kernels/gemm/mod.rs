@@ -239,8 +239,8 @@ pub struct GemmGpu {
     packed: Vec<PackedConst>,
     unread: Vec<usize>,
     split_k: Option<SplitK>,
-    /// A matrix-vector shaped product (`gemv`), on this many blocks.
-    gemv: Option<usize>,
+    /// A matrix-vector shaped product, run by the GEMV kernel (`gemv`).
+    gemv: bool,
 }
 
 /// The generator: MatMul, Gemm and Conv with their own bias.
@@ -444,10 +444,9 @@ impl Parts {
         };
         let (tile, split) = Tile::for_launch(m, n, self.k, z, self.ty.mma);
         let tiles = n.div_ceil(tile.bn) * m.div_ceil(tile.bm) * z;
-        // A side of at most 8 that the tiles cannot fill the GPU with: a warp per output.
-        let gemv = (m.min(n) <= gemv::GEMV_MAX_SIDE && tiles * split.map_or(1, |(s, _)| s) < FILL_BLOCKS)
-            .then(|| gemv::launch(z * m * n).grid[0] as usize);
-        let split = split.filter(|_| gemv.is_none());
+        // A side of at most 8 that the tiles cannot fill the GPU with: a thread per output.
+        let gemv = m.min(n) <= gemv::GEMV_MAX_SIDE && tiles * split.map_or(1, |(s, _)| s) < FILL_BLOCKS;
+        let split = split.filter(|_| !gemv);
         let split_k = match split {
             Some((split, slice)) if z * split <= 65535 => {
                 let counters = self.packed.len();
@@ -463,8 +462,8 @@ impl Parts {
             _ => None,
         };
         let grid = match gemv {
-            Some(blocks) => [blocks, 1, 1],
-            None => [
+            true => [gemv::launch(z * m * n).grid[0] as usize, 1, 1],
+            false => [
                 n.div_ceil(tile.bn),
                 m.div_ceil(tile.bm),
                 z * split_k.map_or(1, |s| s.split),
@@ -474,11 +473,11 @@ impl Parts {
             "gpu {} {}{} M={m} N={n} K={} batch={z}{}{}{} grid={}x{}x{}",
             self.what,
             match gemv {
-                Some(_) => "gemv".to_string(),
-                None => format!("{}x{}x{BK}", tile.bm, tile.bn),
+                true => "gemv".to_string(),
+                false => format!("{}x{}x{BK}", tile.bm, tile.bn),
             },
             match (tile.mma, self.ty.elem) {
-                (Some(kind), _) if gemv.is_none() => format!(" mma.{}", kind.name()),
+                (Some(kind), _) if !gemv => format!(" mma.{}", kind.name()),
                 (_, DType::F16) => " f16".into(),
                 (_, DType::BF16) => " bf16".into(),
                 (_, _) => String::new(),
