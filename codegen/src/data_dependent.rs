@@ -226,6 +226,20 @@ pub fn root(graph: &Graph, v: ValueId) -> Result<Option<Root>> {
     Ok(analyze(graph)?.roots.into_iter().find(|r| r.value == v))
 }
 
+/// Every graph output whose extent along an axis is a count, as `(output index, axis)` in
+/// output order. On a GPU, where the host cannot see a kernel's dims, a root's kernel writes
+/// its count into slot `c` of the counts that follow the frame's error slot, `c` this list's
+/// index of the output; the host copies them into the outputs' dims after the run.
+pub fn output_counts(graph: &Graph) -> Result<Vec<(usize, usize)>> {
+    let mut counts: Vec<(usize, usize)> = analyze(graph)?
+        .roots
+        .into_iter()
+        .flat_map(|r| r.outputs)
+        .collect();
+    counts.sort_unstable();
+    Ok(counts)
+}
+
 /// The dynamic axis of `node`'s outputs, which reads the data-dependent values `inputs`
 /// (input index and what is known of it), or an error naming the node when kiln cannot
 /// compile it after them.
@@ -468,27 +482,14 @@ fn scalar(dtype: DType, x: f64) -> Option<Tensor> {
     Tensor::new(vec![], TensorData::from_f64s(dtype, [x])).ok()
 }
 
-/// `graph` with every data-dependent value bounded (see the module docs); `gpu`: a GPU target,
-/// which refuses them (its kernels cannot report a shape yet).
-pub fn bound_outputs(graph: &Graph, gpu: bool) -> Result<Bounded<'_>> {
+/// `graph` with every data-dependent value bounded (see the module docs).
+pub fn bound_outputs(graph: &Graph) -> Result<Bounded<'_>> {
     let analysis = analyze(graph)?;
-    let Some(first) = analysis.roots.first() else {
+    if analysis.roots.is_empty() {
         return Ok(Bounded {
             graph: Cow::Borrowed(graph),
             outputs: vec![],
         });
-    };
-    if gpu {
-        let node = graph.node(first.value.node);
-        return Err(CodegenError::unsupported(
-            &node.name,
-            node.op.name(),
-            format!(
-                "'{}' has shape {}, which depends on the data: the CUDA target does not compile that yet (CPU targets do)",
-                graph.value_name(first.value),
-                graph.value_type(first.value)
-            ),
-        ));
     }
     let mut g = graph.clone();
     for id in graph.node_ids() {
@@ -691,14 +692,14 @@ mod tests {
             .all(|v| a.values[v].axis == 0 && a.values[v].fill == Some(0.0)));
         assert_eq!(a.roots.len(), 1);
         assert_eq!(a.roots[0].outputs, vec![(0, 0), (1, 0)]);
-        let b = bound_outputs(&g, false).unwrap();
+        let b = bound_outputs(&g).unwrap();
         assert_eq!(b.outputs, vec![0, 1]);
         // 1 batch entry × 2 classes × 3 boxes.
         assert_eq!(
             b.graph.value_type(picked),
             &TensorType::fixed(DType::F32, &[6, 2])
         );
-        assert!(bound_outputs(&g, true).unwrap_err().to_string().contains("CUDA"));
+        assert_eq!(output_counts(&b.graph).unwrap(), vec![(0, 0), (1, 0)]);
     }
 
     #[test]

@@ -171,7 +171,7 @@ pub struct WeightsFile {
 /// build, for reports. Cheap next to the LLVM pipeline.
 pub fn plan_only(graph: &Graph, opts: &CompileOptions) -> Result<Summary> {
     let kernel_target = opts.kernel_target()?;
-    let bounded = data_dependent::bound_outputs(graph, opts.cuda_sm.is_some())?;
+    let bounded = data_dependent::bound_outputs(graph)?;
     let graph = &*bounded.graph;
     let plan = plan::build_with(graph, &kernel_target, &opts.plan)?;
     Ok(summarize(graph, &plan, &kernel_target, vec![]))
@@ -234,7 +234,7 @@ pub fn compile(
 ) -> Result<Summary> {
     progress.phase("plan");
     let kernel_target = opts.kernel_target()?;
-    let bounded = data_dependent::bound_outputs(graph, opts.cuda_sm.is_some())?;
+    let bounded = data_dependent::bound_outputs(graph)?;
     let graph = &*bounded.graph;
     if opts.emit == Emit::Ptx && opts.cuda_sm.is_none() {
         return Err(CodegenError::Target("--emit ptx needs --target cuda".into()));
@@ -354,7 +354,7 @@ fn plan_variants<'a>(
     let mut planned = vec![];
     let mut data_dependent = vec![];
     for v in variants {
-        let bounded = data_dependent::bound_outputs(v.graph, false)?;
+        let bounded = data_dependent::bound_outputs(v.graph)?;
         data_dependent = bounded.outputs;
         let graph = bounded.graph.into_owned();
         let opts = plan::passes::PlanOptions {

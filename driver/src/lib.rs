@@ -498,9 +498,8 @@ impl<'p> Session<'p> {
         let target = self.target()?;
         let kernel_target = self.kernel_target()?;
         // Data-dependent graph outputs planned with the types that bound them, as compile does
-        // (the value ids are the same; only those types differ from `lowered`'s), and refused
-        // for a GPU, as compile refuses them (the kernel target, not the host that launches).
-        let bounded = kiln_codegen::data_dependent::bound_outputs(lowered, kernel_target.is_gpu())?;
+        // (the value ids are the same; only those types differ from `lowered`'s).
+        let bounded = kiln_codegen::data_dependent::bound_outputs(lowered)?;
         let plan = kiln_codegen::plan::build_with(
             &bounded.graph,
             &kernel_target,

@@ -105,7 +105,10 @@ typedef struct cuda_state {
   int64_t frame_bytes;
   void **frame_host;    /* what the device frame holds now (io[] valid when frame_valid) */
   int frame_valid;
-  int32_t error_host[2];
+  /* The error slot as read back: two int32 (the failing kernel, its code), then the counts of
+     the outputs whose extent depends on the data (kiln_cuda_desc.counts), an int64 each. */
+  int64_t *status_host;
+  int64_t status_bytes;
   /* The kernel table as one CUDA graph, captured at the first unprofiled run and replayed by
      every later one. Its launches read only the frame, whose device address never changes, so
      rebinding inputs and outputs (a rewrite of the frame) needs no new graph. */
@@ -204,6 +207,7 @@ static void state_free(const kiln_model_desc *desc, cuda_state *s) {
   free(s->staging);
   free(s->functions);
   free(s->frame_host);
+  free(s->status_host);
   free(s);
 }
 
@@ -338,7 +342,13 @@ static int allocate(cuda_state *s, struct kiln_ctx *ctx, const kiln_model_desc *
   s->staging = calloc((size_t)(n > 0 ? n : 1), sizeof *s->staging);
   s->frame_bytes = (int64_t)sizeof(void *) * (FRAME_HEAD + n);
   s->frame_host = calloc((size_t)(FRAME_HEAD + n), sizeof(void *));
-  if (!s->staging || !s->frame_host) {
+  if (cd->n_counts < 0 || (cd->n_counts > 0 && !cd->counts)) {
+    create_fail("bad model description: %d output counts", cd->n_counts);
+    return -1;
+  }
+  s->status_bytes = (int64_t)sizeof(int64_t) * (1 + cd->n_counts);
+  s->status_host = calloc((size_t)(1 + cd->n_counts), sizeof(int64_t));
+  if (!s->staging || !s->frame_host || !s->status_host) {
     create_fail("out of memory");
     return -1;
   }
@@ -351,7 +361,7 @@ static int allocate(cuda_state *s, struct kiln_ctx *ctx, const kiln_model_desc *
       {&s->arena, desc->arena_bytes, "the arena"},
       {&s->weights, cd->weights_bytes, "the weights"},
       {&s->thread_scratch, scratch, "the thread scratch"},
-      {&s->error, 2 * (int64_t)sizeof(int32_t), "the error slot"},
+      {&s->error, s->status_bytes, "the error slot"},
       {&s->frame, s->frame_bytes, "the kernel frame"},
   };
   for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
@@ -592,23 +602,42 @@ static int32_t launch_all(struct kiln_ctx *ctx, cuda_state *s, const CUdeviceptr
   return 0;
 }
 
-/* Reads the error slot (after the stream drained) and turns a device failure into the error. */
+/* Reads the error slot (after the stream drained) and turns a device failure into the error;
+   after a clean run, sets the dims of the outputs whose extent depends on the data from the
+   counts that their kernels wrote after the slot. */
 static int32_t check_device_error(struct kiln_ctx *ctx, cuda_state *s, CUstream stream) {
   const kiln_model_desc *desc = kiln_rt_desc(ctx);
-  CUresult r = s->api.cuMemcpyDtoHAsync_v2(s->error_host, s->error, sizeof s->error_host, stream);
+  const kiln_cuda_desc *cd = desc->cuda;
+  CUresult r = s->api.cuMemcpyDtoHAsync_v2(s->status_host, s->error, (size_t)s->status_bytes, stream);
   if (r != CUDA_SUCCESS) return fail(ctx, s, r, "reading the error slot");
   if ((r = s->api.cuStreamSynchronize(stream)) != CUDA_SUCCESS) return fail(ctx, s, r, "running the model");
-  if (s->error_host[0] == 0) return 0;
-  int32_t k = s->error_host[0] - 1;
+  int32_t error[2];
+  memcpy(error, s->status_host, sizeof error);
+  if (error[0] == 0) {
+    for (int32_t c = 0; c < cd->n_counts; c++) {
+      const kiln_cuda_count *count = &cd->counts[c];
+      int64_t *dims = kiln_rt_output_dims(ctx, count->output);
+      int64_t n = s->status_host[1 + c];
+      /* The kernel writes at most the bound (the static dim); anything else is not a count. */
+      if (!dims || count->axis < 0 || count->axis >= desc->outputs[count->output].rank || n < 0 ||
+          n > desc->outputs[count->output].dims[count->axis]) {
+        kiln_rt_set_error(ctx, "bad count %lld for output %d on the device", (long long)n, count->output);
+        return 1;
+      }
+      dims[count->axis] = n;
+    }
+    return 0;
+  }
+  int32_t k = error[0] - 1;
   const char *node = "?", *op = "?";
   if (k >= 0 && k < desc->n_kernels && desc->kernels) {
     node = desc->kernels[k].name;
     op = desc->kernels[k].op;
-  } else if (k >= 0 && k < desc->cuda->n_kernels) {
-    node = desc->cuda->kernels[k].entry;
+  } else if (k >= 0 && k < cd->n_kernels) {
+    node = cd->kernels[k].entry;
   }
   kiln_rt_set_error(ctx, "kernel %d (node '%s', op %s) failed on the device: %s", k, node, op,
-                    device_error_text(s->error_host[1]));
+                    device_error_text(error[1]));
   return 1;
 }
 

@@ -21,7 +21,8 @@
 typedef struct kiln_gpu_frame {
   char *arena;            /* the context's arena (device memory) */
   const char *weights;    /* the packed weights (device memory) */
-  int32_t *error;         /* error[0]: 1 + index of the first kernel that failed, error[1]: its code */
+  int32_t *error;         /* error[0]: 1 + index of the first kernel that failed, error[1]: its code;
+                             then an int64 count per kiln_cuda_desc.counts row (8-byte aligned) */
   char *thread_scratch;   /* per-thread scratch of a library kernel's threads (thread i at
                              i * the model's thread_scratch_bytes rounded up to 64) */
   void *io[];             /* graph inputs, then graph outputs (device pointers) */
@@ -58,6 +59,14 @@ typedef struct kiln_cuda_copy {
   int64_t bytes;
 } kiln_cuda_copy;
 
+/* A graph output whose extent along `axis` depends on the data (NonZero, NonMaxSuppression,
+   Unique, Compress): its kernel writes the count into the int64 at ((int64_t *)error)[1 + row],
+   and the host sets kiln_rt_output_dims(ctx, output)[axis] from it after the run. */
+typedef struct kiln_cuda_count {
+  int32_t output;
+  int32_t axis;
+} kiln_cuda_count;
+
 /* Device error codes in kiln_gpu_frame.error[1] (the micro-kernels' KILN_UK_E* codes). */
 #define KILN_CUDA_EINDEX 1  /* an index read from an input is out of range */
 #define KILN_CUDA_EVALUE 2  /* a value read from an input is invalid for the operator */
@@ -86,6 +95,8 @@ typedef struct kiln_cuda_desc {
   int32_t (*run_device)(struct kiln_ctx *ctx, const void *const *inputs, void *const *outputs, void *stream);
   /* Releases the device memory, module and stream (kiln_rt_destroy calls it). */
   void (*destroy)(struct kiln_ctx *ctx);
+  int32_t n_counts;       /* rows of `counts` (outputs whose size depends on the data) */
+  const kiln_cuda_count *counts;
 } kiln_cuda_desc;
 
 /* The run function of a CUDA model (its kiln_model_desc.run): host pointers in and out; copies

@@ -9,25 +9,6 @@ use std::process::Command;
 /// The error message prefix of a CUDA artifact that finds no driver or no device.
 pub const NO_DEVICE: &str = "no CUDA device";
 
-/// Fixtures whose values have sizes that depend on the data (NonMaxSuppression, NonZero and
-/// what is computed from them): CPU targets compile them, the CUDA target refuses them with this message until its
-/// kernels can report a shape. GPU tests check the refusal instead of the outputs.
-pub const CUDA_REFUSED: &[&str] = &["detection_outputs", "detection_postprocess"];
-pub const CUDA_REFUSAL: &str = "depends on the data: the CUDA target does not compile that yet";
-
-/// For a fixture in [`CUDA_REFUSED`]: Ok when `result` is the refusal, an error otherwise.
-pub fn expect_cuda_refusal<T>(name: &str, result: Result<T, String>) -> Result<(), String> {
-    match result {
-        Err(e) if e.contains(CUDA_REFUSAL) => Ok(()),
-        Err(e) => Err(format!(
-            "{name}: expected the CUDA target's refusal ({CUDA_REFUSAL}), got: {e}"
-        )),
-        Ok(_) => Err(format!(
-            "{name}: compiled for CUDA, which should refuse it ({CUDA_REFUSAL})"
-        )),
-    }
-}
-
 /// The compute capabilities whose PTX CI checks: A100 and H100.
 pub const CHECKED_SM: [u32; 2] = [80, 90];
 
@@ -177,9 +158,8 @@ pub fn run_parallel<T: Sync, R: Send>(items: &[T], threads: usize, f: impl Fn(&T
 
 /// Runs the node cases the compiled CPU path passes (`tests/conformance/compiled_manifest.txt`,
 /// those whose names start with an `excluded` prefix left out) on `backend`, a CUDA backend
-/// (a device or the emulator): each must pass, or be refused with [`CUDA_REFUSAL`] when its
-/// output sizes depend on the data, which CPU targets compile and the CUDA target does not
-/// yet. Runs on `threads` threads; prints `<suite>: N passed, M refused (...), K failed ...`.
+/// (a device or the emulator): each must pass. Runs on `threads` threads; prints
+/// `<suite>: N passed, K failed ...`.
 pub fn check_cuda_node_cases(
     suite: &str,
     backend: &crate::conformance::Backend,
@@ -204,18 +184,13 @@ pub fn check_cuda_node_cases(
     );
     let (cases, _) = filtered_cases(cases);
     let results = run_all(&cases, backend, threads);
-    let refused = |r: &&CaseResult| r.outcome.as_ref().is_err_and(|e| e.contains(CUDA_REFUSAL));
-    let failed: Vec<_> = results
-        .iter()
-        .filter(|r| r.outcome.is_err() && !refused(r))
-        .collect();
+    let failed: Vec<&CaseResult> = results.iter().filter(|r| r.outcome.is_err()).collect();
     for r in &failed {
         println!("FAIL {}: {}", r.name, r.outcome.as_ref().unwrap_err());
     }
     println!(
-        "{suite}: {} passed, {} refused (data-dependent output sizes), {} failed of the compiled-path cases",
+        "{suite}: {} passed, {} failed of the compiled-path cases",
         results.iter().filter(|r| r.outcome.is_ok()).count(),
-        results.iter().filter(refused).count(),
         failed.len()
     );
     assert!(failed.is_empty(), "{} node cases fail ({suite})", failed.len());

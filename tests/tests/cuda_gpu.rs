@@ -98,9 +98,6 @@ fn fixtures_on_gpu_match_onnxruntime() {
         return;
     };
     run_fixtures(&fixtures, "cuda fixtures", |f| {
-        if kiln_tests::cuda::CUDA_REFUSED.contains(&f.name.as_str()) {
-            return kiln_tests::cuda::expect_cuda_refusal(&f.name, run_fixture(f)).map(|()| "refused".into());
-        }
         let (graph, outputs) = run_fixture(f)?;
         f.check_outputs(&graph, &outputs).map_err(|e| format!("{e:#}"))?;
         Ok(String::new())
@@ -119,10 +116,6 @@ fn fixtures_in_bf16_on_gpu_match_the_f32_reference() {
         return;
     };
     run_fixtures(&fixtures, "cuda bf16 fixtures", |f| {
-        if kiln_tests::cuda::CUDA_REFUSED.contains(&f.name.as_str()) {
-            return kiln_tests::cuda::expect_cuda_refusal(&f.name, run_fixture_bf16(f))
-                .map(|()| "refused".into());
-        }
         let (ops, cos, rel) = run_fixture_bf16(f)?;
         Ok(format!(
             "{ops} ops in bf16, cosine {cos:.6}, max error {rel:.4} of the range"

@@ -4,14 +4,11 @@
 //! must be valid, which needs no GPU. The f32 plans must also keep to `LIBRARY_KERNELS`: which
 //! fixtures still run C library kernels on the GPU, and how many. Without ptxas the test is skipped,
 //! except under CI (`$CI` set), where the PTX must be checked.
-//! Fixtures in `CUDA_REFUSED` must be refused with the CUDA target's message instead.
 //! `KILN_FIXTURE_FILTER=substr` runs a subset; `KILN_PTXAS` names the ptxas to use.
 
 use kiln_codegen::Emit;
 use kiln_tests::compiled::{compile_graph_cuda, compile_graph_cuda_bf16, WorkDir};
-use kiln_tests::cuda::{
-    expect_cuda_refusal, export_libdevice, ptxas, ptxas_check, run_parallel, CHECKED_SM, CUDA_REFUSED,
-};
+use kiln_tests::cuda::{export_libdevice, ptxas, ptxas_check, run_parallel, CHECKED_SM};
 use kiln_tests::fixtures::{load_manifest, Fixture};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -31,10 +28,6 @@ fn check(f: &Fixture, sm: u32, bf16: bool, ptxas: &Path) -> Result<(Duration, Du
     let work = WorkDir::new(&format!("{}-sm{sm}{}", f.name, if bf16 { "-bf16" } else { "" }));
     let ptx = work.0.join(format!("{}.ptx", f.name));
     let start = Instant::now();
-    if CUDA_REFUSED.contains(&f.name.as_str()) {
-        expect_cuda_refusal(&f.name, compile_graph_cuda(&graph, &f.name, sm, Emit::Ptx, &ptx))?;
-        return Ok((start.elapsed(), Duration::ZERO, 0));
-    }
     let summary = if bf16 {
         compile_graph_cuda_bf16(&graph, &f.name, sm, Emit::Ptx, &ptx)?
     } else {

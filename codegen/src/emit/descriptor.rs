@@ -51,9 +51,9 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
 
 impl<'a, 'ctx> Emitter<'a, 'ctx> {
     /// `kiln_cuda_desc` (kiln_cuda.h) of a CUDA model, or null.
-    pub(super) fn cuda_desc(&self) -> PointerValue<'ctx> {
+    pub(super) fn cuda_desc(&self) -> Result<PointerValue<'ctx>> {
         let Some(code) = self.parts.cuda else {
-            return self.ptr().const_null();
+            return Ok(self.ptr().const_null());
         };
         let (p, i32t, i64t) = (self.ptr(), self.cx.i32_type(), self.cx.i64_type());
         let u3 = i32t.array_type(3);
@@ -101,6 +101,24 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
         let copies = self
             .const_global("kiln.cuda.copies", ct.const_array(&copies).into(), 8)
             .as_pointer_value();
+        // Which graph output's dims each count after the error slot goes to.
+        let count_type = self.cx.struct_type(&[i32t.into(), i32t.into()], false);
+        let counts = crate::data_dependent::output_counts(self.parts.graph)?;
+        let count_rows: Vec<_> = counts
+            .iter()
+            .map(|&(output, axis)| {
+                count_type.const_named_struct(&[
+                    i32t.const_int(output as u64, false).into(),
+                    i32t.const_int(axis as u64, false).into(),
+                ])
+            })
+            .collect();
+        let count_table = match count_rows.is_empty() {
+            true => p.const_null(),
+            false => self
+                .const_global("kiln.cuda.counts", count_type.const_array(&count_rows).into(), 8)
+                .as_pointer_value(),
+        };
         let weights = match self.parts.api.weights_file {
             Some(_) => p.const_null(),
             None => self
@@ -132,6 +150,8 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
                 p.into(),
                 p.into(),
                 p.into(),
+                i32t.into(),
+                p.into(),
             ],
             false,
         );
@@ -148,8 +168,10 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
             fns[0].into(),
             fns[1].into(),
             fns[2].into(),
+            i32t.const_int(counts.len() as u64, false).into(),
+            count_table.into(),
         ]);
-        self.const_global("kiln.cuda", value.into(), 8).as_pointer_value()
+        Ok(self.const_global("kiln.cuda", value.into(), 8).as_pointer_value())
     }
 
     /// `kiln_batch_desc` of a model compiled for a batch range, or null.
@@ -269,7 +291,7 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
             run.as_global_value().as_pointer_value().into(),
             kernels.into(),
             self.weights_desc(layout_hash).into(),
-            self.cuda_desc().into(),
+            self.cuda_desc()?.into(),
             self.batch_desc().into(),
         ]);
         Ok(self.const_global("kiln.model", value.into(), 8))

@@ -279,17 +279,23 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
                     .map_err(llvm)?;
             let count = b.build_load(i64t, at, "count").map_err(llvm)?;
             for (j, axis) in root.outputs {
-                let out_dims = self
-                    .call_rt(
-                        "kiln_rt_output_dims",
-                        &[ctx.into(), self.cx.i32_type().const_int(j as u64, false).into()],
-                    )?
-                    .expect("ptr")
-                    .into_pointer_value();
-                let p = unsafe {
-                    b.build_in_bounds_gep(i64t, out_dims, &[i64t.const_int(axis as u64, false)], "o")
-                }
-                .map_err(llvm)?;
+                let p = match self.parts.target.is_gpu() {
+                    // On the device a library kernel's context is the frame.
+                    true => crate::nvptx::kernel::count_slot(self.cx, b, ctx, graph, j)?,
+                    false => {
+                        let out_dims = self
+                            .call_rt(
+                                "kiln_rt_output_dims",
+                                &[ctx.into(), self.cx.i32_type().const_int(j as u64, false).into()],
+                            )?
+                            .expect("ptr")
+                            .into_pointer_value();
+                        unsafe {
+                            b.build_in_bounds_gep(i64t, out_dims, &[i64t.const_int(axis as u64, false)], "o")
+                        }
+                        .map_err(llvm)?
+                    }
+                };
                 b.build_store(p, count).map_err(llvm)?;
             }
         }

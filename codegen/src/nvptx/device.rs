@@ -52,7 +52,8 @@ pub fn build(graph: &Graph, plan: &Plan, target: &TargetDesc, model_name: &str) 
         portable: None,
         variant: None,
         weights_object: None,
-        // GPU targets refuse data-dependent outputs (`crate::data_dependent`).
+        // Only the host's API reads this list; a root's kernel finds its count slot from the
+        // graph (`data_dependent::output_counts`).
         data_dependent: &[],
         batch: None,
     };

@@ -60,7 +60,9 @@ fn run_graph_for(
     sm: u32,
 ) -> Result<(Vec<Tensor>, Vec<String>), String> {
     let target = TargetDesc::cuda(sm).map_err(|e| e.to_string())?;
-    let plan = plan::build(graph, &target, fusion).map_err(|e| e.to_string())?;
+    // Data-dependent outputs planned with their bounds, as compile does.
+    let bounded = crate::data_dependent::bound_outputs(graph).map_err(|e| e.to_string())?;
+    let plan = plan::build(&bounded.graph, &target, fusion).map_err(|e| e.to_string())?;
     let describes: Vec<String> = plan.kernels.iter().map(|k| k.describe()).collect();
     let outputs = run_plan(graph, &plan, &target, inputs)?;
     Ok((outputs, describes))
@@ -122,6 +124,8 @@ pub(crate) fn ptxas_check_target(graph: &Graph, target: &TargetDesc) -> bool {
         return false;
     };
     libdevice_beside(&ptxas);
+    let bounded = crate::data_dependent::bound_outputs(graph).unwrap();
+    let graph = &*bounded.graph;
     let plan = plan::build(graph, target, true).unwrap();
     for k in &plan.kernels {
         assert!(
@@ -194,13 +198,18 @@ fn find_ptxas() -> Option<std::path::PathBuf> {
 }
 
 /// Runs every kernel of `plan` (generated GPU kernels and library kernels on a block) on
-/// `inputs`, in graph input order; returns the outputs in graph output order.
+/// `inputs`, in graph input order; returns the outputs in graph output order, those whose size
+/// depends on the data cut to the count their kernel wrote, as the host runtime reports them.
+/// `graph` is the graph that was planned, before its data-dependent values were bounded.
 pub fn run_plan(
     graph: &Graph,
     plan: &Plan,
     target: &TargetDesc,
     inputs: &[Tensor],
 ) -> Result<Vec<Tensor>, String> {
+    let bounded = crate::data_dependent::bound_outputs(graph).map_err(|e| e.to_string())?;
+    let graph = &*bounded.graph;
+    let counts = crate::data_dependent::output_counts(graph).map_err(|e| e.to_string())?;
     let host = TargetDesc::host().map_err(|e| e.to_string())?;
     let cx = Context::create();
     let module = cx.create_module("kiln_emulated");
@@ -227,6 +236,8 @@ pub fn run_plan(
         portable: None,
         variant: None,
         weights_object: None,
+        // Only the host's API reads this list; a root's kernel finds its count slot from the
+        // graph (`data_dependent::output_counts`).
         data_dependent: &[],
         batch: None,
     };
@@ -355,7 +366,8 @@ pub fn run_plan(
         out_types.push((ty.dtype, shape, bytes));
         output_bufs.push(Buf::new(bytes));
     }
-    let mut error = [0i32; 2];
+    // The error slot (two i32) and the outputs' counts after it, as `kiln_cuda.h` lays them out.
+    let mut status = vec![0i64; 1 + counts.len()];
     // As the host runtime sizes it: a stride per thread of the widest library block.
     let stride = plan.thread_scratch_bytes.div_ceil(64) as usize * 64;
     let mut thread_scratch = Buf::new(stride * device::library_threads("ew_unary") as usize);
@@ -363,7 +375,7 @@ pub fn run_plan(
     let mut frame_words: Vec<usize> = vec![
         arena.ptr() as usize,
         weights.ptr() as usize,
-        error.as_mut_ptr() as usize,
+        status.as_mut_ptr() as usize,
         thread_scratch.ptr() as usize,
     ];
     debug_assert_eq!(frame::IO, 32);
@@ -378,8 +390,9 @@ pub fn run_plan(
         // SAFETY: the frame's buffers are live and sized by the plan.
         let raw: Entry = unsafe { f.as_raw() };
         run_grid(raw, frame_addr, *dims, *barrier);
-        if error[0] != 0 {
-            return Err(format!("kernel {} failed with code {}", error[0] - 1, error[1]));
+        let (kernel, code) = (status[0] as i32, (status[0] >> 32) as i32);
+        if kernel != 0 {
+            return Err(format!("kernel {} failed with code {code}", kernel - 1));
         }
         // A kernel may use weight memory (split-K's tile counters) but must leave it as it
         // found it: the next run, or a CUDA graph's replay, starts from the same state.
@@ -399,7 +412,21 @@ pub fn run_plan(
         output_bufs[c.output].bytes_mut()[..n].copy_from_slice(&src);
     }
     let mut outs = vec![];
-    for ((dtype, shape, bytes), buf) in out_types.into_iter().zip(&output_bufs) {
+    for (j, ((dtype, mut shape, bytes), buf)) in out_types.into_iter().zip(&output_bufs).enumerate() {
+        let mut bytes = bytes;
+        // A data-dependent output: its values come first in the bound's buffer.
+        if let Some(c) = counts.iter().position(|&(o, _)| o == j) {
+            let (axis, n) = (counts[c].1, status[1 + c]);
+            if n < 0 || n as usize > shape[axis] {
+                return Err(format!("output {j}: count {n} outside its bound {}", shape[axis]));
+            }
+            let bound: usize = shape.iter().product();
+            shape[axis] = n as usize;
+            bytes = match bound {
+                0 => 0,
+                _ => bytes / bound * shape.iter().product::<usize>(),
+            };
+        }
         outs.push(Tensor::from_le_bytes(dtype, shape, &buf.bytes()[..bytes]).map_err(|e| format!("{e:?}"))?);
     }
     Ok(outs)

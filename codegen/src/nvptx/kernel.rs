@@ -545,6 +545,30 @@ impl<'a, 'ctx> GpuBuilder<'a, 'ctx> {
         })
     }
 
+    /// Writes `count`, the extent of output `o`'s data-dependent axis, into the count slot of
+    /// every graph output computed from it (after the frame's error slot, as
+    /// `data_dependent::output_counts` orders them); the host copies the counts into the
+    /// outputs' shapes after the run. Every thread may store the same count.
+    pub fn store_count(&self, o: usize, count: IntValue<'ctx>) -> Result<()> {
+        let graph = self.node.graph;
+        let Some(root) = crate::data_dependent::root(graph, self.node.id.out(o as u32))? else {
+            return Err(CodegenError::internal(format!(
+                "output {o} of '{}' has no data-dependent axis",
+                self.node.name()
+            )));
+        };
+        let frame = self
+            .function
+            .get_nth_param(0)
+            .expect("frame")
+            .into_pointer_value();
+        for (j, _) in root.outputs {
+            let at = count_slot(self.cx, self.builder, frame, graph, j)?;
+            self.builder.build_store(at, count).map_err(llvm)?;
+        }
+        Ok(())
+    }
+
     /// `ret void`.
     pub fn ret(&self) -> Result<()> {
         self.builder.build_return(None).map_err(llvm)?;
@@ -588,6 +612,27 @@ pub(crate) fn tf32_round<'ctx>(
     let rounded = e.b.build_and(up, c(0xffff_e000), "").map_err(llvm)?;
     let special = e.select_int(nan, c(0x7fff_e000), bits)?;
     e.select_int(finite, rounded, special)
+}
+
+/// Where the count of graph output `j` (one whose extent depends on the data) goes on the
+/// device: the int64 after the frame's error slot at `j`'s index in
+/// `data_dependent::output_counts`.
+pub(crate) fn count_slot<'ctx>(
+    cx: &'ctx Context,
+    b: &Builder<'ctx>,
+    frame_ptr: PointerValue<'ctx>,
+    graph: &kiln_ir::Graph,
+    j: usize,
+) -> Result<PointerValue<'ctx>> {
+    let slot = crate::data_dependent::output_counts(graph)?
+        .iter()
+        .position(|&(o, _)| o == j)
+        .ok_or_else(|| CodegenError::internal(format!("graph output {j} has no count slot")))?;
+    let status = load_ptr(cx, b, frame_ptr, frame::ERROR)?;
+    let i64t = cx.i64_type();
+    // SAFETY (of the IR): the error slot (two i32, one i64) is followed by a count per slot.
+    unsafe { b.build_in_bounds_gep(i64t, status, &[i64t.const_int(1 + slot as u64, false)], "count") }
+        .map_err(llvm)
 }
 
 pub(crate) fn load_ptr<'ctx>(
