@@ -74,6 +74,12 @@ pub enum GpuGenerator {
     Einsum,
     /// MaxUnpool, one block (`unpool`).
     Unpool,
+    /// NonZero and Compress, one block that compacts the selection (`select`).
+    Select,
+    /// NonMaxSuppression, one block in rounds (`nms`).
+    Nms,
+    /// Unique, one block that ranks the slices (`unique`).
+    Unique,
 }
 
 /// A CPU kernel generator (`gen/`).
@@ -116,6 +122,10 @@ pub fn generators(op: &Op) -> Generators {
         Op::Misc(MiscOp::Det) => (&[G::Det], &[]),
         Op::Einsum { .. } => (&[G::Einsum], &[]),
         Op::Vision(VisionOp::MaxUnpool { .. }) => (&[G::Unpool], &[]),
+        Op::Vision(VisionOp::NonMaxSuppression { .. }) => (&[G::Nms], &[]),
+        Op::NonZero => (&[G::Select], &[]),
+        Op::Misc(MiscOp::Unique { .. }) => (&[G::Unique], &[]),
+        Op::Misc(MiscOp::Compress { .. }) => (&[G::Copy, G::Gather, G::Select], &[]),
         Op::EyeLike { .. } | Op::OneHot { .. } | Op::Misc(MiscOp::ReverseSequence { .. }) => {
             (&[G::IndexMap], &[])
         }
@@ -185,6 +195,9 @@ impl GpuGenerator {
             GpuGenerator::Det => kernels::det::lower(node, target),
             GpuGenerator::Einsum => kernels::einsum::lower(node, target),
             GpuGenerator::Unpool => kernels::unpool::lower(node, target),
+            GpuGenerator::Select => kernels::select::lower(node, target),
+            GpuGenerator::Nms => kernels::nms::lower(node, target),
+            GpuGenerator::Unique => kernels::unique::lower(node, target),
         }
     }
 }
