@@ -26,6 +26,7 @@ impl Api {
             "run",
             "run_generic",
             "run_shaped",
+            "last_output_shape",
             "last_error",
             "workspace_size",
             "info",

@@ -174,6 +174,10 @@ int64_t kiln_rt_output_bytes(kiln_ctx *ctx, int32_t i);
 int32_t kiln_rt_run_shaped(kiln_ctx *ctx, const char *fn, const void *const *inputs,
                            const int64_t *const *input_shapes, void *const *outputs,
                            int64_t *const *output_shapes);
+/* NAME_last_output_shape (fn: its name): output i's shape after the last run
+   (kiln_rt_output_dims) into dims (rank entries; NULL: only the rank). Returns the rank, or -1
+   with the error set (NULL ctx, i out of range). */
+int32_t kiln_rt_last_output_shape(kiln_ctx *ctx, const char *fn, int32_t i, int64_t *dims);
 /* Runs a batch of n samples of a model with a batch range (desc->batch not NULL; n in range,
    the buffers sized for it): the per-sample program once per sample, on each batched input's
    and output's slice. Sets the batched outputs' kiln_rt_output_dims to n*a0. Returns 0, or

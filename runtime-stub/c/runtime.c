@@ -491,6 +491,21 @@ int64_t *kiln_rt_output_dims(kiln_ctx *ctx, int32_t i) {
   return ctx->out_dims + ctx->out_at[i];
 }
 
+int32_t kiln_rt_last_output_shape(kiln_ctx *ctx, const char *fn, int32_t i, int64_t *dims) {
+  if (!ctx) {
+    snprintf(create_error, sizeof create_error, "%s: ctx is NULL", fn);
+    return -1;
+  }
+  const int64_t *d = kiln_rt_output_dims(ctx, i);
+  if (!d) {
+    kiln_rt_set_error(ctx, "%s: no output %d (the model has %d)", fn, (int)i, (int)ctx->desc->n_outputs);
+    return -1;
+  }
+  int32_t rank = ctx->desc->outputs[i].rank;
+  for (int32_t k = 0; dims && k < rank; k++) dims[k] = d[k];
+  return rank;
+}
+
 int64_t kiln_rt_output_bytes(kiln_ctx *ctx, int32_t i) {
   const int64_t *dims = kiln_rt_output_dims(ctx, i);
   if (!dims) return -1;

@@ -102,8 +102,21 @@ int main(int argc, char **argv) {
     fprintf(stderr, "run failed: %s\n", KILN_API(last_error)(ctx));
     return 1;
   }
+  if (KILN_API(last_output_shape)(ctx, n_out, NULL) != -1 || !strstr(KILN_API(last_error)(ctx), "no output")) {
+    fprintf(stderr, "last_output_shape accepted output %d of %d\n", n_out, n_out);
+    return 1;
+  }
   for (int o = 0; o < n_out; o++) {
     int32_t rank = KILN_API(output_shape)(o, NULL);
+    /* NAME_last_output_shape reports what the shaped run did. */
+    int64_t last[16];
+    if (rank > 16 || KILN_API(last_output_shape)(ctx, o, last) != rank) return 1;
+    for (int d = 0; d < rank; d++)
+      if (last[d] != out_dims[o][d]) {
+        fprintf(stderr, "output %d: last_output_shape dim %d is %lld, the run reported %lld\n", o, d,
+                (long long)last[d], (long long)out_dims[o][d]);
+        return 1;
+      }
     long bytes = out_esize[o];
     char shape_path[4096];
     snprintf(shape_path, sizeof shape_path, "%s.shape", out_paths[o]);

@@ -215,6 +215,24 @@ impl<'a, 'ctx> Emitter<'a, 'ctx> {
             .expect("i32");
         b.build_return(Some(&rc)).map_err(llvm)?;
 
+        // The shapes of the last run, for the runs that report none (run_device above all).
+        let f = self.exported_fn(
+            &api.symbol("last_output_shape"),
+            i32t.fn_type(&[p.into(), i32t.into(), p.into()], false),
+        );
+        let params: Vec<BasicValueEnum> = f.get_param_iter().collect();
+        let name = self.cstring(
+            "kiln.api.last_output_shape.name",
+            &api.symbol("last_output_shape"),
+        );
+        let rank = self
+            .call_rt(
+                "kiln_rt_last_output_shape",
+                &[params[0], name.into(), params[1], params[2]],
+            )?
+            .expect("i32");
+        b.build_return(Some(&rank)).map_err(llvm)?;
+
         let n_in = self.parts.graph.inputs().len();
         let n_out = self.parts.graph.outputs().len();
         let params: Vec<_> = std::iter::repeat_n(p.into(), 1 + n_in + n_out).collect();

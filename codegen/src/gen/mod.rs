@@ -277,6 +277,9 @@ pub fn runtime_fn<'ctx>(cx: &'ctx Context, module: &Module<'ctx>, name: &str) ->
         ),
         "kiln_rt_run_shaped" => i32t.fn_type(&[ptr.into(); 6], false),
         "kiln_rt_output_dims" => ptr.fn_type(&[ptr.into(), i32t.into()], false),
+        "kiln_rt_last_output_shape" => {
+            i32t.fn_type(&[ptr.into(), ptr.into(), i32t.into(), ptr.into()], false)
+        }
         "kiln_rt_io_count" => i32t.fn_type(&[ptr.into(), i32t.into()], false),
         "kiln_rt_io_name" => ptr.fn_type(&[ptr.into(), i32t.into(), i32t.into()], false),
         "kiln_rt_io_dtype" => i32t.fn_type(&[ptr.into(), i32t.into(), i32t.into()], false),
