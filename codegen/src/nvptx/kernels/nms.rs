@@ -5,25 +5,29 @@
 //! extent is a count (`crate::data_dependent`): the rows come first in the bound's buffer,
 //! zeros after them, and the count goes to the frame's count slots.
 //!
-//! One block, classes one after another, each in rounds: the block picks the best box still
-//! alive (every thread scans its share, a shared-memory tree reduces the candidates), keeps
-//! it, and every thread clears the alive flag of its boxes that the kept box suppresses. That
-//! is the library's greedy loop exactly: a box the pick has not suppressed is suppressed by no
-//! kept box, and the pick is the first such box in score order. A class costs a round per
-//! kept box (plus one) rather than a sort. Coordinates compute in f32 (f64 for f64 boxes) with
+//! A block per (batch entry, class), in rounds: the block picks the best box still alive (every
+//! thread scans its share, a shared-memory tree reduces the candidates), keeps it, and every
+//! thread clears the alive flag of its boxes that the kept box suppresses. That is the
+//! library's greedy loop exactly: a box the pick has not suppressed is suppressed by no kept
+//! box, and the pick is the first such box in score order. A class costs a round per kept box
+//! (plus one) rather than a sort. Each block keeps its list in scratch; the last block to
+//! finish (a ticket taken atomically after a device fence, as split-K's tile counters; reset
+//! for the next run) writes every list's rows in order, their offsets a block scan of the
+//! lists' counts. Coordinates compute in f32 (f64 for f64 boxes) with
 //! the library's operations in its order, so the same boxes survive, boundary cases included.
 
 use super::scalar::{load_int, load_real};
+use super::select::scan;
 use crate::error::Result;
 use crate::gen::emit::Emit;
 use crate::gen::llvm;
-use crate::kernel::KernelCommon;
+use crate::kernel::{KernelCommon, PackedConst};
 use crate::node::NodeInfo;
 use crate::nvptx::{GpuBuilder, GpuKernel, LaunchDims, Sreg, EVALUE};
 use crate::target::TargetDesc;
 use inkwell::types::FloatType;
-use inkwell::values::{FloatValue, IntValue, PointerValue};
-use inkwell::{FloatPredicate, IntPredicate};
+use inkwell::values::{BasicValue, FloatValue, IntValue, PointerValue};
+use inkwell::{AtomicOrdering, AtomicRMWBinOp, FloatPredicate, IntPredicate};
 use kiln_ir::{DType, Layout, Op, TensorType, VisionOp};
 
 #[derive(Debug)]
@@ -37,6 +41,8 @@ struct NmsGpu {
     /// Rows the output holds (its bound).
     cap: i64,
     threads: i64,
+    /// The blocks' finishing ticket: one u32, zero between runs.
+    ticket: Vec<PackedConst>,
 }
 
 /// The kernel for a NonMaxSuppression of static row-major float boxes and scores, or None.
@@ -76,13 +82,22 @@ pub fn lower(node: &NodeInfo, _target: &TargetDesc) -> Result<Option<Box<dyn Gpu
         center_point_box: *center_point_box,
         cap: (out_len / 3) as i64,
         threads: (bs[1].next_power_of_two()).clamp(32, 256) as i64,
+        ticket: vec![PackedConst { bytes: vec![0; 4] }],
     })))
 }
 
 impl KernelCommon for NmsGpu {
+    fn packed_constants(&self) -> &[PackedConst] {
+        &self.ticket
+    }
+
+    fn release_packed_constants(&mut self) {
+        PackedConst::release_all(&mut self.ticket);
+    }
+
     fn describe(&self) -> String {
         format!(
-            "gpu nonmaxsuppression {} boxes × {} classes × {} batch (one block of {})",
+            "gpu nonmaxsuppression {} boxes × {} classes × {} batch (a block of {} per class)",
             self.boxes, self.classes, self.batches, self.threads
         )
     }
@@ -206,16 +221,18 @@ impl NmsGpu {
 impl GpuKernel for NmsGpu {
     fn launch(&self) -> LaunchDims {
         LaunchDims {
-            grid: [1, 1, 1],
+            grid: [self.lists() as u32, 1, 1],
             block: [self.threads as u32, 1, 1],
-            // A candidate per thread: its score (f64) and index (i64).
-            shared_bytes: (self.threads * 16) as u32,
+            // A candidate per thread, its score (f64) and index (i64); then the last-block flag.
+            shared_bytes: (self.threads * 16 + 8) as u32,
         }
     }
 
     fn scratch_bytes(&self) -> u64 {
-        // An alive flag per box (u8).
-        self.boxes.max(1) as u64
+        // Per (batch entry, class): its kept count (i64), its kept boxes (i64 each, at most
+        // every box), an alive flag per box (u8).
+        let (lists, n) = (self.lists() as u64, self.boxes.max(1) as u64);
+        lists * 8 + lists * n * 8 + lists * n
     }
 
     fn emit(&self, k: &GpuBuilder<'_, '_>) -> Result<()> {
@@ -224,10 +241,15 @@ impl GpuKernel for NmsGpu {
 }
 
 impl NmsGpu {
+    /// The (batch entry, class) pairs: a block each.
+    fn lists(&self) -> i64 {
+        self.batches * self.classes
+    }
+
     fn body<'ctx>(&self, k: &GpuBuilder<'_, 'ctx>) -> Result<()> {
         let e = Emit::new(k.cx, k.module, k.builder, k.function);
-        let (boxes, scores, out, alive) = (k.input(0)?, k.input(1)?, k.output(0)?, k.scratch()?);
-        let (i8t, i64t, f64t) = (k.cx.i8_type(), k.cx.i64_type(), k.cx.f64_type());
+        let (boxes, scores, out, scratch) = (k.input(0)?, k.input(1)?, k.output(0)?, k.scratch()?);
+        let (i8t, i32t, i64t, f64t) = (k.cx.i8_type(), k.cx.i32_type(), k.cx.i64_type(), k.cx.f64_type());
         let ty = match self.wide() {
             true => f64t,
             false => k.cx.f32_type(),
@@ -237,10 +259,27 @@ impl NmsGpu {
             ty,
             center: self.center_point_box,
         };
-        let (t, n) = (self.threads, self.boxes);
+        let (t, n, lists) = (self.threads, self.boxes, self.lists());
         let tid = k.sreg64(Sreg::TidX)?;
+        let bc = k.sreg64(Sreg::CtaidX)?;
+        let (b, base) = (e.udivc(bc, self.classes)?, e.mulc(bc, n)?);
         let load_i64 =
             |p| -> Result<IntValue<'ctx>> { Ok(e.b.build_load(i64t, p, "").map_err(llvm)?.into_int_value()) };
+        // The scratch: kept counts, kept boxes, alive flags (see scratch_bytes).
+        let kept_count = |list| -> Result<PointerValue<'ctx>> {
+            // SAFETY (of the IR): list < lists.
+            unsafe { e.b.build_in_bounds_gep(i64t, scratch, &[list], "") }.map_err(llvm)
+        };
+        let kept_box = |list, j| -> Result<PointerValue<'ctx>> {
+            let at = e.add(e.i64c(lists), e.add(e.mulc(list, n)?, j)?)?;
+            // SAFETY (of the IR): list < lists and j < n: inside the kept boxes.
+            unsafe { e.b.build_in_bounds_gep(i64t, scratch, &[at], "") }.map_err(llvm)
+        };
+        let flags = e.gep_u8(scratch, e.i64c(8 * (lists + lists * n)))?;
+        let flag = |i| -> Result<PointerValue<'ctx>> {
+            // SAFETY (of the IR): i < n, inside this list's flags.
+            unsafe { e.b.build_in_bounds_gep(i8t, flags, &[e.add(base, i)?], "") }.map_err(llvm)
+        };
         // The optional scalars: absent (or empty) as the library reads them.
         let scalar_input = |i: usize| -> Result<Option<PointerValue<'ctx>>> {
             let present = k.node.has_input(i) && k.node.input_shape(i)?.iter().product::<usize>() > 0;
@@ -256,34 +295,30 @@ impl NmsGpu {
         let threshold = |i: usize| -> Result<Option<FloatValue<'ctx>>> {
             scalar_input(i)?
                 .map(|p| {
-                    self.narrow(
-                        &e,
-                        load_real(&e, p, k.node.input_dtype(i).unwrap_or(DType::F32), e.i64c(0))?,
-                    )
+                    let dtype = k.node.input_dtype(i).unwrap_or(DType::F32);
+                    self.narrow(&e, load_real(&e, p, dtype, e.i64c(0))?)
                 })
                 .transpose()
         };
         let iou = threshold(3)?.unwrap_or(ty.const_zero());
         let score_threshold = threshold(4)?;
         // Scores compare as the library's: in the boxes' precision, held as f64.
-        let score = |at| -> Result<FloatValue<'ctx>> {
-            let s = self.narrow(&e, load_real(&e, scores, self.score_dtype, at)?)?;
+        let widen = |v: FloatValue<'ctx>| -> Result<FloatValue<'ctx>> {
             match self.wide() {
-                true => Ok(s),
-                false => e.b.build_float_ext(s, f64t, "").map_err(llvm),
+                true => Ok(v),
+                false => e.b.build_float_ext(v, f64t, "").map_err(llvm),
             }
         };
-        let corners = |b, i| -> Result<[FloatValue<'ctx>; 4]> {
-            let base = e.mulc(e.add(e.mulc(b, n)?, i)?, 4)?;
+        let score = |i| -> Result<FloatValue<'ctx>> {
+            widen(self.narrow(&e, load_real(&e, scores, self.score_dtype, e.add(base, i)?)?)?)
+        };
+        let corners = |i| -> Result<[FloatValue<'ctx>; 4]> {
+            let at = e.mulc(e.add(e.mulc(b, n)?, i)?, 4)?;
             let mut c = [ty.const_zero(); 4];
             for (q, v) in c.iter_mut().enumerate() {
-                *v = self.narrow(&e, load_real(&e, boxes, self.box_dtype, e.addc(base, q as i64)?)?)?;
+                *v = self.narrow(&e, load_real(&e, boxes, self.box_dtype, e.addc(at, q as i64)?)?)?;
             }
             Ok(c)
-        };
-        let flag = |i| -> Result<PointerValue<'ctx>> {
-            // SAFETY (of the IR): i < boxes, the scratch's length.
-            unsafe { e.b.build_in_bounds_gep(i8t, alive, &[i], "") }.map_err(llvm)
         };
         let is_alive = |i| -> Result<IntValue<'ctx>> {
             let v = e.b.build_load(i8t, flag(i)?, "").map_err(llvm)?.into_int_value();
@@ -313,129 +348,156 @@ impl NmsGpu {
                 let take_b = self.before(&e, b, a)?;
                 Ok((e.select_float(take_b, b.0, a.0)?, e.select_int(take_b, b.1, a.1)?))
             };
-        let count = e.entry_alloca(i64t, "count")?;
+        let bool_t = k.cx.bool_type();
         let kept = e.entry_alloca(i64t, "kept")?;
-        let done = e.entry_alloca(k.cx.bool_type(), "done")?;
+        let done = e.entry_alloca(bool_t, "done")?;
         let best_s = e.entry_alloca(f64t, "best_score")?;
         let best_i = e.entry_alloca(i64t, "best_index")?;
         let lead = e.icmp(IntPredicate::EQ, tid, e.i64c(0))?;
-        e.store(count, e.i64c(0))?;
-        e.for_range(e.i64c(0), e.i64c(self.batches * self.classes), 1, |bc| {
-            let b = e.udivc(bc, self.classes)?;
-            let c = e.uremc(bc, self.classes)?;
-            let base = e.mulc(bc, n)?;
-            e.for_range(tid, e.i64c(n), t, |i| {
-                let candidate = match score_threshold {
-                    Some(st) => {
-                        let st = match self.wide() {
-                            true => st,
-                            false => e.b.build_float_ext(st, f64t, "").map_err(llvm)?,
-                        };
-                        e.fcmp_scalar(FloatPredicate::OGT, score(e.add(base, i)?)?, st)?
-                    }
-                    None => k.cx.bool_type().const_all_ones(),
-                };
-                let v = e.b.build_int_z_extend(candidate, i8t, "").map_err(llvm)?;
-                e.store(flag(i)?, v)
-            })?;
-            k.barrier()?;
-            e.store(kept, e.i64c(0))?;
-            e.store(done, k.cx.bool_type().const_zero())?;
-            e.for_range(e.i64c(0), e.i64c(n), 1, |_| {
-                let more = e.icmp(IntPredicate::SLT, load_i64(kept)?, max_out)?;
-                let not_done =
-                    e.b.build_not(
-                        e.b.build_load(k.cx.bool_type(), done, "")
-                            .map_err(llvm)?
-                            .into_int_value(),
-                        "",
-                    )
+
+        // This block's list: the candidates alive, then rounds.
+        e.for_range(tid, e.i64c(n), t, |i| {
+            let candidate = match score_threshold {
+                Some(st) => e.fcmp_scalar(FloatPredicate::OGT, score(i)?, widen(st)?)?,
+                None => bool_t.const_all_ones(),
+            };
+            e.store(
+                flag(i)?,
+                e.b.build_int_z_extend(candidate, i8t, "").map_err(llvm)?,
+            )
+        })?;
+        k.barrier()?;
+        e.store(kept, e.i64c(0))?;
+        e.store(done, bool_t.const_zero())?;
+        e.for_range(e.i64c(0), e.i64c(n), 1, |_| {
+            let more = e.icmp(IntPredicate::SLT, load_i64(kept)?, max_out)?;
+            let finished = e.b.build_load(bool_t, done, "").map_err(llvm)?.into_int_value();
+            let active =
+                e.b.build_and(more, e.b.build_not(finished, "").map_err(llvm)?, "")
                     .map_err(llvm)?;
-                let active = e.b.build_and(more, not_done, "").map_err(llvm)?;
-                // Uniform: every thread holds the same `kept` and `done`.
-                e.if_then(active, || {
-                    e.store(best_s, f64t.const_zero())?;
-                    e.store(best_i, e.i64c(-1))?;
-                    e.for_range(tid, e.i64c(n), t, |i| {
-                        e.if_then(is_alive(i)?, || {
-                            let mine = (
-                                e.b.build_load(f64t, best_s, "").map_err(llvm)?.into_float_value(),
-                                load_i64(best_i)?,
-                            );
-                            let (s, j) = earlier(mine, (score(e.add(base, i)?)?, i))?;
-                            e.store(best_s, s)?;
-                            e.store(best_i, j)
-                        })
+            // Uniform: every thread holds the same `kept` and `done`.
+            e.if_then(active, || {
+                e.store(best_s, f64t.const_zero())?;
+                e.store(best_i, e.i64c(-1))?;
+                e.for_range(tid, e.i64c(n), t, |i| {
+                    e.if_then(is_alive(i)?, || {
+                        let best = e.b.build_load(f64t, best_s, "").map_err(llvm)?.into_float_value();
+                        let (s, j) = earlier((best, load_i64(best_i)?), (score(i)?, i))?;
+                        e.store(best_s, s)?;
+                        e.store(best_i, j)
+                    })
+                })?;
+                let best = e.b.build_load(f64t, best_s, "").map_err(llvm)?.into_float_value();
+                put(tid, (best, load_i64(best_i)?))?;
+                k.barrier()?;
+                let mut half = t / 2;
+                while half >= 1 {
+                    e.if_then(e.icmp(IntPredicate::ULT, tid, e.i64c(half))?, || {
+                        let other = e.addc(tid, half)?;
+                        put(tid, earlier(candidate(tid)?, candidate(other)?)?)
                     })?;
-                    put(
-                        tid,
-                        (
-                            e.b.build_load(f64t, best_s, "").map_err(llvm)?.into_float_value(),
-                            load_i64(best_i)?,
-                        ),
-                    )?;
                     k.barrier()?;
-                    let mut half = t / 2;
-                    while half >= 1 {
-                        e.if_then(e.icmp(IntPredicate::ULT, tid, e.i64c(half))?, || {
-                            let other = e.addc(tid, half)?;
-                            put(tid, earlier(candidate(tid)?, candidate(other)?)?)
-                        })?;
-                        k.barrier()?;
-                        half /= 2;
-                    }
-                    let (_, pick) = candidate(e.i64c(0))?;
-                    let found = e.icmp(IntPredicate::SGE, pick, e.i64c(0))?;
-                    e.if_else(
-                        found,
-                        || {
-                            let row = load_i64(count)?;
-                            e.if_then(lead, || {
-                                e.if_else(
-                                    e.icmp(IntPredicate::SGE, row, e.i64c(self.cap))?,
-                                    || k.report_error(EVALUE),
-                                    || {
-                                        for (q, v) in [b, c, pick].into_iter().enumerate() {
-                                            let at = e.addc(e.mulc(row, 3)?, q as i64)?;
-                                            // SAFETY (of the IR): row < cap, the output's rows.
-                                            let p = unsafe { e.b.build_in_bounds_gep(i64t, out, &[at], "") }
-                                                .map_err(llvm)?;
-                                            e.store(p, v)?;
-                                        }
-                                        Ok(())
-                                    },
-                                )
-                            })?;
-                            e.store(count, e.addc(row, 1)?)?;
-                            e.store(kept, e.addc(load_i64(kept)?, 1)?)?;
-                            let winner = corners(b, pick)?;
-                            e.for_range(tid, e.i64c(n), t, |i| {
-                                e.if_then(is_alive(i)?, || {
-                                    let same = e.icmp(IntPredicate::EQ, i, pick)?;
-                                    let gone = geometry.suppresses(&corners(b, i)?, &winner, iou)?;
-                                    e.if_then(e.b.build_or(same, gone, "").map_err(llvm)?, || {
-                                        e.store(flag(i)?, i8t.const_zero())
-                                    })
+                    half /= 2;
+                }
+                let (_, pick) = candidate(e.i64c(0))?;
+                let found = e.icmp(IntPredicate::SGE, pick, e.i64c(0))?;
+                e.if_else(
+                    found,
+                    || {
+                        let j = load_i64(kept)?;
+                        e.if_then(lead, || e.store(kept_box(bc, j)?, pick))?;
+                        e.store(kept, e.addc(j, 1)?)?;
+                        let winner = corners(pick)?;
+                        e.for_range(tid, e.i64c(n), t, |i| {
+                            e.if_then(is_alive(i)?, || {
+                                let same = e.icmp(IntPredicate::EQ, i, pick)?;
+                                let gone = geometry.suppresses(&corners(i)?, &winner, iou)?;
+                                e.if_then(e.b.build_or(same, gone, "").map_err(llvm)?, || {
+                                    e.store(flag(i)?, i8t.const_zero())
                                 })
-                            })?;
-                            // The flags are read, and the shared candidates written, next round.
-                            k.barrier()
-                        },
-                        || e.store(done, k.cx.bool_type().const_all_ones()),
-                    )
-                })
+                            })
+                        })?;
+                        // The flags are read, and the shared candidates written, next round.
+                        k.barrier()
+                    },
+                    || e.store(done, bool_t.const_all_ones()),
+                )
+            })
+        })?;
+        e.if_then(lead, || e.store(kept_count(bc)?, load_i64(kept)?))?;
+
+        // The last block to finish writes the rows of every list in order (the lists' counts
+        // summed by a block scan): each block's stores fenced before its ticket, as split-K's.
+        k.fence_device()?;
+        k.barrier()?;
+        let ticket = k.packed(0)?;
+        let last_flag = e.gep_u8(smem, e.i64c(t * 16))?;
+        e.if_then(lead, || {
+            let before =
+                e.b.build_atomicrmw(
+                    AtomicRMWBinOp::Add,
+                    ticket,
+                    i32t.const_int(1, false),
+                    AtomicOrdering::Monotonic,
+                )
+                .map_err(llvm)?;
+            let last = e.icmp(IntPredicate::EQ, before, i32t.const_int(lists as u64 - 1, false))?;
+            e.store(last_flag, e.b.build_int_z_extend(last, i64t, "").map_err(llvm)?)
+        })?;
+        k.barrier()?;
+        let last = e.icmp(IntPredicate::NE, load_i64(last_flag)?, e.i64c(0))?;
+        e.if_then(last, || {
+            // The other blocks' lists: written on other SMs, so read past this SM's cache.
+            k.fence_device()?;
+            let volatile_i64 = |p| -> Result<IntValue<'ctx>> {
+                let v = e.b.build_load(i64t, p, "").map_err(llvm)?;
+                v.as_instruction_value()
+                    .expect("a load")
+                    .set_volatile(true)
+                    .map_err(llvm)?;
+                Ok(v.into_int_value())
+            };
+            let rows = scan(
+                k,
+                &e,
+                t,
+                lists,
+                |list| volatile_i64(kept_count(list)?),
+                |list, first_row, count| {
+                    let (lb, lc) = (e.udivc(list, self.classes)?, e.uremc(list, self.classes)?);
+                    e.for_range(e.i64c(0), count, 1, |j| {
+                        let row = e.add(first_row, j)?;
+                        e.if_else(
+                            e.icmp(IntPredicate::SGE, row, e.i64c(self.cap))?,
+                            || k.report_error(EVALUE),
+                            || {
+                                let picked = volatile_i64(kept_box(list, j)?)?;
+                                for (q, v) in [lb, lc, picked].into_iter().enumerate() {
+                                    let at = e.addc(e.mulc(row, 3)?, q as i64)?;
+                                    // SAFETY (of the IR): row < cap, the output's rows.
+                                    let p = unsafe { e.b.build_in_bounds_gep(i64t, out, &[at], "") }
+                                        .map_err(llvm)?;
+                                    e.store(p, v)?;
+                                }
+                                Ok(())
+                            },
+                        )
+                    })
+                },
+            )?;
+            // Past the count: zeros, which index the first box, class and batch entry.
+            let rows = e.umin(rows, e.i64c(self.cap))?;
+            e.for_range(e.add(e.mulc(rows, 3)?, tid)?, e.i64c(self.cap * 3), t, |f| {
+                // SAFETY (of the IR): f < the output's length.
+                let p = unsafe { e.b.build_in_bounds_gep(i64t, out, &[f], "") }.map_err(llvm)?;
+                e.store(p, e.i64c(0))
             })?;
-            // The flags are written again for the next class.
-            k.barrier()
+            e.if_then(lead, || {
+                k.store_count(0, rows)?;
+                // Ready for the next run.
+                e.store(ticket, i32t.const_zero())
+            })
         })?;
-        // Past the count: zeros, which index the first box, class and batch entry.
-        let rows = load_i64(count)?;
-        e.for_range(e.add(e.mulc(rows, 3)?, tid)?, e.i64c(self.cap * 3), t, |f| {
-            // SAFETY (of the IR): f < the output's length.
-            let p = unsafe { e.b.build_in_bounds_gep(i64t, out, &[f], "") }.map_err(llvm)?;
-            e.store(p, e.i64c(0))
-        })?;
-        e.if_then(lead, || k.store_count(0, e.umin(rows, e.i64c(self.cap))?))?;
         k.ret()
     }
 }

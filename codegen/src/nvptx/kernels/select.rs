@@ -33,8 +33,8 @@ const SHARED_BYTES: u32 = (THREADS * 8) as u32;
 
 /// Calls `write(item, place)` for every item in `0..len` that `selected` picks, `place` its
 /// rank among the selected items in item order; returns how many were selected (the same
-/// value in every thread). Every thread of the block must call it; `selected` is evaluated
-/// twice per item, so it must not write anything.
+/// value in every thread). Every thread of a block of [`THREADS`] must call it; `selected`
+/// is evaluated twice per item, so it must not write anything.
 pub(super) fn compact<'ctx>(
     k: &GpuBuilder<'_, 'ctx>,
     e: &Emit<'_, 'ctx>,
@@ -43,43 +43,60 @@ pub(super) fn compact<'ctx>(
     mut write: impl FnMut(IntValue<'ctx>, IntValue<'ctx>) -> Result<()>,
 ) -> Result<IntValue<'ctx>> {
     let i64t = k.cx.i64_type();
+    let weight =
+        |i| -> Result<IntValue<'ctx>> { e.b.build_int_z_extend(selected(i)?, i64t, "").map_err(llvm) };
+    scan(k, e, THREADS, len, weight, |i, place, w| {
+        e.if_then(e.icmp(IntPredicate::NE, w, e.i64c(0))?, || write(i, place))
+    })
+}
+
+/// The exclusive prefix sum of `weight` over the items `0..len` in order: calls
+/// `write(item, offset, weight)` for every item, `offset` the sum of the weights before it;
+/// returns the sum of all (the same value in every thread). Every thread of the block
+/// (`threads` of them, with `8 · threads` bytes of shared memory from its start) must call it;
+/// `weight` is evaluated twice per item, so it must not write anything.
+pub(super) fn scan<'ctx>(
+    k: &GpuBuilder<'_, 'ctx>,
+    e: &Emit<'_, 'ctx>,
+    threads: i64,
+    len: i64,
+    weight: impl Fn(IntValue<'ctx>) -> Result<IntValue<'ctx>>,
+    mut write: impl FnMut(IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>) -> Result<()>,
+) -> Result<IntValue<'ctx>> {
+    let i64t = k.cx.i64_type();
     let tid = k.sreg64(Sreg::TidX)?;
-    let share = (len + THREADS - 1) / THREADS;
+    let share = (len + threads - 1) / threads;
     let lo = e.umin(e.mulc(tid, share)?, e.i64c(len))?;
     let hi = e.umin(e.addc(lo, share)?, e.i64c(len))?;
-    let counts = k.shared()?;
-    let count_of = |t| -> Result<_> {
-        // SAFETY (of the IR): t < THREADS, inside the shared counts.
-        unsafe { e.b.build_in_bounds_gep(i64t, counts, &[t], "") }.map_err(llvm)
+    let sums = k.shared()?;
+    let sum_of = |t| -> Result<_> {
+        // SAFETY (of the IR): t < threads, inside the shared sums.
+        unsafe { e.b.build_in_bounds_gep(i64t, sums, &[t], "") }.map_err(llvm)
     };
     let load =
         |p| -> Result<IntValue<'ctx>> { Ok(e.b.build_load(i64t, p, "").map_err(llvm)?.into_int_value()) };
-    let mine = e.entry_alloca(i64t, "selected")?;
+    let mine = e.entry_alloca(i64t, "share_sum")?;
     e.store(mine, e.i64c(0))?;
-    e.for_range(lo, hi, 1, |i| {
-        let add = e.b.build_int_z_extend(selected(i)?, i64t, "").map_err(llvm)?;
-        e.store(mine, e.add(load(mine)?, add)?)
-    })?;
-    e.store(count_of(tid)?, load(mine)?)?;
+    e.for_range(lo, hi, 1, |i| e.store(mine, e.add(load(mine)?, weight(i)?)?))?;
+    e.store(sum_of(tid)?, load(mine)?)?;
     k.barrier()?;
     let (before, total) = (e.entry_alloca(i64t, "before")?, e.entry_alloca(i64t, "total")?);
     e.store(before, e.i64c(0))?;
     e.store(total, e.i64c(0))?;
-    e.for_range(e.i64c(0), e.i64c(THREADS), 1, |t| {
-        let c = load(count_of(t)?)?;
+    e.for_range(e.i64c(0), e.i64c(threads), 1, |t| {
+        let c = load(sum_of(t)?)?;
         e.if_then(e.icmp(IntPredicate::ULT, t, tid)?, || {
             e.store(before, e.add(load(before)?, c)?)
         })?;
         e.store(total, e.add(load(total)?, c)?)
     })?;
-    // The counts are read; a later compaction may write them again.
+    // The sums are read; a later scan may write them again.
     k.barrier()?;
     e.for_range(lo, hi, 1, |i| {
-        e.if_then(selected(i)?, || {
-            let place = load(before)?;
-            write(i, place)?;
-            e.store(before, e.addc(place, 1)?)
-        })
+        let offset = load(before)?;
+        let w = weight(i)?;
+        write(i, offset, w)?;
+        e.store(before, e.add(offset, w)?)
     })?;
     load(total)
 }
