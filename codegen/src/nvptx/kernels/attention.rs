@@ -36,39 +36,45 @@ const TILE: usize = 32;
 const MAX_HEAD: usize = 128;
 
 #[derive(Debug, PartialEq)]
-enum Mask {
+pub(super) enum Mask {
     None,
     Bool,
     F32,
 }
 
 #[derive(Debug)]
-struct AttentionGpu {
-    three_d: bool,
-    b: usize,
-    hq: usize,
-    hkv: usize,
-    sq: usize,
-    t: usize,
-    dk: usize,
-    dv: usize,
-    causal: bool,
-    mask: Mask,
+pub(super) struct AttentionGpu {
+    pub(super) three_d: bool,
+    pub(super) b: usize,
+    pub(super) hq: usize,
+    pub(super) hkv: usize,
+    pub(super) sq: usize,
+    pub(super) t: usize,
+    pub(super) dk: usize,
+    pub(super) dv: usize,
+    pub(super) causal: bool,
+    pub(super) mask: Mask,
     /// Element strides of the mask over [B, Hq, Sq, keys] (0 on broadcast axes) and the number
     /// of keys it covers (later keys are masked).
-    mask_strides: [usize; 4],
-    mask_len: usize,
-    scale: f32,
+    pub(super) mask_strides: [usize; 4],
+    pub(super) mask_len: usize,
+    pub(super) scale: f32,
     /// Input 6, `nonpad_kv_seqlen` (i64 [B]), bounds each batch entry's keys.
-    nonpad: bool,
+    pub(super) nonpad: bool,
     /// Q, K and V hold bf16 values (bf16 autocast): the kernel rounds them to bf16 as it reads
     /// them, which keeps bf16 values as they are and lets it read the f32 value behind the
     /// autocast's `Cast<f32>(Cast<bf16>(x))` itself (`rounds_input_to_bf16`).
-    round_bf16: [bool; 3],
+    pub(super) round_bf16: [bool; 3],
 }
 
 /// The attention kernel for `node`, or None when the CPU's f32 kernel would not take it.
 pub fn lower(node: &NodeInfo, _target: &TargetDesc) -> Result<Option<Box<dyn GpuKernel>>> {
+    Ok(parse(node)?.map(|a| Box::new(a) as Box<dyn GpuKernel>))
+}
+
+/// The attention of `node` as the CPU's f32 kernel lowers it, or None when that kernel would
+/// not take it (`attention_mma` starts from the same).
+pub(super) fn parse(node: &NodeInfo) -> Result<Option<AttentionGpu>> {
     if !matches!(node.node.op, Op::Attention(_)) {
         return Ok(None);
     }
@@ -97,7 +103,7 @@ pub fn lower(node: &NodeInfo, _target: &TargetDesc) -> Result<Option<Box<dyn Gpu
         mask_strides[ax] = if shape[ax] == 1 && ax < 3 { 0 } else { acc };
         acc *= shape[ax];
     }
-    Ok(Some(Box::new(AttentionGpu {
+    Ok(Some(AttentionGpu {
         three_d: ia[0] != 0,
         b: ia[1],
         hq: ia[2],
@@ -113,10 +119,10 @@ pub fn lower(node: &NodeInfo, _target: &TargetDesc) -> Result<Option<Box<dyn Gpu
         scale: call.fattr[0] as f32,
         nonpad: node.has_input(6),
         round_bf16: [0, 1, 2].map(|i| node.input_is_bf16_valued(i)),
-    })))
+    }))
 }
 
-fn fma<'ctx>(
+pub(super) fn fma<'ctx>(
     e: &Emit<'_, 'ctx>,
     a: FloatValue<'ctx>,
     b: FloatValue<'ctx>,
@@ -130,7 +136,7 @@ fn fma<'ctx>(
 }
 
 /// e^x by the CPU kernels' polynomial, on a one-lane vector.
-fn exp<'ctx>(e: &Emit<'_, 'ctx>, x: FloatValue<'ctx>) -> Result<FloatValue<'ctx>> {
+pub(super) fn exp<'ctx>(e: &Emit<'_, 'ctx>, x: FloatValue<'ctx>) -> Result<FloatValue<'ctx>> {
     let v = crate::gen::vmath::exp(e, e.splat(x, 1)?)?;
     Ok(e.b
         .build_extract_element(v, e.i32c(0), "")
@@ -140,7 +146,7 @@ fn exp<'ctx>(e: &Emit<'_, 'ctx>, x: FloatValue<'ctx>) -> Result<FloatValue<'ctx>
 
 impl AttentionGpu {
     /// Element strides of a row of Q, K, V and Y.
-    fn row_strides(&self) -> (usize, usize, usize, usize) {
+    pub(super) fn row_strides(&self) -> (usize, usize, usize, usize) {
         if self.three_d {
             (
                 self.hq * self.dk,
@@ -153,10 +159,143 @@ impl AttentionGpu {
         }
     }
 
+    /// Element offsets of the first row of Q, K, V and Y for batch entry `b`, query head `h`
+    /// (`bh` = b·Hq + h) and its key/value head `hk`.
+    pub(super) fn bases<'ctx>(
+        &self,
+        e: &Emit<'_, 'ctx>,
+        b: IntValue<'ctx>,
+        h: IntValue<'ctx>,
+        hk: IntValue<'ctx>,
+        bh: IntValue<'ctx>,
+    ) -> Result<(IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>)> {
+        let (dk, dv) = (self.dk, self.dv);
+        let (qs, ks, vs, ys) = self.row_strides();
+        let (sq, t) = (self.sq as i64, self.t as i64);
+        Ok(if self.three_d {
+            (
+                e.add(e.mulc(b, sq * qs as i64)?, e.mulc(h, dk as i64)?)?,
+                e.add(e.mulc(b, t * ks as i64)?, e.mulc(hk, dk as i64)?)?,
+                e.add(e.mulc(b, t * vs as i64)?, e.mulc(hk, dv as i64)?)?,
+                e.add(e.mulc(b, sq * ys as i64)?, e.mulc(h, dv as i64)?)?,
+            )
+        } else {
+            let kv = e.add(e.mulc(b, self.hkv as i64)?, hk)?;
+            (
+                e.mulc(bh, sq * dk as i64)?,
+                e.mulc(kv, t * dk as i64)?,
+                e.mulc(kv, t * dv as i64)?,
+                e.mulc(bh, sq * dv as i64)?,
+            )
+        })
+    }
+
+    /// The mask's element offset of query row `i` (None without a mask).
+    pub(super) fn mask_row<'ctx>(
+        &self,
+        e: &Emit<'_, 'ctx>,
+        b: IntValue<'ctx>,
+        h: IntValue<'ctx>,
+        i: IntValue<'ctx>,
+    ) -> Result<Option<IntValue<'ctx>>> {
+        Ok(match self.mask {
+            Mask::None => None,
+            _ => {
+                let [s0, s1, s2, _] = self.mask_strides;
+                Some(e.add(
+                    e.add(e.mulc(b, s0 as i64)?, e.mulc(h, s1 as i64)?)?,
+                    e.mulc(i, s2 as i64)?,
+                )?)
+            }
+        })
+    }
+
+    /// The keys batch entry `b` sees: nonpad[b] clamped to 0..T (model data), or all. The
+    /// same for a whole block, so every thread meets the same barriers.
+    pub(super) fn key_count<'ctx>(
+        &self,
+        k: &GpuBuilder<'_, 'ctx>,
+        e: &Emit<'_, 'ctx>,
+        b: IntValue<'ctx>,
+    ) -> Result<IntValue<'ctx>> {
+        let t = self.t as i64;
+        Ok(if self.nonpad {
+            let i64t = k.cx.i64_type();
+            let at = unsafe { e.b.build_in_bounds_gep(i64t, k.input(6)?, &[b], "") }.map_err(llvm)?;
+            let n = e.b.build_load(i64t, at, "").map_err(llvm)?.into_int_value();
+            let negative = e.icmp(IntPredicate::SLT, n, e.i64c(0))?;
+            let n =
+                e.b.build_select(negative, e.i64c(0), n, "")
+                    .map_err(llvm)?
+                    .into_int_value();
+            e.umin(n, e.i64c(t))?
+        } else {
+            e.i64c(t)
+        })
+    }
+
+    /// Score `s` of key `key` for query row `i` with the mask applied, and whether the key
+    /// counts: the row exists, the mask lets it through, the causal mask too, and the score is
+    /// not -inf (an f32 mask's way to mask; NaN propagates).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn masked_score<'ctx>(
+        &self,
+        k: &GpuBuilder<'_, 'ctx>,
+        e: &Emit<'_, 'ctx>,
+        s: FloatValue<'ctx>,
+        key: IntValue<'ctx>,
+        i: IntValue<'ctx>,
+        row_valid: IntValue<'ctx>,
+        mask_row: Option<IntValue<'ctx>>,
+    ) -> Result<(FloatValue<'ctx>, IntValue<'ctx>)> {
+        let mut s = s;
+        let ninf = e.f32c(f32::NEG_INFINITY);
+        let mut keep = row_valid;
+        if let Some(mrow) = mask_row {
+            let covered = e.icmp(IntPredicate::ULT, key, e.i64c(self.mask_len as i64))?;
+            let mi = e.add(mrow, e.mulc(key, self.mask_strides[3] as i64)?)?;
+            let mi =
+                e.b.build_select(covered, mi, mrow, "")
+                    .map_err(llvm)?
+                    .into_int_value();
+            let mptr = k.input(3)?;
+            if self.mask == Mask::Bool {
+                let byte =
+                    unsafe { e.b.build_in_bounds_gep(k.cx.i8_type(), mptr, &[mi], "") }.map_err(llvm)?;
+                let mb =
+                    e.b.build_load(k.cx.i8_type(), byte, "")
+                        .map_err(llvm)?
+                        .into_int_value();
+                let on =
+                    e.b.build_int_compare(IntPredicate::NE, mb, k.cx.i8_type().const_zero(), "")
+                        .map_err(llvm)?;
+                keep =
+                    e.b.build_and(keep, e.b.build_and(covered, on, "").map_err(llvm)?, "")
+                        .map_err(llvm)?;
+            } else {
+                let mv = e.load_f32(e.gep_f32(mptr, mi)?)?;
+                let mv = e.select_float(covered, mv, e.f32c(0.0))?;
+                s = e.b.build_float_add(s, mv, "").map_err(llvm)?;
+                keep = e.b.build_and(keep, covered, "").map_err(llvm)?;
+            }
+        }
+        if self.causal {
+            let past = e.icmp(IntPredicate::ULE, key, i)?;
+            keep = e.b.build_and(keep, past, "").map_err(llvm)?;
+        }
+        // A score of -inf (an f32 mask's way to mask) adds nothing; NaN propagates.
+        let is_ninf =
+            e.b.build_float_compare(FloatPredicate::OEQ, s, ninf, "")
+                .map_err(llvm)?;
+        let finite = e.b.build_not(is_ninf, "").map_err(llvm)?;
+        keep = e.b.build_and(keep, finite, "").map_err(llvm)?;
+        Ok((s, keep))
+    }
+
     /// Stages `TILE` rows of K or V (`width` elements each, row `t` at `base + t·stride`) from
     /// key `t0` in shared memory at `dst`; rows from key `keys` on are zeros, never read.
     #[allow(clippy::too_many_arguments)]
-    fn stage<'ctx>(
+    pub(super) fn stage<'ctx>(
         &self,
         e: &Emit<'_, 'ctx>,
         tid: IntValue<'ctx>,
@@ -168,10 +307,11 @@ impl AttentionGpu {
         keys: IntValue<'ctx>,
         dst: PointerValue<'ctx>,
         round: bool,
+        threads: usize,
     ) -> Result<()> {
         let total = TILE * width;
-        for l in 0..total.div_ceil(ROWS) {
-            let el = e.addc(tid, (l * ROWS) as i64)?;
+        for l in 0..total.div_ceil(threads) {
+            let el = e.addc(tid, (l * threads) as i64)?;
             let store = |el: IntValue<'ctx>| -> Result<()> {
                 let j = e.udivc(el, width as i64)?;
                 let d = e.uremc(el, width as i64)?;
@@ -189,7 +329,7 @@ impl AttentionGpu {
                 let v = e.select_float(valid, v, e.f32c(0.0))?;
                 e.store(e.gep_f32(dst, el)?, v)
             };
-            if (l + 1) * ROWS <= total {
+            if (l + 1) * threads <= total {
                 store(el)?;
             } else {
                 let inside = e.icmp(IntPredicate::ULT, el, e.i64c(total as i64))?;
@@ -257,23 +397,7 @@ impl GpuKernel for AttentionGpu {
             e.b.build_select(row_valid, i, e.i64c(0), "")
                 .map_err(llvm)?
                 .into_int_value();
-        let (sq, t) = (self.sq as i64, self.t as i64);
-        let (q0, k0, v0, y0) = if self.three_d {
-            (
-                e.add(e.mulc(b, sq * qs as i64)?, e.mulc(h, dk as i64)?)?,
-                e.add(e.mulc(b, t * ks as i64)?, e.mulc(hk, dk as i64)?)?,
-                e.add(e.mulc(b, t * vs as i64)?, e.mulc(hk, dv as i64)?)?,
-                e.add(e.mulc(b, sq * ys as i64)?, e.mulc(h, dv as i64)?)?,
-            )
-        } else {
-            let kv = e.add(e.mulc(b, self.hkv as i64)?, hk)?;
-            (
-                e.mulc(bh, sq * dk as i64)?,
-                e.mulc(kv, t * dk as i64)?,
-                e.mulc(kv, t * dv as i64)?,
-                e.mulc(bh, sq * dv as i64)?,
-            )
-        };
+        let (q0, k0, v0, y0) = self.bases(&e, b, h, hk, bh)?;
         let (q_ptr, k_ptr, v_ptr) = (k.input(0)?, k.input(1)?, k.input(2)?);
         let y_ptr = k.output(0)?;
         let smem = k.shared()?;
@@ -302,35 +426,37 @@ impl GpuKernel for AttentionGpu {
         let ninf = e.f32c(f32::NEG_INFINITY);
         e.store(m, ninf)?;
         e.store(l, f32t.const_zero())?;
-        let mask_row = match self.mask {
-            Mask::None => None,
-            _ => {
-                let [s0, s1, s2, _] = self.mask_strides;
-                Some(e.add(
-                    e.add(e.mulc(b, s0 as i64)?, e.mulc(h, s1 as i64)?)?,
-                    e.mulc(ic, s2 as i64)?,
-                )?)
-            }
-        };
-
+        let mask_row = self.mask_row(&e, b, h, ic)?;
         // The keys this batch entry sees: nonpad[b] clamped to 0..T (model data), or all. The
         // same for the whole block, so every thread meets the same barriers.
-        let keys = if self.nonpad {
-            let i64t = k.cx.i64_type();
-            let at = unsafe { e.b.build_in_bounds_gep(i64t, k.input(6)?, &[b], "") }.map_err(llvm)?;
-            let n = e.b.build_load(i64t, at, "").map_err(llvm)?.into_int_value();
-            let negative = e.icmp(IntPredicate::SLT, n, e.i64c(0))?;
-            let n =
-                e.b.build_select(negative, e.i64c(0), n, "")
-                    .map_err(llvm)?
-                    .into_int_value();
-            e.umin(n, e.i64c(t))?
-        } else {
-            e.i64c(t)
-        };
+        let keys = self.key_count(k, &e, b)?;
         e.for_range(e.i64c(0), keys, TILE as i64, |t0| {
-            self.stage(&e, tid, k_ptr, k0, ks, dk, t0, keys, k_sh, self.round_bf16[1])?;
-            self.stage(&e, tid, v_ptr, v0, vs, dv, t0, keys, v_sh, self.round_bf16[2])?;
+            self.stage(
+                &e,
+                tid,
+                k_ptr,
+                k0,
+                ks,
+                dk,
+                t0,
+                keys,
+                k_sh,
+                self.round_bf16[1],
+                ROWS,
+            )?;
+            self.stage(
+                &e,
+                tid,
+                v_ptr,
+                v0,
+                vs,
+                dv,
+                t0,
+                keys,
+                v_sh,
+                self.round_bf16[2],
+                ROWS,
+            )?;
             k.barrier()?;
             let left = e.sub(keys, t0)?;
             let n = e.umin(left, e.i64c(TILE as i64))?;
@@ -346,46 +472,8 @@ impl GpuKernel for AttentionGpu {
                 }
                 let s01 = e.b.build_float_add(part[0], part[1], "").map_err(llvm)?;
                 let s23 = e.b.build_float_add(part[2], part[3], "").map_err(llvm)?;
-                let mut s = e.b.build_float_add(s01, s23, "").map_err(llvm)?;
-                let mut keep = row_valid;
-                if let Some(mrow) = mask_row {
-                    let covered = e.icmp(IntPredicate::ULT, key, e.i64c(self.mask_len as i64))?;
-                    let mi = e.add(mrow, e.mulc(key, self.mask_strides[3] as i64)?)?;
-                    let mi =
-                        e.b.build_select(covered, mi, mrow, "")
-                            .map_err(llvm)?
-                            .into_int_value();
-                    let mptr = k.input(3)?;
-                    if self.mask == Mask::Bool {
-                        let byte = unsafe { e.b.build_in_bounds_gep(k.cx.i8_type(), mptr, &[mi], "") }
-                            .map_err(llvm)?;
-                        let mb =
-                            e.b.build_load(k.cx.i8_type(), byte, "")
-                                .map_err(llvm)?
-                                .into_int_value();
-                        let on =
-                            e.b.build_int_compare(IntPredicate::NE, mb, k.cx.i8_type().const_zero(), "")
-                                .map_err(llvm)?;
-                        keep =
-                            e.b.build_and(keep, e.b.build_and(covered, on, "").map_err(llvm)?, "")
-                                .map_err(llvm)?;
-                    } else {
-                        let mv = e.load_f32(e.gep_f32(mptr, mi)?)?;
-                        let mv = e.select_float(covered, mv, e.f32c(0.0))?;
-                        s = e.b.build_float_add(s, mv, "").map_err(llvm)?;
-                        keep = e.b.build_and(keep, covered, "").map_err(llvm)?;
-                    }
-                }
-                if self.causal {
-                    let past = e.icmp(IntPredicate::ULE, key, i)?;
-                    keep = e.b.build_and(keep, past, "").map_err(llvm)?;
-                }
-                // A score of -inf (an f32 mask's way to mask) adds nothing; NaN propagates.
-                let is_ninf =
-                    e.b.build_float_compare(FloatPredicate::OEQ, s, ninf, "")
-                        .map_err(llvm)?;
-                let finite = e.b.build_not(is_ninf, "").map_err(llvm)?;
-                keep = e.b.build_and(keep, finite, "").map_err(llvm)?;
+                let s = e.b.build_float_add(s01, s23, "").map_err(llvm)?;
+                let (s, keep) = self.masked_score(k, &e, s, key, i, row_valid, mask_row)?;
                 e.if_then(keep, || {
                     let m_old = e.load_f32(m)?;
                     let grows =
