@@ -25,6 +25,8 @@ pub enum GpuGenerator {
     DynamicQuantize,
     /// RotaryEmbedding, a thread per element (`rotary`).
     Rotary,
+    /// Fused attention on tensor cores, bf16-valued operands (`attention_mma`).
+    AttentionMma,
     /// Fused attention, f32 (`attention`).
     Attention,
     /// Attention in the forms the f32 kernel declines: KV cache, softcap, windows, QK output,
@@ -133,7 +135,7 @@ pub fn generators(op: &Op) -> Generators {
         Op::Quant(QuantOp::QuantizeLinear { .. } | QuantOp::DequantizeLinear { .. }) => {
             (&[G::Elementwise], &[C::ElementwiseLoop])
         }
-        Op::Attention(_) => (&[G::Attention, G::AttentionGeneral], &[]),
+        Op::Attention(_) => (&[G::AttentionMma, G::Attention, G::AttentionGeneral], &[]),
         Op::ConvTranspose(_) => (&[G::WindowConv], &[]),
         Op::Rnn(_) => (&[G::Recurrent], &[]),
         Op::TopK { .. } => (&[G::TopK], &[]),
@@ -171,6 +173,7 @@ impl GpuGenerator {
             GpuGenerator::Integer => kernels::integer::lower(node, target),
             GpuGenerator::DynamicQuantize => kernels::dynamic_quantize::lower(node, target),
             GpuGenerator::Rotary => kernels::rotary::lower(node, target),
+            GpuGenerator::AttentionMma => kernels::attention_mma::lower(node, target),
             GpuGenerator::Attention => kernels::attention::lower(node, target),
             GpuGenerator::AttentionGeneral => kernels::attention_general::lower(node, target),
             GpuGenerator::Copy => kernels::copy::lower(node, target),

@@ -31,7 +31,7 @@ use kiln_ir::Op;
 /// Query rows (threads) per block.
 const ROWS: usize = 64;
 /// Keys per shared-memory tile.
-const TILE: usize = 32;
+pub(super) const TILE: usize = 32;
 /// The largest head size (Dk or Dv) whose row and accumulator are kept in registers.
 const MAX_HEAD: usize = 128;
 
@@ -680,16 +680,17 @@ mod tests {
         }
     }
 
-    /// bf16 autocast's `Cast<f32>(Cast<bf16>(x))` on Q, K and V is absorbed: the kernel rounds
-    /// them as it reads them (Q's row, the staged K and V tiles), the casts run in no kernel of
-    /// their own, and the result is the casts' one.
-    #[test]
-    fn bf16_rounding_pairs_absorbed() {
-        let (g, inputs) = graph(false, (1, 2, 2), (40, 37), (16, 8), true, MaskIn::None);
+    /// `g` with bf16 autocast's `Cast<f32>(Cast<bf16>(x))` on Q, K and V (the graph's first three
+    /// inputs; the others as they are).
+    fn bf16_operands((g, inputs): (Graph, Vec<Tensor>)) -> (Graph, Vec<Tensor>) {
         let mut h = Graph::new("t");
         let mut ids = vec![];
         for (n, x) in inputs.iter().enumerate() {
-            let v = h.add_input(format!("x{n}"), TensorType::fixed(DType::F32, x.shape()));
+            let v = h.add_input(format!("x{n}"), TensorType::fixed(x.dtype(), x.shape()));
+            if n >= 3 {
+                ids.push(Some(v));
+                continue;
+            }
             let v = h
                 .add(
                     format!("n{n}"),
@@ -712,11 +713,116 @@ mod tests {
             .node_ids()
             .find(|&id| matches!(g.node(id).op, Op::Attention(_)))
             .unwrap();
-        let y = h.add("attn", g.node(attn).op.clone(), ids, "y").unwrap();
+        // Absent inputs between the mask and nonpad_kv_seqlen stay absent.
+        let mut wired = vec![];
+        let mut next = ids.into_iter();
+        for v in &g.node(attn).inputs {
+            wired.push(match v {
+                Some(_) => next.next().unwrap(),
+                None => None,
+            });
+        }
+        let y = h.add("attn", g.node(attn).op.clone(), wired, "y").unwrap();
         h.add_output("y", y);
+        (h, inputs)
+    }
+
+    /// bf16 autocast's `Cast<f32>(Cast<bf16>(x))` on Q, K and V is absorbed: the kernel rounds
+    /// them as it reads them, the casts run in no kernel of their own, and the result is the
+    /// casts' one. From sm_80 on it is the tensor-core kernel, whose split P keeps f32 accuracy.
+    #[test]
+    fn bf16_rounding_pairs_absorbed() {
+        let (h, inputs) = bf16_operands(graph(false, (1, 2, 2), (40, 37), (16, 8), true, MaskIn::None));
         let kernels = check_graph(&h, &inputs);
         assert_eq!(kernels.len(), 1, "{kernels:?}");
         assert!(kernels[0].contains("bf16-rounded operands"), "{kernels:?}");
+        assert!(kernels[0].ends_with("on tensor cores"), "{kernels:?}");
+        // Before sm_80 (no bf16 mma) the CUDA-core kernel computes it.
+        let kernels = crate::nvptx::emulate::check_graph_for(&h, &inputs, 75);
+        let attention: Vec<_> = kernels
+            .iter()
+            .filter(|k| k.starts_with("gpu attention"))
+            .collect();
+        assert!(
+            attention.len() == 1 && !attention[0].contains("tensor cores"),
+            "{kernels:?}"
+        );
+    }
+
+    /// The tensor-core kernel in every form the CUDA-core one takes: several row blocks and key
+    /// tiles, head sizes up to 128, 3-D with grouped heads, causal, bool and f32 masks (short,
+    /// broadcast, -inf), nonpad lengths, rows with no key.
+    #[test]
+    fn tensor_core_attention_in_every_form() {
+        let cases = [
+            graph(false, (1, 2, 2), (70, 45), (64, 64), false, MaskIn::None),
+            graph(false, (1, 1, 1), (20, 40), (128, 128), true, MaskIn::None),
+            graph(
+                true,
+                (2, 4, 2),
+                (9, 33),
+                (16, 24),
+                true,
+                MaskIn::Bool(vec![9, 20]),
+            ),
+            graph(
+                false,
+                (1, 2, 2),
+                (6, 6),
+                (32, 16),
+                true,
+                MaskIn::F32(vec![1, 2, 6, 6]),
+            ),
+            graph_nonpad(
+                false,
+                (2, 2, 1),
+                (9, 45),
+                (16, 8),
+                false,
+                MaskIn::F32(vec![9, 38]),
+                Some(vec![0, 40]),
+            ),
+            graph_nonpad(
+                false,
+                (2, 2, 1),
+                (9, 45),
+                (16, 8),
+                false,
+                MaskIn::None,
+                Some(vec![50, -3]),
+            ),
+        ];
+        for case in cases {
+            let (h, inputs) = bf16_operands(case);
+            let kernels = check_graph(&h, &inputs);
+            assert!(
+                kernels.iter().any(|k| k.ends_with("on tensor cores")),
+                "{kernels:?}"
+            );
+        }
+        let (g, mut inputs) = graph(false, (1, 1, 1), (4, 4), (16, 8), true, MaskIn::Bool(vec![4, 4]));
+        inputs[3] = Tensor::from_vec(vec![4, 4], (0..16).map(|i| i % 4 != 0).collect::<Vec<bool>>());
+        let (h, inputs) = bf16_operands((g, inputs));
+        check_graph(&h, &inputs);
+        let (h, _) = bf16_operands(graph(
+            true,
+            (1, 4, 2),
+            (70, 45),
+            (64, 64),
+            true,
+            MaskIn::F32(vec![70, 45]),
+        ));
+        for sm in [80, 90] {
+            ptxas_check(&h, sm);
+            // Both products on the bf16 tensor-core instruction.
+            let target = crate::target::TargetDesc::cuda(sm).unwrap();
+            let plan = crate::plan::build(&h, &target, true).unwrap();
+            let ptx = crate::nvptx::device::build(&h, &plan, &target, "t").unwrap().ptx;
+            assert!(
+                ptx.contains("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"),
+                "sm_{sm}"
+            );
+        }
     }
 
     #[test]

@@ -5,6 +5,7 @@
 pub mod arg;
 pub mod attention;
 pub mod attention_general;
+pub mod attention_mma;
 pub mod batch_norm;
 pub mod copy;
 pub mod cumulative;
