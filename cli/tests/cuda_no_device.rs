@@ -304,6 +304,46 @@ fn identity_round_trips_through_device_memory() {
     assert_eq!(y.to_f64_vec(), vec![1.5, -2.0, 3.25, 7.0]);
 }
 
+/// Outputs whose size depends on the data (a detector's NonMaxSuppression and NonZero, and what
+/// is gathered by their indices): the counts the kernels leave after the device's error slot
+/// become the outputs' shapes, which the executable's `.npy` files take; a count above an
+/// output's bound is an error, never a read past its buffer.
+#[test]
+fn data_dependent_outputs_take_their_shapes_from_the_device_counts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let src = fixture("detection_postprocess");
+    let model = d.join("det.onnx");
+    std::fs::copy(src.join("model.onnx"), &model).unwrap();
+    let exe = compile_cuda(&model, &["--sm", "80"]);
+    let fake = fake_driver(d);
+    let run = |counts: &str| {
+        Command::new(&exe)
+            .env("KILN_CUDA_DRIVER", &fake)
+            .env("FAKE_CUDA_DEVICES", "1")
+            .env("FAKE_CUDA_HOST", "1")
+            .env("FAKE_CUDA_COUNTS", counts)
+            .env_remove("KILN_CUDA_DEVICE")
+            .arg("--input")
+            .arg(format!("boxes={}", src.join("inputs/boxes.npy").display()))
+            .arg("--input")
+            .arg(format!("scores={}", src.join("inputs/scores.npy").display()))
+            .args(["--output-dir", "out", "--quiet"])
+            .current_dir(d)
+            .output()
+            .unwrap()
+    };
+    // The outputs in order: selected [n, 3] and detections [n, 6] (NonMaxSuppression's
+    // count), hot [n, 2] (NonZero's, transposed).
+    let o = run("4,4,2");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for (name, shape) in [("selected", [4, 3]), ("detections", [4, 6]), ("hot", [2, 2])] {
+        let t = kiln_frontend::npy::read_npy(&d.join(format!("out/{name}.npy"))).unwrap();
+        assert_eq!(t.shape(), &shape, "{name}");
+    }
+    assert_one_line_error(&run("4,4,9999"), "bad count 9999 for output 2");
+}
+
 #[test]
 fn info_names_the_device_target() {
     let a = artifacts();

@@ -9,8 +9,11 @@
  * With $FAKE_CUDA_HOST=1 as well, the rest works on host memory: "device" pointers are host
  * pointers, kernels do nothing but check their frame, and the driver aborts when the runtime
  * releases the context with memory, a stream, a module or a pushed context left over. Then
- * $FAKE_CUDA_JIT_FAIL makes loading the PTX fail with a JIT log, and $FAKE_CUDA_FAIL=K:CODE
- * makes the kernel entry kiln_kK report CODE in the frame's error slot.
+ * $FAKE_CUDA_JIT_FAIL makes loading the PTX fail with a JIT log, $FAKE_CUDA_FAIL=K:CODE
+ * makes the kernel entry kiln_kK report CODE in the frame's error slot, and
+ * $FAKE_CUDA_COUNTS=N0,N1,... makes every kernel write those counts after the error slot, as
+ * the kernels of outputs whose size depends on the data do (one per such output; the test
+ * gives exactly as many as the model has).
  *
  * Stream capture and CUDA graphs are emulated: while a stream captures, memsets and launches
  * are recorded instead of run, and a graph launch runs the recording. $FAKE_CUDA_NO_GRAPHS=1
@@ -301,6 +304,12 @@ static void run_kernel(const char *f, CUdeviceptr frame_address) {
   void **frame = (void **)(uintptr_t)frame_address;
   int32_t *error = frame[2];
   check(error != NULL, "no error slot in the frame");
+  const char *counts = getenv("FAKE_CUDA_COUNTS");
+  for (int i = 0; counts && *counts; i++) {
+    char *end;
+    ((int64_t *)(void *)error)[1 + i] = strtoll(counts, &end, 10);
+    counts = *end == ',' ? end + 1 : end;
+  }
   const char *fail = getenv("FAKE_CUDA_FAIL");
   if (fail) {
     int k = atoi(fail), code = atoi(strchr(fail, ':') ? strchr(fail, ':') + 1 : "1");
