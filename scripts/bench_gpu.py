@@ -6,14 +6,17 @@ TransformerEncoder 12x768; Hugging Face BertModel base and GPT2LMHeadModel small
 `transformers` is installed), all with seeded random weights, batch 1:
 
   1. export it with `torch.onnx.export` (static shapes) into --work;
-  2. compile it with `kiln compile --target cuda --sm SM` in f32 and with `--precision bf16`;
+  2. compile it with `kiln compile --target cuda --sm SM` in f32, with `--precision bf16`
+     and (when asked for) with `--precision tf32`;
   3. check kiln's first output against the torch module's (f32 with TF32 off; cosine and
      relative error);
   4. time, host to host (inputs copied to the GPU, the forward pass, outputs copied back, as the
      kiln executable's `--bench` does): kiln with its CUDA graph (and with `KILN_CUDA_GRAPH=0`,
      kernel by kernel), torch eager, `torch.compile` (default) and
      `torch.compile(mode="reduce-overhead")` (CUDA graphs), f32 and under
-     `torch.autocast("cuda", torch.bfloat16)`; median of --runs runs after a warm-up;
+     `torch.autocast("cuda", torch.bfloat16)`, and for tf32 torch's f32 with its defaults
+     (TF32 convolutions, f32 matmuls: what `--precision tf32` is held against); median of
+     --runs runs after a warm-up;
   5. print a table with kiln's ratio to the best torch mode, and with --json write everything.
 
 --profile MODEL... also prints kiln's per-kernel profile (`--profile-top`) of those models in
@@ -23,6 +26,7 @@ beside it (the models and how they are exported, shared with the CPU benchmark).
 
     python3 scripts/bench_gpu.py --sm 90 --json gpu.json
     python3 scripts/bench_gpu.py --models encoder bert --precision f32 --modes eager reduce-overhead
+    python3 scripts/bench_gpu.py --precision f32 tf32 bf16
 """
 from __future__ import annotations
 
@@ -52,8 +56,8 @@ def log(*a):
 
 def kiln_compile(kiln: str, onnx_path: str, exe: str, sm: int, precision: str) -> tuple[int, str, float]:
     cmd = [kiln, "compile", onnx_path, "--target", "cuda", "--sm", str(sm), "-o", exe, "--quiet"]
-    if precision == "bf16":
-        cmd += ["--precision", "bf16"]
+    if precision in ("bf16", "tf32"):
+        cmd += ["--precision", precision]
     t = time.time()
     r = subprocess.run(cmd, capture_output=True, text=True)
     return r.returncode, (r.stdout + r.stderr).strip(), time.time() - t
@@ -104,7 +108,7 @@ def cosine(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=MODELS, choices=MODELS)
-    p.add_argument("--precision", nargs="+", default=["f32", "bf16"], choices=["f32", "bf16"])
+    p.add_argument("--precision", nargs="+", default=["f32", "bf16"], choices=["f32", "tf32", "bf16"])
     p.add_argument("--modes", nargs="+", default=MODES, choices=MODES, help="torch modes to time")
     p.add_argument("--sm", type=int, default=90)
     p.add_argument("--runs", type=int, default=100)
@@ -197,6 +201,8 @@ def main() -> int:
                         with torch.no_grad(), torch.autocast("cuda", torch.bfloat16, enabled=prec == "bf16"):
                             return fn(**kw)
 
+                    # tf32: torch's defaults (TF32 convolutions, f32 matmuls); otherwise f32 means f32.
+                    torch.backends.cudnn.allow_tf32 = prec == "tf32"
                     cell[f"torch_{mode}_ms"] = torch_bench(run, feeds, args.runs)
                     log(f"{name} {prec}: torch {mode} {cell[f'torch_{mode}_ms']:.3f} ms ({time.time() - t:.0f}s)")
                 except Exception as e:
