@@ -425,9 +425,13 @@ impl Parts {
             (None, e) => e,
             (Some(_), Some(_)) => return Ok(None),
             (Some(Residual::Input(i)), None) => {
-                if node.input_shape(*i)? != node.output_shape(0)? {
+                // The residual has the chain's output shape, which may reshape the product's
+                // rows (exporters' `[B·S, N] ↔ [B, S, N]` around a MatMul): the same elements in
+                // the same row-major order, so it is read at the product's own positions.
+                let elements = |s: Vec<usize>| s.iter().product::<usize>();
+                if elements(node.input_shape(*i)?) != elements(node.output_shape(0)?) {
                     return Err(
-                        node.unsupported(format!("residual input {i} does not have the output's shape"))
+                        node.unsupported(format!("residual input {i} does not have the output's elements"))
                     );
                 }
                 Some((Slot::Input(*i), m * n, n, 1, 1.0))

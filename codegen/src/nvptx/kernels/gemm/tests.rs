@@ -1076,3 +1076,41 @@ fn gemv_shaped_products() {
         ptxas_check(&g.g, sm);
     }
 }
+
+/// Exporters wrap a 2-D product in `[B·S, N] → [B, S, N]` reshapes before the residual Add
+/// (GPT-2's projections, the torch encoder's out-projection): the bias, the reshape and the
+/// residual still fuse into the product's epilogue on the GPU, one kernel, reading the
+/// residual at the product's own positions.
+#[test]
+fn residual_after_a_reshape_fuses_into_the_epilogue() {
+    let mut rng = Rng::new(31);
+    let mut g = Graph::new("t");
+    let x = g.add_input("x", TensorType::fixed(DType::F32, &[40, 24]));
+    let r = g.add_input("r", TensorType::fixed(DType::F32, &[2, 20, 16]));
+    let w = g.add_const("w", Tensor::from_vec(vec![24, 16], rng.vec(24 * 16)));
+    let b = g.add_const("b", Tensor::from_vec(vec![16], rng.vec(16)));
+    let shape = g.add_const("shape", Tensor::from_vec(vec![3], vec![2i64, 20, 16]));
+    let m = g.add("mm", Op::MatMul, vec![Some(x), Some(w)], "m").unwrap();
+    let mb = g
+        .add("bias", Op::Binary(Binary::Add), vec![Some(m), Some(b)], "mb")
+        .unwrap();
+    let v = g
+        .add(
+            "view",
+            Op::Reshape { allow_zero: false },
+            vec![Some(mb), Some(shape)],
+            "v",
+        )
+        .unwrap();
+    let y = g
+        .add("res", Op::Binary(Binary::Add), vec![Some(v), Some(r)], "y")
+        .unwrap();
+    g.add_output("y", y);
+    let inputs = [
+        Tensor::from_vec(vec![40, 24], rng.vec(40 * 24)),
+        Tensor::from_vec(vec![2, 20, 16], rng.vec(2 * 20 * 16)),
+    ];
+    let d = check_graph_for(&g, &inputs, 80);
+    assert_eq!(d.len(), 1, "{d:?}");
+    assert!(d[0].contains("+residual"), "{d:?}");
+}
