@@ -125,6 +125,8 @@ pub fn generators(op: &Op) -> Generators {
         Op::Einsum { .. } => (&[G::Einsum], &[]),
         Op::Vision(VisionOp::MaxUnpool { .. }) => (&[G::Unpool], &[]),
         Op::Vision(VisionOp::NonMaxSuppression { .. }) => (&[G::Nms], &[]),
+        // A gather by compile-time axis maps, as Pad.
+        Op::Vision(VisionOp::CenterCropPad { .. }) => (&[G::Gather], &[]),
         Op::NonZero => (&[G::Select], &[]),
         Op::Misc(MiscOp::Unique { .. }) => (&[G::Unique], &[]),
         Op::Misc(MiscOp::Compress { .. }) => (&[G::Copy, G::Gather, G::Select], &[]),

@@ -113,6 +113,7 @@ pub fn lower(node: &NodeInfo) -> Result<Option<UkCall>> {
             iattr.extend(os.iter().map(|&d| d as i64));
             UkCall::new("max_unpool").iattr(iattr)
         }
+        Op::Vision(VisionOp::CenterCropPad { axes }) => center_crop_pad(node, axes.as_deref())?,
         Op::Vision(VisionOp::AffineGrid { align_corners }) => {
             let os = node.output_shape(0)?;
             let r = os.len().saturating_sub(2);
@@ -624,6 +625,51 @@ fn pad(node: &NodeInfo, mode: PadMode) -> Result<UkCall> {
     let (lo, hi) = longest_run(&last);
     // Fill from the constant_value input (or zero).
     iattr.extend([lo, hi, 0, 0]);
+    Ok(UkCall::new("gather_axes").iattr(iattr))
+}
+
+/// CenterCropPad with its target shape known (bound or constant): a gather by axis maps, as
+/// Pad's. On each resized axis output index `o` reads input `o + shift`, `shift` half the crop
+/// (or minus half the pad), the odd element going to the end; outside the input is zero.
+fn center_crop_pad(node: &NodeInfo, axes: Option<&[i64]>) -> Result<UkCall> {
+    let in_shape = node.input_shape(0)?;
+    let out_shape = node.output_shape(0)?;
+    if let Some(call) = nothing_to_write(node, &out_shape) {
+        return Ok(call);
+    }
+    let rank = in_shape.len();
+    if rank > MAX_RANK {
+        return Err(node.unsupported(format!("rank {rank} exceeds the kernel's {MAX_RANK}")));
+    }
+    let axes: Vec<usize> = match axes {
+        Some(a) => a
+            .iter()
+            .map(|&x| norm_axis(node, x, rank))
+            .collect::<Result<_>>()?,
+        None => (0..rank).collect(),
+    };
+    let esize = elem_size(node);
+    let mut iattr = vec![esize, rank as i64];
+    iattr.extend(out_shape.iter().map(|&d| d as i64));
+    iattr.extend(strides(&in_shape).iter().map(|&s| s * esize));
+    let mut last = vec![];
+    for k in 0..rank {
+        let (d, x) = (out_shape[k] as i64, in_shape[k] as i64);
+        let shift = match axes.contains(&k) {
+            false => 0,
+            true if d <= x => (x - d) / 2,
+            true => -((d - x) / 2),
+        };
+        let m: Vec<i64> = (0..d)
+            .map(|o| o + shift)
+            .map(|s| if (0..x).contains(&s) { s } else { -1 })
+            .collect();
+        iattr.extend(&m);
+        last = m;
+    }
+    let (lo, hi) = longest_run(&last);
+    // The fill is zero (fill_mode 1, bits 0): input 1 is the shape, not a value.
+    iattr.extend([lo, hi, 1, 0]);
     Ok(UkCall::new("gather_axes").iattr(iattr))
 }
 

@@ -30,9 +30,14 @@ const MAX_RANK: usize = 8;
 
 /// The kernel for `node`, or None when the CPU does not lower it to one of the two gathers.
 pub fn lower(node: &NodeInfo, _target: &TargetDesc) -> Result<Option<Box<dyn GpuKernel>>> {
-    use kiln_ir::{MiscOp, Op, OpFamily};
+    use kiln_ir::{MiscOp, Op, OpFamily, VisionOp};
     let cache_update = matches!(node.node.op, Op::Misc(MiscOp::TensorScatter { .. }));
-    if !matches!(node.node.op.family(), OpFamily::DataMovement | OpFamily::Resize) && !cache_update {
+    // CenterCropPad is a Pad by other means (a gather by axis maps).
+    let crop_pad = matches!(node.node.op, Op::Vision(VisionOp::CenterCropPad { .. }));
+    if !matches!(node.node.op.family(), OpFamily::DataMovement | OpFamily::Resize)
+        && !cache_update
+        && !crop_pad
+    {
         return Ok(None);
     }
     let Some(call) = crate::uk::lower(node)? else {
