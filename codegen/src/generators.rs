@@ -82,6 +82,8 @@ pub enum GpuGenerator {
     Nms,
     /// Unique, one block that ranks the slices (`unique`).
     Unique,
+    /// Col2Im, a thread per output element (`col2im`).
+    Col2Im,
 }
 
 /// A CPU kernel generator (`gen/`).
@@ -127,6 +129,7 @@ pub fn generators(op: &Op) -> Generators {
         Op::Vision(VisionOp::NonMaxSuppression { .. }) => (&[G::Nms], &[]),
         // A gather by compile-time axis maps, as Pad.
         Op::Vision(VisionOp::CenterCropPad { .. }) => (&[G::Gather], &[]),
+        Op::Vision(VisionOp::Col2Im { .. }) => (&[G::Col2Im], &[]),
         Op::NonZero => (&[G::Select], &[]),
         Op::Misc(MiscOp::Unique { .. }) => (&[G::Unique], &[]),
         Op::Misc(MiscOp::Compress { .. }) => (&[G::Copy, G::Gather, G::Select], &[]),
@@ -203,6 +206,7 @@ impl GpuGenerator {
             GpuGenerator::Select => kernels::select::lower(node, target),
             GpuGenerator::Nms => kernels::nms::lower(node, target),
             GpuGenerator::Unique => kernels::unique::lower(node, target),
+            GpuGenerator::Col2Im => kernels::col2im::lower(node, target),
         }
     }
 }

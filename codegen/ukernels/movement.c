@@ -1042,6 +1042,52 @@ int32_t kiln_uk_grid_sample(const kiln_uk_args *a) {
   return KILN_UK_OK;
 }
 
+/* Col2Im: out[nc, p] = the sum over taps t (in order) of in[nc·K + t, b] for the one block b
+   whose tap t lands on image position p (none where it would lie in the padding or between
+   strides), in f64 rounded once, as the reference. iattr: rank, N·C, K, L, then per image axis
+   extent, kernel extent, blocks, stride, dilation, pad before (codegen/src/uk/movement.rs). A
+   task per (n, c) plane. */
+typedef struct {
+  const kiln_uk_args *a;
+  i64 plane;
+} col2im_job;
+
+static void col2im_task(void *data, int64_t nc, int64_t tid) {
+  (void)tid;
+  const col2im_job *j = (const col2im_job *)data;
+  const kiln_uk_args *a = j->a;
+  const kiln_tensor *x = &a->in[0], *y = &a->out[0];
+  i64 rank = a->iattr[0], taps = a->iattr[2], blocks = a->iattr[3];
+  const int64_t *ax = a->iattr + 4;
+  for (i64 p = 0; p < j->plane; p++) {
+    double sum = 0.0;
+    for (i64 t = 0; t < taps; t++) {
+      /* The tap's offsets and the block that puts it on p, axis by axis (last axis fastest). */
+      i64 rest_p = p, rest_t = t, b = 0, scale = 1, ok = 1;
+      for (i64 d = rank - 1; d >= 0 && ok; d--) {
+        const int64_t *g = ax + 6 * d;
+        i64 pos = rest_p % g[0], tap = rest_t % g[1];
+        rest_p /= g[0];
+        rest_t /= g[1];
+        i64 s = pos + g[5] - tap * g[4];
+        if (s < 0 || s % g[3] != 0 || s / g[3] >= g[2]) ok = 0;
+        b += (s / g[3]) * scale;
+        scale *= g[2];
+      }
+      if (ok) sum += kiln_load_f64(x->data, x->dtype, (nc * taps + t) * blocks + b);
+    }
+    kiln_store_f64(y->data, y->dtype, nc * j->plane + p, sum);
+  }
+}
+
+int32_t kiln_uk_col2im(const kiln_uk_args *a) {
+  i64 rank = a->iattr[0], planes = a->iattr[1];
+  col2im_job j = {a, 1};
+  for (i64 d = 0; d < rank; d++) j.plane *= a->iattr[4 + 6 * d];
+  kiln_rt_parallel_for(a->ctx, col2im_task, &j, planes);
+  return KILN_UK_OK;
+}
+
 /* NonZero: the coordinates of the non-zero elements of in[0] in row-major order, as out[0]
    [rank, count] i64. The output's size depends on the data: its buffer is sized for every
    element ([rank, numel], codegen/src/data_dependent.rs) and this writes the count into its

@@ -114,6 +114,7 @@ pub fn lower(node: &NodeInfo) -> Result<Option<UkCall>> {
             UkCall::new("max_unpool").iattr(iattr)
         }
         Op::Vision(VisionOp::CenterCropPad { axes }) => center_crop_pad(node, axes.as_deref())?,
+        Op::Vision(op @ VisionOp::Col2Im { .. }) => col2im(node, op)?,
         Op::Vision(VisionOp::AffineGrid { align_corners }) => {
             let os = node.output_shape(0)?;
             let r = os.len().saturating_sub(2);
@@ -671,6 +672,43 @@ fn center_crop_pad(node: &NodeInfo, axes: Option<&[i64]>) -> Result<UkCall> {
     // The fill is zero (fill_mode 1, bits 0): input 1 is the shape, not a value.
     iattr.extend([lo, hi, 1, 0]);
     Ok(UkCall::new("gather_axes").iattr(iattr))
+}
+
+/// Col2Im with image_shape and block_shape known: iattr [rank, N·C, K (taps), L (blocks),
+/// then per image axis its extent, block (kernel) extent, block count, stride, dilation and
+/// padding before]. Each output element sums, in tap order, the one block per tap that
+/// covers it (if any): the reference's order, so its f64 sums are the reference's.
+fn col2im(node: &NodeInfo, op: &VisionOp) -> Result<UkCall> {
+    let (Some(img), Some(blk)) = (node.known(1), node.known(2)) else {
+        return Err(node.unsupported("image_shape and block_shape must be known at compile time (--bind)"));
+    };
+    let as_usize = |t: &Tensor| -> Vec<usize> { t.to_f64_vec().iter().map(|&v| v as usize).collect() };
+    let (img, blk) = (as_usize(img), as_usize(blk));
+    let axes = kiln_ir::ops::col2im_axes(op, &img, &blk).map_err(|e| node.unsupported(e.to_string()))?;
+    let x = node.input_shape(0)?;
+    let out = node.output_shape(0)?;
+    let taps: usize = blk.iter().product();
+    let blocks: usize = axes.iter().map(|a| a.output).product();
+    if x.len() != 3 || out.len() != 2 + img.len() || img.len() > MAX_RANK {
+        return Err(node.unsupported(format!("input {x:?} and output {out:?} do not fit Col2Im")));
+    }
+    let mut iattr = vec![
+        img.len() as i64,
+        (out[0] * out[1]) as i64,
+        taps as i64,
+        blocks as i64,
+    ];
+    for (a, &k) in axes.iter().zip(&blk) {
+        iattr.extend([
+            a.input as i64,
+            k as i64,
+            a.output as i64,
+            a.stride as i64,
+            a.dilation as i64,
+            a.pad_begin,
+        ]);
+    }
+    Ok(UkCall::new("col2im").iattr(iattr))
 }
 
 fn constant_of_shape(node: &NodeInfo, value: &Tensor) -> Result<UkCall> {

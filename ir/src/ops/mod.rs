@@ -50,6 +50,8 @@ pub use shape::pad_axis_map;
 pub use shape::slice_range;
 /// `(cos, sin)` of `2πk/n`, exact at quarter turns: the DFT's twiddle factors.
 pub use signal::unit_root;
+/// Col2Im's block geometry: per image axis its stride, dilation, padding and block count.
+pub use vision::col2im_axes;
 
 /// What type inference knows about a node's inputs.
 pub struct InferCtx<'a> {

@@ -7,6 +7,7 @@
 mod detect;
 mod sample;
 mod window;
+pub use window::col2im_axes;
 
 use super::{EvalCtx, InferCtx};
 use crate::{DType, Dim, Op, OpError, Tensor, TensorData, TensorType};

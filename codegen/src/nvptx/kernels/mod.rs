@@ -7,6 +7,7 @@ pub mod attention;
 pub mod attention_general;
 pub mod attention_mma;
 pub mod batch_norm;
+pub mod col2im;
 pub mod copy;
 pub mod cumulative;
 pub mod det;

@@ -252,7 +252,7 @@ pub(super) fn infer_col2im(op: &VisionOp, cx: &InferCtx) -> Result<TensorType, O
 }
 
 /// The block geometry: one axis per image dim, with `output` = blocks along that axis.
-fn col2im_axes(op: &VisionOp, img: &[usize], blk: &[usize]) -> Result<Vec<Axis>, OpError> {
+pub fn col2im_axes(op: &VisionOp, img: &[usize], blk: &[usize]) -> Result<Vec<Axis>, OpError> {
     if img.len() != blk.len() || img.is_empty() {
         crate::bail!("image_shape {img:?} and block_shape {blk:?} must have the same non-zero length");
     }
