@@ -84,6 +84,8 @@ pub enum GpuGenerator {
     Unique,
     /// Col2Im, a thread per output element (`col2im`).
     Col2Im,
+    /// DeformConv, a thread per output element (`deform_conv`).
+    DeformConv,
 }
 
 /// A CPU kernel generator (`gen/`).
@@ -130,6 +132,7 @@ pub fn generators(op: &Op) -> Generators {
         // A gather by compile-time axis maps, as Pad.
         Op::Vision(VisionOp::CenterCropPad { .. }) => (&[G::Gather], &[]),
         Op::Vision(VisionOp::Col2Im { .. }) => (&[G::Col2Im], &[]),
+        Op::Vision(VisionOp::DeformConv { .. }) => (&[G::DeformConv], &[]),
         Op::NonZero => (&[G::Select], &[]),
         Op::Misc(MiscOp::Unique { .. }) => (&[G::Unique], &[]),
         Op::Misc(MiscOp::Compress { .. }) => (&[G::Copy, G::Gather, G::Select], &[]),
@@ -207,6 +210,7 @@ impl GpuGenerator {
             GpuGenerator::Nms => kernels::nms::lower(node, target),
             GpuGenerator::Unique => kernels::unique::lower(node, target),
             GpuGenerator::Col2Im => kernels::col2im::lower(node, target),
+            GpuGenerator::DeformConv => kernels::deform_conv::lower(node, target),
         }
     }
 }

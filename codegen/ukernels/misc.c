@@ -1089,3 +1089,89 @@ int32_t kiln_uk_nms(const kiln_uk_args *a) {
   ((int64_t *)y->dims)[0] = count;
   return KILN_UK_OK;
 }
+
+/* DeformConv: Y[b, oc, p] = B[oc] + the sum over the group's input channels ic and the taps t
+   (in that order) of W[oc, ic, t] · X[b, ch] sampled bilinearly (zero outside) at p's tap
+   position moved by its offset, times the mask — in f64, rounded once, the reference's order
+   (ir's eval_deform_conv). iattr: r, N, C, M, group, offset_group, has_bias, has_mask, then
+   per spatial axis input extent, kernel, output extent, stride, dilation, pad before
+   (codegen/src/uk/misc.rs). Inputs X, W, offset, B, mask. A task per (b, oc) output plane. */
+typedef struct {
+  const kiln_uk_args *a;
+  int64_t plane, taps, points;
+} deform_job;
+
+/* X's plane `base` sampled at pos[0..r) (each corner of the cell weighted by the products of
+   its fractions; corners outside contribute nothing), as ir's bilinear. */
+static double deform_sample(const kiln_tensor *x, int64_t base, const int64_t *ax, int64_t r, const double *pos) {
+  double sum = 0.0;
+  for (int64_t corner = 0; corner < ((int64_t)1 << r); corner++) {
+    int64_t flat = 0, inside = 1;
+    double weight = 1.0;
+    for (int64_t d = 0; d < r && inside; d++) {
+      double f = __builtin_floor(pos[d]), t = pos[d] - f;
+      int hi = (corner >> (r - 1 - d)) & 1;
+      double i = hi ? f + 1.0 : f;
+      if (!(i >= 0.0 && i < (double)ax[6 * d])) {
+        inside = 0;
+        break;
+      }
+      flat = flat * ax[6 * d] + (int64_t)i;
+      weight *= hi ? t : 1.0 - t;
+    }
+    if (inside) sum += weight * kiln_load_f64(x->data, x->dtype, base + flat);
+  }
+  return sum;
+}
+
+static void deform_task(void *data, int64_t task, int64_t tid) {
+  (void)tid;
+  const deform_job *j = (const deform_job *)data;
+  const kiln_uk_args *a = j->a;
+  const kiln_tensor *x = &a->in[0], *w = &a->in[1], *off = &a->in[2], *y = &a->out[0];
+  int64_t r = a->iattr[0], c = a->iattr[2], m = a->iattr[3], g = a->iattr[4], og = a->iattr[5];
+  int has_bias = (int)a->iattr[6], has_mask = (int)a->iattr[7];
+  const int64_t *ax = a->iattr + 8;
+  int64_t b = task / m, oc = task % m, cg = c / g, grp = oc / (m / g), c_per_og = c / og;
+  int64_t tap[8], o[8];
+  double pos[8];
+  for (int64_t p = 0; p < j->points; p++) {
+    int64_t rest = p;
+    for (int64_t d = r - 1; d >= 0; d--) {
+      o[d] = rest % ax[6 * d + 2];
+      rest /= ax[6 * d + 2];
+    }
+    double acc = has_bias ? kiln_load_f64(a->in[3].data, a->in[3].dtype, oc) : 0.0;
+    for (int64_t ic = 0; ic < cg; ic++) {
+      int64_t ch = grp * cg + ic, o_grp = ch / c_per_og;
+      for (int64_t t = 0; t < j->taps; t++) {
+        int64_t rt = t;
+        for (int64_t d = r - 1; d >= 0; d--) {
+          tap[d] = rt % ax[6 * d + 1];
+          rt /= ax[6 * d + 1];
+        }
+        for (int64_t d = 0; d < r; d++) {
+          double base = (double)(o[d] * ax[6 * d + 3] + tap[d] * ax[6 * d + 4]) - (double)ax[6 * d + 5];
+          pos[d] = base + kiln_load_f64(off->data, off->dtype, (((b * og + o_grp) * j->taps + t) * r + d) * j->points + p);
+        }
+        double scale = has_mask ? kiln_load_f64(a->in[4].data, a->in[4].dtype, ((b * og + o_grp) * j->taps + t) * j->points + p)
+                                : 1.0;
+        double s = deform_sample(x, (b * c + ch) * j->plane, ax, r, pos) * scale;
+        acc += kiln_load_f64(w->data, w->dtype, (oc * cg + ic) * j->taps + t) * s;
+      }
+    }
+    kiln_store_f64(y->data, y->dtype, task * j->points + p, acc);
+  }
+}
+
+int32_t kiln_uk_deform_conv(const kiln_uk_args *a) {
+  int64_t r = a->iattr[0];
+  deform_job j = {a, 1, 1, 1};
+  for (int64_t d = 0; d < r; d++) {
+    j.plane *= a->iattr[8 + 6 * d];
+    j.taps *= a->iattr[8 + 6 * d + 1];
+    j.points *= a->iattr[8 + 6 * d + 2];
+  }
+  kiln_rt_parallel_for(a->ctx, deform_task, &j, a->iattr[1] * a->iattr[3]);
+  return KILN_UK_OK;
+}

@@ -33,6 +33,11 @@ pub fn lower(node: &NodeInfo) -> Result<Option<UkCall>> {
                     .scratch((3 * boxes[1].max(1) * 8) as u64),
             ))
         }
+        Op::Vision(
+            op @ VisionOp::DeformConv {
+                group, offset_group, ..
+            },
+        ) => deform_conv(node, op, *group, *offset_group).map(Some),
         Op::Vision(VisionOp::RoiAlign {
             mode,
             output_height,
@@ -631,4 +636,45 @@ fn signal(node: &NodeInfo, op: &SignalOp) -> Result<Option<UkCall>> {
 fn window(node: &NodeInfo, kind: WindowCode, periodic: bool) -> Result<UkCall> {
     let size = node.output_shape(0)?[0];
     Ok(UkCall::new("window").iattr([kind.code(), size as i64, periodic as i64]))
+}
+
+/// The deformable convolution's geometry (`kiln_uk_deform_conv` in misc.c). iattr: r (spatial
+/// rank), N, C, M, group, offset_group, has_bias, has_mask, then per spatial axis the input
+/// extent, kernel, output extent, stride, dilation and padding before.
+pub(crate) fn deform_conv(
+    node: &NodeInfo,
+    op: &VisionOp,
+    group: usize,
+    offset_group: usize,
+) -> Result<UkCall> {
+    let (x, w) = (node.input_shape(0)?, node.input_shape(1)?);
+    let r = x.len().saturating_sub(2);
+    if r == 0 || w.len() != x.len() || r > 8 {
+        return Err(node.unsupported(format!(
+            "X {x:?} and W {w:?} must be [N, C, spatial...] of rank 3 to 10"
+        )));
+    }
+    let axes =
+        kiln_ir::ops::deform_conv_axes(op, &w[2..], &x[2..]).map_err(|e| node.unsupported(e.to_string()))?;
+    let mut iattr = vec![
+        r as i64,
+        x[0] as i64,
+        x[1] as i64,
+        w[0] as i64,
+        group as i64,
+        offset_group as i64,
+        node.has_input(3) as i64,
+        node.has_input(4) as i64,
+    ];
+    for a in &axes {
+        iattr.extend([
+            a.input as i64,
+            a.kernel as i64,
+            a.output as i64,
+            a.stride as i64,
+            a.dilation as i64,
+            a.pad_begin,
+        ]);
+    }
+    Ok(UkCall::new("deform_conv").iattr(iattr))
 }

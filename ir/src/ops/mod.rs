@@ -52,6 +52,8 @@ pub use shape::slice_range;
 pub use signal::unit_root;
 /// Col2Im's block geometry: per image axis its stride, dilation, padding and block count.
 pub use vision::col2im_axes;
+/// DeformConv's window geometry: per spatial axis its kernel, stride, dilation, padding and output.
+pub use vision::deform_conv_axes;
 
 /// What type inference knows about a node's inputs.
 pub struct InferCtx<'a> {

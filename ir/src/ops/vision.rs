@@ -7,6 +7,7 @@
 mod detect;
 mod sample;
 mod window;
+pub use sample::deform_conv_axes;
 pub use window::col2im_axes;
 
 use super::{EvalCtx, InferCtx};

@@ -10,6 +10,7 @@ pub mod batch_norm;
 pub mod col2im;
 pub mod copy;
 pub mod cumulative;
+pub mod deform_conv;
 pub mod det;
 pub mod dynamic_quantize;
 pub mod einsum;

@@ -5,7 +5,7 @@ use super::{
     check_dim, check_float, check_int64, check_rank, extents, from_f64s, int_values, pick_dim, GridMode,
     GridPadding, VisionOp,
 };
-use crate::ops::conv::WindowAttrs;
+use crate::ops::conv::{Axis, WindowAttrs};
 use crate::ops::{util, EvalCtx, InferCtx};
 use crate::{AutoPad, Dim, OpError, Tensor, TensorType};
 
@@ -484,6 +484,19 @@ fn bilinear(plane: &[f64], dims: &[usize], p: &[f64]) -> f64 {
         sum += weight * plane[flat];
     }
     sum
+}
+
+/// DeformConv's window geometry: an axis per spatial dim of X (`x_spatial`), the kernel from
+/// the attribute or W's spatial dims (`w_spatial`).
+pub fn deform_conv_axes(
+    op: &VisionOp,
+    w_spatial: &[usize],
+    x_spatial: &[usize],
+) -> Result<Vec<Axis>, OpError> {
+    let a = deform_attrs(op)?;
+    a.check_groups()?;
+    let w_dims: Vec<Dim> = w_spatial.iter().map(|&d| Dim::Fixed(d)).collect();
+    a.window(&w_dims)?.axes(x_spatial)
 }
 
 pub(super) fn eval_deform_conv(op: &VisionOp, cx: &EvalCtx) -> Result<Tensor, OpError> {
