@@ -585,15 +585,7 @@ fn nothing_to_write(node: &NodeInfo, out_shape: &[usize]) -> Option<UkCall> {
 }
 
 fn pad(node: &NodeInfo, mode: PadMode) -> Result<UkCall> {
-    let in_shape = node.input_shape(0)?;
-    let out_shape = node.output_shape(0)?;
-    if let Some(call) = nothing_to_write(node, &out_shape) {
-        return Ok(call);
-    }
-    let rank = in_shape.len();
-    if rank > MAX_RANK {
-        return Err(node.unsupported(format!("rank {rank} exceeds the kernel's {MAX_RANK}")));
-    }
+    let rank = node.input_shape(0)?.len();
     let pads = known_i64s(node, 1, "pads")?.unwrap_or_default();
     let axes: Vec<usize> = match known_i64s(node, 3, "axes")? {
         Some(a) => a
@@ -608,6 +600,46 @@ fn pad(node: &NodeInfo, mode: PadMode) -> Result<UkCall> {
     let mut amounts = vec![(0, 0); rank];
     for (i, &a) in axes.iter().enumerate() {
         amounts[a] = (pads[i], pads[axes.len() + i]);
+    }
+    // Fill from the constant_value input (or zero).
+    gather_by_pads(node, &amounts, mode, [0, 0])
+}
+
+/// CenterCropPad with its target shape known (bound or constant): a Pad by the amounts that
+/// centre it — on each resized axis output index `o` reads input `o + shift`, `shift` half the
+/// crop (a negative pad) or minus half the pad, the odd element going to the end — with zeros
+/// outside the input.
+fn center_crop_pad(node: &NodeInfo, axes: Option<&[i64]>) -> Result<UkCall> {
+    let (in_shape, out_shape) = (node.input_shape(0)?, node.output_shape(0)?);
+    let rank = in_shape.len();
+    let axes: Vec<usize> = match axes {
+        Some(a) => a
+            .iter()
+            .map(|&x| norm_axis(node, x, rank))
+            .collect::<Result<_>>()?,
+        None => (0..rank).collect(),
+    };
+    let mut amounts = vec![(0, 0); rank];
+    for &k in &axes {
+        let (d, x) = (out_shape[k] as i64, in_shape[k] as i64);
+        let shift = if d <= x { (x - d) / 2 } else { -((d - x) / 2) };
+        amounts[k] = (-shift, d - x + shift);
+    }
+    // The fill is zero (fill_mode 1, bits 0): input 1 is the shape, not a value.
+    gather_by_pads(node, &amounts, PadMode::Constant, [1, 0])
+}
+
+/// A gather by axis maps (`kiln_uk_gather_axes`) that pads (or, by negative amounts, crops)
+/// input 0 by `amounts` (before, after) per axis in `mode`; `fill`: fill_mode and fill_bits.
+fn gather_by_pads(node: &NodeInfo, amounts: &[(i64, i64)], mode: PadMode, fill: [i64; 2]) -> Result<UkCall> {
+    let in_shape = node.input_shape(0)?;
+    let out_shape = node.output_shape(0)?;
+    if let Some(call) = nothing_to_write(node, &out_shape) {
+        return Ok(call);
+    }
+    let rank = in_shape.len();
+    if rank > MAX_RANK {
+        return Err(node.unsupported(format!("rank {rank} exceeds the kernel's {MAX_RANK}")));
     }
     let esize = elem_size(node);
     let mut iattr = vec![esize, rank as i64];
@@ -624,53 +656,8 @@ fn pad(node: &NodeInfo, mode: PadMode) -> Result<UkCall> {
         last = m;
     }
     let (lo, hi) = longest_run(&last);
-    // Fill from the constant_value input (or zero).
-    iattr.extend([lo, hi, 0, 0]);
-    Ok(UkCall::new("gather_axes").iattr(iattr))
-}
-
-/// CenterCropPad with its target shape known (bound or constant): a gather by axis maps, as
-/// Pad's. On each resized axis output index `o` reads input `o + shift`, `shift` half the crop
-/// (or minus half the pad), the odd element going to the end; outside the input is zero.
-fn center_crop_pad(node: &NodeInfo, axes: Option<&[i64]>) -> Result<UkCall> {
-    let in_shape = node.input_shape(0)?;
-    let out_shape = node.output_shape(0)?;
-    if let Some(call) = nothing_to_write(node, &out_shape) {
-        return Ok(call);
-    }
-    let rank = in_shape.len();
-    if rank > MAX_RANK {
-        return Err(node.unsupported(format!("rank {rank} exceeds the kernel's {MAX_RANK}")));
-    }
-    let axes: Vec<usize> = match axes {
-        Some(a) => a
-            .iter()
-            .map(|&x| norm_axis(node, x, rank))
-            .collect::<Result<_>>()?,
-        None => (0..rank).collect(),
-    };
-    let esize = elem_size(node);
-    let mut iattr = vec![esize, rank as i64];
-    iattr.extend(out_shape.iter().map(|&d| d as i64));
-    iattr.extend(strides(&in_shape).iter().map(|&s| s * esize));
-    let mut last = vec![];
-    for k in 0..rank {
-        let (d, x) = (out_shape[k] as i64, in_shape[k] as i64);
-        let shift = match axes.contains(&k) {
-            false => 0,
-            true if d <= x => (x - d) / 2,
-            true => -((d - x) / 2),
-        };
-        let m: Vec<i64> = (0..d)
-            .map(|o| o + shift)
-            .map(|s| if (0..x).contains(&s) { s } else { -1 })
-            .collect();
-        iattr.extend(&m);
-        last = m;
-    }
-    let (lo, hi) = longest_run(&last);
-    // The fill is zero (fill_mode 1, bits 0): input 1 is the shape, not a value.
-    iattr.extend([lo, hi, 1, 0]);
+    iattr.extend([lo, hi]);
+    iattr.extend(fill);
     Ok(UkCall::new("gather_axes").iattr(iattr))
 }
 

@@ -241,14 +241,20 @@ impl UniqueGpu {
             set(first, g, get(order, r)?)
         })?;
         k.barrier()?;
+        // Where group g ends in sorted order: the next group's start, or n for the last.
+        let group_end = |g: IntValue<'ctx>| -> Result<IntValue<'ctx>> {
+            let next = e.addc(g, 1)?;
+            e.select_int(
+                e.icmp(IntPredicate::ULT, next, groups)?,
+                get(start, e.umin(next, e.i64c(n - 1))?)?,
+                all,
+            )
+        };
         // 4. Each slice's group; the groups' output order.
         e.for_range(tid, groups, t, |g| {
-            let end = e.select_int(
-                e.icmp(IntPredicate::ULT, e.addc(g, 1)?, groups)?,
-                get(start, e.umin(e.addc(g, 1)?, e.i64c(n - 1))?)?,
-                all,
-            )?;
-            e.for_range(get(start, g)?, end, 1, |r| set(group, get(order, r)?, g))
+            e.for_range(get(start, g)?, group_end(g)?, 1, |r| {
+                set(group, get(order, r)?, g)
+            })
         })?;
         k.barrier()?;
         if self.sorted {
@@ -309,15 +315,8 @@ impl UniqueGpu {
         }
         if self.outputs > 3 {
             // A group's count: the distance to the next group's start.
-            let count_of = |g: IntValue<'ctx>| -> Result<IntValue<'ctx>> {
-                let next = e.addc(g, 1)?;
-                let end = e.select_int(
-                    e.icmp(IntPredicate::ULT, next, groups)?,
-                    get(start, e.umin(next, e.i64c(n - 1))?)?,
-                    all,
-                )?;
-                e.sub(end, get(start, g)?)
-            };
+            let count_of =
+                |g: IntValue<'ctx>| -> Result<IntValue<'ctx>> { e.sub(group_end(g)?, get(start, g)?) };
             ints(3, n, &|j| {
                 let last = e.umin(j, e.addc(groups, -1)?)?;
                 let c = count_of(get(perm, last)?)?;
